@@ -1,0 +1,59 @@
+"""Shared fixtures. The fixture journal is read from ../shared at run time and
+never copied into the project; tests that need it skip when it is absent."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+from voiceactors import clock
+
+FIXTURE_JOURNAL = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "solstone-journal"
+FIXTURE_BRIEFING_DAY = "2026-03-27"
+
+
+def _make_writable(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, os.stat(dirpath).st_mode | stat.S_IWUSR | stat.S_IRUSR | stat.S_IXUSR)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            os.chmod(path, os.stat(path).st_mode | stat.S_IWUSR | stat.S_IRUSR)
+
+
+@pytest.fixture
+def fixture_journal() -> Path:
+    """The shared solstone fixture journal, read-only."""
+    if not FIXTURE_JOURNAL.is_dir():
+        pytest.skip(f"fixture journal not found at {FIXTURE_JOURNAL} (../shared is absent)")
+    return FIXTURE_JOURNAL
+
+
+@pytest.fixture
+def fixture_copy(fixture_journal: Path, tmp_path: Path) -> Path:
+    """A writable temp copy of the fixture journal, for tests that write."""
+    dest = tmp_path / "journal"
+    shutil.copytree(fixture_journal, dest, symlinks=True)
+    _make_writable(dest)
+    return dest
+
+
+@pytest.fixture
+def pin_today():
+    """Call ``pin_today("2026-03-27")`` to pin the clock seam for this test."""
+
+    def _pin(day: str) -> None:
+        clock.pin(day)
+
+    yield _pin
+    clock.pin(None)
+
+
+@pytest.fixture(autouse=True)
+def _unpinned_today(monkeypatch):
+    monkeypatch.delenv("VOICEACTORS_TODAY", raising=False)
+    yield
+    clock.pin(None)

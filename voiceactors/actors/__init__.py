@@ -1,0 +1,1 @@
+"""The actors: BrainActor, ToolExecutor, CallSupervisor/CallActor."""

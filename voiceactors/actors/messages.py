@@ -1,0 +1,143 @@
+"""Messages between actors. Frozen dataclasses; a request that needs an answer
+carries its own ``reply`` channel (a ``trio.MemorySendChannel`` of size 1).
+
+``ask`` is the one way to send a request and wait for its answer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import trio
+
+
+# --- ToolExecutor ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """Run one tool call. The executor answers exactly once on ``reply``."""
+
+    call_id: str          # the live call (rtc_...)
+    tool_call_id: str     # the model's function-call ``call_id``
+    name: str             # as the model spelled it (dotted or underscore)
+    arguments: str        # raw JSON string from the model
+    epoch: int            # the call's epoch when the tool call was issued
+    turn: int             # the user turn it belongs to (per-turn bounds)
+    reply: trio.MemorySendChannel[ToolResult] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CancelReads:
+    """Cancel the unfinished reads of ``call_id`` issued before ``before_epoch``
+    (all of them when None). Each answers ``{"error": "cancelled"}``; started
+    writes are not cancelled."""
+
+    call_id: str
+    before_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    call_id: str
+    tool_call_id: str
+    tool: str             # canonical dotted name, or the raw name when unknown
+    output: str           # the JSON string sent as function_call_output
+    outcome: str          # ok|error|invalid|rejected|timeout|cancelled|failed|replayed
+    epoch: int
+    duration_ms: float = 0.0
+    client_events: tuple[dict[str, Any], ...] = ()   # _nav_target / _observer_action for the client
+
+
+# --- CallSupervisor -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Connect:
+    """Start (or find) the CallActor for ``call_id``. Reply: "connected" or "at_capacity"."""
+
+    call_id: str
+    reply: trio.MemorySendChannel[str] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class CountCalls:
+    reply: trio.MemorySendChannel[int] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Subscribe:
+    """Open the client feed of a live call. Reply: a MemoryReceiveChannel of
+    feed events (dicts), or None when the call is not live."""
+
+    call_id: str
+    reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TakeNavHints:
+    """Reply: the pending nav hints of ``call_id`` (list of dicts), consumed."""
+
+    call_id: str
+    reply: trio.MemorySendChannel[list[dict[str, Any]]] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class TakeObserverActions:
+    """Reply: the pending observer actions across calls (list of dicts), consumed."""
+
+    reply: trio.MemorySendChannel[list[dict[str, Any]]] = field(repr=False, compare=False)
+
+
+# --- BrainActor -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class BrainState:
+    instruction: str | None
+    refreshed_at: float | None      # trio.current_time() of the last success
+    age_s: float | None             # now - refreshed_at
+    refreshing: bool
+    session_id: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.instruction)
+
+
+@dataclass(frozen=True)
+class GetBrain:
+    """Reply: the current BrainState at once. With ``start=True`` a start (or
+    a staleness refresh) is queued when needed, without waiting."""
+
+    reply: trio.MemorySendChannel[BrainState] = field(repr=False, compare=False)
+    start: bool = False
+
+
+@dataclass(frozen=True)
+class AwaitReady:
+    """Start the brain if needed; reply with the BrainState once an instruction
+    exists (the caller bounds the wait with its own deadline)."""
+
+    reply: trio.MemorySendChannel[BrainState] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RefreshBrain:
+    """Force a refresh (single flight: joins one in progress). Reply: the new
+    BrainState, or an Exception instance when the backend failed."""
+
+    reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
+
+
+async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySendChannel[Any]], Any],
+              timeout: float = math.inf) -> Any:
+    """Send ``make(reply_channel)`` to ``inbox`` and wait for the one reply.
+
+    Raises ``trio.TooSlowError`` after ``timeout`` seconds and
+    ``trio.BrokenResourceError``/``EndOfChannel`` if the actor is gone.
+    """
+    send, receive = trio.open_memory_channel[Any](1)
+    with trio.fail_after(timeout):
+        async with receive:
+            await inbox.send(make(send))
+            return await receive.receive()

@@ -1,0 +1,49 @@
+"""The one seam for "today".
+
+Durations and deadlines come from trio's clock (``trio.current_time``), so tests
+run on ``autojump_clock``. The calendar date comes from here alone, so a journal
+can be replayed as of a fixed day with ``VOICEACTORS_TODAY=YYYY-MM-DD`` or
+``--today``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+
+_ENV = "VOICEACTORS_TODAY"
+_pinned: _dt.date | None = None
+
+
+def parse_day(text: str) -> _dt.date:
+    """Parse ``YYYY-MM-DD`` (or ``YYYYMMDD``) strictly; ValueError otherwise."""
+    text = text.strip()
+    for fmt in ("%Y-%m-%d", "%Y%m%d"):
+        try:
+            day = _dt.datetime.strptime(text, fmt).date()
+        except ValueError:
+            continue
+        if day.strftime(fmt) == text:
+            return day
+    raise ValueError(f"not a day: {text!r}")
+
+
+def pin(day: _dt.date | str | None) -> None:
+    """Pin today to ``day`` for this process (None unpins)."""
+    global _pinned
+    _pinned = parse_day(day) if isinstance(day, str) else day
+
+
+def today() -> _dt.date:
+    """Today: the pinned day, else ``VOICEACTORS_TODAY``, else the local date."""
+    if _pinned is not None:
+        return _pinned
+    env = os.environ.get(_ENV, "").strip()
+    if env:
+        return parse_day(env)
+    return _dt.date.today()
+
+
+def now_utc() -> _dt.datetime:
+    """Wall-clock UTC time, for timestamps written into records only."""
+    return _dt.datetime.now(_dt.timezone.utc)

@@ -1,0 +1,74 @@
+"""The ``voiceactors`` command.
+
+Each subcommand lives beside what it runs; this module only parses arguments
+and dispatches (imports are lazy so ``voiceactors --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+# subcommand -> "module:function"; the function takes the parsed args and returns an exit code
+_COMMANDS = {
+    "serve": "voiceactors.server:cli_serve",
+    "demo": "voiceactors.demo:cli_demo",
+    "simulate": "voiceactors.realtime.simulator:cli_simulate",
+    "index": "voiceactors.journal.search:cli_index",
+    "journal-sample": "voiceactors.journal.sample:cli_sample",
+}
+
+
+def _add_serve_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--journal", help="journal folder (default: $VOICEACTORS_JOURNAL or $SOLSTONE_JOURNAL)")
+    p.add_argument("--host", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="listen port (default 8765)")
+    p.add_argument("--state-dir", help="state folder (default .state)")
+    p.add_argument("--today", help="pin today to YYYY-MM-DD")
+    p.add_argument("--log-format", choices=["json", "console"], help="log line format (default json)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voiceactors", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the voice server")
+    _add_serve_flags(serve)
+    serve.add_argument("--demo", action="store_true",
+                       help="run on a generated sample journal with the embedded Realtime simulator")
+
+    demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
+    _add_serve_flags(demo)
+
+    simulate = sub.add_parser("simulate", help="run the local OpenAI Realtime simulator")
+    simulate.add_argument("--host", default="127.0.0.1")
+    simulate.add_argument("--port", type=int, default=8766)
+    simulate.add_argument("--scenario", help="scenario played on every joined call (name or file)")
+
+    index = sub.add_parser("index", help="build or refresh the journal search index")
+    index.add_argument("--journal", required=True)
+    index.add_argument("--state-dir", help="state folder (default .state)")
+    index.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    journal = sub.add_parser("journal", help="journal utilities")
+    jsub = journal.add_subparsers(dest="journal_command", required=True)
+    sample = jsub.add_parser("sample", help="write a realistic sample journal")
+    sample.add_argument("dir")
+    sample.add_argument("--days", type=int, default=14)
+    sample.add_argument("--today", help="the sample's today, YYYY-MM-DD (default: today)")
+    sample.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    key = "journal-sample" if args.command == "journal" else args.command
+    module_name, func_name = _COMMANDS[key].split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,3 +36,71 @@ def inside(root: Path, *parts: str) -> Path:
     if resolved != resolved_root and resolved_root not in resolved.parents:
         raise InvalidName(f"path escapes the journal: {'/'.join(parts)!r}")
     return path
+
+
+# --- tolerant readers -------------------------------------------------------
+# Every journal surface reads through these two, so "missing → nothing,
+# corrupt → skipped and logged, never fatal" holds in one place. They only
+# read: nothing here creates a file or a folder.
+
+import json as _json
+from typing import Any as _Any
+
+from voiceactors.logs import get_logger as _get_logger
+
+_log = _get_logger(actor="journal")
+
+
+def read_json(path: Path) -> _Any | None:
+    """The parsed JSON document at ``path``; None when the file is missing
+    (silently) or unreadable / corrupt (logged as a warning)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _log.warning("journal_file_unreadable", file=str(path), error=type(exc).__name__)
+        return None
+    try:
+        return _json.loads(text)
+    except ValueError as exc:
+        _log.warning("journal_json_corrupt", file=str(path), error=str(exc)[:200])
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict[str, _Any]]:
+    """The JSON objects of a JSONL file, one a line. Blank lines are ignored;
+    a line that is not a JSON object is skipped and logged with its file name
+    and line number. A missing file reads as ``[]``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        _log.warning("journal_file_unreadable", file=str(path), error=type(exc).__name__)
+        return []
+    rows: list[dict[str, _Any]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = _json.loads(line)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            rows.append(obj)
+        else:
+            _log.warning("journal_jsonl_line_skipped", file=str(path), line=lineno)
+    return rows
+
+
+def check_day(value: object) -> str:
+    """A chronicle day name ``YYYYMMDD`` (a ``datetime.date`` is accepted and
+    converted); InvalidName otherwise."""
+    import datetime as _dt
+
+    if isinstance(value, _dt.date):
+        return value.strftime("%Y%m%d")
+    if not isinstance(value, str) or not DAY_RE.fullmatch(value):
+        raise InvalidName(f"invalid day: {value!r}")
+    return value

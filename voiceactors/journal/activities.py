@@ -1,0 +1,115 @@
+"""Activity records: ``facets/<f>/activities/YYYYMMDD.jsonl``, one JSON object a line.
+
+Only day-named files hold records; ``activities.jsonl`` beside them is the
+facet's list of activity *types* and is never read as records. A corrupt line
+is skipped and logged (file and line number), never fatal.
+
+Anticipated (calendar) records carry ``source: "anticipated"`` and a
+``target_date`` (``YYYY-MM-DD``) that need not match the file they live in, so
+``anticipated`` scans every day file of every enabled facet; each file's
+anticipated records are cached by ``(mtime_ns, size)`` so a repeated call only
+stats the files.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from voiceactors.journal.facets import enabled_facets
+from voiceactors.journal.paths import DAY_RE, check_day, check_slug, inside, read_jsonl
+
+
+def activities_dir(root: Path, facet: str) -> Path:
+    """``facets/<facet>/activities`` (validated; InvalidName otherwise)."""
+    return inside(root, "facets", check_slug(facet), "activities")
+
+
+def day_files(root: Path, facet: str) -> list[Path]:
+    """The facet's record files ``YYYYMMDD.jsonl``, sorted by day."""
+    folder = activities_dir(root, facet)
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(
+        Path(e.path) for e in entries
+        if e.name.endswith(".jsonl") and DAY_RE.fullmatch(e.name[:-6]) and e.is_file()
+    )
+
+
+def activity_days(root: Path, facet: str) -> list[str]:
+    """Sorted ``YYYYMMDD`` days for which the facet has a record file."""
+    return [p.name[:-6] for p in day_files(root, facet)]
+
+
+def records_path(root: Path, facet: str, day: str) -> Path:
+    return activities_dir(root, facet) / f"{check_day(day)}.jsonl"
+
+
+def load_records(root: Path, facet: str, day: str) -> list[dict[str, Any]]:
+    """The records of one facet and day (``YYYYMMDD``), in file order; ``[]``
+    when there is no file. Corrupt lines are skipped and logged."""
+    return read_jsonl(records_path(root, facet, day))
+
+
+# --- anticipated ------------------------------------------------------------
+
+_cache_lock = threading.Lock()
+# path -> (mtime_ns, size, that file's anticipated records)
+_anticipated_cache: dict[str, tuple[int, int, list[dict[str, Any]]]] = {}
+
+
+def _file_anticipated(path: Path) -> list[dict[str, Any]]:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return []
+    key = str(path)
+    with _cache_lock:
+        hit = _anticipated_cache.get(key)
+    if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+        return hit[2]
+    rows = [r for r in read_jsonl(path) if r.get("source") == "anticipated"]
+    with _cache_lock:
+        _anticipated_cache[key] = (st.st_mtime_ns, st.st_size, rows)
+    return rows
+
+
+def _time_key(value: Any) -> tuple[int, int, int]:
+    """Sort key for ``HH:MM[:SS]``; missing or odd values sort last."""
+    if isinstance(value, str):
+        parts = value.strip().split(":")
+        if 2 <= len(parts) <= 3 and all(p.isdigit() for p in parts):
+            nums = [int(p) for p in parts] + [0]
+            return (0, nums[0] * 3600 + nums[1] * 60 + nums[2], 0)
+    return (1, 0, 0)
+
+
+def anticipated(root: Path, day: _dt.date | str) -> list[dict[str, Any]]:
+    """Anticipated records for ``day`` across enabled facets: ``source ==
+    "anticipated"``, ``target_date`` equal to the day, not cancelled, not
+    hidden; sorted by start time (records without one last), then title.
+    ``day`` is a date or ``YYYY-MM-DD``. Each returned dict is a copy with
+    ``facet`` filled in when the record lacks it."""
+    target = day.isoformat() if isinstance(day, _dt.date) else _dt.date.fromisoformat(day).isoformat()
+    out = []
+    for facet in enabled_facets(root):
+        try:
+            files = day_files(root, facet.slug)
+        except ValueError:  # facet folder escapes the journal
+            continue
+        for path in files:
+            for rec in _file_anticipated(path):
+                if rec.get("target_date") != target or rec.get("cancelled") or rec.get("hidden"):
+                    continue
+                rec = copy.deepcopy(rec)
+                if not isinstance(rec.get("facet"), str) or not rec.get("facet"):
+                    rec["facet"] = facet.slug
+                out.append(rec)
+    out.sort(key=lambda r: (_time_key(r.get("start")), str(r.get("title") or ""), str(r.get("id") or "")))
+    return out

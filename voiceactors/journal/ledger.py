@@ -1,0 +1,584 @@
+"""The commitments ledger: derived from activity records, never stored.
+
+There is no ledger file. Every record's ``commitments[]`` entry is an item,
+its ``closures[]`` entries close items by fuzzy match, and ``edits[]`` entries
+with ``fields == ["ledger_close"]`` close or drop them by hand. The rules (see
+``docs/journal-format.md``):
+
+* item id = first 16 hex of sha256 of ``"<owner_entity_id>|<normalized
+  action>|<counterparty_entity_id>"`` (missing ids are ``''``); the same id in
+  several records is one item whose fields come from the earliest record
+  (order: record ``created_at``, facet, day, record id);
+* a story closure matches an item when the owner ids match (both missing
+  counts), the counterparty ids match (both missing: the normalized names must
+  be equal; only one present: no match) and the normalized actions score
+  ``fuzz.token_sort_ratio >= 78``. Items take closures in opening order and a
+  closure is consumed by the first item it matches; the earliest matched
+  closure gives ``closed_at``;
+* the latest manual close (by edit timestamp) wins over story closures.
+
+``derive`` is cached per journal root, keyed by ``(path, mtime_ns, size)`` of
+every activity day file, and each file's extracted facts are cached the same
+way, so an unchanged journal costs one ``stat`` per file. The caches are
+guarded by locks: the functions here are called from worker threads.
+
+``close`` is the one write: it appends a ``ledger_close`` edit to the record
+that opened the item, through ``voiceactors.storage.update_jsonl`` (flock on
+``<file>.lock``, temp file + fsync + ``os.replace``). It blocks; async callers
+run it with ``storage.run_sync(..., cancellable=False)``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+from rapidfuzz import fuzz, process
+
+from voiceactors import clock, storage
+from voiceactors.journal.facets import enabled_facets, facet_slugs
+from voiceactors.journal.paths import DAY_RE, check_slug, inside, read_jsonl
+from voiceactors.logs import get_logger
+
+ACTION_MATCH_THRESHOLD = 78
+STATES = ("open", "closed", "dropped")
+CLOSE_STATES = ("closed", "dropped")
+_FIELD_ORDER = {"commitments": 0, "closures": 1, "edits": 2}
+_RESOLUTION_PREFIX = "resolution:"
+
+_log = get_logger(actor="journal", surface="ledger")
+
+
+class SourceRef(NamedTuple):
+    """Where an item was seen: a record and the field it was seen in
+    (``commitments``, ``closures`` or ``edits``)."""
+
+    facet: str
+    day: str          # YYYYMMDD
+    activity_id: str
+    field: str
+
+
+@dataclass(frozen=True)
+class LedgerItem:
+    id: str
+    state: str                      # open | closed | dropped
+    owner: str
+    owner_entity_id: str | None
+    counterparty: str | None
+    counterparty_entity_id: str | None
+    action: str
+    when: str | None
+    context: str
+    opened_at: int                  # ms, created_at of the opening record
+    closed_at: int | None           # ms
+    resolution: str | None          # from the winning manual close's note
+    facet: str                      # facet of the opening record
+    sources: tuple[SourceRef, ...]
+
+
+# --- normalizing and ids --------------------------------------------------------
+
+
+def normalize(text: object) -> str:
+    """Lowercase, trim, collapse whitespace."""
+    return " ".join(str(text or "").lower().split())
+
+
+def item_id(owner_entity_id: str | None, action: str, counterparty_entity_id: str | None) -> str:
+    """The ledger id of a commitment (``action`` is normalized here)."""
+    raw = f"{owner_entity_id or ''}|{normalize(action)}|{counterparty_entity_id or ''}"
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
+
+
+def actions_match(a: str, b: str) -> bool:
+    """Fuzzy action match on normalized text (token sort ratio >= 78)."""
+    a, b = normalize(a), normalize(b)
+    if not a or not b:
+        return False
+    return a == b or fuzz.token_sort_ratio(a, b) >= ACTION_MATCH_THRESHOLD
+
+
+def _opt_id(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _text(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else ("" if value is None else str(value).strip())
+
+
+def _created_at(record: dict[str, Any]) -> int:
+    try:
+        return int(record.get("created_at") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_timestamp_ms(value: Any) -> int | None:
+    """An edit ``timestamp`` (ISO, ``Z`` allowed; naive = UTC) as epoch ms."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    try:
+        parsed = _dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=_dt.timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def resolution_of(note: Any) -> str | None:
+    """The value after ``resolution:`` in a close note, if any."""
+    if not isinstance(note, str):
+        return None
+    low = note.lower()
+    at = low.find(_RESOLUTION_PREFIX)
+    if at < 0:
+        return None
+    value = note[at + len(_RESOLUTION_PREFIX):].strip().splitlines()
+    return value[0].strip() if value and value[0].strip() else None
+
+
+# --- facts extracted from one file ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Commitment:
+    id: str
+    order: tuple[int, str, str, str]      # created_at, facet, day, record id
+    owner: str
+    owner_entity_id: str | None
+    counterparty: str | None
+    counterparty_entity_id: str | None
+    counterparty_norm: str
+    action: str
+    action_norm: str
+    when: str | None
+    context: str
+    source: SourceRef
+
+
+@dataclass(frozen=True)
+class _Closure:
+    order: tuple[int, str, str, str]
+    bucket: tuple[Any, ...]
+    action_norm: str
+    closed_at: int
+    source: SourceRef
+
+
+@dataclass(frozen=True)
+class _Manual:
+    item_id: str
+    order: tuple[int, str, str, str, int]  # timestamp ms, facet, day, record id, edit index
+    state: str
+    closed_at: int
+    resolution: str | None
+    source: SourceRef
+    source_created_at: int
+
+
+@dataclass(frozen=True)
+class _FileFacts:
+    commitments: tuple[_Commitment, ...]
+    closures: tuple[_Closure, ...]
+    manual: tuple[_Manual, ...]
+
+
+def _bucket(owner_entity_id: str | None, cp_id: str | None, cp_norm: str) -> tuple[Any, ...]:
+    # Items and closures can only match inside one bucket: owner ids equal (or
+    # both missing) and counterparty ids equal, or both missing with equal
+    # names. Bucketing keeps the fuzzy pass off the full cross product.
+    return (owner_entity_id, ("id", cp_id) if cp_id else ("name", cp_norm))
+
+
+def _manual_from_edit(edit: Any, index: int, facet: str, day: str, rid: str, created: int) -> _Manual | None:
+    if not isinstance(edit, dict) or edit.get("fields") != ["ledger_close"]:
+        return None
+    close = edit.get("ledger_close")
+    if not isinstance(close, dict):
+        return None
+    target, state = close.get("item_id"), close.get("as_state")
+    if not isinstance(target, str) or not target or state not in CLOSE_STATES:
+        return None
+    ts = parse_timestamp_ms(edit.get("timestamp"))
+    ts = created if ts is None else ts
+    return _Manual(
+        item_id=target,
+        order=(ts, facet, day, rid, index),
+        state=state,
+        closed_at=ts,
+        resolution=resolution_of(edit.get("note")),
+        source=SourceRef(facet, day, rid, "edits"),
+        source_created_at=created,
+    )
+
+
+def _record_facts(
+    record: dict[str, Any], facet: str, day: str
+) -> tuple[list[_Commitment], list[_Closure], list[_Manual]]:
+    rid = _text(record.get("id"))
+    commitments: list[_Commitment] = []
+    closures: list[_Closure] = []
+    manual: list[_Manual] = []
+    if not rid:
+        return commitments, closures, manual
+    created = _created_at(record)
+    order = (created, facet, day, rid)
+    for raw in record.get("commitments") or ():
+        if not isinstance(raw, dict):
+            continue
+        owner, action = _text(raw.get("owner")), _text(raw.get("action"))
+        if not owner or not action:
+            continue
+        owner_id = _opt_id(raw.get("owner_entity_id"))
+        cp_id = _opt_id(raw.get("counterparty_entity_id"))
+        counterparty = _text(raw.get("counterparty")) or None
+        commitments.append(_Commitment(
+            id=item_id(owner_id, action, cp_id),
+            order=order,
+            owner=owner,
+            owner_entity_id=owner_id,
+            counterparty=counterparty,
+            counterparty_entity_id=cp_id,
+            counterparty_norm=normalize(counterparty),
+            action=action,
+            action_norm=normalize(action),
+            when=_text(raw.get("when")) or None,
+            context=_text(raw.get("context")),
+            source=SourceRef(facet, day, rid, "commitments"),
+        ))
+    for raw in record.get("closures") or ():
+        if not isinstance(raw, dict):
+            continue
+        action = normalize(raw.get("action"))
+        if not action:
+            continue
+        cp_id = _opt_id(raw.get("counterparty_entity_id"))
+        closures.append(_Closure(
+            order=order,
+            bucket=_bucket(_opt_id(raw.get("owner_entity_id")), cp_id, normalize(raw.get("counterparty"))),
+            action_norm=action,
+            closed_at=created,
+            source=SourceRef(facet, day, rid, "closures"),
+        ))
+    edits = record.get("edits")
+    if isinstance(edits, list):
+        for index, edit in enumerate(edits):
+            m = _manual_from_edit(edit, index, facet, day, rid, created)
+            if m is not None:
+                manual.append(m)
+    return commitments, closures, manual
+
+
+def _file_facts(path: Path, facet: str, day: str) -> _FileFacts:
+    commitments: list[_Commitment] = []
+    closures: list[_Closure] = []
+    manual: list[_Manual] = []
+    for record in read_jsonl(path):
+        c, cl, m = _record_facts(record, facet, day)
+        commitments += c
+        closures += cl
+        manual += m
+    return _FileFacts(tuple(commitments), tuple(closures), tuple(manual))
+
+
+# --- building items ----------------------------------------------------------------
+
+
+@dataclass
+class _Derived:
+    items: dict[str, LedgerItem] = field(default_factory=dict)       # opening order
+    open_order: list[LedgerItem] = field(default_factory=list)       # oldest first
+    closed_order: list[LedgerItem] = field(default_factory=list)     # closed_at desc
+    opening: dict[str, SourceRef] = field(default_factory=dict)
+    manual: dict[str, list[_Manual]] = field(default_factory=dict)
+
+
+def _source_key(ref: SourceRef, created: int) -> tuple[int, str, str, str, int]:
+    return (created, ref.facet, ref.day, ref.activity_id, _FIELD_ORDER.get(ref.field, 9))
+
+
+def _sorted_tokens(text: str) -> str:
+    return " ".join(sorted(text.split()))
+
+
+def _match_closures(firsts: list[_Commitment], closures: list[_Closure]) -> dict[str, list[_Closure]]:
+    """Pair items (in opening order) with the unconsumed closures they match."""
+    closures = sorted(closures, key=lambda c: c.order)
+    buckets: dict[tuple[Any, ...], list[_Closure]] = {}
+    for closure in closures:
+        buckets.setdefault(closure.bucket, []).append(closure)
+    # token_sort_ratio(a, b) is ratio() of the token-sorted strings: sort each
+    # closure's tokens once instead of once per comparison.
+    choices = {key: [_sorted_tokens(cl.action_norm) for cl in pool] for key, pool in buckets.items()}
+    consumed: dict[tuple[Any, ...], set[int]] = {}
+    matched: dict[str, list[_Closure]] = {}
+    for c in firsts:
+        key = _bucket(c.owner_entity_id, c.counterparty_entity_id, c.counterparty_norm)
+        pool = buckets.get(key)
+        if not pool:
+            continue
+        used = consumed.setdefault(key, set())
+        hits = process.extract(
+            _sorted_tokens(c.action_norm), choices[key], scorer=fuzz.ratio,
+            processor=None, score_cutoff=ACTION_MATCH_THRESHOLD, limit=None,
+        )
+        indexes = sorted(i for _choice, _score, i in hits if i not in used)
+        if indexes:
+            used.update(indexes)
+            matched[c.id] = [pool[i] for i in indexes]
+    return matched
+
+
+def _build(facts: Iterable[_FileFacts]) -> _Derived:
+    firsts: dict[str, _Commitment] = {}
+    sources: dict[str, list[tuple[tuple, SourceRef]]] = {}
+    closures: list[_Closure] = []
+    manual: dict[str, list[_Manual]] = {}
+    for ff in facts:
+        for c in ff.commitments:
+            sources.setdefault(c.id, []).append((_source_key(c.source, c.order[0]), c.source))
+            if c.id not in firsts or c.order < firsts[c.id].order:
+                firsts[c.id] = c
+        closures.extend(ff.closures)
+        for m in ff.manual:
+            manual.setdefault(m.item_id, []).append(m)
+
+    ordered = sorted(firsts.values(), key=lambda c: (c.order, c.id))
+    matched = _match_closures(ordered, closures)
+    out = _Derived(manual=manual)
+    for c in ordered:
+        refs = list(sources[c.id])
+        story = matched.get(c.id, [])
+        refs += [(_source_key(cl.source, cl.closed_at), cl.source) for cl in story]
+        manuals = manual.get(c.id, [])
+        refs += [(_source_key(m.source, m.source_created_at), m.source) for m in manuals]
+        state, closed_at, resolution = "open", None, None
+        if manuals:
+            last = max(manuals, key=lambda m: m.order)
+            state, closed_at, resolution = last.state, last.closed_at, last.resolution
+        elif story:
+            state, closed_at = "closed", story[0].closed_at
+        item = LedgerItem(
+            id=c.id, state=state, owner=c.owner, owner_entity_id=c.owner_entity_id,
+            counterparty=c.counterparty, counterparty_entity_id=c.counterparty_entity_id,
+            action=c.action, when=c.when, context=c.context, opened_at=c.order[0],
+            closed_at=closed_at, resolution=resolution, facet=c.source.facet,
+            sources=tuple(ref for _key, ref in sorted(refs, key=lambda r: r[0])),
+        )
+        out.items[c.id] = item
+        out.opening[c.id] = c.source
+    out.open_order = [i for i in out.items.values() if i.state == "open"]
+    out.open_order.sort(key=lambda i: (i.opened_at, i.id))
+    out.closed_order = [i for i in out.items.values() if i.state != "open"]
+    out.closed_order.sort(key=lambda i: (i.closed_at or 0, i.id), reverse=True)
+    return out
+
+
+# --- the per-root cache --------------------------------------------------------------
+
+
+class _RootCache:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.key: tuple[tuple[str, int, int], ...] | None = None
+        self.derived: _Derived | None = None
+        self.files: dict[str, tuple[int, int, _FileFacts]] = {}
+
+
+_roots_lock = threading.Lock()
+_roots: dict[str, _RootCache] = {}
+
+
+def _root_cache(root: Path) -> _RootCache:
+    key = str(Path(root).resolve())
+    with _roots_lock:
+        cache = _roots.get(key)
+        if cache is None:
+            cache = _roots[key] = _RootCache()
+        return cache
+
+
+def _scan(root: Path) -> list[tuple[str, str, str, int, int]]:
+    """``(path, facet, day, mtime_ns, size)`` of every activity day file of
+    every facet (stat only)."""
+    out = []
+    for facet in facet_slugs(root):
+        try:
+            folder = inside(root, "facets", facet, "activities")
+        except ValueError:  # a facet symlinked outside the journal
+            continue
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            name = entry.name
+            if not (name.endswith(".jsonl") and DAY_RE.fullmatch(name[:-6])):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            if entry.is_file():
+                out.append((entry.path, facet, name[:-6], st.st_mtime_ns, st.st_size))
+    out.sort()
+    return out
+
+
+def _derived(root: Path) -> _Derived:
+    cache = _root_cache(root)
+    with cache.lock:
+        files = _scan(Path(root))
+        key = tuple((p, m, s) for p, _f, _d, m, s in files)
+        if cache.derived is not None and cache.key == key:
+            return cache.derived
+        facts = []
+        fresh: dict[str, tuple[int, int, _FileFacts]] = {}
+        for path, facet, day, mtime, size in files:
+            hit = cache.files.get(path)
+            if hit is None or hit[0] != mtime or hit[1] != size:
+                hit = (mtime, size, _file_facts(Path(path), facet, day))
+            fresh[path] = hit
+            facts.append(hit[2])
+        cache.files = fresh
+        cache.derived = _build(facts)
+        cache.key = key
+        return cache.derived
+
+
+def _invalidate(root: Path, path: Path | None = None) -> None:
+    cache = _root_cache(root)
+    with cache.lock:
+        cache.key = None
+        cache.derived = None
+        if path is not None:
+            cache.files.pop(str(path), None)
+
+
+# --- public surface ------------------------------------------------------------------
+
+
+def derive(root: Path) -> list[LedgerItem]:
+    """Every ledger item of every facet, in opening order. Cached: an
+    unchanged journal costs one ``stat`` per activity file."""
+    return list(_derived(root).items.values())
+
+
+def get_item(root: Path, item_id: str) -> LedgerItem | None:
+    """The item with id ``item_id``, or None."""
+    return _derived(root).items.get(item_id) if isinstance(item_id, str) else None
+
+
+def list_items(
+    root: Path,
+    state: str | None = None,
+    facets: Iterable[str] | None = None,
+    top: int | None = 20,
+) -> list[LedgerItem]:
+    """Items filtered by ``state`` (None = all) and by the facet of their
+    opening record (``facets`` None = the enabled facets), at most ``top``
+    (None = no cap). Open items come oldest first; closed and dropped items
+    most recently closed first; with ``state=None`` the open ones come first.
+    ValueError for an unknown state; InvalidName for a malformed facet."""
+    if state is not None and state not in STATES:
+        raise ValueError(f"unknown state: {state!r}")
+    if facets is None:
+        allowed = {f.slug for f in enabled_facets(root)}
+    else:
+        allowed = {check_slug(f) for f in ([facets] if isinstance(facets, str) else facets)}
+    cap = None if top is None else max(0, int(top))
+    d = _derived(root)
+    if state == "open":
+        pool: Iterable[LedgerItem] = d.open_order
+    elif state is None:
+        pool = [*d.open_order, *d.closed_order]
+    else:
+        pool = (i for i in d.closed_order if i.state == state)
+    out: list[LedgerItem] = []
+    for item in pool:
+        if cap is not None and len(out) >= cap:
+            break
+        if item.facet in allowed:
+            out.append(item)
+    return out
+
+
+def _timestamp() -> str:
+    return clock.now_utc().astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voice") -> LedgerItem:
+    """Close (``as_state="closed"``) or drop an item by appending a
+    ``ledger_close`` edit to the record that opened it; returns the item as
+    derived afterwards. Idempotent: when the latest manual close of the item
+    already has ``as_state``, nothing is written. KeyError for an unknown item
+    (or when its record vanished); ValueError for a bad ``as_state``.
+
+    Blocking and not interruptible midway: the file is replaced atomically or
+    not at all, so a crash leaves the old file intact."""
+    if as_state not in CLOSE_STATES:
+        raise ValueError(f"as_state must be one of {CLOSE_STATES}, not {as_state!r}")
+    if not isinstance(note, str):
+        raise ValueError("note must be a string")
+    root = Path(root)
+    d = _derived(root)
+    if not isinstance(item_id, str) or item_id not in d.items:
+        raise KeyError(item_id)
+    opening = d.opening[item_id]
+    path = inside(root, "facets", check_slug(opening.facet), "activities", f"{opening.day}.jsonl")
+    elsewhere = [m for m in d.manual.get(item_id, ()) if (m.source.facet, m.source.day) != (opening.facet, opening.day)]
+    edit = {
+        "timestamp": _timestamp(),
+        "actor": actor,
+        "fields": ["ledger_close"],
+        "note": note,
+        "ledger_close": {"item_id": item_id, "as_state": as_state},
+    }
+    outcome = {"status": "missing"}
+
+    def change(rows: list[Any]) -> bool:
+        # Re-read under the lock: another writer may have closed it meanwhile.
+        target = None
+        existing = list(elsewhere)
+        for row in rows:
+            if not isinstance(row, dict):
+                continue
+            commitments, _closures, manual = _record_facts(row, opening.facet, opening.day)
+            existing += [m for m in manual if m.item_id == item_id]
+            if target is None and _text(row.get("id")) == opening.activity_id and any(
+                c.id == item_id for c in commitments
+            ):
+                target = row
+        if target is None:
+            return False
+        if existing and max(existing, key=lambda m: m.order).state == as_state:
+            outcome["status"] = "unchanged"
+            return False
+        edits = target.setdefault("edits", [])
+        if not isinstance(edits, list):
+            outcome["status"] = "bad_edits"
+            return False
+        edits.append(edit)
+        outcome["status"] = "written"
+        return True
+
+    storage.update_jsonl(path, change)
+    _log.info("ledger_close", item_id=item_id, outcome=outcome["status"], facet=opening.facet)
+    if outcome["status"] == "missing":
+        _invalidate(root, path)
+        raise KeyError(item_id)
+    if outcome["status"] == "bad_edits":
+        raise ValueError(f"record {opening.activity_id} has a non-list edits field")
+    if outcome["status"] == "written":
+        _invalidate(root, path)
+    item = get_item(root, item_id)
+    if item is None:  # pragma: no cover - the record we just wrote holds it
+        raise KeyError(item_id)
+    return item

@@ -1,0 +1,65 @@
+"""The ``openai`` brain backend: the snapshot sent to an OpenAI text model.
+
+One run is one Chat Completions request (``POST {OPENAI_BASE_URL}/chat/completions``)
+through the SDK's ``AsyncOpenAI``::
+
+    {"model": <voice.brain_model or gpt-5-mini>,
+     "messages": [{"role": "system", "content": <the section 6 prompt>},
+                  {"role": "user", "content": "Current journal context:\\n" + <snapshot as text>}]}
+
+The answer's ``choices[0].message.content`` must hold the
+``<voice_instruction>`` wrapper. The model cannot read files, so the snapshot
+(``context.render_text``) is what "ingest the current context" means here.
+There is no session: the session id passes through unchanged.
+
+The key is read at call time (journal, then ``OPENAI_API_KEY``); none is a
+``BrainError``. The client is closed after each run; the SDK's own retries
+are off (the actor decides about retries and bounds the run).
+"""
+
+from __future__ import annotations
+
+import openai
+
+from voiceactors import config
+from voiceactors.brain import BrainError
+from voiceactors.brain.context import ContextSnapshot, render_text
+from voiceactors.brain.prompt import extract_instruction, render_prompt
+from voiceactors.settings import Settings
+from voiceactors.storage import run_sync
+
+NAME = "openai"
+DEFAULT_MODEL = "gpt-5-mini"
+
+
+def messages(snapshot: ContextSnapshot) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": render_prompt(snapshot.agent_name)},
+        {"role": "user", "content": "Current journal context:\n" + render_text(snapshot)},
+    ]
+
+
+class OpenAITextBackend:
+    name = NAME
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def generate(self, snapshot: ContextSnapshot, session_id: str | None) -> tuple[str, str | None]:
+        key = await run_sync(config.openai_api_key, self.settings)
+        if not key:
+            raise BrainError("openai key not configured")
+        model = await run_sync(config.brain_model, self.settings, DEFAULT_MODEL)
+        try:
+            async with openai.AsyncOpenAI(api_key=key, base_url=self.settings.openai_base_url,
+                                          timeout=self.settings.brain_timeout_s, max_retries=0) as client:
+                answer = await client.chat.completions.create(model=model, messages=messages(snapshot))
+        except openai.APIStatusError as exc:
+            raise BrainError(f"openai request failed (status {exc.status_code})") from None
+        except openai.OpenAIError as exc:
+            raise BrainError(f"openai request failed ({type(exc).__name__})") from None
+        choices = getattr(answer, "choices", None) or []
+        content = choices[0].message.content if choices and choices[0].message else None
+        if not isinstance(content, str):
+            raise BrainError("openai answer has no text")
+        return extract_instruction(content), session_id

@@ -1,0 +1,72 @@
+"""The voice configuration: the journal's ``voice`` block first, then env.
+
+Read at call time, never cached: an edit of ``config/journal.json`` (a new key,
+another model) takes effect on the next request without a restart. A missing
+OpenAI key is not an error here; callers that need one answer 503.
+
+Journal keys (``config/journal.json``)::
+
+    "voice": {"openai_api_key": null, "model": "gpt-realtime",
+              "brain_model": "haiku", "brain": "local"}
+
+These functions do blocking file reads (one small JSON file); async callers
+that care may wrap them in ``voiceactors.storage.run_sync``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from voiceactors.journal.config import load_config
+from voiceactors.logs import get_logger, register_secret
+from voiceactors.settings import Settings
+
+DEFAULT_VOICE_MODEL = "gpt-realtime"
+DEFAULT_BRAIN_MODEL = "haiku"
+DEFAULT_BRAIN_BACKEND = "local"
+BRAIN_BACKENDS = ("local", "claude", "openai")
+
+
+def _voice(settings: Settings) -> dict[str, Any]:
+    block = load_config(settings.journal).get("voice")
+    return block if isinstance(block, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    """``value`` stripped, or None when it is not a non-blank string."""
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return None
+
+
+def openai_api_key(settings: Settings) -> str | None:
+    """The OpenAI key: journal ``voice.openai_api_key`` when non-blank, else
+    ``OPENAI_API_KEY`` (``settings.openai_api_key_env``), else None.
+
+    The key found is registered with the log scrubber so it can never appear
+    in a log line, whatever a call site does."""
+    key = _text(_voice(settings).get("openai_api_key")) or _text(settings.openai_api_key_env)
+    register_secret(key)
+    return key
+
+
+def voice_model(settings: Settings) -> str:
+    """The Realtime model: ``voice.model``, default ``gpt-realtime``."""
+    return _text(_voice(settings).get("model")) or DEFAULT_VOICE_MODEL
+
+
+def brain_model(settings: Settings, default: str = DEFAULT_BRAIN_MODEL) -> str:
+    """The brain's model: ``voice.brain_model``, else ``default`` (``haiku``,
+    the Claude CLI's alias; the OpenAI text backend passes its own default)."""
+    return _text(_voice(settings).get("brain_model")) or default
+
+
+def brain_backend(settings: Settings) -> str:
+    """The brain backend: ``voice.brain`` (``local`` | ``claude`` | ``openai``),
+    default ``local``. An unknown value falls back to ``local``: a typo must
+    not leave the voice without an instruction."""
+    value = (_text(_voice(settings).get("brain")) or DEFAULT_BRAIN_BACKEND).lower()
+    if value not in BRAIN_BACKENDS:
+        get_logger(actor="config").warning("unknown_brain_backend", value=value[:32], using=DEFAULT_BRAIN_BACKEND)
+        return DEFAULT_BRAIN_BACKEND
+    return value

@@ -1,0 +1,160 @@
+"""Prometheus metrics, all named ``voiceactors_*``.
+
+The instruments live in a ``Metrics`` object with its own ``CollectorRegistry``
+(never prometheus_client's global one), so a test or a second app can build a
+fresh ``Metrics()`` without "duplicated timeseries" errors. The module-level
+functions record into the process's default ``METRICS``; actors call those::
+
+    metrics.call_started(); metrics.call_ended()
+    metrics.tool_finished("journal.get_day", "ok", 0.012)
+    metrics.reconnect()
+    metrics.brain_refreshed("ok", refreshed_at=trio.current_time())
+    metrics.http_request("/api/voice/session", 200)
+    body, content_type = metrics.render()
+
+Every function is synchronous, cheap and never raises into its caller's path
+of work (a metric must not fail a tool call).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+PREFIX = "voiceactors"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
+MAX_TOOL_LABELS = 64   # unknown tool names come from the model: bound the label set
+_OTHER = "other"
+
+
+class Metrics:
+    """One registry and its instruments."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.live_calls = Gauge(f"{PREFIX}_live_calls", "Calls with a live sideband actor.", registry=r)
+        self.tool_calls = Counter(f"{PREFIX}_tool_calls", "Tool calls answered, by tool and outcome.",
+                                  ["tool", "outcome"], registry=r)
+        self.tool_latency = Histogram(f"{PREFIX}_tool_latency_seconds", "Tool call latency, by tool.",
+                                      ["tool"], buckets=TOOL_BUCKETS, registry=r)
+        self.reconnects = Counter(f"{PREFIX}_sideband_reconnects", "Sideband websocket reconnect attempts.",
+                                  registry=r)
+        self.brain_refreshes = Counter(f"{PREFIX}_brain_refreshes", "Brain backend runs, by outcome.",
+                                       ["outcome"], registry=r)
+        self.brain_ready = Gauge(f"{PREFIX}_brain_ready", "1 when the brain has an instruction.", registry=r)
+        self.brain_age = Gauge(f"{PREFIX}_brain_age_seconds",
+                               "Age of the brain's instruction (NaN before the first one).", registry=r)
+        self.http_requests = Counter(f"{PREFIX}_http_requests", "HTTP requests, by route and status.",
+                                     ["route", "status"], registry=r)
+        self._tools: set[str] = set()
+        self._lock = threading.Lock()   # tool label set: recorded from worker threads too
+        self._refreshed_at: float | None = None
+        self._last_age = math.nan
+        self.brain_age.set_function(self._brain_age)
+
+    # --- calls --------------------------------------------------------------
+    def call_started(self) -> None:
+        self.live_calls.inc()
+
+    def call_ended(self) -> None:
+        self.live_calls.dec()
+
+    def set_live_calls(self, count: int) -> None:
+        self.live_calls.set(count)
+
+    def reconnect(self) -> None:
+        self.reconnects.inc()
+
+    # --- tools --------------------------------------------------------------
+    def _tool_label(self, tool: str) -> str:
+        tool = str(tool)[:64]
+        with self._lock:
+            if tool in self._tools:
+                return tool
+            if len(self._tools) >= MAX_TOOL_LABELS:
+                return _OTHER
+            self._tools.add(tool)
+            return tool
+
+    def tool_finished(self, tool: str, outcome: str, seconds: float) -> None:
+        label = self._tool_label(tool)
+        self.tool_calls.labels(tool=label, outcome=str(outcome)[:32]).inc()
+        self.tool_latency.labels(tool=label).observe(max(0.0, float(seconds)))
+
+    # --- brain --------------------------------------------------------------
+    def brain_refreshed(self, outcome: str, refreshed_at: float | None = None) -> None:
+        """Count one backend run; ``refreshed_at`` (``trio.current_time()``)
+        is the time of the instruction now in use, when there is one."""
+        self.brain_refreshes.labels(outcome=str(outcome)[:32]).inc()
+        if refreshed_at is not None:
+            self.set_brain_refreshed_at(refreshed_at)
+
+    def set_brain_refreshed_at(self, refreshed_at: float | None) -> None:
+        self._refreshed_at = refreshed_at
+        self.brain_ready.set(0 if refreshed_at is None else 1)
+
+    def _brain_age(self) -> float:
+        # Computed at scrape time from trio's clock. Outside a trio run (a
+        # scrape from a plain thread) the last computed age is reported.
+        if self._refreshed_at is None:
+            return math.nan
+        try:
+            self._last_age = max(0.0, trio.current_time() - self._refreshed_at)
+        except RuntimeError:
+            pass
+        return self._last_age
+
+    # --- http ---------------------------------------------------------------
+    def http_request(self, route: str, status: int) -> None:
+        """``route`` is the route's rule (``/api/voice/session``), never the
+        raw path, so the label set stays bounded."""
+        self.http_requests.labels(route=str(route)[:128], status=str(int(status))).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE
+
+
+METRICS = Metrics()
+
+
+def call_started() -> None:
+    METRICS.call_started()
+
+
+def call_ended() -> None:
+    METRICS.call_ended()
+
+
+def set_live_calls(count: int) -> None:
+    METRICS.set_live_calls(count)
+
+
+def reconnect() -> None:
+    METRICS.reconnect()
+
+
+def tool_finished(tool: str, outcome: str, seconds: float) -> None:
+    METRICS.tool_finished(tool, outcome, seconds)
+
+
+def brain_refreshed(outcome: str, refreshed_at: float | None = None) -> None:
+    METRICS.brain_refreshed(outcome, refreshed_at)
+
+
+def set_brain_refreshed_at(refreshed_at: float | None) -> None:
+    METRICS.set_brain_refreshed_at(refreshed_at)
+
+
+def http_request(route: str, status: int) -> None:
+    METRICS.http_request(route, status)
+
+
+def render() -> tuple[bytes, str]:
+    return METRICS.render()

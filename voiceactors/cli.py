@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from voiceactors import logs
+
+    # Logs go to stderr as JSON lines (console for people); stdout stays for command output.
+    logs.configure(fmt=getattr(args, "log_format", None) or "json")
     key = "journal-sample" if args.command == "journal" else args.command
     module_name, func_name = _COMMANDS[key].split(":")
     func = getattr(importlib.import_module(module_name), func_name)

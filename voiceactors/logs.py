@@ -43,6 +43,20 @@ def _scrub_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> di
     return scrub(event_dict)
 
 
+class _CurrentStderr:
+    """``sys.stderr`` as it is at each write: a tool or test that swaps it
+    (and closes its replacement) must not leave logging pointing at a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_CURRENT_STDERR = _CurrentStderr()
+
+
 def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog once per process. ``fmt`` is ``json`` or ``console``."""
     renderer: Any
@@ -60,11 +74,15 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=stream or _CURRENT_STDERR),
         cache_logger_on_first_use=False,
     )
 
 
 def get_logger(**bound: Any) -> Any:
-    """A logger with ``bound`` fields on every line (e.g. ``actor="brain"``)."""
-    return structlog.get_logger().bind(**bound)
+    """A logger with ``bound`` fields on every line (e.g. ``actor="brain"``).
+
+    It is a lazy proxy: each call uses the configuration current at that
+    moment, so a module-level logger created at import, before ``configure``
+    runs, still renders (and scrubs) as configured."""
+    return structlog.get_logger(**bound)

@@ -1,0 +1,180 @@
+"""Event models (discriminated unions over the SDK), builders, and the pure
+parts of the sideband module."""
+
+from __future__ import annotations
+
+import json
+import re
+import typing
+from typing import Annotated, Literal, Union
+
+import pydantic
+import pytest
+from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
+from openai.types.realtime.input_audio_buffer_speech_started_event import InputAudioBufferSpeechStartedEvent
+from openai.types.realtime.realtime_error_event import RealtimeErrorEvent
+from openai.types.realtime.response_done_event import ResponseDoneEvent
+from structlog.testing import capture_logs
+
+from voiceactors.realtime import events
+from voiceactors.realtime.events import EventUnion
+from voiceactors.realtime.sideband import is_clean_close, ws_url
+
+EVENT_ID = re.compile(r"^evt_[0-9a-f]{20}$")
+
+
+def _members(union) -> list[type]:
+    return list(typing.get_args(typing.get_args(union)[0]))
+
+
+def test_unions_cover_every_sdk_member():
+    for built, union in ((events.SERVER_EVENTS, RealtimeServerEvent), (events.CLIENT_EVENTS, RealtimeClientEvent)):
+        members = _members(union)
+        assert set(built.by_type.values()) | {m for ms in built.fallback.values() for m in ms} == set(members)
+        assert len(built.by_type) >= 11
+
+
+def test_unknown_type_fails_cleanly_in_the_adapter():
+    with pytest.raises(pydantic.ValidationError) as info:
+        events.SERVER_EVENTS.adapter.validate_python({"type": "response.bogus", "event_id": "e"})
+    assert info.value.errors()[0]["type"] == "union_tag_invalid"
+    with pytest.raises(ValueError, match="unknown server event type"):
+        events.validate_server_event({"type": "response.bogus"})
+
+
+def test_shared_and_non_literal_types_fall_back_to_trying_models():
+    class A(pydantic.BaseModel):
+        type: Literal["same"]
+        a: int
+
+    class B(pydantic.BaseModel):
+        type: Literal["same"]
+        b: int
+
+    class C(pydantic.BaseModel):
+        type: Literal["only.c"]
+
+    class D(pydantic.BaseModel):  # one of its two values is shared: kept out of the adapter
+        type: Literal["d.own", "same"]
+        d: int
+
+    class Free(pydantic.BaseModel):
+        type: str
+        free: bool
+
+    union = Annotated[Union[A, B, C, D, Free], "marker"]
+    built = EventUnion.build("test", union)
+    assert built.by_type == {"only.c": C}
+    assert built.fallback == {"same": [A, B, D], "d.own": [D]}
+    assert isinstance(built.validate({"type": "d.own", "d": 1}), D)
+    assert built.untyped == [Free]
+    assert isinstance(built.validate({"type": "same", "b": 1}), B)
+    assert isinstance(built.validate({"type": "only.c"}), C)
+    assert isinstance(built.validate({"type": "whatever", "free": True}), Free)
+    with pytest.raises(pydantic.ValidationError):
+        built.validate({"type": "same"})
+
+
+def test_parse_server_event_returns_the_sdk_model():
+    done = {"type": "response.done", "event_id": "e1",
+            "response": {"id": "resp_1", "status": "cancelled",
+                         "status_details": {"type": "cancelled", "reason": "turn_detected"},
+                         "output": [{"type": "function_call", "id": "i", "call_id": "c1",
+                                     "name": "briefing.get", "arguments": "{}", "status": "completed"}]}}
+    model = events.parse_server_event(json.dumps(done))
+    assert isinstance(model, ResponseDoneEvent)
+    assert model.response.status_details.reason == "turn_detected"
+    assert model.response.output[0].call_id == "c1"
+    err = {"type": "error", "event_id": "e2", "error": {"type": "invalid_request_error",
+                                                        "code": "conversation_already_has_active_response",
+                                                        "message": "m", "event_id": "evt_x"}}
+    assert isinstance(events.parse_server_event(json.dumps(err)), RealtimeErrorEvent)
+    started = {"type": "input_audio_buffer.speech_started", "event_id": "e3", "audio_start_ms": 5, "item_id": "i"}
+    assert isinstance(events.parse_server_event(json.dumps(started).encode().decode()), InputAudioBufferSpeechStartedEvent)
+
+
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b'{"type": "response.done"}', "binary frame"),
+        ("{not json", "not JSON"),
+        ("[1, 2]", "not an object"),
+        ('{"event_id": "x"}', "no type"),
+        ('{"type": "response.teleported", "event_id": "x"}', "unknown type"),
+        ('{"type": "response.done", "event_id": "x", "response": "sk-secretvalue-123456"}', "invalid fields"),
+    ],
+)
+def test_parse_server_event_skips_and_logs_without_payload(raw, reason):
+    with capture_logs() as logs:
+        assert events.parse_server_event(raw) is None
+    assert len(logs) == 1
+    line = logs[0]
+    assert line["event"] == "skipped"
+    assert line["reason"].startswith(reason)
+    assert set(line) <= {"event", "reason", "type", "log_level", "actor"}
+    assert "secretvalue" not in json.dumps(line)
+
+
+def test_builders_validate_and_carry_fresh_event_ids():
+    built = [
+        events.function_call_output("call_1", json.dumps({"ok": True})),
+        events.response_create(),
+        events.response_create({"instructions": "be brief"}),
+        events.response_cancel(),
+        events.response_cancel("resp_1"),
+        events.session_update({"instructions": "hi", "tool_choice": "auto",
+                               "tools": [{"type": "function", "name": "briefing.get", "description": "d",
+                                          "parameters": {"type": "object", "properties": {}}}]}),
+    ]
+    ids = [e["event_id"] for e in built]
+    assert all(EVENT_ID.match(i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    for event in built:
+        model = events.validate_client_event(event)
+        assert model.type == event["type"]
+    assert built[0]["item"] == {"type": "function_call_output", "call_id": "call_1", "output": '{"ok": true}'}
+    assert "response_id" not in built[3] and built[4]["response_id"] == "resp_1"
+    assert built[5]["session"]["type"] == "realtime"
+
+
+def test_validate_client_event_rejects_bad_events():
+    with pytest.raises(ValueError, match="unknown client event type"):
+        events.validate_client_event({"type": "response.teleport"})
+    with pytest.raises(pydantic.ValidationError):
+        events.validate_client_event({"type": "conversation.item.create", "item": {"type": "function_call_output"}})
+    with pytest.raises(ValueError):
+        events.validate_client_event(["not", "a", "dict"])  # type: ignore[arg-type]
+
+
+def test_parse_client_event_reports_a_message():
+    model, error = events.parse_client_event('{"type": "response.create", "event_id": "evt_1"}')
+    assert model is not None and error is None
+    for raw in (b"\x00", "nope", '{"type": "x.y"}', '{"type": "session.update", "session": {"type": "bogus"}}'):
+        model, error = events.parse_client_event(raw)
+        assert model is None and error.startswith("Invalid event")
+
+
+@pytest.mark.parametrize(
+    "base, call_id, expected",
+    [
+        ("https://api.openai.com/v1", "rtc_1", "wss://api.openai.com/v1/realtime?call_id=rtc_1"),
+        ("http://127.0.0.1:8766/v1/", "rtc_1", "ws://127.0.0.1:8766/v1/realtime?call_id=rtc_1"),
+        ("HTTPS://proxy.example/openai/v1", "rtc a/b&c=d", "wss://proxy.example/openai/v1/realtime?call_id=rtc%20a%2Fb%26c%3Dd"),
+        ("http://localhost:1", "x", "ws://localhost:1/realtime?call_id=x"),
+    ],
+)
+def test_ws_url(base, call_id, expected):
+    url = ws_url(base, call_id)
+    assert url == expected
+    assert "model=" not in url
+
+
+def test_ws_url_rejects_other_schemes():
+    for base in ("ftp://x/v1", "api.openai.com/v1", ""):
+        with pytest.raises(ValueError):
+            ws_url(base, "c")
+
+
+def test_is_clean_close():
+    assert is_clean_close(1000) and is_clean_close(1001)
+    assert not any(is_clean_close(c) for c in (1006, 1011, 4000, None))

@@ -1,0 +1,236 @@
+"""Realtime event models: parse what the service sends, build what we send.
+
+The SDK's ``RealtimeServerEvent`` / ``RealtimeClientEvent`` unions do not
+check their discriminator when parsing (an unknown ``type`` silently parses as
+some other event), so this module rebuilds them as real discriminated unions
+over the same member models. The members are taken from the SDK at import
+time, so a newer SDK brings its new events along.
+
+Everything here is synchronous and pure; nothing blocks.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import typing
+from dataclasses import dataclass
+from typing import Annotated, Any, Union
+
+import pydantic
+from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
+from pydantic import BaseModel, Field, TypeAdapter
+
+from voiceactors.logs import get_logger
+
+__all__ = [
+    "EventUnion",
+    "SERVER_EVENTS",
+    "CLIENT_EVENTS",
+    "new_event_id",
+    "parse_server_event",
+    "validate_server_event",
+    "validate_client_event",
+    "parse_client_event",
+    "function_call_output",
+    "response_create",
+    "response_cancel",
+    "session_update",
+]
+
+_log = get_logger(actor="realtime")
+
+
+def _union_members(union: Any) -> list[type[BaseModel]]:
+    """The member models of an SDK union, which may be wrapped in ``Annotated``."""
+    if typing.get_origin(union) is Annotated:
+        union = typing.get_args(union)[0]
+    return [m for m in typing.get_args(union) if isinstance(m, type) and issubclass(m, BaseModel)]
+
+
+def _type_literals(model: type[BaseModel]) -> tuple[str, ...] | None:
+    """The string values a model's ``type`` field accepts, or None when it is not a Literal."""
+    field = model.model_fields.get("type")
+    if field is None or typing.get_origin(field.annotation) is not typing.Literal:
+        return None
+    values = typing.get_args(field.annotation)
+    return values if all(isinstance(v, str) for v in values) else None
+
+
+@dataclass(frozen=True)
+class EventUnion:
+    """A discriminated union over an SDK event union.
+
+    ``by_type`` maps each ``type`` value of the models that share none of
+    their values to its model; those models form ``adapter`` (a pydantic
+    discriminated union, so an unknown ``type`` fails cleanly). Models that
+    share a value are tried in order per value (``fallback``), models whose
+    ``type`` is not a Literal last (``untyped``). The SDK today has neither.
+    """
+
+    name: str
+    adapter: TypeAdapter
+    by_type: dict[str, type[BaseModel]]
+    fallback: dict[str, list[type[BaseModel]]]
+    untyped: list[type[BaseModel]]
+
+    @classmethod
+    def build(cls, name: str, union: Any) -> "EventUnion":
+        owners: dict[str, list[type[BaseModel]]] = {}
+        untyped: list[type[BaseModel]] = []
+        for model in _union_members(union):
+            values = _type_literals(model)
+            if values is None:
+                untyped.append(model)
+                continue
+            for value in values:
+                owners.setdefault(value, []).append(model)
+        # a model joins the discriminated union only if none of its type values is shared
+        shared = {m for ms in owners.values() if len(ms) > 1 for m in ms}
+        unique = [m for m in dict.fromkeys(m for ms in owners.values() for m in ms) if m not in shared]
+        by_type = {v: m for m in unique for v in _type_literals(m) or ()}
+        fallback = {t: ms for t, ms in owners.items() if t not in by_type}
+        members = tuple(unique)
+        annotated = Annotated[Union[members], Field(discriminator="type")]  # type: ignore[valid-type]
+        return cls(name, TypeAdapter(annotated), by_type, fallback, untyped)
+
+    def known(self, type_: str) -> bool:
+        """Whether some member model may accept this ``type`` value."""
+        return type_ in self.by_type or type_ in self.fallback or bool(self.untyped)
+
+    def validate(self, obj: Any) -> BaseModel:
+        """Validate a decoded event. Raises ``ValueError`` (``pydantic.ValidationError``
+        is one) for a non-object, a missing or unknown ``type``, or invalid fields."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"{self.name} event must be a JSON object")
+        type_ = obj.get("type")
+        if not isinstance(type_, str):
+            raise ValueError(f"{self.name} event has no string 'type'")
+        if type_ in self.by_type:
+            return self.adapter.validate_python(obj)
+        candidates = self.fallback.get(type_, []) + self.untyped
+        if not candidates:
+            raise ValueError(f"unknown {self.name} event type {type_!r}")
+        last: Exception | None = None
+        for model in candidates:
+            try:
+                return model.model_validate(obj)
+            except pydantic.ValidationError as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+
+SERVER_EVENTS = EventUnion.build("server", RealtimeServerEvent)
+CLIENT_EVENTS = EventUnion.build("client", RealtimeClientEvent)
+
+
+def new_event_id() -> str:
+    """A fresh client event id: ``evt_`` and 20 hex characters."""
+    return "evt_" + secrets.token_hex(10)
+
+
+def _decode(raw: str | bytes) -> tuple[Any, str | None]:
+    """(object, None) or (None, reason). Binary websocket frames are not events."""
+    if isinstance(raw, (bytes, bytearray)):
+        return None, "binary frame"
+    try:
+        return json.loads(raw), None
+    except (ValueError, TypeError):
+        return None, "not JSON"
+
+
+def _error_summary(exc: Exception) -> str:
+    """A short reason without payload values (field locations and error kinds only)."""
+    if isinstance(exc, pydantic.ValidationError):
+        parts = []
+        for err in exc.errors(include_input=False, include_url=False)[:3]:
+            loc = ".".join(str(p) for p in err.get("loc", ()))
+            parts.append(f"{loc}: {err.get('type')}")
+        return "invalid fields: " + "; ".join(parts)
+    return str(exc)
+
+
+def validate_server_event(obj: Any) -> BaseModel:
+    """Validate a decoded server event (raises ``ValueError``). The simulator uses
+    it to check every event it sends."""
+    return SERVER_EVENTS.validate(obj)
+
+
+def parse_server_event(raw: str | bytes) -> BaseModel | None:
+    """Parse one websocket message from the service into its SDK model.
+
+    Returns None, and logs one ``skipped`` line with the reason and the event
+    type (never payload values), for a binary frame, non-JSON, a non-object, an
+    unknown type or a validation failure. Never raises.
+    """
+    obj, reason = _decode(raw)
+    type_ = obj.get("type") if isinstance(obj, dict) else None
+    if reason is None:
+        if not isinstance(obj, dict):
+            reason = "not an object"
+        elif not isinstance(type_, str):
+            reason = "no type"
+        elif not SERVER_EVENTS.known(type_):
+            _log.info("skipped", reason="unknown type", type=type_)
+            return None
+        else:
+            try:
+                return SERVER_EVENTS.validate(obj)
+            except Exception as exc:  # never fatal: the service may be newer than our SDK
+                reason = _error_summary(exc)
+    _log.warning("skipped", reason=reason, type=type_ if isinstance(type_, str) else None)
+    return None
+
+
+def validate_client_event(event: dict) -> BaseModel:
+    """Validate an event we are about to send. Raises ``ValueError`` (or
+    ``pydantic.ValidationError``, a subclass) when it is not a valid client event."""
+    return CLIENT_EVENTS.validate(event)
+
+
+def parse_client_event(raw: str | bytes) -> tuple[BaseModel | None, str | None]:
+    """Parse a client event received by the simulator: ``(model, None)`` or
+    ``(None, message)`` where message is fit for an ``error`` event."""
+    obj, reason = _decode(raw)
+    if reason is not None:
+        return None, f"Invalid event: {reason}"
+    try:
+        return CLIENT_EVENTS.validate(obj), None
+    except Exception as exc:
+        return None, f"Invalid event: {_error_summary(exc)}"
+
+
+# -- builders: every event we send carries a fresh event_id so an error can name it
+
+
+def function_call_output(call_id: str, output: str) -> dict:
+    """``conversation.item.create`` carrying a tool result (``output`` is a string)."""
+    return {
+        "type": "conversation.item.create",
+        "event_id": new_event_id(),
+        "item": {"type": "function_call_output", "call_id": call_id, "output": output},
+    }
+
+
+def response_create(response: dict | None = None) -> dict:
+    """``response.create``; ``response`` optionally overrides response parameters."""
+    event: dict = {"type": "response.create", "event_id": new_event_id()}
+    if response:
+        event["response"] = response
+    return event
+
+
+def response_cancel(response_id: str | None = None) -> dict:
+    """``response.cancel`` for ``response_id`` (or whatever response is active)."""
+    event: dict = {"type": "response.cancel", "event_id": new_event_id()}
+    if response_id:
+        event["response_id"] = response_id
+    return event
+
+
+def session_update(session: dict) -> dict:
+    """``session.update``; ``session`` gets ``type: realtime`` when it has no type."""
+    body = dict(session)
+    body.setdefault("type", "realtime")
+    return {"type": "session.update", "event_id": new_event_id(), "session": body}

@@ -1,0 +1,162 @@
+"""The sideband websocket: our server's own connection to a live Realtime call.
+
+The URL comes from the same base URL as the REST calls (``OPENAI_BASE_URL``),
+so the local simulator can stand in for OpenAI. Only the standard API key is
+sent (``Authorization: Bearer``); no ``OpenAI-Beta`` header (it selects the old
+beta protocol) and no ``model=`` beside ``call_id``.
+
+Handshake failures are sorted into two kinds the caller acts on differently:
+``CallGone`` (HTTP 404/410: the call is over, do not retry) and
+``SidebandUnavailable`` (anything else: maybe retry with backoff).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import trio
+import trio_websocket
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    ConnectionTimeout,
+    DisconnectionTimeout,
+    HandshakeError,
+    WebSocketConnection,
+)
+
+__all__ = [
+    "SidebandError",
+    "CallGone",
+    "SidebandUnavailable",
+    "ws_url",
+    "open_sideband",
+    "is_clean_close",
+    "close_code",
+    "CLEAN_CLOSE_CODES",
+    "GONE_STATUSES",
+    "ConnectionClosed",
+    "WebSocketConnection",
+]
+
+CLEAN_CLOSE_CODES = frozenset({1000, 1001})
+GONE_STATUSES = frozenset({404, 410})
+
+
+class SidebandError(Exception):
+    """The sideband could not be opened. ``status_code`` is the handshake's HTTP
+    status when the server answered one, else None."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class CallGone(SidebandError):
+    """The handshake answered 404 or 410: the call has ended (not a retry case)."""
+
+
+class SidebandUnavailable(SidebandError):
+    """Any other handshake failure: refused, timed out, 401/5xx, bad URL."""
+
+
+def ws_url(base_url: str, call_id: str) -> str:
+    """The sideband URL for ``call_id`` under the REST ``base_url``.
+
+    >>> ws_url("https://api.openai.com/v1", "rtc_1")
+    'wss://api.openai.com/v1/realtime?call_id=rtc_1'
+    """
+    parts = urlsplit(base_url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"base URL must be http(s)://host[/path], got scheme {parts.scheme!r}")
+    path = parts.path.rstrip("/") + "/realtime"
+    return urlunsplit((scheme, parts.netloc, path, "call_id=" + quote(call_id, safe=""), ""))
+
+
+def is_clean_close(code: int | None) -> bool:
+    """True for 1000/1001: the service ended the call (1001 at its 60-minute limit)."""
+    return code in CLEAN_CLOSE_CODES
+
+
+def close_code(exc: ConnectionClosed) -> int | None:
+    """The close code carried by a ``ConnectionClosed`` (1006 for an abnormal drop)."""
+    reason = getattr(exc, "reason", None)
+    return getattr(reason, "code", None)
+
+
+@asynccontextmanager
+async def open_sideband(
+    base_url: str,
+    api_key: str,
+    call_id: str,
+    *,
+    connect_timeout: float = 10.0,
+    disconnect_timeout: float = 5.0,
+    message_queue_size: int = 64,
+    max_message_size: int = 4 * 1024 * 1024,
+) -> AsyncIterator[WebSocketConnection]:
+    """Open the sideband for ``call_id`` and yield the connected websocket.
+
+    Raises ``CallGone`` or ``SidebandUnavailable`` when the handshake fails;
+    exceptions from the body propagate unchanged. Leaving the block closes the
+    websocket (code 1000) within ``disconnect_timeout``; a close that times out
+    is not an error (the connection is gone either way). Cancellation is
+    honoured at every step.
+    """
+    try:
+        url = ws_url(base_url, call_id)
+    except ValueError as exc:
+        raise SidebandUnavailable(str(exc)) from None
+    headers = [(b"authorization", f"Bearer {api_key}".encode())]
+    connected = False
+    body_error: BaseException | None = None
+    # trio-websocket's own connect timeout leaves its reader task waiting on a
+    # server that never answers the handshake, so the deadline is enforced here
+    # (and, for the same reason, around the closing handshake).
+    scope = trio.CancelScope(deadline=trio.current_time() + connect_timeout)
+    try:
+        with scope:
+            async with trio_websocket.open_websocket_url(
+                url,
+                extra_headers=headers,
+                connect_timeout=connect_timeout + 1,
+                disconnect_timeout=disconnect_timeout,
+                message_queue_size=message_queue_size,
+                max_message_size=max_message_size,
+            ) as ws:
+                connected = True
+                scope.deadline = math.inf
+                try:
+                    yield ws
+                except BaseException as exc:
+                    body_error = exc
+                    raise
+                finally:
+                    scope.deadline = trio.current_time() + disconnect_timeout + 1
+    except ConnectionRejected as exc:
+        if connected:
+            raise
+        status = exc.status_code
+        kind = CallGone if status in GONE_STATUSES else SidebandUnavailable
+        raise kind(f"sideband handshake rejected with HTTP {status}", status) from None
+    except ConnectionTimeout:
+        if connected:
+            raise
+        raise SidebandUnavailable("sideband handshake timed out") from None
+    except DisconnectionTimeout:
+        # only raised while closing; keep the body's own exception if it had one
+        if body_error is not None:
+            raise body_error from None
+        return
+    except (HandshakeError, OSError, trio.BrokenResourceError) as exc:
+        if connected:
+            raise
+        raise SidebandUnavailable(f"sideband connection failed: {type(exc).__name__}") from None
+    if body_error is not None:
+        raise body_error  # our close deadline swallowed it with the cancellation
+    if not connected:
+        raise SidebandUnavailable("sideband handshake timed out")

@@ -1,0 +1,329 @@
+"""A local stand-in for the OpenAI Realtime API surface voiceactors uses.
+
+One port serves REST (``POST /v1/realtime/client_secrets``,
+``POST /v1/realtime/calls`` and ``.../calls/{id}/hangup``) and the sideband
+websocket (``/v1/realtime?call_id=...``). Calls play scenarios (see
+``docs/simulator.md``) and record what the client sent for assertions.
+
+Run it inside a test's nursery::
+
+    sim = Simulator(scenario="single_tool", api_key="sk-test")
+    port = await nursery.start(sim.serve, 0)
+    sim.add_call("rtc_test_1")
+    ... connect to sim.base_url ...
+    assert sim.calls["rtc_test_1"].response_creates == 1
+
+All timing uses ``trio.sleep``, so scenarios run under ``autojump_clock``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from typing import Annotated, Any, Union
+
+import pydantic
+import trio
+import trio_websocket
+from openai.types.realtime import RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest
+from pydantic import Field, TypeAdapter
+
+from voiceactors.logs import get_logger, register_secret
+from voiceactors.realtime.simulator_call import CallSession, ResponseRecord, SimCall, ToolCallRecord
+from voiceactors.realtime.simulator_http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
+from voiceactors.realtime.simulator_scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
+
+__all__ = [
+    "Simulator",
+    "SimCall",
+    "ToolCallRecord",
+    "ResponseRecord",
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "scenario_names",
+    "cli_simulate",
+]
+
+_log = get_logger(actor="simulator")
+
+_SESSION = TypeAdapter(
+    Annotated[Union[RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest],
+              Field(discriminator="type")]
+)
+
+_FAKE_SDP = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=voiceactors-simulator\r\nt=0 0\r\n"
+
+
+def _error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
+                param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "code": code, "param": param}}
+
+
+def _bearer(headers: dict[str, str]) -> str | None:
+    value = headers.get("authorization", "")
+    if value[:7].lower() != "bearer ":
+        return None
+    return value[7:].strip() or None
+
+
+class Simulator:
+    """The simulated service. ``scenario`` (name, path, object or Scenario) is
+    the default for calls added without one; ``api_key`` is the one standard
+    key accepted (None accepts any non-``ek_`` key); ``auto_calls`` lets any
+    call id join (for the CLI); ``gone_status`` (404 or 410) answers joins of
+    ended calls; ``host`` is where ``serve`` listens."""
+
+    def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
+                 gone_status: int = 404, host: str = "127.0.0.1") -> None:
+        self.scenario = as_scenario(scenario)
+        self.api_key = api_key
+        self.auto_calls = auto_calls
+        self.gone_status = gone_status
+        self.host = host
+        self.port: int | None = None
+        self.calls: dict[str, SimCall] = {}
+        self.client_secret_requests: list[dict] = []
+        self.minted: list[str] = []
+        self.hangups: list[str] = []
+        self.handshakes: list[dict] = []        # every sideband handshake: call_id, status
+        self._mint_faults: list[int | str] = []
+        register_secret(api_key)
+
+    # -- running
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1`` (after ``serve`` has started)."""
+        if self.port is None:
+            raise RuntimeError("simulator not started: await nursery.start(sim.serve, 0) first")
+        return f"http://{self.host}:{self.port}/v1"
+
+    async def serve(self, port: int = 0, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen until cancelled; ``task_status.started(bound_port)``. Raises
+        ``OSError`` when the port cannot be bound. Cancelling drops every open
+        connection (clients see an abnormal close)."""
+
+        listeners, bound = await open_listeners(self.host, port)
+        self.port = bound
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_http, self._rest, self._websocket, listeners)
+            _log.info("sim_listening", url=self.base_url)
+            task_status.started(bound)
+
+    # -- set-up and control
+
+    def add_call(self, call_id: str, scenario: Any = None, *, gone_status: int | None = None) -> SimCall:
+        """Register ``call_id`` as joinable (playing ``scenario``, else the
+        simulator's default). Returns its record (also ``sim.calls[call_id]``)."""
+        chosen = self.scenario if scenario is None else as_scenario(scenario)
+        call = SimCall(call_id, chosen, gone_status or self.gone_status)
+        self.calls[call_id] = call
+        return call
+
+    def fail_next_mint(self, status: int | str = 500, times: int = 1) -> None:
+        """Make the next ``times`` client-secret requests fail: an HTTP status
+        (OpenAI-shaped error body), ``"timeout"`` (never answer) or
+        ``"garbage"`` (200 with a non-JSON body)."""
+        self._mint_faults.extend([status] * times)
+
+    async def end_call(self, call_id: str, code: int = 1000) -> None:
+        """End a call as the service does (hangup, 60-minute limit): the live
+        sideband closes with ``code``; later joins get the gone status."""
+        call = self.calls[call_id]
+        call.closed = True
+        call.close_code = code
+        call.notify()
+        if call.connection is not None:
+            await call.connection.end(code)
+
+    def drop(self, call_id: str) -> None:
+        """Drop the call's live sideband without a close frame (client sees 1006)."""
+        call = self.calls[call_id]
+        if call.connection is not None:
+            call.connection.drop()
+
+    async def inject(self, call_id: str, message: str | bytes | dict) -> None:
+        """Send a raw message on the call's live sideband, unvalidated (for
+        tests of malformed or unknown events). No-op when not connected."""
+        call = self.calls[call_id]
+        session = call.connection
+        if session is None:
+            return
+        data = json.dumps(message) if isinstance(message, dict) else message
+        with trio.CancelScope(shield=True):
+            await session.ws.send_message(data)
+
+    # -- REST
+
+    def _standard_key_ok(self, key: str | None) -> bool:
+        if not key or key.startswith("ek_"):
+            return False
+        return self.api_key is None or key == self.api_key
+
+    async def _rest(self, req: HttpRequest) -> HttpResponse:
+        path = req.path.rstrip("/")
+        parts = path.split("/")
+        if req.method != "POST":
+            return json_response(404, _error_body(f"Invalid URL ({req.method} {req.path})"))
+        if path == "/v1/realtime/calls":
+            return self._create_call(req)
+        key = _bearer(req.headers)
+        if not self._standard_key_ok(key):
+            return json_response(401, _error_body("Incorrect API key provided.", code="invalid_api_key"))
+        if path == "/v1/realtime/client_secrets":
+            return await self._client_secrets(req)
+        if len(parts) == 6 and parts[:4] == ["", "v1", "realtime", "calls"] and parts[5] == "hangup":
+            return await self._hangup(parts[4])
+        return json_response(404, _error_body(f"Invalid URL (POST {req.path})"))
+
+    async def _client_secrets(self, req: HttpRequest) -> HttpResponse:
+        if self._mint_faults:
+            fault = self._mint_faults.pop(0)
+            if fault == "timeout":
+                await trio.sleep_forever()
+            if fault == "garbage":
+                return HttpResponse(200, b"<html>upstream hiccup", "text/html")
+            return json_response(int(fault), _error_body("The server had an error.", "server_error"))
+        try:
+            body = json.loads(req.body or b"{}")
+        except ValueError:
+            return json_response(400, _error_body("We could not parse the JSON body of your request."))
+        if not isinstance(body, dict):
+            return json_response(400, _error_body("The request body must be a JSON object."))
+        record = {"body": body, "at": trio.current_time(), "status": 400}
+        self.client_secret_requests.append(record)
+        unknown = sorted(set(body) - {"expires_after", "session"})
+        if unknown:
+            return json_response(400, _error_body(f"Unknown parameter: '{unknown[0]}'.",
+                                                  code="unknown_parameter", param=unknown[0]))
+        seconds = 600
+        expires = body.get("expires_after")
+        if expires is not None:
+            seconds = expires.get("seconds", 600) if isinstance(expires, dict) else None
+            anchor = expires.get("anchor", "created_at") if isinstance(expires, dict) else None
+            if anchor != "created_at" or not isinstance(seconds, int) or not 10 <= seconds <= 7200:
+                return json_response(400, _error_body(
+                    "expires_after must be {anchor: created_at, seconds: 10..7200}.",
+                    code="invalid_value", param="expires_after"))
+        session_in = body.get("session", {"type": "realtime"})
+        try:
+            session = _SESSION.validate_python(session_in)
+        except pydantic.ValidationError as exc:
+            first = exc.errors(include_input=False, include_url=False)[0]
+            loc = ".".join(str(p) for p in first.get("loc", ()))
+            return json_response(400, _error_body(f"Invalid session: {loc}: {first.get('msg')}",
+                                                  code="invalid_value", param=f"session.{loc}".rstrip(".")))
+        value = "ek_" + secrets.token_hex(16)
+        register_secret(value)
+        self.minted.append(value)
+        record["status"] = 200
+        expires_at = int(time.time()) + seconds
+        out_session = {**session.model_dump(mode="json", exclude_none=True), "id": "sess_" + secrets.token_hex(8),
+                       "object": "realtime.session" if session.type == "realtime" else "realtime.transcription_session",
+                       "expires_at": 0}
+        return json_response(200, {"value": value, "expires_at": expires_at, "session": out_session})
+
+    def _create_call(self, req: HttpRequest) -> HttpResponse:
+        """The browser's WebRTC offer (``POST /v1/realtime/calls``): registers a
+        new call with the default scenario and answers a placeholder SDP."""
+        key = _bearer(req.headers)
+        if not key or not (key in self.minted or self._standard_key_ok(key)):
+            return json_response(401, _error_body("Incorrect API key provided.", code="invalid_api_key"))
+        call_id = "rtc_sim_" + secrets.token_hex(12)
+        self.add_call(call_id)
+        headers = [("location", f"/v1/realtime/calls/{call_id}")]
+        return HttpResponse(201, _FAKE_SDP.encode(), "application/sdp", headers)
+
+    async def _hangup(self, call_id: str) -> HttpResponse:
+        call = self.calls.get(call_id)
+        if call is None or call.closed:
+            return json_response(404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"))
+        self.hangups.append(call_id)
+        await self.end_call(call_id, 1000)
+        return HttpResponse(200, b"", "application/json")
+
+    # -- websocket
+
+    def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict | None, SimCall | None]:
+        """(status, error body, call): status 101 means accept."""
+        key = _bearer(meta.headers)
+        call_id = meta.query.get("call_id", "")
+        if meta.path.rstrip("/") != "/v1/realtime":
+            return 404, _error_body(f"Invalid URL (GET {meta.path})"), None
+        if key is None:
+            return 401, _error_body("Missing bearer authentication.", code="invalid_api_key"), None
+        if key.startswith("ek_"):
+            # an ephemeral key cannot join a call's sideband: the call is not found for it
+            return 404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"), None
+        if not self._standard_key_ok(key):
+            return 401, _error_body("Incorrect API key provided.", code="invalid_api_key"), None
+        if "openai-beta" in meta.headers:
+            return 400, _error_body("The OpenAI-Beta header selects the beta protocol; "
+                                    "this simulator speaks GA only.", code="beta_header"), None
+        if "model" in meta.query:
+            return 400, _error_body("Do not pass model= when joining a call.", code="unknown_parameter",
+                                    param="model"), None
+        if not call_id:
+            return 400, _error_body("Missing call_id.", code="missing_required_parameter", param="call_id"), None
+        call = self.calls.get(call_id)
+        if call is None and self.auto_calls:
+            call = self.add_call(call_id)
+        if call is None:
+            return 404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"), None
+        if call.closed:
+            code = "call_id_not_found" if call.gone_status == 404 else "call_ended"
+            return call.gone_status, _error_body(f"Call '{call_id}' has ended.", code=code), call
+        if call.connection is not None:
+            return 409, _error_body("This call already has a sideband connection.", code="conflict"), call
+        return 101, None, call
+
+    async def _websocket(self, request: trio_websocket.WebSocketRequest, meta: HttpRequest) -> None:
+        status, error, call = self._check_handshake(meta)
+        call_id = meta.query.get("call_id", "")
+        self.handshakes.append({"call_id": call_id, "status": status})
+        log = _log.bind(call_id=call_id)
+        if status != 101:
+            log.info("sim_connection", outcome="rejected", status=status)
+            await request.reject(status, extra_headers=[(b"content-type", b"application/json")],
+                                 body=json.dumps(error).encode())
+            return
+        assert call is not None
+        ws = await request.accept()
+        session = CallSession(call, ws, call.scenario)
+        log.info("sim_connection", outcome="accepted", connection=call.connections + 1,
+                 scenario=call.scenario.name, step=call.step_index)
+        await session.run()
+        log.info("sim_connection_ended", ended_by=session.ended_by, peer_close=session.peer_close,
+                 close_code=call.close_code if session.ended_by == "close" else None)
+
+
+def cli_simulate(args: Any) -> int:
+    """``voiceactors simulate --host H --port P [--scenario NAME]``: serve until Ctrl-C.
+    Any call id may join (``auto_calls``); any non-``ek_`` bearer key is accepted."""
+    from voiceactors import logs
+
+    logs.configure("console")
+    try:
+        scenario = load_scenario(args.scenario) if args.scenario else None
+    except ScenarioError as exc:
+        print(f"error: {exc}")
+        return 2
+    sim = Simulator(scenario, api_key=None, auto_calls=True, host=args.host)
+
+    async def main() -> int:
+        try:
+            listeners, sim.port = await open_listeners(args.host, args.port)
+        except OSError as exc:
+            print(f"error: cannot listen on {args.host}:{args.port}: {exc}")
+            return 1
+        print(f"Realtime simulator on {sim.base_url} "
+              f"(scenario: {sim.scenario.name}; shipped: {', '.join(scenario_names())})", flush=True)
+        await serve_http(sim._rest, sim._websocket, listeners)
+        return 0
+
+    try:
+        return trio.run(main)
+    except KeyboardInterrupt:
+        return 0

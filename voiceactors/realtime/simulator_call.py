@@ -1,0 +1,666 @@
+"""One simulated Realtime call: its records, its state, and the live connection.
+
+``SimCall`` outlives connections (a dropped sideband may reconnect and the
+conversation continues); ``CallSession`` is one accepted websocket on it. A
+session runs two tasks: the *reader* answers client events the way the service
+does (validation, active-response tracking, tool-output bookkeeping) and the
+*player* walks the call's scenario steps.
+
+State changes happen synchronously (between checkpoints), so the reader and
+the player never disagree about whether a response is active.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection
+
+from voiceactors.logs import get_logger
+from voiceactors.realtime.events import parse_client_event, validate_server_event
+from voiceactors.realtime.simulator_scenario import Scenario
+
+__all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
+
+DEFAULT_REPLY = "Okay."
+
+
+def _id(prefix: str, nbytes: int = 10) -> str:
+    return prefix + secrets.token_hex(nbytes)
+
+
+@dataclass
+class ToolCallRecord:
+    call_id: str
+    name: str
+    arguments: str
+    response_id: str
+    item_id: str
+    complete: bool = False       # arguments fully sent (function_call_arguments.done, status completed)
+    turn: int = 0                # the user turn (count of speech_started) it belongs to
+
+
+@dataclass
+class ResponseRecord:
+    id: str
+    origin: str                  # "scenario" | "client" | "default" | "model_first"
+    status: str = "in_progress"  # then completed | cancelled | failed | incomplete | abandoned
+    reason: str | None = None    # status_details.reason when cancelled
+    call_ids: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+    ended_at: float | None = None
+
+
+@dataclass
+class _Active:
+    """A response in progress on the service side."""
+
+    record: ResponseRecord
+    scopes: list[trio.CancelScope] = field(default_factory=list)  # the tasks playing its body
+    output: list[dict] = field(default_factory=list)
+    open_calls: dict[str, dict] = field(default_factory=dict)  # item_id -> partial function_call item
+    finishing: bool = False   # response.done is on its way: the body sends nothing more
+    finished: bool = False    # response.done has been sent
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @contextmanager
+    def playing(self) -> Iterator[None]:
+        """Run a block that finishing the response (e.g. a cancel) interrupts."""
+        scope = trio.CancelScope()
+        if self.finishing:
+            scope.cancel()
+        self.scopes.append(scope)
+        try:
+            with scope:
+                yield
+        finally:
+            self.scopes.remove(scope)
+
+
+class SimCall:
+    """Everything the simulator knows about one call id.
+
+    Records (read them in assertions): ``received`` (client event dicts, in
+    order, including invalid ones that were JSON objects), ``sent`` (server
+    events), ``errors_sent``, ``outputs`` (tool call_id -> outputs received,
+    duplicates included), ``response_creates``, ``connections``, ``drops``,
+    ``closed``/``close_code``, ``responses``, ``tool_calls``, ``violations``
+    (protocol rules the client broke that the service would not report).
+    """
+
+    def __init__(self, call_id: str, scenario: Scenario, gone_status: int = 404) -> None:
+        self.call_id = call_id
+        self.scenario = scenario
+        self.gone_status = gone_status
+        # records
+        self.received: list[dict] = []
+        self.sent: list[dict] = []
+        self.errors_sent: list[dict] = []
+        self.outputs: dict[str, list[str]] = {}
+        self.response_creates = 0
+        self.connections = 0
+        self.drops = 0
+        self.closed = False
+        self.close_code: int | None = None
+        self.responses: list[ResponseRecord] = []
+        self.tool_calls: dict[str, ToolCallRecord] = {}
+        self.violations: list[str] = []
+        self.session: dict = {"type": "realtime"}
+        # state
+        self.step_index = 0
+        self.active: _Active | None = None
+        self.answered: set[str] = set()
+        self.claimed: _Active | None = None    # a client response.create taken by wait_outputs
+        self.waiting_create = False
+        self.trigger: dict | None = None       # model_response_first waiting for outputs_answered
+        self.quiet_until = 0.0
+        self.turn = 0                          # speech_started events sent so far
+        self._answered_since_create: list[str] = []
+        self.connection: CallSession | None = None
+        self._changed = trio.Event()
+
+    # -- convenience views for tests
+
+    @property
+    def error_codes(self) -> list[str | None]:
+        return [e["error"].get("code") for e in self.errors_sent]
+
+    @property
+    def active_response_id(self) -> str | None:
+        return self.active.id if self.active else None
+
+    def pending_call_ids(self) -> list[str]:
+        """Tool call ids issued to the client that have no output yet."""
+        return [c for c in self.tool_calls if c not in self.answered]
+
+    def sent_types(self) -> list[str]:
+        return [e["type"] for e in self.sent]
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, predicate: Callable[["SimCall"], bool]) -> None:
+        """Block until ``predicate(call)`` is true (checked after every state
+        change). Cancel it with an enclosing ``trio.fail_after``."""
+        while not predicate(self):
+            await self._changed.wait()
+
+
+class CallSession:
+    """One accepted sideband websocket on a ``SimCall``."""
+
+    def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario) -> None:
+        self.call = call
+        self.ws = ws
+        self.steps = scenario.steps
+        self.log = get_logger(actor="simulator", call_id=call.call_id)
+        self._lock = trio.Lock()
+        self._scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self.peer_close: int | None = None
+        self.ended_by: str | None = None       # "peer" | "close" | "drop"
+
+    # -- lifecycle
+
+    async def run(self) -> None:
+        """Serve the connection until the peer closes, the scenario closes or
+        drops it, or ``end``/``drop`` is called. Returns without closing the
+        websocket after a drop (the caller then tears the TCP stream down)."""
+        call = self.call
+        call.connection = self
+        call.connections += 1
+        call.notify()
+        try:
+            with self._scope:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._reader)
+                    nursery.start_soon(self._player)
+        finally:
+            call.connection = None
+            if call.active is not None:
+                # the service would finish it; nobody hears about it on this socket
+                self._mark_finished(call.active, "abandoned", None)
+            if call.claimed is not None:
+                self._mark_finished(call.claimed, "abandoned", None)
+                call.claimed = None
+            call.notify()
+
+    async def end(self, code: int = 1000) -> None:
+        """Close the websocket cleanly with ``code`` and end the call (later
+        connections are refused with the call's gone status)."""
+        call = self.call
+        call.closed = True
+        call.close_code = code
+        self.ended_by = self.ended_by or "close"
+        call.notify()
+        with trio.move_on_after(2.0) as scope:
+            scope.shield = True
+            try:
+                await self.ws.aclose(code)
+            except Exception:
+                pass
+        self._scope.cancel()
+
+    def drop(self) -> None:
+        """Abandon the connection without a close frame (the client sees 1006).
+        The call stays joinable."""
+        self.ended_by = self.ended_by or "drop"
+        self.call.drops += 1
+        self._scope.cancel()
+
+    # -- sending
+
+    async def send(self, event: dict, resp: _Active | None = None,
+                   before: Callable[[], None] | None = None) -> None:
+        """Send one server event (validated against the SDK's models first: an
+        invalid one is a simulator bug). Events of ``resp`` are dropped once it
+        is finishing, so a cancel cannot be followed by stray deltas. ``before``
+        runs under the send lock, right before the bytes go out (used for
+        ``response.done`` itself)."""
+        event.setdefault("event_id", _id("event_", 8))
+        validate_server_event(event)
+        async with self._lock:
+            if resp is not None and (resp.finished or (resp.finishing and before is None)):
+                return
+            if before is not None:
+                before()
+            self.call.sent.append(event)
+            # shielded: a half-written frame would corrupt the stream
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.ws.send_message(json.dumps(event))
+                except ConnectionClosed:
+                    pass  # the reader notices and ends the session
+
+    async def send_error(self, message: str, code: str | None, event_id: str | None = None,
+                         type_: str = "invalid_request_error", param: str | None = None) -> None:
+        error = {"type": type_, "code": code, "message": message, "param": param, "event_id": event_id}
+        event = {"type": "error", "event_id": _id("event_", 8), "error": error}
+        self.call.errors_sent.append(event)
+        await self.send(event)
+
+    # -- responses
+
+    def _new_response(self, origin: str) -> _Active:
+        """Make a response active (synchronously: no other task can slip in)."""
+        assert self.call.active is None, "a response is already active"
+        record = ResponseRecord(_id("resp_"), origin, started_at=trio.current_time())
+        active = _Active(record)
+        self.call.active = active
+        self.call.responses.append(record)
+        self.call.notify()
+        return active
+
+    async def _send_created(self, resp: _Active) -> None:
+        body = {"id": resp.id, "object": "realtime.response", "status": "in_progress", "output": []}
+        await self.send({"type": "response.created", "response": body}, resp)
+
+    def _mark_finished(self, resp: _Active, status: str, reason: str | None) -> None:
+        resp.finishing = resp.finished = True
+        for scope in resp.scopes:
+            scope.cancel()
+        resp.record.status = status
+        resp.record.reason = reason
+        resp.record.ended_at = trio.current_time()
+        if self.call.active is resp:
+            self.call.active = None
+        self.call.notify()
+
+    async def finish(self, resp: _Active, status: str = "completed", reason: str | None = None) -> None:
+        """Send ``response.done``; the response stops being active exactly when
+        its ``response.done`` goes out."""
+        if resp.finishing:
+            return
+        resp.finishing = True
+        for scope in resp.scopes:
+            scope.cancel()
+        if status == "cancelled":
+            await self._close_partial_calls(resp)
+        details = None if status == "completed" else {"type": status, "reason": reason}
+        body = {"id": resp.id, "object": "realtime.response", "status": status,
+                "status_details": details, "output": resp.output}
+        await self.send({"type": "response.done", "response": body}, resp,
+                        before=lambda: self._mark_finished(resp, status, reason))
+
+    async def _close_partial_calls(self, resp: _Active) -> None:
+        """An interrupted tool call still gets ``arguments.done`` (with partial
+        arguments) and an incomplete ``output_item.done``, like the service."""
+        while resp.open_calls:
+            item_id, item = resp.open_calls.popitem()
+            index = item["_index"]
+            clean = {k: v for k, v in item.items() if k != "_index"}
+            clean["status"] = "incomplete"
+            await self.send({"type": "response.function_call_arguments.done", "response_id": resp.id,
+                             "item_id": item_id, "output_index": index, "call_id": clean["call_id"],
+                             "name": clean["name"], "arguments": clean["arguments"]})
+            await self.send({"type": "response.output_item.done", "response_id": resp.id,
+                             "output_index": index, "item": clean})
+            resp.output.append(clean)
+
+    async def play_body(self, resp: _Active, spec: dict) -> None:
+        """Emit a response's items (text, then tool calls). Stops quietly when
+        the response is cancelled meanwhile."""
+        interval = float(spec.get("delta_interval_s", 0.0))
+        with resp.playing():
+            if spec.get("text"):
+                await self._play_text(resp, spec["text"], interval)
+            for call in spec.get("tool_calls", []):
+                await self._play_tool_call(resp, call, interval)
+
+    async def play_response(self, resp: _Active, spec: dict) -> None:
+        """Body, then ``hold_s`` with the response still active, then ``response.done``."""
+        await self.play_body(resp, spec)
+        with resp.playing():
+            await trio.sleep(float(spec.get("hold_s", 0.0)))
+        await self.finish(resp, spec.get("status", "completed"))
+
+    async def _pace(self, interval: float) -> None:
+        await trio.sleep(interval) if interval else await trio.lowlevel.checkpoint()
+
+    async def _play_text(self, resp: _Active, text: str, interval: float) -> None:
+        index = len(resp.output)
+        item_id = _id("item_")
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+                "status": "in_progress", "content": []}
+        common = {"response_id": resp.id, "item_id": item_id, "output_index": index, "content_index": 0}
+        await self.send({"type": "response.output_item.added", "response_id": resp.id,
+                         "output_index": index, "item": item}, resp)
+        await self.send({"type": "conversation.item.added", "item": item}, resp)
+        await self.send({"type": "response.content_part.added", **common,
+                         "part": {"type": "audio", "transcript": ""}}, resp)
+        await self.send({"type": "output_audio_buffer.started", "response_id": resp.id}, resp)
+        words = text.split(" ")
+        for i, word in enumerate(words):
+            delta = word if i == len(words) - 1 else word + " "
+            await self.send({"type": "response.output_audio_transcript.delta", **common, "delta": delta}, resp)
+            await self._pace(interval)
+        await self.send({"type": "response.output_audio_transcript.done", **common, "transcript": text}, resp)
+        await self.send({"type": "response.content_part.done", **common,
+                         "part": {"type": "audio", "transcript": text}}, resp)
+        done = {**item, "status": "completed", "content": [{"type": "output_audio", "transcript": text}]}
+        await self.send({"type": "response.output_item.done", "response_id": resp.id,
+                         "output_index": index, "item": done}, resp)
+        await self.send({"type": "conversation.item.done", "item": done}, resp)
+        await self.send({"type": "output_audio_buffer.stopped", "response_id": resp.id}, resp)
+        if not resp.finishing:
+            resp.output.append(done)
+
+    async def _play_tool_call(self, resp: _Active, spec: dict, interval: float) -> None:
+        index = len(resp.output)
+        item_id = _id("item_")
+        call_id = spec.get("call_id") or _id("call_", 8)
+        name = spec["name"]
+        raw_args = spec.get("arguments", {})
+        arguments = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "in_progress",
+                "name": name, "call_id": call_id, "arguments": ""}
+        await self.send({"type": "response.output_item.added", "response_id": resp.id,
+                         "output_index": index, "item": item}, resp)
+        if resp.finishing:
+            return
+        # the call exists from here on: it must be answered even if the response is cancelled
+        self.call.tool_calls[call_id] = ToolCallRecord(call_id, name, arguments, resp.id, item_id,
+                                                       turn=self.call.turn)
+        resp.record.call_ids.append(call_id)
+        resp.open_calls[item_id] = {**item, "_index": index}
+        self.call.notify()
+        await self.send({"type": "conversation.item.added", "item": item}, resp)
+        half = len(arguments) // 2
+        common = {"response_id": resp.id, "item_id": item_id, "output_index": index, "call_id": call_id}
+        for chunk in (arguments[:half], arguments[half:]):
+            if chunk:
+                resp.open_calls[item_id]["arguments"] += chunk
+                await self.send({"type": "response.function_call_arguments.delta", **common, "delta": chunk}, resp)
+                await self._pace(interval)
+        await self.send({"type": "response.function_call_arguments.done", **common, "name": name,
+                         "arguments": arguments}, resp)
+        if resp.finishing:
+            return  # the cancel closes this item as incomplete
+        done = {**item, "status": "completed", "arguments": arguments}
+        resp.open_calls.pop(item_id, None)
+        resp.output.append(done)
+        self.call.tool_calls[call_id].complete = True
+        await self.send({"type": "response.output_item.done", "response_id": resp.id,
+                         "output_index": index, "item": done}, resp)
+        await self.send({"type": "conversation.item.done", "item": done}, resp)
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(fn, *args)
+
+    async def _play_default(self, resp: _Active) -> None:
+        await self.play_response(resp, {"text": DEFAULT_REPLY})
+
+    # -- reader: client events
+
+    async def _reader(self) -> None:
+        while True:
+            try:
+                raw = await self.ws.get_message()
+            except ConnectionClosed as exc:
+                self.peer_close = getattr(exc.reason, "code", None)
+                if self.ended_by == "close":
+                    # end() is closing: let its closing handshake finish (it
+                    # cancels the session itself), or trio-websocket's reader
+                    # could be cancelled before it marks the handshake done
+                    await trio.sleep_forever()
+                self.ended_by = self.ended_by or "peer"
+                break
+            await self._handle(raw)
+        self._scope.cancel()
+
+    async def _handle(self, raw: str | bytes) -> None:
+        obj: Any = None
+        if isinstance(raw, str):
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+        if isinstance(obj, dict):
+            self.call.received.append(obj)
+            self.call.notify()
+        event_id = obj.get("event_id") if isinstance(obj, dict) and isinstance(obj.get("event_id"), str) else None
+        model, error = parse_client_event(raw)
+        if model is None:
+            await self.send_error(error or "Invalid event", "invalid_event", event_id)
+            return
+        handler = getattr(self, "_on_" + obj["type"].replace(".", "_"), None)
+        if handler is not None:
+            await handler(obj, event_id)
+
+    async def _on_session_update(self, obj: dict, event_id: str | None) -> None:
+        self.call.session = {**self.call.session, **obj["session"]}
+        await self.send({"type": "session.updated", "session": self.call.session})
+
+    async def _on_conversation_item_create(self, obj: dict, event_id: str | None) -> None:
+        item = dict(obj["item"])
+        item_id = item.get("id") or _id("item_")
+        item.update(id=item_id, object="realtime.item", status="completed")
+        if item.get("type") == "function_call_output":
+            call_id = item["call_id"]
+            self.call.outputs.setdefault(call_id, []).append(item["output"])
+            if call_id not in self.call.tool_calls:
+                await self.send_error(f"Tool call ID '{call_id}' not found in conversation.",
+                                      "invalid_tool_call_id", event_id, param="item.call_id")
+                return
+            if call_id in self.call.answered:
+                await self.send_error(f"Tool call ID '{call_id}' already has an output.",
+                                      "duplicate_tool_call_output", event_id, param="item.call_id")
+                return
+            self.call.answered.add(call_id)
+            self.call._answered_since_create.append(call_id)
+            self.call.notify()
+        await self.send({"type": "conversation.item.added", "item": item})
+        await self.send({"type": "conversation.item.done", "item": item})
+        if item.get("type") == "function_call_output":
+            await self._maybe_fire_trigger()
+
+    async def _maybe_fire_trigger(self) -> None:
+        """``model_response_first`` with ``when: outputs_answered``: the model
+        starts its own response the moment the last output lands, before any
+        ``response.create`` the client sends next is read."""
+        spec = self.call.trigger
+        if spec is None or self.call.pending_call_ids() or self.call.active is not None:
+            return
+        self.call.trigger = None
+        resp = self._new_response("model_first")
+        await self._send_created(resp)
+        self._spawn(self.play_response, resp, {"text": spec.get("text", DEFAULT_REPLY),
+                                                "hold_s": spec.get("hold_s", 1.0)})
+
+    async def _on_response_create(self, obj: dict, event_id: str | None) -> None:
+        call = self.call
+        call.response_creates += 1
+        call.notify()
+        batch, call._answered_since_create = call._answered_since_create, []
+        if batch and all(call.tool_calls[c].turn < call.turn for c in batch):
+            # rule 4: results that land after the user barged in must not take the floor
+            call.violations.append(
+                f"response.create ({event_id}) for tool calls {batch} of a turn the user has barged in on")
+        if call.active is not None:
+            await self.send_error(
+                f"Conversation already has an active response in progress: {call.active.id}. "
+                "Wait until the response is finished before creating a new one.",
+                "conversation_already_has_active_response", event_id)
+            return
+        pending = call.pending_call_ids()
+        resp = self._new_response("client")
+        await self._send_created(resp)
+        if call.waiting_create and not pending and call.claimed is None:
+            call.claimed = resp  # the player plays the scenario's next response on it
+            call.notify()
+            return
+        if pending:
+            call.violations.append(
+                f"response.create ({event_id}) sent while tool calls {pending} had no output")
+        resp.record.origin = "default"
+        self._spawn(self._play_default, resp)
+
+    async def _on_response_cancel(self, obj: dict, event_id: str | None) -> None:
+        active = self.call.active
+        wanted = obj.get("response_id")
+        if active is None or (wanted and wanted != active.id):
+            await self.send_error("Cancellation failed: no active response found.",
+                                  "response_cancel_not_active", event_id)
+            return
+        await self.finish(active, "cancelled", "client_cancelled")
+
+    async def _on_output_audio_buffer_clear(self, obj: dict, event_id: str | None) -> None:
+        await self.send({"type": "output_audio_buffer.cleared",
+                         "response_id": self.call.active_response_id or ""})
+
+    # -- player: scenario steps
+
+    async def _player(self) -> None:
+        call = self.call
+        while call.step_index < len(self.steps) and not call.closed:
+            step = self.steps[call.step_index]
+            (kind, arg), = step.items()
+            if kind == "drop":
+                call.step_index += 1
+                self.log.info("sim_drop")
+                self.drop()
+                return
+            if kind == "close":
+                call.step_index += 1
+                await self.end(int(arg))
+                return
+            await getattr(self, "_step_" + kind)(arg)
+            call.step_index += 1
+
+    async def _step_sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    async def _step_silence(self, seconds: float) -> None:
+        self.call.quiet_until = trio.current_time() + seconds
+        await trio.sleep(seconds)
+
+    async def _wait_idle(self) -> None:
+        await self.call.wait_until(lambda c: c.active is None)
+
+    async def _step_user_turn(self, spec: dict) -> None:
+        item_id = await self._speech_started()
+        await trio.sleep(spec.get("duration_ms", 600) / 1000)
+        await self._user_said(item_id, spec.get("text", ""))
+
+    def _audio_ms(self) -> int:
+        return int(trio.current_time() * 1000) % 2_000_000_000
+
+    async def _speech_started(self) -> str:
+        item_id = _id("item_")
+        self.call.turn += 1
+        await self.send({"type": "input_audio_buffer.speech_started", "audio_start_ms": self._audio_ms(),
+                         "item_id": item_id})
+        return item_id
+
+    async def _user_said(self, item_id: str, text: str) -> None:
+        await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": self._audio_ms(),
+                         "item_id": item_id})
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item_id})
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
+                "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}
+        await self.send({"type": "conversation.item.added", "item": item})
+        await self.send({"type": "conversation.item.done", "item": item})
+        if text:
+            await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id,
+                             "content_index": 0, "delta": text})
+        await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
+                         "content_index": 0, "transcript": text,
+                         "usage": {"type": "duration", "seconds": max(1.0, len(text) / 15)}})
+
+    async def _step_response(self, spec: dict) -> None:
+        """Play a model response. After ``wait_outputs`` it answers the client's
+        ``response.create``; otherwise the model starts it (server VAD). The step
+        ends once the items are out; ``hold_s`` keeps it active in the background."""
+        resp = self.call.claimed
+        if resp is not None:
+            self.call.claimed = None
+            resp.record.origin = "client"
+        else:
+            await self._wait_idle()
+            resp = self._new_response("scenario")
+            await self._send_created(resp)
+        await self.play_body(resp, spec)
+        if float(spec.get("hold_s", 0.0)) > 0:
+            self._spawn(self._hold_then_finish, resp, spec)
+        else:
+            await self.finish(resp, spec.get("status", "completed"))
+
+    async def _hold_then_finish(self, resp: _Active, spec: dict) -> None:
+        with resp.playing():
+            await trio.sleep(float(spec["hold_s"]))
+        await self.finish(resp, spec.get("status", "completed"))
+
+    async def _step_wait_outputs(self, spec: dict) -> None:
+        call = self.call
+        need_create = spec.get("response_create", True)
+        call.waiting_create = need_create
+        try:
+            with trio.move_on_after(float(spec.get("timeout_s", 30.0))) as scope:
+                await call.wait_until(
+                    lambda c: not c.pending_call_ids() and (not need_create or c.claimed is not None))
+        finally:
+            call.waiting_create = False
+        if scope.cancelled_caught:
+            call.violations.append(
+                f"wait_outputs timed out: pending outputs {call.pending_call_ids()}, "
+                f"response.create received: {call.claimed is not None}")
+        nxt = self.steps[call.step_index + 1] if call.step_index + 1 < len(self.steps) else {}
+        if call.claimed is not None and "response" not in nxt:
+            resp, call.claimed = call.claimed, None
+            resp.record.origin = "default"
+            self._spawn(self._play_default, resp)
+
+    async def _step_barge_in(self, spec: dict) -> None:
+        await trio.sleep(spec.get("after_ms", 0) / 1000)
+        item_id = await self._speech_started()
+        resp = self.call.active
+        if resp is not None:
+            # turn_detection.interrupt_response: the service cancels the response itself
+            await self.send({"type": "output_audio_buffer.cleared", "response_id": resp.id})
+            await self.finish(resp, "cancelled", "turn_detected")
+        if spec.get("text"):
+            await trio.sleep(0.4)
+            await self._user_said(item_id, spec["text"])
+
+    async def _step_model_response_first(self, spec: dict) -> None:
+        if spec.get("when", "now") == "outputs_answered":
+            self.call.trigger = spec
+            await self._maybe_fire_trigger()
+            while self.call.trigger is not None:
+                # normally the reader fires it on the last output; if a response
+                # was active at that moment, fire once the floor is free
+                await self.call.wait_until(
+                    lambda c: c.trigger is None or (not c.pending_call_ids() and c.active is None))
+                await self._maybe_fire_trigger()
+            return
+        await self._wait_idle()
+        resp = self._new_response("model_first")
+        await self._send_created(resp)
+        await self.play_body(resp, {"text": spec.get("text", DEFAULT_REPLY)})
+        self._spawn(self._hold_then_finish, resp, {"hold_s": spec.get("hold_s", 1.0)})
+
+    async def _step_transcript_deltas(self, spec: dict) -> None:
+        if spec.get("background", True):
+            self._spawn(self._noise, spec)
+        else:
+            await self._noise(spec)
+
+    async def _noise(self, spec: dict) -> None:
+        item_id = _id("item_")
+        period = 1.0 / float(spec.get("rate_hz", 20))
+        for i in range(int(spec.get("count", 40))):
+            if trio.current_time() >= self.call.quiet_until:
+                await self.send({"type": "conversation.item.input_audio_transcription.delta",
+                                 "item_id": item_id, "content_index": 0, "delta": f"w{i} "})
+            await trio.sleep(period)

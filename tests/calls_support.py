@@ -1,0 +1,180 @@
+"""Shared set-up for the call tests: a sample journal, a real ToolExecutor, the
+Realtime simulator on loopback, and protocol assertions over what it received.
+
+Handlers run in real worker threads and ``autojump_clock`` jumps to the next
+deadline whenever every trio task waits (a running thread included). So tests
+that run tools use no deadline that could fire while a handler works: tool
+timeouts, the call's idle timeout and maximum duration are infinite, and the
+simulator's ``wait_outputs`` waits without a timeout (``steady``). Tests of
+timeouts use scenarios without tools, or gated tools that block on purpose.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import threading
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator
+
+import trio
+
+from voiceactors.actors.call import CallActor
+from voiceactors.actors.call_record import read_record, record_path
+from voiceactors.actors.feed import FeedHub
+from voiceactors.actors.tools import ToolExecutor
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.realtime.events import validate_client_event
+from voiceactors.realtime.simulator import Scenario, SimCall, Simulator, load_scenario
+from voiceactors.settings import Settings
+from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
+
+DAY = dt.date(2026, 3, 27)
+KEY = "sk-test-calls-0123456789"
+ACTIVE = "conversation_already_has_active_response"
+
+
+def steady(name_or_steps: Any) -> Scenario:
+    """A scenario whose ``wait_outputs`` steps never time out (see module doc)."""
+    scenario = load_scenario(name_or_steps) if isinstance(name_or_steps, str) else Scenario.from_obj(name_or_steps)
+    steps = []
+    for step in scenario.steps:
+        if "wait_outputs" in step:
+            step = {"wait_outputs": {**step["wait_outputs"], "timeout_s": math.inf}}
+        steps.append(step)
+    return Scenario(scenario.name, scenario.description, tuple(steps))
+
+
+class Gate:
+    """A handler that blocks (in its worker thread) until released."""
+
+    def __init__(self, result: dict | None = None) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.result = result or {"ok": True}
+        self.calls = 0
+
+    def handler(self, ctx: Any, args: dict) -> dict:
+        self.calls += 1
+        self.entered.set()
+        self.release.wait(20)
+        return dict(self.result)
+
+
+def gated_registry(name: str, gate: Gate, effect: str = "read") -> dict[str, ToolSpec]:
+    """The real registry with ``name`` replaced by a gated handler."""
+    specs = [s for s in REGISTRY.values() if s.name != name]
+    specs.append(ToolSpec(name=name, description=f"gated {name}", parameters={"type": "object"},
+                          effect=effect, handler=gate.handler))
+    return make_registry(specs)
+
+
+@dataclass
+class Rig:
+    sim: Simulator
+    settings: Settings
+    executor: ToolExecutor
+    hub: FeedHub
+    nursery: trio.Nursery
+    sim_scope: trio.CancelScope
+
+    def actor(self, call_id: str, **kw: Any) -> CallActor:
+        return CallActor(self.settings, call_id, self.executor.inbox, kw.pop("api_key", KEY),
+                         kw.pop("feed", None) or self.hub.open(call_id), **kw)
+
+    async def run_call(self, call_id: str, scenario: Any = None, **kw: Any) -> tuple[CallActor, SimCall]:
+        """Register ``call_id`` in the simulator and serve it until the actor ends."""
+        sim_call = self.sim.calls.get(call_id) or self.sim.add_call(call_id, scenario)
+        actor = self.actor(call_id, **kw)
+        with real_time_limit():
+            await actor.run()
+        return actor, sim_call
+
+    def record(self, call_id: str) -> list[dict]:
+        return read_record(record_path(self.settings.state_dir, call_id))
+
+
+@contextmanager
+def real_time_limit(seconds: float = 20.0) -> Iterator[None]:
+    """Fail a block that takes more than ``seconds`` of REAL time. A trio
+    deadline would be a place for ``autojump_clock`` to jump to while a tool
+    thread works; a thread timer is not."""
+    token = trio.lowlevel.current_trio_token()
+    with trio.CancelScope() as scope:
+        timer = threading.Timer(seconds, lambda: trio.from_thread.run_sync(scope.cancel, trio_token=token))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+    if scope.cancelled_caught:
+        raise AssertionError(f"took more than {seconds} s of real time")
+
+
+@asynccontextmanager
+async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None, **changes: Any) -> AsyncIterator[Rig]:
+    journal = tmp_path / "journal"
+    if not journal.exists():
+        write_sample_journal(journal, days=3, today=DAY)
+    base: dict[str, Any] = dict(
+        journal=journal, state_dir=tmp_path / "state",
+        tool_timeout_read_s=math.inf, tool_timeout_write_s=math.inf,
+        call_idle_timeout_s=math.inf, call_max_duration_s=math.inf,
+    )
+    base.update(changes)
+    settings = Settings(**base)
+    sim = Simulator(scenario, api_key=KEY)
+    async with trio.open_nursery() as nursery:
+        sim_scope = trio.CancelScope()
+
+        async def serve_sim(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            with sim_scope:
+                await sim.serve(0, task_status=task_status)
+
+        await nursery.start(serve_sim)
+        settings = settings.replace(openai_base_url=sim.base_url)
+        ctx = ToolContext(journal=journal, state_dir=settings.state_dir, today=lambda: DAY)
+        executor = ToolExecutor(settings, ctx, registry or REGISTRY)
+        await nursery.start(executor.run)
+        yield Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
+                  nursery, sim_scope)
+        nursery.cancel_scope.cancel()
+
+
+def client_events(sim_call: SimCall) -> list[dict]:
+    return list(sim_call.received)
+
+
+def assert_valid_client_events(sim_call: SimCall) -> None:
+    """Every event we sent is a valid SDK client event and carries an event_id."""
+    for event in sim_call.received:
+        validate_client_event(event)
+        assert isinstance(event.get("event_id"), str) and event["event_id"], event
+
+
+def outputs_by_call(sim_call: SimCall) -> dict[str, list[str]]:
+    return {k: list(v) for k, v in sim_call.outputs.items()}
+
+
+def assert_clean_protocol(sim_call: SimCall, *, creates: int) -> None:
+    """Exactly one output per issued tool call id, no unknown ids, ``creates``
+    response.create events, no error the service sent us, no violation."""
+    assert_valid_client_events(sim_call)
+    assert set(sim_call.outputs) == set(sim_call.tool_calls), (sim_call.outputs, sim_call.tool_calls)
+    for call_id, outs in sim_call.outputs.items():
+        assert len(outs) == 1, (call_id, outs)
+    assert sim_call.response_creates == creates
+    assert sim_call.error_codes == []
+    assert sim_call.violations == []
+
+
+def received_types(sim_call: SimCall) -> list[str]:
+    return [e["type"] for e in sim_call.received]
+
+
+def output_json(sim_call: SimCall, call_id: str) -> Any:
+    return json.loads(sim_call.outputs[call_id][0])

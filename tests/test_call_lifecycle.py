@@ -1,0 +1,289 @@
+"""CallActor lifecycle against the simulator: reconnects, end conditions,
+bounded close and the call record. Timeouts and backoff on ``autojump_clock``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+
+from calls_support import (
+    KEY, Gate, assert_clean_protocol, assert_valid_client_events, gated_registry, real_time_limit, rig, steady,
+)
+from voiceactors.actors.call import CallActor, backoff_delay
+from voiceactors.actors.call_record import record_path
+from voiceactors.realtime.events import parse_server_event
+
+SYNTHETIC = json.dumps({"error": "cancelled: the user interrupted"})
+
+
+async def test_drop_and_resume_sends_the_output_on_the_new_socket(tmp_path, autojump_clock):
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_drop", steady("drop_and_resume"))
+        record = r.record("rtc_drop")
+    assert actor.end_reason == "closed_by_service"
+    assert sc.connections == 2 and sc.drops == 1
+    assert_clean_protocol(sc, creates=1)
+    assert actor.reconnects == 1
+    (reconnect,) = [line for line in record if line["kind"] == "reconnect"]
+    assert reconnect["close_code"] == 1006 and reconnect["attempt"] == 1
+    assert [line["kind"] for line in record].count("connect") == 2
+
+
+async def test_confirmed_outputs_are_not_resent_after_a_drop(tmp_path, autojump_clock):
+    scenario = steady([
+        {"user_turn": {"text": "first"}},
+        {"response": {"tool_calls": [{"name": "calendar.today", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "one"}},
+        {"drop": True},
+        {"user_turn": {"text": "second"}},
+        {"response": {"tool_calls": [{"name": "commitments.list", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "two"}},
+        {"close": 1000},
+    ])
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_keep", scenario)
+    assert sc.connections == 2
+    assert_clean_protocol(sc, creates=2)     # no duplicate_tool_call_output: nothing resent
+    assert all(c.sends == 1 for c in actor.calls.values())
+
+
+def _event(obj: dict):
+    event = parse_server_event(json.dumps({"event_id": "ev", **obj}))
+    assert event is not None
+    return event
+
+
+async def test_written_but_unconfirmed_output_is_written_again_after_a_drop(tmp_path, autojump_clock):
+    """The actor's own bookkeeping across a drop (the simulator confirms too
+    fast to drop in between): sent-but-unconfirmed goes back to the writer on
+    the next connection, confirmed never."""
+    async with rig(tmp_path) as r:
+        actor = r.actor("rtc_state")
+        actor.started = trio.current_time()
+        send, receive = trio.open_memory_channel(100)
+        actor._outbox = send
+        item = {"id": "i1", "type": "function_call", "status": "completed", "name": "calendar.today",
+                "call_id": "c1", "arguments": "{}"}
+        actor._handle(_event({"type": "response.created", "response": {"id": "r1", "status": "in_progress"}}))
+        for call_id in ("c1", "c2"):
+            actor._handle(_event({"type": "response.output_item.done", "response_id": "r1", "output_index": 0,
+                                  "item": {**item, "id": "i" + call_id, "call_id": call_id}}))
+        actor._handle(_event({"type": "response.done", "response": {"id": "r1", "status": "completed"}}))
+        # tools are not running (no nursery): answer them as the executor would
+        for call in actor.calls.values():
+            call.state, call.output = "ready", "{}"
+            actor._queue_output(call)
+        for _ in range(2):
+            actor._on_written(receive.receive_nowait())
+        create = receive.receive_nowait()
+        assert create.event["type"] == "response.create"
+        actor._handle(_event({"type": "conversation.item.added",
+                              "item": {"id": "o1", "type": "function_call_output", "call_id": "c1", "output": "{}"}}))
+        actor._outbox = None
+        actor._on_drop()
+        assert actor.calls["c1"].state == "confirmed" and actor.calls["c2"].state == "ready"
+        assert actor.batches["r1"].follow_up is None   # the create got no response.created: decide again
+        send2, receive2 = trio.open_memory_channel(100)
+        actor._outbox = send2
+        actor._on_connected()
+        again = receive2.receive_nowait()
+        assert again.tool_call_id == "c2"
+        with pytest.raises(trio.WouldBlock):   # the create waits until c2 is written
+            receive2.receive_nowait()
+        actor._on_written(again)
+        assert receive2.receive_nowait().event["type"] == "response.create"
+
+
+async def test_clean_close_1001_ends_the_call(tmp_path, autojump_clock):
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_1001", steady("clean_close"))
+        record = r.record("rtc_1001")
+    assert actor.end_reason == "closed_by_service"
+    assert sc.connections == 1 and actor.reconnects == 0
+    assert record[-1]["reason"] == "closed_by_service" and record[-1]["close_code"] == 1001
+    assert_valid_client_events(sc)
+
+
+@pytest.mark.parametrize("status", [404, 410])
+async def test_gone_at_handshake_ends_without_retry(tmp_path, autojump_clock, status):
+    async with rig(tmp_path) as r:
+        r.sim.add_call("rtc_gone", [], gone_status=status)
+        await r.sim.end_call("rtc_gone")
+        actor, sc = await r.run_call("rtc_gone")
+    assert actor.end_reason == "call_gone"
+    assert [h["status"] for h in r.sim.handshakes] == [status]
+
+
+async def test_unknown_call_is_gone(tmp_path, autojump_clock):
+    async with rig(tmp_path) as r:
+        actor = r.actor("rtc_never_existed")
+        with real_time_limit():
+            assert await actor.run() == "call_gone"
+
+
+async def test_idle_timeout_answers_pending_calls_hangs_up_and_closes(tmp_path, autojump_clock):
+    """No server event for the idle timeout: the running read is cancelled and
+    answered, the call is hung up and the socket closed cleanly."""
+    gate = Gate()
+    scenario = [
+        {"user_turn": {"text": "search"}},
+        {"response": {"tool_calls": [{"name": "journal.search", "arguments": {"query": "x"}}]}},
+        {"silence": 3600},
+    ]
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), call_idle_timeout_s=30.0) as r:
+        start = trio.current_time()
+        try:
+            actor, sc = await r.run_call("rtc_idle", scenario)
+        finally:
+            gate.release.set()
+        elapsed = actor.ended_at - start
+        record = r.record("rtc_idle")
+    assert actor.end_reason == "idle_timeout"
+    assert 30.0 <= elapsed < 31.0
+    assert r.sim.hangups == ["rtc_idle"] and sc.closed
+    (call_id,) = sc.tool_calls
+    assert [json.loads(o) for o in sc.outputs[call_id]] == [{"error": "cancelled"}]   # the executor's answer
+    assert sc.response_creates == 0 and sc.error_codes == []
+    assert record[-1]["reason"] == "idle_timeout"
+
+
+async def test_idle_timeout_with_nothing_pending(tmp_path, autojump_clock):
+    async with rig(tmp_path, call_idle_timeout_s=45.0) as r:
+        actor, sc = await r.run_call("rtc_silent", "silence")
+    assert actor.end_reason == "idle_timeout"
+    assert sc.received == [] and r.sim.hangups == ["rtc_silent"]
+
+
+async def test_max_duration_ends_a_busy_call(tmp_path, autojump_clock):
+    """Background traffic keeps the call from idling; the maximum duration ends it."""
+    scenario = [{"transcript_deltas": {"rate_hz": 10, "count": 100000}}, {"sleep": 100000}]
+    async with rig(tmp_path, call_idle_timeout_s=5.0, call_max_duration_s=20.0) as r:
+        start = trio.current_time()
+        actor, sc = await r.run_call("rtc_max", scenario)
+        elapsed = actor.ended_at - start
+    assert actor.end_reason == "max_duration"
+    assert 20.0 <= elapsed < 21.0
+    assert r.sim.hangups == ["rtc_max"]
+
+
+async def test_reconnect_attempts_exhausted_with_exponential_backoff(tmp_path, autojump_clock):
+    async with rig(tmp_path, reconnect_base_s=0.5, reconnect_max_s=4.0, reconnect_attempts=5) as r:
+        sc = r.sim.add_call("rtc_flaky", [{"sleep": 1.0}, {"drop": True}])
+        actor = r.actor("rtc_flaky")
+        async with trio.open_nursery() as n:
+            n.start_soon(actor.run)
+            with real_time_limit():
+                await sc.wait_until(lambda c: c.drops == 1)
+                r.sim_scope.cancel()                   # the service is unreachable from now on
+                while actor.end_reason is None:
+                    await trio.sleep(0.1)
+        record = r.record("rtc_flaky")
+    assert actor.end_reason == "reconnect_exhausted"
+    delays = [line["delay_s"] for line in record if line["kind"] == "reconnect"]
+    assert len(delays) == 5 == actor.reconnects
+    caps = [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert all(cap / 2 <= d <= cap for d, cap in zip(delays, caps))
+    assert [line["close_code"] for line in record if line["kind"] == "reconnect"] == [1006] + [None] * 4
+
+
+def test_backoff_is_bounded_and_deterministic():
+    import random
+
+    assert [backoff_delay(n, 0.5, 20.0) for n in range(1, 9)] == [0.5, 1, 2, 4, 8, 16, 20, 20]
+    a = [backoff_delay(n, 1.0, 8.0, random.Random("rtc_x")) for n in range(1, 6)]
+    b = [backoff_delay(n, 1.0, 8.0, random.Random("rtc_x")) for n in range(1, 6)]
+    assert a == b
+
+
+async def test_no_api_key_ends_the_call(tmp_path, autojump_clock):
+    async with rig(tmp_path) as r:
+        actor = r.actor("rtc_nokey", api_key=lambda: None)
+        with real_time_limit():
+            assert await actor.run() == "no_api_key"
+
+
+async def test_shutdown_answers_pending_calls_and_closes_within_deadline(tmp_path, autojump_clock):
+    gate = Gate()
+    scenario = [
+        {"user_turn": {"text": "search"}},
+        {"response": {"tool_calls": [{"name": "journal.search", "arguments": {"query": "x"}}]}},
+        {"sleep": 3600},
+    ]
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), close_deadline_s=2.0) as r:
+        sc = r.sim.add_call("rtc_stop", scenario)
+        actor = r.actor("rtc_stop")
+        with real_time_limit():
+            async with trio.open_nursery() as n:
+                n.start_soon(actor.run)
+                while not any(c.state == "running" for c in actor.calls.values()):
+                    await trio.sleep(0.01)
+                stop = trio.current_time()
+                n.cancel_scope.cancel()
+            stopped = trio.current_time() - stop
+            await sc.wait_until(lambda c: c.connection is None)
+        gate.release.set()
+        record = r.record("rtc_stop")
+    assert actor.end_reason == "shutdown"
+    assert stopped <= 2.0 * 2 + 0.5     # tools + socket, then the record: each bounded
+    (call_id,) = sc.tool_calls
+    assert [json.loads(o) for o in sc.outputs[call_id]] == [{"error": "cancelled"}]
+    assert r.sim.hangups == []          # a server restart is not the end of the call
+    assert record[-1]["reason"] == "shutdown"
+
+
+async def test_call_record_content_and_no_secrets(tmp_path, autojump_clock):
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_rec", steady("parallel_tools"))
+        path = record_path(r.settings.state_dir, "rtc_rec")
+        text = path.read_text()
+        record = r.record("rtc_rec")
+    assert KEY not in text and "budget" not in text and "Bearer" not in text   # no key, no argument values
+    kinds = [line["kind"] for line in record]
+    assert kinds[0] == "start" and kinds[-1] == "end" and kinds.count("tool_call") == 3
+    assert all(isinstance(line["t"], float) for line in record)
+    tools = [line for line in record if line["kind"] == "tool_call"]
+    assert {t["tool"] for t in tools} == {"calendar.today", "commitments.list", "journal.search"}
+    for t in tools:
+        assert t["delivered"] is True and t["sends"] == 1 and t["epoch"] == 1 and t["outcome"] in ("ok", "error")
+        assert t["output_bytes"] > 0 and t["duration_ms"] is not None and not t["synthetic"]
+    responses = [line for line in record if line["kind"] == "response"]
+    assert [(x["origin"], x["status"], len(x["tool_calls"])) for x in responses] == [
+        ("model", "completed", 3), ("ours", "completed", 0)]
+    (create,) = [line for line in record if line["kind"] == "response_create"]
+    assert create["result"] == "sent" and create["for"] == [responses[0]["response_id"]]
+    end = record[-1]
+    assert end["reason"] == "closed_by_service" and end["tool_calls"] == 3 and end["responses"] == 2
+
+
+async def test_record_path_is_safe_for_odd_call_ids(tmp_path):
+    assert record_path(tmp_path, "rtc_ok-1").name == "rtc_ok-1.jsonl"
+    odd = record_path(tmp_path, "../../etc/passwd")
+    assert odd.parent == tmp_path / "calls" and "/" not in odd.name and odd.name.endswith(".jsonl")
+
+
+async def test_a_new_actor_for_the_same_call_appends_its_block(tmp_path, autojump_clock):
+    async with rig(tmp_path) as r:
+        await r.run_call("rtc_twice", steady("clean_close"))
+        actor = r.actor("rtc_twice")
+        with real_time_limit():
+            assert await actor.run() == "call_gone"
+        record = r.record("rtc_twice")
+    assert [line["kind"] for line in record].count("start") == 2
+    assert [line["reason"] for line in record if line["kind"] == "end"] == ["closed_by_service", "call_gone"]
+
+
+async def test_actor_api_key_provider_is_called_per_connect(tmp_path, autojump_clock):
+    calls = []
+
+    def provider():
+        calls.append(1)
+        return KEY
+
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_provider", steady("drop_and_resume"), api_key=provider)
+    assert actor.end_reason == "closed_by_service" and len(calls) == 2
+    assert isinstance(actor, CallActor)

@@ -1,0 +1,219 @@
+"""The per-call client feed and the polling queues (nav hints, observer actions).
+
+What a browser may see about its call, as small dicts with a ``"type"``:
+
+* ``tool.started`` / ``tool.finished`` / ``tool.failed`` — tool name, the
+  model's ``tool_call_id``, epoch, outcome and ``duration_ms``. Never argument
+  values, never outputs, never secrets.
+* ``nav.hint`` / ``observer.action`` — the ``client_events`` a tool result
+  carried (``_nav_target`` / ``_observer_action`` of a handler).
+* ``transcript`` — ``role`` ``user`` or ``assistant`` and the final ``text``
+  of one utterance.
+* ``call.ended`` — the last event of a feed, with the end ``reason``.
+
+Publishing never waits: every subscriber has a bounded buffer and a
+subscriber that falls behind loses events (counted in ``CallFeed.dropped``)
+rather than slowing the call down. The hub is owned by the CallSupervisor;
+a CallActor only publishes into its own ``CallFeed``. Everything here is
+synchronous and runs on the trio thread, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import trio
+
+from voiceactors.logs import get_logger
+
+#: Events a subscriber may have buffered before newer ones are dropped.
+SUBSCRIBER_BUFFER = 64
+
+_log = get_logger(actor="feed")
+
+
+@dataclass
+class RetainedQueue:
+    """A small polling queue: items expire after ``retention_s`` (trio clock)
+    and at most ``max_items`` are kept, the oldest dropped first."""
+
+    retention_s: float
+    max_items: int
+    _items: collections.deque[tuple[float, dict[str, Any]]] = field(default_factory=collections.deque)
+    dropped: int = 0
+
+    def _prune(self) -> None:
+        cutoff = trio.current_time() - self.retention_s
+        while self._items and self._items[0][0] <= cutoff:
+            self._items.popleft()
+
+    def put(self, item: dict[str, Any]) -> None:
+        self._prune()
+        self._items.append((trio.current_time(), item))
+        while len(self._items) > self.max_items:
+            self._items.popleft()
+            self.dropped += 1
+
+    def take(self) -> list[dict[str, Any]]:
+        """All live items, oldest first; the queue is empty afterwards."""
+        self._prune()
+        items = [item for _, item in self._items]
+        self._items.clear()
+        return items
+
+    def __len__(self) -> int:
+        self._prune()
+        return len(self._items)
+
+
+def split_client_event(event: dict[str, Any]) -> tuple[str, Any] | None:
+    """``("nav", target)`` or ``("observer", action)`` for one
+    ``ToolResult.client_events`` entry (``{"type": "nav_hint", "target"}`` /
+    ``{"type": "observer_action", "action"}``, as the executor makes them);
+    None for anything else."""
+    kind = event.get("type")
+    if kind == "nav_hint" and event.get("target"):
+        return "nav", event["target"]
+    if kind == "observer_action" and isinstance(event.get("action"), dict):
+        return "observer", event["action"]
+    return None
+
+
+class CallFeed:
+    """The feed of one call: fan-out to subscribers, plus the call's nav hints.
+
+    ``publish`` never blocks and never raises for a slow or gone subscriber.
+    """
+
+    def __init__(self, call_id: str, hub: FeedHub) -> None:
+        self.call_id = call_id
+        self._hub = hub
+        self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
+        self.nav_hints = RetainedQueue(hub.retention_s, hub.max_items)
+        self.closed = False
+        self.dropped = 0
+        self.ended_at: float | None = None
+
+    def subscribe(self) -> trio.MemoryReceiveChannel[dict[str, Any]]:
+        """A new subscriber channel. After the call ended it yields nothing
+        (already closed), so a late subscriber ends at once."""
+        send, receive = trio.open_memory_channel[dict[str, Any]](SUBSCRIBER_BUFFER)
+        if self.closed:
+            send.close()
+        else:
+            self._subscribers.append(send)
+        return receive
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._subscribers)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        event = {"call_id": self.call_id, **event}
+        for send in list(self._subscribers):
+            try:
+                send.send_nowait(event)
+            except trio.WouldBlock:
+                self.dropped += 1
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._subscribers.remove(send)
+
+    # --- typed publishers (the one place that decides what a feed event holds)
+
+    def tool_started(self, *, tool: str, tool_call_id: str, epoch: int) -> None:
+        self.publish({"type": "tool.started", "tool": tool, "tool_call_id": tool_call_id, "epoch": epoch})
+
+    def tool_done(self, *, tool: str, tool_call_id: str, epoch: int, outcome: str, duration_ms: float) -> None:
+        kind = "tool.finished" if outcome in ("ok", "replayed") else "tool.failed"
+        self.publish({"type": kind, "tool": tool, "tool_call_id": tool_call_id, "epoch": epoch,
+                      "outcome": outcome, "duration_ms": round(duration_ms, 1)})
+
+    def transcript(self, *, role: str, text: str, item_id: str | None = None) -> None:
+        self.publish({"type": "transcript", "role": role, "text": text, "item_id": item_id})
+
+    def client_events(self, events: Iterable[dict[str, Any]], *, tool: str, tool_call_id: str) -> None:
+        """Route a tool result's client events: nav hints to this call's queue,
+        observer actions to the global queue, both to the subscribers."""
+        for event in events:
+            split = split_client_event(event)
+            if split is None:
+                _log.warning("feed.client_event_unknown", call_id=self.call_id, tool=tool)
+                continue
+            kind, payload = split
+            if kind == "nav":
+                self.nav_hints.put({"target": payload, "tool": tool, "call_id": self.call_id})
+                self.publish({"type": "nav.hint", "tool": tool, "tool_call_id": tool_call_id, "target": payload})
+            else:
+                self._hub.observer_actions.put({"call_id": self.call_id, "tool": tool, "action": payload})
+                self.publish({"type": "observer.action", "tool": tool, "tool_call_id": tool_call_id,
+                              "action": payload})
+
+    def close(self, reason: str) -> None:
+        """End the feed: publish ``call.ended`` and close every subscriber."""
+        if self.closed:
+            return
+        self.publish({"type": "call.ended", "reason": reason})
+        self.closed = True
+        self.ended_at = trio.current_time()
+        for send in self._subscribers:
+            send.close()
+        self._subscribers.clear()
+
+
+class FeedHub:
+    """All feeds and the polling queues. Owned by the CallSupervisor.
+
+    A call's nav hints stay takeable for ``retention_s`` after the call ended
+    (a poll may race the end), then the feed is forgotten.
+    """
+
+    def __init__(self, retention_s: float = 60.0, max_items: int = 8) -> None:
+        self.retention_s = retention_s
+        self.max_items = max_items
+        self.observer_actions = RetainedQueue(retention_s, max_items)
+        self._live: dict[str, CallFeed] = {}
+        self._ended: collections.OrderedDict[str, CallFeed] = collections.OrderedDict()
+
+    def open(self, call_id: str) -> CallFeed:
+        """The feed of a call that is starting (a new one, even if an ended
+        feed of the same id is still retained: its hints move over)."""
+        feed = CallFeed(call_id, self)
+        old = self._ended.pop(call_id, None)
+        if old is not None:
+            for hint in old.nav_hints.take():
+                feed.nav_hints.put(hint)
+        self._live[call_id] = feed
+        return feed
+
+    def live(self, call_id: str) -> CallFeed | None:
+        return self._live.get(call_id)
+
+    def close(self, feed: CallFeed, reason: str) -> None:
+        """The call ended: close its feed and retain its nav hints for a while."""
+        feed.close(reason)
+        if self._live.get(feed.call_id) is feed:
+            del self._live[feed.call_id]
+            self._ended[feed.call_id] = feed
+        self._sweep()
+
+    def _sweep(self) -> None:
+        cutoff = trio.current_time() - self.retention_s
+        while self._ended:
+            call_id, feed = next(iter(self._ended.items()))
+            if feed.ended_at is not None and feed.ended_at > cutoff:
+                break
+            del self._ended[call_id]
+
+    def subscribe(self, call_id: str) -> trio.MemoryReceiveChannel[dict[str, Any]] | None:
+        feed = self._live.get(call_id)
+        return feed.subscribe() if feed is not None else None
+
+    def take_nav_hints(self, call_id: str) -> list[dict[str, Any]]:
+        self._sweep()
+        feed = self._live.get(call_id) or self._ended.get(call_id)
+        return feed.nav_hints.take() if feed is not None else []
+
+    def take_observer_actions(self) -> list[dict[str, Any]]:
+        return self.observer_actions.take()

@@ -1,0 +1,114 @@
+"""CallSupervisor: the registry of live calls, one CallActor each.
+
+The supervisor runs a nursery holding every CallActor, and answers its inbox
+synchronously (it never awaits while handling a message, so one slow call
+cannot delay another's Connect):
+
+* ``Connect(call_id)`` — "connected" (a live call is found, not started
+  twice) or "at_capacity" (``settings.max_calls`` live calls already);
+* ``CountCalls`` — the number of live calls;
+* ``Subscribe(call_id)`` — a receive channel of the call's feed events, or
+  None when the call is not live;
+* ``TakeNavHints(call_id)`` / ``TakeObserverActions`` — the polling queues,
+  consumed.
+
+An actor leaves the registry when its ``run`` returns (after its call record
+is written); a later Connect with the same id starts a new actor, which ends
+at once with ``call_gone`` if the service really ended the call.
+Cancelling ``run`` cancels every actor; each closes within its own
+``close_deadline_s``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import trio
+
+from voiceactors import config, metrics
+from voiceactors.actors.call import END_ERROR, CallActor
+from voiceactors.actors.feed import FeedHub
+from voiceactors.actors.messages import Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions
+from voiceactors.logs import get_logger
+from voiceactors.settings import Settings
+
+INBOX_SIZE = 256
+
+
+class CallSupervisor:
+    """``api_key`` is a provider of the standard OpenAI key (default: the
+    journal's voice block, then ``OPENAI_API_KEY``) or a fixed key."""
+
+    def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[Any],
+                 api_key: str | None | Callable[[], str | None] = None, *, hangup: bool = True) -> None:
+        self.settings = settings
+        self._executor = executor_inbox
+        self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
+        self._hangup = hangup
+        self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
+        self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items)
+        self.calls: dict[str, CallActor] = {}
+        self.ended: list[tuple[str, str]] = []   # (call_id, reason), most recent last; bounded
+        self.log = get_logger(actor="supervisor")
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the inbox until cancelled (or the inbox is closed; then wait
+        for the live calls to end)."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async with self._receive:
+                async for message in self._receive:
+                    self._handle(message, nursery)
+
+    def _handle(self, message: Any, nursery: trio.Nursery) -> None:
+        if isinstance(message, Connect):
+            _reply(message.reply, self._connect(message.call_id, nursery))
+        elif isinstance(message, CountCalls):
+            _reply(message.reply, len(self.calls))
+        elif isinstance(message, Subscribe):
+            _reply(message.reply, self.hub.subscribe(message.call_id))
+        elif isinstance(message, TakeNavHints):
+            _reply(message.reply, self.hub.take_nav_hints(message.call_id))
+        elif isinstance(message, TakeObserverActions):
+            _reply(message.reply, self.hub.take_observer_actions())
+        else:
+            self.log.error("supervisor.unknown_message", kind=type(message).__name__)
+
+    def _connect(self, call_id: str, nursery: trio.Nursery) -> str:
+        if call_id in self.calls:
+            return "connected"
+        if len(self.calls) >= self.settings.max_calls:
+            self.log.warning("supervisor.at_capacity", call_id=call_id, live=len(self.calls))
+            return "at_capacity"
+        feed = self.hub.open(call_id)
+        actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup)
+        self.calls[call_id] = actor
+        metrics.set_live_calls(len(self.calls))
+        nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")
+        self.log.info("supervisor.call_started", call_id=call_id, live=len(self.calls))
+        return "connected"
+
+    async def _run_call(self, actor: CallActor) -> None:
+        reason = END_ERROR
+        try:
+            reason = await actor.run()
+        except Exception:  # run() already logs and swallows its errors; belt and braces
+            self.log.exception("supervisor.call_crashed", call_id=actor.call_id)
+        finally:
+            if self.calls.get(actor.call_id) is actor:
+                del self.calls[actor.call_id]
+            if actor.feed is not None:
+                self.hub.close(actor.feed, actor.end_reason or reason)
+            self.ended.append((actor.call_id, actor.end_reason or reason))
+            del self.ended[:-100]
+            metrics.set_live_calls(len(self.calls))
+            self.log.info("supervisor.call_removed", call_id=actor.call_id, live=len(self.calls))
+
+
+def _reply(reply: trio.MemorySendChannel[Any], value: Any) -> None:
+    """Answer a request; an asker that gave up (closed its end) is not an error."""
+    try:
+        reply.send_nowait(value)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+        if isinstance(value, trio.MemoryReceiveChannel):
+            value.close()  # an orphaned feed subscription: let the feed forget it

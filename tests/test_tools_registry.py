@@ -1,0 +1,88 @@
+"""The tool registry: names, manifest, one validation mechanism, error objects."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from voiceactors.tools import REGISTRY, ArgumentError, lookup, manifest, prepare
+
+NAMES = [
+    "journal.get_day", "journal.search", "entities.get", "entities.recent_with", "commitments.list",
+    "commitments.complete", "calendar.today", "briefing.get", "observer.start_listening",
+]
+
+
+def test_nine_tools_only_complete_writes():
+    assert list(REGISTRY) == NAMES
+    assert [n for n, s in REGISTRY.items() if s.effect == "write"] == ["commitments.complete"]
+    for spec in REGISTRY.values():
+        assert spec.parameters["type"] == "object"
+        assert spec.parameters["additionalProperties"] is False
+        assert spec.description and callable(spec.handler)
+
+
+@pytest.mark.parametrize("style,expected", [("dotted", NAMES), ("underscore", [n.replace(".", "_") for n in NAMES])])
+def test_manifest(style, expected):
+    tools = manifest(style)
+    assert [t["name"] for t in tools] == expected
+    assert all(set(t) == {"type", "name", "description", "parameters"} and t["type"] == "function" for t in tools)
+    json.dumps(tools)   # serialisable as a session.update payload
+    with pytest.raises(ValueError):
+        manifest("camel")
+
+
+def test_lookup_accepts_both_spellings():
+    assert lookup("entities.recent_with") is REGISTRY["entities.recent_with"]
+    assert lookup("entities_recent_with") is REGISTRY["entities.recent_with"]
+    assert lookup("entities.recent-with") is None
+    assert lookup("nope") is None
+
+
+@pytest.mark.parametrize("tool,raw,error", [
+    ("journal.get_day", '{"day": "2026-02-30"}', "invalid day"),
+    ("journal.get_day", '{"day": "27/03/2026"}', "invalid day"),
+    ("journal.get_day", "{}", "invalid day"),
+    ("journal.search", "{}", "query is required"),
+    ("journal.search", '{"query": "   "}', "query is required"),
+    ("journal.search", '{"query": 5}', "query is required"),
+    ("journal.search", '{"query": "x", "days": 0}', "invalid days"),
+    ("entities.recent_with", '{"entity_slug": "a", "days": 366}', "invalid days"),
+    ("entities.recent_with", '{"entity_slug": "a", "days": "7"}', "invalid days"),
+    ("commitments.list", '{"state": "pending"}', "invalid state"),
+    ("commitments.complete", '{"commitment_id": "abc", "resolution": "finished"}', "invalid resolution"),
+    ("commitments.complete", '{"commitment_id": "abc"}', "invalid resolution"),
+    ("observer.start_listening", '{"mode": "dictation"}', "invalid mode"),
+    ("observer.start_listening", "{}", "invalid mode"),
+    ("journal.get_day", "{nope", "arguments must be valid JSON"),
+    ("journal.get_day", "NaN", "arguments must be valid JSON"),
+    ("journal.get_day", '"2026-03-27"', "arguments must be a JSON object"),
+    ("journal.get_day", "[]", "arguments must be a JSON object"),
+])
+def test_design_error_objects(tool, raw, error):
+    with pytest.raises(ArgumentError) as info:
+        prepare(REGISTRY[tool], raw)
+    assert info.value.error == {"error": error}
+
+
+@pytest.mark.parametrize("tool,raw,reason", [
+    ("journal.search", '{"query": "x", "limit": 51}', "limit must be between 1 and 50"),
+    ("commitments.list", '{"limit": 0}', "limit must be between 1 and 50"),
+    ("journal.search", '{"query": "x", "facet": "../etc"}', "facet has the wrong format"),
+    ("entities.get", "{}", "entity_slug is required"),
+    ("calendar.today", '{"when": "SECRET-VALUE"}', "this tool takes no arguments"),
+    ("journal.get_day", '{"day": "2026-03-27", "SECRET-KEY": 1}', "unexpected property (allowed: day)"),
+])
+def test_generic_errors_never_echo_values(tool, raw, reason):
+    with pytest.raises(ArgumentError) as info:
+        prepare(REGISTRY[tool], raw)
+    assert info.value.error == {"error": f"invalid arguments: {reason}"}
+    assert "SECRET" not in info.value.error["error"]
+
+
+def test_valid_arguments_pass_unchanged():
+    assert prepare(REGISTRY["journal.search"], '{"query": "x", "facet": null, "days": 30, "limit": 5}') == {
+        "query": "x", "facet": None, "days": 30, "limit": 5}
+    assert prepare(REGISTRY["calendar.today"], "") == {}       # empty string means no arguments
+    assert prepare(REGISTRY["commitments.list"], '{"state": null}') == {"state": None}

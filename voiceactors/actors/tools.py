@@ -1,0 +1,363 @@
+"""ToolExecutor: runs the model's tool calls safely under timeouts, barge-in and retries.
+
+Call actors send ``ToolRequest`` and ``CancelReads`` to ``inbox``. Every
+request runs in its own task of the executor's nursery, under one global
+``CapacityLimiter(settings.tool_concurrency)``, and gets exactly one
+``ToolResult`` on its ``reply`` channel (if that channel is closed because the
+call ended, the result is logged and dropped).
+
+Rules, in the order a request meets them:
+
+1. A write whose tool call id is already recorded answers the recorded output
+   (outcome ``replayed``) without running again and without counting toward
+   the turn.
+2. Turn bounds (per call id and turn): at most ``tool_calls_per_turn``
+   attempts; an identical call (canonical name + canonical JSON arguments)
+   under a different tool call id is rejected. The same tool call id again is
+   a retry, not a new attempt.
+3. Unknown tool, bad JSON, non-object and schema failures answer the
+   registry's error objects (outcome ``invalid``).
+4. The handler runs in a worker thread. Reads: bounded by
+   ``tool_timeout_read_s`` (``{"error": "tool timed out"}``) and cancellable by
+   ``CancelReads`` (``{"error": "cancelled"}``). Writes: never cancelled once
+   started (shielded); the check-apply-record step runs in the thread under
+   the write log's lock, so the record is durable before the result is
+   reported. A write still running at ``tool_timeout_write_s`` answers
+   ``tool timed out`` while its thread finishes and records the real outcome,
+   which a retry with the same id then gets.
+5. Any exception answers ``{"error": "tool failed"}``; the detail goes to the
+   log only.
+6. ``_nav_target`` / ``_observer_action`` (and any other ``_``-key) are removed
+   from the output and returned as ``client_events``. Outputs are capped at
+   ``tool_output_cap`` characters, and read outputs within a turn share
+   ``turn_output_cap``; a cut output is still one JSON object that says so.
+
+Cancellation: cancelling ``run`` cancels unfinished reads (they answer
+``cancelled``) and writes not yet started; started writes finish first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import trio
+
+from voiceactors import metrics, storage
+from voiceactors.actors import write_log
+from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult
+from voiceactors.logs import get_logger
+from voiceactors.tools.context import ToolContext
+from voiceactors.tools.registry import (
+    REGISTRY,
+    WRITE,
+    ArgumentError,
+    ToolSpec,
+    canonical_arguments,
+    lookup,
+    prepare,
+)
+
+_log = get_logger(actor="tools")
+
+# Error objects the executor itself answers (the registry owns the argument ones).
+UNKNOWN_TOOL = {"error": "unknown tool"}
+TIMED_OUT = {"error": "tool timed out"}
+FAILED = {"error": "tool failed"}
+CANCELLED = {"error": "cancelled"}
+TOO_MANY_CALLS = {"error": "too many tool calls this turn; answer with what you have"}
+DUPLICATE_CALL = {"error": "duplicate call: this tool was already called with the same arguments this turn"}
+TURN_OUTPUT_FULL = {"error": "turn output limit reached; answer with what you have"}
+OUTPUT_TOO_LARGE = {"error": "output too large"}
+
+TRUNCATED_NOTE = "output exceeded the size limit; partial is the beginning of the JSON text"
+TURNS_KEPT = 4096          # (call_id, turn) bound states remembered, oldest evicted
+REPLY_DEADLINE_S = 5.0     # how long a full reply channel may hold up a result
+
+
+def observe_result(result: ToolResult) -> None:
+    """The one place a finished run is observed (outcome, latency) for
+    metrics. Called once per reply, from the trio thread; never raises."""
+    metrics.tool_finished(result.tool, result.outcome, result.duration_ms / 1000.0)
+
+
+@dataclass
+class _Run:
+    """What a request produced, before the turn budget and the reply."""
+
+    output: str
+    outcome: str
+    client_events: tuple[dict[str, Any], ...] = ()
+    truncated: bool = False
+    budgeted: bool = True     # read outputs share the turn budget; writes and error objects are never cut
+
+
+@dataclass
+class _Turn:
+    calls: dict[str, str] = field(default_factory=dict)   # tool_call_id -> call key
+    chars: int = 0
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _error(obj: dict[str, Any], outcome: str) -> _Run:
+    return _Run(output=_dumps(obj), outcome=outcome, budgeted=False)
+
+
+def cap_output(text: str, limit: int) -> str | None:
+    """``text`` if it fits in ``limit`` characters, else one JSON object
+    ``{"truncated": true, "note", "original_chars", "partial": <prefix>}`` of
+    at most ``limit`` characters; None when not even an empty envelope fits."""
+    if len(text) <= limit:
+        return text
+    envelope = {"truncated": True, "note": TRUNCATED_NOTE, "original_chars": len(text), "partial": ""}
+    room = limit - len(_dumps(envelope))
+    if room < 0:
+        return None
+    prefix = text[:room]
+    while True:  # escaping may lengthen the prefix; shrink by the excess until it fits
+        envelope["partial"] = prefix
+        out = _dumps(envelope)
+        excess = len(out) - limit
+        if excess <= 0:
+            return out
+        prefix = prefix[: max(0, len(prefix) - excess)]
+
+
+def shape(raw: Any, cap: int) -> _Run:
+    """A handler's dict as model-facing output plus client events. Keys
+    starting with ``_`` never reach the model. TypeError for a non-dict."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"handler returned {type(raw).__name__}, not dict")
+    events: list[dict[str, Any]] = []
+    nav = raw.get("_nav_target")
+    if isinstance(nav, str) and nav:
+        events.append({"type": "nav_hint", "target": nav})
+    action = raw.get("_observer_action")
+    if isinstance(action, dict):
+        events.append({"type": "observer_action", "action": dict(action)})
+    body = {k: v for k, v in raw.items() if not (isinstance(k, str) and k.startswith("_"))}
+    text = _dumps(body)
+    output = cap_output(text, cap)
+    if output is None:
+        return _error(OUTPUT_TOO_LARGE, "error")
+    is_error = set(body) == {"error"}
+    return _Run(output=output, outcome="error" if is_error else "ok", client_events=tuple(events),
+                truncated=output is not text, budgeted=not is_error)
+
+
+class ToolExecutor:
+    """See the module docstring. ``registry`` is replaceable (tests register
+    their own tools); ``on_result`` observes every reply (metrics)."""
+
+    def __init__(self, settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
+                 on_result: Callable[[ToolResult], None] = observe_result):
+        self.settings = settings
+        self.ctx = ctx
+        self.registry = registry
+        self.on_result = on_result
+        self.inbox, self._receive = trio.open_memory_channel[Any](max(1, settings.tool_concurrency))
+        self._limiter = trio.CapacityLimiter(max(1, settings.tool_concurrency))
+        self._turns: OrderedDict[tuple[str, int], _Turn] = OrderedDict()
+        # call_id -> {cancel scope: epoch} of reads not yet answered
+        self._reads: dict[str, dict[trio.CancelScope, int]] = {}
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the inbox until it is closed or this task is cancelled;
+        returns once every request in flight has been answered."""
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async with self._receive:
+                async for message in self._receive:
+                    if isinstance(message, ToolRequest):
+                        nursery.start_soon(self._serve, message, self._scope_for(message))
+                    elif isinstance(message, CancelReads):
+                        self._cancel_reads(message)
+                    else:
+                        _log.warning("tools_unknown_message", kind=type(message).__name__)
+
+    # --- cancellation ---------------------------------------------------------
+
+    def _scope_for(self, req: ToolRequest) -> trio.CancelScope:
+        # Registered before the task starts, so a CancelReads right behind
+        # the request still reaches it. Writes are never registered.
+        scope = trio.CancelScope()
+        spec = lookup(req.name, self.registry)
+        if spec is None or spec.effect != WRITE:
+            self._reads.setdefault(req.call_id, {})[scope] = req.epoch
+        return scope
+
+    def _forget(self, req: ToolRequest, scope: trio.CancelScope) -> None:
+        reads = self._reads.get(req.call_id)
+        if reads is not None:
+            reads.pop(scope, None)
+            if not reads:
+                del self._reads[req.call_id]
+
+    def _cancel_reads(self, msg: CancelReads) -> None:
+        for scope, epoch in list(self._reads.get(msg.call_id, {}).items()):
+            if msg.before_epoch is None or epoch < msg.before_epoch:
+                scope.cancel()
+
+    # --- one request ------------------------------------------------------------
+
+    async def _serve(self, req: ToolRequest, scope: trio.CancelScope) -> None:
+        started = trio.current_time()
+        spec = lookup(req.name, self.registry)
+        run: _Run | None = None
+        try:
+            with scope:
+                run = await self._handle(req, spec)
+            if scope.cancelled_caught:
+                run = _error(CANCELLED, "cancelled")
+        except trio.Cancelled:   # the executor itself is shutting down
+            run = _error(CANCELLED, "cancelled")
+            raise
+        except Exception as exc:
+            _log.error("tool_failed", call_id=req.call_id, tool=spec.name if spec else str(req.name),
+                       tool_call_id=req.tool_call_id, error=type(exc).__name__, exc_info=True)
+            run = _error(FAILED, "failed")
+        finally:
+            self._forget(req, scope)
+            with trio.CancelScope(shield=True):
+                await self._reply(req, spec, run or _error(FAILED, "failed"), started)
+
+    async def _handle(self, req: ToolRequest, spec: ToolSpec | None) -> _Run:
+        tool = spec.name if spec else str(req.name)
+        if spec is not None and spec.effect == WRITE:
+            recorded = await storage.run_sync(write_log.load, self.ctx.state_dir, req.tool_call_id)
+            if recorded is not None:
+                return self._replayed(recorded)
+        rejection = self._admit(req, tool)
+        if rejection is not None:
+            return rejection
+        if spec is None:
+            return _error(UNKNOWN_TOOL, "invalid")
+        try:
+            args = prepare(spec, req.arguments)
+        except ArgumentError as exc:
+            return _error(exc.error, "invalid")
+        if spec.effect == WRITE:
+            return await self._write(req, spec, args)
+        return await self._read(spec, args)
+
+    def _admit(self, req: ToolRequest, tool: str) -> _Run | None:
+        """Count the attempt against its turn; a rejection when over the
+        bound or identical to an earlier call of the turn."""
+        key = f"{tool}\n{canonical_arguments(req.arguments)}"
+        turn = self._turn(req.call_id, req.turn)
+        if req.tool_call_id in turn.calls:
+            return None     # a retry of the same call, not a new attempt
+        if len(turn.calls) >= self.settings.tool_calls_per_turn:
+            return _error({**TOO_MANY_CALLS, "limit": self.settings.tool_calls_per_turn}, "rejected")
+        duplicate = key in turn.calls.values()
+        turn.calls[req.tool_call_id] = key
+        return _error(DUPLICATE_CALL, "rejected") if duplicate else None
+
+    def _turn(self, call_id: str, number: int) -> _Turn:
+        key = (call_id, number)
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = _Turn()
+            while len(self._turns) > TURNS_KEPT:
+                self._turns.popitem(last=False)
+        else:
+            self._turns.move_to_end(key)
+        return turn
+
+    async def _read(self, spec: ToolSpec, args: dict[str, Any]) -> _Run:
+        with trio.move_on_after(self.settings.tool_timeout_read_s):
+            async with self._limiter:
+                raw = await storage.run_sync(spec.handler, self.ctx, args)
+            return shape(raw, self.settings.tool_output_cap)
+        return _error(TIMED_OUT, "timeout")
+
+    async def _write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
+        timeout = self.settings.tool_timeout_write_s
+        deadline = trio.current_time() + timeout if math.isfinite(timeout) else math.inf
+        with trio.move_on_at(deadline) as waiting:
+            await self._limiter.acquire()   # not started yet: shutdown may still cancel it
+        if waiting.cancelled_caught:
+            return _error(TIMED_OUT, "timeout")
+        try:
+            # Started: only our own deadline reaches inside. On it the thread
+            # is left to finish; it records the real outcome itself.
+            with trio.CancelScope(shield=True, deadline=deadline) as running:
+                record, replayed = await storage.run_sync(self._apply_write, req, spec, args)
+        finally:
+            self._limiter.release()
+        if running.cancelled_caught:
+            _log.warning("tool_write_overran", call_id=req.call_id, tool=spec.name,
+                         tool_call_id=req.tool_call_id, timeout_s=timeout)
+            return _error(TIMED_OUT, "timeout")
+        if replayed:
+            return self._replayed(record)
+        return _Run(output=record["output"], outcome=record["outcome"],
+                    client_events=tuple(record.get("client_events") or ()), budgeted=False)
+
+    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict, bool]:
+        """Worker thread: check, apply and record under the write log lock."""
+
+        def apply() -> dict[str, Any]:
+            run = shape(spec.handler(self.ctx, args), self.settings.tool_output_cap)
+            return {"tool": spec.name, "call_id": req.call_id, "outcome": run.outcome,
+                    "output": run.output, "client_events": list(run.client_events)}
+
+        return write_log.apply_once(self.ctx.state_dir, req.tool_call_id, apply)
+
+    @staticmethod
+    def _replayed(record: dict[str, Any]) -> _Run:
+        events = record.get("client_events")
+        return _Run(output=record["output"], outcome="replayed",
+                    client_events=tuple(events) if isinstance(events, list) else (), budgeted=False)
+
+    # --- the reply --------------------------------------------------------------
+
+    def _spend(self, req: ToolRequest, run: _Run) -> _Run:
+        """Charge the output to its turn; cut a read output that would go
+        over the turn's budget."""
+        turn = self._turn(req.call_id, req.turn)
+        left = self.settings.turn_output_cap - turn.chars
+        if run.budgeted and len(run.output) > left:
+            output = cap_output(run.output, max(0, left))
+            if output is None:
+                run = _error(TURN_OUTPUT_FULL, "rejected")
+            else:
+                run = _Run(output=output, outcome=run.outcome, client_events=run.client_events,
+                           truncated=True, budgeted=True)
+        turn.chars += len(run.output)
+        return run
+
+    async def _reply(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> None:
+        run = self._spend(req, run)
+        duration_ms = round((trio.current_time() - started) * 1000, 1)
+        result = ToolResult(
+            call_id=req.call_id, tool_call_id=req.tool_call_id,
+            tool=spec.name if spec else str(req.name), output=run.output, outcome=run.outcome,
+            epoch=req.epoch, duration_ms=duration_ms, client_events=run.client_events,
+        )
+        delivered = True
+        try:
+            req.reply.send_nowait(result)
+        except trio.WouldBlock:   # a shared, full reply channel: wait a little, then drop
+            delivered = False
+            with trio.move_on_after(REPLY_DEADLINE_S):
+                try:
+                    await req.reply.send(result)
+                    delivered = True
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            delivered = False   # the call ended: log and drop
+        _log.info("tool_run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
+                  epoch=req.epoch, turn=req.turn, duration_ms=duration_ms, outcome=result.outcome,
+                  output_chars=len(result.output), truncated=run.truncated, delivered=delivered)
+        try:
+            self.on_result(result)
+        except Exception:
+            _log.warning("tool_observer_failed", exc_info=True)

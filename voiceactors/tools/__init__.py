@@ -1,0 +1,17 @@
+"""The voice tools: a registry of nine tools over the journal, each a plain
+synchronous handler ``handler(ctx, args) -> dict`` that the ToolExecutor runs
+in a worker thread. See ``docs/tools.md``."""
+
+from voiceactors.tools.context import ToolContext
+from voiceactors.tools.registry import (
+    REGISTRY,
+    ArgumentError,
+    ToolSpec,
+    lookup,
+    make_registry,
+    manifest,
+    prepare,
+)
+
+__all__ = ["REGISTRY", "ArgumentError", "ToolContext", "ToolSpec", "lookup", "make_registry",
+           "manifest", "prepare"]

@@ -1,0 +1,24 @@
+"""What a tool handler may touch: the journal, the state dir, and "today"."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from voiceactors import clock
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """Passed to every handler. ``today`` is the one date seam (tests pin it
+    through ``voiceactors.clock``); handlers never call ``date.today()``."""
+
+    journal: Path
+    state_dir: Path
+    today: Callable[[], _dt.date] = field(default=clock.today)
+
+    @classmethod
+    def from_settings(cls, settings) -> "ToolContext":
+        return cls(journal=Path(settings.journal), state_dir=Path(settings.state_dir))

@@ -1,0 +1,123 @@
+"""The runtime: one nursery with the three actors, joined (bounded) on exit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import trio
+
+from voiceactors.actors.call_record import record_path
+from voiceactors.actors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.realtime.simulator import Simulator
+from voiceactors.runtime import open_runtime
+from voiceactors.settings import Settings
+
+DAY = dt.date(2026, 3, 27)
+FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
+SIM_KEY = "sk-test-runtime-0123456789"
+
+
+def settle(clock) -> None:
+    """Let the autojump clock jump only after 50 ms of real idleness: the
+    actors do file reads in worker threads, and a jump while one runs would
+    fire deadlines that real time never reaches."""
+    clock.autojump_threshold = 0.05
+
+
+@pytest.fixture(scope="module")
+def journal_template(tmp_path_factory) -> Path:
+    return write_sample_journal(tmp_path_factory.mktemp("template") / "journal", days=2, today=DAY)
+
+
+@pytest.fixture
+def journal(journal_template: Path, tmp_path: Path) -> Path:
+    """A fresh copy per test: tests edit the voice config and the brain writes its session file."""
+    return Path(shutil.copytree(journal_template, tmp_path / "journal"))
+
+
+def make_settings(journal: Path, tmp_path: Path, **changes) -> Settings:
+    return Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=SIM_KEY).replace(**changes)
+
+
+def voiceactors_tasks() -> list[str]:
+    """Names of live tasks running our actors or HTTP code (trio's task tree)."""
+    names: list[str] = []
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        if task.name.startswith(("voiceactors.actors", "voiceactors.runtime", "voiceactors.http")):
+            names.append(task.name)
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child)
+
+    walk(trio.lowlevel.current_root_task())
+    return names
+
+
+async def test_runtime_serves_the_actors_and_leaves_nothing_behind(journal, tmp_path):
+    async with open_runtime(make_settings(journal, tmp_path)) as rt:
+        assert len(rt.nursery.child_tasks) == 3
+        brain = await ask(rt.brain, GetBrain, timeout=5)
+        assert brain.ready is False and brain.age_s is None
+        assert await ask(rt.calls, CountCalls, timeout=5) == 0
+        ready = await ask(rt.brain, AwaitReady, timeout=10)   # local backend: quick
+        assert ready.ready and "sol" in ready.instruction
+        assert voiceactors_tasks()
+    assert not rt.nursery.child_tasks
+    assert voiceactors_tasks() == []
+    # the actors are gone: their inboxes no longer accept messages
+    with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):
+        await ask(rt.brain, GetBrain, timeout=1)
+
+
+async def test_a_hung_brain_does_not_hold_up_shutdown(journal, tmp_path, monkeypatch, autojump_clock):
+    settle(autojump_clock)
+    config = journal / "config" / "journal.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "voice": {"brain": "claude"}}))
+    monkeypatch.setenv("FAKE_CLAUDE_MODE", "hang")
+    settings = make_settings(journal, tmp_path, claude_command=str(FAKE_CLAUDE))
+    async with open_runtime(settings) as rt:
+        with trio.move_on_after(3):
+            await ask(rt.brain, AwaitReady)     # never ready: the CLI hangs
+        stopping = trio.current_time()
+    assert trio.current_time() - stopping < settings.shutdown_deadline_s
+    assert not rt.nursery.child_tasks
+
+
+async def test_cancelled_owner_still_joins_the_actors(journal, tmp_path):
+    with trio.move_on_after(0.5):
+        async with open_runtime(make_settings(journal, tmp_path)) as rt:
+            await trio.sleep_forever()
+    assert not rt.nursery.child_tasks
+    assert voiceactors_tasks() == []
+
+
+async def test_exit_closes_live_calls_and_flushes_their_records(journal, tmp_path):
+    sim = Simulator("silence", api_key=SIM_KEY)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        # close_deadline_s bounds each call's goodbye (see the report: a clean
+        # close currently waits out the whole deadline)
+        settings = make_settings(journal, tmp_path, openai_base_url=sim.base_url, close_deadline_s=1.0)
+        for call_id in ("rtc_rt_1", "rtc_rt_2"):
+            sim.add_call(call_id)
+        async with open_runtime(settings) as rt:
+            for call_id in ("rtc_rt_1", "rtc_rt_2"):
+                assert await ask(rt.calls, lambda r, c=call_id: Connect(c, r), timeout=10) == "connected"
+            with trio.fail_after(5):
+                for call_id in ("rtc_rt_1", "rtc_rt_2"):
+                    await sim.calls[call_id].wait_until(lambda c: c.connection is not None)
+            assert await ask(rt.calls, CountCalls, timeout=5) == 2
+            stopping = trio.current_time()
+        assert trio.current_time() - stopping < settings.shutdown_deadline_s
+        for call_id in ("rtc_rt_1", "rtc_rt_2"):
+            lines = [json.loads(line) for line in record_path(settings.state_dir, call_id).read_text().splitlines()]
+            assert lines[0]["kind"] == "start" and lines[-1]["kind"] == "end"
+            assert lines[-1]["reason"] == "shutdown"
+            assert sim.calls[call_id].connection is None
+        nursery.cancel_scope.cancel()

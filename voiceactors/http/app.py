@@ -1,0 +1,137 @@
+"""The Quart-Trio application.
+
+``create_app(settings)`` builds the app; the runtime (brain, tool executor,
+call supervisor) lives in the app's serving lifespan (``@app.while_serving``):
+it starts before the first request is served and, when serving stops, is
+cancelled and joined within ``settings.shutdown_deadline_s``.
+
+The runtime runs as a task of the lifespan's nursery (``app.nursery``), not in
+a nursery held open across the generator's ``yield``: a nursery in a
+suspended generator cannot deliver a crash or a cancellation to the right
+task. The generator only starts that task and, at shutdown, tells it to stop
+and waits for it.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import structlog
+import trio
+from quart import g, request
+from quart_trio import QuartTrio
+
+from voiceactors import metrics
+from voiceactors.http import auth, errors
+from voiceactors.http.errors import TOO_LARGE, ApiError
+from voiceactors.http.routes import VoiceState, bp, metrics_bp
+from voiceactors.logs import get_logger
+from voiceactors.runtime import open_runtime
+from voiceactors.settings import Settings
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+SHUTDOWN_SLACK_S = 2.0   # beyond the runtime's own deadline, for the lifespan's bound
+
+_log = get_logger(actor="http")
+
+
+async def _host_runtime(voice: VoiceState, stop: trio.Event, done: trio.Event, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Own the runtime for as long as the app serves. A runtime that fails to
+    start or crashes is logged and leaves ``voice.runtime`` None, so routes
+    answer "voice runtime unavailable" instead of the server dying."""
+    try:
+        async with open_runtime(voice.settings, brain_backend=voice.brain_backend) as runtime:
+            voice.runtime = runtime
+            task_status.started()
+            await stop.wait()
+    except Exception as error:  # noqa: BLE001 - logged; the app keeps answering
+        _log.error("runtime_failed", error_type=type(error).__name__, exc_info=error)
+    finally:
+        voice.runtime = None
+        done.set()
+    # started() was never called when the runtime failed to start
+    # (nursery.start then raises RuntimeError in the caller, handled there).
+
+
+def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
+    @app.while_serving
+    async def _runtime_lifespan() -> Any:
+        stop, done = trio.Event(), trio.Event()
+        try:
+            await app.nursery.start(_host_runtime, voice, stop, done)
+        except RuntimeError:
+            _log.error("runtime_not_started")
+        yield
+        # Streams (SSE) end first; then the actors, bounded.
+        voice.stopping.set()
+        stop.set()
+        with trio.move_on_after(voice.settings.shutdown_deadline_s + SHUTDOWN_SLACK_S, shield=True):
+            await done.wait()
+
+
+def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
+    @app.before_request
+    async def _begin() -> None:
+        given = request.headers.get(REQUEST_ID_HEADER, "")
+        g.request_id = given if _SANE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        g.started = trio.current_time()
+        structlog.contextvars.bind_contextvars(request_id=g.request_id)
+        # Refuse a declared oversize body before reading a byte of it; a body
+        # without Content-Length is bounded while reading (MAX_CONTENT_LENGTH).
+        if request.content_length is not None and request.content_length > settings.body_limit:
+            raise ApiError(413, TOO_LARGE)
+
+    @app.after_request
+    async def _finish(response: Any) -> Any:
+        request_id = getattr(g, "request_id", None) or uuid.uuid4().hex
+        response.headers[REQUEST_ID_HEADER] = request_id
+        if request.path.startswith("/api/"):
+            response.headers["Cache-Control"] = "no-store"
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        metrics.http_request(rule, response.status_code)
+        started = getattr(g, "started", None)
+        duration_ms = round((trio.current_time() - started) * 1000, 1) if started is not None else None
+        _log.info("request", method=request.method, path=request.path, status=response.status_code,
+                  duration_ms=duration_ms, request_id=request_id)
+        return response
+
+
+def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
+    """The app for ``settings``. Serve it once (hypercorn or ``app.test_app()``).
+
+    Raises ``auth.InsecureSettings`` for settings that would expose the API
+    off loopback without a token. ``brain_backend`` replaces the BrainActor's
+    backend (None: chosen from the journal's ``voice.brain``).
+    """
+    reason = auth.refusal(settings)
+    if reason:
+        raise auth.InsecureSettings(reason)
+    app = QuartTrio(__name__)
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.body_limit,
+        # The lifespan's shutdown runs under this deadline (quart-trio puts
+        # it on the lifespan nursery): it must outlast the runtime's join.
+        BACKGROUND_TASK_SHUTDOWN_TIMEOUT=settings.shutdown_deadline_s + 2 * SHUTDOWN_SLACK_S,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+        JSON_SORT_KEYS=False,
+    )
+    app.json.ensure_ascii = False
+    app.json.sort_keys = False
+    voice = VoiceState(settings=settings, brain_backend=brain_backend)
+    app.extensions["voiceactors"] = voice
+    _install_request_hooks(app, settings)
+    auth.install(app, settings)
+    errors.install(app)
+    app.register_blueprint(bp)
+    app.register_blueprint(metrics_bp)
+    _install_lifespan(app, voice)
+    return app
+
+
+def voice_state(app: QuartTrio) -> VoiceState:
+    """The app's shared state (settings, live runtime) — for tests and the server."""
+    return app.extensions["voiceactors"]

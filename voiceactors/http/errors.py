@@ -1,0 +1,94 @@
+"""JSON error shapes. Every error the HTTP layer returns is ``{"error": "<message>"}``.
+
+The messages the design fixes (section 10) are constants here so routes and
+tests share one spelling. Diagnostic detail never goes into a response: it is
+logged, and the client gets the generic message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Quart, jsonify
+from werkzeug.exceptions import HTTPException
+
+from voiceactors.logs import get_logger
+
+INVALID_JSON = "request body must be valid JSON"
+NOT_AN_OBJECT = "request body must be a JSON object"
+CALL_ID_REQUIRED = "call_id is required"
+CALL_ID_INVALID = "call_id is invalid"
+KEY_NOT_CONFIGURED = "voice unavailable — openai key not configured"
+BRAIN_NOT_READY = "voice unavailable — brain not ready"
+SESSION_UNAVAILABLE = "voice session unavailable"
+RUNTIME_UNAVAILABLE = "voice runtime unavailable"
+AT_CAPACITY = "voice at capacity"
+REFRESH_FAILED = "brain refresh failed"
+CALL_NOT_FOUND = "call not found"
+UNAUTHORIZED = "unauthorized"
+TOO_LARGE = "request body too large"
+INTERNAL = "internal error"
+
+# werkzeug's titles ("Not Found") lower-cased, for the statuses we expect to see.
+_STATUS_MESSAGES = {
+    400: "bad request",
+    401: UNAUTHORIZED,
+    404: "not found",
+    405: "method not allowed",
+    408: "request timeout",
+    413: TOO_LARGE,
+    415: "unsupported media type",
+    500: INTERNAL,
+}
+
+_log = get_logger(actor="http")
+
+
+class ApiError(Exception):
+    """Raised by a route to answer ``status`` with ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
+    response = jsonify({"error": message})
+    response.status_code = status
+    for name, value in (headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+def _closing(response: Any) -> Any:
+    """A 413 is answered before the body was read: the rest of that body is
+    still on the wire, so the connection cannot carry another request."""
+    if response.status_code == 413:
+        response.headers["Connection"] = "close"
+    return response
+
+
+def install(app: Quart) -> None:
+    """Register the handlers that turn every error into the JSON shape."""
+
+    @app.errorhandler(ApiError)
+    async def _api_error(error: ApiError) -> Any:
+        return _closing(error_response(error.status, error.message, error.headers))
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(error: HTTPException) -> Any:
+        status = error.code or 500
+        message = _STATUS_MESSAGES.get(status) or (error.name or "error").lower()
+        response = error_response(status, message)
+        allowed = getattr(error, "valid_methods", None)
+        if status == 405 and allowed:
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+        return _closing(response)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(error: Exception) -> Any:
+        # The detail stays in the log; the client learns only that it failed.
+        _log.error("unhandled error", error_type=type(error).__name__, exc_info=error)
+        return error_response(500, INTERNAL)

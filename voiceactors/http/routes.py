@@ -1,0 +1,347 @@
+"""The ``/api/voice/*`` routes and ``/metrics``.
+
+Routes only validate and message actors: each request that needs an actor
+sends it a message with ``ask(..., timeout=...)`` and turns the reply (or its
+absence) into one of the design's status codes. No route touches actor state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, AsyncIterator
+
+import openai
+import trio
+from quart import Blueprint, Response, current_app, jsonify, request
+
+from voiceactors import config, metrics
+from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, CountCalls, GetBrain,
+                                         RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions, ask)
+from voiceactors.http import errors as E
+from voiceactors.http.errors import ApiError
+from voiceactors.logs import get_logger
+from voiceactors.settings import Settings
+from voiceactors.storage import run_sync
+from voiceactors.tools.registry import manifest
+
+CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+PREVIEW_CHARS = 200
+QUICK_ASK_S = 5.0        # an actor answering a query (state, counts) replies at once
+SSE_KEEPALIVE_S = 15.0
+SSE_POLL_S = 0.5         # how often a stream looks at the shutdown flag
+MINT_RETRIES = 0         # the browser retries; a retry here doubles the worst-case wait
+
+_log = get_logger(actor="http")
+
+bp = Blueprint("voice", __name__, url_prefix="/api/voice")
+metrics_bp = Blueprint("metrics", __name__)
+
+
+@dataclass
+class VoiceState:
+    """What the routes share: the settings, the live runtime (None while not
+    serving, or after the runtime failed) and the shutdown flag streams watch."""
+
+    settings: Settings
+    runtime: Any = None
+    stopping: trio.Event = field(default_factory=trio.Event)
+    brain_backend: Any = None
+
+
+def state() -> VoiceState:
+    return current_app.extensions["voiceactors"]
+
+
+# --- validation --------------------------------------------------------------
+
+async def _json_object(*, required: bool) -> dict[str, Any]:
+    """The request body as a JSON object. Empty is ``{}`` unless ``required``.
+
+    Invalid JSON is "must be valid JSON" where a body is required (connect)
+    and "must be a JSON object" where it is optional (session, refresh-brain),
+    the only 400 the design lists for those endpoints."""
+    raw = await request.get_data(cache=True)    # 413 past the body limit
+    if not raw.strip():
+        if required:
+            raise ApiError(400, E.INVALID_JSON)
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ApiError(400, E.INVALID_JSON if required else E.NOT_AN_OBJECT) from None
+    if not isinstance(value, dict):
+        raise ApiError(400, E.NOT_AN_OBJECT)
+    return value
+
+
+def _call_id(value: Any) -> str:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ApiError(400, E.CALL_ID_REQUIRED)
+    if not isinstance(value, str) or not CALL_ID_RE.fullmatch(value.strip()):
+        raise ApiError(400, E.CALL_ID_INVALID)
+    return value.strip()
+
+
+async def _openai_key(settings: Settings) -> str:
+    key = await run_sync(config.openai_api_key, settings)
+    if not key:
+        raise ApiError(503, E.KEY_NOT_CONFIGURED)
+    return key
+
+
+def _runtime() -> Any:
+    runtime = state().runtime
+    if runtime is None:
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE)
+    return runtime
+
+
+async def _ask(inbox: Any, make: Any, timeout: float) -> Any:
+    """``ask`` where a gone or stuck actor is "voice runtime unavailable"."""
+    try:
+        return await ask(inbox, make, timeout=timeout)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
+        _log.error("actor_gone")
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+
+
+def _age_seconds(brain: BrainState) -> int | None:
+    if brain.refreshed_at is None or brain.age_s is None or not math.isfinite(brain.age_s):
+        return None
+    return max(0, int(brain.age_s))
+
+
+# --- POST /api/voice/session --------------------------------------------------
+
+async def _instruction(settings: Settings, runtime: Any) -> str:
+    """The current instruction. A stale one is used as is (``GetBrain(start=True)``
+    queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
+    try:
+        brain = await _ask(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
+        if not brain.ready:
+            brain = await _ask(runtime.brain, AwaitReady, settings.brain_ready_wait_s)
+    except trio.TooSlowError:
+        raise ApiError(503, E.BRAIN_NOT_READY) from None
+    if not brain.ready:
+        raise ApiError(503, E.BRAIN_NOT_READY)
+    return brain.instruction
+
+
+def session_config(settings: Settings, model: str, instruction: str) -> dict[str, Any]:
+    """The ``session`` of the client-secret request."""
+    return {
+        "type": "realtime",
+        "model": model,
+        "instructions": instruction,
+        "tools": manifest(settings.tool_name_style),
+        "tool_choice": "auto",
+        "output_modalities": ["audio"],
+    }
+
+
+async def mint_client_secret(settings: Settings, key: str, session: dict[str, Any]) -> str:
+    """POST ``/realtime/client_secrets``; the secret's value. Raises on any
+    failure (HTTP error, timeout, a response without a value)."""
+    with trio.fail_after(settings.mint_timeout_s + 1.0):
+        async with openai.AsyncOpenAI(api_key=key, base_url=settings.openai_base_url,
+                                      timeout=settings.mint_timeout_s, max_retries=MINT_RETRIES) as client:
+            secret = await client.realtime.client_secrets.create(session=session)
+    value = getattr(secret, "value", None)
+    if not isinstance(value, str) or not value:
+        raise ValueError("client secret response has no value")
+    return value
+
+
+@bp.post("/session")
+async def create_session() -> Any:
+    settings = state().settings
+    await _json_object(required=False)
+    key = await _openai_key(settings)
+    instruction = await _instruction(settings, _runtime())
+    model = await run_sync(config.voice_model, settings)
+    started = trio.current_time()
+    try:
+        value = await mint_client_secret(settings, key, session_config(settings, model, instruction))
+    except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
+        _log.error("session_mint_failed", error_type=type(error).__name__,
+                   status=getattr(error, "status_code", None), detail=str(error)[:300],
+                   duration_ms=round((trio.current_time() - started) * 1000, 1))
+        raise ApiError(500, E.SESSION_UNAVAILABLE) from None
+    _log.info("session_minted", model=model, duration_ms=round((trio.current_time() - started) * 1000, 1))
+    return jsonify({"ephemeral_key": value})
+
+
+# --- POST /api/voice/connect --------------------------------------------------
+
+@bp.post("/connect")
+async def connect() -> Any:
+    settings = state().settings
+    body = await _json_object(required=True)
+    call_id = _call_id(body.get("call_id"))
+    await _openai_key(settings)
+    runtime = _runtime()
+    try:
+        answer = await _ask(runtime.calls, lambda r: Connect(call_id, r), settings.connect_timeout_s + QUICK_ASK_S)
+    except trio.TooSlowError:
+        _log.error("connect_timed_out", call_id=call_id)
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    if answer == "at_capacity":
+        raise ApiError(503, E.AT_CAPACITY)
+    if answer != "connected":
+        _log.error("connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE)
+    return jsonify({"status": "connected"})
+
+
+# --- POST /api/voice/refresh-brain -------------------------------------------
+
+@bp.post("/refresh-brain")
+async def refresh_brain() -> Any:
+    settings = state().settings
+    await _json_object(required=False)
+    runtime = _runtime()
+    try:
+        result = await _ask(runtime.brain, RefreshBrain, settings.brain_refresh_wait_s)
+    except trio.TooSlowError:
+        return jsonify({"status": "refreshing"}), 202
+    if isinstance(result, BaseException) or not isinstance(result, BrainState) or not result.ready:
+        _log.error("brain_refresh_failed", error_type=type(result).__name__)
+        raise ApiError(500, E.REFRESH_FAILED)
+    return jsonify({
+        "status": "refreshed",
+        "instruction_preview": result.instruction[:PREVIEW_CHARS],
+        "brain_ready": True,
+        "brain_age_seconds": _age_seconds(result) or 0,
+    })
+
+
+# --- GET /api/voice/status ----------------------------------------------------
+
+async def _status_fields(settings: Settings) -> dict[str, Any]:
+    fields: dict[str, Any] = {"brain_ready": False, "brain_age_seconds": None,
+                              "openai_configured": False, "active_sessions": 0}
+    # Each field on its own: one failing lookup must not blank the others.
+    try:
+        fields["openai_configured"] = bool(await run_sync(config.openai_api_key, settings))
+    except Exception as error:  # noqa: BLE001
+        _log.error("status_key_lookup_failed", error_type=type(error).__name__)
+    runtime = state().runtime
+    if runtime is None:
+        _log.warning("status_without_runtime")
+        return fields
+    try:
+        brain = await ask(runtime.brain, GetBrain, timeout=QUICK_ASK_S)
+        fields["brain_ready"] = brain.ready
+        fields["brain_age_seconds"] = _age_seconds(brain) if brain.ready else None
+    except Exception as error:  # noqa: BLE001
+        _log.error("status_brain_failed", error_type=type(error).__name__)
+    try:
+        fields["active_sessions"] = int(await ask(runtime.calls, CountCalls, timeout=QUICK_ASK_S))
+    except Exception as error:  # noqa: BLE001
+        _log.error("status_calls_failed", error_type=type(error).__name__)
+    return fields
+
+
+@bp.get("/status")
+async def status() -> Any:
+    return jsonify(await _status_fields(state().settings))
+
+
+# --- client feed --------------------------------------------------------------
+
+def _query_call_id() -> str:
+    return _call_id(request.args.get("call_id"))
+
+
+_NOTHING = object()
+
+
+async def _next_event(feed: Any) -> Any:
+    """The feed's next event, ``_NOTHING`` after ``SSE_POLL_S`` without one,
+    or None when the feed has ended."""
+    with trio.move_on_after(SSE_POLL_S):
+        try:
+            return await feed.receive()
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+    return _NOTHING
+
+
+async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[bytes]:
+    """Server-Sent Events from a feed channel until the call's feed ends or
+    the server begins to stop. A comment line keeps idle connections open.
+    (No cancel scope is held across a ``yield``: the waits live in
+    ``_next_event``.)"""
+    last_sent = trio.current_time()
+    async with feed:
+        yield b": connected\n\n"
+        while not stopping.is_set():
+            event = await _next_event(feed)
+            if event is None:
+                break
+            if event is not _NOTHING:
+                yield f"data: {json.dumps(event, ensure_ascii=False, default=str)}\n\n".encode("utf-8")
+                last_sent = trio.current_time()
+            elif trio.current_time() - last_sent >= SSE_KEEPALIVE_S:
+                yield b": keepalive\n\n"
+                last_sent = trio.current_time()
+    _log.info("feed_stream_closed", call_id=call_id)
+
+
+@bp.get("/events")
+async def events() -> Any:
+    call_id = _query_call_id()
+    voice = state()
+    runtime = _runtime()
+    try:
+        feed = await _ask(runtime.calls, lambda r: Subscribe(call_id, r), QUICK_ASK_S)
+    except trio.TooSlowError:
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    if feed is None:
+        raise ApiError(404, E.CALL_NOT_FOUND)
+    response = Response(_sse(feed, voice.stopping, call_id), status=200, mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Accel-Buffering"] = "no"
+    response.timeout = None   # a stream lives as long as the call
+    return response
+
+
+@bp.get("/nav-hints")
+async def nav_hints() -> Any:
+    call_id = _query_call_id()
+    try:
+        hints = await _ask(_runtime().calls, lambda r: TakeNavHints(call_id, r), QUICK_ASK_S)
+    except trio.TooSlowError:
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    return jsonify({"hints": list(hints), "consumed": True})
+
+
+@bp.get("/observer-actions")
+async def observer_actions() -> Any:
+    try:
+        actions = await _ask(_runtime().calls, TakeObserverActions, QUICK_ASK_S)
+    except trio.TooSlowError:
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    return jsonify({"actions": list(actions), "consumed": True})
+
+
+# --- documents ------------------------------------------------------------------
+
+def openapi_document() -> dict[str, Any]:
+    text = resources.files("voiceactors.http").joinpath("openapi.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@bp.get("/openapi.json")
+async def openapi() -> Any:
+    return jsonify(openapi_document())
+
+
+@metrics_bp.get("/metrics")
+async def prometheus() -> Any:
+    body, content_type = metrics.render()
+    return Response(body, status=200, content_type=content_type)

@@ -1,0 +1,119 @@
+"""The runtime: the root nursery of the actors.
+
+``open_runtime(settings)`` starts the BrainActor, the ToolExecutor and the
+CallSupervisor in one nursery and hands back their inboxes::
+
+    async with open_runtime(settings) as rt:
+        await ask(rt.calls, lambda reply: Connect(call_id, reply))
+
+Leaving the block stops them in dependency order, bounded by
+``settings.shutdown_deadline_s``: first the supervisor (each CallActor, on
+cancellation, sends its last outputs, closes its sideband and flushes its call
+record within ``close_deadline_s``), then the executor (started writes finish,
+reads answer cancelled) and the brain. Whatever is still running when the
+deadline passes is cancelled outright. The join is shielded, so a cancelled
+caller (a server shutting down) still waits for the bounded cleanup.
+
+An actor that crashes crashes the runtime: the exception propagates out of
+the ``async with`` after every other actor has been cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import trio
+
+from voiceactors.logs import get_logger
+from voiceactors.settings import Settings
+
+_log = get_logger(actor="runtime")
+
+
+@dataclass
+class _Hosted:
+    """One actor's task: its own cancel scope (so the actors can be stopped in
+    order) and an event set when its ``run`` has returned."""
+
+    name: str
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+@dataclass
+class Runtime:
+    """The live actors' inboxes (send ``voiceactors.actors.messages`` to them)."""
+
+    settings: Settings
+    brain: trio.MemorySendChannel[Any]
+    tools: trio.MemorySendChannel[Any]
+    calls: trio.MemorySendChannel[Any]
+    nursery: trio.Nursery = field(repr=False)
+    actors: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
+                task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+    try:
+        with hosted.scope:
+            await run(task_status=task_status)
+    finally:
+        hosted.done.set()
+
+
+def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any]:
+    # Imported here so that importing the runtime (e.g. for the CLI's --help)
+    # does not pull in every actor.
+    from voiceactors.actors.brain import BrainActor
+    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.actors.tools import ToolExecutor
+    from voiceactors.tools.context import ToolContext
+
+    executor = ToolExecutor(settings, ToolContext.from_settings(settings))
+    return {
+        "brain": BrainActor(settings, brain_backend),
+        "tools": executor,
+        "calls": CallSupervisor(settings, executor.inbox),
+    }
+
+
+async def _stop(hosted: list[_Hosted], deadline_s: float) -> None:
+    """Cancel the actors in ``hosted`` order, each after the previous one has
+    finished, all within ``deadline_s``."""
+    with trio.move_on_after(deadline_s, shield=True) as bound:
+        for item in hosted:
+            item.scope.cancel()
+            await item.done.wait()
+    if bound.cancelled_caught:
+        _log.warning("shutdown_deadline_passed", deadline_s=deadline_s,
+                     unfinished=[h.name for h in hosted if not h.done.is_set()])
+    for item in hosted:
+        item.scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) -> AsyncIterator[Runtime]:
+    """Start the three actors; yield their inboxes; stop them (bounded) on exit.
+
+    ``brain_backend`` overrides the BrainActor's backend (None: the actor
+    chooses from the journal's ``voice.brain`` setting).
+    """
+    actors = _make_actors(settings, brain_backend)
+    # Start order: brain and executor before the supervisor that feeds the
+    # executor; stop order is the reverse.
+    order = ["brain", "tools", "calls"]
+    hosted = {name: _Hosted(name) for name in order}
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for name in order:
+            await nursery.start(_host, hosted[name], actors[name].run)
+        _log.info("runtime_started", duration_ms=round((trio.current_time() - started) * 1000, 1))
+        try:
+            yield Runtime(settings=settings, brain=actors["brain"].inbox, tools=actors["tools"].inbox,
+                          calls=actors["calls"].inbox, nursery=nursery, actors=actors)
+        finally:
+            stopping = trio.current_time()
+            await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)
+            _log.info("runtime_stopped", duration_ms=round((trio.current_time() - stopping) * 1000, 1))

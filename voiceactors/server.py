@@ -1,0 +1,238 @@
+"""``voiceactors serve``: the voice server under hypercorn's trio worker.
+
+SIGINT or SIGTERM starts a graceful shutdown: hypercorn stops accepting,
+event streams end, in-flight requests get ``GRACEFUL_S`` to finish, then the
+app's lifespan cancels and joins the runtime (every live call sends its last
+outputs, closes its sideband and flushes its call record) within
+``settings.shutdown_deadline_s``; the process then exits 0. A second signal
+during that shutdown interrupts it.
+
+``--demo`` runs on a generated sample journal with the Realtime simulator in
+the same process standing in for OpenAI (``OPENAI_BASE_URL`` points at it, a
+dummy standard key), so the whole server runs with no network and no key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from voiceactors import clock, logs
+from voiceactors.http import auth, create_app, voice_state
+from voiceactors.logs import get_logger
+from voiceactors.settings import Settings
+
+GRACEFUL_S = 2.0        # hypercorn's wait for in-flight requests before the lifespan stops
+DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+_log = get_logger(actor="server")
+
+
+# --- settings ------------------------------------------------------------------
+
+def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
+    """Settings from the serve flags (flags > env > defaults). Raises ValueError
+    for a malformed environment value."""
+    def path(value: Any) -> Path | None:
+        return Path(value) if value else None
+
+    return Settings.from_env(
+        journal=path(getattr(args, "journal", None)),
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+        state_dir=path(getattr(args, "state_dir", None)),
+        log_format=getattr(args, "log_format", None),
+        demo=bool(getattr(args, "demo", False)) or None,
+        **extra,
+    )
+
+
+# --- hypercorn -----------------------------------------------------------------
+
+class _StructlogHandler(logging.Handler):
+    """Hypercorn's error log, as our structured log lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logger = get_logger(actor="hypercorn")
+        method = getattr(logger, record.levelname.lower(), logger.info)
+        method(record.getMessage())
+
+
+def _hypercorn_logger() -> logging.Logger:
+    logger = logging.getLogger("voiceactors.hypercorn")
+    logger.handlers = [_StructlogHandler()]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return logger
+
+
+def hypercorn_config(settings: Settings) -> HypercornConfig:
+    config = HypercornConfig()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    config.bind = [f"{host}:{settings.port}"]
+    config.accesslog = None          # the app logs each request itself, with its request id
+    config.errorlog = _hypercorn_logger()
+    config.graceful_timeout = GRACEFUL_S
+    config.shutdown_timeout = settings.shutdown_deadline_s + 5.0
+    config.h11_max_incomplete_size = 16 * 1024
+    return config
+
+
+async def wait_for_signal() -> None:
+    """Return at the first SIGINT or SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            _log.info("shutdown_signal", signal=signal.Signals(signum).name)
+            return
+
+
+async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
+                     brain_backend: Any | None = None,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``settings`` until ``shutdown_trigger`` returns, then shut down
+    gracefully (bounded). ``task_status.started`` gets the bound URLs."""
+    app = create_app(settings, brain_backend=brain_backend)
+    voice = voice_state(app)
+
+    async def trigger() -> None:
+        await shutdown_trigger()
+        voice.stopping.set()    # event streams end now, not after the graceful wait
+        _log.info("shutdown_started")
+
+    async def serve(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=trigger,  # type: ignore[arg-type]
+                              task_status=task_status)
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(serve)
+        _log.info("serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
+                  demo=settings.demo, token_required=auth.token_required(settings))
+        task_status.started(binds)
+    _log.info("stopped", served_s=round(trio.current_time() - started, 1))
+
+
+# --- demo mode ------------------------------------------------------------------
+
+@dataclass
+class DemoEnv:
+    """A generated journal and state dir, and the simulator serving OpenAI's part."""
+
+    settings: Settings
+    simulator: Any
+
+
+@contextlib.contextmanager
+def demo_dirs(settings: Settings, explicit_journal: bool, explicit_state: bool) -> Iterator[Settings]:
+    """A sample journal (unless one was given) and a state dir (unless one was
+    given) in a temp folder removed afterwards."""
+    from voiceactors.journal.sample import write_sample_journal
+
+    with tempfile.TemporaryDirectory(prefix="voiceactors-demo-") as tmp:
+        changes: dict[str, Any] = {}
+        if not explicit_journal:
+            changes["journal"] = write_sample_journal(Path(tmp) / "journal", days=14, today=clock.today())
+        if not explicit_state:
+            changes["state_dir"] = Path(tmp) / "state"
+        yield settings.replace(**changes)
+
+
+DEMO_SCENARIO = "demo"
+
+
+@contextlib.asynccontextmanager
+async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO) -> AsyncIterator[DemoEnv]:
+    """Run the Realtime simulator on an ephemeral loopback port and point the
+    settings at it (base URL, a dummy standard key). Any call id may join
+    (``auto_calls``) and plays ``scenario``. Leaving the block stops it."""
+    from voiceactors.realtime.simulator import Simulator
+
+    sim = Simulator(scenario, api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        yield DemoEnv(settings=settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY,
+                                                demo=True), simulator=sim)
+        nursery.cancel_scope.cancel()
+
+
+async def _serve_main(settings: Settings, demo: bool) -> None:
+    if not demo:
+        await run_server(settings)
+        return
+    async with open_demo_simulator(settings) as env:
+        _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
+        await run_server(env.settings)
+
+
+# --- the command -----------------------------------------------------------------
+
+def prepare(args: argparse.Namespace) -> Settings | int:
+    """Settings, today's pin and logging for a command; an exit code on a usage error."""
+    try:
+        settings = settings_from_args(args)
+        if getattr(args, "today", None):
+            clock.pin(args.today)
+    except ValueError as error:
+        print(f"voiceactors: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(settings.log_format, settings.log_level)
+    return settings
+
+
+def cli_serve(args: argparse.Namespace) -> int:
+    """``voiceactors serve``: exit 0 after a signalled shutdown, 2 on a usage
+    error or an insecure address without a token."""
+    prepared = prepare(args)
+    if isinstance(prepared, int):
+        return prepared
+    settings = prepared
+    reason = auth.refusal(settings)
+    if reason:
+        print(f"voiceactors: {reason}", file=sys.stderr)
+        return EXIT_USAGE
+    if not settings.demo and not Path(settings.journal).is_dir():
+        print(f"voiceactors: journal folder not found: {settings.journal} "
+              "(--journal, VOICEACTORS_JOURNAL or SOLSTONE_JOURNAL)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if settings.demo:
+            with demo_dirs(settings, bool(args.journal), bool(args.state_dir)) as demo_settings:
+                trio.run(partial(_serve_main, demo_settings, True))
+        else:
+            trio.run(partial(_serve_main, settings, False))
+    except KeyboardInterrupt:
+        # a second Ctrl-C during the graceful shutdown
+        print("voiceactors: interrupted during shutdown", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (OSError, ExceptionGroup) as error:
+        cause = _os_error(error)
+        if cause is None:
+            raise
+        print(f"voiceactors: cannot serve on {settings.host}:{settings.port}: {cause}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError (a port in use, an address not here) in ``error``, if any."""
+    if isinstance(error, OSError):
+        return error
+    for inner in getattr(error, "exceptions", ()):
+        found = _os_error(inner)
+        if found is not None:
+            return found
+    return None

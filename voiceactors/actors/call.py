@@ -138,6 +138,7 @@ class CallActor:
         self._outbox: trio.MemorySendChannel[_Out] | None = None
         self._conn_done = trio.Event()
         self._conn_reason: str | None = None
+        self._stop = trio.Event()                  # server shutdown requested
         self._close_code: int | None = None
         self._last_event = 0.0
         # tool tasks
@@ -158,15 +159,48 @@ class CallActor:
         """Serve the call until it ends; return the end reason.
 
         Reports started at once (connecting happens in the background).
-        Cancellation (server shutdown) ends the call as ``shutdown``: pending
-        tool calls are answered and the socket closed within
-        ``close_deadline_s``, the record written, then Cancelled propagates.
+        Cancellation (server shutdown) becomes a graceful stop: the call's
+        work runs under a shielded scope, so the sideband's own reader stays
+        alive to complete the closing handshake; on cancellation the actor
+        answers pending tool calls, closes the socket with 1000 and writes its
+        record as ``shutdown``, all within ``close_deadline_s`` (then the
+        shield's deadline cuts it short), and Cancelled propagates.
         """
+        body = trio.CancelScope(shield=True)
+        finished = trio.Event()
+
+        async def shielded() -> None:
+            try:
+                with body:
+                    await self._serve_call()
+            finally:
+                finished.set()
+
+        async with trio.open_nursery() as guard:
+            guard.start_soon(shielded)
+            task_status.started()
+            try:
+                await finished.wait()
+            except trio.Cancelled:
+                self._request_stop()
+                body.deadline = trio.current_time() + self.settings.close_deadline_s
+                raise
+        return self.end_reason or END_ERROR
+
+    def _request_stop(self) -> None:
+        """Server shutdown: end the call as ``shutdown`` with the socket up."""
+        self._stop.set()
+        if not self._conn_done.is_set():
+            self._conn_reason = END_SHUTDOWN
+            self._conn_done.set()
+
+    async def _serve_call(self) -> str:
+        """The call from first connect to its record; returns the end reason.
+        Runs shielded (see ``run``); only its own deadline cancels it."""
         self.started = trio.current_time()
         self.deadline = self.started + self.settings.call_max_duration_s
         self.record = CallRecord(self.call_id, started=self.started)
         reason = END_ERROR
-        task_status.started()
         try:
             async with trio.open_nursery() as tools:
                 self._tools = tools
@@ -202,6 +236,8 @@ class CallActor:
     async def _connection_loop(self) -> str:
         failures = 0
         while True:
+            if self._stop.is_set():
+                return END_SHUTDOWN
             if trio.current_time() >= self.deadline:
                 return END_MAX
             key = await self._key()
@@ -233,8 +269,8 @@ class CallActor:
             self.record_line("reconnect", attempt=failures, delay_s=round(delay, 3), close_code=self._close_code)
             self.log.info("call.reconnecting", attempt=failures, delay_s=round(delay, 3),
                           close_code=self._close_code, epoch=self.epoch)
-            with trio.move_on_at(self.deadline):
-                await trio.sleep(delay)
+            with trio.move_on_at(min(self.deadline, trio.current_time() + delay)):
+                await self._stop.wait()
 
     async def _serve(self, ws: Any) -> str | None:
         """One connection: reader + writer until it closes or the call ends.
@@ -244,6 +280,8 @@ class CallActor:
         self._conn_reason = None
         self._close_code = None
         self._last_event = trio.current_time()
+        if self._stop.is_set():
+            self._request_stop()
         self._outbox = send
         try:
             self._on_connected()

@@ -57,3 +57,45 @@ def _unpinned_today(monkeypatch):
     monkeypatch.delenv("VOICEACTORS_TODAY", raising=False)
     yield
     clock.pin(None)
+
+
+SAMPLE_TODAY = "2026-03-27"
+
+
+@pytest.fixture(scope="session")
+def _sample_templates(tmp_path_factory):
+    """Sample journals written once per session, keyed by (days, today, seed)."""
+    from voiceactors.journal.sample import write_sample_journal
+
+    made: dict[tuple[int, str, int], Path] = {}
+
+    def template(days: int, today: str, seed: int) -> Path:
+        key = (days, today, seed)
+        if key not in made:
+            dest = tmp_path_factory.mktemp(f"sample-{days}d-{seed}") / "journal"
+            made[key] = write_sample_journal(dest, days=days, today=clock.parse_day(today), seed=seed)
+        return made[key]
+
+    return template
+
+
+@pytest.fixture
+def make_sample(_sample_templates, tmp_path):
+    """``make_sample(days=2, today=SAMPLE_TODAY, seed=0)``: a fresh, writable copy
+    of a generated sample journal under this test's tmp_path."""
+    copies = iter(range(1000))
+
+    def make(days: int = 2, today: str = SAMPLE_TODAY, seed: int = 0) -> Path:
+        dest = tmp_path / f"sample-{next(copies)}"
+        return Path(shutil.copytree(_sample_templates(days, today, seed), dest))
+
+    return make
+
+
+@pytest.fixture
+def sample_ctx(make_sample, tmp_path):
+    """A ToolContext over a 14-day sample journal with today pinned to its today."""
+    from voiceactors.tools import ToolContext
+
+    today = clock.parse_day(SAMPLE_TODAY)
+    return ToolContext(make_sample(days=14), tmp_path / "state", today=lambda: today)

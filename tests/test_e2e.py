@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import shutil
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,6 @@ import trio
 
 from voiceactors import logs
 from voiceactors.http import create_app, voice_state
-from voiceactors.journal.sample import write_sample_journal
 from voiceactors.realtime.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
@@ -31,15 +29,10 @@ DAY = dt.date(2026, 3, 27)
 SIM_KEY = "sk-test-e2e-4f9a8b7c6d5e"
 
 
-@pytest.fixture(scope="module")
-def journal_template(tmp_path_factory) -> Path:
-    return write_sample_journal(tmp_path_factory.mktemp("template") / "journal", days=3, today=DAY)
-
-
 @pytest.fixture
-def journal(journal_template: Path, tmp_path: Path) -> Path:
+def journal(make_sample) -> Path:
     """A fresh copy per test: tests edit the voice config and the brain writes its session file."""
-    return Path(shutil.copytree(journal_template, tmp_path / "journal"))
+    return make_sample(days=3)
 
 
 @pytest.fixture

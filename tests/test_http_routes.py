@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ import trio
 from voiceactors.http import create_app, voice_state
 from voiceactors.http import errors as E
 from voiceactors.http.routes import openapi_document
-from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
 
 DAY = dt.date(2026, 3, 27)
@@ -37,15 +35,10 @@ def settle(clock) -> None:
     clock.autojump_threshold = 0.05
 
 
-@pytest.fixture(scope="module")
-def journal_template(tmp_path_factory) -> Path:
-    return write_sample_journal(tmp_path_factory.mktemp("template") / "journal", days=2, today=DAY)
-
-
 @pytest.fixture
-def journal(journal_template: Path, tmp_path: Path) -> Path:
+def journal(make_sample) -> Path:
     """A fresh copy per test: tests edit the voice config and the brain writes its session file."""
-    return Path(shutil.copytree(journal_template, tmp_path / "journal"))
+    return make_sample(days=2)
 
 
 def make_settings(journal: Path, tmp_path: Path, **changes) -> Settings:

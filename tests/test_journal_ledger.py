@@ -319,26 +319,6 @@ def test_derive_is_cached_until_a_file_changes(journal):
     assert len(ledger.derive(journal)) == 3
 
 
-def test_derive_is_cached_until_a_file_changes(tmp_path):
-    # Speed lives in benchmarks/; here we check the mechanism that gives it:
-    # an unchanged journal returns the cached derivation, a changed file does not.
-    root = tmp_path / "big"
-    write_facet(root, "f0")
-    n = 0
-    for d in range(1, 21):
-        cs = [commitment(f"task number {n + k} for the team", counterparty_id=f"p{(n + k) % 17}") for k in range(50)]
-        n += 50
-        write_day(root, "f0", f"202603{d:02d}", [record(f"a_{d}", T0 + d * DAY_MS, commitments=cs,
-                  closures=[closure(f"task number {n - 3} for the team", counterparty_id=f"p{(n - 3) % 17}")])])
-    first = ledger.derive(root)
-    assert len(first) == 1000 and any(i.state == "closed" for i in first)
-    again = ledger.derive(root)
-    assert all(a is b for a, b in zip(again, first, strict=True))   # the cached items, not re-parsed
-    write_day(root, "f0", "20260321", [record("a_new", T0 + 30 * DAY_MS, commitments=[commitment("one more")])])
-    second = ledger.derive(root)
-    assert len(second) == 1001 and second[0] is not first[0]
-
-
 # --- close ---------------------------------------------------------------------------
 
 

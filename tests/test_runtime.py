@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ import trio
 
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
-from voiceactors.journal.sample import write_sample_journal
 from voiceactors.realtime.simulator import Simulator
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
@@ -29,15 +27,10 @@ def settle(clock) -> None:
     clock.autojump_threshold = 0.05
 
 
-@pytest.fixture(scope="module")
-def journal_template(tmp_path_factory) -> Path:
-    return write_sample_journal(tmp_path_factory.mktemp("template") / "journal", days=2, today=DAY)
-
-
 @pytest.fixture
-def journal(journal_template: Path, tmp_path: Path) -> Path:
+def journal(make_sample) -> Path:
     """A fresh copy per test: tests edit the voice config and the brain writes its session file."""
-    return Path(shutil.copytree(journal_template, tmp_path / "journal"))
+    return make_sample(days=2)
 
 
 def make_settings(journal: Path, tmp_path: Path, **changes) -> Settings:

@@ -3,7 +3,6 @@ commitments, so the tests write activity records into a copy of it."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 
 import pytest
@@ -99,10 +98,8 @@ def test_complete_failures(seeded):
 
 
 @pytest.fixture
-def sample(tmp_path):
-    sample_mod = pytest.importorskip("voiceactors.journal.sample")
-    root = sample_mod.write_sample_journal(tmp_path / "sample", days=14, today=_dt.date(2026, 3, 27), seed=0)
-    return ToolContext(root, tmp_path / "state", today=lambda: _dt.date(2026, 3, 27))
+def sample(sample_ctx):
+    return sample_ctx
 
 
 def test_sample_journal(sample):

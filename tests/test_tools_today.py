@@ -90,10 +90,8 @@ def test_start_listening_invalid(ctx):
 
 
 @pytest.fixture
-def sample(tmp_path):
-    sample_mod = pytest.importorskip("voiceactors.journal.sample")
-    root = sample_mod.write_sample_journal(tmp_path / "sample", days=14, today=_dt.date(2026, 3, 27), seed=0)
-    return ToolContext(root, tmp_path / "state", today=lambda: _dt.date(2026, 3, 27))
+def sample(sample_ctx):
+    return sample_ctx
 
 
 def test_sample_journal(sample):

@@ -1,0 +1,99 @@
+"""Capacity: how many concurrent calls one server process holds, and what an idle call costs.
+
+What it measures:
+
+* **step-up** — the ``benchmarks.roundtrip`` workload (one ``briefing.get``
+  round trip per call every ``--gap`` s, plus ``--rate-hz`` transcript deltas
+  per call) at increasing call counts (``--steps``, default 250 500 1000
+  1500); a step passes when the tool round trip p99 (simulator's
+  ``response.done`` → our ``response.create``) is under ``--target-ms``
+  (50). It stops after the first failing step. Reported per step: output and
+  create p50/p99/max, our CPU and the simulator's, protocol errors.
+* **idle memory** — ``--idle`` call counts joined with no script (the calls
+  only hold their sideband open); resident memory per call = (RSS with the
+  calls joined and settled − RSS before joining) / calls. ``--idle-peers``
+  adds the same measurement for the other peers.
+
+The simulator runs in its own process, so on this 2-core machine the two
+processes share the cores: a step where the simulator itself is near a full
+core measures the harness as much as the server (its CPU is printed).
+
+Run::
+
+    .venv/bin/python -m benchmarks.capacity
+    .venv/bin/python -m benchmarks.capacity --steps 250 500 --rounds 5 --idle 500 1000
+    .venv/bin/python -m benchmarks.capacity --steps 100 --rate-hz 0     # tool traffic only
+    .venv/bin/python -m benchmarks.capacity --gap 5 --rate-hz 0 --peer floor --idle   # the harness's limit
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine_facts, write_json
+from benchmarks.roundtrip import report_line, run_sideband
+
+
+def idle_memory(peer: str, calls: int, settle_s: float = 3.0) -> dict[str, Any]:
+    r = run_sideband(peer, calls, workload="idle", idle_settle_s=settle_s, tag="idle")
+    delta = (r["rss_joined"] or 0) - r["rss_before"]
+    return {"peer": peer, "calls": calls, "calls_connected": r["calls_connected"],
+            "rss_before_mib": round(r["rss_before"] / 2**20, 1), "rss_joined_mib": round((r["rss_joined"] or 0) / 2**20, 1),
+            "kib_per_call": round(delta / 1024 / max(1, calls), 1), "join_s": r["join_s"],
+            "errors": r["error_codes"], "handshakes_rejected": r["handshakes_rejected"]}
+
+
+def step_up(steps: list[int], *, rounds: int, gap: float, rate_hz: float, target_ms: float,
+            log_level: str, peer: str = "ours") -> list[dict[str, Any]]:
+    out = []
+    for n in steps:
+        r = run_sideband(peer, n, rounds=rounds, gap=gap, rate_hz=rate_hz, log_level=log_level, tag="cap")
+        p99 = r["create_ms"]["p99"]
+        complete = r["calls_connected"] == n and r["missing_create"] == 0 and not r["timed_out"]
+        r["passed"] = bool(complete and p99 == p99 and p99 <= target_ms)
+        out.append(r)
+        print(report_line(r) + f" | {'PASS' if r['passed'] else 'FAIL'} (create p99 {p99:.1f} ms)", flush=True)
+        if not r["passed"]:
+            break
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, nargs="*", default=[250, 500, 1000, 1500])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--gap", type=float, default=1.0)
+    p.add_argument("--rate-hz", type=float, default=20.0)
+    p.add_argument("--target-ms", type=float, default=50.0)
+    p.add_argument("--peer", default="ours", help="the peer stepped up (floor: the harness's own limit)")
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--idle", type=int, nargs="*", default=[1000])
+    p.add_argument("--idle-peers", nargs="*", default=["ours"])
+    p.add_argument("--settle", type=float, default=3.0, help="seconds idle calls settle before RSS is read")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    facts = machine_facts()
+    print(f"# machine: {facts}", flush=True)
+    idle = []
+    for peer in args.idle_peers:
+        for n in args.idle:
+            m = idle_memory(peer, n, args.settle)
+            idle.append(m)
+            print(f"idle {peer:>8} calls={n:<5} {m['kib_per_call']} KiB/call "
+                  f"(RSS {m['rss_before_mib']} -> {m['rss_joined_mib']} MiB, joined in {m['join_s']} s)", flush=True)
+    steps = step_up(args.steps, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
+                    target_ms=args.target_ms, log_level=args.log_level, peer=args.peer) if args.steps else []
+    passed = [s["calls"] for s in steps if s["passed"]]
+    print(f"capacity: {max(passed) if passed else 0} calls with create p99 <= {args.target_ms} ms "
+          f"(steps tried: {[s['calls'] for s in steps]}); output p99 per step: "
+          f"{[round(s['output_ms']['p99'], 1) for s in steps]}", flush=True)
+    if args.json:
+        write_json(Path(args.json), {"machine": facts, "argv": sys.argv, "idle": idle, "steps": steps})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Peer: the voiceactors runtime (``open_runtime``) joining every call id.
+
+The same actors ``voiceactors serve`` runs (BrainActor, ToolExecutor,
+CallSupervisor with one CallActor per call), minus the HTTP front end: each
+call is joined with the ``Connect`` message the ``/api/voice/connect`` route
+sends. Logs go to ``--log`` as JSON lines at ``--log-level`` (the driver
+reads ``tool_run`` lines for each tool's own duration). A probe task
+records the event loop's lag (how late a 10 ms sleep wakes) into
+``<log>.lag.json``.
+
+Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import trio
+
+from voiceactors import logs
+from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.runtime import open_runtime
+from voiceactors.settings import Settings
+
+from benchmarks.peers.args import call_ids, peer_parser
+
+
+async def _stdin_closed(scope: trio.CancelScope) -> None:
+    while True:
+        line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+        if not line or line.strip() == "STOP":
+            scope.cancel()
+            return
+
+
+async def _lag_probe(out: list[float], period: float = 0.01) -> None:
+    """Event-loop lag: how late a 10 ms sleep wakes up (ms), the time any
+    ready task waits for the scheduler."""
+    while True:
+        t0 = trio.current_time()
+        await trio.sleep(period)
+        out.append((trio.current_time() - t0 - period) * 1000)
+
+
+async def main(args) -> None:
+    ids = call_ids(args.prefix, args.calls)
+    lags: list[float] = []
+    settings = Settings(
+        journal=Path(args.journal), state_dir=Path(args.state_dir), openai_base_url=args.base_url,
+        openai_api_key_env=args.api_key, max_calls=max(1000, args.calls + 16),
+        call_idle_timeout_s=3600.0, log_level=args.log_level,
+    )
+    with trio.move_on_after(args.max_seconds) as scope:
+        async with open_runtime(settings) as rt:
+            print("STARTED", flush=True)
+            await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)   # GO
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stdin_closed, scope)
+                nursery.start_soon(_lag_probe, lags)
+                for cid in ids:
+                    answer = await ask(rt.calls, lambda r, cid=cid: Connect(cid, r), timeout=10)
+                    if answer != "connected":
+                        print(f"connect {cid}: {answer}", file=sys.stderr, flush=True)
+                print("JOINED", flush=True)
+                while await ask(rt.calls, CountCalls, timeout=10) > 0:
+                    await trio.sleep(0.25)
+                nursery.cancel_scope.cancel()
+    if scope.cancelled_caught:
+        print("ours: stopped (stdin closed or --max-seconds)", file=sys.stderr, flush=True)
+    if args.log != "/dev/null":
+        Path(args.log + ".lag.json").write_text(json.dumps(lags))
+
+
+def _draining_executor() -> None:
+    """Experiment only: a ToolExecutor loop that handles every message already
+    buffered in its inbox before yielding (the shipped loop yields to the
+    scheduler once per message), to test whether the inbox hop is the queue."""
+    from voiceactors.actors.messages import CancelReads, ToolRequest
+    from voiceactors.actors.tools import ToolExecutor
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async with self._receive:
+                async for message in self._receive:
+                    while True:
+                        if isinstance(message, ToolRequest):
+                            nursery.start_soon(self._serve, message, self._scope_for(message))
+                        elif isinstance(message, CancelReads):
+                            self._cancel_reads(message)
+                        try:
+                            message = self._receive.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+
+    ToolExecutor.run = run
+
+
+def _inline_run_sync() -> None:
+    """Experiment only: make ``storage.run_sync`` call its function on the
+    trio thread, to measure what the worker-thread hop costs under load."""
+    from voiceactors import storage
+
+    async def run_sync(fn, *args, cancellable=True):
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
+    storage.run_sync = run_sync
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = peer_parser("voiceactors runtime peer").parse_args(argv)
+    switch = os.environ.get("BENCH_SWITCH_INTERVAL")
+    if switch:   # experiment knob: the GIL switch interval (default 0.005 s)
+        sys.setswitchinterval(float(switch))
+    if os.environ.get("BENCH_DRAIN_INBOX"):   # experiment knob: executor drains its inbox per turn
+        _draining_executor()
+    if os.environ.get("BENCH_INLINE_SYNC"):   # experiment knob: no worker-thread hop (see docs/benchmarks.md)
+        _inline_run_sync()
+    Path(args.state_dir).mkdir(parents=True, exist_ok=True)
+    log_file = open(args.log, "w", buffering=1 << 16)
+    logs.configure("json", args.log_level, stream=log_file)
+    try:
+        trio.run(main, args)
+    finally:
+        log_file.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

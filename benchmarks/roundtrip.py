@@ -1,0 +1,286 @@
+"""Tool round trip over the sideband, measured at the simulator.
+
+What it measures: for every response carrying one ``briefing.get`` call, the
+time from the simulator writing that response's ``response.done`` to it
+reading the peer's ``function_call_output`` (``output``) and the peer's
+``response.create`` (``create``): p50 / p99 / max over every round of every
+call, with N concurrent calls, each also receiving background transcript
+deltas (``--rate-hz``, default 20 events/s). For ``ours`` the ToolExecutor's
+own ``tool_run.duration_ms`` (limiter + worker-thread hop + handler) is
+joined by tool call id from the server's log, giving ``overhead`` = output −
+that duration; for every peer ``overhead_vs_handler`` = output − the p50 of
+the handler alone (timed in the driver on the same journal), which counts
+the thread hop as overhead. Also for ``ours``: ``stages`` (from the log:
+CallActor → executor queue, executor, reply → CallActor) and ``loop_lag_ms``
+(how late a 10 ms sleep wakes in our process).
+CPU: user+system seconds of the peer process and of the simulator process
+over the measured window (from every call joined to every call closed), as a
+share of one core and of the machine. Also: the simulator's protocol
+records (error codes, violations, unanswered tool calls).
+
+Simulator and peer are separate processes (``benchmarks.sim_host`` and
+``benchmarks.peers.<peer>``) on loopback; the journal is the generated
+14-day sample.
+
+Run::
+
+    .venv/bin/python -m benchmarks.roundtrip --peer ours --calls 1 100 500
+    .venv/bin/python -m benchmarks.roundtrip --peer baseline --calls 1 100 --rounds 5
+    .venv/bin/python -m benchmarks.roundtrip --calls 2 --rounds 2 --gap 0.2 --json /tmp/rt.json
+    .venv/bin/python -m benchmarks.roundtrip --calls 500 --py-spy 8     # + where our CPU goes
+
+``--peer`` is ``ours`` (default), ``baseline`` (asyncio + openai SDK),
+``agents`` (OpenAI Agents SDK) or ``floor`` (a raw-websocket client that
+answers at once without running a tool: the harness's own latency). Bounded: each run ends by itself after its
+rounds, or at its timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    BENCH_KEY, work_dir, CpuWindow, fmt, machine_facts, sample_journal, spawn, summary, write_json,
+)
+
+PEERS = {
+    "ours": "benchmarks.peers.ours",
+    "baseline": "benchmarks.peers.baseline_asyncio",
+    "agents": "benchmarks.peers.agents_sdk",
+    "floor": "benchmarks.peers.floor",
+}
+
+
+def _ts(rec: dict[str, Any]) -> float:
+    return _dt.datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def tool_stages(log_path: Path) -> dict[str, dict[str, float]]:
+    """Where each tool call's time goes inside our server, from its log lines
+    joined by tool call id: ``tool.started`` (CallActor) → executor ``_serve``
+    start (``tool_run`` time − its duration) → reply (``tool_run``) →
+    ``tool.finished`` (CallActor handled the result)."""
+    started: dict[str, float] = {}
+    ran: dict[str, tuple[float, float]] = {}
+    finished: dict[str, float] = {}
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if '"tool' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+                kind, key = rec.get("event"), rec.get("tool_call_id")
+                if kind == "tool.started":
+                    started[key] = _ts(rec)
+                elif kind == "tool_run":
+                    ran[key] = (_ts(rec), float(rec.get("duration_ms") or 0.0))
+                elif kind == "tool.finished":
+                    finished[key] = _ts(rec)
+            except (ValueError, KeyError, TypeError):
+                continue
+    keys = [k for k in finished if k in started and k in ran]
+    return {
+        "to_executor_ms": summary((ran[k][0] - started[k]) * 1000 - ran[k][1] for k in keys),
+        "executor_ms": summary(ran[k][1] for k in keys),
+        "reply_to_actor_ms": summary((finished[k] - ran[k][0]) * 1000 for k in keys),
+        "started_to_finished_ms": summary((finished[k] - started[k]) * 1000 for k in keys),
+    }
+
+
+def tool_durations(log_path: Path) -> dict[str, float]:
+    """tool call id -> ``tool_run.duration_ms`` from our server's JSON log."""
+    out: dict[str, float] = {}
+    try:
+        handle = open(log_path, encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    with handle:
+        for line in handle:
+            if '"tool_run"' not in line:
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if rec.get("event") == "tool_run" and rec.get("tool_call_id"):
+                out[rec["tool_call_id"]] = float(rec.get("duration_ms") or 0.0)
+    return out
+
+
+_HANDLER_MS: dict[str, dict[str, float]] = {}
+
+
+def handler_ms(journal: Path, n: int = 40) -> dict[str, float]:
+    """``briefing.get``'s own work: the handler alone, in this process, on the
+    same journal (schema check + handler, no thread hop), ``n`` calls."""
+    key = str(journal)
+    if key not in _HANDLER_MS:
+        from voiceactors.tools import ToolContext, lookup, prepare
+
+        from benchmarks.common import BENCH_TODAY
+
+        spec = lookup("briefing.get")
+        ctx = ToolContext(journal=journal, state_dir=journal.parent / "handler-state", today=lambda: BENCH_TODAY)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            spec.handler(ctx, prepare(spec, "{}"))
+            times.append((time.perf_counter() - t0) * 1000)
+        _HANDLER_MS[key] = summary(times)
+    return _HANDLER_MS[key]
+
+
+def _start_py_spy(pid: int, seconds: float, run_dir: Path) -> subprocess.Popen:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
+                             "--nonblocking", "--format", "raw", "-o", str(run_dir / "peer.pyspy.txt")],
+                            stdout=subprocess.DEVNULL, stderr=open(run_dir / "py-spy.stderr", "w"))
+
+
+def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: int = 10, gap: float = 1.0,
+                 rate_hz: float = 20.0, wait: float = 10.0, journal_days: int = 14, log_level: str = "info",
+                 idle_settle_s: float = 3.0, tag: str = "rt", keep: bool = False,
+                 py_spy_s: float | None = None) -> dict[str, Any]:
+    """One run: a simulator process and a peer process, ``calls`` calls of
+    ``workload``. Returns the simulator's aggregate plus CPU, RSS and (ours)
+    the overhead join. With ``py_spy_s`` the peer is sampled by py-spy for
+    that long once every call has joined (``peer.pyspy.txt`` in the run
+    folder; summarised into ``profile``). Every wait is bounded."""
+    run_dir = work_dir() / "runs" / f"{tag}-{peer}-{workload.replace(':', '_')}-{calls}-{int(time.time() * 1000)}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    journal = sample_journal(journal_days)
+    if workload == "roundtrip":
+        play_s = gap + rounds * (gap + 0.5) + 5
+    elif workload == "idle":
+        play_s = idle_settle_s + 30
+    else:
+        play_s = 40
+    timeout = play_s + 60 + calls * 0.1
+    sim_out = run_dir / "sim.json"
+    sim = spawn("sim", "benchmarks.sim_host", [
+        "--calls", str(calls), "--prefix", "rtc_bench", "--workload", workload, "--rounds", str(rounds),
+        "--gap", str(gap), "--rate-hz", str(rate_hz), "--wait", str(wait), "--timeout", str(timeout),
+        "--out", str(sim_out)], workdir=run_dir)
+    peer_proc = None
+    try:
+        port = sim.expect("PORT", 60)
+        log_path = run_dir / "peer.log"
+        peer_proc = spawn(peer, PEERS[peer], [
+            "--base-url", f"http://127.0.0.1:{port}/v1", "--api-key", BENCH_KEY, "--prefix", "rtc_bench",
+            "--calls", str(calls), "--journal", str(journal), "--state-dir", str(run_dir / "state"),
+            "--log", str(log_path), "--log-level", log_level, "--max-seconds", str(timeout + 10)],
+            workdir=run_dir)
+        peer_proc.expect("STARTED", 60)
+        time.sleep(0.5)
+        rss_before = peer_proc.rss()
+        window = CpuWindow({"peer": peer_proc, "sim": sim})
+        joined_at = time.perf_counter()
+        peer_proc.send("GO")
+        sim.expect("CONNECTED", timeout)
+        join_s = time.perf_counter() - joined_at
+        window.start()
+        spy = _start_py_spy(peer_proc.popen.pid, py_spy_s, run_dir) if py_spy_s else None
+        rss_joined = None
+        if workload == "idle":
+            time.sleep(idle_settle_s)
+            rss_joined = peer_proc.rss()
+            sim.send("STOP")
+        sim.expect("DONE", timeout + 30)
+        cpu = window.stop()
+        if spy is not None:
+            try:
+                spy.wait(timeout=py_spy_s + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+        rss_end = peer_proc.rss()
+        peer_proc.close_stdin()
+        peer_rc = peer_proc.wait(30)
+        sim.close_stdin()
+        sim.wait(10)
+        result = json.loads(sim_out.read_text())
+    finally:
+        for proc in (peer_proc, sim):
+            if proc is not None and proc.popen.poll() is None:
+                proc.popen.terminate()
+                proc.wait(10)
+    result.update(peer=peer, calls=calls, workload=workload, rounds=rounds, gap_s=gap, rate_hz=rate_hz,
+                  log_level=log_level, cpu=cpu, join_s=round(join_s, 3), peer_rc=peer_rc,
+                  rss_before=rss_before, rss_joined=rss_joined, rss_end=rss_end, run_dir=str(run_dir),
+                  peer_stderr_tail=peer_proc.tail(600) if peer_proc else "")
+    handler = handler_ms(journal)
+    result["handler_ms"] = handler
+    result["overhead_vs_handler_ms"] = summary(ms - handler["p50"] for _, ms in result["outputs"])
+    if peer == "ours":
+        durations = tool_durations(log_path)
+        overhead = [ms - durations[i] for i, ms in result["outputs"] if i in durations]
+        result["tool_ms"] = summary(durations.values())
+        result["stages"] = tool_stages(log_path)
+        lag_file = Path(str(log_path) + ".lag.json")
+        if lag_file.exists():
+            result["loop_lag_ms"] = summary(json.loads(lag_file.read_text()))
+        result["overhead_ms"] = summary(overhead)
+    result.pop("outputs", None)
+    if py_spy_s:
+        from benchmarks.profile_summary import summarise
+
+        spy_file = run_dir / "peer.pyspy.txt"
+        result["profile"] = summarise(spy_file.read_text(errors="replace")) if spy_file.exists() else "no profile"
+    if not keep:
+        shutil.rmtree(run_dir / "state", ignore_errors=True)
+    return result
+
+
+def report_line(r: dict[str, Any]) -> str:
+    cpu = r["cpu"]
+    parts = [f"{r['peer']:>8} calls={r['calls']:<5}",
+             f"output {fmt(r['output_ms'])}", f"create {fmt(r['create_ms'])}"]
+    if "overhead_ms" in r:
+        parts.append(f"overhead {fmt(r['overhead_ms'])}")
+    parts.append(f"handler p50 {r['handler_ms']['p50']:.2f} ms")
+    if "loop_lag_ms" in r:
+        parts.append(f"loop lag {fmt(r['loop_lag_ms'])}")
+    if "stages" in r:
+        parts.append(f"request->executor {fmt(r['stages']['to_executor_ms'])}")
+    parts.append(f"cpu peer {cpu['peer']['machine_pct']}% sim {cpu['sim']['machine_pct']}% of machine")
+    parts.append(f"errors {r['error_codes'] or 0} violations {r['violations']} unanswered {r['unanswered']}")
+    if r.get("timed_out"):
+        parts.append("TIMED OUT (calls still open were ended by the harness)")
+    return " | ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--peer", choices=sorted(PEERS), default="ours")
+    p.add_argument("--calls", type=int, nargs="+", default=[1, 100, 500])
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--gap", type=float, default=1.0, help="seconds between a call's rounds")
+    p.add_argument("--rate-hz", type=float, default=20.0, help="background transcript deltas per call")
+    p.add_argument("--log-level", default="info", help="our server's log level (ours only)")
+    p.add_argument("--py-spy", type=float, metavar="SECONDS", help="sample the peer with py-spy this long")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args(argv)
+    facts = machine_facts()
+    print(f"# machine: {facts}", flush=True)
+    results = []
+    for n in args.calls:
+        r = run_sideband(args.peer, n, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
+                         log_level=args.log_level, py_spy_s=args.py_spy)
+        results.append(r)
+        print(report_line(r), flush=True)
+        if r.get("profile"):
+            print(r["profile"], flush=True)
+    if args.json:
+        write_json(Path(args.json), {"machine": facts, "argv": sys.argv, "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

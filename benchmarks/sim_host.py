@@ -1,0 +1,256 @@
+"""The simulator side of the sideband benchmarks, as its own process.
+
+Runs ``voiceactors.realtime.simulator.Simulator`` on loopback with ``--calls``
+joinable call ids ``<prefix>-<n>``, each playing a benchmark workload, and
+timestamps the simulator's own records: every event it sends
+(``call.sent``) and every client event it receives (``call.received``) gets a
+``time.perf_counter()`` stamp at the moment the simulator appends it, which
+is right before the frame is written / right after it was read. All round
+trips are differences of two stamps in this one process, so no clock is
+shared between processes.
+
+Workloads (``--workload``):
+
+* ``roundtrip`` — after a random start offset in [0, gap), background
+  transcript deltas at ``--rate-hz``; then ``--rounds`` times: a user turn,
+  a response carrying one ``briefing.get`` call, ``wait_outputs`` (the
+  client's output and one ``response.create``), the answer, ``--gap`` s of
+  quiet; then close 1000.
+* ``idle`` — no script: the calls stay open until ``STOP`` on stdin.
+* ``scenario:NAME`` — a shipped scenario (``parallel_tools``,
+  ``barge_in_during_tool``, ...).
+
+Protocol (stdout): ``PORT <n>``, ``CONNECTED <n>`` once every call has a
+sideband, ``DONE <json path>`` at the end. stdin: ``STOP`` ends every call
+(close 1000) and finishes. Bounded by ``--timeout`` seconds.
+
+Not run by hand; the drivers (``benchmarks.roundtrip`` ...) start it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from voiceactors import logs
+from voiceactors.realtime.simulator import SimCall, Simulator
+from voiceactors.realtime.simulator_scenario import Scenario, as_scenario
+
+from benchmarks.common import BENCH_KEY, summary
+
+TOOL_TEXT = "What does my day look like?"
+
+
+class Stamped(list):
+    """A list that remembers when each item was appended (``at``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    def append(self, item: Any) -> None:  # noqa: D401 - list API
+        self.at.append(time.perf_counter())
+        super().append(item)
+
+
+def roundtrip_steps(rounds: int, gap_s: float, rate_hz: float, offset_s: float, wait_s: float) -> list[dict]:
+    """The ``roundtrip`` workload of one call (see the module docstring)."""
+    total = offset_s + rounds * (gap_s + 0.1) + 1.0
+    steps: list[dict] = [{"sleep": round(offset_s, 4)}]
+    if rate_hz > 0:
+        steps.append({"transcript_deltas": {"rate_hz": rate_hz, "count": int(rate_hz * total),
+                                            "background": True}})
+    for _ in range(rounds):
+        steps += [
+            {"user_turn": {"text": TOOL_TEXT, "duration_ms": 0}},
+            {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+            {"wait_outputs": {"timeout_s": wait_s}},
+            {"response": {"text": "Here is your day."}},
+            {"sleep": gap_s},
+        ]
+    steps.append({"close": 1000})
+    return steps
+
+
+def make_scenario(args: argparse.Namespace, rng: random.Random) -> Scenario:
+    if args.workload == "roundtrip":
+        steps = roundtrip_steps(args.rounds, args.gap, args.rate_hz, rng.uniform(0, args.gap), args.wait)
+        return Scenario("bench_roundtrip", "benchmark workload", tuple(steps))
+    if args.workload == "idle":
+        return as_scenario(None)
+    if args.workload.startswith("scenario:"):
+        return as_scenario(args.workload.split(":", 1)[1])
+    raise SystemExit(f"unknown workload {args.workload!r}")
+
+
+def stamp(call: SimCall) -> None:
+    call.received = Stamped()
+    call.sent = Stamped()
+
+
+def analyse(call: SimCall) -> dict[str, Any]:
+    """Round trips of one call from its stamped records.
+
+    For every *completed* ``response.done`` carrying function calls (time t0):
+    ``output_ms`` = first ``function_call_output`` for each call id − t0;
+    ``create_ms`` = the first ``response.create`` received at or after the
+    batch's last output − t0.
+    """
+    first_output: dict[str, float] = {}
+    creates: list[float] = []
+    for event, t in zip(call.received, getattr(call.received, "at", [])):
+        kind = event.get("type")
+        item = event.get("item") if isinstance(event.get("item"), dict) else {}
+        if kind == "conversation.item.create" and item.get("type") == "function_call_output":
+            first_output.setdefault(str(item.get("call_id")), t)
+        elif kind == "response.create":
+            creates.append(t)
+    outputs: list[tuple[str, float]] = []
+    create_ms: list[float] = []
+    missing_create = 0
+    for event, t0 in zip(call.sent, getattr(call.sent, "at", [])):
+        if event.get("type") != "response.done" or event["response"].get("status") != "completed":
+            continue
+        ids = [o["call_id"] for o in event["response"].get("output", []) if o.get("type") == "function_call"]
+        if not ids:
+            continue
+        got = [first_output[i] for i in ids if i in first_output]
+        for i in ids:
+            if i in first_output:
+                outputs.append((i, (first_output[i] - t0) * 1000))
+        if len(got) == len(ids):
+            after = [c for c in creates if c >= max(got)]
+            if after:
+                create_ms.append((after[0] - t0) * 1000)
+            else:
+                missing_create += 1
+    duplicates = sum(len(v) - 1 for v in call.outputs.values() if len(v) > 1)
+    return {
+        "outputs": outputs, "create_ms": create_ms, "missing_create": missing_create,
+        "error_codes": [c for c in call.error_codes], "violations": list(call.violations),
+        "unanswered": list(call.pending_call_ids()), "tool_calls": len(call.tool_calls),
+        "duplicate_outputs": duplicates, "response_creates": call.response_creates,
+        "connections": call.connections, "closed": call.closed,
+        "responses": collections.Counter(f"{r.origin}:{r.status}" for r in call.responses),
+    }
+
+
+def aggregate(per_call: dict[str, dict[str, Any]], handshakes: list[dict]) -> dict[str, Any]:
+    outputs = [(i, ms) for r in per_call.values() for i, ms in r["outputs"]]
+    creates = [ms for r in per_call.values() for ms in r["create_ms"]]
+    errors = collections.Counter(c for r in per_call.values() for c in r["error_codes"])
+    violations = [v for r in per_call.values() for v in r["violations"]]
+    responses: collections.Counter = collections.Counter()
+    for r in per_call.values():
+        responses.update(r["responses"])
+    return {
+        "calls": len(per_call),
+        "calls_connected": sum(1 for r in per_call.values() if r["connections"] > 0),
+        "calls_closed": sum(1 for r in per_call.values() if r["closed"]),
+        "tool_calls": sum(r["tool_calls"] for r in per_call.values()),
+        "output_ms": summary(ms for _, ms in outputs),
+        "create_ms": summary(creates),
+        "outputs": outputs,                      # (tool call id, ms): joined with the server's log
+        "missing_create": sum(r["missing_create"] for r in per_call.values()),
+        "error_codes": dict(errors),
+        "violations": len(violations),
+        "violation_examples": violations[:5],
+        "unanswered": sum(len(r["unanswered"]) for r in per_call.values()),
+        "duplicate_outputs": sum(r["duplicate_outputs"] for r in per_call.values()),
+        "response_creates": sum(r["response_creates"] for r in per_call.values()),
+        "responses": dict(responses),
+        "handshakes_rejected": sum(1 for h in handshakes if h["status"] != 101),
+        "reconnects": sum(max(0, r["connections"] - 1) for r in per_call.values()),
+    }
+
+
+async def _stdin_lines(send: trio.MemorySendChannel[str]) -> None:
+    async with send:
+        while True:
+            line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+            if not line:
+                await send.send("EOF")
+                return
+            await send.send(line.strip())
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    sim = Simulator(None, api_key=BENCH_KEY)
+    ids = [f"{args.prefix}-{n}" for n in range(args.calls)]
+    started = time.perf_counter()
+    timed_out = False
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(sim.serve, 0)
+        for cid in ids:
+            stamp(sim.add_call(cid, make_scenario(args, rng)))
+        print(f"PORT {port}", flush=True)
+        commands_send, commands = trio.open_memory_channel[str](8)
+        nursery.start_soon(_stdin_lines, commands_send)
+        calls = [sim.calls[c] for c in ids]
+        with trio.move_on_after(args.timeout) as bound:
+            for call in calls:
+                await call.wait_until(lambda c: c.connections > 0 or c.closed)
+            print(f"CONNECTED {len(calls)}", flush=True)
+            async with trio.open_nursery() as waiters:
+                async def all_closed() -> None:
+                    for call in calls:
+                        await call.wait_until(lambda c: c.closed)
+                    waiters.cancel_scope.cancel()
+
+                async def stop_command() -> None:
+                    async for line in commands:
+                        if line in ("STOP", "EOF"):
+                            waiters.cancel_scope.cancel()
+                            return
+
+                waiters.start_soon(all_closed)
+                waiters.start_soon(stop_command)
+        timed_out = bound.cancelled_caught
+        with trio.move_on_after(5):
+            async with trio.open_nursery() as enders:   # concurrently: a close waits for the peer's reply
+                for cid in ids:
+                    if not sim.calls[cid].closed:
+                        enders.start_soon(sim.end_call, cid, 1000)
+        await trio.sleep(0.2)
+        nursery.cancel_scope.cancel()
+    per_call = {cid: analyse(sim.calls[cid]) for cid in ids}
+    result = aggregate(per_call, sim.handshakes)
+    result.update(workload=args.workload, timed_out=timed_out, wall_s=round(time.perf_counter() - started, 3))
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="simulator host for the benchmarks")
+    p.add_argument("--calls", type=int, default=1)
+    p.add_argument("--prefix", default="rtc_bench")
+    p.add_argument("--workload", default="roundtrip")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--gap", type=float, default=1.0)
+    p.add_argument("--rate-hz", type=float, default=20.0)
+    p.add_argument("--wait", type=float, default=10.0, help="wait_outputs timeout per round")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.configure("json", "warning")
+    result = trio.run(run, args)
+    Path(args.out).write_text(json.dumps(result, default=str))
+    print(f"DONE {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

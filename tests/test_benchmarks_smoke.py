@@ -1,0 +1,75 @@
+"""Smoke runs of every benchmark script with tiny sizes.
+
+Benchmarks are not part of the test suite; this only proves each script
+still runs end to end (simulator and peer processes on loopback, the
+journal handlers) and writes sane results. No timing is asserted.
+Skipped when the ``bench`` extra (psutil, websockets, openai-agents) is
+not installed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("psutil")
+pytest.importorskip("websockets")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """The benchmarks package importable, its work folder in ``tmp_path``.
+    The drivers run in this process; the simulator and peers they start are
+    child processes."""
+    monkeypatch.syspath_prepend(str(REPO))
+    monkeypatch.setenv("VOICEACTORS_BENCH_DIR", str(tmp_path / "bench"))
+    return tmp_path
+
+
+def _main(tmp_path: Path, module: str, *args: str) -> dict:
+    import importlib
+
+    out = tmp_path / f"{module.rsplit('.', 1)[-1]}.json"
+    assert importlib.import_module(module).main([*args, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_roundtrip_ours_answers_every_tool_call(bench):
+    data = _main(bench, "benchmarks.roundtrip", "--peer", "ours", "--calls", "1", "--rounds", "2",
+                 "--gap", "0.2", "--rate-hz", "20")
+    (r,) = data["results"]
+    assert r["tool_calls"] == 2 and r["output_ms"]["n"] == 2 and r["create_ms"]["n"] == 2
+    assert r["overhead_ms"]["n"] == 2          # every output joined with its tool_run log line
+    assert r["error_codes"] == {} and r["violations"] == 0 and r["unanswered"] == 0
+    assert r["cpu"]["peer"]["cpu_s"] > 0 and data["machine"]["cores"] >= 1
+
+
+def test_peers_compare_runs_the_agents_peer(bench):
+    pytest.importorskip("agents")
+    data = _main(bench, "benchmarks.peers_compare", "--peers", "agents", "--calls", "1",
+                 "--rounds", "1", "--gap", "0.2", "--scenario-calls", "0")
+    r = data["results"]["agents"]["roundtrip"]["1"]
+    assert r["output_ms"]["n"] == 1 and r["calls_connected"] == 1, r
+
+
+def test_capacity_idle_memory_with_the_baseline_peer(bench):
+    data = _main(bench, "benchmarks.capacity", "--steps", "--idle", "3", "--idle-peers", "baseline",
+                 "--settle", "0.3")
+    (m,) = data["idle"]
+    assert m["peer"] == "baseline" and m["calls_connected"] == 3 and m["handshakes_rejected"] == 0
+    assert m["rss_joined_mib"] > 0
+
+
+def test_journal_scale_tiny(bench):
+    from benchmarks import journal_scale
+
+    r = journal_scale.run(days=3, n=3)
+    assert r["counts"]["days"] == 3 and r["index_build"]["files"] > 0
+    assert r["index_refresh_unchanged"]["files_indexed"] == 0
+    assert r["index_refresh_one_day"]["files_indexed"] >= 1
+    for key in ("journal.search", "journal.get_day", "commitments.list", "entities.recent_with"):
+        assert r[key]["n"] == 3 and r[key]["errors"] == 0, (key, r[key])

@@ -28,7 +28,8 @@ import trio
 from voiceactors import config, metrics
 from voiceactors.actors.call import END_ERROR, CallActor
 from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.messages import Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions
+from voiceactors.actors.messages import (Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions,
+                                         drain)
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -57,7 +58,7 @@ class CallSupervisor:
         async with trio.open_nursery() as nursery:
             task_status.started()
             async with self._receive:
-                async for message in self._receive:
+                async for message in drain(self._receive):
                     self._handle(message, nursery)
 
     def _handle(self, message: Any, nursery: trio.Nursery) -> None:

@@ -48,7 +48,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult
+from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import (
@@ -173,7 +173,7 @@ class ToolExecutor:
         async with trio.open_nursery() as nursery:
             task_status.started()
             async with self._receive:
-                async for message in self._receive:
+                async for message in drain(self._receive):
                     if isinstance(message, ToolRequest):
                         nursery.start_soon(self._serve, message, self._scope_for(message))
                     elif isinstance(message, CancelReads):

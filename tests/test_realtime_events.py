@@ -178,3 +178,19 @@ def test_ws_url_rejects_other_schemes():
 def test_is_clean_close():
     assert is_clean_close(1000) and is_clean_close(1001)
     assert not any(is_clean_close(c) for c in (1006, 1011, 4000, None))
+
+
+def test_parse_server_event_only_skips_other_known_types_quietly():
+    delta = {"type": "response.output_audio_transcript.delta", "event_id": "e1"}   # missing fields
+    done = {"type": "response.done", "event_id": "e2", "response": {"id": "resp_1", "status": "completed"}}
+    only = {"response.done"}
+    with capture_logs() as logs:
+        assert events.parse_server_event(json.dumps(delta), only=only) is None
+    assert logs == []        # known, just not wanted: no validation, no log line
+    assert events.parse_server_event(json.dumps(done), only=only).response.id == "resp_1"
+    with capture_logs() as logs:
+        assert events.parse_server_event(json.dumps({"type": "made.up"}), only=only) is None
+    assert logs and logs[0]["reason"] == "unknown type"
+    with capture_logs() as logs:
+        assert events.parse_server_event(json.dumps({"type": "response.done"}), only=only) is None
+    assert logs and logs[0]["event"] == "skipped"      # wanted but invalid: still reported

@@ -65,6 +65,16 @@ SOCKET_UP_ENDS = frozenset({END_IDLE, END_MAX, END_SHUTDOWN})
 #: Ends after which the call itself is hung up (the browser is gone, or we stop serving it).
 HANGUP_ENDS = frozenset({END_IDLE, END_MAX})
 
+#: The server events ``_handle`` acts on; the reader skips the rest (deltas,
+#: audio buffer and rate-limit events) without validating them.
+HANDLED_EVENTS = frozenset({
+    "response.created", "response.output_item.added", "response.output_item.done",
+    "response.function_call_arguments.done", "response.done", "input_audio_buffer.speech_started",
+    "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
+    "conversation.item.input_audio_transcription.completed",
+    "response.output_audio_transcript.done", "response.output_text.done",
+})
+
 ACTIVE_RESPONSE = "conversation_already_has_active_response"
 #: After ``conversation_already_has_active_response`` while we saw no active
 #: response (its ``response.created`` fell in a drop), retry after this long.
@@ -336,7 +346,7 @@ class CallActor:
                 raw = await ws.get_message()
                 self._last_event = trio.current_time()
                 self._seq += 1
-                event = rt.parse_server_event(raw)
+                event = rt.parse_server_event(raw, only=HANDLED_EVENTS)
                 if event is None:
                     continue
                 try:
@@ -375,6 +385,7 @@ class CallActor:
     # ------------------------------------------------------- server events
 
     def _handle(self, event: Any) -> None:
+        """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
         kind = event.type
         if kind == "response.created":
             self._on_response_created(event.response)
@@ -419,7 +430,7 @@ class CallActor:
             self._create_inflight = None
         elif new:
             self._carried_forward_by(batch)
-        self.log.info("response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
+        self.log.debug("response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
 
     def _carried_forward_by(self, started: Batch) -> None:
         """A response the model started after every output of a finished batch
@@ -489,7 +500,7 @@ class CallActor:
                 self._maybe_start(call)
             else:
                 self._abandon(call)
-        self.log.info("response.done", response_id=rid, status=batch.status, origin=batch.origin,
+        self.log.debug("response.done", response_id=rid, status=batch.status, origin=batch.origin,
                       epoch=batch.epoch, tool_calls=len(batch.calls))
         self.record_line("response", response_id=rid, status=batch.status, epoch=batch.epoch,
                          origin=batch.origin, tool_calls=list(batch.calls))
@@ -509,7 +520,7 @@ class CallActor:
             if call is not None and call.state != "confirmed":
                 call.state = "confirmed"
                 call.confirmed_seq = self._seq
-                self.log.info("tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
+                self.log.debug("tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
         elif kind == "message" and getattr(item, "role", None) == "user" and first:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
@@ -599,7 +610,7 @@ class CallActor:
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=call.tool_call_id, name=call.name,
                               arguments=call.arguments or "", epoch=call.epoch, turn=call.turn, reply=send)
-        self.log.info("tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch, turn=call.turn)
+        self.log.debug("tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch, turn=call.turn)
         if self.feed is not None:
             self.feed.tool_started(tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         result: ToolResult | None = None
@@ -631,7 +642,7 @@ class CallActor:
             call.output = result.output
             call.state = "ready"
             self._queue_output(call)
-        self.log.info("tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+        self.log.debug("tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                       current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
         if self.feed is not None:
             self.feed.tool_done(tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
@@ -707,8 +718,11 @@ class CallActor:
             batch = self.batches[rid]
             batch.status = "lost"
             for call_id in batch.calls:
-                # complete calls already run; the rest will never complete
-                self._abandon(self.calls[call_id])
+                # complete calls already run (a started write must report its
+                # real result); the rest will never complete
+                call = self.calls[call_id]
+                if not call.complete:
+                    self._abandon(call)
         self.active.clear()
         self._retry_at = None
 

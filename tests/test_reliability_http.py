@@ -140,6 +140,7 @@ def test_fuzzing_left_no_unhandled_error_in_the_log(server):
 
 # --- explicit bad input -----------------------------------------------------------------------
 
+JSON = {"Content-Type": "application/json"}
 POSTS = ["/api/voice/session", "/api/voice/connect", "/api/voice/refresh-brain"]
 
 
@@ -170,8 +171,8 @@ def test_other_encodings_decode_as_json_and_call_ids_stay_strict(client, raw):
     """Recorded behaviour: ``json.loads`` detects UTF-8-BOM/16/32, so these
     are objects — accepted where a body is optional, and a call id must
     still match ``^[A-Za-z0-9_-]{1,128}$``."""
-    assert client.post("/api/voice/session", content=raw).status_code == 200
-    response = client.post("/api/voice/connect", content=raw)
+    assert client.post("/api/voice/session", content=raw, headers=JSON).status_code == 200
+    response = client.post("/api/voice/connect", content=raw, headers=JSON)
     assert response.status_code == 400
     assert response.json()["error"] in ("call_id is required", "call_id is invalid")
 
@@ -184,20 +185,31 @@ def test_other_encodings_decode_as_json_and_call_ids_stay_strict(client, raw):
     ("application/xml", b"<call_id>rtc_1</call_id>"),
     ("", b"call_id=rtc_1"),
 ])
-def test_bodies_that_are_not_json_are_400_whatever_the_content_type(client, content_type, raw):
+def test_bodies_not_declared_json_are_415(client, content_type, raw):
     for path in POSTS:
         response = client.post(path, content=raw, headers={"Content-Type": content_type} if content_type else {})
-        assert response.status_code == 400, (path, content_type, response.text)
-        assert_error_shape(response)
+        assert response.status_code == 415, (path, content_type, response.text)
+        assert response.json() == {"error": "content type must be application/json"}
 
 
-def test_content_type_is_not_checked_json_in_text_plain_is_accepted(client, server):
-    """Recorded behaviour (docs/reliability.md): the body is parsed as JSON
-    whatever ``Content-Type`` says, so a JSON body sent as ``text/plain`` works."""
+def test_json_sent_as_text_plain_is_refused(client, server):
+    """A cross-site page can POST ``text/plain`` to a loopback server without a
+    CORS preflight; such a body once passed as JSON (a page could mint sessions)."""
     server["sim"].add_call("rtc_text_plain")
     response = client.post("/api/voice/connect", content=b'{"call_id": "rtc_text_plain"}',
                            headers={"Content-Type": "text/plain"})
-    assert response.status_code == 200 and response.json() == {"status": "connected"}
+    assert response.status_code == 415 and response.json() == {"error": "content type must be application/json"}
+    assert server["sim"].calls["rtc_text_plain"].connections == 0
+
+
+def test_requests_a_browser_marks_cross_site_are_403(client):
+    for path in POSTS:
+        response = client.post(path, content=b"", headers={"Sec-Fetch-Site": "cross-site"})
+        assert response.status_code == 403 and response.json() == {"error": "cross-site request refused"}
+    response = client.get("/api/voice/status", headers={"Sec-Fetch-Site": "cross-site"})
+    assert response.status_code == 403
+    response = client.get("/api/voice/status", headers={"Sec-Fetch-Site": "same-origin"})
+    assert response.status_code == 200
 
 
 @pytest.mark.parametrize("path", POSTS)
@@ -218,11 +230,11 @@ def test_deeply_nested_json_is_400_or_ignored_never_a_crash(client, path):
 def test_huge_json_just_under_the_limit_is_handled(client):
     wide = json.dumps({f"k{i}": i for i in range(4000)}).encode()            # ~57 KiB, 4000 keys
     assert len(wide) < BODY_LIMIT
-    assert client.post("/api/voice/session", content=wide).status_code == 200
-    response = client.post("/api/voice/connect", content=wide)
+    assert client.post("/api/voice/session", content=wide, headers=JSON).status_code == 200
+    response = client.post("/api/voice/connect", content=wide, headers=JSON)
     assert response.status_code == 400 and response.json() == {"error": "call_id is required"}
     long_id = json.dumps({"call_id": "r" * 60_000}).encode()
-    response = client.post("/api/voice/connect", content=long_id)
+    response = client.post("/api/voice/connect", content=long_id, headers=JSON)
     assert response.status_code == 400 and response.json() == {"error": "call_id is invalid"}
 
 

@@ -1,10 +1,18 @@
-"""Bearer-token access to ``/api/voice/*``.
+"""Who may call ``/api/voice/*``: the bearer token, and the browser guard.
 
 On loopback (the default, 127.0.0.1) the API is open unless a token is
 configured. On any other address a token (``VOICEACTORS_API_TOKEN``) is
 required: the server refuses to start without one (``refusal``), and every
 ``/api/voice/*`` request must carry ``Authorization: Bearer <token>``.
 Tokens are compared in constant time.
+
+The browser guard holds with or without a token. A web page the user visits
+may send "simple" cross-site requests to a server on loopback without any
+preflight (a ``text/plain`` POST, or one without a body); unguarded, any page
+could mint sessions on the user's OpenAI account or force brain refreshes.
+So a request a browser marks ``Sec-Fetch-Site: cross-site`` is refused (403),
+and a POST body must be declared JSON (415): a cross-origin JSON POST needs a
+CORS preflight, which this server never grants.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import hmac
 
 from quart import Quart, request
 
-from voiceactors.http.errors import UNAUTHORIZED, ApiError
+from voiceactors.http.errors import CROSS_SITE, NOT_JSON_CONTENT, UNAUTHORIZED, ApiError
 from voiceactors.settings import Settings
 
 PROTECTED_PREFIX = "/api/voice/"
@@ -45,9 +53,28 @@ def authorized(settings: Settings, header: str | None) -> bool:
     return hmac.compare_digest(presented.strip().encode("utf-8"), settings.api_token.encode("utf-8"))
 
 
+def _declared_json_or_empty() -> bool:
+    mimetype = request.mimetype
+    if mimetype:
+        return mimetype == "application/json" or mimetype.endswith("+json")
+    chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    return not chunked and not request.content_length
+
+
 def install(app: Quart, settings: Settings) -> None:
-    """Check the token before every ``/api/voice/*`` request (also before
-    routing, so unknown paths under the prefix answer 401, not 404)."""
+    """Guard every ``/api/voice/*`` request before routing: the browser guard
+    always, the token when one is required (unknown paths under the prefix
+    answer 401, not 404)."""
+
+    @app.before_request
+    async def _browser_guard() -> None:
+        if not request.path.startswith(PROTECTED_PREFIX):
+            return
+        if request.headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site":
+            raise ApiError(403, CROSS_SITE)
+        if request.method == "POST" and not _declared_json_or_empty():
+            raise ApiError(415, NOT_JSON_CONTENT)
+
     if not token_required(settings):
         return
 

@@ -27,6 +27,8 @@ REFRESH_FAILED = "brain refresh failed"
 CALL_NOT_FOUND = "call not found"
 UNAUTHORIZED = "unauthorized"
 TOO_LARGE = "request body too large"
+NOT_JSON_CONTENT = "content type must be application/json"
+CROSS_SITE = "cross-site request refused"
 INTERNAL = "internal error"
 
 # werkzeug's titles ("Not Found") lower-cased, for the statuses we expect to see.
@@ -62,10 +64,14 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return response
 
 
+#: Answers given before the request body is read (the guards in app.py and
+#: auth.py): the rest of that body is still on the wire, so the connection
+#: cannot carry another request.
+REFUSED_UNREAD = frozenset({401, 403, 413, 415})
+
+
 def _closing(response: Any) -> Any:
-    """A 413 is answered before the body was read: the rest of that body is
-    still on the wire, so the connection cannot carry another request."""
-    if response.status_code == 413:
+    if response.status_code in REFUSED_UNREAD:
         response.headers["Connection"] = "close"
     return response
 

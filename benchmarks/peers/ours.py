@@ -74,31 +74,6 @@ async def main(args) -> None:
         Path(args.log + ".lag.json").write_text(json.dumps(lags))
 
 
-def _draining_executor() -> None:
-    """Experiment only: a ToolExecutor loop that handles every message already
-    buffered in its inbox before yielding (the shipped loop yields to the
-    scheduler once per message), to test whether the inbox hop is the queue."""
-    from voiceactors.actors.messages import CancelReads, ToolRequest
-    from voiceactors.actors.tools import ToolExecutor
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            task_status.started()
-            async with self._receive:
-                async for message in self._receive:
-                    while True:
-                        if isinstance(message, ToolRequest):
-                            nursery.start_soon(self._serve, message, self._scope_for(message))
-                        elif isinstance(message, CancelReads):
-                            self._cancel_reads(message)
-                        try:
-                            message = self._receive.receive_nowait()
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
-
-    ToolExecutor.run = run
-
-
 def _inline_run_sync() -> None:
     """Experiment only: make ``storage.run_sync`` call its function on the
     trio thread, to measure what the worker-thread hop costs under load."""
@@ -116,8 +91,6 @@ def run(argv: list[str] | None = None) -> int:
     switch = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch:   # experiment knob: the GIL switch interval (default 0.005 s)
         sys.setswitchinterval(float(switch))
-    if os.environ.get("BENCH_DRAIN_INBOX"):   # experiment knob: executor drains its inbox per turn
-        _draining_executor()
     if os.environ.get("BENCH_INLINE_SYNC"):   # experiment knob: no worker-thread hop (see docs/benchmarks.md)
         _inline_run_sync()
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)

@@ -102,3 +102,34 @@ def test_paths_are_validated(tmp_path):
             activities.load_records(tmp_path, facet, day)
     with pytest.raises(InvalidName):
         activities.activity_days(tmp_path, "../facets")
+
+
+def test_activity_days_and_day_files_within_a_range(tmp_path):
+    write_facet(tmp_path, "work")
+    for day in ("20260330", "20260331", "20260401", "20260402", "20260410"):
+        write_day(tmp_path, "work", day, [{"id": day}])
+    acts = tmp_path / "facets" / "work" / "activities"
+    (acts / "activities.jsonl").write_text("{}\n")       # the type list: never a day
+    (acts / "2026040.jsonl").write_text("{}\n")          # not a day name
+    (acts / "20260403.jsonl").mkdir()                    # not a file
+    assert activities.activity_days(tmp_path, "work", "20260331", "20260403") == [
+        "20260331", "20260401", "20260402"]
+    assert activities.activity_days(tmp_path, "work", first="20260402") == ["20260402", "20260410"]
+    assert activities.activity_days(tmp_path, "work", last="20260330") == ["20260330"]
+    assert activities.activity_days(tmp_path, "work", "20260403", "20260409") == []
+    assert activities.day_files(tmp_path, "work", "20260401", "20260401") == [acts / "20260401.jsonl"]
+    assert activities.day_files(tmp_path, "work") == [acts / f"{d}.jsonl" for d in (
+        "20260330", "20260331", "20260401", "20260402", "20260410")]
+
+
+def test_records_between(tmp_path):
+    write_facet(tmp_path, "work")
+    write_day(tmp_path, "work", "20260401", [{"id": "a"}, {"id": "b"}], raw=["{bad"])
+    write_day(tmp_path, "work", "20260403", [{"id": "c"}])
+    write_day(tmp_path, "work", "20260405", [{"id": "d"}])
+    assert activities.records_between(tmp_path, "work", "20260401", "20260404") == [
+        ("20260401", [{"id": "a"}, {"id": "b"}]), ("20260403", [{"id": "c"}])]
+    assert [day for day, _ in activities.records_between(tmp_path, "work")] == ["20260401", "20260403", "20260405"]
+    assert activities.records_between(tmp_path, "nowhere", "20260401", "20260404") == []
+    with pytest.raises(InvalidName):
+        activities.records_between(tmp_path, "../facets")

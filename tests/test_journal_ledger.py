@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from voiceactors import storage
 from voiceactors.journal import ledger
 from voiceactors.journal.paths import InvalidName
 
@@ -308,15 +310,140 @@ def test_list_rejects_unknown_state_and_bad_facet(mixed):
 # --- caching ---------------------------------------------------------------------
 
 
-def test_derive_is_cached_until_a_file_changes(journal):
+class ManualClock:
+    """The ledger cache's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_past_ttl(self) -> None:
+        self.now += ledger.CACHE_TTL_S + 0.001
+
+
+@pytest.fixture
+def cache_clock(monkeypatch) -> ManualClock:
+    clock = ManualClock()
+    monkeypatch.setattr(ledger, "monotonic", clock)
+    return clock
+
+
+def test_derive_is_cached_until_a_file_changes(journal, cache_clock):
     path = write_day(journal, "work", "20260301", [record("a_1", T0, commitments=[commitment("one")])])
     first = ledger.derive(journal)
     again = ledger.derive(journal)
     assert again[0] is first[0]  # same objects: nothing was re-parsed
     path.write_text(path.read_text() + json.dumps(record("a_2", T0 + 1, commitments=[commitment("two")])) + "\n")
+    cache_clock.advance_past_ttl()  # an in-place rewrite shows once the TTL has passed
     assert [i.action for i in ledger.derive(journal)] == ["one", "two"]
     write_day(journal, "work", "20260302", [record("a_3", T0 + 2, commitments=[commitment("three")])])
     assert len(ledger.derive(journal)) == 3
+
+
+def _age(folder: Path) -> None:
+    """Give ``folder`` an mtime well in the past, so that any later change to
+    its entries moves it whatever the file system's timestamp granularity."""
+    past = time.time_ns() - 60 * 10**9
+    os.utime(folder, ns=(past, past))
+
+
+def test_in_place_rewrite_shows_only_after_the_ttl(journal, cache_clock):
+    path = write_day(journal, "work", "20260301", [record("a_1", T0, commitments=[commitment("one")])])
+    assert [i.action for i in ledger.derive(journal)] == ["one"]
+    path.write_text(path.read_text() + json.dumps(record("a_2", T0 + 1, commitments=[commitment("two")])) + "\n")
+    cache_clock.now += ledger.CACHE_TTL_S / 2
+    assert [i.action for i in ledger.derive(journal)] == ["one"]   # within the TTL: the cached items
+    cache_clock.now += ledger.CACHE_TTL_S / 2
+    assert [i.action for i in ledger.derive(journal)] == ["one", "two"]
+
+
+def test_replaced_added_and_removed_files_show_at_once(journal, cache_clock):
+    acts = journal / "facets" / "work" / "activities"
+    path = write_day(journal, "work", "20260301", [record("a_1", T0, commitments=[commitment("one")])])
+    _age(acts)
+    assert [i.action for i in ledger.derive(journal)] == ["one"]
+    storage.atomic_write(path, json.dumps(record("a_1", T0, commitments=[commitment("uno")])) + "\n")
+    assert [i.action for i in ledger.derive(journal)] == ["uno"]           # replaced (os.replace)
+    _age(acts)
+    ledger.derive(journal)
+    other = write_day(journal, "work", "20260302", [record("a_2", T0 + 1, commitments=[commitment("two")])])
+    assert [i.action for i in ledger.derive(journal)] == ["uno", "two"]    # added
+    _age(acts)
+    ledger.derive(journal)
+    other.unlink()
+    assert [i.action for i in ledger.derive(journal)] == ["uno"]           # removed
+    _age(journal / "facets")
+    ledger.derive(journal)
+    write_day(journal, "home", "20260303", [record("h_1", T0 + 2, commitments=[commitment("three")])])
+    assert [i.action for i in ledger.derive(journal)] == ["uno", "three"]  # a new facet
+
+
+def test_close_shows_at_once_within_the_ttl(journal, cache_clock):
+    write_day(journal, "work", "20260301", [record("a_1", T0, commitments=[commitment("one")])])
+    (item,) = ledger.derive(journal)
+    closed = ledger.close(journal, item.id, "dropped", "resolution: dropped")
+    assert closed.state == "dropped"
+    assert ledger.derive(journal) == [closed]
+    assert ledger.list_items(journal, state="open") == []
+    assert ledger.list_items(journal, state="dropped") == [closed]
+
+
+def _ledger_journal(root: Path) -> None:
+    """Several facets and files, story closures, manual closes, shared ids."""
+    write_facet(root, "home")
+    for day in range(1, 7):
+        write_day(root, "work", f"202603{day:02}", [
+            record(f"w{day}_{k}", T0 + day * DAY_MS + k, commitments=[
+                commitment(f"follow up on topic {day} {k}", counterparty_id=f"p{k % 3}"),
+                commitment(f"send notes {k}", owner_id=None, counterparty_id=None, counterparty="Ann"),
+            ], closures=[closure(f"followed up on topic {day - 1} {k}", counterparty_id=f"p{k % 3}")] if day > 1 else [],
+            edits=[manual(ledger.item_id("me", f"follow up on topic {day - 2} {k}", f"p{k % 3}"), "dropped",
+                          "2026-03-20T10:00:00Z", note="resolution: dropped")] if day > 2 and k == 1 else None)
+            for k in range(4)])
+        write_day(root, "home", f"202603{day:02}", [
+            record(f"h{day}", T0 + day * DAY_MS + 9, commitments=[
+                commitment("fix the sink"), commitment(f"call the plumber {day}", counterparty_id="plumber")])])
+
+
+def _views(root: Path) -> dict[str, list[ledger.LedgerItem]]:
+    every = ["home", "work"]
+    return {"derive": ledger.derive(root), **{
+        str(state): ledger.list_items(root, state=state, facets=every, top=None)
+        for state in (None, "open", "closed", "dropped")}}
+
+
+def test_close_patches_one_item_and_matches_a_full_rebuild(tmp_path, cache_clock):
+    journal = tmp_path / "journal"
+    _ledger_journal(journal)
+    before = {i.id: i for i in ledger.derive(journal)}
+    states = {i.state for i in before.values()}
+    assert states == {"open", "closed", "dropped"}
+    targets = [i for i in before.values() if i.state == "open"][:3] + \
+        [i for i in before.values() if i.state == "closed"][:2] + [i for i in before.values() if i.state == "dropped"][:1]
+    for n, item in enumerate(targets):
+        ledger.close(journal, item.id, "dropped" if n % 2 else "closed", f"resolution: r{n}")
+    ledger.close(journal, targets[0].id, "dropped", "resolution: changed my mind")   # a second close
+    after = {i.id: i for i in ledger.derive(journal)}
+    changed = {i.id for i in targets}
+    # patched, not rebuilt: every other item is the very object derived before
+    assert all(after[k] is before[k] for k in before if k not in changed)
+    assert [after[i.id].state for i in targets] == ["dropped", "dropped", "closed", "dropped", "closed", "dropped"]
+    assert after[targets[0].id].resolution == "changed my mind"
+    assert after[targets[4].id].resolution == "r4" and after[targets[4].id].closed_at != before[targets[4].id].closed_at
+    # exactly what a cold derivation (a copy of the journal: a fresh cache) gives
+    cold = shutil.copytree(journal, tmp_path / "cold")
+    assert _views(journal) == _views(cold)
+
+
+def test_close_after_an_outside_change_to_the_same_file_rebuilds(journal, cache_clock):
+    path = write_day(journal, "work", "20260301", [record("a_1", T0, commitments=[commitment("one")])])
+    (item,) = ledger.derive(journal)
+    # rewritten in place within the TTL: the cache has not seen it when we close
+    path.write_text(path.read_text() + json.dumps(record("a_2", T0 + 1, commitments=[commitment("two")])) + "\n")
+    ledger.close(journal, item.id, "closed", "resolution: done")
+    assert [(i.action, i.state) for i in ledger.derive(journal)] == [("one", "closed"), ("two", "open")]
 
 
 # --- close ---------------------------------------------------------------------------
@@ -467,13 +594,14 @@ def test_close_preserves_corrupt_lines_verbatim(journal):
     assert _edits(path, "a_1")[0]["ledger_close"]["item_id"] == item.id
 
 
-def test_close_on_fixture_copy_with_added_commitments(fixture_copy):
+def test_close_on_fixture_copy_with_added_commitments(fixture_copy, cache_clock):
     assert ledger.derive(fixture_copy) == []  # the fixture has no commitments
     path = fixture_copy / "facets" / "montague" / "activities" / "20260309.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows[0]["commitments"] = [commitment("send Juliet the API spec", owner="Romeo", owner_id="romeo_montague",
                                          counterparty="Juliet", counterparty_id="juliet_capulet")]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache_clock.advance_past_ttl()  # rewritten in place: shows once the TTL has passed
     (item,) = ledger.list_items(fixture_copy, state="open")
     assert item.facet == "montague" and item.opened_at == rows[0]["created_at"]
     closed = ledger.close(fixture_copy, item.id, "closed", "resolution: sent")

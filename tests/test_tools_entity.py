@@ -103,3 +103,14 @@ def test_sample_journal(sample):
     seen = recent_with(sample, {"entity_slug": "maya_chen", "days": 14})
     assert seen["count"] > 0
     assert all("2026-03-13" <= i["date"] <= "2026-03-27" for i in seen["interactions"])
+
+
+def test_recent_with_window_edges(fixture_copy, tmp_path, pin_today):
+    """``days: 3`` on 2026-03-27 covers the day files 2026-03-24 .. 2026-03-27."""
+    pin_today("2026-03-27")
+    for n, day in enumerate(("20260323", "20260324", "20260327", "20260328")):
+        _records(fixture_copy, "verona", day, [
+            {"id": f"call_{day}", "activity": "call", "description": f"On {day}", "created_at": 1774000000000 + n,
+             "participation": [{"name": "J.", "entity_id": "juliet_capulet"}]}])
+    out = recent_with(ToolContext(fixture_copy, tmp_path / "s"), {"entity_slug": "juliet_capulet", "days": 3})
+    assert [i["date"] for i in out["interactions"]] == ["2026-03-27", "2026-03-24"]

@@ -29,22 +29,41 @@ def activities_dir(root: Path, facet: str) -> Path:
     return inside(root, "facets", check_slug(facet), "activities")
 
 
-def day_files(root: Path, facet: str) -> list[Path]:
-    """The facet's record files ``YYYYMMDD.jsonl``, sorted by day."""
+def _day_names(root: Path, facet: str, first: str | None, last: str | None) -> tuple[Path, list[str]]:
+    """The facet's folder and its sorted ``YYYYMMDD`` record-file days within
+    ``first``..``last`` (inclusive, ``YYYYMMDD``; None = open ended). Names are
+    filtered as strings before anything else: a long journal has thousands."""
     folder = activities_dir(root, facet)
     try:
-        entries = list(os.scandir(folder))
+        with os.scandir(folder) as it:
+            entries = list(it)
     except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(
-        Path(e.path) for e in entries
-        if e.name.endswith(".jsonl") and DAY_RE.fullmatch(e.name[:-6]) and e.is_file()
-    )
+        return folder, []
+    days = []
+    for e in entries:
+        name = e.name
+        if not name.endswith(".jsonl"):
+            continue
+        day = name[:-6]
+        if (first is not None and day < first) or (last is not None and day > last):
+            continue
+        if DAY_RE.fullmatch(day) and e.is_file():
+            days.append(day)
+    days.sort()       # same order as sorting the paths: one folder, same suffix
+    return folder, days
 
 
-def activity_days(root: Path, facet: str) -> list[str]:
-    """Sorted ``YYYYMMDD`` days for which the facet has a record file."""
-    return [p.name[:-6] for p in day_files(root, facet)]
+def day_files(root: Path, facet: str, first: str | None = None, last: str | None = None) -> list[Path]:
+    """The facet's record files ``YYYYMMDD.jsonl``, sorted by day; only days
+    from ``first`` to ``last`` (inclusive, ``YYYYMMDD``) when given."""
+    folder, days = _day_names(root, facet, first, last)
+    return [folder / f"{day}.jsonl" for day in days]
+
+
+def activity_days(root: Path, facet: str, first: str | None = None, last: str | None = None) -> list[str]:
+    """Sorted ``YYYYMMDD`` days for which the facet has a record file; only
+    days from ``first`` to ``last`` (inclusive, ``YYYYMMDD``) when given."""
+    return _day_names(root, facet, first, last)[1]
 
 
 def records_path(root: Path, facet: str, day: str) -> Path:
@@ -55,6 +74,15 @@ def load_records(root: Path, facet: str, day: str) -> list[dict[str, Any]]:
     """The records of one facet and day (``YYYYMMDD``), in file order; ``[]``
     when there is no file. Corrupt lines are skipped and logged."""
     return read_jsonl(records_path(root, facet, day))
+
+
+def records_between(root: Path, facet: str, first: str | None = None,
+                    last: str | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
+    """``(day, records)`` for each of the facet's record files from ``first``
+    to ``last`` (inclusive, ``YYYYMMDD``; None = open ended), oldest day
+    first: ``load_records`` over a range, with the folder checked once."""
+    folder, days = _day_names(root, facet, first, last)
+    return [(day, read_jsonl(folder / f"{day}.jsonl")) for day in days]
 
 
 # --- anticipated ------------------------------------------------------------

@@ -19,24 +19,33 @@ with ``fields == ["ledger_close"]`` close or drop them by hand. The rules (see
 
 ``derive`` is cached per journal root, keyed by ``(path, mtime_ns, size)`` of
 every activity day file, and each file's extracted facts are cached the same
-way, so an unchanged journal costs one ``stat`` per file. The caches are
+way. Checking that key stats every file, so it is done at most once every
+``CACHE_TTL_S`` (2 s) while the mtimes of ``facets/``, its folders and their
+``activities/`` folders stay put: a file added, removed or replaced
+(``os.replace``, as solstone and ``voiceactors.storage`` write) shows up at the
+next call, a file rewritten in place within ``CACHE_TTL_S``. The caches are
 guarded by locks: the functions here are called from worker threads.
 
 ``close`` is the one write: it appends a ``ledger_close`` edit to the record
 that opened the item, through ``voiceactors.storage.update_jsonl`` (flock on
-``<file>.lock``, temp file + fsync + ``os.replace``). It blocks; async callers
-run it with ``storage.run_sync(..., cancellable=False)``.
+``<file>.lock``, temp file + fsync + ``os.replace``). Its effect is visible at
+once: it re-reads that one file and, as a close changes only the state of the
+item it names, patches that item in the cached derivation instead of
+rebuilding every item. It blocks; async callers run it with
+``storage.run_sync(..., cancellable=False)``.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import hashlib
 import os
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from rapidfuzz import fuzz, process
 
@@ -298,6 +307,11 @@ class _Derived:
     closed_order: list[LedgerItem] = field(default_factory=list)     # closed_at desc
     opening: dict[str, SourceRef] = field(default_factory=dict)
     manual: dict[str, list[_Manual]] = field(default_factory=dict)
+    # what an item is made of besides its manual closes, kept so that a close
+    # (which only adds a manual close) can rebuild that one item
+    firsts: dict[str, _Commitment] = field(default_factory=dict)
+    base_refs: dict[str, list[tuple[tuple, SourceRef]]] = field(default_factory=dict)
+    story: dict[str, list[_Closure]] = field(default_factory=dict)
 
 
 def _source_key(ref: SourceRef, created: int) -> tuple[int, str, str, str, int]:
@@ -336,60 +350,126 @@ def _match_closures(firsts: list[_Commitment], closures: list[_Closure]) -> dict
     return matched
 
 
+def _make_item(c: _Commitment, base_refs: list[tuple[tuple, SourceRef]], story: list[_Closure],
+               manuals: list[_Manual]) -> LedgerItem:
+    """One item from its first commitment, the refs of its commitments and
+    story closures (in that order), its story closures and its manual closes."""
+    refs = base_refs + [(_source_key(m.source, m.source_created_at), m.source) for m in manuals]
+    state, closed_at, resolution = "open", None, None
+    if manuals:
+        last = max(manuals, key=lambda m: m.order)
+        state, closed_at, resolution = last.state, last.closed_at, last.resolution
+    elif story:
+        state, closed_at = "closed", story[0].closed_at
+    return LedgerItem(
+        id=c.id, state=state, owner=c.owner, owner_entity_id=c.owner_entity_id,
+        counterparty=c.counterparty, counterparty_entity_id=c.counterparty_entity_id,
+        action=c.action, when=c.when, context=c.context, opened_at=c.order[0],
+        closed_at=closed_at, resolution=resolution, facet=c.source.facet,
+        sources=tuple(ref for _key, ref in sorted(refs, key=lambda r: r[0])),
+    )
+
+
+def _manual_by_item(facts: Iterable[_FileFacts]) -> dict[str, list[_Manual]]:
+    manual: dict[str, list[_Manual]] = {}
+    for ff in facts:
+        for m in ff.manual:
+            manual.setdefault(m.item_id, []).append(m)
+    return manual
+
+
+def _open_key(item: LedgerItem) -> tuple[int, str]:
+    return (item.opened_at, item.id)
+
+
+def _closed_key(item: LedgerItem) -> tuple[int, str]:
+    return (item.closed_at or 0, item.id)
+
+
 def _build(facts: Iterable[_FileFacts]) -> _Derived:
+    facts = list(facts)
     firsts: dict[str, _Commitment] = {}
     sources: dict[str, list[tuple[tuple, SourceRef]]] = {}
     closures: list[_Closure] = []
-    manual: dict[str, list[_Manual]] = {}
     for ff in facts:
         for c in ff.commitments:
             sources.setdefault(c.id, []).append((_source_key(c.source, c.order[0]), c.source))
             if c.id not in firsts or c.order < firsts[c.id].order:
                 firsts[c.id] = c
         closures.extend(ff.closures)
-        for m in ff.manual:
-            manual.setdefault(m.item_id, []).append(m)
+    manual = _manual_by_item(facts)
 
     ordered = sorted(firsts.values(), key=lambda c: (c.order, c.id))
     matched = _match_closures(ordered, closures)
-    out = _Derived(manual=manual)
+    out = _Derived(manual=manual, story=matched)
     for c in ordered:
-        refs = list(sources[c.id])
         story = matched.get(c.id, [])
-        refs += [(_source_key(cl.source, cl.closed_at), cl.source) for cl in story]
-        manuals = manual.get(c.id, [])
-        refs += [(_source_key(m.source, m.source_created_at), m.source) for m in manuals]
-        state, closed_at, resolution = "open", None, None
-        if manuals:
-            last = max(manuals, key=lambda m: m.order)
-            state, closed_at, resolution = last.state, last.closed_at, last.resolution
-        elif story:
-            state, closed_at = "closed", story[0].closed_at
-        item = LedgerItem(
-            id=c.id, state=state, owner=c.owner, owner_entity_id=c.owner_entity_id,
-            counterparty=c.counterparty, counterparty_entity_id=c.counterparty_entity_id,
-            action=c.action, when=c.when, context=c.context, opened_at=c.order[0],
-            closed_at=closed_at, resolution=resolution, facet=c.source.facet,
-            sources=tuple(ref for _key, ref in sorted(refs, key=lambda r: r[0])),
-        )
-        out.items[c.id] = item
+        base = sources[c.id] + [(_source_key(cl.source, cl.closed_at), cl.source) for cl in story]
+        out.items[c.id] = _make_item(c, base, story, manual.get(c.id, []))
         out.opening[c.id] = c.source
+        out.firsts[c.id] = c
+        out.base_refs[c.id] = base
     out.open_order = [i for i in out.items.values() if i.state == "open"]
-    out.open_order.sort(key=lambda i: (i.opened_at, i.id))
+    out.open_order.sort(key=_open_key)
     out.closed_order = [i for i in out.items.values() if i.state != "open"]
-    out.closed_order.sort(key=lambda i: (i.closed_at or 0, i.id), reverse=True)
+    out.closed_order.sort(key=_closed_key, reverse=True)
     return out
 
 
+def _desc_index(items: list[LedgerItem], key: tuple[int, str]) -> int:
+    """Where ``key`` goes in ``items`` sorted by ``_closed_key`` descending."""
+    lo, hi = 0, len(items)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _closed_key(items[mid]) > key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _replace_item(d: _Derived, new: LedgerItem) -> None:
+    """Swap one item in ``d`` (same id), keeping both order lists sorted exactly
+    as ``_build`` sorts them (their keys end with the id, so they are unique)."""
+    old = d.items[new.id]
+    d.items[new.id] = new         # same key: its place in opening order is kept
+    if old.state == "open":
+        at = bisect.bisect_left(d.open_order, _open_key(old), key=_open_key)
+        del d.open_order[at]
+    else:
+        at = _desc_index(d.closed_order, _closed_key(old))
+        del d.closed_order[at]
+    if new.state == "open":
+        bisect.insort(d.open_order, new, key=_open_key)
+    else:
+        d.closed_order.insert(_desc_index(d.closed_order, _closed_key(new)), new)
+
+
 # --- the per-root cache --------------------------------------------------------------
+
+#: How long a validated derivation is trusted while no activity folder's mtime
+#: changed. Files replaced or added (solstone and ``storage`` write through
+#: ``os.replace``) change their folder's mtime and show up at the next call; a
+#: file rewritten in place does not, so it shows up within this many seconds.
+CACHE_TTL_S = 2.0
+#: The cache's clock (seconds, monotonic). Module level so tests can pass in
+#: one they control.
+monotonic: Callable[[], float] = time.monotonic
+
+_Stamps = dict[str, tuple[int, int]]          # path -> (mtime_ns, size)
+_DirSig = tuple[Any, ...]
 
 
 class _RootCache:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.key: tuple[tuple[str, int, int], ...] | None = None
+        self.stamps: _Stamps | None = None    # what ``derived`` was built from
         self.derived: _Derived | None = None
+        # path -> (mtime_ns, size, facts); in scan (path) order, which is the
+        # order ``_build`` consumes them in
         self.files: dict[str, tuple[int, int, _FileFacts]] = {}
+        self.dir_sig: _DirSig | None = None   # folder mtimes at the last full check
+        self.checked: float | None = None     # ``monotonic()`` at the last full check
 
 
 _roots_lock = threading.Lock()
@@ -405,9 +485,31 @@ def _root_cache(root: Path) -> _RootCache:
         return cache
 
 
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _dir_sig(root: Path) -> _DirSig:
+    """mtimes of ``facets/``, of every folder in it and of its ``activities/``:
+    what changes when a facet, a ``facet.json`` or an activity file appears,
+    disappears or is replaced (a few stats, not one per file)."""
+    top = os.path.join(root, "facets")
+    try:
+        with os.scandir(top) as it:
+            names = sorted(entry.name for entry in it)
+    except OSError:
+        return (None,)
+    return (_mtime(top), *(
+        (name, _mtime(os.path.join(top, name)), _mtime(os.path.join(top, name, "activities")))
+        for name in names))
+
+
 def _scan(root: Path) -> list[tuple[str, str, str, int, int]]:
     """``(path, facet, day, mtime_ns, size)`` of every activity day file of
-    every facet (stat only)."""
+    every facet (stat only), sorted by path."""
     out = []
     for facet in facet_slugs(root):
         try:
@@ -415,7 +517,8 @@ def _scan(root: Path) -> list[tuple[str, str, str, int, int]]:
         except ValueError:  # a facet symlinked outside the journal
             continue
         try:
-            entries = list(os.scandir(folder))
+            with os.scandir(folder) as it:
+                entries = list(it)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
@@ -423,51 +526,109 @@ def _scan(root: Path) -> list[tuple[str, str, str, int, int]]:
             if not (name.endswith(".jsonl") and DAY_RE.fullmatch(name[:-6])):
                 continue
             try:
+                if not entry.is_file():
+                    continue
                 st = entry.stat()
             except FileNotFoundError:
                 continue
-            if entry.is_file():
-                out.append((entry.path, facet, name[:-6], st.st_mtime_ns, st.st_size))
+            out.append((entry.path, facet, name[:-6], st.st_mtime_ns, st.st_size))
     out.sort()
     return out
 
 
 def _derived(root: Path) -> _Derived:
+    """The cached derivation of ``root``, checked first.
+
+    The full check stats every activity file. It is skipped while no folder
+    mtime (``_dir_sig``) changed and the last full check is younger than
+    ``CACHE_TTL_S``. Only files whose ``(mtime_ns, size)`` changed are re-read;
+    any change rebuilds the items from the per-file facts."""
+    root = Path(root)
     cache = _root_cache(root)
     with cache.lock:
-        files = _scan(Path(root))
-        key = tuple((p, m, s) for p, _f, _d, m, s in files)
-        if cache.derived is not None and cache.key == key:
+        now = monotonic()
+        sig = _dir_sig(root)          # before the scan: a change during it shows next time
+        if (cache.derived is not None and cache.checked is not None and sig == cache.dir_sig
+                and now - cache.checked < CACHE_TTL_S):
             return cache.derived
-        facts = []
-        fresh: dict[str, tuple[int, int, _FileFacts]] = {}
-        for path, facet, day, mtime, size in files:
-            hit = cache.files.get(path)
-            if hit is None or hit[0] != mtime or hit[1] != size:
-                hit = (mtime, size, _file_facts(Path(path), facet, day))
-            fresh[path] = hit
-            facts.append(hit[2])
-        cache.files = fresh
-        cache.derived = _build(facts)
-        cache.key = key
+        files = _scan(root)
+        stamps = {p: (m, s) for p, _f, _d, m, s in files}
+        if cache.derived is None or cache.stamps != stamps:
+            fresh: dict[str, tuple[int, int, _FileFacts]] = {}
+            for path, facet, day, mtime, size in files:
+                hit = cache.files.get(path)
+                if hit is None or hit[0] != mtime or hit[1] != size:
+                    hit = (mtime, size, _file_facts(Path(path), facet, day))
+                fresh[path] = hit
+            cache.files = fresh
+            cache.derived = _build(hit[2] for hit in fresh.values())
+            cache.stamps = stamps
+        cache.dir_sig, cache.checked = sig, now
         return cache.derived
 
 
 def _invalidate(root: Path, path: Path | None = None) -> None:
     cache = _root_cache(root)
     with cache.lock:
-        cache.key = None
+        cache.stamps = None
         cache.derived = None
+        cache.checked = None
         if path is not None:
             cache.files.pop(str(path), None)
+
+
+def _apply_write(root: Path, path: Path, facet: str, day: str) -> None:
+    """Bring the cache up to date after ``close`` rewrote ``path``.
+
+    A close only adds manual closes, which change the state of the items they
+    name and nothing else. So when the file's commitments and story closures
+    are what the cache has, the derivation is patched item by item (the result
+    is exactly what a rebuild gives); otherwise (someone else changed the file
+    too) it is dropped and the next call rebuilds it. Either way the next call
+    does a full check, which also catches other writers."""
+    cache = _root_cache(root)
+    key = str(path)
+    with cache.lock:
+        cache.checked = None
+        d, known = cache.derived, cache.files.get(key)
+        if d is None or known is None or cache.stamps is None or key not in cache.stamps:
+            cache.derived = cache.stamps = None
+            cache.files.pop(key, None)
+            return
+        try:
+            st = os.stat(path)        # before reading: a later change shows as a new stamp
+        except FileNotFoundError:
+            cache.derived = cache.stamps = None
+            cache.files.pop(key, None)
+            return
+        facts = _file_facts(path, facet, day)
+        old = known[2]
+        cache.files[key] = (st.st_mtime_ns, st.st_size, facts)   # same key: its order is kept
+        if facts.commitments != old.commitments or facts.closures != old.closures:
+            cache.derived = cache.stamps = None
+            return
+        cache.stamps[key] = (st.st_mtime_ns, st.st_size)
+        if facts.manual == old.manual:
+            return
+        # copy on write: callers iterate the derivation they got without the lock
+        d = cache.derived = replace(
+            d, items=dict(d.items), open_order=list(d.open_order), closed_order=list(d.closed_order),
+            manual=_manual_by_item(hit[2] for hit in cache.files.values()))
+        for item_id in sorted({m.item_id for m in (*old.manual, *facts.manual)}):
+            if item_id not in d.items:
+                continue
+            item = _make_item(d.firsts[item_id], d.base_refs[item_id], d.story.get(item_id, []),
+                              d.manual.get(item_id, []))
+            if item != d.items[item_id]:
+                _replace_item(d, item)
 
 
 # --- public surface ------------------------------------------------------------------
 
 
 def derive(root: Path) -> list[LedgerItem]:
-    """Every ledger item of every facet, in opening order. Cached: an
-    unchanged journal costs one ``stat`` per activity file."""
+    """Every ledger item of every facet, in opening order. Cached (see the
+    module docstring): an unchanged journal costs a few folder stats."""
     return list(_derived(root).items.values())
 
 
@@ -577,7 +738,7 @@ def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voic
     if outcome["status"] == "bad_edits":
         raise ValueError(f"record {opening.activity_id} has a non-list edits field")
     if outcome["status"] == "written":
-        _invalidate(root, path)
+        _apply_write(root, path, opening.facet, opening.day)
     item = get_item(root, item_id)
     if item is None:  # pragma: no cover - the record we just wrote holds it
         raise KeyError(item_id)

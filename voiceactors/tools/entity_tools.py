@@ -167,13 +167,12 @@ def recent_with(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     found: list[tuple[tuple[int, str, str], dict[str, Any]]] = []
     for slug in slugs:
         try:
-            days_with_records = activities.activity_days(ctx.journal, slug)
+            # only the window's files: a long journal has thousands per facet
+            window = activities.records_between(ctx.journal, slug, first, last)
         except InvalidName:
             continue
-        for day in days_with_records:
-            if not first <= day <= last:
-                continue
-            for record in activities.load_records(ctx.journal, slug, day):
+        for day, records in window:
+            for record in records:
                 if record.get("source") == "anticipated" or record.get("hidden"):
                     continue
                 if _matches(record, entity, names):

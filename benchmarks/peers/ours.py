@@ -88,6 +88,9 @@ def _inline_run_sync() -> None:
 
 def run(argv: list[str] | None = None) -> int:
     args = peer_parser("voiceactors runtime peer").parse_args(argv)
+    if os.environ.get("BENCH_GC_OFF"):   # experiment knob: no cyclic GC (are the stalls collections?)
+        import gc
+        gc.disable()
     switch = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch:   # experiment knob: the GIL switch interval (default 0.005 s)
         sys.setswitchinterval(float(switch))

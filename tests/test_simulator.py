@@ -559,6 +559,66 @@ async def test_programmatic_drop_and_end(sim, autojump_clock):
     assert call.connections == 2 and call.closed
 
 
+async def test_drop_on_next_output_lost(sim, autojump_clock):
+    """The output is swallowed by the drop: no confirmation, the id stays
+    pending, and the same output sent again on the next socket is accepted."""
+    call = sim.add_call("rtc_1", [{"response": {"tool_calls": [{"name": "briefing.get", "call_id": "call_A"}]}}])
+    sim.drop_on_next_output("rtc_1")
+    async with _connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.until("response.done")
+        await c.send(events.function_call_output("call_A", '{"v": 1}'))
+        assert await c.closed_code() == 1006
+    assert not [e for e in c.seen if e.get("item", {}).get("type") == "function_call_output"]
+    assert call.drops == 1 and not call.closed and call.output_fault is None
+    assert call.lost_outputs == {"call_A": ['{"v": 1}']} and call.outputs == {}
+    assert call.pending_call_ids() == ["call_A"]
+    async with _connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.send(events.function_call_output("call_A", '{"v": 1}'))
+        await c.until("conversation.item.added", item__call_id="call_A")   # the fault fired once only
+    assert call.outputs == {"call_A": ['{"v": 1}']} and call.error_codes == []
+    assert call.connections == 2 and call.drops == 1
+
+
+async def test_drop_on_next_output_applied(sim, autojump_clock):
+    """The service applied the output but the socket dropped before the
+    confirmation: a resend meets duplicate_tool_call_output."""
+    call = sim.add_call("rtc_1", [{"response": {"tool_calls": [{"name": "briefing.get", "call_id": "call_A"}]}}])
+    sim.drop_on_next_output("rtc_1", applied=True)
+    async with _connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.until("response.done")
+        await c.send(events.function_call_output("call_A", '{"v": 1}'))
+        assert await c.closed_code() == 1006
+    assert call.outputs == {"call_A": ['{"v": 1}']} and call.lost_outputs == {}
+    assert call.pending_call_ids() == [] and call.drops == 1
+    async with _connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        again = await c.send(events.function_call_output("call_A", '{"v": 1}'))
+        error = await c.until("error")
+    assert (error["error"]["code"], error["error"]["event_id"]) == ("duplicate_tool_call_output", again["event_id"])
+    assert call.outputs == {"call_A": ['{"v": 1}', '{"v": 1}']}
+
+
+async def test_reject_next_response_create_while_idle(sim, autojump_clock):
+    call = sim.add_call("rtc_1")
+    sim.reject_next_response_create("rtc_1", times=2)
+    async with _connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        for _ in range(2):
+            create = await c.send(events.response_create())
+            error = await c.until("error")
+            assert error["error"]["code"] == "conversation_already_has_active_response"
+            assert error["error"]["event_id"] == create["event_id"]
+        assert call.active_response_id is None and call.reject_creates == 0
+        await c.send(events.response_create())
+        done = await c.until("response.done")
+    assert done["response"]["status"] == "completed"
+    assert call.response_creates == 3 and [r.origin for r in call.responses] == ["default"]
+    assert "response.created" not in [e["type"] for e in c.seen[:2]]
+
+
 async def test_silence(sim, autojump_clock):
     sim.add_call("rtc_1", "silence")
     async with _connect(sim, "rtc_1") as ws:

@@ -141,7 +141,8 @@ class CallActor:
         self._creates: dict[str, CreateSent] = {}
         self._output_events: dict[str, str] = {}     # event_id -> tool_call_id
         self._create_inflight: str | None = None
-        self._retry_at: float | None = None
+        self._retry_at: float | None = None        # math.inf: retries used up, wait for a response event
+        self._watch_scope: trio.CancelScope | None = None
         self._blind_retries = 0
         self._seq = 0
         # connection state
@@ -325,7 +326,7 @@ class CallActor:
         while True:
             wake = min(self._last_event + idle, self.deadline,
                        self._retry_at if self._retry_at is not None else math.inf)
-            with trio.move_on_at(wake):
+            with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason
             now = trio.current_time()
@@ -484,6 +485,9 @@ class CallActor:
         rid = response.id or f"resp_unknown_{self._seq}"
         batch = self._batch(rid)
         self.active.discard(rid)
+        # a response ended (maybe the one the service was busy with, whose
+        # response.created we never saw): decide now, not at the blind retry
+        self._retry_at = None
         batch.status = response.status or "completed"
         for item in response.output or ():
             if getattr(item, "type", None) != "function_call":
@@ -557,6 +561,13 @@ class CallActor:
                 # response.done wakes us sooner)
                 self._blind_retries += 1
                 self._retry_at = trio.current_time() + BLIND_RETRY_S
+                if self._watch_scope is not None:  # the watch sleeps until its old wake time
+                    self._watch_scope.deadline = min(self._watch_scope.deadline, self._retry_at)
+            elif not self.active:
+                # retries used up: no immediate resend (that would loop while
+                # the service keeps refusing); the next response.created or
+                # response.done, or a reconnect, decides again
+                self._retry_at = math.inf
         else:
             create.result = f"error:{code}"
             for batch in ours:

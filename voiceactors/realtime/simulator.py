@@ -144,6 +144,24 @@ class Simulator:
         if call.connection is not None:
             call.connection.drop()
 
+    def drop_on_next_output(self, call_id: str, *, applied: bool = False) -> None:
+        """Drop the call's sideband (no close frame: the client sees 1006) when
+        its next ``function_call_output`` arrives, before it is confirmed with
+        ``conversation.item.added``. ``applied=False``: the service never got
+        it (recorded in ``call.lost_outputs``; the call id stays pending, so a
+        resend is accepted). ``applied=True``: it was applied, only the
+        confirmation was lost (recorded in ``call.outputs`` and answered, so a
+        resend meets ``duplicate_tool_call_output``). Fires once."""
+        self.calls[call_id].output_fault = "applied" if applied else "lost"
+
+    def reject_next_response_create(self, call_id: str, times: int = 1) -> None:
+        """Answer the call's next ``times`` ``response.create`` events with
+        ``conversation_already_has_active_response`` (echoing their
+        ``event_id``) even when no response is active, as the service does
+        for a response whose ``response.created`` the client never saw.
+        Refused events still count in ``call.response_creates``."""
+        self.calls[call_id].reject_creates += times
+
     async def inject(self, call_id: str, message: str | bytes | dict) -> None:
         """Send a raw message on the call's live sideband, unvalidated (for
         tests of malformed or unknown events). No-op when not connected."""
@@ -152,8 +170,7 @@ class Simulator:
         if session is None:
             return
         data = json.dumps(message) if isinstance(message, dict) else message
-        with trio.CancelScope(shield=True):
-            await session.ws.send_message(data)
+        await session.send_raw(data)
 
     # -- REST
 

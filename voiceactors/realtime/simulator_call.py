@@ -91,9 +91,15 @@ class SimCall:
     Records (read them in assertions): ``received`` (client event dicts, in
     order, including invalid ones that were JSON objects), ``sent`` (server
     events), ``errors_sent``, ``outputs`` (tool call_id -> outputs received,
-    duplicates included), ``response_creates``, ``connections``, ``drops``,
-    ``closed``/``close_code``, ``responses``, ``tool_calls``, ``violations``
-    (protocol rules the client broke that the service would not report).
+    duplicates included), ``lost_outputs`` (outputs a fault swallowed),
+    ``response_creates``, ``connections``, ``drops``, ``closed``/``close_code``,
+    ``responses``, ``tool_calls``, ``violations`` (protocol rules the client
+    broke that the service would not report).
+
+    Faults (armed by the test, used up when they fire): ``output_fault``
+    (``"lost"`` or ``"applied"``: drop the socket on the next tool output, see
+    ``CallSession._output_fault``) and ``reject_creates`` (how many more
+    ``response.create`` to refuse as if a response were active).
     """
 
     def __init__(self, call_id: str, scenario: Scenario, gone_status: int = 404) -> None:
@@ -105,6 +111,7 @@ class SimCall:
         self.sent: list[dict] = []
         self.errors_sent: list[dict] = []
         self.outputs: dict[str, list[str]] = {}
+        self.lost_outputs: dict[str, list[str]] = {}
         self.response_creates = 0
         self.connections = 0
         self.drops = 0
@@ -114,6 +121,9 @@ class SimCall:
         self.tool_calls: dict[str, ToolCallRecord] = {}
         self.violations: list[str] = []
         self.session: dict = {"type": "realtime"}
+        # faults
+        self.output_fault: str | None = None   # "lost" | "applied"
+        self.reject_creates = 0
         # state
         self.step_index = 0
         self.active: _Active | None = None
@@ -242,12 +252,20 @@ class CallSession:
                 except ConnectionClosed:
                     pass  # the reader notices and ends the session
 
+    async def send_raw(self, data: str | bytes) -> None:
+        """Send a message as it is (no validation, no record), in turn with
+        ``send``: a message already being sent goes out first."""
+        async with self._lock:
+            with trio.CancelScope(shield=True):
+                await self.ws.send_message(data)
+
     async def send_error(self, message: str, code: str | None, event_id: str | None = None,
                          type_: str = "invalid_request_error", param: str | None = None) -> None:
         error = {"type": type_, "code": code, "message": message, "param": param, "event_id": event_id}
         event = {"type": "error", "event_id": _id("event_", 8), "error": error}
         self.call.errors_sent.append(event)
         await self.send(event)
+        self.call.notify()  # once it is on the wire: a waiter's next message follows it
 
     # -- responses
 
@@ -448,6 +466,9 @@ class CallSession:
         item.update(id=item_id, object="realtime.item", status="completed")
         if item.get("type") == "function_call_output":
             call_id = item["call_id"]
+            if self.call.output_fault is not None:
+                self._output_fault(call_id, item["output"])
+                return
             self.call.outputs.setdefault(call_id, []).append(item["output"])
             if call_id not in self.call.tool_calls:
                 await self.send_error(f"Tool call ID '{call_id}' not found in conversation.",
@@ -464,6 +485,25 @@ class CallSession:
         await self.send({"type": "conversation.item.done", "item": item})
         if item.get("type") == "function_call_output":
             await self._maybe_fire_trigger()
+
+    def _output_fault(self, call_id: str, output: str) -> None:
+        """The armed output fault fires: the socket drops (1006) before the
+        output is confirmed. ``lost``: the service never applied it (recorded
+        in ``lost_outputs`` only; the call id stays pending). ``applied``: it
+        did (recorded in ``outputs`` and answered when the id was open), only
+        the confirmation never went out. Synchronous: nothing is sent after."""
+        call = self.call
+        fault, call.output_fault = call.output_fault, None
+        if fault == "applied":
+            call.outputs.setdefault(call_id, []).append(output)
+            if call_id in call.tool_calls and call_id not in call.answered:
+                call.answered.add(call_id)
+                call._answered_since_create.append(call_id)
+        else:
+            call.lost_outputs.setdefault(call_id, []).append(output)
+        self.log.info("sim_drop", fault="output_" + str(fault))
+        self.drop()
+        call.notify()
 
     async def _maybe_fire_trigger(self) -> None:
         """``model_response_first`` with ``when: outputs_answered``: the model
@@ -487,9 +527,14 @@ class CallSession:
             # rule 4: results that land after the user barged in must not take the floor
             call.violations.append(
                 f"response.create ({event_id}) for tool calls {batch} of a turn the user has barged in on")
-        if call.active is not None:
+        if call.active is not None or call.reject_creates > 0:
+            # a forced refusal names a response the client cannot know (as
+            # when its response.created was lost in a drop)
+            if call.reject_creates > 0:
+                call.reject_creates -= 1
+            active_id = call.active.id if call.active is not None else _id("resp_")
             await self.send_error(
-                f"Conversation already has an active response in progress: {call.active.id}. "
+                f"Conversation already has an active response in progress: {active_id}. "
                 "Wait until the response is finished before creating a new one.",
                 "conversation_already_has_active_response", event_id)
             return

@@ -58,9 +58,9 @@ def _event(obj: dict):
 
 
 async def test_written_but_unconfirmed_output_is_written_again_after_a_drop(tmp_path, autojump_clock):
-    """The actor's own bookkeeping across a drop (the simulator confirms too
-    fast to drop in between): sent-but-unconfirmed goes back to the writer on
-    the next connection, confirmed never."""
+    """The actor's own bookkeeping across a drop: sent-but-unconfirmed goes
+    back to the writer on the next connection, confirmed never (the same over
+    real sockets: tests/test_call_resend.py)."""
     async with rig(tmp_path) as r:
         actor = r.actor("rtc_state")
         actor.started = trio.current_time()

@@ -3,6 +3,8 @@ with real CallActors against the simulator."""
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from calls_support import KEY, assert_clean_protocol, real_time_limit, rig, steady
@@ -21,9 +23,11 @@ async def _count(sup) -> int:
 
 
 async def _wait_count(sup, n: int) -> None:
+    # Poll with a pause in REAL time: under autojump_clock a trio.sleep here
+    # returns at once, and the busy poll starved the tools' worker threads.
     with real_time_limit():
         while await _count(sup) != n:
-            await trio.sleep(0.5)
+            await trio.to_thread.run_sync(time.sleep, 0.02)
 
 
 HOLD = [{"user_turn": {"text": "hi"}}, {"sleep": 30.0}, {"close": 1000}]

@@ -99,3 +99,12 @@ def sample_ctx(make_sample, tmp_path):
 
     today = clock.parse_day(SAMPLE_TODAY)
     return ToolContext(make_sample(days=14), tmp_path / "state", today=lambda: today)
+
+
+@pytest.fixture
+def settled_clock(autojump_clock):
+    """``autojump_clock`` that jumps only after 50 ms of real idleness: the
+    actors read files in worker threads, and a jump while one runs would fire
+    deadlines that real time never reaches."""
+    autojump_clock.autojump_threshold = 0.05
+    return autojump_clock

@@ -28,12 +28,6 @@ KEY = "sk-test-routes-0123456789"
 DEAD_BASE_URL = "http://127.0.0.1:9/v1"
 
 
-def settle(clock) -> None:
-    """Let the autojump clock jump only after 50 ms of real idleness: the
-    actors do file reads in worker threads, and a jump while one runs would
-    fire deadlines that real time never reaches."""
-    clock.autojump_threshold = 0.05
-
 
 @pytest.fixture
 def journal(make_sample) -> Path:
@@ -109,8 +103,7 @@ async def test_session_key_from_journal_config_wins_over_env(journal, tmp_path):
         assert b"sk-journal" not in body
 
 
-async def test_session_brain_not_ready_after_ten_seconds(journal, tmp_path, monkeypatch, autojump_clock):
-    settle(autojump_clock)
+async def test_session_brain_not_ready_after_ten_seconds(journal, tmp_path, monkeypatch, settled_clock):
     extra = use_fake_claude(journal, monkeypatch, "hang")
     app = create_app(make_settings(journal, tmp_path, **extra))
     async with app.test_app() as test_app:
@@ -233,8 +226,7 @@ async def test_refresh_brain_rejects_non_objects(journal, tmp_path):
             assert await error_of(response) == E.NOT_AN_OBJECT
 
 
-async def test_refresh_brain_202_after_thirty_seconds(journal, tmp_path, monkeypatch, autojump_clock):
-    settle(autojump_clock)
+async def test_refresh_brain_202_after_thirty_seconds(journal, tmp_path, monkeypatch, settled_clock):
     extra = use_fake_claude(journal, monkeypatch, "hang")
     app = create_app(make_settings(journal, tmp_path, **extra))
     async with app.test_app() as test_app:
@@ -271,8 +263,7 @@ async def test_status_fields_before_and_after_the_brain(journal, tmp_path):
                         "active_sessions": 0}
 
 
-async def test_status_brain_age_counts_up(journal, tmp_path, autojump_clock):
-    settle(autojump_clock)
+async def test_status_brain_age_counts_up(journal, tmp_path, settled_clock):
     app = create_app(make_settings(journal, tmp_path))
     async with app.test_app() as test_app:
         client = test_app.test_client()

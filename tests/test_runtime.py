@@ -20,12 +20,6 @@ FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
 SIM_KEY = "sk-test-runtime-0123456789"
 
 
-def settle(clock) -> None:
-    """Let the autojump clock jump only after 50 ms of real idleness: the
-    actors do file reads in worker threads, and a jump while one runs would
-    fire deadlines that real time never reaches."""
-    clock.autojump_threshold = 0.05
-
 
 @pytest.fixture
 def journal(make_sample) -> Path:
@@ -68,8 +62,7 @@ async def test_runtime_serves_the_actors_and_leaves_nothing_behind(journal, tmp_
         await ask(rt.brain, GetBrain, timeout=1)
 
 
-async def test_a_hung_brain_does_not_hold_up_shutdown(journal, tmp_path, monkeypatch, autojump_clock):
-    settle(autojump_clock)
+async def test_a_hung_brain_does_not_hold_up_shutdown(journal, tmp_path, monkeypatch, settled_clock):
     config = journal / "config" / "journal.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "voice": {"brain": "claude"}}))
     monkeypatch.setenv("FAKE_CLAUDE_MODE", "hang")

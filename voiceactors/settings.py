@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -71,8 +71,6 @@ class Settings:
     # http
     body_limit: int = 64 * 1024
     mint_timeout_s: float = 15.0
-
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def loopback(self) -> bool:

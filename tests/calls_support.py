@@ -178,3 +178,19 @@ def received_types(sim_call: SimCall) -> list[str]:
 
 def output_json(sim_call: SimCall, call_id: str) -> Any:
     return json.loads(sim_call.outputs[call_id][0])
+
+
+def our_tasks() -> list[str]:
+    """Names of live tasks running our actors, calls or HTTP code, from trio's
+    task tree (a shutdown must leave none behind)."""
+    found: list[str] = []
+
+    def walk(task: trio.lowlevel.Task) -> None:
+        if task.name.startswith(("voiceactors.actors", "voiceactors.runtime", "voiceactors.http", "call:")):
+            found.append(task.name)
+        for nursery in task.child_nurseries:
+            for child in nursery.child_tasks:
+                walk(child)
+
+    walk(trio.lowlevel.current_root_task())
+    return found

@@ -18,6 +18,7 @@ import pytest
 import structlog
 import trio
 
+from calls_support import our_tasks
 from voiceactors import logs
 from voiceactors.http import create_app, voice_state
 from voiceactors.realtime.simulator import Simulator
@@ -58,19 +59,6 @@ def make_settings(journal: Path, tmp_path: Path, sim: Simulator, **changes) -> S
                     openai_base_url=sim.base_url).replace(**changes)
 
 
-def our_tasks() -> list[str]:
-    """Live tasks that run our actors or HTTP code, from trio's task tree."""
-    found: list[str] = []
-
-    def walk(task: trio.lowlevel.Task) -> None:
-        if task.name.startswith(("voiceactors.actors", "voiceactors.runtime", "voiceactors.http", "call:")):
-            found.append(task.name)
-        for nursery in task.child_nurseries:
-            for child in nursery.child_tasks:
-                walk(child)
-
-    walk(trio.lowlevel.current_root_task())
-    return found
 
 
 async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path, sim, log_stream, pin_today):

@@ -78,15 +78,9 @@ async def test_off_loopback_requires_the_bearer_token(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, host="0.0.0.0", api_token=TOKEN))
     async with app.test_app() as test_app:
         client = test_app.test_client()
-        for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": f"Basic {TOKEN}"}):
-            for method, path in (("GET", "/api/voice/status"), ("POST", "/api/voice/session"),
-                                 ("POST", "/api/voice/connect"), ("POST", "/api/voice/refresh-brain"),
-                                 ("GET", "/api/voice/observer-actions"), ("GET", "/api/voice/openapi.json"),
-                                 ("GET", "/api/voice/no-such-route")):
-                response = await client.open(path, method=method, headers=headers)
-                assert response.status_code == 401, (method, path, headers)
-                assert await response.get_json() == {"error": "unauthorized"}
-                assert response.headers["WWW-Authenticate"] == "Bearer"
+        # every route x every bad header is tests/test_security.py's job
+        response = await client.get("/api/voice/status")
+        assert response.status_code == 401 and await response.get_json() == {"error": "unauthorized"}
         good = {"Authorization": f"Bearer {TOKEN}"}
         response = await client.get("/api/voice/status", headers=good)
         assert response.status_code == 200

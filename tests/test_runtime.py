@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from calls_support import our_tasks
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
 from voiceactors.realtime.simulator import Simulator
@@ -31,19 +32,6 @@ def make_settings(journal: Path, tmp_path: Path, **changes) -> Settings:
     return Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=SIM_KEY).replace(**changes)
 
 
-def voiceactors_tasks() -> list[str]:
-    """Names of live tasks running our actors or HTTP code (trio's task tree)."""
-    names: list[str] = []
-
-    def walk(task: trio.lowlevel.Task) -> None:
-        if task.name.startswith(("voiceactors.actors", "voiceactors.runtime", "voiceactors.http")):
-            names.append(task.name)
-        for nursery in task.child_nurseries:
-            for child in nursery.child_tasks:
-                walk(child)
-
-    walk(trio.lowlevel.current_root_task())
-    return names
 
 
 async def test_runtime_serves_the_actors_and_leaves_nothing_behind(journal, tmp_path):
@@ -54,9 +42,9 @@ async def test_runtime_serves_the_actors_and_leaves_nothing_behind(journal, tmp_
         assert await ask(rt.calls, CountCalls, timeout=5) == 0
         ready = await ask(rt.brain, AwaitReady, timeout=10)   # local backend: quick
         assert ready.ready and "sol" in ready.instruction
-        assert voiceactors_tasks()
+        assert our_tasks()
     assert not rt.nursery.child_tasks
-    assert voiceactors_tasks() == []
+    assert our_tasks() == []
     # the actors are gone: their inboxes no longer accept messages
     with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):
         await ask(rt.brain, GetBrain, timeout=1)
@@ -80,7 +68,7 @@ async def test_cancelled_owner_still_joins_the_actors(journal, tmp_path):
         async with open_runtime(make_settings(journal, tmp_path)) as rt:
             await trio.sleep_forever()
     assert not rt.nursery.child_tasks
-    assert voiceactors_tasks() == []
+    assert our_tasks() == []
 
 
 async def test_exit_closes_live_calls_and_flushes_their_records(journal, tmp_path):

@@ -6,7 +6,7 @@
   exclusive ``fcntl.flock`` on ``<file>.lock`` (the lock solstone's own writers
   take), so two writers never lose each other's lines. Lines that do not parse
   are kept verbatim: a write never drops what it did not understand.
-* ``append_line`` — append one line and fsync (call records).
+* ``append_lines`` / ``append_line`` — append a block of lines, one fsync (call records).
 * ``run_sync`` — run blocking file/SQLite work in a worker thread under one
   shared ``CapacityLimiter`` so it never blocks the trio loop.
 """
@@ -125,9 +125,16 @@ def update_jsonl(path: Path, change: Callable[[list[dict[str, Any] | RawLine]], 
 
 def append_line(path: Path, line: str) -> None:
     """Append one line and fsync it (records that only grow)."""
+    append_lines(path, [line])
+
+
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Append lines with one write and one fsync (records that only grow).
+    As with any append, a crash mid-write can leave a torn last line."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    block = "".join(line.rstrip("\n") + "\n" for line in lines)
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write(line.rstrip("\n") + "\n")
+        handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())

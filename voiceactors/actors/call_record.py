@@ -1,7 +1,7 @@
 """The call record: what one CallActor run did, as JSON lines.
 
 Written once, when the actor ends, to ``<state_dir>/calls/<call_id>.jsonl``
-with ``storage.append_line`` (each line appended and fsynced). A later actor
+with ``storage.append_lines`` (the block appended, one fsync). A later actor
 for the same call id appends its own block, so a file is the history of every
 run for that id; every block starts with a ``start`` line and ends with an
 ``end`` line.
@@ -71,17 +71,11 @@ class CallRecord:
         return [json.dumps(line, ensure_ascii=False, sort_keys=False, default=str) for line in self.lines]
 
     async def write(self, state_dir: Path) -> Path:
-        """Append every line to the record file, each fsynced. Not cancellable
-        once started (a half-written record is worse than a late one); the
-        caller bounds it."""
+        """Append every line to the record file in one write and one fsync.
+        Not cancellable once started (a half-written record is worse than a
+        late one); the caller bounds it."""
         path = record_path(state_dir, self.call_id)
-        rendered = self.render()
-
-        def _write() -> None:
-            for line in rendered:
-                storage.append_line(path, line)
-
-        await storage.run_sync(_write, cancellable=False)
+        await storage.run_sync(storage.append_lines, path, self.render(), cancellable=False)
         return path
 
 

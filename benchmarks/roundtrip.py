@@ -5,14 +5,17 @@ time from the simulator writing that response's ``response.done`` to it
 reading the peer's ``function_call_output`` (``output``) and the peer's
 ``response.create`` (``create``): p50 / p99 / max over every round of every
 call, with N concurrent calls, each also receiving background transcript
-deltas (``--rate-hz``, default 20 events/s). For ``ours`` the ToolExecutor's
-own ``tool_run.duration_ms`` (limiter + worker-thread hop + handler) is
-joined by tool call id from the server's log, giving ``overhead`` = output −
-that duration; for every peer ``overhead_vs_handler`` = output − the p50 of
-the handler alone (timed in the driver on the same journal), which counts
-the thread hop as overhead. Also for ``ours``: ``stages`` (from the log:
-CallActor → executor queue, executor, reply → CallActor) and ``loop_lag_ms``
-(how late a 10 ms sleep wakes in our process).
+deltas (``--rate-hz``, default 20 events/s). For ``ours`` the server's own
+measurements come from its call records: each tool call's executor duration
+(limiter + worker-thread hop + handler), giving ``overhead`` = output − that
+duration as the simulator sees it; ``server_overhead`` (the first write of
+the output − the tool's start − its duration: the actors' hops and the
+writer's turn, without the harness); ``server_turnaround`` (our
+``response.create`` written − the ``response.done`` read). For every peer
+``overhead_vs_handler`` = output − the p50 of the handler alone (timed in
+the driver on the same journal), which counts the thread hop as overhead.
+Also for ``ours``: ``loop_lag_ms`` (how late a 10 ms sleep wakes in our
+process).
 CPU: user+system seconds of the peer process and of the simulator process
 over the measured window (from every call joined to every call closed), as a
 share of one core and of the machine. Also: the simulator's protocol
@@ -38,7 +41,6 @@ rounds, or at its timeout.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import shutil
 import subprocess
@@ -59,60 +61,29 @@ PEERS = {
 }
 
 
-def _ts(rec: dict[str, Any]) -> float:
-    return _dt.datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
-
-
-def tool_stages(log_path: Path) -> dict[str, dict[str, float]]:
-    """Where each tool call's time goes inside our server, from its log lines
-    joined by tool call id: ``tool.started`` (CallActor) → executor ``_serve``
-    start (``tool_run`` time − its duration) → reply (``tool_run``) →
-    ``tool.finished`` (CallActor handled the result)."""
-    started: dict[str, float] = {}
-    ran: dict[str, tuple[float, float]] = {}
-    finished: dict[str, float] = {}
-    with open(log_path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            if '"tool' not in line:
-                continue
-            try:
-                rec = json.loads(line)
-                kind, key = rec.get("event"), rec.get("tool_call_id")
-                if kind == "tool.started":
-                    started[key] = _ts(rec)
-                elif kind == "tool_run":
-                    ran[key] = (_ts(rec), float(rec.get("duration_ms") or 0.0))
-                elif kind == "tool.finished":
-                    finished[key] = _ts(rec)
-            except (ValueError, KeyError, TypeError):
-                continue
-    keys = [k for k in finished if k in started and k in ran]
-    return {
-        "to_executor_ms": summary((ran[k][0] - started[k]) * 1000 - ran[k][1] for k in keys),
-        "executor_ms": summary(ran[k][1] for k in keys),
-        "reply_to_actor_ms": summary((finished[k] - ran[k][0]) * 1000 for k in keys),
-        "started_to_finished_ms": summary((finished[k] - started[k]) * 1000 for k in keys),
-    }
-
-
-def tool_durations(log_path: Path) -> dict[str, float]:
-    """tool call id -> ``tool_run.duration_ms`` from our server's JSON log."""
-    out: dict[str, float] = {}
-    try:
-        handle = open(log_path, encoding="utf-8", errors="replace")
-    except OSError:
-        return out
-    with handle:
-        for line in handle:
-            if '"tool_run"' not in line:
-                continue
+def server_timings(state_dir: Path) -> dict[str, Any]:
+    """What our server measured itself, from its call records
+    (``<state>/calls/*.jsonl``): each tool call's executor duration by tool
+    call id, its ``overhead_ms`` (first write of the output − start − that
+    duration: the hops between the actors and the writer's turn) and each
+    ``response.create``'s ``turnaround_ms`` (written − the ``response.done``
+    it follows was read)."""
+    durations: dict[str, float] = {}
+    overhead: list[float] = []
+    turnaround: list[float] = []
+    for path in sorted((state_dir / "calls").glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if rec.get("event") == "tool_run" and rec.get("tool_call_id"):
-                out[rec["tool_call_id"]] = float(rec.get("duration_ms") or 0.0)
-    return out
+            if rec.get("kind") == "tool_call" and rec.get("duration_ms") is not None:
+                durations[rec["tool_call_id"]] = float(rec["duration_ms"])
+                if rec.get("overhead_ms") is not None:
+                    overhead.append(float(rec["overhead_ms"]))
+            elif rec.get("kind") == "response_create" and rec.get("turnaround_ms") is not None:
+                turnaround.append(float(rec["turnaround_ms"]))
+    return {"durations": durations, "overhead_ms": summary(overhead), "turnaround_ms": summary(turnaround)}
 
 
 _HANDLER_MS: dict[str, dict[str, float]] = {}
@@ -219,13 +190,19 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
     result["handler_ms"] = handler
     result["overhead_vs_handler_ms"] = summary(ms - handler["p50"] for _, ms in result["outputs"])
     if peer == "ours":
-        durations = tool_durations(log_path)
+        server = server_timings(run_dir / "state")
+        durations = server["durations"]
         overhead = [ms - durations[i] for i, ms in result["outputs"] if i in durations]
         result["tool_ms"] = summary(durations.values())
-        result["stages"] = tool_stages(log_path)
+        result["server_overhead_ms"] = server["overhead_ms"]
+        result["server_turnaround_ms"] = server["turnaround_ms"]
         lag_file = Path(str(log_path) + ".lag.json")
         if lag_file.exists():
             result["loop_lag_ms"] = summary(json.loads(lag_file.read_text()))
+        gc_file = Path(str(log_path) + ".gc.json")
+        if gc_file.exists():
+            pauses = json.loads(gc_file.read_text())
+            result["gc_pause_ms"] = {str(g): summary(ms for gen, ms in pauses if gen == g) for g in (0, 1, 2)}
         result["overhead_ms"] = summary(overhead)
     result.pop("outputs", None)
     if py_spy_s:
@@ -247,8 +224,13 @@ def report_line(r: dict[str, Any]) -> str:
     parts.append(f"handler p50 {r['handler_ms']['p50']:.2f} ms")
     if "loop_lag_ms" in r:
         parts.append(f"loop lag {fmt(r['loop_lag_ms'])}")
-    if "stages" in r:
-        parts.append(f"request->executor {fmt(r['stages']['to_executor_ms'])}")
+    if "gc_pause_ms" in r:
+        full = r["gc_pause_ms"]["2"]
+        parts.append(f"gc2 n={full['n']} max {full['max']:.1f} ms, gc0+1 max "
+                     f"{max(r['gc_pause_ms'][g]['max'] for g in ('0', '1')):.1f} ms")
+    if "server_overhead_ms" in r:
+        parts.append(f"server: overhead {fmt(r['server_overhead_ms'])} turnaround {fmt(r['server_turnaround_ms'])}"
+                     f" tool {fmt(r['tool_ms'])}")
     parts.append(f"cpu peer {cpu['peer']['machine_pct']}% sim {cpu['sim']['machine_pct']}% of machine")
     parts.append(f"errors {r['error_codes'] or 0} violations {r['violations']} unanswered {r['unanswered']}")
     if r.get("timed_out"):

@@ -295,3 +295,44 @@ async def test_call_cut_mid_arguments_never_runs_and_gets_synthetic_output(tmp_p
     assert sc.error_codes == ["invalid_tool_call_id"]
     call = actor.calls["call_cut"]
     assert call.synthetic and call.state == "rejected" and actor.epoch == 1
+
+
+async def test_overhead_and_turnaround_are_timed_around_the_tool(tmp_path, mock_clock):
+    """The actors' own share of a round trip is measured apart from the
+    tool's: 5 s pass (virtually) while the tool runs, none while messages
+    move, so overhead ≈ 0 and the create's turnaround ≈ the tool's 5 s."""
+    from voiceactors import metrics
+
+    def count(name: str) -> float:
+        return metrics.METRICS.registry.get_sample_value(f"voiceactors_{name}_seconds_count") or 0.0
+
+    before = count("tool_overhead"), count("tool_turnaround")
+    gate = Gate()
+    scenario = steady([
+        {"user_turn": {"text": "what is today", "duration_ms": 0}},
+        {"response": {"tool_calls": [{"name": "calendar.today", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "done"}},
+        {"close": 1000},
+    ])
+    async with rig(tmp_path, registry=gated_registry("calendar.today", gate)) as r:
+        sc = r.sim.add_call("rtc_timed", scenario)
+        actor = r.actor("rtc_timed")
+        async with trio.open_nursery() as n:
+            n.start_soon(actor.run)
+            with real_time_limit():
+                while not any(b.done_t is not None and b.calls for b in actor.batches.values()):
+                    await trio.sleep(0)
+                await trio.to_thread.run_sync(gate.entered.wait)
+                mock_clock.jump(5.0)
+                gate.release.set()
+    assert_clean_protocol(sc, creates=1)
+    (call,) = actor.calls.values()
+    assert call.duration_ms >= 5000
+    assert call.overhead_ms is not None and 0 <= call.overhead_ms < 1
+    (create,) = actor._creates.values()
+    assert 5000 <= create.turnaround_ms < 5001
+    assert (count("tool_overhead"), count("tool_turnaround")) == (before[0] + 1, before[1] + 1)
+    lines = r.record("rtc_timed")
+    assert [x["overhead_ms"] for x in lines if x["kind"] == "tool_call"] == [call.overhead_ms]
+    assert [x["turnaround_ms"] for x in lines if x["kind"] == "response_create"] == [create.turnaround_ms]

@@ -28,6 +28,8 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 PREFIX = "voiceactors"
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
+# the actors' own share of a round trip: sub-millisecond when all is well
+TURN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MAX_TOOL_LABELS = 64   # unknown tool names come from the model: bound the label set
 _OTHER = "other"
 
@@ -43,6 +45,19 @@ class Metrics:
                                   ["tool", "outcome"], registry=r)
         self.tool_latency = Histogram(f"{PREFIX}_tool_latency_seconds", "Tool call latency, by tool.",
                                       ["tool"], buckets=TOOL_BUCKETS, registry=r)
+        self.tool_overhead = Histogram(
+            f"{PREFIX}_tool_overhead_seconds",
+            "Per tool call: first write of its output - its start - the executor's own duration.",
+            buckets=TURN_BUCKETS, registry=r)
+        self.tool_turnaround = Histogram(
+            f"{PREFIX}_tool_turnaround_seconds",
+            "Per response.create of ours: written - the response.done it follows was read.",
+            buckets=TOOL_BUCKETS, registry=r)
+        self.gc_pauses = Histogram(
+            f"{PREFIX}_gc_pause_seconds", "Garbage collections (every call of the process waits), by generation.",
+            ["generation"], buckets=TURN_BUCKETS, registry=r)
+        # children made up front: the gc callback must not allocate under a lock
+        self._gc_children = {g: self.gc_pauses.labels(generation=str(g)) for g in (0, 1, 2)}
         self.reconnects = Counter(f"{PREFIX}_sideband_reconnects", "Sideband websocket reconnect attempts.",
                                   registry=r)
         self.brain_refreshes = Counter(f"{PREFIX}_brain_refreshes", "Brain backend runs, by outcome.",
@@ -86,6 +101,17 @@ class Metrics:
         label = self._tool_label(tool)
         self.tool_calls.labels(tool=label, outcome=str(outcome)[:32]).inc()
         self.tool_latency.labels(tool=label).observe(max(0.0, float(seconds)))
+
+    def observe_overhead(self, seconds: float) -> None:
+        self.tool_overhead.observe(max(0.0, float(seconds)))
+
+    def observe_turnaround(self, seconds: float) -> None:
+        self.tool_turnaround.observe(max(0.0, float(seconds)))
+
+    def gc_pause(self, generation: int, seconds: float) -> None:
+        child = self._gc_children.get(generation)
+        if child is not None:
+            child.observe(max(0.0, seconds))
 
     # --- brain --------------------------------------------------------------
     def brain_refreshed(self, outcome: str, refreshed_at: float | None = None) -> None:
@@ -142,6 +168,18 @@ def reconnect() -> None:
 
 def tool_finished(tool: str, outcome: str, seconds: float) -> None:
     METRICS.tool_finished(tool, outcome, seconds)
+
+
+def tool_overhead(seconds: float) -> None:
+    METRICS.observe_overhead(seconds)
+
+
+def tool_turnaround(seconds: float) -> None:
+    METRICS.observe_turnaround(seconds)
+
+
+def gc_pause(generation: int, seconds: float) -> None:
+    METRICS.gc_pause(generation, seconds)
 
 
 def brain_refreshed(outcome: str, refreshed_at: float | None = None) -> None:

@@ -29,7 +29,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from voiceactors import clock, logs
+from voiceactors import clock, gc_policy, logs, metrics
 from voiceactors.http import auth, create_app, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
@@ -208,6 +208,8 @@ def cli_serve(args: argparse.Namespace) -> int:
         print(f"voiceactors: journal folder not found: {settings.journal} "
               "(--journal, VOICEACTORS_JOURNAL or SOLSTONE_JOURNAL)", file=sys.stderr)
         return EXIT_USAGE
+    gc_policy.freeze_startup_heap()
+    gc_policy.watch_pauses(metrics.gc_pause)
     try:
         if settings.demo:
             with demo_dirs(settings, bool(args.journal), bool(args.state_dir)) as demo_settings:

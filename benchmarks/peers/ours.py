@@ -6,7 +6,10 @@ call is joined with the ``Connect`` message the ``/api/voice/connect`` route
 sends. Logs go to ``--log`` as JSON lines at ``--log-level`` (the driver
 reads ``tool_run`` lines for each tool's own duration). A probe task
 records the event loop's lag (how late a 10 ms sleep wakes) into
-``<log>.lag.json``.
+``<log>.lag.json``; every garbage collection's pause goes to
+``<log>.gc.json`` as ``[generation, ms]``. Like ``voiceactors serve``, the
+peer freezes its startup heap (``gc_policy``) unless ``BENCH_NO_FREEZE`` is
+set (the before/after experiment).
 
 Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
 """
@@ -20,7 +23,7 @@ from pathlib import Path
 
 import trio
 
-from voiceactors import logs
+from voiceactors import gc_policy, logs
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
@@ -72,6 +75,14 @@ async def main(args) -> None:
         print("ours: stopped (stdin closed or --max-seconds)", file=sys.stderr, flush=True)
     if args.log != "/dev/null":
         Path(args.log + ".lag.json").write_text(json.dumps(lags))
+        Path(args.log + ".gc.json").write_text(json.dumps(GC_PAUSES))
+
+
+GC_PAUSES: list[tuple[int, float]] = []
+
+
+def _gc_pause(generation: int, seconds: float) -> None:
+    GC_PAUSES.append((generation, round(seconds * 1000, 3)))
 
 
 def _inline_run_sync() -> None:
@@ -96,6 +107,9 @@ def run(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(float(switch))
     if os.environ.get("BENCH_INLINE_SYNC"):   # experiment knob: no worker-thread hop (see docs/benchmarks.md)
         _inline_run_sync()
+    if not os.environ.get("BENCH_NO_FREEZE"):
+        gc_policy.freeze_startup_heap()
+    gc_policy.watch_pauses(_gc_pause)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
     log_file = open(args.log, "w", buffering=1 << 16)
     logs.configure("json", args.log_level, stream=log_file)

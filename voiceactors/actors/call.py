@@ -489,6 +489,7 @@ class CallActor:
         # response.created we never saw): decide now, not at the blind retry
         self._retry_at = None
         batch.status = response.status or "completed"
+        batch.done_t = trio.current_time()
         for item in response.output or ():
             if getattr(item, "type", None) != "function_call":
                 continue
@@ -609,6 +610,7 @@ class CallActor:
             return
         call.state = "running"
         call.turn = self.turn
+        call.started_t = trio.current_time()
         # Shielded: the actor's own cancellation (shutdown) must not cut a tool
         # call short before _settle_tools gave a started write time to report;
         # the actor cancels this scope itself when it gives up waiting.
@@ -691,13 +693,33 @@ class CallActor:
         self._outbox.send_nowait(_Out(event, call.tool_call_id))
 
     def _on_written(self, out: _Out) -> None:
+        now = trio.current_time()
         if out.tool_call_id is None:
+            self._on_create_written(out.event.get("event_id"), now)
             return
         call = self.calls[out.tool_call_id]
         call.sends += 1
+        if call.sends == 1 and not call.synthetic and call.started_t is not None and call.duration_ms is not None:
+            # what the actors add around the tool: the hops to the executor
+            # and back and the writer's turn (the executor times the rest)
+            overhead = max(0.0, (now - call.started_t) * 1000 - call.duration_ms)
+            call.overhead_ms = round(overhead, 2)
+            metrics.tool_overhead(overhead / 1000)
         if call.state == "queued":
             call.state = "sent"
         self._maybe_follow_up()
+
+    def _on_create_written(self, event_id: str | None, now: float) -> None:
+        """Time a response.create of ours from the latest response.done of
+        the batches it carries forward (what the service waits on us)."""
+        create = self._creates.get(event_id or "")
+        if create is None or create.turnaround_ms is not None:
+            return
+        done = [self.batches[r].done_t for r in create.batches if r in self.batches]
+        done = [t for t in done if t is not None]
+        if done:
+            create.turnaround_ms = round(max(0.0, now - max(done)) * 1000, 2)
+            metrics.tool_turnaround(create.turnaround_ms / 1000)
 
     def _unqueue(self) -> None:
         """The writer is gone: what it did not write is ready again."""
@@ -829,7 +851,8 @@ class CallActor:
             return
         for create in self._creates.values():
             record.add("response_create", t=create.t, event_id=create.event_id, epoch=create.epoch,
-                       result=create.result, response_id=create.response_id, **{"for": create.batches})
+                       result=create.result, response_id=create.response_id,
+                       turnaround_ms=create.turnaround_ms, **{"for": create.batches})
         for call in self.calls.values():
             record.add("tool_call", t=round(call.seen_t, 3), **call.record_fields())
         record.add("end", reason=reason, duration_s=round(trio.current_time() - self.started, 3),

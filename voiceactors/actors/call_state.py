@@ -53,6 +53,8 @@ class ToolCall:
     duration_ms: float | None = None
     sends: int = 0
     confirmed_seq: int | None = None  # server-event sequence number of the confirmation
+    started_t: float | None = None    # trio time it went to the executor
+    overhead_ms: float | None = None  # first write − start − the executor's own duration
 
     def abandon(self) -> None:
         """Answer with the synthetic cancelled output (only if not answered yet)."""
@@ -70,7 +72,7 @@ class ToolCall:
             "outcome": self.outcome or "unanswered",
             "output_bytes": len(self.output.encode("utf-8")) if self.output is not None else 0,
             "sends": self.sends, "delivered": self.state == "confirmed", "synthetic": self.synthetic,
-            "state": self.state,
+            "state": self.state, "overhead_ms": self.overhead_ms,
         }
 
 
@@ -83,6 +85,7 @@ class Batch:
     status: str | None = None         # None while active; completed|cancelled|failed|incomplete|lost
     calls: list[str] = field(default_factory=list)
     follow_up: str | None = None
+    done_t: float | None = None       # trio time its response.done was read
 
 
 @dataclass
@@ -95,3 +98,4 @@ class CreateSent:
     t: float
     response_id: str | None = None
     result: str = "sent"
+    turnaround_ms: float | None = None  # written − the latest response.done of its batches

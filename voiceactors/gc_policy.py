@@ -1,0 +1,46 @@
+"""The cyclic garbage collector, for a process that serves live calls.
+
+A collection stops every call of the process at once: a full (generation 2)
+collection walks every tracked object, and right after startup most of those
+are the openai SDK's and pydantic's import-time objects, which never become
+garbage. ``freeze_startup_heap`` moves them out of the collector's sight
+(``gc.freeze``), so the full collections that happen while calls are live walk
+only what the calls made. ``watch_pauses`` times every collection into
+``voiceactors_gc_pause_seconds`` so the pauses stay visible.
+
+Both are process-wide and meant for the process's entry point (``serve``, the
+benchmark peer), not for code that runs many times in one process (tests).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any, Callable
+
+_started: dict[int, float] = {}
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then exclude every object alive now from later
+    collections. Returns how many objects were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
+def watch_pauses(record: Callable[[int, float], None]) -> Callable[[], None]:
+    """Call ``record(generation, seconds)`` after every collection (from
+    whichever thread triggered it; ``record`` must be cheap and thread-safe).
+    Returns the function that stops watching."""
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            _started[id(callback)] = time.perf_counter()
+            return
+        began = _started.pop(id(callback), None)
+        if began is not None:
+            record(int(info.get("generation", -1)), time.perf_counter() - began)
+
+    gc.callbacks.append(callback)
+    return lambda: gc.callbacks.remove(callback)

@@ -426,3 +426,98 @@ async def test_default_hook_counts_metrics(nursery, autojump_clock, journal, sta
                      make_registry([spec("test.metered", echo)]), journal, state)
     await Client(ex).call("test.metered")
     assert count() == before + 1
+
+
+# --- reusable reads ---------------------------------------------------------------
+
+
+def reusable_registry(counter: list[str]):
+    def today(ctx, args):
+        counter.append(json.dumps(args, sort_keys=True))
+        return {"n": len(counter), "args": args}
+
+    def write(ctx, args):
+        return {"ok": True}
+
+    return make_registry([
+        ToolSpec(name="test.today", description="reusable read", parameters=ANY_ARGS, effect="read",
+                 handler=today, reusable=True),
+        ToolSpec(name="test.plain", description="plain read", parameters=ANY_ARGS, effect="read", handler=today),
+        spec("test.write", write, effect="write"),
+    ])
+
+
+async def test_reusable_read_is_answered_from_memory_while_fresh(nursery, autojump_clock, journal, state):
+    runs: list[str] = []
+    ex = await start(nursery, settings_for(journal, state, tool_reuse_s=2.0), reusable_registry(runs), journal, state)
+    first = await Client(ex, "rtc_a").call("test.today")
+    with capture_logs() as logs:
+        second = await Client(ex, "rtc_b").call("test.today")     # another call, 0 s later
+    assert runs == ["{}"] and second.output == first.output and second.outcome == "ok"
+    assert [(x["tool_call_id"], x["reused"]) for x in logs if x["event"] == "tool_run"] == [("call_1", True)]
+    other = await Client(ex, "rtc_c").call("test.today", {"x": 1})  # other arguments: a run of its own
+    assert json.loads(other.output)["n"] == 2
+    await trio.sleep(2.0)                                            # no longer fresh
+    third = await Client(ex, "rtc_d").call("test.today")
+    assert json.loads(third.output)["n"] == 3
+
+
+async def test_only_reusable_reads_are_reused_and_never_when_disabled(nursery, autojump_clock, journal, state):
+    runs: list[str] = []
+    ex = await start(nursery, settings_for(journal, state, tool_reuse_s=0), reusable_registry(runs), journal, state)
+    for call in ("rtc_a", "rtc_b"):
+        await Client(ex, call).call("test.today")
+        await Client(ex, call).call("test.plain")
+    assert len(runs) == 4
+    runs.clear()
+    ex = await start(nursery, settings_for(journal, state), reusable_registry(runs), journal, state)
+    for call in ("rtc_a", "rtc_b"):
+        await Client(ex, call).call("test.plain")
+    assert len(runs) == 2
+
+
+async def test_a_write_forgets_reusable_answers(nursery, autojump_clock, journal, state):
+    runs: list[str] = []
+    ex = await start(nursery, settings_for(journal, state), reusable_registry(runs), journal, state)
+    client = Client(ex)
+    await client.call("test.today", turn=1)
+    assert (await client.call("test.write", turn=1)).outcome == "ok"
+    again = await Client(ex, "rtc_other").call("test.today")
+    assert json.loads(again.output)["n"] == 2
+
+
+async def test_reused_answer_still_counts_against_the_turn(nursery, autojump_clock, journal, state):
+    runs: list[str] = []
+    ex = await start(nursery, settings_for(journal, state), reusable_registry(runs), journal, state)
+    client = Client(ex)
+    await client.call("test.today", turn=1)
+    duplicate = await client.call("test.today", turn=1)             # same turn, same arguments, new id
+    assert json.loads(duplicate.output)["error"].startswith("duplicate call") and duplicate.outcome == "rejected"
+    retry = await client.call("test.today", turn=1, tool_call_id="call_1")   # a retry of the same id
+    assert retry.outcome == "ok" and runs == ["{}"]
+
+
+async def test_a_read_that_a_write_overtook_is_not_kept(nursery, autojump_clock, journal, state):
+    """A reusable read started before a write and finishing after it may hold
+    the old state: it answers its own call but is not handed to others."""
+    gate = Gate()
+    runs: list[str] = []
+
+    def slow_today(ctx, args):
+        gate.enter()
+        runs.append("slow")
+        return {"n": len(runs)}
+
+    registry = make_registry([
+        ToolSpec(name="test.today", description="reusable read", parameters=ANY_ARGS, effect="read",
+                 handler=slow_today, reusable=True),
+        spec("test.write", lambda ctx, args: {"ok": True}, effect="write"),
+    ])
+    ex = await start(nursery, settings_for(journal, state), registry, journal, state)
+    async with trio.open_nursery() as inner:
+        inner.start_soon(Client(ex, "rtc_a").call, "test.today")
+        await gate.started.wait()
+        assert (await Client(ex, "rtc_w").call("test.write")).outcome == "ok"
+        gate.release.set()
+    after = await Client(ex, "rtc_b").call("test.today")
+    assert json.loads(after.output) == {"n": 2} and runs == ["slow", "slow"]

@@ -42,6 +42,7 @@ class Settings:
     tool_concurrency: int = 64
     tool_timeout_read_s: float = 10.0
     tool_timeout_write_s: float = 20.0
+    tool_reuse_s: float = 2.0               # a reusable read's answer serves other calls this long
     tool_output_cap: int = 64_000
     turn_output_cap: int = 96_000
     tool_calls_per_turn: int = 6
@@ -99,6 +100,7 @@ class Settings:
             "tool_concurrency": _env_int(env, "VOICEACTORS_TOOL_CONCURRENCY", 64),
             "tool_timeout_read_s": _env_float(env, "VOICEACTORS_TOOL_TIMEOUT_READ", 10.0),
             "tool_timeout_write_s": _env_float(env, "VOICEACTORS_TOOL_TIMEOUT_WRITE", 20.0),
+            "tool_reuse_s": _env_float(env, "VOICEACTORS_TOOL_REUSE", 2.0),
             "max_calls": _env_int(env, "VOICEACTORS_MAX_CALLS", 1000),
             "call_idle_timeout_s": _env_float(env, "VOICEACTORS_CALL_IDLE_TIMEOUT", 600.0),
             "call_max_duration_s": _env_float(env, "VOICEACTORS_CALL_MAX_DURATION", 3900.0),

@@ -25,6 +25,11 @@ Rules, in the order a request meets them:
    reported. A write still running at ``tool_timeout_write_s`` answers
    ``tool timed out`` while its thread finishes and records the real outcome,
    which a retry with the same id then gets.
+   A *reusable* read (``ToolSpec.reusable``: the answer depends only on the
+   journal, today and the arguments) that answered ``ok`` less than
+   ``tool_reuse_s`` ago — counted from when that run started — is answered
+   again from memory, in the executor's own task: no worker thread, no
+   limiter, no task of its own. Any write we apply forgets every kept answer.
 5. Any exception answers ``{"error": "tool failed"}``; the detail goes to the
    log only.
 6. ``_nav_target`` / ``_observer_action`` (and any other ``_``-key) are removed
@@ -76,6 +81,7 @@ OUTPUT_TOO_LARGE = {"error": "output too large"}
 TRUNCATED_NOTE = "output exceeded the size limit; partial is the beginning of the JSON text"
 TURNS_KEPT = 4096          # (call_id, turn) bound states remembered, oldest evicted
 REPLY_DEADLINE_S = 5.0     # how long a full reply channel may hold up a result
+FRESH_KEPT = 256           # reusable answers kept (distinct tool + arguments + day)
 
 
 def observe_result(result: ToolResult) -> None:
@@ -166,6 +172,9 @@ class ToolExecutor:
         self._turns: OrderedDict[tuple[str, int], _Turn] = OrderedDict()
         # call_id -> {cancel scope: epoch} of reads not yet answered
         self._reads: dict[str, dict[trio.CancelScope, int]] = {}
+        # (tool, canonical arguments, today) -> (run started at, its answer)
+        self._fresh: OrderedDict[tuple[str, str, str], tuple[float, _Run]] = OrderedDict()
+        self._writes_applied = 0   # a read that saw a write start under it is not kept
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until it is closed or this task is cancelled;
@@ -175,7 +184,8 @@ class ToolExecutor:
             async with self._receive:
                 async for message in drain(self._receive):
                     if isinstance(message, ToolRequest):
-                        nursery.start_soon(self._serve, message, self._scope_for(message))
+                        if not self._answer_fresh(message, nursery):
+                            nursery.start_soon(self._serve, message, self._scope_for(message))
                     elif isinstance(message, CancelReads):
                         self._cancel_reads(message)
                     else:
@@ -204,10 +214,45 @@ class ToolExecutor:
             if msg.before_epoch is None or epoch < msg.before_epoch:
                 scope.cancel()
 
+    # --- reusable reads ---------------------------------------------------------
+
+    def _fresh_key(self, spec: ToolSpec | None, req: ToolRequest) -> tuple[str, str, str] | None:
+        if spec is None or not spec.reusable or spec.effect == WRITE or self.settings.tool_reuse_s <= 0:
+            return None
+        return spec.name, canonical_arguments(req.arguments), self.ctx.today().isoformat()
+
+    def _answer_fresh(self, req: ToolRequest, nursery: trio.Nursery) -> bool:
+        """Answer ``req`` from a kept answer if there is a fresh one (the
+        turn bounds still apply). Synchronous: True when answered."""
+        spec = lookup(req.name, self.registry)
+        key = self._fresh_key(spec, req)
+        kept = self._fresh.get(key) if key is not None else None
+        now = trio.current_time()
+        if kept is None or now - kept[0] >= self.settings.tool_reuse_s:
+            return False
+        run = self._admit(req, spec.name) or kept[1]
+        result, run = self._result(req, spec, run, now)
+        delivered = self._try_deliver(req, result)
+        if delivered is None:   # a full shared reply channel: wait for it elsewhere
+            nursery.start_soon(self._deliver_late, req, result, run)
+        else:
+            self._reported(req, result, run, delivered, reused=True)
+        return True
+
+    def _keep(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> None:
+        key = self._fresh_key(spec, req)
+        if key is None or run.outcome != "ok":
+            return
+        self._fresh[key] = (started, run)
+        self._fresh.move_to_end(key)
+        while len(self._fresh) > FRESH_KEPT:
+            self._fresh.popitem(last=False)
+
     # --- one request ------------------------------------------------------------
 
     async def _serve(self, req: ToolRequest, scope: trio.CancelScope) -> None:
         started = trio.current_time()
+        writes_before = self._writes_applied
         spec = lookup(req.name, self.registry)
         run: _Run | None = None
         try:
@@ -215,6 +260,8 @@ class ToolExecutor:
                 run = await self._handle(req, spec)
             if scope.cancelled_caught:
                 run = _error(CANCELLED, "cancelled")
+            elif writes_before == self._writes_applied:
+                self._keep(req, spec, run, started)
         except trio.Cancelled:   # the executor itself is shutting down
             run = _error(CANCELLED, "cancelled")
             raise
@@ -291,6 +338,8 @@ class ToolExecutor:
                 record, replayed = await storage.run_sync(self._apply_write, req, spec, args)
         finally:
             self._limiter.release()
+            self._writes_applied += 1
+            self._fresh.clear()   # the journal may have changed under every kept answer
         if running.cancelled_caught:
             _log.warning("tool_write_overran", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, timeout_s=timeout)
@@ -334,29 +383,53 @@ class ToolExecutor:
         return run
 
     async def _reply(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> None:
+        result, run = self._result(req, spec, run, started)
+        delivered = self._try_deliver(req, result)
+        if delivered is None:
+            await self._deliver_late(req, result, run)
+        else:
+            self._reported(req, result, run, delivered)
+
+    def _result(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> tuple[ToolResult, _Run]:
         run = self._spend(req, run)
-        duration_ms = round((trio.current_time() - started) * 1000, 1)
         result = ToolResult(
             call_id=req.call_id, tool_call_id=req.tool_call_id,
             tool=spec.name if spec else str(req.name), output=run.output, outcome=run.outcome,
-            epoch=req.epoch, duration_ms=duration_ms, client_events=run.client_events,
+            epoch=req.epoch, duration_ms=round((trio.current_time() - started) * 1000, 1),
+            client_events=run.client_events,
         )
-        delivered = True
+        return result, run
+
+    @staticmethod
+    def _try_deliver(req: ToolRequest, result: ToolResult) -> bool | None:
+        """True: delivered; False: the call ended (logged and dropped); None:
+        the reply channel is full (a shared one), see ``_deliver_late``."""
         try:
             req.reply.send_nowait(result)
-        except trio.WouldBlock:   # a shared, full reply channel: wait a little, then drop
-            delivered = False
+            return True
+        except trio.WouldBlock:
+            return None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+
+    async def _deliver_late(self, req: ToolRequest, result: ToolResult, run: _Run) -> None:
+        """Wait a little for room on a full reply channel, then drop."""
+        delivered = False
+        with trio.CancelScope(shield=True):
             with trio.move_on_after(REPLY_DEADLINE_S):
                 try:
                     await req.reply.send(result)
                     delivered = True
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            delivered = False   # the call ended: log and drop
+        self._reported(req, result, run, delivered)
+
+    def _reported(self, req: ToolRequest, result: ToolResult, run: _Run, delivered: bool,
+                  reused: bool = False) -> None:
         _log.info("tool_run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
-                  epoch=req.epoch, turn=req.turn, duration_ms=duration_ms, outcome=result.outcome,
-                  output_chars=len(result.output), truncated=run.truncated, delivered=delivered)
+                  epoch=req.epoch, turn=req.turn, duration_ms=result.duration_ms, outcome=result.outcome,
+                  output_chars=len(result.output), truncated=run.truncated, delivered=delivered,
+                  reused=reused)
         try:
             self.on_result(result)
         except Exception:

@@ -42,6 +42,9 @@ class ToolSpec:
     effect: str                      # "read" | "write"
     handler: Handler
     errors: Mapping[str, str] = field(default_factory=dict)  # property -> design error string
+    # the answer depends only on the journal, today and the arguments (never on
+    # the call), so the executor may hand a fresh one to another call
+    reusable: bool = False
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -180,6 +183,7 @@ def _specs() -> list[ToolSpec]:
             parameters=_object({}),
             effect=READ,
             handler=today_tools.calendar_today,
+            reusable=True,
         ),
         ToolSpec(
             name="briefing.get",
@@ -190,6 +194,7 @@ def _specs() -> list[ToolSpec]:
             parameters=_object({}),
             effect=READ,
             handler=today_tools.briefing_get,
+            reusable=True,
         ),
         ToolSpec(
             name="observer.start_listening",

@@ -158,6 +158,7 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         sim.expect("CONNECTED", timeout)
         join_s = time.perf_counter() - joined_at
         window.start()
+        measured_from = time.time()
         spy = _start_py_spy(peer_proc.popen.pid, py_spy_s, run_dir) if py_spy_s else None
         rss_joined = None
         if workload == "idle":
@@ -201,8 +202,8 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
             result["loop_lag_ms"] = summary(json.loads(lag_file.read_text()))
         gc_file = Path(str(log_path) + ".gc.json")
         if gc_file.exists():
-            pauses = json.loads(gc_file.read_text())
-            result["gc_pause_ms"] = {str(g): summary(ms for gen, ms in pauses if gen == g) for g in (0, 1, 2)}
+            pauses = [p for p in json.loads(gc_file.read_text()) if p[2] >= measured_from]  # calls live
+            result["gc_pause_ms"] = {str(g): summary(ms for gen, ms, _ in pauses if gen == g) for g in (0, 1, 2)}
         result["overhead_ms"] = summary(overhead)
     result.pop("outputs", None)
     if py_spy_s:

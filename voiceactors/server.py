@@ -101,10 +101,13 @@ async def wait_for_signal() -> None:
 
 
 async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
-                     brain_backend: Any | None = None,
+                     brain_backend: Any | None = None, freeze_heap: bool = False,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``settings`` until ``shutdown_trigger`` returns, then shut down
-    gracefully (bounded). ``task_status.started`` gets the bound URLs."""
+    gracefully (bounded). ``task_status.started`` gets the bound URLs.
+    ``freeze_heap``: once serving (the runtime started, its lazy imports
+    done), move the heap out of the garbage collector's sight
+    (``gc_policy``) — process-wide, so only the command asks for it."""
     app = create_app(settings, brain_backend=brain_backend)
     voice = voice_state(app)
 
@@ -120,6 +123,9 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
     started = trio.current_time()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(serve)
+        if freeze_heap:
+            frozen = gc_policy.freeze_startup_heap()
+            _log.info("heap_frozen", objects=frozen)
         _log.info("serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
                   demo=settings.demo, token_required=auth.token_required(settings))
         task_status.started(binds)
@@ -171,11 +177,11 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
 
 async def _serve_main(settings: Settings, demo: bool) -> None:
     if not demo:
-        await run_server(settings)
+        await run_server(settings, freeze_heap=True)
         return
     async with open_demo_simulator(settings) as env:
         _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
-        await run_server(env.settings)
+        await run_server(env.settings, freeze_heap=True)
 
 
 # --- the command -----------------------------------------------------------------
@@ -208,7 +214,6 @@ def cli_serve(args: argparse.Namespace) -> int:
         print(f"voiceactors: journal folder not found: {settings.journal} "
               "(--journal, VOICEACTORS_JOURNAL or SOLSTONE_JOURNAL)", file=sys.stderr)
         return EXIT_USAGE
-    gc_policy.freeze_startup_heap()
     gc_policy.watch_pauses(metrics.gc_pause)
     try:
         if settings.demo:

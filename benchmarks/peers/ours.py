@@ -7,7 +7,7 @@ sends. Logs go to ``--log`` as JSON lines at ``--log-level`` (the driver
 reads ``tool_run`` lines for each tool's own duration). A probe task
 records the event loop's lag (how late a 10 ms sleep wakes) into
 ``<log>.lag.json``; every garbage collection's pause goes to
-``<log>.gc.json`` as ``[generation, ms]``. Like ``voiceactors serve``, the
+``<log>.gc.json`` as ``[generation, ms, wall time]``. Like ``voiceactors serve``, the
 peer freezes its startup heap (``gc_policy``) unless ``BENCH_NO_FREEZE`` is
 set (the before/after experiment).
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import trio
@@ -55,9 +56,13 @@ async def main(args) -> None:
         journal=Path(args.journal), state_dir=Path(args.state_dir), openai_base_url=args.base_url,
         openai_api_key_env=args.api_key, max_calls=max(1000, args.calls + 16),
         call_idle_timeout_s=3600.0, log_level=args.log_level,
+        # experiment knob: BENCH_TOOL_REUSE_S=0 makes every read run in a worker thread
+        tool_reuse_s=float(os.environ.get("BENCH_TOOL_REUSE_S", Settings.tool_reuse_s)),
     )
     with trio.move_on_after(args.max_seconds) as scope:
         async with open_runtime(settings) as rt:
+            if not os.environ.get("BENCH_NO_FREEZE"):
+                gc_policy.freeze_startup_heap()   # as serve does once serving
             print("STARTED", flush=True)
             await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)   # GO
             async with trio.open_nursery() as nursery:
@@ -78,11 +83,11 @@ async def main(args) -> None:
         Path(args.log + ".gc.json").write_text(json.dumps(GC_PAUSES))
 
 
-GC_PAUSES: list[tuple[int, float]] = []
+GC_PAUSES: list[tuple[int, float, float]] = []
 
 
 def _gc_pause(generation: int, seconds: float) -> None:
-    GC_PAUSES.append((generation, round(seconds * 1000, 3)))
+    GC_PAUSES.append((generation, round(seconds * 1000, 3), time.time()))
 
 
 def _inline_run_sync() -> None:
@@ -107,8 +112,6 @@ def run(argv: list[str] | None = None) -> int:
         sys.setswitchinterval(float(switch))
     if os.environ.get("BENCH_INLINE_SYNC"):   # experiment knob: no worker-thread hop (see docs/benchmarks.md)
         _inline_run_sync()
-    if not os.environ.get("BENCH_NO_FREEZE"):
-        gc_policy.freeze_startup_heap()
     gc_policy.watch_pauses(_gc_pause)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
     log_file = open(args.log, "w", buffering=1 << 16)

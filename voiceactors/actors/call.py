@@ -617,12 +617,20 @@ class CallActor:
         scope = trio.CancelScope(shield=True)
         self._tool_scopes[call.tool_call_id] = scope
         self._tools_idle = trio.Event()
-        self._tools.start_soon(self._run_tool, call, scope)
-
-    async def _run_tool(self, call: ToolCall, scope: trio.CancelScope) -> None:
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=call.tool_call_id, name=call.name,
                               arguments=call.arguments or "", epoch=call.epoch, turn=call.turn, reply=send)
+        try:
+            # handed over in this turn when the inbox has room: the executor
+            # starts on it while the task that waits for the answer starts
+            self._executor.send_nowait(request)
+            pending = None
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pending = request   # the task sends it (waits for room, or finds the executor gone)
+        self._tools.start_soon(self._run_tool, call, scope, pending, receive)
+
+    async def _run_tool(self, call: ToolCall, scope: trio.CancelScope, pending: ToolRequest | None,
+                        receive: trio.MemoryReceiveChannel[ToolResult]) -> None:
         self.log.debug("tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch, turn=call.turn)
         if self.feed is not None:
             self.feed.tool_started(tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
@@ -631,7 +639,8 @@ class CallActor:
         try:
             with scope:
                 try:
-                    await self._executor.send(request)
+                    if pending is not None:
+                        await self._executor.send(pending)
                     result = await receive.receive()
                 except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
                     gone = True

@@ -156,13 +156,15 @@ class Proc:
             return ""
 
 
-def spawn(name: str, module: str, args: list[str], *, workdir: Path, env: dict[str, str] | None = None) -> Proc:
-    """Start ``python -m module args`` in the repository root; stderr to ``workdir/name.stderr``."""
+def spawn(name: str, module: str, args: list[str], *, workdir: Path, env: dict[str, str] | None = None,
+          repo: Path | None = None) -> Proc:
+    """Start ``python -m module args`` in the repository root (or in ``repo``,
+    another checkout, whose own code then runs); stderr to ``workdir/name.stderr``."""
     workdir.mkdir(parents=True, exist_ok=True)
     stderr_path = workdir / f"{name}.stderr"
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "VOICEACTORS_TODAY": BENCH_TODAY.isoformat(),
                 **(env or {})}
-    popen = subprocess.Popen([PYTHON, "-m", module, *args], cwd=REPO, env=full_env, text=True,
+    popen = subprocess.Popen([PYTHON, "-m", module, *args], cwd=repo or REPO, env=full_env, text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=open(stderr_path, "w"), bufsize=1)
     return Proc(name, popen, stderr_path)

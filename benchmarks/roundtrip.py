@@ -31,6 +31,8 @@ Run::
     .venv/bin/python -m benchmarks.roundtrip --peer baseline --calls 1 100 --rounds 5
     .venv/bin/python -m benchmarks.roundtrip --calls 2 --rounds 2 --gap 0.2 --json /tmp/rt.json
     .venv/bin/python -m benchmarks.roundtrip --calls 500 --py-spy 8     # + where our CPU goes
+    git worktree add /tmp/before <commit> && \
+    BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.roundtrip --calls 100   # that commit's server
 
 ``--peer`` is ``ours`` (default), ``baseline`` (asyncio + openai SDK),
 ``agents`` (OpenAI Agents SDK) or ``floor`` (a raw-websocket client that
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -116,6 +119,13 @@ def _start_py_spy(pid: int, seconds: float, run_dir: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=open(run_dir / "py-spy.stderr", "w"))
 
 
+def _peer_repo() -> Path | None:
+    """``BENCH_PEER_REPO``: run the peer from another checkout (e.g. a
+    worktree of an older commit) under this harness, for before/after pairs."""
+    repo = os.environ.get("BENCH_PEER_REPO")
+    return Path(repo) if repo else None
+
+
 def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: int = 10, gap: float = 1.0,
                  rate_hz: float = 20.0, wait: float = 10.0, journal_days: int = 14, log_level: str = "info",
                  idle_settle_s: float = 3.0, tag: str = "rt", keep: bool = False,
@@ -148,7 +158,7 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
             "--base-url", f"http://127.0.0.1:{port}/v1", "--api-key", BENCH_KEY, "--prefix", "rtc_bench",
             "--calls", str(calls), "--journal", str(journal), "--state-dir", str(run_dir / "state"),
             "--log", str(log_path), "--log-level", log_level, "--max-seconds", str(timeout + 10)],
-            workdir=run_dir)
+            workdir=run_dir, repo=_peer_repo())
         peer_proc.expect("STARTED", 60)
         time.sleep(0.5)
         rss_before = peer_proc.rss()

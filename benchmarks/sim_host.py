@@ -1,21 +1,38 @@
 """The simulator side of the sideband benchmarks, as its own process.
 
 Runs ``voiceactors.realtime.simulator.Simulator`` on loopback with ``--calls``
-joinable call ids ``<prefix>-<n>``, each playing a benchmark workload, and
-timestamps the simulator's own records: every event it sends
-(``call.sent``) and every client event it receives (``call.received``) gets a
-``time.perf_counter()`` stamp at the moment the simulator appends it, which
-is right before the frame is written / right after it was read. All round
-trips are differences of two stamps in this one process, so no clock is
-shared between processes.
+joinable call ids ``<prefix>-<n>``, each playing a benchmark workload, with
+``timestamps=True``: every event it sends (``call.sent_at``, stamped when the
+event is queued, before it is encoded and written) and every client event it
+receives (``call.received_at``, right after it was read) gets a
+``trio.current_time()`` stamp. All round trips are differences of two stamps
+in this one process, so no clock is shared between processes.
+
+Made cheap, so that it measures the peer rather than itself:
+
+* ``validate_sent=False`` — the simulator does not validate every event it
+  sends against the SDK's models (``--validate`` turns it back on; the tests
+  keep it on, where it catches simulator bugs);
+* the cyclic garbage collector is off (``--gc`` keeps it): the records only
+  grow, so every full collection walked all of them — at 1,000 calls that
+  stalled every call for up to 0.5 s, and the calls woken together then
+  stayed in step, round after round;
+* rounds follow a timetable (``sleep_until``): a late round does not push
+  the call's later ones back, so one stall cannot bunch calls together.
+
+``create_by_second`` in the output is the create round trip by the second
+(after every call joined) in which its round started: it shows whether a
+tail comes from the join burst, a stall, or the steady state.
 
 Workloads (``--workload``):
 
-* ``roundtrip`` — after a random start offset in [0, gap), background
-  transcript deltas at ``--rate-hz``; then ``--rounds`` times: a user turn,
-  a response carrying one ``briefing.get`` call, ``wait_outputs`` (the
-  client's output and one ``response.create``), the answer, ``--gap`` s of
-  quiet; then close 1000.
+* ``roundtrip`` — round ``k`` (of ``--rounds``) starts at ``offset + k * gap``
+  after the call joined (``offset`` = ``--warmup`` (2 s) + random in [0, gap):
+  the rounds start once the join burst is over — at 1,500 calls the
+  handshakes alone put 100 ms into the first second's rounds): a user turn, a
+  response carrying one ``briefing.get`` call, ``wait_outputs`` (the client's
+  output and one ``response.create``), the answer; background transcript
+  deltas at ``--rate-hz`` from ``offset`` on; then close 1000.
 * ``idle`` — no script: the calls stay open until ``STOP`` on stdin.
 * ``scenario:NAME`` — a shipped scenario (``parallel_tools``,
   ``barge_in_during_tool``, ...).
@@ -31,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import random
 import sys
@@ -49,32 +67,21 @@ from benchmarks.common import BENCH_KEY, summary
 TOOL_TEXT = "What does my day look like?"
 
 
-class Stamped(list):
-    """A list that remembers when each item was appended (``at``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.at: list[float] = []
-
-    def append(self, item: Any) -> None:  # noqa: D401 - list API
-        self.at.append(time.perf_counter())
-        super().append(item)
-
-
 def roundtrip_steps(rounds: int, gap_s: float, rate_hz: float, offset_s: float, wait_s: float) -> list[dict]:
-    """The ``roundtrip`` workload of one call (see the module docstring)."""
+    """The ``roundtrip`` workload of one call (see the module docstring):
+    round ``k`` starts ``offset_s + k * gap_s`` after the call joined."""
     total = offset_s + rounds * (gap_s + 0.1) + 1.0
-    steps: list[dict] = [{"sleep": round(offset_s, 4)}]
+    steps: list[dict] = [{"sleep_until": round(offset_s, 4)}]
     if rate_hz > 0:
         steps.append({"transcript_deltas": {"rate_hz": rate_hz, "count": int(rate_hz * total),
                                             "background": True}})
-    for _ in range(rounds):
+    for k in range(rounds):
         steps += [
             {"user_turn": {"text": TOOL_TEXT, "duration_ms": 0}},
             {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
             {"wait_outputs": {"timeout_s": wait_s}},
             {"response": {"text": "Here is your day."}},
-            {"sleep": gap_s},
+            {"sleep_until": round(offset_s + (k + 1) * gap_s, 4)},
         ]
     steps.append({"close": 1000})
     return steps
@@ -82,18 +89,14 @@ def roundtrip_steps(rounds: int, gap_s: float, rate_hz: float, offset_s: float, 
 
 def make_scenario(args: argparse.Namespace, rng: random.Random) -> Scenario:
     if args.workload == "roundtrip":
-        steps = roundtrip_steps(args.rounds, args.gap, args.rate_hz, rng.uniform(0, args.gap), args.wait)
+        offset = args.warmup + rng.uniform(0, args.gap)
+        steps = roundtrip_steps(args.rounds, args.gap, args.rate_hz, offset, args.wait)
         return Scenario("bench_roundtrip", "benchmark workload", tuple(steps))
     if args.workload == "idle":
         return as_scenario(None)
     if args.workload.startswith("scenario:"):
         return as_scenario(args.workload.split(":", 1)[1])
     raise SystemExit(f"unknown workload {args.workload!r}")
-
-
-def stamp(call: SimCall) -> None:
-    call.received = Stamped()
-    call.sent = Stamped()
 
 
 def analyse(call: SimCall) -> dict[str, Any]:
@@ -106,7 +109,7 @@ def analyse(call: SimCall) -> dict[str, Any]:
     """
     first_output: dict[str, float] = {}
     creates: list[float] = []
-    for event, t in zip(call.received, getattr(call.received, "at", [])):
+    for event, t in zip(call.received, call.received_at or []):
         kind = event.get("type")
         item = event.get("item") if isinstance(event.get("item"), dict) else {}
         if kind == "conversation.item.create" and item.get("type") == "function_call_output":
@@ -115,8 +118,9 @@ def analyse(call: SimCall) -> dict[str, Any]:
             creates.append(t)
     outputs: list[tuple[str, float]] = []
     create_ms: list[float] = []
+    create_at: list[float] = []
     missing_create = 0
-    for event, t0 in zip(call.sent, getattr(call.sent, "at", [])):
+    for event, t0 in zip(call.sent, call.sent_at or []):
         if event.get("type") != "response.done" or event["response"].get("status") != "completed":
             continue
         ids = [o["call_id"] for o in event["response"].get("output", []) if o.get("type") == "function_call"]
@@ -130,17 +134,33 @@ def analyse(call: SimCall) -> dict[str, Any]:
             after = [c for c in creates if c >= max(got)]
             if after:
                 create_ms.append((after[0] - t0) * 1000)
+                create_at.append(t0)
             else:
                 missing_create += 1
     duplicates = sum(len(v) - 1 for v in call.outputs.values() if len(v) > 1)
     return {
-        "outputs": outputs, "create_ms": create_ms, "missing_create": missing_create,
+        "outputs": outputs, "create_ms": create_ms, "create_at": create_at, "missing_create": missing_create,
         "error_codes": [c for c in call.error_codes], "violations": list(call.violations),
         "unanswered": list(call.pending_call_ids()), "tool_calls": len(call.tool_calls),
         "duplicate_outputs": duplicates, "response_creates": call.response_creates,
         "connections": call.connections, "closed": call.closed,
         "responses": collections.Counter(f"{r.origin}:{r.status}" for r in call.responses),
     }
+
+
+def timeline(per_call: dict[str, dict[str, Any]], since: float, bucket_s: float = 1.0) -> list[list[float]]:
+    """``create_ms`` by when its round trip started: ``[s, n, p50, p99, max]``
+    per ``bucket_s`` seconds after every call had joined (negative: before).
+    Shows whether the tail comes from the join burst or from the steady state."""
+    buckets: dict[int, list[float]] = collections.defaultdict(list)
+    for r in per_call.values():
+        for t0, ms in zip(r["create_at"], r["create_ms"]):
+            buckets[int((t0 - since) // bucket_s)].append(ms)
+    out = []
+    for b in sorted(buckets):
+        s = summary(buckets[b])
+        out.append([round(b * bucket_s, 1), s["n"], round(s["p50"], 1), round(s["p99"], 1), round(s["max"], 1)])
+    return out
 
 
 def aggregate(per_call: dict[str, dict[str, Any]], handshakes: list[dict]) -> dict[str, Any]:
@@ -184,14 +204,15 @@ async def _stdin_lines(send: trio.MemorySendChannel[str]) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    sim = Simulator(None, api_key=BENCH_KEY)
+    sim = Simulator(None, api_key=BENCH_KEY, validate_sent=args.validate, timestamps=True)
     ids = [f"{args.prefix}-{n}" for n in range(args.calls)]
     started = time.perf_counter()
+    connected_at = trio.current_time()
     timed_out = False
     async with trio.open_nursery() as nursery:
         port = await nursery.start(sim.serve, 0)
         for cid in ids:
-            stamp(sim.add_call(cid, make_scenario(args, rng)))
+            sim.add_call(cid, make_scenario(args, rng))
         print(f"PORT {port}", flush=True)
         commands_send, commands = trio.open_memory_channel[str](8)
         nursery.start_soon(_stdin_lines, commands_send)
@@ -199,6 +220,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         with trio.move_on_after(args.timeout) as bound:
             for call in calls:
                 await call.wait_until(lambda c: c.connections > 0 or c.closed)
+            connected_at = trio.current_time()
             print(f"CONNECTED {len(calls)}", flush=True)
             async with trio.open_nursery() as waiters:
                 async def all_closed() -> None:
@@ -224,6 +246,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         nursery.cancel_scope.cancel()
     per_call = {cid: analyse(sim.calls[cid]) for cid in ids}
     result = aggregate(per_call, sim.handshakes)
+    result.update(create_by_second=timeline(per_call, connected_at))
     result.update(workload=args.workload, timed_out=timed_out, wall_s=round(time.perf_counter() - started, 3))
     return result
 
@@ -240,12 +263,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", required=True)
+    p.add_argument("--validate", action="store_true", help="validate every sent event (the tests' default)")
+    p.add_argument("--gc", action="store_true", help="keep the cyclic garbage collector on")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds before a call's first round (roundtrip)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logs.configure("json", "warning")
+    if not args.gc:
+        # the records only grow (every event of every call), so each full
+        # collection walks all of them: at 1,000 calls that stalled every call
+        # for up to 0.5 s, and the calls woken together stayed in step
+        gc.freeze()
+        gc.disable()
     result = trio.run(run, args)
     Path(args.out).write_text(json.dumps(result, default=str))
     print(f"DONE {args.out}", flush=True)

@@ -1,18 +1,21 @@
 """Peer (control): the harness floor — the least a sideband client can do.
 
 One trio task per call on a raw ``trio_websocket`` connection: it decodes
-each event with ``json.loads`` only (no model validation), and on a
-completed ``response.done`` carrying function calls it immediately writes a
-constant ``{"ok": true}`` output for each and then one ``response.create``.
-No tool runs, nothing is logged. Its round trips are what the simulator, the
-loopback and the scheduler cost by themselves: subtract them from a real
-peer's to see that peer's own overhead.
+with ``json.loads`` (no model validation) only the messages that mention
+``response.done``, and on a completed ``response.done`` carrying function
+calls it immediately writes a constant ``{"ok": true}`` output for each and
+then one ``response.create``. No tool runs, nothing is logged, and the
+cyclic garbage collector is off (its full collections stalled every call at
+once). Its round trips are what the simulator, the loopback and the
+scheduler cost by themselves: subtract them from a real peer's to see that
+peer's own overhead.
 
 Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from urllib.parse import urlsplit
@@ -30,7 +33,10 @@ async def serve_call(base_url: str, api_key: str, call_id: str) -> None:
                                              extra_headers=[(b"authorization", f"Bearer {api_key}".encode())]) as ws:
         try:
             while True:
-                event = json.loads(await ws.get_message())
+                message = await ws.get_message()
+                if "response.done" not in message:
+                    continue
+                event = json.loads(message)
                 if event.get("type") != "response.done" or event["response"].get("status") != "completed":
                     continue
                 calls = [o for o in event["response"].get("output", []) if o.get("type") == "function_call"]
@@ -55,6 +61,8 @@ def run(argv: list[str] | None = None) -> int:
     args = peer_parser("harness-floor peer").parse_args(argv)
     print("STARTED", flush=True)
     sys.stdin.readline()  # GO
+    gc.freeze()
+    gc.disable()
     trio.run(main, args)
     return 0
 

@@ -73,11 +73,19 @@ class Simulator:
     the default for calls added without one; ``api_key`` is the one standard
     key accepted (None accepts any non-``ek_`` key); ``auto_calls`` lets any
     call id join (for the CLI); ``gone_status`` (404 or 410) answers joins of
-    ended calls; ``host`` is where ``serve`` listens."""
+    ended calls; ``host`` is where ``serve`` listens.
+
+    For benchmarks: ``validate_sent=False`` skips validating every sent event
+    against the SDK's models (most of the simulator's own CPU per event; keep
+    it on in tests, where it catches simulator bugs); ``timestamps=True``
+    records ``SimCall.sent_at`` / ``received_at``."""
 
     def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
-                 gone_status: int = 404, host: str = "127.0.0.1") -> None:
+                 gone_status: int = 404, host: str = "127.0.0.1", validate_sent: bool = True,
+                 timestamps: bool = False) -> None:
         self.scenario = as_scenario(scenario)
+        self.validate_sent = validate_sent
+        self.timestamps = timestamps
         self.api_key = api_key
         self.auto_calls = auto_calls
         self.gone_status = gone_status
@@ -118,7 +126,7 @@ class Simulator:
         """Register ``call_id`` as joinable (playing ``scenario``, else the
         simulator's default). Returns its record (also ``sim.calls[call_id]``)."""
         chosen = self.scenario if scenario is None else as_scenario(scenario)
-        call = SimCall(call_id, chosen, gone_status or self.gone_status)
+        call = SimCall(call_id, chosen, gone_status or self.gone_status, timestamps=self.timestamps)
         self.calls[call_id] = call
         return call
 
@@ -308,7 +316,7 @@ class Simulator:
             return
         assert call is not None
         ws = await request.accept()
-        session = CallSession(call, ws, call.scenario)
+        session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream)
         log.info("sim_connection", outcome="accepted", connection=call.connections + 1,
                  scenario=call.scenario.name, step=call.step_index)
         await session.run()

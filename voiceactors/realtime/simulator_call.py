@@ -13,6 +13,7 @@ the player never disagree about whether a response is active.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,11 +24,14 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import parse_client_event, validate_server_event
+from voiceactors.realtime.simulator_http import ReplayStream
 from voiceactors.realtime.simulator_scenario import Scenario
 
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 
 DEFAULT_REPLY = "Okay."
+DROP_FLUSH_S = 1.0   # how long a drop waits for queued events to go out
+SEND_BUFFER = 64 * 1024   # unwritten characters beyond which send waits for the writer
 
 
 def _id(prefix: str, nbytes: int = 10) -> str:
@@ -96,19 +100,28 @@ class SimCall:
     ``responses``, ``tool_calls``, ``violations`` (protocol rules the client
     broke that the service would not report).
 
+    Times (only with ``timestamps=True``, for benchmarks): ``sent_at[i]`` and
+    ``received_at[i]`` are ``trio.current_time()`` when ``sent[i]`` was
+    recorded (right before its frame is encoded and written) and when
+    ``received[i]`` was (right after its frame was read and decoded); None
+    otherwise.
+
     Faults (armed by the test, used up when they fire): ``output_fault``
     (``"lost"`` or ``"applied"``: drop the socket on the next tool output, see
     ``CallSession._output_fault``) and ``reject_creates`` (how many more
     ``response.create`` to refuse as if a response were active).
     """
 
-    def __init__(self, call_id: str, scenario: Scenario, gone_status: int = 404) -> None:
+    def __init__(self, call_id: str, scenario: Scenario, gone_status: int = 404, *,
+                 timestamps: bool = False) -> None:
         self.call_id = call_id
         self.scenario = scenario
         self.gone_status = gone_status
         # records
         self.received: list[dict] = []
         self.sent: list[dict] = []
+        self.received_at: list[float] | None = [] if timestamps else None
+        self.sent_at: list[float] | None = [] if timestamps else None
         self.errors_sent: list[dict] = []
         self.outputs: dict[str, list[str]] = {}
         self.lost_outputs: dict[str, list[str]] = {}
@@ -133,6 +146,7 @@ class SimCall:
         self.trigger: dict | None = None       # model_response_first waiting for outputs_answered
         self.quiet_until = 0.0
         self.turn = 0                          # speech_started events sent so far
+        self.started_at: float | None = None   # trio time of the first connection (sleep_until's origin)
         self._answered_since_create: list[str] = []
         self.connection: CallSession | None = None
         self._changed = trio.Event()
@@ -168,12 +182,22 @@ class SimCall:
 class CallSession:
     """One accepted sideband websocket on a ``SimCall``."""
 
-    def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario) -> None:
+    def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario, *,
+                 validate_sent: bool = True, stream: ReplayStream | None = None) -> None:
         self.call = call
         self.ws = ws
+        self.stream = stream                   # ws's own stream: corked while a batch is written
+        self.validate_sent = validate_sent
         self.steps = scenario.steps
         self.log = get_logger(actor="simulator", call_id=call.call_id)
-        self._lock = trio.Lock()
+        self._outbox: list[str | bytes] = []   # encoded messages the writer has not taken yet
+        self._unwritten = 0                    # characters queued or being written
+        self._wake = trio.Event()              # set when the outbox gets its first message
+        self._writing = False
+        self._drained = trio.Event()           # set whenever the writer is idle with nothing queued
+        self._drained.set()
+        self._dropping = False
+        self._write_scope: trio.CancelScope | None = None
         self._scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self.peer_close: int | None = None
@@ -188,11 +212,14 @@ class CallSession:
         call = self.call
         call.connection = self
         call.connections += 1
+        if call.started_at is None:
+            call.started_at = trio.current_time()
         call.notify()
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
+                    nursery.start_soon(self._writer)
                     nursery.start_soon(self._reader)
                     nursery.start_soon(self._player)
         finally:
@@ -216,48 +243,118 @@ class CallSession:
         with trio.move_on_after(2.0) as scope:
             scope.shield = True
             try:
+                await self._wait_drained()  # what was sent before the close goes out before it
                 await self.ws.aclose(code)
             except Exception:
                 pass
         self._scope.cancel()
 
     def drop(self) -> None:
-        """Abandon the connection without a close frame (the client sees 1006).
-        The call stays joinable."""
+        """Abandon the connection without a close frame (the client sees 1006),
+        right after the events already sent have gone out (waiting at most
+        ``DROP_FLUSH_S`` for a peer that does not read); nothing sent after
+        this call goes out. The call stays joinable."""
         self.ended_by = self.ended_by or "drop"
         self.call.drops += 1
-        self._scope.cancel()
+        self._dropping = True
+        if not self._outbox and not self._writing:
+            self._scope.cancel()
+            return
+        # the writer cancels the session once the queue is out, or at the deadline
+        if self._write_scope is not None:
+            self._write_scope.deadline = trio.current_time() + DROP_FLUSH_S
 
     # -- sending
+    #
+    # Events are queued in order and written by one writer task per session,
+    # which takes everything queued at once and writes it with one syscall
+    # (the stream is corked meanwhile). A burst of events from one step
+    # then costs one write and one wake-up of the peer instead of one each.
 
     async def send(self, event: dict, resp: _Active | None = None,
                    before: Callable[[], None] | None = None) -> None:
-        """Send one server event (validated against the SDK's models first: an
-        invalid one is a simulator bug). Events of ``resp`` are dropped once it
-        is finishing, so a cancel cannot be followed by stray deltas. ``before``
-        runs under the send lock, right before the bytes go out (used for
-        ``response.done`` itself)."""
+        """Send one server event: record it and queue it for the writer (the
+        order of ``send`` calls is the order on the wire). It returns at once,
+        without a checkpoint, so a burst of events is queued in one go —
+        unless more than ``SEND_BUFFER`` characters are still unwritten (a
+        peer that does not read): then it first waits for the queue to drain,
+        and a cancellation there leaves the event unsent and unrecorded.
+
+        The event is validated against the SDK's models first (an invalid one
+        is a simulator bug), unless the simulator was made with
+        ``validate_sent=False``. Events of ``resp`` are dropped once it is
+        finishing, so a cancel cannot be followed by stray deltas. ``before``
+        runs right before the event is recorded and queued (used for
+        ``response.done`` itself: no event queued after it can see the
+        response active). Nothing is queued once the session is dropping."""
         event.setdefault("event_id", _id("event_", 8))
-        validate_server_event(event)
-        async with self._lock:
-            if resp is not None and (resp.finished or (resp.finishing and before is None)):
-                return
-            if before is not None:
-                before()
-            self.call.sent.append(event)
-            # shielded: a half-written frame would corrupt the stream
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.ws.send_message(json.dumps(event))
-                except ConnectionClosed:
-                    pass  # the reader notices and ends the session
+        if self.validate_sent:
+            validate_server_event(event)
+        if self._unwritten > SEND_BUFFER:
+            await self._wait_drained()
+        if self._dropping or (resp is not None and (resp.finished or (resp.finishing and before is None))):
+            return
+        if before is not None:
+            before()
+        self.call.sent.append(event)
+        if self.call.sent_at is not None:
+            self.call.sent_at.append(trio.current_time())
+        self._queue(json.dumps(event))
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send a message as it is (no validation, no record), in turn with
-        ``send``: a message already being sent goes out first."""
-        async with self._lock:
-            with trio.CancelScope(shield=True):
-                await self.ws.send_message(data)
+        ``send``: whatever was queued before goes out first."""
+        if not self._dropping:
+            self._queue(data)
+        await trio.lowlevel.checkpoint()
+
+    def _queue(self, message: str | bytes) -> None:
+        if not self._outbox:
+            self._wake.set()
+        self._outbox.append(message)
+        self._unwritten += len(message)
+        self._drained = trio.Event() if self._drained.is_set() else self._drained
+
+    async def _wait_drained(self) -> None:
+        while self._outbox or self._writing:
+            await self._drained.wait()
+
+    async def _writer(self) -> None:
+        while True:
+            if not self._outbox:
+                self._drained.set()
+                self._wake = trio.Event()
+                await self._wake.wait()
+                continue
+            batch, self._outbox = self._outbox, []
+            self._writing = True
+            # shielded: a half-written frame would corrupt the stream, and a
+            # drop lets the queue go out first (see ``drop``)
+            deadline = trio.current_time() + DROP_FLUSH_S if self._dropping else math.inf
+            with trio.CancelScope(shield=True, deadline=deadline) as self._write_scope:
+                await self._write(batch)
+            self._write_scope = None
+            self._writing = False
+            self._unwritten -= sum(len(m) for m in batch)
+            if self._dropping and (not self._outbox or deadline < math.inf):
+                self._drained.set()
+                self._scope.cancel()
+
+    async def _write(self, batch: list[str | bytes]) -> None:
+        stream = self.stream
+        if stream is not None:
+            stream.cork()
+        try:
+            for message in batch:
+                await self.ws.send_message(message)
+        except ConnectionClosed:
+            pass  # the reader notices and ends the session
+        finally:
+            if stream is not None:
+                try:
+                    await stream.uncork()
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
 
     async def send_error(self, message: str, code: str | None, event_id: str | None = None,
                          type_: str = "invalid_request_error", param: str | None = None) -> None:
@@ -265,7 +362,7 @@ class CallSession:
         event = {"type": "error", "event_id": _id("event_", 8), "error": error}
         self.call.errors_sent.append(event)
         await self.send(event)
-        self.call.notify()  # once it is on the wire: a waiter's next message follows it
+        self.call.notify()  # once it is queued: a waiter's next message follows it on the wire
 
     # -- responses
 
@@ -446,6 +543,8 @@ class CallSession:
                 obj = None
         if isinstance(obj, dict):
             self.call.received.append(obj)
+            if self.call.received_at is not None:
+                self.call.received_at.append(trio.current_time())
             self.call.notify()
         event_id = obj.get("event_id") if isinstance(obj, dict) and isinstance(obj.get("event_id"), str) else None
         model, error = parse_client_event(raw)
@@ -585,6 +684,11 @@ class CallSession:
 
     async def _step_sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+    async def _step_sleep_until(self, seconds: float) -> None:
+        # a timetable, not a pause: a late step does not push the later ones back
+        assert self.call.started_at is not None
+        await trio.sleep_until(self.call.started_at + seconds)
 
     async def _step_silence(self, seconds: float) -> None:
         self.call.quiet_until = trio.current_time() + seconds

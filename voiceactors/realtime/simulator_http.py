@@ -33,6 +33,7 @@ class HttpRequest:
     query: dict[str, str]
     headers: dict[str, str]  # lower-case names; the last value wins
     body: bytes = b""
+    stream: "ReplayStream | None" = None   # a websocket upgrade's stream (see ``ReplayStream.cork``)
 
 
 @dataclass
@@ -49,11 +50,28 @@ def json_response(status: int, obj: object, headers: list[tuple[str, str]] | Non
 
 class ReplayStream(trio.abc.Stream):
     """A stream that first replays bytes already read, then reads from ``inner``.
-    Closing it closes ``inner`` (no websocket close frame: that is the "drop")."""
+    Closing it closes ``inner`` (no websocket close frame: that is the "drop").
+
+    ``cork()`` … ``await uncork()``: writes in between are collected and go out
+    in one ``send_all`` at ``uncork`` (one syscall, and one wake-up of the
+    peer, for a burst of frames)."""
 
     def __init__(self, inner: trio.abc.Stream, prefix: bytes) -> None:
         self.inner = inner
         self._prefix = prefix
+        self._corked: list[bytes] | None = None
+        self._sending = trio.StrictFIFOLock()  # uncork writes outside trio-websocket's own lock
+
+    def cork(self) -> None:
+        if self._corked is None:
+            self._corked = []
+
+    async def uncork(self) -> None:
+        """Write what was collected since ``cork`` (may raise like ``send_all``)."""
+        held, self._corked = self._corked, None
+        if held:
+            async with self._sending:
+                await self.inner.send_all(b"".join(held))
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         if self._prefix:
@@ -64,7 +82,11 @@ class ReplayStream(trio.abc.Stream):
         return await self.inner.receive_some(max_bytes)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(data)
+        if self._corked is not None:
+            self._corked.append(bytes(data))
+            return
+        async with self._sending:
+            await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.inner.wait_send_all_might_not_block()
@@ -73,7 +95,12 @@ class ReplayStream(trio.abc.Stream):
         await self.inner.send_eof()  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        try:
+            await self.uncork()  # e.g. a close frame written while corked
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await self.inner.aclose()
 
 
 RestHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -139,7 +166,8 @@ async def _handle_connection(stream: trio.abc.Stream, rest: RestHandler, ws: WsH
         if "websocket" in meta.headers.get("upgrade", "").lower():
             async with trio.open_nursery() as nursery:
                 # trio-websocket re-parses the handshake from the replayed bytes
-                request = await trio_websocket.wrap_server_stream(nursery, ReplayStream(stream, bytes(raw)))
+                meta.stream = ReplayStream(stream, bytes(raw))
+                request = await trio_websocket.wrap_server_stream(nursery, meta.stream)
                 await ws(request, meta)
                 nursery.cancel_scope.cancel()
             return

@@ -74,6 +74,7 @@ STEP_SCHEMAS: dict[str, dict] = {
     "drop": {"const": True},
     "silence": _NUM,
     "sleep": _NUM,
+    "sleep_until": _NUM,
 }
 
 SCENARIO_SCHEMA: dict = {

@@ -15,7 +15,15 @@ default: ~50,000 segments, 2,000 people, ~10,000 commitments — the same data
   and closed;
 * ``commitments.complete`` (each a ``ledger_close`` write), and the
   ``commitments.list`` right after one (the cache is invalidated by the write);
-* ``entities.recent_with`` over random people (``days`` 7 and 90).
+* ``entities.recent_with`` over random people (``days`` 7 and 90);
+* what the periodic background refresh (nothing changed) costs this
+  process's trio loop (``refresh_lag``): a probe sleeps 10 ms and records how
+  late it wakes, while a load task runs a fixed ~2 ms CPU step every 10 ms
+  and records the step's wall time (a stand-in for live calls). Measured with
+  nothing in the background (``idle``), with the refresh in a thread of this
+  process (``thread``: what ``ensure_index`` did before) and in the child
+  process ``ensure_index`` starts now (``child``), ``--lag-rounds`` times each,
+  alternating.
 
 Each handler is called as the ToolExecutor calls it: ``handler(ToolContext,
 args)`` after ``registry.prepare`` (JSON Schema), in this thread, timed with
@@ -28,6 +36,7 @@ Run::
     .venv/bin/python -m benchmarks.journal_scale                 # 1,000 days
     .venv/bin/python -m benchmarks.journal_scale --days 30 --n 20   # quick
     .venv/bin/python -m benchmarks.journal_scale --reuse --profile list   # pyinstrument of commitments.list
+    .venv/bin/python -m benchmarks.journal_scale --reuse --refresh-lag    # only the refresh's loop lag
 """
 
 from __future__ import annotations
@@ -101,7 +110,99 @@ def change_one_day(root: Path, day: str) -> str:
     return str(new)
 
 
-def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: bool = False) -> dict[str, Any]:
+def _cpu_step(target_ms: float = 2.0) -> Callable[[], None]:
+    """A fixed amount of pure-Python work taking ~``target_ms`` on an idle loop."""
+    def work(k: int) -> int:
+        return sum(i * i for i in range(k))
+
+    k, t0 = 20_000, time.perf_counter()
+    work(k)
+    k = max(1000, int(k * target_ms / max(1e-6, (time.perf_counter() - t0) * 1000)))
+
+    def step() -> None:
+        work(k)
+
+    return step
+
+
+def _loop_probe(running: Callable[[], bool], min_s: float, step: Callable[[], None]) -> dict[str, Any]:
+    """Run a trio loop until ``running()`` is False (and at least ``min_s``):
+    the lateness of 10 ms sleeps and the wall time of CPU steps, in ms."""
+    import trio
+
+    lags: list[float] = []
+    steps: list[float] = []
+
+    async def main() -> float:
+        t_start = trio.current_time()
+
+        async def probe() -> None:
+            while running() or trio.current_time() - t_start < min_s:
+                t0 = trio.current_time()
+                await trio.sleep(0.010)
+                lags.append((trio.current_time() - t0 - 0.010) * 1000)
+            nursery.cancel_scope.cancel()
+
+        async def load() -> None:
+            while True:
+                t0 = time.perf_counter()
+                step()
+                steps.append((time.perf_counter() - t0) * 1000)
+                await trio.sleep(0.010)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(probe)
+            nursery.start_soon(load)
+        return trio.current_time() - t_start
+
+    seconds = trio.run(main)
+    return {"lag": lags, "step": steps, "seconds": round(seconds, 2)}
+
+
+def refresh_lag(root: Path, state: Path, rounds: int = 2) -> dict[str, Any]:
+    """The trio loop's lag and CPU-step time while an incremental refresh with
+    nothing changed runs in the background: in a thread, in a child, and none
+    (for as long as the others took on average). Samples of a mode's rounds
+    are pooled (rounds alternate thread / child, so a drift in machine load
+    hits both)."""
+    import threading
+
+    from voiceactors.journal import index
+    from voiceactors.journal.search import build_index
+
+    build_index(root, state)          # current: the refreshes below find nothing changed
+    step = _cpu_step()
+
+    def in_thread() -> Callable[[], bool]:
+        thread = threading.Thread(target=build_index, args=(root, state), daemon=True)
+        thread.start()
+        return thread.is_alive
+
+    def in_child() -> Callable[[], bool]:
+        index.ensure_index(root, state, 0.0)           # stale at once: starts the child
+        assert index.running_refresh(root, state) is not None, "no refresh child started"
+        return lambda: index.running_refresh(root, state) is not None
+
+    runs: list[tuple[str, Callable[[], Callable[[], bool]]]] = []
+    for _ in range(max(1, rounds)):
+        runs += [("thread", in_thread), ("child", in_child)]
+    runs.append(("idle", lambda: (lambda: False)))
+    pooled: dict[str, dict[str, list]] = {}
+    for mode, start in runs:
+        took = [t for e in pooled.values() for t in e["seconds"]]
+        idle_s = max(0.2, sum(took) / len(took)) if mode == "idle" else 0.0
+        r = _loop_probe(start(), idle_s, step)
+        entry = pooled.setdefault(mode, {"lag": [], "step": [], "seconds": []})
+        entry["lag"] += r["lag"]
+        entry["step"] += r["step"]
+        entry["seconds"].append(r["seconds"])
+    return {f"refresh_lag.{mode}": {"lag_ms": summary(e["lag"]), "step_ms": summary(e["step"]),
+                                    "seconds": e["seconds"]}
+            for mode, e in pooled.items()}
+
+
+def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: bool = False,
+        lag_rounds: int = 2, lag_only: bool = False) -> dict[str, Any]:
     from voiceactors.journal import entities, index
     from voiceactors.journal.search import build_index
     from voiceactors.tools import ToolContext
@@ -115,7 +216,8 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
     # a working copy: the index build and writes below must not touch the cached journal
     root = work_dir() / f"journal-{days}d-work"
     state = work_dir() / f"journal-{days}d-state"
-    shutil.rmtree(state, ignore_errors=True)
+    if not (lag_only and reuse):
+        shutil.rmtree(state, ignore_errors=True)      # (--refresh-lag --reuse keeps the index)
     t_copy = time.perf_counter()
     if reuse and root.is_dir():
         out["copy_s"] = "reused"      # a previous run's copy (a few commitments closed, one day edited)
@@ -124,6 +226,9 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
         shutil.copytree(pristine, root)
         out["copy_s"] = round(time.perf_counter() - t_copy, 2)
     ctx = ToolContext(journal=root, state_dir=state, today=lambda: BENCH_TODAY)
+    if lag_only:
+        out.update(refresh_lag(root, state, rounds=lag_rounds))
+        return out
 
     ms, stats = _timed(lambda: build_index(root, state))
     out["index_build"] = {"ms": round(ms, 1), "files": stats.files_indexed, "chunks": stats.chunks}
@@ -136,6 +241,8 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
     out["index_refresh_one_day"] = {"ms": round(ms, 1), "files_indexed": stats.files_indexed,
                                     "files_removed": stats.files_removed, "day": changed_day}
     out["index_bytes"] = os.path.getsize(index.index_path(root, state))
+    if lag_rounds:
+        out.update(refresh_lag(root, state, rounds=lag_rounds))
 
     people = [e for e in entities.load_entities(root).values() if e.type.lower() == "person"]
     searches = []
@@ -212,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=200, help="calls per measured tool")
     p.add_argument("--profile", choices=["search", "list", "complete", "recent"], help="pyinstrument one series")
     p.add_argument("--reuse", action="store_true", help="reuse the previous run's working copy (no 1.3 GB copy)")
+    p.add_argument("--refresh-lag", action="store_true",
+                   help="only measure the trio loop's lag during a background index refresh")
+    p.add_argument("--lag-rounds", type=int, default=2, help="refreshes per mode (thread, child)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     from voiceactors import logs
@@ -219,11 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure("json", "info", stream=open(os.devnull, "w"))   # rendered like the server's, not shown
     facts = machine_facts()
     print(f"# machine: {facts}", flush=True)
-    r = run(args.days, args.n, profile=args.profile, reuse=args.reuse)
+    r = run(args.days, args.n, profile=args.profile, reuse=args.reuse,
+            lag_rounds=args.lag_rounds, lag_only=args.refresh_lag)
     for key, value in r.items():
         if key == "profile":
             continue
-        if isinstance(value, dict) and "p50" in value:
+        if isinstance(value, dict) and "lag_ms" in value:
+            print(f"{key:34} lag {fmt(value['lag_ms'])} ms; 2 ms step {fmt(value['step_ms'])} ms; "
+                  f"runs {value['seconds']} s", flush=True)
+        elif isinstance(value, dict) and "p50" in value:
             extra = {k: v for k, v in value.items() if k not in ("n", "p50", "p99", "max", "mean")}
             print(f"{key:34} {fmt(value)} ms {extra or ''}", flush=True)
         else:

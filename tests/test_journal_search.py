@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import json
 import os
+import signal
 import sqlite3
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from voiceactors import storage
 from voiceactors.cli import main
@@ -215,11 +222,139 @@ def test_search_builds_a_missing_index_and_refreshes_in_the_background(journal, 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"text": "Water the aspidistra", "completed": False}) + "\n")
     assert search(journal, state, "aspidistra") == []        # within the refresh interval
+    assert index_mod.running_refresh(journal, state) is None
     monkeypatch.setattr(search_mod, "REFRESH_INTERVAL_S", 0.0)
-    search(journal, state, "aspidistra")                      # stale: starts a refresh, answers now
-    index_mod.join_refresh(journal, state, timeout=30)
+    with capture_logs() as logs:
+        search(journal, state, "aspidistra")                  # stale: starts a refresh, answers now
+        child = index_mod.running_refresh(journal, state)
+        index_mod.join_refresh(journal, state, timeout=30)
+    assert child is not None and child.pid != os.getpid() and child.returncode == 0
+    done, = [e for e in logs if e["event"] == "search index refreshed"]
+    assert (done["indexed"], done["removed"], done["pid"]) == (1, 0, child.pid)
     hit, = search(journal, state, "aspidistra")
     assert (hit.source, hit.facet, hit.day) == ("todo", "work", "2026-03-01")
+
+
+# --- the refresh child ------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _writer_holding(db: Path):
+    """Hold SQLite's write lock on the index: a refresh child that has to write
+    waits (busy timeout) and so is reliably still running."""
+    conn = sqlite3.connect(db, timeout=5.0)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` has exited (a zombie awaiting its reaper counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_one_refresh_child_at_a_time(journal, state):
+    db = index_mod.index_path(journal, state)
+    build_index(journal, state)
+    notes = journal / "chronicle" / f"{TODAY:%Y%m%d}" / "talents" / "notes.md"
+    notes.write_text("# Notes\n\nThe armadillo timetable.\n")
+    with _writer_holding(db):
+        index_mod.ensure_index(journal, state, 0.0)            # stale: starts the child
+        child = index_mod.running_refresh(journal, state)
+        assert child is not None
+        for _ in range(3):                                      # stale again: still that one child
+            index_mod.ensure_index(journal, state, 0.0)
+            assert search(journal, state, "armadillo") == []    # answered from the index as it is
+            assert index_mod.running_refresh(journal, state) is child
+        assert child.poll() is None
+    index_mod.join_refresh(journal, state, timeout=30)
+    assert child.returncode == 0 and index_mod.running_refresh(journal, state) is None
+    assert [h.path for h in search(journal, state, "armadillo")] == [str(notes.relative_to(journal / "chronicle"))]
+
+
+def test_the_childs_warnings_reach_our_log(journal, state):
+    build_index(journal, state)
+    path = journal / "facets" / "work" / "todos" / "20260302.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"text": "Call the piano tuner"}\nnot json\n')
+    with capture_logs() as logs:
+        index_mod.ensure_index(journal, state, 0.0)
+        child = index_mod.running_refresh(journal, state)
+        index_mod.join_refresh(journal, state, timeout=30)
+    relayed, = [e for e in logs if e["event"] == "corrupt jsonl lines skipped"]
+    assert relayed["log_level"] == "warning" and relayed["refresh_pid"] == child.pid
+    assert (relayed["path"], relayed["count"]) == (str(path), 1)
+    assert search(journal, state, "piano tuner")
+
+
+def test_a_refresh_in_another_process_makes_the_child_skip(journal, state):
+    db = index_mod.index_path(journal, state)
+    build_index(journal, state)
+    with open(f"{db}.lock", "a+b") as held, capture_logs() as logs:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)               # as another process's build does
+        index_mod.ensure_index(journal, state, 0.0)
+        index_mod.join_refresh(journal, state, timeout=30)
+    done, = [e for e in logs if e["event"] == "search index refreshed"]
+    assert done["skipped"] == "busy"
+
+
+def test_a_failed_refresh_is_logged_and_search_still_answers(journal, state, tmp_path):
+    build_index(journal, state)
+    before = search(journal, state, "Maya")
+    moved = journal.rename(tmp_path / "elsewhere")              # the journal vanished
+    try:
+        with capture_logs() as logs:
+            index_mod.ensure_index(journal, state, 0.0)
+            child = index_mod.running_refresh(journal, state)
+            index_mod.join_refresh(journal, state, timeout=30)
+        failed, = [e for e in logs if e["event"] == "search index refresh failed"]
+        assert failed["returncode"] == 2 and "journal not found" in failed["error"]
+        assert child is not None and child.returncode == 2
+        assert search(journal, state, "Maya") == before         # the index was not emptied
+    finally:
+        moved.rename(journal)
+
+
+def test_a_hung_refresh_is_killed_after_its_timeout(journal, state):
+    db = index_mod.index_path(journal, state)
+    build_index(journal, state)
+    with _writer_holding(db), capture_logs() as logs:
+        index_mod.ensure_index(journal, state, 0.0, refresh_timeout_s=0.5)
+        child = index_mod.running_refresh(journal, state)
+        index_mod.join_refresh(journal, state, timeout=30)
+        assert child is not None and child.returncode == -signal.SIGKILL
+        assert search(journal, state, "Maya")
+    timed_out, = [e for e in logs if e["event"] == "search index refresh timed out"]
+    assert timed_out["pid"] == child.pid
+
+
+def test_the_child_exits_when_its_parent_dies(journal, state):
+    db = index_mod.index_path(journal, state)
+    build_index(journal, state)
+    server = ("import sys, time; from pathlib import Path; from voiceactors.journal import index; "
+              "index.ensure_index(Path(sys.argv[1]), Path(sys.argv[2]), 0.0); "
+              "print(index.running_refresh(Path(sys.argv[1]), Path(sys.argv[2])).pid, flush=True); "
+              "time.sleep(60)")
+    with _writer_holding(db):                                   # the child cannot finish on its own
+        parent = subprocess.Popen([sys.executable, "-c", server, str(journal), str(state)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            child_pid = int(parent.stdout.readline())
+            assert not _gone(child_pid)
+        finally:
+            parent.kill()
+            parent.wait()
+            parent.stdout.close()
+        deadline = time.monotonic() + 10
+        while not _gone(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _gone(child_pid)
 
 
 def test_concurrent_searches_on_a_fresh_index(journal, state):

@@ -23,15 +23,22 @@ removing a unit is an indexed rowid-range delete rather than a table scan.
 cache; delete it to start over.)
 
 Everything here is synchronous and blocking; run it in a worker thread.
+The periodic refresh that ``ensure_index`` starts runs in a child process
+(``refresh_child``), so a walk over a big journal never holds the server's GIL.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -48,6 +55,8 @@ ROW_SHIFT = 16                      # chunk rowid = files.rowid << 16 | idx
 MAX_CHUNKS = (1 << ROW_SHIFT) - 1
 CHUNK_CHARS = 2000                  # split long text at paragraph boundaries
 BATCH = 500                         # units per transaction during a build
+REFRESH_TIMEOUT_S = 600.0           # a refresh child still running after this is killed
+REFRESH_NICE = 10                   # the child yields the CPU to the server's live calls
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS files(path TEXT PRIMARY KEY, mtime INTEGER)",
@@ -60,14 +69,14 @@ _SKIP_DAY_CHILDREN = {"health", "indexer", "talents"}
 _FACET_KINDS = {"activities": ".jsonl", "events": ".jsonl", "todos": ".jsonl", "news": ".md"}
 _AGENT = {"activities": "activity", "events": "event", "todos": "todo", "news": "news"}
 
-# one build at a time per database within this process (other processes are
-# serialised by SQLite's own write lock and busy timeout)
+# one build at a time per database: a thread lock within this process, and an
+# flock on "<db>.lock" across processes (refresh children, `voiceactors index`,
+# a second server on the same state dir)
 _build_locks: dict[str, threading.Lock] = {}
 _build_locks_guard = threading.Lock()
 # db path -> time.monotonic() of its last build in this process. time.monotonic,
 # not trio's clock: builds run in worker threads, outside the trio loop.
 _last_build: dict[str, float] = {}
-_refreshers: dict[str, threading.Thread] = {}
 
 
 @dataclass(frozen=True)
@@ -426,6 +435,21 @@ def _lock_for(db: Path) -> threading.Lock:
         return _build_locks.setdefault(str(db), threading.Lock())
 
 
+@contextlib.contextmanager
+def _file_lock(db: Path, *, wait: bool) -> Iterator[bool]:
+    """Hold the exclusive flock on ``<db>.lock``; yields whether it was taken
+    (always True when ``wait``; False at once when another holds it). The
+    kernel drops it when the holder exits, even when killed."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.lock", "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            taken = True
+        except BlockingIOError:
+            taken = False
+        yield taken     # closing the file releases the lock
+
+
 def _delete_unit_rows(conn: sqlite3.Connection, file_rowid: int) -> None:
     low = file_rowid << ROW_SHIFT
     conn.execute("DELETE FROM chunks WHERE rowid BETWEEN ? AND ?", (low, low + MAX_CHUNKS))
@@ -484,6 +508,15 @@ def build_into(conn: sqlite3.Connection, root: Path,
     )
 
 
+def _build_locked(root: Path, db: Path) -> IndexStats:
+    """``build_into`` on a fresh connection; the caller holds the locks."""
+    conn = connect(db)
+    try:
+        return build_into(conn, root)
+    finally:
+        conn.close()
+
+
 def build_index(root: Path, state_dir: Path,
                 progress: Callable[[int, int], None] | None = None) -> IndexStats:
     """Build or refresh our index of ``root`` incrementally.
@@ -492,13 +525,14 @@ def build_index(root: Path, state_dir: Path,
     lose their rows, the rest are untouched. ``progress(done, total)`` is
     called as batches commit. When the journal has solstone's own
     ``indexer/journal.sqlite`` nothing is built (searches use that index) and
-    the stats say ``solstone=True``. Blocking; one build per database at a time.
+    the stats say ``solstone=True``. Blocking; one build per database at a
+    time (it waits for a build running in another thread or process).
     """
     root = Path(root)
     if solstone_index(root) is not None:
         return IndexStats(0, 0, 0, 0, 0.0, solstone=True)
     db = index_path(root, state_dir)
-    with _lock_for(db):
+    with _lock_for(db), _file_lock(db, wait=True):
         conn = connect(db)
         try:
             stats = build_into(conn, root, progress)
@@ -511,44 +545,160 @@ def build_index(root: Path, state_dir: Path,
     return stats
 
 
-def _refresh_in_background(root: Path, db: Path) -> None:
-    def run() -> None:
-        try:
-            with _lock_for(db):
-                conn = connect(db)
-                try:
-                    stats = build_into(conn, root)
-                finally:
-                    conn.close()
-            log.info("search index refreshed", journal=str(root), indexed=stats.files_indexed,
-                     removed=stats.files_removed, duration_ms=int(stats.seconds * 1000))
-        except Exception as exc:   # a failed refresh leaves the last good index in place
-            log.warning("search index refresh failed", journal=str(root), error=repr(exc))
+# --- the background refresh: a child process ----------------------------------------------
 
+@dataclass
+class _Refresh:
+    proc: subprocess.Popen
+    control: int                  # write end of the child's control pipe
+    thread: threading.Thread | None = None
+
+
+_refreshes: dict[str, _Refresh] = {}   # db path -> its latest refresh (guarded by _build_locks_guard)
+
+_CHILD_CODE = ("import sys; from voiceactors.journal.index import refresh_child; "
+               "sys.exit(refresh_child(sys.argv[1:]))")
+
+
+def refresh_child(argv: list[str]) -> int:
+    """The refresh child's main: ``ROOT STATE_DIR CONTROL_FD``.
+
+    Refreshes the index unless another process holds its lock (then there is
+    nothing to do: that one is refreshing it). Prints the stats as one JSON
+    line on stdout; log lines (warnings only) go to stderr as JSON, for the
+    parent to relay. Exits at once, mid-build if need be, when the control
+    pipe reaches EOF: the parent closed it or died. A killed build leaves the
+    last committed batches, and the next refresh redoes the rest. Exit 2 when
+    the journal is gone: refreshing would empty the index.
+    """
+    root, state_dir, control = Path(argv[0]), Path(argv[1]), int(argv[2])
+    threading.Thread(target=_exit_with_parent, args=(control,), daemon=True).start()
+    with contextlib.suppress(OSError):
+        os.nice(REFRESH_NICE)
+    from voiceactors import logs
+
+    logs.configure("json", "warning")
+    if not root.is_dir():
+        print(f"journal not found: {root}", file=sys.stderr)
+        return 2
+    if solstone_index(root) is not None:
+        print(json.dumps({"solstone": True}))
+        return 0
+    db = index_path(root, state_dir)
+    with _file_lock(db, wait=False) as taken:
+        if not taken:
+            print(json.dumps({"skipped": "busy"}))
+            return 0
+        stats = _build_locked(root, db)
+    print(json.dumps(dataclasses.asdict(stats)))
+    return 0
+
+
+def _exit_with_parent(control: int) -> None:
+    while os.read(control, 1):    # nothing is ever written: this waits for EOF
+        pass
+    os._exit(3)
+
+
+def _start_refresh(root: Path, state_dir: Path, db: Path, timeout_s: float) -> None:
+    """Start a refresh child for ``db`` unless one is running; never raises.
+    Called with ``_build_locks_guard`` held."""
+    running = _refreshes.get(str(db))
+    if running is not None and running.thread is not None and running.thread.is_alive():
+        return
+    read_end, write_end = os.pipe()    # both non-inheritable: no other child gets them
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_CODE, str(root), str(state_dir), str(read_end)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(read_end,))
+    except Exception as exc:   # a refresh failure must never break search
+        os.close(write_end)
+        log.warning("search index refresh failed", journal=str(root), error=repr(exc))
+        return
+    finally:
+        os.close(read_end)
+    refresh = _Refresh(proc, write_end)
+    refresh.thread = threading.Thread(target=_watch, args=(root, refresh, timeout_s),
+                                      name="voiceactors-index-refresh", daemon=True)
+    _refreshes[str(db)] = refresh
+    refresh.thread.start()
+
+
+def _watch(root: Path, refresh: _Refresh, timeout_s: float) -> None:
+    """Wait for the child (blocked in the kernel: no GIL held), kill it after
+    ``timeout_s``, log the outcome."""
+    proc, started = refresh.proc, time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        log.warning("search index refresh timed out", journal=str(root), pid=proc.pid,
+                    timeout_s=timeout_s)
+        return
+    finally:
+        os.close(refresh.control)
+    _relay(err, proc.pid)
+    duration_ms = int((time.monotonic() - started) * 1000)
+    try:
+        stats = json.loads(out.decode("utf-8").strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        stats = None
+    if not isinstance(stats, dict):
+        tail = err.decode("utf-8", "replace").strip()[-800:]
+        log.warning("search index refresh failed", journal=str(root), pid=proc.pid,
+                    returncode=proc.returncode, error=tail, duration_ms=duration_ms)
+        return
+    log.info("search index refreshed", journal=str(root), pid=proc.pid,
+             indexed=stats.get("files_indexed", 0), removed=stats.get("files_removed", 0),
+             skipped=stats.get("skipped"), duration_ms=duration_ms)
+
+
+def _relay(err: bytes, pid: int) -> None:
+    """Re-log the child's JSON log lines through our logger (our format)."""
+    for line in err.decode("utf-8", "replace").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue                     # not a log line: reported as the error on failure
+        if isinstance(entry, dict) and isinstance(entry.get("event"), str):
+            fields = {k: v for k, v in entry.items()
+                      if k not in ("event", "level", "timestamp", "actor", "refresh_pid")}
+            log.warning(entry["event"], refresh_pid=pid, **fields)
+
+
+def running_refresh(root: Path, state_dir: Path) -> subprocess.Popen | None:
+    """The refresh child of this journal's index while its watcher runs, else None."""
     with _build_locks_guard:
-        running = _refreshers.get(str(db))
-        if running is not None and running.is_alive():
-            return
-        thread = threading.Thread(target=run, name="voiceactors-index-refresh", daemon=True)
-        _refreshers[str(db)] = thread
-        thread.start()
+        refresh = _refreshes.get(str(index_path(root, state_dir)))
+    if refresh is None or refresh.thread is None or not refresh.thread.is_alive():
+        return None
+    return refresh.proc
 
 
 def join_refresh(root: Path, state_dir: Path, timeout: float | None = None) -> None:
-    """Wait for a background refresh of this journal's index, if one runs."""
-    thread = _refreshers.get(str(index_path(root, state_dir)))
-    if thread is not None:
-        thread.join(timeout)
+    """Wait for a background refresh of this journal's index, if one runs
+    (until its child exited and the outcome is logged)."""
+    with _build_locks_guard:
+        refresh = _refreshes.get(str(index_path(root, state_dir)))
+    if refresh is not None and refresh.thread is not None:
+        refresh.thread.join(timeout)
 
 
-def ensure_index(root: Path, state_dir: Path, max_age_s: float) -> Path:
+def ensure_index(root: Path, state_dir: Path, max_age_s: float,
+                 refresh_timeout_s: float = REFRESH_TIMEOUT_S) -> Path:
     """Our index of ``root``, ready to query.
 
-    A missing or half-built index is built first: callers block until it is
-    whole. A whole index that this process has not checked for ``max_age_s``
-    seconds is served as is while one daemon thread refreshes it (WAL lets
-    the searches read during the write), so a query never pays for the walk
-    over the journal tree. ``build_index`` refreshes on demand.
+    A missing or half-built index is built first, in this thread: callers
+    block until it is whole. A whole index that this process has not checked
+    for ``max_age_s`` seconds is served as is while a child process refreshes
+    it (WAL lets the searches read during the write), so a query never pays
+    for the walk over the journal tree and the walk never holds this
+    process's GIL. At most one child per index runs (per process; across
+    processes the index's file lock makes a second one exit at once); it is
+    killed after ``refresh_timeout_s`` and exits by itself when this process
+    is gone. Its outcome is only logged. ``build_index`` refreshes on demand.
     """
     db = index_path(root, state_dir)
     key = str(db)
@@ -557,15 +707,14 @@ def ensure_index(root: Path, state_dir: Path, max_age_s: float) -> Path:
     if last is not None and now - last < max_age_s and db.exists():
         return db
     if is_ready(db):
-        _last_build[key] = now          # one refresh per interval, not one per query
-        _refresh_in_background(Path(root), db)
+        with _build_locks_guard:
+            _last_build[key] = now          # one refresh per interval, not one per query
+            _start_refresh(Path(root), Path(state_dir), db, refresh_timeout_s)
         return db
     with _lock_for(db):
         if not is_ready(db):           # another thread may have built it while we waited
-            conn = connect(db)
-            try:
-                build_into(conn, root)
-            finally:
-                conn.close()
+            with _file_lock(db, wait=True):
+                if not is_ready(db):   # ... or another process
+                    _build_locked(Path(root), db)
         _last_build[key] = time.monotonic()
     return db

@@ -5,9 +5,10 @@ read-only (``mode=ro``) and never written. Otherwise we search our own index
 (``voiceactors.journal.index``) in the state directory. ``search`` builds it
 when it is missing (the caller waits) and, at most once every
 ``REFRESH_INTERVAL_S`` seconds per process, starts an incremental refresh in a
-daemon thread while it answers from the index as it is (the refresh walks the
-journal tree, too slow for a query to wait on). ``build_index`` /
-``voiceactors index`` refreshes it on demand.
+child process while it answers from the index as it is (the refresh walks the
+journal tree: too slow for a query to wait on, and in this process it would
+hold the GIL for seconds). ``build_index`` / ``voiceactors index`` refreshes it
+on demand.
 
 Queries are reduced to plain terms (letters, digits, spaces; the bare FTS
 keywords ``AND OR NOT NEAR`` dropped; common English function words dropped

@@ -104,9 +104,10 @@ def test_parse_server_event_returns_the_sdk_model():
         ('{"type": "response.done", "event_id": "x", "response": "sk-secretvalue-123456"}', "invalid fields"),
     ],
 )
-def test_parse_server_event_skips_and_logs_without_payload(raw, reason):
+@pytest.mark.parametrize("only", [None, {"response.done"}])
+def test_parse_server_event_skips_and_logs_without_payload(raw, reason, only):
     with capture_logs() as logs:
-        assert events.parse_server_event(raw) is None
+        assert events.parse_server_event(raw, only=only) is None
     assert len(logs) == 1
     line = logs[0]
     assert line["event"] == "skipped"
@@ -194,3 +195,34 @@ def test_parse_server_event_only_skips_other_known_types_quietly():
     with capture_logs() as logs:
         assert events.parse_server_event(json.dumps({"type": "response.done"}), only=only) is None
     assert logs and logs[0]["event"] == "skipped"      # wanted but invalid: still reported
+
+
+def test_leading_type_fast_path_gives_the_same_models_as_decoding():
+    """Text that starts with its type is validated by pydantic from the JSON;
+    the models equal those of the decode-then-validate path, and an event
+    whose type is not first still takes that path."""
+    samples = [
+        {"type": "response.done", "event_id": "e1",
+         "response": {"id": "resp_1", "status": "completed", "output": [
+             {"type": "function_call", "id": "i", "call_id": "c1", "name": "briefing.get",
+              "arguments": "{\"a\": 1}", "status": "completed"}]}},
+        {"type": "error", "event_id": "e2", "error": {"type": "invalid_request_error", "message": "m"}},
+        {"type": "input_audio_buffer.speech_started", "event_id": "e3", "audio_start_ms": 5, "item_id": "i"},
+    ]
+    only = {s["type"] for s in samples}
+    for sample in samples:
+        raw = json.dumps(sample)
+        fast = events.parse_server_event(raw, only=only)
+        assert fast == events.parse_server_event(raw) and type(fast).__name__ != "dict"
+        reordered = json.dumps({"event_id": sample["event_id"], **{k: v for k, v in sample.items() if k != "event_id"}})
+        assert events.parse_server_event(reordered, only=only).type == sample["type"]
+
+
+def test_leading_type_fast_path_errors():
+    only = {"response.done"}
+    with capture_logs() as logs:   # ignored type: not decoded at all, so its bad tail goes unnoticed
+        assert events.parse_server_event('{"type": "response.output_text.delta", oops', only=only) is None
+    assert logs == []
+    with capture_logs() as logs:   # acted-on type with a broken tail: reported as not JSON
+        assert events.parse_server_event('{"type": "response.done", "response": {', only=only) is None
+    assert [(x["event"], x["reason"], x["type"]) for x in logs] == [("skipped", "not JSON", "response.done")]

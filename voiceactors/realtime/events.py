@@ -12,6 +12,7 @@ Everything here is synchronous and pure; nothing blocks.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import typing
 from dataclasses import dataclass
@@ -98,6 +99,14 @@ class EventUnion:
         """Whether some member model may accept this ``type`` value."""
         return type_ in self.by_type or type_ in self.fallback or bool(self.untyped)
 
+    def validate_json(self, raw: str, type_: str) -> BaseModel:
+        """Validate the JSON text of an event whose ``type`` is already known
+        (pydantic parses it: no intermediate Python objects)."""
+        model = self.by_type.get(type_)
+        if model is None:
+            return self.validate(json.loads(raw))
+        return model.model_validate_json(raw)
+
     def validate(self, obj: Any) -> BaseModel:
         """Validate a decoded event. Raises ``ValueError`` (``pydantic.ValidationError``
         is one) for a non-object, a missing or unknown ``type``, or invalid fields."""
@@ -143,6 +152,8 @@ def _decode(raw: str | bytes) -> tuple[Any, str | None]:
 def _error_summary(exc: Exception) -> str:
     """A short reason without payload values (field locations and error kinds only)."""
     if isinstance(exc, pydantic.ValidationError):
+        if any(err.get("type") == "json_invalid" for err in exc.errors(include_input=False, include_url=False)):
+            return "not JSON"
         parts = []
         for err in exc.errors(include_input=False, include_url=False)[:3]:
             loc = ".".join(str(p) for p in err.get("loc", ()))
@@ -157,6 +168,11 @@ def validate_server_event(obj: Any) -> BaseModel:
     return SERVER_EVENTS.validate(obj)
 
 
+#: The service writes ``type`` first; reading it from the text lets an event
+#: the caller ignores skip JSON decoding altogether.
+_LEADING_TYPE = re.compile(r'\s*\{\s*"type"\s*:\s*"([A-Za-z0-9_.]{1,128})"')
+
+
 def parse_server_event(raw: str | bytes, only: Container[str] | None = None) -> BaseModel | None:
     """Parse one websocket message from the service into its SDK model.
 
@@ -166,8 +182,20 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None) -> 
 
     ``only`` names the types the caller acts on: a known event of another type
     returns None without validation or log line. Validating every transcript
-    delta the caller then ignores was a tenth of a busy server's CPU.
+    delta the caller then ignores was a tenth of a busy server's CPU. When the
+    text starts with its ``type`` (as the service writes it), an ignored event
+    is not even decoded, and an acted-on one is decoded by pydantic.
     """
+    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) and only is not None else None
+    if leading is not None and SERVER_EVENTS.known(leading.group(1)):
+        type_ = leading.group(1)
+        if type_ not in only:
+            return None
+        try:
+            return SERVER_EVENTS.validate_json(raw, type_)
+        except Exception as exc:  # never fatal: the service may be newer than our SDK
+            _log.warning("skipped", reason=_error_summary(exc), type=type_)
+            return None
     obj, reason = _decode(raw)
     type_ = obj.get("type") if isinstance(obj, dict) else None
     if reason is None:

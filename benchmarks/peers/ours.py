@@ -107,6 +107,10 @@ def run(argv: list[str] | None = None) -> int:
     if os.environ.get("BENCH_GC_OFF"):   # experiment knob: no cyclic GC (are the stalls collections?)
         import gc
         gc.disable()
+    thresholds = os.environ.get("BENCH_GC_THRESHOLD")
+    if thresholds:   # experiment knob: "gen0,gen1,gen2" collector thresholds (default 700,10,10)
+        import gc
+        gc.set_threshold(*(int(x) for x in thresholds.split(",")))
     switch = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch:   # experiment knob: the GIL switch interval (default 0.005 s)
         sys.setswitchinterval(float(switch))

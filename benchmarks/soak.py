@@ -28,6 +28,7 @@ Run (by hand, not in CI)::
 
     .venv/bin/python -m benchmarks.soak                      # 300 live calls, 180 s
     .venv/bin/python -m benchmarks.soak --concurrency 100 --duration 60
+    .venv/bin/python -m benchmarks.soak --duration 120 --gc-full-interval 300   # peak memory under serve's GC schedule
     .venv/bin/python -m benchmarks.soak --concurrency 20 --duration 5 --calls 60   # what the suite runs
 
 ``tests/test_soak_small.py`` runs ``soak()`` with 20 calls for a few seconds.
@@ -51,7 +52,7 @@ from typing import Any
 
 import trio
 
-from voiceactors import logs
+from voiceactors import gc_policy, logs
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.journal.sample import write_sample_journal
@@ -80,6 +81,7 @@ class SoakConfig:
     rss_slack_mib: float = 24.0
     seed: int = 0
     log_level: str = "warning"
+    gc_full_interval_s: float = 0.0         # > 0: serve's scheduled full collections (gc_policy)
 
 
 @dataclass
@@ -267,6 +269,7 @@ async def soak(cfg: SoakConfig, workdir: Path | None = None) -> SoakReport:
 
                     async with trio.open_nursery() as sampler:
                         await sampler.start(sample_rss)
+                        sampler.start_soon(gc_policy.collect_on_schedule, cfg.gc_full_interval_s)
                         await run_wave(sim, runtime, settings.state_dir, cfg, report, first_index=index,
                                        deadline=deadline, max_calls=max(0, cfg.max_calls - index))
                         sampler.cancel_scope.cancel()
@@ -305,10 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--barge-in-share", type=float, default=0.3)
     parser.add_argument("--rss-slack-mib", type=float, default=24.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gc-full-interval", type=float, default=0.0,
+                        help="run serve's scheduled full collections every this many seconds (0: Python's policy)")
     parser.add_argument("--json", help="also write the report to this file")
     args = parser.parse_args(argv)
     cfg = SoakConfig(concurrency=args.concurrency, duration_s=args.duration, max_calls=args.calls,
-                     barge_in_share=args.barge_in_share, rss_slack_mib=args.rss_slack_mib, seed=args.seed)
+                     barge_in_share=args.barge_in_share, rss_slack_mib=args.rss_slack_mib, seed=args.seed,
+                     gc_full_interval_s=args.gc_full_interval)
     report = trio.run(soak, cfg)
     logs.configure("json", "info")
     text = json.dumps(report.as_dict(), indent=2)

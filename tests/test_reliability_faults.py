@@ -534,7 +534,7 @@ async def test_sigterm_during_live_calls_exits_0_and_flushes_every_record(tmp_pa
     # serving froze the startup heap (gc_policy) after the runtime started
     assert events.index("runtime_started") < events.index("heap_frozen")
     [frozen] = [line for line in lines if line.get("event") == "heap_frozen"]
-    assert frozen["objects"] > 50_000
+    assert frozen["objects"] > 50_000 and frozen["full_collection_every_s"] == 300
     for call_id, call in sim.calls.items():
         record = read_record(record_path(state, call_id))
         assert record[-1]["kind"] == "end" and record[-1]["reason"] == "shutdown", (call_id, record[-1])

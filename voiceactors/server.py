@@ -101,13 +101,14 @@ async def wait_for_signal() -> None:
 
 
 async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
-                     brain_backend: Any | None = None, freeze_heap: bool = False,
+                     brain_backend: Any | None = None, tune_gc: bool = False,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``settings`` until ``shutdown_trigger`` returns, then shut down
     gracefully (bounded). ``task_status.started`` gets the bound URLs.
-    ``freeze_heap``: once serving (the runtime started, its lazy imports
-    done), move the heap out of the garbage collector's sight
-    (``gc_policy``) — process-wide, so only the command asks for it."""
+    ``tune_gc``: once serving (the runtime started, its lazy imports done),
+    move the heap out of the garbage collector's sight and schedule full
+    collections every ``gc_full_interval_s`` (``gc_policy``) — process-wide,
+    so only the command asks for it."""
     app = create_app(settings, brain_backend=brain_backend)
     voice = voice_state(app)
 
@@ -116,16 +117,26 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
         voice.stopping.set()    # event streams end now, not after the graceful wait
         _log.info("shutdown_started")
 
+    background = trio.CancelScope()   # process upkeep: ends when serving ends
+
     async def serve(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-        await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=trigger,  # type: ignore[arg-type]
-                              task_status=task_status)
+        try:
+            await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=trigger,  # type: ignore[arg-type]
+                                  task_status=task_status)
+        finally:
+            background.cancel()
+
+    async def scheduled_gc() -> None:
+        with background:
+            await gc_policy.collect_on_schedule(settings.gc_full_interval_s)
 
     started = trio.current_time()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(serve)
-        if freeze_heap:
+        if tune_gc:
             frozen = gc_policy.freeze_startup_heap()
-            _log.info("heap_frozen", objects=frozen)
+            _log.info("heap_frozen", objects=frozen, full_collection_every_s=settings.gc_full_interval_s)
+            nursery.start_soon(scheduled_gc)
         _log.info("serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
                   demo=settings.demo, token_required=auth.token_required(settings))
         task_status.started(binds)
@@ -177,11 +188,11 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
 
 async def _serve_main(settings: Settings, demo: bool) -> None:
     if not demo:
-        await run_server(settings, freeze_heap=True)
+        await run_server(settings, tune_gc=True)
         return
     async with open_demo_simulator(settings) as env:
         _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
-        await run_server(env.settings, freeze_heap=True)
+        await run_server(env.settings, tune_gc=True)
 
 
 # --- the command -----------------------------------------------------------------

@@ -47,6 +47,9 @@ class Settings:
     turn_output_cap: int = 96_000
     tool_calls_per_turn: int = 6
 
+    # process (serve only)
+    gc_full_interval_s: float = 300.0       # one full garbage collection this often; 0 = Python's policy
+
     # calls (CallSupervisor / CallActor)
     max_calls: int = 1000
     call_idle_timeout_s: float = 600.0
@@ -101,6 +104,7 @@ class Settings:
             "tool_timeout_read_s": _env_float(env, "VOICEACTORS_TOOL_TIMEOUT_READ", 10.0),
             "tool_timeout_write_s": _env_float(env, "VOICEACTORS_TOOL_TIMEOUT_WRITE", 20.0),
             "tool_reuse_s": _env_float(env, "VOICEACTORS_TOOL_REUSE", 2.0),
+            "gc_full_interval_s": _env_float(env, "VOICEACTORS_GC_FULL_INTERVAL", 300.0),
             "max_calls": _env_int(env, "VOICEACTORS_MAX_CALLS", 1000),
             "call_idle_timeout_s": _env_float(env, "VOICEACTORS_CALL_IDLE_TIMEOUT", 600.0),
             "call_max_duration_s": _env_float(env, "VOICEACTORS_CALL_MAX_DURATION", 3900.0),

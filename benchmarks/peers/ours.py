@@ -8,8 +8,9 @@ reads ``tool_run`` lines for each tool's own duration). A probe task
 records the event loop's lag (how late a 10 ms sleep wakes) into
 ``<log>.lag.json``; every garbage collection's pause goes to
 ``<log>.gc.json`` as ``[generation, ms, wall time]``. Like ``voiceactors serve``, the
-peer freezes its startup heap (``gc_policy``) unless ``BENCH_NO_FREEZE`` is
-set (the before/after experiment).
+peer freezes its startup heap and schedules full collections
+(``gc_policy``) unless ``BENCH_NO_FREEZE`` / ``BENCH_GC_FULL_INTERVAL_S=0``
+(the before/after experiments).
 
 Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
 """
@@ -53,6 +54,8 @@ async def main(args) -> None:
     ids = call_ids(args.prefix, args.calls)
     lags: list[float] = []
     settings = Settings(
+        # experiment knob: BENCH_GC_FULL_INTERVAL_S=0 leaves full collections to Python
+        gc_full_interval_s=float(os.environ.get("BENCH_GC_FULL_INTERVAL_S", Settings.gc_full_interval_s)),
         journal=Path(args.journal), state_dir=Path(args.state_dir), openai_base_url=args.base_url,
         openai_api_key_env=args.api_key, max_calls=max(1000, args.calls + 16),
         call_idle_timeout_s=3600.0, log_level=args.log_level,
@@ -64,23 +67,31 @@ async def main(args) -> None:
             if not os.environ.get("BENCH_NO_FREEZE"):
                 gc_policy.freeze_startup_heap()   # as serve does once serving
             print("STARTED", flush=True)
-            await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)   # GO
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_stdin_closed, scope)
-                nursery.start_soon(_lag_probe, lags)
-                for cid in ids:
-                    answer = await ask(rt.calls, lambda r, cid=cid: Connect(cid, r), timeout=10)
-                    if answer != "connected":
-                        print(f"connect {cid}: {answer}", file=sys.stderr, flush=True)
-                print("JOINED", flush=True)
-                while await ask(rt.calls, CountCalls, timeout=10) > 0:
-                    await trio.sleep(0.25)
-                nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as upkeep:   # serve's scheduled full collections
+                upkeep.start_soon(gc_policy.collect_on_schedule, settings.gc_full_interval_s)
+                await _serve_calls(rt, ids, lags, scope)
+                upkeep.cancel_scope.cancel()
     if scope.cancelled_caught:
         print("ours: stopped (stdin closed or --max-seconds)", file=sys.stderr, flush=True)
     if args.log != "/dev/null":
         Path(args.log + ".lag.json").write_text(json.dumps(lags))
         Path(args.log + ".gc.json").write_text(json.dumps(GC_PAUSES))
+
+
+async def _serve_calls(rt, ids: list[str], lags: list[float], scope: trio.CancelScope) -> None:
+    """Join every call at GO, then wait until they have all ended."""
+    await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)   # GO
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_stdin_closed, scope)
+        nursery.start_soon(_lag_probe, lags)
+        for cid in ids:
+            answer = await ask(rt.calls, lambda r, cid=cid: Connect(cid, r), timeout=10)
+            if answer != "connected":
+                print(f"connect {cid}: {answer}", file=sys.stderr, flush=True)
+        print("JOINED", flush=True)
+        while await ask(rt.calls, CountCalls, timeout=10) > 0:
+            await trio.sleep(0.25)
+        nursery.cancel_scope.cancel()
 
 
 GC_PAUSES: list[tuple[int, float, float]] = []

@@ -197,10 +197,10 @@ def test_parse_server_event_only_skips_other_known_types_quietly():
     assert logs and logs[0]["event"] == "skipped"      # wanted but invalid: still reported
 
 
-def test_leading_type_fast_path_gives_the_same_models_as_decoding():
-    """Text that starts with its type is validated by pydantic from the JSON;
-    the models equal those of the decode-then-validate path, and an event
-    whose type is not first still takes that path."""
+def test_leading_type_skip_leaves_acted_on_events_as_they_were():
+    """Reading a leading type only skips ignored events: acted-on ones give
+    the same models with or without ``only``, and an ignored type that is
+    not written first is still recognised after decoding."""
     samples = [
         {"type": "response.done", "event_id": "e1",
          "response": {"id": "resp_1", "status": "completed", "output": [
@@ -216,13 +216,17 @@ def test_leading_type_fast_path_gives_the_same_models_as_decoding():
         assert fast == events.parse_server_event(raw) and type(fast).__name__ != "dict"
         reordered = json.dumps({"event_id": sample["event_id"], **{k: v for k, v in sample.items() if k != "event_id"}})
         assert events.parse_server_event(reordered, only=only).type == sample["type"]
+    late_delta = json.dumps({"event_id": "e9", "type": "response.output_text.delta"})   # invalid if validated
+    with capture_logs() as logs:
+        assert events.parse_server_event(late_delta, only=only) is None
+    assert logs == []
 
 
-def test_leading_type_fast_path_errors():
+def test_leading_type_skip_errors():
     only = {"response.done"}
     with capture_logs() as logs:   # ignored type: not decoded at all, so its bad tail goes unnoticed
         assert events.parse_server_event('{"type": "response.output_text.delta", oops', only=only) is None
     assert logs == []
     with capture_logs() as logs:   # acted-on type with a broken tail: reported as not JSON
         assert events.parse_server_event('{"type": "response.done", "response": {', only=only) is None
-    assert [(x["event"], x["reason"], x["type"]) for x in logs] == [("skipped", "not JSON", "response.done")]
+    assert [(x["event"], x["reason"], x["type"]) for x in logs] == [("skipped", "not JSON", None)]

@@ -99,14 +99,6 @@ class EventUnion:
         """Whether some member model may accept this ``type`` value."""
         return type_ in self.by_type or type_ in self.fallback or bool(self.untyped)
 
-    def validate_json(self, raw: str, type_: str) -> BaseModel:
-        """Validate the JSON text of an event whose ``type`` is already known
-        (pydantic parses it: no intermediate Python objects)."""
-        model = self.by_type.get(type_)
-        if model is None:
-            return self.validate(json.loads(raw))
-        return model.model_validate_json(raw)
-
     def validate(self, obj: Any) -> BaseModel:
         """Validate a decoded event. Raises ``ValueError`` (``pydantic.ValidationError``
         is one) for a non-object, a missing or unknown ``type``, or invalid fields."""
@@ -152,8 +144,6 @@ def _decode(raw: str | bytes) -> tuple[Any, str | None]:
 def _error_summary(exc: Exception) -> str:
     """A short reason without payload values (field locations and error kinds only)."""
     if isinstance(exc, pydantic.ValidationError):
-        if any(err.get("type") == "json_invalid" for err in exc.errors(include_input=False, include_url=False)):
-            return "not JSON"
         parts = []
         for err in exc.errors(include_input=False, include_url=False)[:3]:
             loc = ".".join(str(p) for p in err.get("loc", ()))
@@ -184,18 +174,13 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None) -> 
     returns None without validation or log line. Validating every transcript
     delta the caller then ignores was a tenth of a busy server's CPU. When the
     text starts with its ``type`` (as the service writes it), an ignored event
-    is not even decoded, and an acted-on one is decoded by pydantic.
+    is not even decoded. (Acted-on events are decoded with ``json.loads`` and
+    validated from Python objects: pydantic's own JSON parsing of the SDK's
+    item unions measured 1.3–1.7× slower.)
     """
     leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) and only is not None else None
-    if leading is not None and SERVER_EVENTS.known(leading.group(1)):
-        type_ = leading.group(1)
-        if type_ not in only:
-            return None
-        try:
-            return SERVER_EVENTS.validate_json(raw, type_)
-        except Exception as exc:  # never fatal: the service may be newer than our SDK
-            _log.warning("skipped", reason=_error_summary(exc), type=type_)
-            return None
+    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):
+        return None
     obj, reason = _decode(raw)
     type_ = obj.get("type") if isinstance(obj, dict) else None
     if reason is None:

@@ -521,3 +521,86 @@ async def test_a_read_that_a_write_overtook_is_not_kept(nursery, autojump_clock,
         gate.release.set()
     after = await Client(ex, "rtc_b").call("test.today")
     assert json.loads(after.output) == {"n": 2} and runs == ["slow", "slow"]
+
+
+def gated_reusable(gate: Gate, runs: list[str]):
+    def today(ctx, args):
+        runs.append("run")
+        gate.enter()
+        return {"n": len(runs)}
+
+    return make_registry([ToolSpec(name="test.today", description="reusable read", parameters=ANY_ARGS,
+                                   effect="read", handler=today, reusable=True)])
+
+
+async def test_requests_for_a_reusable_read_in_flight_wait_for_it(nursery, autojump_clock, journal, state):
+    """The bug behind a collapse at 750 calls: when a kept answer expired,
+    every request arriving while the next run was in flight started a
+    worker thread of its own. Now they wait for that run."""
+    gate, runs = Gate(), []
+    ex = await start(nursery, settings_for(journal, state), gated_reusable(gate, runs), journal, state)
+    results = {}
+
+    async def call(call_id):
+        results[call_id] = await Client(ex, call_id).call("test.today")
+
+    with capture_logs() as logs:
+        async with trio.open_nursery() as calls:
+            calls.start_soon(call, "rtc_lead")
+            await gate.started.wait()
+            for call_id in ("rtc_w1", "rtc_w2"):
+                calls.start_soon(call, call_id)
+            await trio.sleep(0.5)
+            assert set(results) == set()                  # all three wait for the one run
+            gate.release.set()
+    assert runs == ["run"]
+    assert [json.loads(r.output) for r in results.values()] == [{"n": 1}] * 3
+    reused = sorted(x["call_id"] for x in logs if x["event"] == "tool_run" and x["reused"])
+    assert reused == ["rtc_w1", "rtc_w2"]
+
+
+async def test_waiters_run_their_own_read_when_the_one_they_waited_for_was_cancelled(
+        nursery, autojump_clock, journal, state):
+    gate, runs = Gate(), []
+    ex = await start(nursery, settings_for(journal, state), gated_reusable(gate, runs), journal, state)
+    results = {}
+
+    async def call(call_id):
+        results[call_id] = await Client(ex, call_id).call("test.today")
+
+    async with trio.open_nursery() as calls:
+        calls.start_soon(call, "rtc_lead")
+        await gate.started.wait()
+        calls.start_soon(call, "rtc_waiter")
+        await trio.sleep(0.5)
+        await ex.inbox.send(CancelReads("rtc_lead", before_epoch=None))   # the leader's user barged in
+        while "rtc_lead" not in results:
+            await trio.sleep(0.01)
+        gate.release.set()
+    assert json.loads(results["rtc_lead"].output) == {"error": "cancelled"}
+    assert results["rtc_waiter"].outcome == "ok" and runs == ["run", "run"]
+
+
+async def test_executor_shutdown_answers_waiters_once(autojump_clock, journal, state):
+    gate, runs = Gate(), []
+    results: dict[str, list] = {"rtc_lead": [], "rtc_waiter": []}
+    async with trio.open_nursery() as outer:
+        ex = await start(outer, settings_for(journal, state), gated_reusable(gate, runs), journal, state)
+        replies = {}
+        for call_id in results:
+            send, receive = trio.open_memory_channel(2)
+            replies[call_id] = receive
+            await ex.inbox.send(ToolRequest(call_id=call_id, tool_call_id=f"call_{call_id}", name="test.today",
+                                            arguments="{}", epoch=0, turn=0, reply=send))
+            if call_id == "rtc_lead":
+                await gate.started.wait()
+        await trio.sleep(0.5)
+        outer.cancel_scope.cancel()                       # the executor stops with both in flight
+        gate.release.set()
+    for call_id, receive in replies.items():
+        while True:
+            try:
+                results[call_id].append(receive.receive_nowait().outcome)
+            except trio.WouldBlock:
+                break
+    assert results == {"rtc_lead": ["cancelled"], "rtc_waiter": ["cancelled"]}

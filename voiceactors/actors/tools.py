@@ -2,9 +2,10 @@
 
 Call actors send ``ToolRequest`` and ``CancelReads`` to ``inbox``. Every
 request runs in its own task of the executor's nursery, under one global
-``CapacityLimiter(settings.tool_concurrency)``, and gets exactly one
-``ToolResult`` on its ``reply`` channel (if that channel is closed because the
-call ended, the result is logged and dropped).
+``CapacityLimiter(settings.tool_concurrency)`` (except a reusable read answered
+from memory, rule 4), and gets exactly one ``ToolResult`` on its ``reply``
+channel (if that channel is closed because the call ended, the result is
+logged and dropped).
 
 Rules, in the order a request meets them:
 

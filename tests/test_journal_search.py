@@ -358,10 +358,56 @@ def test_the_child_exits_when_its_parent_dies(journal, state):
 
 
 def test_concurrent_searches_on_a_fresh_index(journal, state):
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    with capture_logs() as logs, concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda q: search(journal, state, q), ["Maya", "Jonas", "Ravi"] * 6))
     assert all(results)
+    built, = [e for e in logs if e["event"] == "search index built"]    # one build, by one child
+    assert built["pid"] != os.getpid() and built["indexed"] > 10
+    assert not [e for e in logs if e["log_level"] == "warning"]
     assert build_index(journal, state).files_indexed == 0   # built once, whole
+
+
+# --- the first build: a child too ----------------------------------------------------------
+
+def test_the_first_build_runs_in_a_child_while_the_caller_waits(journal, state):
+    db = index_mod.index_path(journal, state)
+    index_mod.connect(db).close()                          # a half-built index: not ready
+    with capture_logs() as logs, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with _writer_holding(db):                          # the child cannot finish yet
+            pending = pool.submit(search, journal, state, "Engineering manager")
+            deadline = time.monotonic() + 10
+            while index_mod.running_refresh(journal, state) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            child = index_mod.running_refresh(journal, state)
+            assert child is not None and child.pid != os.getpid()
+            time.sleep(0.2)
+            assert not pending.done() and child.poll() is None    # the caller waits for the child
+        hits = pending.result(timeout=30)
+    assert any(h.entity_slug == "maya_chen" for h in hits)
+    assert child.returncode == 0 and index_mod.running_refresh(journal, state) is None
+    built, = [e for e in logs if e["event"] == "search index built"]
+    assert built["pid"] == child.pid and built["indexed"] > 10
+    assert index_mod.is_ready(db) and build_index(journal, state).files_indexed == 0
+
+
+def test_a_failed_first_build_child_falls_back_to_this_thread(journal, state):
+    with capture_logs() as logs:
+        db = index_mod.ensure_index(journal, state, 300.0, build_timeout_s=0.01)   # killed at once
+    timed_out, = [e for e in logs if e["event"] == "search index build timed out"]
+    fallback, = [e for e in logs if e["event"] == "search index built in this thread"]
+    assert timed_out["pid"] != os.getpid() and fallback["indexed"] > 10
+    assert index_mod.is_ready(db) and search(journal, state, "Maya")
+
+
+def test_a_first_build_that_cannot_work_raises_as_before(journal, tmp_path):
+    state = tmp_path / "not-a-dir"
+    state.write_text("")
+    with pytest.raises(NotADirectoryError):
+        build_index(journal, state)                        # what the in-process build raises
+    with capture_logs() as logs, pytest.raises(NotADirectoryError):
+        search(journal, state, "Maya")                     # the child failed, then the fallback
+    failed, = [e for e in logs if e["event"] == "search index build failed"]
+    assert failed["returncode"] == 1 and "NotADirectoryError" in failed["error"]
 
 
 async def test_searches_from_trio_worker_threads(journal, state):

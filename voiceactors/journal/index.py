@@ -23,8 +23,10 @@ removing a unit is an indexed rowid-range delete rather than a table scan.
 cache; delete it to start over.)
 
 Everything here is synchronous and blocking; run it in a worker thread.
-The periodic refresh that ``ensure_index`` starts runs in a child process
-(``refresh_child``), so a walk over a big journal never holds the server's GIL.
+``ensure_index`` builds in a child process (``refresh_child``): the first
+build (the caller waits for it, blocked in the kernel) and the periodic
+refresh (in the background), so a walk over a big journal never holds the
+server's GIL. ``build_index`` builds in the calling process.
 """
 
 from __future__ import annotations
@@ -551,7 +553,7 @@ def build_index(root: Path, state_dir: Path,
 class _Refresh:
     proc: subprocess.Popen
     control: int                  # write end of the child's control pipe
-    thread: threading.Thread | None = None
+    finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # outcome logged
 
 
 _refreshes: dict[str, _Refresh] = {}   # db path -> its latest refresh (guarded by _build_locks_guard)
@@ -560,34 +562,49 @@ _CHILD_CODE = ("import sys; from voiceactors.journal.index import refresh_child;
                "sys.exit(refresh_child(sys.argv[1:]))")
 
 
-def refresh_child(argv: list[str]) -> int:
-    """The refresh child's main: ``ROOT STATE_DIR CONTROL_FD``.
+# what a child's watcher logs: (done, failed, timed out), per kind of child
+_EVENTS = {
+    "refresh": ("search index refreshed", "search index refresh failed",
+                "search index refresh timed out"),
+    "first": ("search index built", "search index build failed", "search index build timed out"),
+}
 
-    Refreshes the index unless another process holds its lock (then there is
-    nothing to do: that one is refreshing it). Prints the stats as one JSON
-    line on stdout; log lines (warnings only) go to stderr as JSON, for the
-    parent to relay. Exits at once, mid-build if need be, when the control
-    pipe reaches EOF: the parent closed it or died. A killed build leaves the
-    last committed batches, and the next refresh redoes the rest. Exit 2 when
-    the journal is gone: refreshing would empty the index.
+
+def refresh_child(argv: list[str]) -> int:
+    """The index child's main: ``ROOT STATE_DIR CONTROL_FD [--first]``.
+
+    A refresh (no ``--first``) refreshes the index unless another process
+    holds its lock (then there is nothing to do: that one is refreshing it);
+    exit 2 when the journal is gone: refreshing would empty the index. A
+    first build (``--first``) waits for the lock, then builds unless the
+    index is whole by then (``skipped: ready``: another process built it).
+    Prints the stats as one JSON line on stdout; log lines (warnings only) go
+    to stderr as JSON, for the parent to relay. Exits at once, mid-build if
+    need be, when the control pipe reaches EOF: the parent closed it or died.
+    A killed build leaves the last committed batches, and the next build or
+    refresh redoes the rest.
     """
     root, state_dir, control = Path(argv[0]), Path(argv[1]), int(argv[2])
+    first = argv[3:] == ["--first"]
     threading.Thread(target=_exit_with_parent, args=(control,), daemon=True).start()
     with contextlib.suppress(OSError):
         os.nice(REFRESH_NICE)
     from voiceactors import logs
 
     logs.configure("json", "warning")
-    if not root.is_dir():
+    if not first and not root.is_dir():
         print(f"journal not found: {root}", file=sys.stderr)
         return 2
     if solstone_index(root) is not None:
         print(json.dumps({"solstone": True}))
         return 0
     db = index_path(root, state_dir)
-    with _file_lock(db, wait=False) as taken:
+    with _file_lock(db, wait=first) as taken:
         if not taken:
             print(json.dumps({"skipped": "busy"}))
+            return 0
+        if first and is_ready(db):
+            print(json.dumps({"skipped": "ready"}))
             return 0
         stats = _build_locked(root, db)
     print(json.dumps(dataclasses.asdict(stats)))
@@ -600,43 +617,72 @@ def _exit_with_parent(control: int) -> None:
     os._exit(3)
 
 
+def _spawn(root: Path, state_dir: Path, *, first: bool) -> _Refresh:
+    """Start an index child (``refresh_child``); OSError etc. when it cannot."""
+    read_end, write_end = os.pipe()    # both non-inheritable: no other child gets them
+    argv = [sys.executable, "-c", _CHILD_CODE, str(root), str(state_dir), str(read_end)]
+    try:
+        proc = subprocess.Popen(argv + (["--first"] if first else []),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, pass_fds=(read_end,))
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    return _Refresh(proc, write_end)
+
+
 def _start_refresh(root: Path, state_dir: Path, db: Path, timeout_s: float) -> None:
     """Start a refresh child for ``db`` unless one is running; never raises.
     Called with ``_build_locks_guard`` held."""
     running = _refreshes.get(str(db))
-    if running is not None and running.thread is not None and running.thread.is_alive():
+    if running is not None and not running.finished.is_set():
         return
-    read_end, write_end = os.pipe()    # both non-inheritable: no other child gets them
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _CHILD_CODE, str(root), str(state_dir), str(read_end)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(read_end,))
+        refresh = _spawn(root, state_dir, first=False)
     except Exception as exc:   # a refresh failure must never break search
-        os.close(write_end)
-        log.warning("search index refresh failed", journal=str(root), error=repr(exc))
+        log.warning(_EVENTS["refresh"][1], journal=str(root), error=repr(exc))
         return
-    finally:
-        os.close(read_end)
-    refresh = _Refresh(proc, write_end)
-    refresh.thread = threading.Thread(target=_watch, args=(root, refresh, timeout_s),
-                                      name="voiceactors-index-refresh", daemon=True)
     _refreshes[str(db)] = refresh
-    refresh.thread.start()
+    threading.Thread(target=_watch, args=(root, refresh, timeout_s, "refresh"),
+                     name="voiceactors-index-refresh", daemon=True).start()
 
 
-def _watch(root: Path, refresh: _Refresh, timeout_s: float) -> None:
+def _first_build(root: Path, state_dir: Path, db: Path, timeout_s: float) -> bool:
+    """Build ``db`` in a child and wait for it (blocked in the kernel: no GIL
+    held); True when the child succeeded. Never raises: a failure is logged.
+    Called with ``_lock_for(db)`` held (not the file lock: the child takes it)."""
+    try:
+        refresh = _spawn(root, state_dir, first=True)
+    except Exception as exc:
+        log.warning(_EVENTS["first"][1], journal=str(root), error=repr(exc))
+        return False
+    with _build_locks_guard:
+        _refreshes[str(db)] = refresh      # running_refresh shows it while it builds
+    return _watch(root, refresh, timeout_s, "first") is not None
+
+
+def _watch(root: Path, refresh: _Refresh, timeout_s: float, kind: str) -> dict | None:
     """Wait for the child (blocked in the kernel: no GIL held), kill it after
-    ``timeout_s``, log the outcome."""
+    ``timeout_s``, log the outcome; the child's stats, or None when it failed."""
+    try:
+        return _wait(root, refresh, timeout_s, _EVENTS[kind])
+    finally:
+        refresh.finished.set()
+
+
+def _wait(root: Path, refresh: _Refresh, timeout_s: float,
+          events: tuple[str, str, str]) -> dict | None:
+    done, failed, timed_out = events
     proc, started = refresh.proc, time.monotonic()
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        log.warning("search index refresh timed out", journal=str(root), pid=proc.pid,
-                    timeout_s=timeout_s)
-        return
+        log.warning(timed_out, journal=str(root), pid=proc.pid, timeout_s=timeout_s)
+        return None
     finally:
         os.close(refresh.control)
     _relay(err, proc.pid)
@@ -647,12 +693,13 @@ def _watch(root: Path, refresh: _Refresh, timeout_s: float) -> None:
         stats = None
     if not isinstance(stats, dict):
         tail = err.decode("utf-8", "replace").strip()[-800:]
-        log.warning("search index refresh failed", journal=str(root), pid=proc.pid,
+        log.warning(failed, journal=str(root), pid=proc.pid,
                     returncode=proc.returncode, error=tail, duration_ms=duration_ms)
-        return
-    log.info("search index refreshed", journal=str(root), pid=proc.pid,
+        return None
+    log.info(done, journal=str(root), pid=proc.pid,
              indexed=stats.get("files_indexed", 0), removed=stats.get("files_removed", 0),
              skipped=stats.get("skipped"), duration_ms=duration_ms)
+    return stats
 
 
 def _relay(err: bytes, pid: int) -> None:
@@ -669,36 +716,42 @@ def _relay(err: bytes, pid: int) -> None:
 
 
 def running_refresh(root: Path, state_dir: Path) -> subprocess.Popen | None:
-    """The refresh child of this journal's index while its watcher runs, else None."""
+    """The child building or refreshing this journal's index until its outcome
+    is logged, else None."""
     with _build_locks_guard:
         refresh = _refreshes.get(str(index_path(root, state_dir)))
-    if refresh is None or refresh.thread is None or not refresh.thread.is_alive():
+    if refresh is None or refresh.finished.is_set():
         return None
     return refresh.proc
 
 
 def join_refresh(root: Path, state_dir: Path, timeout: float | None = None) -> None:
-    """Wait for a background refresh of this journal's index, if one runs
-    (until its child exited and the outcome is logged)."""
+    """Wait for this journal's index child, if one runs (until it exited and
+    the outcome is logged)."""
     with _build_locks_guard:
         refresh = _refreshes.get(str(index_path(root, state_dir)))
-    if refresh is not None and refresh.thread is not None:
-        refresh.thread.join(timeout)
+    if refresh is not None:
+        refresh.finished.wait(timeout)
 
 
 def ensure_index(root: Path, state_dir: Path, max_age_s: float,
-                 refresh_timeout_s: float = REFRESH_TIMEOUT_S) -> Path:
+                 refresh_timeout_s: float = REFRESH_TIMEOUT_S,
+                 build_timeout_s: float = REFRESH_TIMEOUT_S) -> Path:
     """Our index of ``root``, ready to query.
 
-    A missing or half-built index is built first, in this thread: callers
-    block until it is whole. A whole index that this process has not checked
-    for ``max_age_s`` seconds is served as is while a child process refreshes
-    it (WAL lets the searches read during the write), so a query never pays
-    for the walk over the journal tree and the walk never holds this
-    process's GIL. At most one child per index runs (per process; across
-    processes the index's file lock makes a second one exit at once); it is
-    killed after ``refresh_timeout_s`` and exits by itself when this process
-    is gone. Its outcome is only logged. ``build_index`` refreshes on demand.
+    A missing or half-built index is built first by a child process while
+    this thread waits for it (blocked in the kernel, so the walk never holds
+    this process's GIL); one build at a time per index (the other callers
+    wait, then find it whole). The child is killed after ``build_timeout_s``;
+    if it fails, that is logged and this thread builds the index itself, so
+    a search still answers, or raises what the build raises. A whole index
+    that this process has not checked for ``max_age_s`` seconds is served as
+    is while a child process refreshes it (WAL lets the searches read during
+    the write), so a query never pays for the walk over the journal tree. At
+    most one child per index runs (per process; across processes the index's
+    file lock makes a second refresh exit at once); it is killed after
+    ``refresh_timeout_s`` and exits by itself when this process is gone. Its
+    outcome is only logged. ``build_index`` refreshes on demand.
     """
     db = index_path(root, state_dir)
     key = str(db)
@@ -713,8 +766,20 @@ def ensure_index(root: Path, state_dir: Path, max_age_s: float,
         return db
     with _lock_for(db):
         if not is_ready(db):           # another thread may have built it while we waited
-            with _file_lock(db, wait=True):
-                if not is_ready(db):   # ... or another process
-                    _build_locked(Path(root), db)
+            built = _first_build(Path(root), Path(state_dir), db, build_timeout_s)
+            if not built or not is_ready(db):   # (e.g. the child saw a solstone index appear)
+                _build_in_thread(Path(root), db)
         _last_build[key] = time.monotonic()
     return db
+
+
+def _build_in_thread(root: Path, db: Path) -> None:
+    """The first build's fallback when its child failed: build here, as
+    ``build_index`` does (raises what the build raises)."""
+    started = time.monotonic()
+    with _file_lock(db, wait=True):
+        if is_ready(db):               # another process built it meanwhile
+            return
+        stats = _build_locked(root, db)
+    log.warning("search index built in this thread", journal=str(root),
+                indexed=stats.files_indexed, duration_ms=int((time.monotonic() - started) * 1000))

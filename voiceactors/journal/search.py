@@ -3,7 +3,7 @@
 If the journal has solstone's own ``indexer/journal.sqlite`` it is queried
 read-only (``mode=ro``) and never written. Otherwise we search our own index
 (``voiceactors.journal.index``) in the state directory. ``search`` builds it
-when it is missing (the caller waits) and, at most once every
+when it is missing (in a child process; the caller waits) and, at most once every
 ``REFRESH_INTERVAL_S`` seconds per process, starts an incremental refresh in a
 child process while it answers from the index as it is (the refresh walks the
 journal tree: too slow for a query to wait on, and in this process it would

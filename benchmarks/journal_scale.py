@@ -37,6 +37,7 @@ Run::
     .venv/bin/python -m benchmarks.journal_scale --days 30 --n 20   # quick
     .venv/bin/python -m benchmarks.journal_scale --reuse --profile list   # pyinstrument of commitments.list
     .venv/bin/python -m benchmarks.journal_scale --reuse --refresh-lag    # only the refresh's loop lag
+    .venv/bin/python -m benchmarks.journal_scale --reuse --refresh-lag --lag-rounds 1 --first-build   # + first build
 """
 
 from __future__ import annotations
@@ -201,8 +202,32 @@ def refresh_lag(root: Path, state: Path, rounds: int = 2) -> dict[str, Any]:
             for mode, e in pooled.items()}
 
 
+def first_build_lag(root: Path, scratch: Path) -> dict[str, Any]:
+    """The same probe while a search's *first* build runs (an empty state
+    dir): ``build_index`` in a thread of this process (``first_thread``: what
+    ``ensure_index`` did before) and ``ensure_index`` called from a thread,
+    which waits for the child that builds (``first_child``)."""
+    import threading
+
+    from voiceactors.journal import index
+    from voiceactors.journal.search import build_index
+
+    step = _cpu_step()
+    out: dict[str, Any] = {}
+    for mode, target in (("first_thread", build_index), ("first_child", lambda r, s: index.ensure_index(r, s, 3600))):
+        state = scratch / mode
+        shutil.rmtree(state, ignore_errors=True)
+        thread = threading.Thread(target=target, args=(root, state), daemon=True)
+        thread.start()
+        r = _loop_probe(thread.is_alive, 0.0, step)
+        out[f"refresh_lag.{mode}"] = {"lag_ms": summary(r["lag"]), "step_ms": summary(r["step"]),
+                                      "seconds": [r["seconds"]]}
+        shutil.rmtree(state, ignore_errors=True)
+    return out
+
+
 def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: bool = False,
-        lag_rounds: int = 2, lag_only: bool = False) -> dict[str, Any]:
+        lag_rounds: int = 2, lag_only: bool = False, first_build: bool = False) -> dict[str, Any]:
     from voiceactors.journal import entities, index
     from voiceactors.journal.search import build_index
     from voiceactors.tools import ToolContext
@@ -228,6 +253,8 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
     ctx = ToolContext(journal=root, state_dir=state, today=lambda: BENCH_TODAY)
     if lag_only:
         out.update(refresh_lag(root, state, rounds=lag_rounds))
+        if first_build:
+            out.update(first_build_lag(root, work_dir() / f"journal-{days}d-first"))
         return out
 
     ms, stats = _timed(lambda: build_index(root, state))
@@ -322,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--refresh-lag", action="store_true",
                    help="only measure the trio loop's lag during a background index refresh")
     p.add_argument("--lag-rounds", type=int, default=2, help="refreshes per mode (thread, child)")
+    p.add_argument("--first-build", action="store_true",
+                   help="with --refresh-lag: also the lag during a first build (thread vs child), ~25 s more")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     from voiceactors import logs
@@ -330,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine_facts()
     print(f"# machine: {facts}", flush=True)
     r = run(args.days, args.n, profile=args.profile, reuse=args.reuse,
-            lag_rounds=args.lag_rounds, lag_only=args.refresh_lag)
+            lag_rounds=args.lag_rounds, lag_only=args.refresh_lag, first_build=args.first_build)
     for key, value in r.items():
         if key == "profile":
             continue

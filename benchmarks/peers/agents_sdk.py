@@ -17,7 +17,6 @@ Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any
 
@@ -26,7 +25,7 @@ from agents.realtime import RealtimeAgent, RealtimeRunner
 
 from voiceactors.tools import REGISTRY
 
-from benchmarks.peers.args import call_ids, peer_parser
+from benchmarks.peers.args import call_ids, run_asyncio_peer, serve_calls
 from benchmarks.peers.tool_calls import context, run_tool
 
 
@@ -68,22 +67,12 @@ async def main(args) -> None:
     ctx = context(args.journal, args.state_dir)
     agent = RealtimeAgent(name="bench", instructions="Answer from the journal tools.", tools=make_tools(ctx))
     counts = {"tools": 0, "errors": 0, "session_errors": 0}
-    tasks = [asyncio.create_task(serve_call(agent, args.base_url, args.api_key, cid, counts))
-             for cid in call_ids(args.prefix, args.calls)]
-    print("JOINED", flush=True)
-    try:
-        await asyncio.wait_for(asyncio.gather(*tasks), args.max_seconds)
-    except asyncio.TimeoutError:
-        print("agents: --max-seconds passed", file=sys.stderr, flush=True)
-    print(f"agents: {json.dumps(counts)}", file=sys.stderr, flush=True)
+    await serve_calls("agents", (serve_call(agent, args.base_url, args.api_key, cid, counts)
+                                 for cid in call_ids(args.prefix, args.calls)), counts, args.max_seconds)
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = peer_parser("OpenAI Agents SDK realtime peer").parse_args(argv)
-    print("STARTED", flush=True)
-    sys.stdin.readline()  # GO
-    asyncio.run(main(args))
-    return 0
+    return run_asyncio_peer("OpenAI Agents SDK realtime peer", main, argv)
 
 
 if __name__ == "__main__":

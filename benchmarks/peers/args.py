@@ -1,8 +1,13 @@
-"""The command line every peer process takes (see ``benchmarks.peers``)."""
+"""The command line every peer process takes, and the stdin/stdout protocol
+the asyncio peers share with the driver (see ``benchmarks.peers``)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import sys
+from typing import Any, Awaitable, Callable, Coroutine, Iterable
 
 
 def peer_parser(description: str) -> argparse.ArgumentParser:
@@ -21,3 +26,26 @@ def peer_parser(description: str) -> argparse.ArgumentParser:
 
 def call_ids(prefix: str, calls: int) -> list[str]:
     return [f"{prefix}-{n}" for n in range(calls)]
+
+
+def run_asyncio_peer(description: str, main: Callable[[argparse.Namespace], Awaitable[None]],
+                     argv: list[str] | None = None) -> int:
+    """Parse the command line, print ``STARTED``, wait for ``GO``, run ``main``."""
+    args = peer_parser(description).parse_args(argv)
+    print("STARTED", flush=True)
+    sys.stdin.readline()  # GO
+    asyncio.run(main(args))
+    return 0
+
+
+async def serve_calls(name: str, calls: Iterable[Coroutine[Any, Any, None]], counts: dict[str, int],
+                      max_seconds: float) -> None:
+    """Start every call, print ``JOINED``, wait for them all (at most
+    ``max_seconds``), then report ``counts`` on stderr."""
+    tasks = [asyncio.create_task(call) for call in calls]
+    print("JOINED", flush=True)
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), max_seconds)
+    except asyncio.TimeoutError:
+        print(f"{name}: --max-seconds passed", file=sys.stderr, flush=True)
+    print(f"{name}: {json.dumps(counts)}", file=sys.stderr, flush=True)

@@ -18,12 +18,11 @@ Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 
 from openai import AsyncOpenAI
 
-from benchmarks.peers.args import call_ids, peer_parser
+from benchmarks.peers.args import call_ids, run_asyncio_peer, serve_calls
 from benchmarks.peers.tool_calls import context, run_tool
 
 
@@ -47,21 +46,12 @@ async def main(args) -> None:
     ctx = context(args.journal, args.state_dir)
     client = AsyncOpenAI(api_key=args.api_key, base_url=args.base_url, max_retries=0)
     counts = {"tools": 0, "errors": 0}
-    tasks = [asyncio.create_task(serve_call(client, cid, ctx, counts)) for cid in call_ids(args.prefix, args.calls)]
-    print("JOINED", flush=True)
-    try:
-        await asyncio.wait_for(asyncio.gather(*tasks), args.max_seconds)
-    except asyncio.TimeoutError:
-        print("baseline: --max-seconds passed", file=sys.stderr, flush=True)
-    print(f"baseline: {counts}", file=sys.stderr, flush=True)
+    await serve_calls("baseline", (serve_call(client, cid, ctx, counts) for cid in call_ids(args.prefix, args.calls)),
+                      counts, args.max_seconds)
 
 
 def run(argv: list[str] | None = None) -> int:
-    args = peer_parser("asyncio + openai SDK baseline peer").parse_args(argv)
-    print("STARTED", flush=True)
-    sys.stdin.readline()  # GO
-    asyncio.run(main(args))
-    return 0
+    return run_asyncio_peer("asyncio + openai SDK baseline peer", main, argv)
 
 
 if __name__ == "__main__":

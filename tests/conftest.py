@@ -3,14 +3,16 @@ never copied into the project; tests that need it skip when it is absent."""
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import stat
 from pathlib import Path
 
 import pytest
+import structlog
 
-from voiceactors import clock
+from voiceactors import clock, logs
 
 FIXTURE_JOURNAL = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "solstone-journal"
 FIXTURE_BRIEFING_DAY = "2026-03-27"
@@ -99,6 +101,15 @@ def sample_ctx(make_sample, tmp_path):
 
     today = clock.parse_day(SAMPLE_TODAY)
     return ToolContext(make_sample(days=14), tmp_path / "state", today=lambda: today)
+
+
+@pytest.fixture
+def log_stream():
+    """Every log line of the test, as JSON (debug level up), in one buffer."""
+    buffer = io.StringIO()
+    logs.configure("json", "debug", stream=buffer)
+    yield buffer
+    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -9,17 +9,14 @@ behind; and no key ever reaches the log stream.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 from pathlib import Path
 
 import httpx
 import pytest
-import structlog
 import trio
 
 from calls_support import our_tasks
-from voiceactors import logs
 from voiceactors.http import create_app, voice_state
 from voiceactors.realtime.simulator import Simulator
 from voiceactors.server import run_server
@@ -34,15 +31,6 @@ SIM_KEY = "sk-test-e2e-4f9a8b7c6d5e"
 def journal(make_sample) -> Path:
     """A fresh copy per test: tests edit the voice config and the brain writes its session file."""
     return make_sample(days=3)
-
-
-@pytest.fixture
-def log_stream():
-    """Every log line of the test, as JSON, in one buffer."""
-    buffer = io.StringIO()
-    logs.configure("json", "debug", stream=buffer)
-    yield buffer
-    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ All waits are short and bounded.
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import signal
@@ -38,11 +37,9 @@ from typing import Any
 
 import httpx
 import pytest
-import structlog
 import trio
 
 from calls_support import DAY, KEY, real_time_limit, rig
-from voiceactors import logs
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import ToolRequest
@@ -290,14 +287,6 @@ async def test_close_waits_for_another_process_holding_the_lock_and_both_changes
 
 
 # --- the disk refuses the write ----------------------------------------------------------
-
-@pytest.fixture
-def log_stream():
-    buffer = io.StringIO()
-    logs.configure("json", "info", stream=buffer)
-    yield buffer
-    structlog.reset_defaults()
-
 
 async def test_disk_full_on_close_reports_failure_and_leaves_the_file_intact(tmp_path, monkeypatch, log_stream):
     journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)

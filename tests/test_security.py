@@ -9,7 +9,6 @@ every file the server wrote) for them.
 from __future__ import annotations
 
 import datetime as dt
-import io
 import json
 import re
 from pathlib import Path
@@ -20,7 +19,6 @@ import pytest
 import structlog
 import trio
 
-from voiceactors import logs
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.actors.tools import ToolExecutor
@@ -56,14 +54,6 @@ def journal(tmp_path: Path) -> Path:
     summary = next((journal / "chronicle" / OLD_DAY.replace("-", "")).rglob("summary.md"))
     summary.write_text(summary.read_text() + f"\n{MARKER}\n")
     return journal
-
-
-@pytest.fixture
-def log_stream():
-    buffer = io.StringIO()
-    logs.configure("json", "debug", stream=buffer)
-    yield buffer
-    structlog.reset_defaults()
 
 
 # --- the token rule --------------------------------------------------------------------

@@ -37,9 +37,6 @@ import trio
 #: collections (one per ~7,000 net allocations), it is hours away.
 DEFERRED = 1_000_000
 
-_started: dict[int, float] = {}
-
-
 def freeze_startup_heap() -> int:
     """Collect once, then exclude every object alive now from later
     collections. Returns how many objects were frozen."""
@@ -53,13 +50,15 @@ def watch_pauses(record: Callable[[int, float], None]) -> Callable[[], None]:
     whichever thread triggered it; ``record`` must be cheap and thread-safe).
     Returns the function that stops watching."""
 
+    began: float | None = None   # collections never nest: one start at a time
+
     def callback(phase: str, info: dict[str, Any]) -> None:
+        nonlocal began
         if phase == "start":
-            _started[id(callback)] = time.perf_counter()
-            return
-        began = _started.pop(id(callback), None)
-        if began is not None:
+            began = time.perf_counter()
+        elif began is not None:
             record(int(info.get("generation", -1)), time.perf_counter() - began)
+            began = None
 
     gc.callbacks.append(callback)
     return lambda: gc.callbacks.remove(callback)

@@ -265,9 +265,10 @@ class ToolExecutor:
             return False
         return True
 
-    def _answer(self, req: ToolRequest, spec: ToolSpec, run: _Run, started: float, reused: bool = False) -> None:
-        """Reply from the executor's own task (a full reply channel is waited
-        for in a task of its own)."""
+    def _answer(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float,
+                reused: bool = False) -> None:
+        """Reply now, from whichever executor task has the answer; a full
+        (shared) reply channel is waited for in a task of its own."""
         result, run = self._result(req, spec, run, started)
         delivered = self._try_deliver(req, result)
         if delivered is None:
@@ -276,15 +277,11 @@ class ToolExecutor:
         else:
             self._reported(req, result, run, delivered, reused=reused)
 
-    def _land(self, key: tuple[str, str, str] | None, spec: ToolSpec | None, run: _Run | None,
-              shared: bool) -> None:
+    def _land(self, key: tuple[str, str, str], spec: ToolSpec | None, run: _Run | None, shared: bool) -> None:
         """The leading run of a flight ended: its waiters get its answer if
         it holds for them (it answered, and no write of ours overtook it),
         else each runs on its own (as a retry of itself)."""
-        flight = self._flights.pop(key, None) if key is not None else None
-        if flight is None:
-            return
-        for req, arrived in flight.waiters:
+        for req, arrived in self._flights.pop(key).waiters:
             if shared and run is not None and spec is not None:
                 self._answer(req, spec, run, arrived, reused=True)
             else:
@@ -306,10 +303,9 @@ class ToolExecutor:
         writes_before = self._writes_applied
         spec = lookup(req.name, self.registry)
         key = self._fresh_key(spec, req)
-        if key is not None and key not in self._flights:
+        leading = key is not None and key not in self._flights
+        if leading:
             self._flights[key] = _Flight(started)   # later requests for it wait (_answer_shared)
-        else:
-            key = None                              # not leading a flight
         run: _Run | None = None
         shared = False   # its answer holds for the requests that waited for it
         try:
@@ -319,7 +315,7 @@ class ToolExecutor:
                 run = _error(CANCELLED, "cancelled")
             elif writes_before == self._writes_applied and run.outcome in ("ok", "error"):
                 shared = True
-                self._keep(key or self._fresh_key(spec, req), run, started)
+                self._keep(key, run, started)
         except trio.Cancelled:   # the executor itself is shutting down
             run = _error(CANCELLED, "cancelled")
             raise
@@ -329,9 +325,9 @@ class ToolExecutor:
             run = _error(FAILED, "failed")
         finally:
             self._forget(req, scope)
-            self._land(key, spec, run, shared)
-            with trio.CancelScope(shield=True):
-                await self._reply(req, spec, run or _error(FAILED, "failed"), started)
+            if leading:
+                self._land(key, spec, run, shared)
+            self._answer(req, spec, run or _error(FAILED, "failed"), started)
 
     async def _handle(self, req: ToolRequest, spec: ToolSpec | None) -> _Run:
         tool = spec.name if spec else str(req.name)
@@ -440,14 +436,6 @@ class ToolExecutor:
                            truncated=True, budgeted=True)
         turn.chars += len(run.output)
         return run
-
-    async def _reply(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> None:
-        result, run = self._result(req, spec, run, started)
-        delivered = self._try_deliver(req, result)
-        if delivered is None:
-            await self._deliver_late(req, result, run)
-        else:
-            self._reported(req, result, run, delivered)
 
     def _result(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> tuple[ToolResult, _Run]:
         run = self._spend(req, run)

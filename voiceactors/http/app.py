@@ -24,7 +24,8 @@ from quart import g, request
 from quart_trio import QuartTrio
 
 from voiceactors import metrics
-from voiceactors.http import auth, errors
+from voiceactors.http import auth, errors, hosts, ratelimit
+from voiceactors.http.asgi import ClosingHTTPConnection
 from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
@@ -71,6 +72,7 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
         stop.set()
         with trio.move_on_after(voice.settings.shutdown_deadline_s + SHUTDOWN_SLACK_S, shield=True):
             await done.wait()
+        await voice.openai_clients.aclose()
 
 
 def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
@@ -100,6 +102,15 @@ def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
         return response
 
 
+class VoiceApp(QuartTrio):
+    """QuartTrio whose connections let hypercorn close them and that answers
+    503 past ``max_requests_in_flight`` (``asgi.py``)."""
+
+    asgi_http_class = ClosingHTTPConnection
+    requests_in_flight = 0
+    max_requests_in_flight = 0          # 0: no cap (set from the settings)
+
+
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
     """The app for ``settings``. Serve it once (hypercorn or ``app.test_app()``).
 
@@ -110,7 +121,8 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     reason = auth.refusal(settings)
     if reason:
         raise auth.InsecureSettings(reason)
-    app = QuartTrio(__name__)
+    app = VoiceApp(__name__)
+    app.max_requests_in_flight = settings.max_requests_in_flight
     app.config.update(
         MAX_CONTENT_LENGTH=settings.body_limit,
         # The lifespan's shutdown runs under this deadline (quart-trio puts
@@ -124,7 +136,9 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     voice = VoiceState(settings=settings, brain_backend=brain_backend)
     app.extensions["voiceactors"] = voice
     _install_request_hooks(app, settings)
+    hosts.install(app, settings)          # first: a rebound page learns nothing, not even 401
     auth.install(app, settings)
+    ratelimit.install(app, settings)
     errors.install(app)
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)

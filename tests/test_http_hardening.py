@@ -377,3 +377,100 @@ async def test_the_client_table_is_bounded_and_closes_what_it_drops():
     assert all(client.is_closed() for client in seen[:3]) and not seen[4].is_closed()
     await clients.aclose()
     assert seen[4].is_closed()
+
+
+# --- 8. out of file descriptors, for real ---------------------------------------------------
+
+CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+from voiceactors.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+FD_LIMIT = 160
+
+
+def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
+    """A server child with ``RLIMIT_NOFILE`` = 160, the key only in the journal
+    config, and idle connections holding every descriptor: ``/connect`` answers
+    "could not read configuration" (it answered "key not configured"), trio's
+    accept retries are one rate-limited line (not a traceback ten times a
+    second), and once the idle clients go the server serves again."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    journal = write_sample_journal(tmp_path / "journal", days=1, today=DAY)
+    config_file = journal / "config" / "journal.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "voice": {"openai_api_key": KEY}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VOICEACTORS_", "OPENAI_"))}
+    # The idle clients must stay while the test runs; hypercorn also waits out
+    # this timeout before releasing a connection its client closed.
+    env["VOICEACTORS_KEEP_ALIVE_TIMEOUT"] = "10"
+    child = subprocess.Popen([sys.executable, "-c", CHILD.replace("FD_LIMIT", str(FD_LIMIT)), "serve", "--port", "0",
+                              "--journal", str(journal), "--state-dir", str(tmp_path / "state")],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    lines: list[str] = []
+    serving = threading.Event()
+
+    def pump() -> None:
+        for line in child.stderr:
+            lines.append(line)
+            if '"serving"' in line:
+                serving.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    held: list[socket.socket] = []
+    try:
+        assert serving.wait(60), "".join(lines)[-2000:]
+        port = int(json.loads(next(line for line in lines if '"serving"' in line))["urls"][0].rsplit(":", 1)[1])
+        host = f"127.0.0.1:{port}"
+
+        def fds() -> int:
+            return len(os.listdir(f"/proc/{child.pid}/fd"))
+
+        asker = socket.create_connection(("127.0.0.1", port), timeout=10)
+        deadline = time.monotonic() + 30
+        while fds() < FD_LIMIT:              # every descriptor the child may open, taken by idle clients
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            time.sleep(0.01)
+            assert time.monotonic() < deadline, fds()
+        for _ in range(5):                   # a few more wait in the backlog: accept fails with EMFILE
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        time.sleep(1.5)
+        body = json.dumps({"call_id": "rtc_emfile"}).encode()
+        asker.sendall(f"POST /api/voice/connect HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        answer = b""
+        while chunk := asker.recv(65536):
+            answer += chunk
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), "".join(lines)[-6000:]
+        assert json.loads(payload) == {"error": "voice unavailable — could not read configuration"}
+        asker.close()
+        for sock in held:
+            sock.close()
+        held.clear()
+        with httpx.Client(timeout=5) as client:       # the server recovers
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if client.get(f"http://{host}/api/voice/status").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, (fds(), "".join(lines)[-3000:])
+                time.sleep(0.2)
+    finally:
+        for sock in held:
+            sock.close()
+        child.terminate()
+        child.wait(timeout=30)
+    text = "".join(lines)
+    accept_lines = [json.loads(line) for line in lines if '"accept_failed"' in line]
+    assert 1 <= len(accept_lines) <= 2, len(accept_lines)
+    assert accept_lines[0]["error"] == "Too many open files"
+    assert "Traceback" not in text and "could not read journal.json" in text

@@ -72,7 +72,46 @@ class _StructlogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         logger = get_logger(actor="hypercorn")
         method = getattr(logger, record.levelname.lower(), logger.info)
-        method(record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:
+            method(record.getMessage(), exc_info=record.exc_info)
+        else:
+            method(record.getMessage())
+
+
+class _AcceptErrorHandler(logging.Handler):
+    """trio's accept loop, out of file descriptors (EMFILE), logs an error
+    with a traceback every 0.1 s while it retries. Here it is one structured
+    warning at most every ``ACCEPT_LOG_EVERY_S``, with the number of retries
+    in between, and no traceback (the errno says it all)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: float | None = None
+        self._suppressed = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            now = trio.current_time()
+        except RuntimeError:        # outside a trio run: no clock to rate-limit by
+            now = None
+        if now is not None and self._last is not None and now - self._last < ACCEPT_LOG_EVERY_S:
+            self._suppressed += 1
+            return
+        self._last = now
+        error = record.exc_info[1] if record.exc_info else None
+        get_logger(actor="server").warning(
+            "accept_failed", errno=getattr(error, "errno", None), error=getattr(error, "strerror", None),
+            retries_since_last_line=self._suppressed)
+        self._suppressed = 0
+
+
+ACCEPT_LOG_EVERY_S = 10.0
+
+
+def _quiet_accept_errors() -> None:
+    logger = logging.getLogger("trio.serve_listeners")
+    logger.handlers = [_AcceptErrorHandler()]
+    logger.propagate = False
 
 
 def _hypercorn_logger() -> logging.Logger:
@@ -89,6 +128,7 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None          # the app logs each request itself, with its request id
     config.errorlog = _hypercorn_logger()
+    _quiet_accept_errors()
     config.graceful_timeout = GRACEFUL_S
     config.shutdown_timeout = settings.shutdown_deadline_s + 5.0
     config.h11_max_incomplete_size = 16 * 1024

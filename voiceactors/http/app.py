@@ -14,6 +14,7 @@ and waits for it.
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401 - see below
 import re
 import uuid
 from typing import Any
@@ -31,6 +32,11 @@ from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
+
+# werkzeug encodes every request's Host with the idna codec. Loaded lazily, that
+# codec is a file to open on the first request: a server out of file
+# descriptors (EMFILE) would answer it with hypercorn's bare 500. Hence the
+# import above, at start-up.
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")

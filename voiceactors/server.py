@@ -78,6 +78,9 @@ class _StructlogHandler(logging.Handler):
             method(record.getMessage())
 
 
+ACCEPT_LOG_EVERY_S = 10.0
+
+
 class _AcceptErrorHandler(logging.Handler):
     """trio's accept loop, out of file descriptors (EMFILE), logs an error
     with a traceback every 0.1 s while it retries. Here it is one structured
@@ -105,9 +108,6 @@ class _AcceptErrorHandler(logging.Handler):
         self._suppressed = 0
 
 
-ACCEPT_LOG_EVERY_S = 10.0
-
-
 def _quiet_accept_errors() -> None:
     logger = logging.getLogger("trio.serve_listeners")
     logger.handlers = [_AcceptErrorHandler()]
@@ -128,7 +128,6 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config.bind = [f"{host}:{settings.port}"]
     config.accesslog = None          # the app logs each request itself, with its request id
     config.errorlog = _hypercorn_logger()
-    _quiet_accept_errors()
     config.graceful_timeout = GRACEFUL_S
     config.shutdown_timeout = settings.shutdown_deadline_s + 5.0
     config.h11_max_incomplete_size = 16 * 1024
@@ -155,6 +154,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
     so only the command asks for it."""
     app = create_app(settings, brain_backend=brain_backend)
     voice = voice_state(app)
+    _quiet_accept_errors()
 
     async def trigger() -> None:
         await shutdown_trigger()

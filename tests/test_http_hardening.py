@@ -323,6 +323,39 @@ async def test_past_the_in_flight_cap_requests_are_503_and_closed(journal, tmp_p
         stop.set()
 
 
+async def test_a_client_leaving_an_event_stream_still_ends_it(journal, tmp_path):
+    """The connection class lets a sent response finish; a stream whose client
+    goes away mid-response must still be cancelled (with a cap of one request
+    in flight, the next request is served only once the stream has ended)."""
+    sim = Simulator(None, api_key=KEY)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        settings = settings_for(journal, tmp_path, port=0, openai_base_url=sim.base_url, max_requests_in_flight=1,
+                                shutdown_deadline_s=3.0, close_deadline_s=1.0)
+        [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        port = int(base.rsplit(":", 1)[1])
+        sim.add_call("rtc_leaving")
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            assert (await client.post("/api/voice/connect", json={"call_id": "rtc_leaving"})).status_code == 200
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(f"GET /api/voice/events?call_id=rtc_leaving HTTP/1.1\r\n"
+                                  f"Host: 127.0.0.1:{port}\r\n\r\n".encode())
+            head = b""
+            with trio.fail_after(10):
+                while b"\r\n\r\n" not in head:
+                    head += await stream.receive_some(65536)
+            assert head.startswith(b"HTTP/1.1 200")
+            assert (await client.get("/api/voice/status")).status_code == 503      # the stream is in flight
+            await stream.aclose()
+            with trio.fail_after(10):
+                while (await client.get("/api/voice/status")).status_code != 200:
+                    await trio.sleep(0.05)
+        stop.set()
+        nursery.cancel_scope.cancel()
+
+
 # --- 8. an unreadable config is not "not configured" ---------------------------------------
 
 async def test_an_unreadable_config_is_503_could_not_read_not_key_not_configured(tmp_path):

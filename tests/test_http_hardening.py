@@ -423,6 +423,7 @@ sys.exit(main(sys.argv[1:]))
 FD_LIMIT = 160
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts the child's descriptors in /proc")
 def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     """A server child with ``RLIMIT_NOFILE`` = 160, the key only in the journal
     config, and idle connections holding every descriptor: ``/connect`` answers

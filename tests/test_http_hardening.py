@@ -91,6 +91,36 @@ async def test_configured_names_and_ports(journal, tmp_path):
             assert response.status_code == status, host
 
 
+def test_the_address_a_connection_arrived_at_is_one_of_our_names():
+    """Listening on all interfaces, a LAN client uses the machine's address:
+    an IP literal cannot be rebound, so the address the connection arrived at
+    passes (with its port), as plain IPv4 when it came IPv4-mapped."""
+    from voiceactors.http.hosts import HostPolicy
+
+    policy = HostPolicy.from_settings(Settings(journal=Path("j"), state_dir=Path("s"), host="::", api_token="t"))
+    assert policy.allows("192.168.1.20:8765", ("::ffff:192.168.1.20", 8765))
+    assert policy.allows("[fe80::1]:8765", ("fe80::1", 8765))
+    assert policy.allows("10.0.0.5:8765", ("10.0.0.5", 8765))
+    assert not policy.allows("10.0.0.6:8765", ("10.0.0.5", 8765))
+    assert not policy.allows("10.0.0.5:8766", ("10.0.0.5", 8765))
+    assert not policy.allows("box.lan:8765", ("10.0.0.5", 8765))
+    assert not policy.allows("[::]:8765", ("10.0.0.5", 8765))        # the wildcard is no name of ours
+    with pytest.raises(ValueError, match="allowed host"):
+        HostPolicy.from_settings(Settings(journal=Path("j"), state_dir=Path("s"), allowed_hosts=("a b",)))
+
+
+def test_serve_refuses_a_malformed_allowed_host(journal, tmp_path, capsys):
+    from voiceactors.cli import main
+    import structlog
+
+    try:
+        code = main(["serve", "--port", "0", "--journal", str(journal), "--state-dir", str(tmp_path / "state"),
+                     "--allowed-host", "voice.example.org/path"])
+    finally:
+        structlog.reset_defaults()
+    assert code == 2 and "allowed host is not a host name" in capsys.readouterr().err
+
+
 async def test_public_assets_are_exempt(journal, tmp_path):
     """``/static/`` (the console's assets) answers whatever the Host: there is
     no such route yet, so the answer is the app's 404, not the guard's 421."""
@@ -508,3 +538,14 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     assert 1 <= len(accept_lines) <= 2, len(accept_lines)
     assert accept_lines[0]["error"] == "Too many open files"
     assert "Traceback" not in text and "could not read journal.json" in text
+
+
+def test_the_new_settings_come_from_the_environment():
+    settings = Settings.from_env({"VOICEACTORS_ALLOWED_HOSTS": " voice.example.org, lan-box:8443 ,,",
+                                  "VOICEACTORS_RATE_LIMIT_BURST": "5", "VOICEACTORS_RATE_LIMIT_PER_S": "0",
+                                  "VOICEACTORS_KEEP_ALIVE_TIMEOUT": "7.5", "VOICEACTORS_MAX_REQUESTS_IN_FLIGHT": "64"})
+    assert settings.allowed_hosts == ("voice.example.org", "lan-box:8443")
+    assert (settings.rate_limit_burst, settings.rate_limit_per_s) == (5, 0.0)
+    assert (settings.keep_alive_timeout_s, settings.max_requests_in_flight) == (7.5, 64)
+    defaults = Settings.from_env({})
+    assert defaults.allowed_hosts == () and defaults.rate_limit_per_s > 0 and defaults.max_requests_in_flight > 0

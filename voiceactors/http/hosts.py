@@ -25,6 +25,7 @@ request's (allowed) ``Host``.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,18 +103,28 @@ class HostPolicy:
         name, port = parsed
         if (name, None) in self.configured or (name, port) in self.configured:
             return True
-        local_address, local_port = _server_address(server)
-        if name not in self.local_names and name != local_address:
+        local_addresses, local_port = _server_address(server)
+        if name not in self.local_names and name not in local_addresses:
             return False
         if local_port is None:
             return True
         return (port if port is not None else DEFAULT_HTTP_PORT) == local_port
 
 
-def _server_address(server: Any) -> tuple[str | None, int | None]:
-    if isinstance(server, (tuple, list)) and len(server) >= 2 and isinstance(server[1], int):
-        return _bracketed(str(server[0])), server[1]
-    return None, None
+def _server_address(server: Any) -> tuple[frozenset[str], int | None]:
+    """The Host spellings of the address a connection arrived at (an
+    IPv4-mapped IPv6 address also as plain IPv4), and its port."""
+    if not (isinstance(server, (tuple, list)) and len(server) >= 2 and isinstance(server[1], int)):
+        return frozenset(), None
+    address = str(server[0])
+    names = {_bracketed(address)}
+    try:
+        mapped = getattr(ipaddress.ip_address(address), "ipv4_mapped", None)
+    except ValueError:
+        mapped = None
+    if mapped is not None:
+        names.add(str(mapped))
+    return frozenset(names), server[1]
 
 
 def own_origin(origin: str, host_header: str) -> bool:

@@ -62,7 +62,10 @@ def server(tmp_path_factory) -> Iterator[dict[str, Any]]:
             await nursery.start(sim.serve, 0)
             settings = Settings(journal=journal, state_dir=tmp / "state", port=0, openai_api_key_env=KEY,
                                 openai_base_url=sim.base_url, mint_timeout_s=3.0, brain_ready_wait_s=5.0,
-                                shutdown_deadline_s=3.0, close_deadline_s=1.0, body_limit=BODY_LIMIT)
+                                shutdown_deadline_s=3.0, close_deadline_s=1.0, body_limit=BODY_LIMIT,
+                                # thousands of POSTs from one client: the rate limit is
+                                # tests/test_http_hardening.py's subject, not this module's
+                                rate_limit_per_s=0)
 
             async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
                 await run_server(settings, shutdown_trigger=stop.wait, task_status=task_status)
@@ -256,8 +259,8 @@ def test_a_declared_huge_length_is_refused_before_the_body_is_read(server):
     """``Content-Length: 10 GB`` and no body: refused at once, 413 JSON, connection closed."""
     host, port = server["base"].removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(b"POST /api/voice/connect HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 10000000000\r\n\r\n")
+        sock.sendall(f"POST /api/voice/connect HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+                     + b"Content-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n")
         data = b""
         while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
             chunk = sock.recv(65536)

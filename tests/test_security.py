@@ -265,3 +265,120 @@ async def test_path_like_arguments_get_clean_errors_and_touch_nothing_outside(tm
     for bad in NASTY:
         path = record_path(state, bad).resolve()
         assert state.resolve() in path.parents
+
+
+# --- loopback by address, not spelling (issue 11, item 3) ------------------------------------
+
+@pytest.mark.parametrize("host", ["127.evil.example", "127.0.0.1.evil.example", "localhost.evil.example",
+                                  "127.1", "::ffff:10.0.0.1", "0.0.0.0", "::"])
+def test_a_name_that_looks_loopback_is_not_loopback(journal, tmp_path, host):
+    settings = Settings(journal=journal, state_dir=tmp_path / "state", host=host)
+    assert not settings.loopback
+    with pytest.raises(InsecureSettings, match="VOICEACTORS_API_TOKEN"):
+        create_app(settings)
+
+
+def test_serve_on_a_loopback_looking_name_without_token_exits_2(journal, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("VOICEACTORS_API_TOKEN", raising=False)
+    try:
+        code = main(["serve", "--host", "127.evil.example", "--port", "0", "--journal", str(journal),
+                     "--state-dir", str(tmp_path / "state")])
+    finally:
+        structlog.reset_defaults()
+    assert code == 2 and "refusing to listen on 127.evil.example" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "127.255.255.254", "::1", "[::1]", "localhost",
+                                  "::ffff:127.0.0.1"])
+def test_loopback_addresses_need_no_token(journal, tmp_path, host):
+    settings = Settings(journal=journal, state_dir=tmp_path / "state", host=host)
+    assert settings.loopback
+    create_app(settings)
+
+
+# --- the scrubber keys on secrets, not on the word -------------------------------------------
+
+def test_the_scrubber_hides_every_secret_field_and_value():
+    from voiceactors.logs import scrub
+
+    line = {
+        "api_token": TOKEN, "openai_api_key": OPENAI_KEY, "Authorization": f"Bearer {TOKEN}",
+        "ephemeral_key": "ek_abcdef123456", "client_secret": {"value": "ek_abcdef123456"},
+        "token": "plain-token-value", "password": "hunter2", "X-Api-Key": "k-123", "refresh_token": "r-1",
+        "openai_api_key_env": OPENAI_KEY, "cookie": "session=abc",
+        "detail": f"upstream said: invalid key {OPENAI_KEY} for Bearer {TOKEN}",
+        "nested": {"headers": {"authorization": "Basic dXNlcjpwYXNz"}}, "list": [f"key {JOURNAL_KEY}"],
+    }
+    text = json.dumps(scrub(line))
+    assert not [s for s in (TOKEN, OPENAI_KEY, JOURNAL_KEY, "ek_abcdef", "plain-token-value", "hunter2",
+                            "k-123", "r-1", "session=abc", "dXNlcjpwYXNz") if s in text], text
+
+
+def test_the_scrubber_prints_fields_that_only_mention_a_secret():
+    from voiceactors.logs import scrub
+
+    line = {"token_required": True, "input_tokens": 812, "output_tokens": 40, "api_token": False,
+            "openai_configured": True, "secret_count": 0, "tokens_per_s": 1.5, "ephemeral_key": None,
+            "keys": ["a", "b"], "key_source": "journal", "reason": "no_api_key"}
+    assert scrub(line) == line
+
+
+async def test_the_serving_line_shows_whether_a_token_is_required(journal, tmp_path, log_stream):
+    for token, required in ((None, False), (TOKEN, True)):
+        settings = Settings(journal=journal, state_dir=tmp_path / f"state-{required}", port=0, api_token=token)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                               task_status=task_status))
+            stop.set()
+        serving = [json.loads(line) for line in log_stream.getvalue().splitlines() if '"serving"' in line]
+        assert serving[-1]["token_required"] is required
+    assert TOKEN not in log_stream.getvalue()
+
+
+# --- operator mistakes (issue 11, item 12) ------------------------------------------------------
+
+def test_serve_with_an_invalid_voiceactors_today_exits_2(journal, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VOICEACTORS_TODAY", "2026-02-30")
+    try:
+        code = main(["serve", "--port", "0", "--journal", str(journal), "--state-dir", str(tmp_path / "state")])
+    finally:
+        structlog.reset_defaults()
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "VOICEACTORS_TODAY" in err and "2026-02-30" in err and '"serving"' not in err
+
+
+def test_a_second_server_on_the_same_state_dir_refuses_to_start(journal, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VOICEACTORS_", "OPENAI_"))}
+    first = subprocess.Popen([sys.executable, "-m", "voiceactors.cli", "serve", "--port", "0", "--journal",
+                              str(journal), "--state-dir", str(state)],
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        for line in first.stderr:                   # wait until the first one serves
+            if '"serving"' in line:
+                break
+            assert time.monotonic() < deadline, "the first server did not start"
+        try:
+            code = main(["serve", "--port", "0", "--journal", str(journal), "--state-dir", str(state)])
+        finally:
+            structlog.reset_defaults()
+        assert code == 2
+        err = capsys.readouterr().err
+        assert f"another server is using the state folder {state}" in err and f"pid {first.pid}" in err
+        assert '"serving"' not in err
+    finally:
+        first.terminate()
+        assert first.wait(timeout=30) == 0
+    # the lock went with the first server: the folder is free again
+    from voiceactors.server import state_dir_lock
+
+    with state_dir_lock(state):
+        pass

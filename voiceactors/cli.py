@@ -28,6 +28,9 @@ def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir", help="state folder (default .state)")
     p.add_argument("--today", help="pin today to YYYY-MM-DD")
     p.add_argument("--log-format", choices=["json", "console"], help="log line format (default json)")
+    p.add_argument("--allowed-host", action="append", metavar="NAME[:PORT]",
+                   help="another Host name this server answers to (repeatable; "
+                        "default: loopback names and the listen address; $VOICEACTORS_ALLOWED_HOSTS)")
 
 
 def build_parser() -> argparse.ArgumentParser:

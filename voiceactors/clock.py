@@ -34,6 +34,17 @@ def pin(day: _dt.date | str | None) -> None:
     _pinned = parse_day(day) if isinstance(day, str) else day
 
 
+def check_env() -> None:
+    """ValueError when ``VOICEACTORS_TODAY`` is set but is not a day: the
+    server must refuse to start, not start with a brain that never gets ready."""
+    env = os.environ.get(_ENV, "").strip()
+    if env:
+        try:
+            parse_day(env)
+        except ValueError as error:
+            raise ValueError(f"{_ENV}: {error} (use YYYY-MM-DD)") from None
+
+
 def today() -> _dt.date:
     """Today: the pinned day, else ``VOICEACTORS_TODAY``, else the local date."""
     if _pinned is not None:

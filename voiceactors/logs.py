@@ -2,8 +2,13 @@
 
 Every actor binds its identity (``actor``, ``call_id``, ...) with
 ``get_logger(actor="call", call_id=...)``. A processor replaces any value that
-looks like a key (``sk-...``, ``ek_...``, bearer tokens) and any field whose
-name marks it as secret, so a careless call site cannot leak one.
+looks like a key (``sk-...``, ``ek_...``, bearer tokens), every configured
+secret registered with ``register_secret``, and the value of any field that
+holds a secret (``api_token``, ``openai_api_key``, ``authorization``,
+``ephemeral_key``, ``client_secret``, ... — by exact name or a ``_token`` /
+``_secret`` / ``_api_key`` / ``_password`` suffix), so a careless call site
+cannot leak one. A field that only mentions the word (``token_required``,
+``input_tokens``) or holds a flag (``api_token: true``) is printed.
 """
 
 from __future__ import annotations
@@ -15,7 +20,12 @@ from typing import Any, TextIO
 
 import structlog
 
-_SECRET_FIELD = re.compile(r"(api_key|apikey|secret|token|password|authorization|ephemeral_key)", re.I)
+_SECRET_FIELDS = frozenset({
+    "api_key", "apikey", "api_token", "token", "access_token", "refresh_token", "openai_api_key",
+    "openai_api_key_env", "authorization", "proxy_authorization", "ephemeral_key", "client_secret",
+    "secret", "password", "cookie", "set_cookie", "bearer",
+})
+_SECRET_SUFFIXES = ("_api_key", "_token", "_secret", "_password")
 _SECRET_VALUE = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|ek_[A-Za-z0-9_\-]{4,}|Bearer\s+\S+)")
 _extra_secrets: set[str] = set()
 
@@ -26,6 +36,18 @@ def register_secret(value: str | None) -> None:
         _extra_secrets.add(value)
 
 
+def is_secret_field(name: Any) -> bool:
+    """True when a field called ``name`` holds a secret (not merely names one)."""
+    key = str(name).strip().lower().replace("-", "_")
+    return key in _SECRET_FIELDS or key.endswith(_SECRET_SUFFIXES)
+
+
+def _scrub_field(name: Any, value: Any) -> Any:
+    if is_secret_field(name) and value is not None and not isinstance(value, bool):
+        return "[redacted]"
+    return scrub(value)
+
+
 def scrub(value: Any) -> Any:
     if isinstance(value, str):
         for secret in _extra_secrets:
@@ -33,7 +55,7 @@ def scrub(value: Any) -> Any:
                 value = value.replace(secret, "[redacted]")
         return _SECRET_VALUE.sub("[redacted]", value)
     if isinstance(value, dict):
-        return {k: ("[redacted]" if _SECRET_FIELD.search(str(k)) else scrub(v)) for k, v in value.items()}
+        return {k: _scrub_field(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [scrub(v) for v in value]
     return value

@@ -67,6 +67,9 @@ class Metrics:
                                "Age of the brain's instruction (NaN before the first one).", registry=r)
         self.http_requests = Counter(f"{PREFIX}_http_requests", "HTTP requests, by route and status.",
                                      ["route", "status"], registry=r)
+        self.openai_clients = Counter(f"{PREFIX}_openai_clients_created",
+                                      "OpenAI SDK clients built for minting (one per key and base URL).",
+                                      registry=r)
         self._tools: set[str] = set()
         self._lock = threading.Lock()   # tool label set: recorded from worker threads too
         self._refreshed_at: float | None = None
@@ -192,6 +195,10 @@ def set_brain_refreshed_at(refreshed_at: float | None) -> None:
 
 def http_request(route: str, status: int) -> None:
     METRICS.http_request(route, status)
+
+
+def openai_client_created() -> None:
+    METRICS.openai_clients.inc()
 
 
 def render() -> tuple[bytes, str]:

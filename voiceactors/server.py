@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import logging
+import os
 import signal
 import sys
 import tempfile
@@ -30,7 +32,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from voiceactors import clock, gc_policy, logs, metrics
-from voiceactors.http import auth, create_app, voice_state
+from voiceactors.http import auth, create_app, hosts, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -57,6 +59,7 @@ def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
         state_dir=path(getattr(args, "state_dir", None)),
         log_format=getattr(args, "log_format", None),
         demo=bool(getattr(args, "demo", False)) or None,
+        allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()) or None,
         **extra,
     )
 
@@ -69,7 +72,46 @@ class _StructlogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         logger = get_logger(actor="hypercorn")
         method = getattr(logger, record.levelname.lower(), logger.info)
-        method(record.getMessage())
+        if record.exc_info and record.exc_info[1] is not None:
+            method(record.getMessage(), exc_info=record.exc_info)
+        else:
+            method(record.getMessage())
+
+
+ACCEPT_LOG_EVERY_S = 10.0
+
+
+class _AcceptErrorHandler(logging.Handler):
+    """trio's accept loop, out of file descriptors (EMFILE), logs an error
+    with a traceback every 0.1 s while it retries. Here it is one structured
+    warning at most every ``ACCEPT_LOG_EVERY_S``, with the number of retries
+    in between, and no traceback (the errno says it all)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: float | None = None
+        self._suppressed = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            now = trio.current_time()
+        except RuntimeError:        # outside a trio run: no clock to rate-limit by
+            now = None
+        if now is not None and self._last is not None and now - self._last < ACCEPT_LOG_EVERY_S:
+            self._suppressed += 1
+            return
+        self._last = now
+        error = record.exc_info[1] if record.exc_info else None
+        get_logger(actor="server").warning(
+            "accept_failed", errno=getattr(error, "errno", None), error=getattr(error, "strerror", None),
+            retries_since_last_line=self._suppressed)
+        self._suppressed = 0
+
+
+def _quiet_accept_errors() -> None:
+    logger = logging.getLogger("trio.serve_listeners")
+    logger.handlers = [_AcceptErrorHandler()]
+    logger.propagate = False
 
 
 def _hypercorn_logger() -> logging.Logger:
@@ -89,6 +131,7 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config.graceful_timeout = GRACEFUL_S
     config.shutdown_timeout = settings.shutdown_deadline_s + 5.0
     config.h11_max_incomplete_size = 16 * 1024
+    config.keep_alive_timeout = settings.keep_alive_timeout_s
     return config
 
 
@@ -111,6 +154,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
     so only the command asks for it."""
     app = create_app(settings, brain_backend=brain_backend)
     voice = voice_state(app)
+    _quiet_accept_errors()
 
     async def trigger() -> None:
         await shutdown_trigger()
@@ -141,6 +185,39 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
                   demo=settings.demo, token_required=auth.token_required(settings))
         task_status.started(binds)
     _log.info("stopped", served_s=round(trio.current_time() - started, 1))
+
+
+# --- one server per state directory -----------------------------------------------
+
+LOCK_FILE = "server.lock"
+
+
+class StateDirInUse(RuntimeError):
+    """Another server holds the state directory's lock."""
+
+
+@contextlib.contextmanager
+def state_dir_lock(state_dir: Path) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on ``<state_dir>/server.lock`` for the
+    block: two servers writing one state dir (call records, the brain's
+    cache, the search index) would corrupt each other. The lock goes with
+    the process, however it ends. Raises StateDirInUse when it is held."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise StateDirInUse(f"another server is using the state folder {state_dir} (pid {holder}); "
+                                "stop it or choose another --state-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield path
+    finally:
+        os.close(fd)          # releases the lock
 
 
 # --- demo mode ------------------------------------------------------------------
@@ -201,6 +278,8 @@ def prepare(args: argparse.Namespace) -> Settings | int:
     """Settings, today's pin and logging for a command; an exit code on a usage error."""
     try:
         settings = settings_from_args(args)
+        hosts.HostPolicy.from_settings(settings)       # a malformed --allowed-host is a usage error
+        clock.check_env()
         if getattr(args, "today", None):
             clock.pin(args.today)
     except ValueError as error:
@@ -212,7 +291,8 @@ def prepare(args: argparse.Namespace) -> Settings | int:
 
 def cli_serve(args: argparse.Namespace) -> int:
     """``voiceactors serve``: exit 0 after a signalled shutdown, 2 on a usage
-    error or an insecure address without a token."""
+    error, an insecure address without a token or a state folder another
+    server holds."""
     prepared = prepare(args)
     if isinstance(prepared, int):
         return prepared
@@ -228,10 +308,15 @@ def cli_serve(args: argparse.Namespace) -> int:
     gc_policy.watch_pauses(metrics.gc_pause)
     try:
         if settings.demo:
-            with demo_dirs(settings, bool(args.journal), bool(args.state_dir)) as demo_settings:
+            with demo_dirs(settings, bool(args.journal), bool(args.state_dir)) as demo_settings, \
+                    state_dir_lock(demo_settings.state_dir):
                 trio.run(partial(_serve_main, demo_settings, True))
         else:
-            trio.run(partial(_serve_main, settings, False))
+            with state_dir_lock(settings.state_dir):
+                trio.run(partial(_serve_main, settings, False))
+    except StateDirInUse as error:
+        print(f"voiceactors: {error}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         # a second Ctrl-C during the graceful shutdown
         print("voiceactors: interrupted during shutdown", file=sys.stderr)

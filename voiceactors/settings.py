@@ -8,6 +8,7 @@ without a restart; everything here is fixed for the life of the process.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,25 @@ def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     return int(raw) if raw else default
+
+
+def _env_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` (a listen address) is loopback: an IP literal in 127.0.0.0/8 or
+    ``::1`` (also IPv4-mapped), or the name ``localhost``. Any other name is
+    not, whatever it resolves to today."""
+    text = host.strip().strip("[]")
+    if text.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 @dataclass(frozen=True)
@@ -76,9 +96,22 @@ class Settings:
     body_limit: int = 64 * 1024
     mint_timeout_s: float = 15.0
 
+    # --- hardening (issue 11): who may call, how often, how long a connection lives ---
+    allowed_hosts: tuple[str, ...] = ()     # VOICEACTORS_ALLOWED_HOSTS / --allowed-host: more names of ours
+    rate_limit_burst: int = 20              # VOICEACTORS_RATE_LIMIT_BURST: POSTs a client may send at once
+    rate_limit_per_s: float = 0.5           # VOICEACTORS_RATE_LIMIT_PER_S: refill; 0 = no limit
+    rate_limit_clients: int = 4096          # buckets kept (least recently used dropped first)
+    keep_alive_timeout_s: float = 5.0       # VOICEACTORS_KEEP_ALIVE_TIMEOUT: an idle connection is closed
+    max_requests_in_flight: int = 512       # VOICEACTORS_MAX_REQUESTS_IN_FLIGHT: more answer 503
+    openai_clients: int = 8                 # shared OpenAI clients kept, one per (key, base URL)
+    # --- end hardening ---
+
     @property
     def loopback(self) -> bool:
-        return self.host in {"127.0.0.1", "localhost", "::1"} or self.host.startswith("127.")
+        """True when the listen address is a loopback address. Decided by the
+        address, never the spelling (``127.evil.example`` is a name, not
+        loopback); of names only ``localhost`` counts."""
+        return is_loopback_host(self.host)
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
@@ -109,6 +142,12 @@ class Settings:
             "call_idle_timeout_s": _env_float(env, "VOICEACTORS_CALL_IDLE_TIMEOUT", 600.0),
             "call_max_duration_s": _env_float(env, "VOICEACTORS_CALL_MAX_DURATION", 3900.0),
             "claude_command": env.get("VOICEACTORS_CLAUDE_COMMAND") or "claude",
+            # hardening (issue 11)
+            "allowed_hosts": _env_list(env, "VOICEACTORS_ALLOWED_HOSTS"),
+            "rate_limit_burst": _env_int(env, "VOICEACTORS_RATE_LIMIT_BURST", 20),
+            "rate_limit_per_s": _env_float(env, "VOICEACTORS_RATE_LIMIT_PER_S", 0.5),
+            "keep_alive_timeout_s": _env_float(env, "VOICEACTORS_KEEP_ALIVE_TIMEOUT", 5.0),
+            "max_requests_in_flight": _env_int(env, "VOICEACTORS_MAX_REQUESTS_IN_FLIGHT", 512),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -14,6 +14,7 @@ and waits for it.
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401 - see below
 import re
 import uuid
 from typing import Any
@@ -24,12 +25,18 @@ from quart import g, request
 from quart_trio import QuartTrio
 
 from voiceactors import metrics
-from voiceactors.http import auth, errors
+from voiceactors.http import auth, errors, hosts, ratelimit
+from voiceactors.http.asgi import ClosingHTTPConnection
 from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
+
+# werkzeug encodes every request's Host with the idna codec. Loaded lazily, that
+# codec is a file to open on the first request: a server out of file
+# descriptors (EMFILE) would answer it with hypercorn's bare 500. Hence the
+# import above, at start-up.
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -71,6 +78,7 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
         stop.set()
         with trio.move_on_after(voice.settings.shutdown_deadline_s + SHUTDOWN_SLACK_S, shield=True):
             await done.wait()
+        await voice.openai_clients.aclose()
 
 
 def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
@@ -100,6 +108,15 @@ def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
         return response
 
 
+class VoiceApp(QuartTrio):
+    """QuartTrio whose connections let hypercorn close them and that answers
+    503 past ``max_requests_in_flight`` (``asgi.py``)."""
+
+    asgi_http_class = ClosingHTTPConnection
+    requests_in_flight = 0
+    max_requests_in_flight = 0          # 0: no cap (set from the settings)
+
+
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
     """The app for ``settings``. Serve it once (hypercorn or ``app.test_app()``).
 
@@ -110,7 +127,8 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     reason = auth.refusal(settings)
     if reason:
         raise auth.InsecureSettings(reason)
-    app = QuartTrio(__name__)
+    app = VoiceApp(__name__)
+    app.max_requests_in_flight = settings.max_requests_in_flight
     app.config.update(
         MAX_CONTENT_LENGTH=settings.body_limit,
         # The lifespan's shutdown runs under this deadline (quart-trio puts
@@ -124,7 +142,9 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     voice = VoiceState(settings=settings, brain_backend=brain_backend)
     app.extensions["voiceactors"] = voice
     _install_request_hooks(app, settings)
+    hosts.install(app, settings)          # first: a rebound page learns nothing, not even 401
     auth.install(app, settings)
+    ratelimit.install(app, settings)
     errors.install(app)
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)

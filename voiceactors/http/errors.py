@@ -29,6 +29,11 @@ UNAUTHORIZED = "unauthorized"
 TOO_LARGE = "request body too large"
 NOT_JSON_CONTENT = "content type must be application/json"
 CROSS_SITE = "cross-site request refused"
+HOST_NOT_ALLOWED = "host not allowed"
+ORIGIN_NOT_ALLOWED = "origin not allowed"
+RATE_LIMITED = "too many requests"
+CONFIG_UNREADABLE = "voice unavailable — could not read configuration"
+BUSY = "server busy"
 INTERNAL = "internal error"
 
 # werkzeug's titles ("Not Found") lower-cased, for the statuses we expect to see.
@@ -40,7 +45,10 @@ _STATUS_MESSAGES = {
     408: "request timeout",
     413: TOO_LARGE,
     415: "unsupported media type",
+    421: HOST_NOT_ALLOWED,
+    429: RATE_LIMITED,
     500: INTERNAL,
+    503: "service unavailable",
 }
 
 _log = get_logger(actor="http")
@@ -64,10 +72,10 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return response
 
 
-#: Answers given before the request body is read (the guards in app.py and
-#: auth.py): the rest of that body is still on the wire, so the connection
-#: cannot carry another request.
-REFUSED_UNREAD = frozenset({401, 403, 413, 415})
+#: Answers given before the request body is read (the guards in app.py,
+#: hosts.py, auth.py and ratelimit.py): the rest of that body is still on the
+#: wire, so the connection cannot carry another request.
+REFUSED_UNREAD = frozenset({401, 403, 413, 415, 421, 429})
 
 
 def _closing(response: Any) -> Any:

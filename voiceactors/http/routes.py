@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, AsyncIterator
 
-import openai
 import trio
 from quart import Blueprint, Response, current_app, jsonify, request
 
@@ -23,6 +22,7 @@ from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, CountC
                                          RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions, ask)
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
+from voiceactors.http.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 from voiceactors.storage import run_sync
@@ -33,7 +33,6 @@ PREVIEW_CHARS = 200
 QUICK_ASK_S = 5.0        # an actor answering a query (state, counts) replies at once
 SSE_KEEPALIVE_S = 15.0
 SSE_POLL_S = 0.5         # how often a stream looks at the shutdown flag
-MINT_RETRIES = 0         # the browser retries; a retry here doubles the worst-case wait
 
 _log = get_logger(actor="http")
 
@@ -44,12 +43,18 @@ metrics_bp = Blueprint("metrics", __name__)
 @dataclass
 class VoiceState:
     """What the routes share: the settings, the live runtime (None while not
-    serving, or after the runtime failed) and the shutdown flag streams watch."""
+    serving, or after the runtime failed), the shutdown flag streams watch and
+    the shared OpenAI clients mints use."""
 
     settings: Settings
     runtime: Any = None
     stopping: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
+    openai_clients: OpenAIClients | None = None
+
+    def __post_init__(self) -> None:
+        if self.openai_clients is None:
+            self.openai_clients = OpenAIClients(self.settings.openai_clients, self.settings.mint_timeout_s)
 
 
 def state() -> VoiceState:
@@ -86,8 +91,18 @@ def _call_id(value: Any) -> str:
     return value.strip()
 
 
+async def _read_config(read: Any, settings: Settings) -> Any:
+    """A journal-config value; an unreadable config (EMFILE, EACCES, EIO) is
+    503 "could not read configuration", never "not configured"."""
+    try:
+        return await run_sync(read, settings)
+    except config.ConfigUnreadable as error:
+        _log.error("config_unreadable", error=str(error)[:200])
+        raise ApiError(503, E.CONFIG_UNREADABLE) from None
+
+
 async def _openai_key(settings: Settings) -> str:
-    key = await run_sync(config.openai_api_key, settings)
+    key = await _read_config(config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
     return key
@@ -143,12 +158,12 @@ def session_config(settings: Settings, model: str, instruction: str) -> dict[str
     }
 
 
-async def mint_client_secret(settings: Settings, key: str, session: dict[str, Any]) -> str:
-    """POST ``/realtime/client_secrets``; the secret's value. Raises on any
-    failure (HTTP error, timeout, a response without a value)."""
+async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: str, session: dict[str, Any]) -> str:
+    """POST ``/realtime/client_secrets`` with the shared client for ``key``;
+    the secret's value. Raises on any failure (HTTP error, timeout, a
+    response without a value)."""
     with trio.fail_after(settings.mint_timeout_s + 1.0):
-        async with openai.AsyncOpenAI(api_key=key, base_url=settings.openai_base_url,
-                                      timeout=settings.mint_timeout_s, max_retries=MINT_RETRIES) as client:
+        async with clients.use(key, settings.openai_base_url) as client:
             secret = await client.realtime.client_secrets.create(session=session)
     value = getattr(secret, "value", None)
     if not isinstance(value, str) or not value:
@@ -158,14 +173,16 @@ async def mint_client_secret(settings: Settings, key: str, session: dict[str, An
 
 @bp.post("/session")
 async def create_session() -> Any:
-    settings = state().settings
+    voice = state()
+    settings = voice.settings
     await _json_object(required=False)
     key = await _openai_key(settings)
     instruction = await _instruction(settings, _runtime())
-    model = await run_sync(config.voice_model, settings)
+    model = await _read_config(config.voice_model, settings)
     started = trio.current_time()
     try:
-        value = await mint_client_secret(settings, key, session_config(settings, model, instruction))
+        value = await mint_client_secret(settings, voice.openai_clients, key,
+                                         session_config(settings, model, instruction))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
         _log.error("session_mint_failed", error_type=type(error).__name__,
                    status=getattr(error, "status_code", None), detail=str(error)[:300],

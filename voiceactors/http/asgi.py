@@ -1,0 +1,82 @@
+"""The app's HTTP connection class: quart-trio's, minus one self-cancellation.
+
+Why this exists: quart-trio runs each request as two tasks in one nursery,
+one reading ASGI messages and one handling the request, and cancels the
+nursery as soon as the reader sees ``http.disconnect``. Hypercorn finishes a
+response *inside the app's own* ``send`` call: the last body message makes it
+end the stream, queue ``http.disconnect`` for the app, and — for
+``Connection: close``, HTTP/1.0 or a refusal — close the socket, or else arm
+the keep-alive idle timer. The reader then wakes and cancels the nursery,
+and the cancellation lands on the handler task while it is still inside
+hypercorn's close (``send_eof`` checkpoints before shutting the socket down)
+or before the idle timer is armed. So no connection was ever closed by the
+server. A bare hypercorn ASGI app does not cancel itself, which is why it
+closes.
+
+Here, once the last body message has been handed to the server, a disconnect
+no longer cancels the handler: it is finishing on its own (and cancels the
+nursery itself when done, as quart-trio's handler does). A disconnect before
+that still cancels the handler, so a client that goes away mid-request (an
+event stream) still ends it.
+
+It also caps the requests in flight (``app.max_requests_in_flight``): past
+it a request is answered ``503 {"error": "server busy"}`` with
+``Connection: close`` before the app sees it. With connections now closed
+after ``Connection: close`` and after the keep-alive idle timeout, that
+bounds what the server holds open for clients that are doing something.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import trio
+from quart.asgi import ASGIHTTPConnection
+from quart_trio.asgi import TrioASGIHTTPConnection
+
+from voiceactors import metrics
+from voiceactors.http.errors import BUSY
+
+_BUSY_BODY = json.dumps({"error": BUSY}).encode("utf-8")
+
+
+def _is_last_body(message: Any) -> bool:
+    return message.get("type") == "http.response.body" and not message.get("more_body", False)
+
+
+class ClosingHTTPConnection(TrioASGIHTTPConnection):
+    """quart-trio's HTTP connection, letting the server finish a sent response."""
+
+    _response_handed_over = False
+
+    async def __call__(self, receive: Any, send: Any) -> None:
+        app: Any = self.app
+        cap = getattr(app, "max_requests_in_flight", 0)
+        if cap and app.requests_in_flight >= cap:
+            await _answer_busy(send)
+            return
+
+        async def send_marking_the_end(message: Any) -> None:
+            if _is_last_body(message):
+                self._response_handed_over = True
+            await send(message)
+
+        app.requests_in_flight = getattr(app, "requests_in_flight", 0) + 1
+        try:
+            await super().__call__(receive, send_marking_the_end)
+        finally:
+            app.requests_in_flight -= 1
+
+    async def handle_messages(self, nursery: trio.Nursery, request: Any, receive: Any) -> None:  # type: ignore[override]
+        await ASGIHTTPConnection.handle_messages(self, request, receive)
+        if not self._response_handed_over:
+            nursery.cancel_scope.cancel()
+
+
+async def _answer_busy(send: Any) -> None:
+    metrics.http_request("busy", 503)
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(_BUSY_BODY)).encode()),
+        (b"connection", b"close"), (b"retry-after", b"1"), (b"cache-control", b"no-store")]})
+    await send({"type": "http.response.body", "body": _BUSY_BODY, "more_body": False})

@@ -76,6 +76,10 @@ class Settings:
     body_limit: int = 64 * 1024
     mint_timeout_s: float = 15.0
 
+    # --- journal writes (issue 11, items 4-7) ---
+    journal_lock_timeout_s: float = 5.0     # a write waits this long for a day file's lock, then fails
+    # --- end journal writes ---
+
     @property
     def loopback(self) -> bool:
         return self.host in {"127.0.0.1", "localhost", "::1"} or self.host.startswith("127.")

@@ -50,7 +50,7 @@ _log = get_logger(actor="storage")
 _limiter: trio.CapacityLimiter | None = None
 _write_limiter: trio.CapacityLimiter | None = None
 THREADS = 16
-WRITE_THREADS = 8
+WRITE_THREADS = 32
 
 #: How long a write waits for a file lock unless told otherwise (seconds).
 DEFAULT_LOCK_TIMEOUT_S = 5.0
@@ -196,30 +196,30 @@ def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o666) -> Non
 # --- locks --------------------------------------------------------------------------
 
 def _clock() -> tuple[Callable[[], float], Callable[[float], None]]:
-    """``(now, sleep)`` for lock polling: trio's clock when called from a trio
-    worker thread (so tests' autojump clocks drive the wait and no real time
-    passes), the monotonic clock otherwise."""
+    """``(now, sleep_until)`` for lock polling: trio's clock when called from a
+    trio worker thread (so tests' autojump clocks drive the wait and no real
+    time passes), the monotonic clock otherwise."""
     try:
         trio.from_thread.run_sync(trio.current_time)
     except RuntimeError:        # not a trio worker thread (or trio is gone)
-        return time.monotonic, time.sleep
+        return time.monotonic, lambda at: time.sleep(max(0.0, at - time.monotonic()))
 
     def now() -> float:
         return trio.from_thread.run_sync(trio.current_time)
 
-    def sleep(seconds: float) -> None:
-        trio.from_thread.run(trio.sleep, seconds)
+    def sleep_until(at: float) -> None:
+        trio.from_thread.run(trio.sleep_until, at)
 
-    return now, sleep
+    return now, sleep_until
 
 
 def _lock_within(fd: int, lock_path: Path, timeout_s: float | None) -> None:
     if timeout_s is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
-    now = sleep = None
+    now = sleep_until = None
     delay = LOCK_POLL_MIN_S
-    deadline = None
+    deadline = math.inf
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -227,14 +227,16 @@ def _lock_within(fd: int, lock_path: Path, timeout_s: float | None) -> None:
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-        if now is None:
-            now, sleep = _clock()
-            deadline = now() + timeout_s
         try:
-            left = deadline - now()
-            if left <= 0:
+            if now is None:
+                now, sleep_until = _clock()
+                deadline = now() + timeout_s
+            at = now()
+            if at >= deadline:
                 raise LockTimeout(lock_path, timeout_s)
-            sleep(min(delay, left))
+            # Wake on a grid of ``delay`` (not ``delay`` from now): waiters at
+            # the same backoff step wake together, one clock jump for all.
+            sleep_until(min(deadline, (math.floor(at / delay) + 1) * delay))
         except (RuntimeError, trio.Cancelled):   # trio ended under us: give up, nothing done
             raise LockTimeout(lock_path, timeout_s) from None
         delay = min(delay * 2, LOCK_POLL_MAX_S)

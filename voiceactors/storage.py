@@ -165,10 +165,10 @@ def _keep_owner_and_mode(fd: int, old: os.stat_result) -> None:
     os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
 
-def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o666) -> None:
+def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` atomically and durably. An existing file's
     mode (and owner, where permitted) is kept; a new file gets ``new_mode``
-    less the umask, as ``open()`` would give it."""
+    less the umask (0600 by default, what ``tempfile.mkstemp`` gave before)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data

@@ -78,5 +78,5 @@ def apply_once(state_dir: Path, tool_call_id: str, apply: Callable[[], dict[str,
         record = dict(apply())
         record.setdefault("tool_call_id", tool_call_id)
         record.setdefault("recorded_at", clock.now_utc().isoformat())
-        storage.atomic_write(path, json.dumps(record, ensure_ascii=False, sort_keys=True), new_mode=0o600)
+        storage.atomic_write(path, json.dumps(record, ensure_ascii=False, sort_keys=True))
         return record, False

@@ -246,3 +246,20 @@ def test_a_temp_file_left_by_a_kill_mid_rewrite_is_swept_and_foreign_files_are_n
     assert {p: p.read_bytes() for p in foreign} == foreign       # untouched
     assert len(close_edits(path, item.id)) == 1
     assert not [p for p in path.parent.iterdir() if storage.is_our_temp(p.name, path.name)]
+
+
+def test_a_write_log_temp_file_left_by_a_kill_is_swept_under_that_ids_lock(tmp_path):
+    from voiceactors.actors import write_log
+
+    state = tmp_path / "state"
+    record = write_log.record_path(state, "call_killed")
+    record.parent.mkdir(parents=True)
+    leftover = record.parent / f".{record.name}.voiceactors-00112233aabb.tmp"
+    leftover.write_text('{"output": "half')
+    other = write_log.record_path(state, "call_other")
+    not_this_ids = other.parent / f".{other.name}.voiceactors-00112233aabb.tmp"
+    not_this_ids.write_text("another id's")
+    out, replayed = write_log.apply_once(state, "call_killed", lambda: {"output": "{}", "outcome": "ok"})
+    assert not replayed and not leftover.exists() and not_this_ids.read_text() == "another id's"
+    assert write_log.load(state, "call_killed")["output"] == "{}"
+    assert stat.S_IMODE(os.stat(record).st_mode) == 0o600        # the write log stays private

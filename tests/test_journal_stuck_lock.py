@@ -84,6 +84,71 @@ async def without_clock_jumps(work) -> Any:
     return box["value"]
 
 
+async def exercise(app, test_app, settings, journal, stuck_item, stuck_path, other_item, before, holder):
+    """The test's body, inside the running app: returns the retry's two answers."""
+    client = test_app.test_client()
+    inbox = voice_state(app).runtime.tools
+    answered: list[tuple[float, Any]] = []
+    async with trio.open_nursery() as nursery:
+        started = trio.current_time()
+
+        async def stuck_write(n: int) -> None:
+            result = await tool(inbox, "commitments.complete",
+                                {"commitment_id": stuck_item.id, "resolution": "done"},
+                                f"call_stuck_{n}", f"rtc_stuck_{n}")
+            answered.append((trio.current_time() - started, result))
+
+        for n in range(STUCK):
+            nursery.start_soon(stuck_write, n)
+
+        async def the_others() -> dict[str, Any]:
+            with real_time_limit(30):
+                while storage.write_limiter().borrowed_tokens < STUCK:   # every stuck write is waiting
+                    await trio.sleep(0)
+                out = {
+                    "write": await tool(inbox, "commitments.complete",
+                                        {"commitment_id": other_item.id, "resolution": "sent"},
+                                        "call_other", "rtc_other"),
+                    "read": await tool(inbox, "commitments.list", {"state": "open"}, "call_read", "rtc_read"),
+                }
+                response = await client.get("/api/voice/status")
+                out["status"] = (response.status_code, await response.get_json())
+                record = CallRecord("rtc_record")
+                out["record"] = read_record(await record.write(settings.state_dir))
+                out["stuck_answered"] = list(answered)
+                out["elapsed"] = trio.current_time() - started
+                return out
+
+        others = await without_clock_jumps(the_others)
+
+    # everything else answered while every stuck write was still waiting
+    assert others["stuck_answered"] == [] and others["elapsed"] == 0
+    assert others["write"].outcome == "ok" and json.loads(others["write"].output)["ok"] is True
+    assert ledger.get_item(journal, other_item.id).state == "closed"
+    assert others["read"].outcome == "ok" and "commitments" in json.loads(others["read"].output)
+    assert others["status"][0] == 200 and others["status"][1]["openai_configured"] is True
+    assert [line["kind"] for line in others["record"]] == ["start"]
+
+    # each stuck write: a clear error once the bound has passed, nothing applied or recorded
+    assert len(answered) == STUCK
+    for elapsed, result in answered:
+        assert json.loads(result.output) == JOURNAL_BUSY and result.outcome == "busy"
+        assert BOUND_S <= elapsed <= BOUND_S + 0.3
+    assert stuck_path.read_bytes() == before
+    assert all(write_log.load(settings.state_dir, f"call_stuck_{n}") is None for n in range(STUCK))
+    assert ledger.get_item(journal, stuck_item.id).state == "open"
+
+    # the other writer lets go: the model's retry (same id) applies, once
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    await trio.to_thread.run_sync(holder.wait, 10)
+    retried = await tool(inbox, "commitments.complete",
+                         {"commitment_id": stuck_item.id, "resolution": "done"}, "call_stuck_0", "rtc_stuck_0")
+    again = await tool(inbox, "commitments.complete",
+                       {"commitment_id": stuck_item.id, "resolution": "done"}, "call_stuck_0", "rtc_stuck_0")
+    return retried, again
+
+
 async def test_a_stuck_day_file_lock_fails_its_writes_in_time_and_holds_up_nothing_else(tmp_path, settled_clock):
     journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
     items = ledger.list_items(journal, state="open", top=None)
@@ -95,74 +160,16 @@ async def test_a_stuck_day_file_lock_fails_its_writes_in_time_and_holds_up_nothi
                         openai_base_url="http://127.0.0.1:9/v1", journal_lock_timeout_s=BOUND_S)
     holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(stuck_path)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert (await trio.to_thread.run_sync(holder.stdout.readline)).strip() == "locked"
-        app = create_app(settings)
-        async with app.test_app() as test_app:
-            client = test_app.test_client()
-            inbox = voice_state(app).runtime.tools
-            answered: list[tuple[float, Any]] = []
-            async with trio.open_nursery() as nursery:
-                started = trio.current_time()
-
-                async def stuck_write(n: int) -> None:
-                    result = await tool(inbox, "commitments.complete",
-                                        {"commitment_id": stuck_item.id, "resolution": "done"},
-                                        f"call_stuck_{n}", f"rtc_stuck_{n}")
-                    answered.append((trio.current_time() - started, result))
-
-                for n in range(STUCK):
-                    nursery.start_soon(stuck_write, n)
-
-                async def the_others() -> dict[str, Any]:
-                    with real_time_limit(30):
-                        while storage.write_limiter().borrowed_tokens < STUCK:   # every stuck write is waiting
-                            await trio.sleep(0)
-                        out = {
-                            "write": await tool(inbox, "commitments.complete",
-                                                {"commitment_id": other_item.id, "resolution": "sent"},
-                                                "call_other", "rtc_other"),
-                            "read": await tool(inbox, "commitments.list", {"state": "open"}, "call_read", "rtc_read"),
-                        }
-                        response = await client.get("/api/voice/status")
-                        out["status"] = (response.status_code, await response.get_json())
-                        record = CallRecord("rtc_record")
-                        out["record"] = read_record(await record.write(settings.state_dir))
-                        out["stuck_answered"] = list(answered)
-                        out["elapsed"] = trio.current_time() - started
-                        return out
-
-                others = await without_clock_jumps(the_others)
-
-            # everything else answered while every stuck write was still waiting
-            assert others["stuck_answered"] == [] and others["elapsed"] == 0
-            assert others["write"].outcome == "ok" and json.loads(others["write"].output)["ok"] is True
-            assert ledger.get_item(journal, other_item.id).state == "closed"
-            assert others["read"].outcome == "ok" and "commitments" in json.loads(others["read"].output)
-            assert others["status"][0] == 200 and others["status"][1]["openai_configured"] is True
-            assert [line["kind"] for line in others["record"]] == ["start"]
-
-            # each stuck write: a clear error once the bound has passed, nothing applied or recorded
-            assert len(answered) == STUCK
-            for elapsed, result in answered:
-                assert json.loads(result.output) == JOURNAL_BUSY and result.outcome == "busy"
-                assert BOUND_S <= elapsed <= BOUND_S + 0.3
-            assert stuck_path.read_bytes() == before
-            assert all(write_log.load(settings.state_dir, f"call_stuck_{n}") is None for n in range(STUCK))
-            assert ledger.get_item(journal, stuck_item.id).state == "open"
-
-            # the other writer lets go: the model's retry (same id) applies, once
-            holder.stdin.write("\n")
-            holder.stdin.flush()
+    assert (await trio.to_thread.run_sync(holder.stdout.readline)).strip() == "locked"
+    app = create_app(settings)
+    async with app.test_app() as test_app:
+        try:
+            retried, again = await exercise(app, test_app, settings, journal, stuck_item, stuck_path,
+                                            other_item, before, holder)
+        finally:   # before the app's shutdown waits for writes: let stuck ones (old code: forever) go
+            if holder.poll() is None:
+                holder.kill()
             await trio.to_thread.run_sync(holder.wait, 10)
-            retried = await tool(inbox, "commitments.complete",
-                                 {"commitment_id": stuck_item.id, "resolution": "done"}, "call_stuck_0", "rtc_stuck_0")
-            again = await tool(inbox, "commitments.complete",
-                               {"commitment_id": stuck_item.id, "resolution": "done"}, "call_stuck_0", "rtc_stuck_0")
-        assert retried.outcome == "ok" and json.loads(retried.output)["commitment"]["state"] == "closed"
-        assert again.outcome == "replayed" and again.output == retried.output
-        assert len(close_edits(stuck_path, stuck_item.id)) == 1
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-        holder.wait(10)
+    assert retried.outcome == "ok" and json.loads(retried.output)["commitment"]["state"] == "closed"
+    assert again.outcome == "replayed" and again.output == retried.output
+    assert len(close_edits(stuck_path, stuck_item.id)) == 1

@@ -427,8 +427,7 @@ class ToolExecutor:
             return {"tool": spec.name, "call_id": req.call_id, "outcome": run.outcome,
                     "output": run.output, "client_events": list(run.client_events)}
 
-        return write_log.apply_once(self.ctx.state_dir, req.tool_call_id, apply,
-                                    lock_timeout_s=self.ctx.journal_lock_timeout_s)
+        return write_log.apply_once(self.ctx.state_dir, req.tool_call_id, apply)
 
     @staticmethod
     def _replayed(record: dict[str, Any]) -> _Run:

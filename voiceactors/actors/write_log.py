@@ -59,18 +59,22 @@ def load(state_dir: Path, tool_call_id: str) -> dict[str, Any] | None:
     return data
 
 
-def apply_once(state_dir: Path, tool_call_id: str, apply: Callable[[], dict[str, Any]], *,
-               lock_timeout_s: float | None = storage.DEFAULT_LOCK_TIMEOUT_S) -> tuple[dict[str, Any], bool]:
-    """Return ``(record, replayed)``. Under the id's lock (waited for at most
-    ``lock_timeout_s``, else ``storage.LockTimeout``): the existing record
+def apply_once(state_dir: Path, tool_call_id: str,
+               apply: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """Return ``(record, replayed)``. Under the id's lock: the existing record
     (``replayed=True``), else ``apply()``'s record, written durably
     (``storage.atomic_write``, mode 0600) before this returns. ``apply`` must
     return a JSON-serialisable dict with an ``output`` string; if it raises,
-    nothing is recorded and the exception propagates."""
+    nothing is recorded and the exception propagates.
+
+    The id's lock is waited for without a bound: only a run of the same id
+    holds it, and that run's own waits are bounded (the journal lock), so a
+    duplicate learns the first run's real outcome instead of a "busy" that
+    may be untrue."""
     folder = writes_dir(state_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = record_path(state_dir, tool_call_id)
-    with storage.file_lock(lock_path(state_dir, tool_call_id), lock_timeout_s):
+    with storage.file_lock(lock_path(state_dir, tool_call_id)):
         storage.sweep_temp_files(path)
         existing = load(state_dir, tool_call_id)
         if existing is not None:

@@ -31,8 +31,10 @@ that opened the item, through ``voiceactors.storage.update_jsonl`` (flock on
 ``<file>.lock``, temp file + fsync + ``os.replace``). Its effect is visible at
 once: it re-reads that one file and, as a close changes only the state of the
 item it names, patches that item in the cached derivation instead of
-rebuilding every item. It blocks; async callers run it with
-``storage.run_sync(..., cancellable=False)``.
+rebuilding every item. The edit is stamped after the item's latest close
+(``stamp_after``), and the file's lock is waited for at most
+``lock_timeout_s``. It blocks; the executor runs it in a write thread
+(``storage.run_in_write_slot``).
 """
 
 from __future__ import annotations

@@ -294,7 +294,8 @@ def dumps_line(row: Any) -> str:
 
 @dataclass
 class RawLine:
-    """A JSONL line that did not parse as a JSON object; written back verbatim."""
+    """A JSONL line that is blank or did not parse as a JSON object; written
+    back verbatim."""
 
     text: str
 
@@ -311,6 +312,7 @@ def _parse_rows(text: str) -> tuple[list[dict[str, Any] | RawLine], dict[int, tu
     for raw in lines:
         line = raw[:-1] if raw.endswith("\r") else raw
         if not line.strip():
+            rows.append(RawLine(raw))    # kept as it is: nothing but the change moves
             continue
         try:
             obj = loads_line(line)

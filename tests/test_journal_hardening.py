@@ -50,6 +50,8 @@ def first_open(journal: Path) -> ledger.LedgerItem:
 def close_edits(path: Path, item_id: str) -> list[dict]:
     out = []
     for line in storage.jsonl_lines(path.read_text(encoding="utf-8")):
+        if not line.strip():
+            continue
         for edit in storage.loads_line(line).get("edits") or []:
             if edit.get("fields") == ["ledger_close"] and edit["ledger_close"]["item_id"] == item_id:
                 out.append(edit)

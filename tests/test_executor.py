@@ -331,7 +331,7 @@ async def test_write_timeout_records_real_outcome(nursery, autojump_clock, journ
     gate.release.set()
     # the abandoned thread holds the write log lock until it has recorded
     def wait_for_record():
-        with storage.file_lock(write_log.writes_dir(state) / "writes"):
+        with storage.file_lock(write_log.lock_path(state, "call_w")):
             pass
     await trio.to_thread.run_sync(wait_for_record)
     again = await client.call("test.write", tool_call_id="call_w")

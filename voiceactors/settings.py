@@ -105,6 +105,9 @@ class Settings:
     max_requests_in_flight: int = 512       # VOICEACTORS_MAX_REQUESTS_IN_FLIGHT: more answer 503
     openai_clients: int = 8                 # shared OpenAI clients kept, one per (key, base URL)
     # --- end hardening ---
+    # --- journal writes (issue 11, items 4-7) ---
+    journal_lock_timeout_s: float = 5.0     # a write waits this long for a day file's lock, then fails
+    # --- end journal writes ---
 
     @property
     def loopback(self) -> bool:

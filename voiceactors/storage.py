@@ -1,33 +1,75 @@
 """The one way to write a file: atomically, under the shared lock, off the trio loop.
 
-* ``atomic_write`` — temp file in the same folder, fsync, ``os.replace``, fsync
-  the folder. A crash at any point leaves either the old or the new file.
+* ``atomic_write`` — a temp file of ours in the same folder (named
+  ``.<name>.voiceactors-<12 hex>.tmp``), fsync, ``os.replace``, fsync the
+  folder. A crash at any point leaves either the old or the new file (and, for
+  a kill midway, our temp file, which the next locked write of that file
+  sweeps). The new file keeps the old one's mode, and its owner where we may
+  set it.
 * ``update_jsonl`` — read-modify-write of a JSONL record file under an
   exclusive ``fcntl.flock`` on ``<file>.lock`` (the lock solstone's own writers
-  take), so two writers never lose each other's lines. Lines that do not parse
-  are kept verbatim: a write never drops what it did not understand.
+  take), so two writers never lose each other's lines. The lock is waited for
+  at most ``lock_timeout_s`` (``LockTimeout`` after it: nothing written).
+  Lines the change did not touch are written back byte for byte; lines that
+  do not parse are kept verbatim: a write never drops what it did not
+  understand.
+* ``jsonl_lines`` — the one way to split JSONL text into lines: at ``"\\n"``
+  only (``str.splitlines`` also splits at U+2028, U+2029, U+0085, ``\\v``,
+  ``\\f`` and ``\\x1c``-``\\x1e``, which a JSON string may hold).
 * ``append_lines`` / ``append_line`` — append a block of lines, one fsync (call records).
 * ``run_sync`` — run blocking file/SQLite work in a worker thread under one
-  shared ``CapacityLimiter`` so it never blocks the trio loop.
+  shared ``CapacityLimiter`` so it never blocks the trio loop. Journal writes
+  take ``write_limiter()`` instead, so a write stuck on a lock never holds a
+  thread that reads, key lookups or call records need.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
+import math
 import os
-import tempfile
+import re
+import secrets
+import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import trio
 
+from voiceactors.logs import get_logger
+
 T = TypeVar("T")
 
+_log = get_logger(actor="storage")
+
 _limiter: trio.CapacityLimiter | None = None
+_write_limiter: trio.CapacityLimiter | None = None
 THREADS = 16
+WRITE_THREADS = 32
+
+#: How long a write waits for a file lock unless told otherwise (seconds).
+DEFAULT_LOCK_TIMEOUT_S = 5.0
+#: Non-blocking lock attempts start this far apart and back off to ``LOCK_POLL_MAX_S``.
+LOCK_POLL_MIN_S = 0.005
+LOCK_POLL_MAX_S = 0.25
+
+#: What marks a temp file as ours: ``.<target name>.voiceactors-<12 hex>.tmp``.
+TEMP_MARK = ".voiceactors-"
+_TEMP_TAIL_RE = re.compile(r"^[0-9a-f]{12}\.tmp$")
+
+
+class LockTimeout(TimeoutError):
+    """A file lock was not free within the bound; nothing was written."""
+
+    def __init__(self, path: Path, timeout_s: float):
+        super().__init__(f"lock on {Path(path).name} not free within {timeout_s} s")
+        self.path = Path(path)
+        self.timeout_s = timeout_s
 
 
 def limiter() -> trio.CapacityLimiter:
@@ -38,10 +80,37 @@ def limiter() -> trio.CapacityLimiter:
     return _limiter
 
 
+def write_limiter() -> trio.CapacityLimiter:
+    """The limiter for journal writes, apart from ``limiter()``: a write that
+    waits on a lock holds one of these, never a slot reads need."""
+    global _write_limiter
+    if _write_limiter is None:
+        _write_limiter = trio.CapacityLimiter(WRITE_THREADS)
+    return _write_limiter
+
+
 async def run_sync(fn: Callable[..., T], *args: Any, cancellable: bool = True) -> T:
     """Run ``fn(*args)`` in a thread. ``cancellable=False`` for writes: a
     cancelled caller still waits for the write to finish (shield it as well)."""
     return await trio.to_thread.run_sync(fn, *args, limiter=limiter(), abandon_on_cancel=cancellable)
+
+
+async def run_in_write_slot(fn: Callable[..., T], *args: Any) -> T:
+    """Run ``fn(*args)`` in a thread for a caller that already holds a
+    ``write_limiter()`` token (it acquires and releases it itself, so that
+    waiting for the token stays cancellable while the run itself is shielded).
+    The thread is abandoned if the caller's own deadline passes."""
+    return await trio.to_thread.run_sync(fn, *args, limiter=_no_limit(), abandon_on_cancel=True)
+
+
+_unbounded: trio.CapacityLimiter | None = None
+
+
+def _no_limit() -> trio.CapacityLimiter:
+    global _unbounded
+    if _unbounded is None:
+        _unbounded = trio.CapacityLimiter(math.inf)
+    return _unbounded
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -53,14 +122,66 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably."""
+# --- temp files ---------------------------------------------------------------------
+
+def _temp_path(path: Path) -> Path:
+    return path.parent / f".{path.name}{TEMP_MARK}{secrets.token_hex(6)}.tmp"
+
+
+def is_our_temp(name: str, target: str) -> bool:
+    """Whether ``name`` is a temp file ``atomic_write`` made for ``target``."""
+    prefix = f".{target}{TEMP_MARK}"
+    return name.startswith(prefix) and bool(_TEMP_TAIL_RE.fullmatch(name[len(prefix):]))
+
+
+def sweep_temp_files(path: Path) -> list[str]:
+    """Remove our leftover temp files for ``path`` (a kill during a rewrite
+    leaves one). Call it only while holding the lock every writer of ``path``
+    takes: then no temp file of ours for it can be in use. Files that are not
+    ours are never touched. Returns the names removed."""
+    path = Path(path)
+    removed = []
+    try:
+        with os.scandir(path.parent) as entries:
+            names = [e.name for e in entries if is_our_temp(e.name, path.name)]
+    except OSError:
+        return removed
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path.parent / name)
+            removed.append(name)
+    if removed:
+        _log.warning("temp_files_swept", file=path.name, count=len(removed))
+    return removed
+
+
+def _keep_owner_and_mode(fd: int, old: os.stat_result) -> None:
+    """Give the new file the old one's owner (as root; else its group, when we
+    may) and mode. Owner first: ``chown`` may clear set-id bits."""
+    uid = old.st_uid if os.geteuid() == 0 else -1
+    if uid != -1 or old.st_gid != os.getegid():
+        with contextlib.suppress(PermissionError):
+            os.fchown(fd, uid, old.st_gid)
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+
+
+def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` atomically and durably. An existing file's
+    mode (and owner, where permitted) is kept; a new file gets ``new_mode``
+    less the umask (0600 by default, what ``tempfile.mkstemp`` gave before)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        old: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        old = None
+    tmp = _temp_path(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, new_mode)
     try:
         with os.fdopen(fd, "wb") as handle:
+            if old is not None:
+                _keep_owner_and_mode(handle.fileno(), old)
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
@@ -72,54 +193,183 @@ def atomic_write(path: Path, data: str | bytes) -> None:
     _fsync_dir(path.parent)
 
 
+# --- locks --------------------------------------------------------------------------
+
+def _clock() -> tuple[Callable[[], float], Callable[[float], None]]:
+    """``(now, sleep_until)`` for lock polling: trio's clock when called from a
+    trio worker thread (so tests' autojump clocks drive the wait and no real
+    time passes), the monotonic clock otherwise."""
+    try:
+        trio.from_thread.run_sync(trio.current_time)
+    except RuntimeError:        # not a trio worker thread (or trio is gone)
+        return time.monotonic, lambda at: time.sleep(max(0.0, at - time.monotonic()))
+
+    def now() -> float:
+        return trio.from_thread.run_sync(trio.current_time)
+
+    def sleep_until(at: float) -> None:
+        trio.from_thread.run(trio.sleep_until, at)
+
+    return now, sleep_until
+
+
+def _lock_within(fd: int, lock_path: Path, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    now = sleep_until = None
+    delay = LOCK_POLL_MIN_S
+    deadline = math.inf
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+        try:
+            if now is None:
+                now, sleep_until = _clock()
+                deadline = now() + timeout_s
+            at = now()
+            if at >= deadline:
+                raise LockTimeout(lock_path, timeout_s)
+            # Wake on a grid of ``delay`` (not ``delay`` from now): waiters at
+            # the same backoff step wake together, one clock jump for all.
+            sleep_until(min(deadline, (math.floor(at / delay) + 1) * delay))
+        except (RuntimeError, trio.Cancelled):   # trio ended under us: give up, nothing done
+            raise LockTimeout(lock_path, timeout_s) from None
+        delay = min(delay * 2, LOCK_POLL_MAX_S)
+
+
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Exclusive advisory lock on ``<path>.lock`` (blocking)."""
+def file_lock(path: Path, timeout_s: float | None = None) -> Iterator[None]:
+    """Exclusive advisory lock on ``<path>.lock``. ``timeout_s=None`` blocks
+    until it is free; otherwise ``LockTimeout`` once ``timeout_s`` has passed
+    (non-blocking attempts, backing off from 5 ms to 250 ms)."""
     lock_path = Path(f"{path}.lock")
     with open(lock_path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        _lock_within(handle.fileno(), lock_path, timeout_s)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+# --- JSONL --------------------------------------------------------------------------
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of JSONL text, split at ``"\\n"`` only, each without a
+    trailing ``"\\r"``. A last line without its newline is a line too."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def loads_line(line: str) -> Any:
+    """One JSONL line's value (``ValueError`` if it is not JSON). Control
+    characters inside strings are accepted: a reader should see the record."""
+    return json.loads(line, strict=False)
+
+
+def read_text_exact(path: Path, errors: str = "strict") -> str:
+    """A file's text with its line endings as they are (``Path.read_text``
+    turns a lone ``"\\r"`` into a line break)."""
+    return Path(path).read_bytes().decode("utf-8", errors)
+
+
+# Raw in a JSON string these are valid, but readers that split with
+# ``str.splitlines`` break lines at them: what we serialize carries them escaped.
+_LINE_BREAKERS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
+_LINE_BREAKERS_RE = re.compile("[\u2028\u2029\x85]")
+
+
+def dumps_line(row: Any) -> str:
+    """One JSONL line for ``row``: UTF-8 JSON, with the characters some readers
+    split lines at escaped (they can only occur inside strings)."""
+    text = json.dumps(row, ensure_ascii=False)
+    return _LINE_BREAKERS_RE.sub(lambda m: _LINE_BREAKERS[m.group()], text)
+
+
 @dataclass
 class RawLine:
-    """A JSONL line that did not parse as a JSON object; written back verbatim."""
+    """A JSONL line that is blank or did not parse as a JSON object; written
+    back verbatim."""
 
     text: str
 
 
-def parse_jsonl(text: str) -> list[dict[str, Any] | RawLine]:
+def _parse_rows(text: str) -> tuple[list[dict[str, Any] | RawLine], dict[int, tuple[Any, str]]]:
+    """The rows of a JSONL text, and for each parsed row (by ``id``) the row
+    and its line exactly as read (``"\\r"`` included), so an untouched row can
+    be written back byte for byte."""
     rows: list[dict[str, Any] | RawLine] = []
-    for line in text.splitlines():
+    read_as: dict[int, tuple[Any, str]] = {}
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    for raw in lines:
+        line = raw[:-1] if raw.endswith("\r") else raw
         if not line.strip():
+            rows.append(RawLine(raw))    # kept as it is: nothing but the change moves
             continue
         try:
-            obj = json.loads(line)
+            obj = loads_line(line)
         except ValueError:
-            rows.append(RawLine(line))
+            rows.append(RawLine(raw))
             continue
-        rows.append(obj if isinstance(obj, dict) else RawLine(line))
-    return rows
+        if isinstance(obj, dict):
+            rows.append(obj)
+            read_as[id(obj)] = (obj, raw)
+        else:
+            rows.append(RawLine(raw))
+    return rows, read_as
 
 
-def dump_jsonl(rows: list[dict[str, Any] | RawLine]) -> str:
-    out = [row.text if isinstance(row, RawLine) else json.dumps(row, ensure_ascii=False) for row in rows]
+def parse_jsonl(text: str) -> list[dict[str, Any] | RawLine]:
+    return _parse_rows(text)[0]
+
+
+def _unchanged(row: dict[str, Any], line: str) -> bool:
+    # Compare serializations, not values: 1 == 1.0 == True as Python values.
+    try:
+        again = loads_line(line[:-1] if line.endswith("\r") else line)
+    except ValueError:   # pragma: no cover - it parsed when read
+        return False
+    return json.dumps(again, ensure_ascii=False) == json.dumps(row, ensure_ascii=False)
+
+
+def dump_jsonl(rows: list[dict[str, Any] | RawLine],
+               read_as: dict[int, tuple[Any, str]] | None = None) -> str:
+    out = []
+    for row in rows:
+        if isinstance(row, RawLine):
+            out.append(row.text)
+            continue
+        seen = (read_as or {}).get(id(row))
+        if seen is not None and seen[0] is row and _unchanged(row, seen[1]):
+            out.append(seen[1])
+        else:
+            out.append(dumps_line(row))
     return "".join(line + "\n" for line in out)
 
 
-def update_jsonl(path: Path, change: Callable[[list[dict[str, Any] | RawLine]], T]) -> T:
-    """Under the file lock: read every line, let ``change`` edit the list in
-    place, and write the file back atomically if ``change`` returned truthy.
-    Returns what ``change`` returned."""
+def update_jsonl(path: Path, change: Callable[[list[dict[str, Any] | RawLine]], T], *,
+                 lock_timeout_s: float | None = DEFAULT_LOCK_TIMEOUT_S) -> T:
+    """Under the file lock (waited for at most ``lock_timeout_s``, else
+    ``LockTimeout`` and nothing read or written): sweep our leftover temp
+    files, read every line, let ``change`` edit the list in place, and write
+    the file back atomically if ``change`` returned truthy. Returns what
+    ``change`` returned."""
     path = Path(path)
-    with file_lock(path):
-        rows = parse_jsonl(path.read_text(encoding="utf-8")) if path.exists() else []
+    with file_lock(path, lock_timeout_s):
+        sweep_temp_files(path)
+        text = read_text_exact(path) if path.exists() else ""
+        rows, read_as = _parse_rows(text)
         result = change(rows)
         if result:
-            atomic_write(path, dump_jsonl(rows))
+            atomic_write(path, dump_jsonl(rows, read_as))
         return result
 
 

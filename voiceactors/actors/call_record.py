@@ -81,4 +81,4 @@ class CallRecord:
 
 def read_record(path: Path) -> list[dict[str, Any]]:
     """The lines of a record file (tests and tooling)."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in storage.jsonl_lines(Path(path).read_text(encoding="utf-8")) if line.strip()]

@@ -1,9 +1,10 @@
 """ToolExecutor: runs the model's tool calls safely under timeouts, barge-in and retries.
 
 Call actors send ``ToolRequest`` and ``CancelReads`` to ``inbox``. Every
-request runs in its own task of the executor's nursery, under one global
-``CapacityLimiter(settings.tool_concurrency)`` (except a reusable read answered
-from memory, rule 4), and gets exactly one ``ToolResult`` on its ``reply``
+request runs in its own task of the executor's nursery; reads under one
+global ``CapacityLimiter(settings.tool_concurrency)`` (except a reusable read
+answered from memory, rule 4), writes under ``storage.write_limiter()``; each
+gets exactly one ``ToolResult`` on its ``reply``
 channel (if that channel is closed because the call ended, the result is
 logged and dropped).
 
@@ -25,7 +26,11 @@ Rules, in the order a request meets them:
    the write log's lock, so the record is durable before the result is
    reported. A write still running at ``tool_timeout_write_s`` answers
    ``tool timed out`` while its thread finishes and records the real outcome,
-   which a retry with the same id then gets.
+   which a retry with the same id then gets. Writes hold their own limiter
+   (``storage.write_limiter()``), never the reads' ones, and wait for a
+   journal file's lock at most ``ctx.journal_lock_timeout_s``: then they
+   answer ``JOURNAL_BUSY`` (outcome ``busy``), with nothing applied and
+   nothing recorded.
    A *reusable* read (``ToolSpec.reusable``: the answer depends only on the
    journal, today and the arguments) that answered ``ok`` less than
    ``tool_reuse_s`` ago — counted from when that run started — is answered
@@ -80,6 +85,7 @@ TOO_MANY_CALLS = {"error": "too many tool calls this turn; answer with what you 
 DUPLICATE_CALL = {"error": "duplicate call: this tool was already called with the same arguments this turn"}
 TURN_OUTPUT_FULL = {"error": "turn output limit reached; answer with what you have"}
 OUTPUT_TOO_LARGE = {"error": "output too large"}
+JOURNAL_BUSY = {"error": "journal busy: another program holds the file; nothing was changed, try again"}
 
 TRUNCATED_NOTE = "output exceeded the size limit; partial is the beginning of the JSON text"
 TURNS_KEPT = 4096          # (call_id, turn) bound states remembered, oldest evicted
@@ -382,17 +388,26 @@ class ToolExecutor:
     async def _write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
         timeout = self.settings.tool_timeout_write_s
         deadline = trio.current_time() + timeout if math.isfinite(timeout) else math.inf
+        # Writes have their own limiter, never the reads' (self._limiter) nor
+        # storage's shared one: a write stuck on a journal lock must not hold
+        # a slot that reads, key lookups or call records need.
+        limiter = storage.write_limiter()
         with trio.move_on_at(deadline) as waiting:
-            await self._limiter.acquire()   # not started yet: shutdown may still cancel it
+            await limiter.acquire()   # not started yet: shutdown may still cancel it
         if waiting.cancelled_caught:
             return _error(TIMED_OUT, "timeout")
         try:
             # Started: only our own deadline reaches inside. On it the thread
             # is left to finish; it records the real outcome itself.
             with trio.CancelScope(shield=True, deadline=deadline) as running:
-                record, replayed = await storage.run_sync(self._apply_write, req, spec, args)
+                record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args)
+        except storage.LockTimeout as exc:
+            # nothing applied, nothing recorded: a retry with the same id tries again
+            _log.warning("tool_write_lock_busy", call_id=req.call_id, tool=spec.name,
+                         tool_call_id=req.tool_call_id, file=exc.path.name, timeout_s=exc.timeout_s)
+            return _error(JOURNAL_BUSY, "busy")
         finally:
-            self._limiter.release()
+            limiter.release()
             self._writes_applied += 1
             self._fresh.clear()   # the journal may have changed under every kept answer
         if running.cancelled_caught:

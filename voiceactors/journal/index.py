@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from voiceactors import storage
 from voiceactors.journal.paths import DAY_RE, SEGMENT_RE, SLUG_RE, STREAM_RE
 from voiceactors.logs import get_logger
 
@@ -321,11 +322,15 @@ def _read_json(path: Path) -> dict:
 
 def _read_jsonl(path: Path) -> list[dict]:
     rows, bad = [], 0
-    for line in _read_text(path).splitlines():
+    try:
+        text = storage.read_text_exact(path, errors="replace")
+    except OSError:
+        text = ""
+    for line in storage.jsonl_lines(text):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = storage.loads_line(line)
         except ValueError:
             bad += 1
             continue

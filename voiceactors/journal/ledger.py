@@ -31,8 +31,10 @@ that opened the item, through ``voiceactors.storage.update_jsonl`` (flock on
 ``<file>.lock``, temp file + fsync + ``os.replace``). Its effect is visible at
 once: it re-reads that one file and, as a close changes only the state of the
 item it names, patches that item in the cached derivation instead of
-rebuilding every item. It blocks; async callers run it with
-``storage.run_sync(..., cancellable=False)``.
+rebuilding every item. The edit is stamped after the item's latest close
+(``stamp_after``), and the file's lock is waited for at most
+``lock_timeout_s``. It blocks; the executor runs it in a write thread
+(``storage.run_in_write_slot``).
 """
 
 from __future__ import annotations
@@ -128,6 +130,9 @@ def _created_at(record: dict[str, Any]) -> int:
         return 0
 
 
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+
+
 def parse_timestamp_ms(value: Any) -> int | None:
     """An edit ``timestamp`` (ISO, ``Z`` allowed; naive = UTC) as epoch ms."""
     if not isinstance(value, str) or not value.strip():
@@ -138,7 +143,9 @@ def parse_timestamp_ms(value: Any) -> int | None:
         return None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=_dt.timezone.utc)
-    return int(parsed.timestamp() * 1000)
+    # integer arithmetic: a float timestamp can land 1 ms low, and close()
+    # relies on "latest + 1 ms" sorting after the latest
+    return (parsed - _EPOCH) // _dt.timedelta(milliseconds=1)
 
 
 def resolution_of(note: Any) -> str | None:
@@ -671,16 +678,30 @@ def list_items(
     return out
 
 
-def _timestamp() -> str:
-    return clock.now_utc().astimezone(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+def stamp_after(latest_ms: int | None) -> str:
+    """The timestamp for a new manual close: now (whole seconds, UTC), or
+    ``latest_ms + 1`` ms when the latest close of the item is not older than
+    that (another writer's clock is ahead of ours): the latest close wins, so
+    a close stamped before it would change nothing."""
+    now = clock.now_utc().astimezone(_dt.timezone.utc).replace(microsecond=0)
+    if latest_ms is None or (now - _EPOCH) // _dt.timedelta(milliseconds=1) > latest_ms:
+        return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    after = _EPOCH + _dt.timedelta(milliseconds=latest_ms + 1)
+    return after.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voice") -> LedgerItem:
+def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voice", *,
+          lock_timeout_s: float | None = storage.DEFAULT_LOCK_TIMEOUT_S) -> LedgerItem:
     """Close (``as_state="closed"``) or drop an item by appending a
     ``ledger_close`` edit to the record that opened it; returns the item as
-    derived afterwards. Idempotent: when the latest manual close of the item
-    already has ``as_state``, nothing is written. KeyError for an unknown item
-    (or when its record vanished); ValueError for a bad ``as_state``.
+    derived afterwards (callers check its state: a close in a file this one
+    did not see can still outrank ours). Idempotent: when the latest manual
+    close of the item already has ``as_state``, nothing is written. The edit
+    is stamped after every close of the item seen under the lock
+    (``stamp_after``). KeyError for an unknown item (or when its record
+    vanished); ValueError for a bad ``as_state``; ``storage.LockTimeout``
+    when the day file's lock is not free within ``lock_timeout_s`` (nothing
+    written).
 
     Blocking and not interruptible midway: the file is replaced atomically or
     not at all, so a crash leaves the old file intact."""
@@ -695,13 +716,6 @@ def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voic
     opening = d.opening[item_id]
     path = inside(root, "facets", check_slug(opening.facet), "activities", f"{opening.day}.jsonl")
     elsewhere = [m for m in d.manual.get(item_id, ()) if (m.source.facet, m.source.day) != (opening.facet, opening.day)]
-    edit = {
-        "timestamp": _timestamp(),
-        "actor": actor,
-        "fields": ["ledger_close"],
-        "note": note,
-        "ledger_close": {"item_id": item_id, "as_state": as_state},
-    }
     outcome = {"status": "missing"}
 
     def change(rows: list[Any]) -> bool:
@@ -726,11 +740,17 @@ def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voic
         if not isinstance(edits, list):
             outcome["status"] = "bad_edits"
             return False
-        edits.append(edit)
+        edits.append({
+            "timestamp": stamp_after(max((m.order[0] for m in existing), default=None)),
+            "actor": actor,
+            "fields": ["ledger_close"],
+            "note": note,
+            "ledger_close": {"item_id": item_id, "as_state": as_state},
+        })
         outcome["status"] = "written"
         return True
 
-    storage.update_jsonl(path, change)
+    storage.update_jsonl(path, change, lock_timeout_s=lock_timeout_s)
     _log.info("ledger_close", item_id=item_id, outcome=outcome["status"], facet=opening.facet)
     if outcome["status"] == "missing":
         _invalidate(root, path)

@@ -46,6 +46,7 @@ def inside(root: Path, *parts: str) -> Path:
 import json as _json
 from typing import Any as _Any
 
+from voiceactors import storage
 from voiceactors.logs import get_logger as _get_logger
 
 _log = _get_logger(actor="journal")
@@ -69,22 +70,23 @@ def read_json(path: Path) -> _Any | None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, _Any]]:
-    """The JSON objects of a JSONL file, one a line. Blank lines are ignored;
+    """The JSON objects of a JSONL file, one a line (split at ``"\\n"`` only,
+    see ``storage.jsonl_lines``). Blank lines are ignored;
     a line that is not a JSON object is skipped and logged with its file name
     and line number. A missing file reads as ``[]``."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text = storage.read_text_exact(path, errors="replace")
     except FileNotFoundError:
         return []
     except OSError as exc:
         _log.warning("journal_file_unreadable", file=str(path), error=type(exc).__name__)
         return []
     rows: list[dict[str, _Any]] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(storage.jsonl_lines(text), start=1):
         if not line.strip():
             continue
         try:
-            obj = _json.loads(line)
+            obj = storage.loads_line(line)
         except ValueError:
             obj = None
         if isinstance(obj, dict):

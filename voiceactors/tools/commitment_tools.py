@@ -73,18 +73,29 @@ def list_commitments(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     return {"commitments": [shape(item) for item in items]}
 
 
+#: The answer when, after our close, the journal still derives another state
+#: (a close by another writer outranks ours): never ``ok`` for a state not reached.
+NOT_APPLIED = {state: f"not applied: the journal shows this commitment as {state}" for state in ledger.STATES}
+
+
 def complete(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Close or drop one item (appends a ``ledger_close`` edit; idempotent for
-    the same item and state). Blocking; the executor never abandons it."""
+    the same item and state) and answer from the state derived afterwards.
+    Blocking; the journal lock is waited for at most
+    ``ctx.journal_lock_timeout_s`` (``storage.LockTimeout`` propagates: the
+    executor answers it, nothing is recorded)."""
     resolution = args.get("resolution")
     as_state = RESOLUTION_STATES.get(resolution) if isinstance(resolution, str) else None
     if as_state is None:
         return {"error": "invalid resolution"}
     try:
         item = ledger.close(ctx.journal, str(args.get("commitment_id", "")), as_state,
-                            f"resolution: {resolution}", actor="voice")
+                            f"resolution: {resolution}", actor="voice",
+                            lock_timeout_s=ctx.journal_lock_timeout_s)
     except KeyError:
         return {"error": "not found"}
+    if item.state != as_state:   # a close we could not outrank: say what the journal says
+        return {"error": NOT_APPLIED[item.state]}
     commitment = shape(item)
     commitment["resolution"] = resolution
     return {"ok": True, "commitment": commitment}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from voiceactors import clock
+from voiceactors import clock, storage
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,10 @@ class ToolContext:
     journal: Path
     state_dir: Path
     today: Callable[[], _dt.date] = field(default=clock.today)
+    # how long a write waits for a journal file's lock before failing
+    journal_lock_timeout_s: float = storage.DEFAULT_LOCK_TIMEOUT_S
 
     @classmethod
     def from_settings(cls, settings) -> "ToolContext":
-        return cls(journal=Path(settings.journal), state_dir=Path(settings.state_dir))
+        return cls(journal=Path(settings.journal), state_dir=Path(settings.state_dir),
+                   journal_lock_timeout_s=settings.journal_lock_timeout_s)

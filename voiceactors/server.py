@@ -136,11 +136,15 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
 
 
 async def wait_for_signal() -> None:
-    """Return at the first SIGINT or SIGTERM."""
+    """Return at the first SIGINT or SIGTERM received from now on."""
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            _log.info("shutdown_signal", signal=signal.Signals(signum).name)
-            return
+        await _first_signal(signals)
+
+
+async def _first_signal(signals: Any) -> None:
+    async for signum in signals:
+        _log.info("shutdown_signal", signal=signal.Signals(signum).name)
+        return
 
 
 async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
@@ -264,12 +268,17 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
 
 
 async def _serve_main(settings: Settings, demo: bool) -> None:
-    if not demo:
-        await run_server(settings, tune_gc=True)
-        return
-    async with open_demo_simulator(settings) as env:
-        _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
-        await run_server(env.settings, tune_gc=True)
+    # The handlers go in before anything starts: a SIGTERM that arrived
+    # between "serving" and hypercorn calling its trigger used to kill the
+    # process with the default action instead of shutting it down.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        signalled = partial(_first_signal, signals)
+        if not demo:
+            await run_server(settings, shutdown_trigger=signalled, tune_gc=True)
+            return
+        async with open_demo_simulator(settings) as env:
+            _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
+            await run_server(env.settings, shutdown_trigger=signalled, tune_gc=True)
 
 
 # --- the command -----------------------------------------------------------------

@@ -213,3 +213,134 @@ async def test_browser_leaving_ends_the_call(browser, nursery):
     call = sim.calls[call_id]
     assert call.closed and call.close_code == 1000
     assert sim.peers[call_id].closed_by == "remote"
+
+
+async def test_the_sdks_multipart_form_with_a_standard_key(browser, nursery):
+    from openai import AsyncOpenAI
+    from webrtc_client import wait_for
+
+    sim = Simulator([{"sleep": 60}], api_key=KEY)
+    await nursery.start(sim.serve, 0)
+    offer = await browser.offer()
+    async with AsyncOpenAI(api_key=KEY, base_url=sim.base_url, max_retries=0) as client:
+        raw = await client.realtime.calls.with_raw_response.create(
+            sdp=offer, session={"type": "realtime", "model": "gpt-realtime", "instructions": "Be brief."})
+    assert raw.status_code == 201
+    call_id = raw.headers["location"].rsplit("/", 1)[1]
+    await browser.answer(raw.http_response.text)
+    await wait_for(lambda: browser.channel_state == ["open"])
+    call = sim.calls[call_id]
+    assert call.session["model"] == "gpt-realtime" and call.session["instructions"] == "Be brief."
+    assert call.peer is sim.peers[call_id]
+
+
+async def test_client_events_on_the_data_channel_are_answered(browser, nursery):
+    from webrtc_client import wait_for
+
+    sim = Simulator([{"response": {"text": "Let me think about that for a good long while.", "hold_s": 20}},
+                     {"sleep": 20}], api_key=KEY)
+    await nursery.start(sim.serve, 0)
+    _, call_id = await _call(sim, browser, KEY)
+    await wait_for(lambda: browser.channel_state == ["open"])
+    # before the sideband joins, the call does not play: a clear error says why
+    await browser.send({"type": "output_audio_buffer.clear", "event_id": "evt_page_1"})
+    await wait_for(lambda: "error" in browser.types())
+    error = next(e for _, e in browser.events if e["type"] == "error")["error"]
+    assert error["code"] == "sideband_not_joined" and error["event_id"] == "evt_page_1"
+    call = sim.calls[call_id]
+    assert call.errors_sent == []          # not part of the call's own record
+    async with sideband.open_sideband(sim.base_url, KEY, call_id):
+        await wait_for(lambda: "output_audio_buffer.stopped" in browser.types())
+        await browser.send({"type": "response.cancel", "event_id": "evt_page_2"})
+        await wait_for(lambda: "response.done" in browser.types())
+        done = next(e for _, e in browser.events if e["type"] == "response.done")["response"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+        await browser.send({"type": "output_audio_buffer.clear"})
+        await browser.send({"type": "response.cancel", "event_id": "evt_page_3"})   # nothing active now
+        await wait_for(lambda: call.error_codes == ["response_cancel_not_active"])
+        await wait_for(lambda: browser.types()[-1] == "error")
+    assert "output_audio_buffer.cleared" in browser.types()
+    assert call.errors_sent[0]["error"]["event_id"] == "evt_page_3"
+    assert [e["type"] for e in call.channel_received] == ["output_audio_buffer.clear", "response.cancel",
+                                                          "output_audio_buffer.clear", "response.cancel"]
+    assert call.responses[0].status == "cancelled"
+
+
+LONG = ("This is a long reply, long enough that its tone would go on for several seconds "
+        "if nobody interrupted it, which is exactly what the user is about to do.")
+
+
+async def test_a_barge_in_stops_the_tone(browser, nursery):
+    from webrtc_client import wait_for
+
+    sim = Simulator([{"response": {"text": LONG, "delta_interval_s": 0.01, "hold_s": 10}},
+                     {"barge_in": {"after_ms": 800}}, {"sleep": 3}, {"close": 1000}], api_key=KEY)
+    await nursery.start(sim.serve, 0)
+    _, call_id = await _call(sim, browser, KEY)
+    await wait_for(lambda: browser.channel_state == ["open"])
+    async with sideband.open_sideband(sim.base_url, KEY, call_id):
+        await wait_for(lambda: "closed" in browser.channel_state, timeout=20)
+    started = next(at for at, e in browser.events if e["type"] == "output_audio_buffer.started")
+    cleared = next(at for at, e in browser.events if e["type"] == "output_audio_buffer.cleared")
+    assert browser.loud_frames(start=started, end=cleared) > 20     # it was speaking ...
+    after = browser.frames_between(cleared + 0.5, cleared + 2.5)
+    assert len(after) > 50 and max(after) <= 200                    # ... and the barge-in silenced it
+    assert sim.peers[call_id].tone.cut == 1
+
+
+# -- serve --demo: a browser call to the embedded simulator, our real server on the sideband
+
+
+async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser, make_sample, tmp_path, pin_today):
+    from functools import partial
+
+    from conftest import SAMPLE_TODAY
+    from voiceactors.server import open_demo_simulator, run_server
+    from voiceactors.settings import Settings
+    from webrtc_client import wait_for
+
+    pin_today(SAMPLE_TODAY)
+    settings = Settings(journal=make_sample(days=14), state_dir=tmp_path / "state", host="127.0.0.1", port=0)
+    async with open_demo_simulator(settings) as env:       # what `voiceactors serve --demo` runs
+        sim = env.simulator
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            [base] = await nursery.start(partial(run_server, env.settings, shutdown_trigger=stop.wait))
+            async with httpx.AsyncClient(base_url=base, timeout=15) as client:
+                key = (await client.post("/api/voice/session")).json()["ephemeral_key"]
+                r, call_id = await _call(sim, browser, key, origin=base)
+                assert r.headers["access-control-allow-origin"] == base
+                await wait_for(lambda: browser.channel_state == ["open"])
+                r = await client.post("/api/voice/connect", json={"call_id": call_id})   # once the channel is open
+                assert r.status_code == 200, r.text
+                call = sim.calls[call_id]
+                with trio.fail_after(60):
+                    await call.wait_until(lambda c: c.closed and c.connection is None)
+                await wait_for(lambda: "closed" in browser.channel_state)
+            stop.set()
+
+    events = [e for _, e in browser.events]
+    assert [e["type"] for e in events] == call.sent_types()
+    said = [e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert said == ["Good morning. What does today look like?",
+                    "What's on my calendar, what do I owe people, and what did I write about the launch?",
+                    "Look up the offsite notes from last week.", "Never mind, that's all for now."]
+    replies = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
+    assert "Good morning. Here is your briefing." in replies and replies[-1] == "Alright, talk soon."
+    tools = [e["name"] for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert tools == ["briefing.get", "calendar.today", "commitments.list", "journal.search", "journal.search"]
+    batches = [[o["name"] for o in e["response"]["output"] if o["type"] == "function_call"]
+               for e in events if e["type"] == "response.done"]
+    assert ["calendar.today", "commitments.list", "journal.search"] in batches       # the parallel batch
+    cancelled = [e["response"]["status_details"]["reason"] for e in events
+                 if e["type"] == "response.done" and e["response"]["status"] == "cancelled"]
+    assert cancelled == ["turn_detected"] and "output_audio_buffer.cleared" in [e["type"] for e in events]
+    # the sideband rules held: every tool call answered once by our server, no error
+    assert len(call.tool_calls) == 5
+    assert all(len(call.outputs.get(c, [])) == 1 for c in call.tool_calls)
+    assert call.errors_sent == [] and call.violations == []
+    assert call.close_code == 1000
+    # the replies were audible
+    first_reply = next(at for at, e in browser.events if e["type"] == "output_audio_buffer.started")
+    assert browser.loud_frames(start=first_reply) > 50
+    assert browser.loud_frames(end=first_reply) == 0

@@ -64,9 +64,12 @@ async def test_offer_errors_are_400_and_401_with_cors(nursery):
         assert r.headers["access-control-allow-origin"] == origin     # the page can read why
         r = await http.post("/realtime/calls", content=b"hello", headers=_offer_headers(KEY, origin))
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_offer"
-        r = await http.post("/realtime/calls", content=b"v=0\r\n",
+        r = await http.post("/realtime/calls", content=b"",
                             headers={"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"})
-        assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "v=" in r.json()["error"]["message"]
+        r = await http.post("/realtime/calls", files={"sdp": (None, MEDIA_OFFER), "session": (None, "{nope")},
+                            headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 400 and "'session'" in r.json()["error"]["message"]
         r = await http.post("/realtime/calls", files={"session": (None, '{"type": "realtime"}')},
                             headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == 400 and "'sdp'" in r.json()["error"]["message"]
@@ -114,6 +117,17 @@ async def browser(aiortc):
     finally:
         with trio.CancelScope(shield=True):
             await peer.close()
+
+
+async def test_an_offer_aiortc_cannot_answer_is_400(aiortc, nursery):
+    sim = Simulator(api_key=KEY)
+    await nursery.start(sim.serve, 0)
+    async with httpx.AsyncClient(base_url=sim.base_url) as http:
+        # a media section without ICE credentials or a DTLS fingerprint
+        r = await http.post("/realtime/calls", content=MEDIA_OFFER, headers=_offer_headers(KEY, "http://a.test"))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_offer" and r.headers["access-control-allow-origin"] == "http://a.test"
+    assert sim.calls == {} and sim.peers == {}
 
 
 TALK = [

@@ -88,13 +88,12 @@ def _cors_headers(req: HttpRequest) -> list[tuple[str, str]]:
 def _parse_offer(req: HttpRequest) -> tuple[str, dict | None]:
     """(offer SDP, session or None) from the browser's ``application/sdp``
     body or the SDK's ``multipart/form-data`` (parts ``sdp`` and
-    ``session``). Raises ValueError with the reason."""
+    ``session``). Raises ValueError with the reason (the SDP must start
+    with ``v=``)."""
     content_type = req.headers.get("content-type", "")
     kind = content_type.split(";", 1)[0].strip().lower()
     session: dict | None = None
-    if kind == "application/sdp":
-        sdp = req.body.decode("utf-8", "replace")
-    elif kind == "multipart/form-data":
+    if kind == "multipart/form-data":
         head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
         message = BytesParser(policy=email_policy.HTTP).parsebytes(head + req.body)
         if not message.is_multipart():
@@ -116,8 +115,9 @@ def _parse_offer(req: HttpRequest) -> tuple[str, dict | None]:
                 loc = ".".join(str(p) for p in first.get("loc", ()))
                 raise ValueError(f"Invalid session: {loc}: {first.get('msg')}") from None
     else:
-        raise ValueError(f"Unsupported Content-Type {kind or '(none)'!r}: "
-                         "send application/sdp or multipart/form-data.")
+        # application/sdp, as the browser sends it; any other type is read as
+        # SDP too (curl's default form type, in docs/operations.md)
+        sdp = req.body.decode("utf-8", "replace")
     if not sdp.lstrip().startswith("v="):
         raise ValueError("The SDP offer is not valid: it must start with 'v='.")
     return sdp, session

@@ -43,7 +43,7 @@ FRAME_S = 0.020
 FRAME_SAMPLES = int(SAMPLE_RATE * FRAME_S)
 TONE_HZ = 440                # 440 whole cycles per second: one second of samples loops seamlessly
 TONE_AMPLITUDE = 6000        # of 32767: clearly audible, not harsh
-TONE_S_PER_CHAR = 0.05       # about 20 characters a second, a speaking pace
+TONE_S_PER_CHAR = 0.04       # 25 characters a second, a brisk speaking pace
 TONE_MIN_S = 0.3
 CLOSE_TIMEOUT_S = 5.0
 

@@ -358,3 +358,29 @@ async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser,
     first_reply = next(at for at, e in browser.events if e["type"] == "output_audio_buffer.started")
     assert browser.loud_frames(start=first_reply) > 50
     assert browser.loud_frames(end=first_reply) == 0
+
+
+async def test_a_peer_whose_channel_never_opens_is_given_up(browser, nursery, autojump_clock):
+    from voiceactors.realtime.simulator_webrtc import OPEN_TIMEOUT_S
+
+    # the clock jumps only once trio has been idle for a real half second, so
+    # the real-time WebRTC answer below is not overtaken by virtual timeouts
+    autojump_clock.autojump_threshold = 0.5
+    sim = Simulator([{"sleep": 600}], api_key=KEY)
+    await nursery.start(sim.serve, 0)
+    offer = await browser.offer()
+    async with httpx.AsyncClient(base_url=sim.base_url) as http:
+        r = await http.post("/realtime/calls", content=offer, headers=_offer_headers(KEY))
+    assert r.status_code == 201
+    call_id = r.headers["location"].rsplit("/", 1)[1]
+    start = trio.current_time()
+    # the browser never applies the answer: no connection, no channel
+    with trio.fail_after(OPEN_TIMEOUT_S + 10):
+        await sim.calls[call_id].wait_until(lambda c: c.closed)
+    assert trio.current_time() - start == pytest.approx(OPEN_TIMEOUT_S, abs=1.0)
+    with trio.fail_after(10):
+        await sim.peers[call_id].closed.wait()
+    assert sim.peers[call_id].closed_by == "open_timeout"
+    async with httpx.AsyncClient(base_url=sim.base_url) as http:
+        r = await http.post(f"/realtime/calls/{call_id}/hangup", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 404      # the call is over

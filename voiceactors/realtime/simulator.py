@@ -35,8 +35,8 @@ from voiceactors.logs import get_logger, register_secret
 from voiceactors.realtime.simulator_call import CallSession, ResponseRecord, SimCall, ToolCallRecord
 from voiceactors.realtime.simulator_http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
 from voiceactors.realtime.simulator_scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
-from voiceactors.realtime.simulator_webrtc import (LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
-                                                   is_media_offer)
+from voiceactors.realtime.simulator_webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer,
+                                                   WebRTCUnavailable, is_media_offer)
 
 __all__ = [
     "Simulator",
@@ -355,9 +355,12 @@ class Simulator:
             try:
                 peer, answer = await self._answer_offer(call_id, offer)
             except WebRTCUnavailable as exc:
+                _log.info("sim_webrtc_offer", outcome="unavailable", status=501)
                 return json_response(501, _error_body(str(exc), type_="server_error", code="webrtc_unavailable"))
             except WebRTCOfferError as exc:
+                _log.info("sim_webrtc_offer", outcome="invalid", status=400)
                 return json_response(400, _error_body(str(exc), code="invalid_offer"))
+            _log.info("sim_webrtc_offer", outcome="answered", status=201, call_id=call_id)
         call = self.add_call(call_id)
         if session is not None:
             call.session = session
@@ -389,9 +392,18 @@ class Simulator:
             await call.wait_until(lambda c: c.closed)
             await peer.close()
 
+        async def give_up_unopened() -> None:
+            with trio.move_on_after(OPEN_TIMEOUT_S):
+                await peer.channel_open.wait()
+                return
+            log.info("sim_webrtc_open_timeout", after_s=OPEN_TIMEOUT_S)
+            peer.closed_by = "open_timeout"
+            await self.end_call(call.call_id, 1000)   # and so the peer closes
+
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._peer_inbox, call, peer)
             nursery.start_soon(close_when_call_ends)
+            nursery.start_soon(give_up_unopened)
             await peer.closed.wait()
             nursery.cancel_scope.cancel()
         log.info("sim_webrtc_closed", closed_by=peer.closed_by, channel_events=peer.channel_sent)

@@ -46,6 +46,7 @@ TONE_AMPLITUDE = 6000        # of 32767: clearly audible, not harsh
 TONE_S_PER_CHAR = 0.04       # 25 characters a second, a brisk speaking pace
 TONE_MIN_S = 0.3
 CLOSE_TIMEOUT_S = 5.0
+OPEN_TIMEOUT_S = 30.0        # a peer whose data channel never opens is given up (the browser left early)
 
 _log = get_logger(actor="simulator")
 
@@ -354,6 +355,9 @@ class WebRTCPeer:
                 a.track = _tone_track(aiortc)(a.tone)
                 pc.addTrack(a.track)
             await pc.setLocalDescription(await pc.createAnswer())
+        except asyncio.CancelledError:
+            asyncio.ensure_future(pc.close())   # the offer's request went away meanwhile
+            raise
         except Exception as exc:
             await pc.close()
             raise WebRTCOfferError(f"could not answer the offer: {exc}") from exc

@@ -541,6 +541,11 @@ class CallSession:
             await self._handle(raw)
         self._scope.cancel()
 
+    async def handle_client_message(self, raw: str | bytes) -> None:
+        """A client event from elsewhere than this websocket (a browser
+        call's data channel): answered exactly like one read from it."""
+        await self._handle(raw)
+
     async def _handle(self, raw: str | bytes) -> None:
         obj: Any = None
         if isinstance(raw, str):
@@ -671,11 +676,6 @@ class CallSession:
                          "response_id": self.call.active_response_id or ""})
 
     # -- player: scenario steps
-
-    async def handle_client_message(self, raw: str | bytes) -> None:
-        """A client event from elsewhere than this websocket (a browser
-        call's data channel): answered exactly like one read from it."""
-        await self._handle(raw)
 
     async def _player(self) -> None:
         call = self.call

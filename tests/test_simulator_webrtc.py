@@ -368,9 +368,9 @@ async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser,
 async def test_a_peer_whose_channel_never_opens_is_given_up(browser, nursery, autojump_clock):
     from voiceactors.realtime.simulator_webrtc import OPEN_TIMEOUT_S
 
-    # the clock jumps only once trio has been idle for a real half second, so
+    # the clock jumps only once trio has been idle for two real seconds, so
     # the real-time WebRTC answer below is not overtaken by virtual timeouts
-    autojump_clock.autojump_threshold = 0.5
+    autojump_clock.autojump_threshold = 2.0
     sim = Simulator([{"sleep": 600}], api_key=KEY)
     await nursery.start(sim.serve, 0)
     offer = await browser.offer()

@@ -449,7 +449,11 @@ class WebRTCPeer:
         a = self._a
         a.voice.observe(event, time.monotonic())
         if text is not None and a.channel is not None and a.channel.readyState == "open":
-            a.channel.send(text)
+            try:
+                a.channel.send(text)
+            except Exception as exc:   # e.g. larger than the browser's max-message-size
+                self.log.warning("sim_webrtc_send_failed", type=event.get("type"), size=len(text),
+                                 error=type(exc).__name__)
 
     def channel_error(self, message: str, code: str, event_id: str | None) -> None:
         """An ``error`` event on the channel only (not part of the call's record)."""

@@ -336,8 +336,8 @@ class WebRTCPeer:
     Trio side: ``channel_open`` and ``closed`` (trio Events), ``inbox`` (raw
     client messages from the data channel, in order), ``closed_by`` (``"local"``
     when the simulator closed it, ``"remote"`` when the browser's channel or
-    connection went away), ``server_event(event)`` (sync, never blocks: queues
-    it for the channel). Create with ``await WebRTCPeer.answer(...)``."""
+    connection went away, ``"open_timeout"`` when its channel never opened),
+    ``server_event(event)`` (sync, never blocks: queues it for the channel). Create with ``await WebRTCPeer.answer(...)``."""
 
     def __init__(self, loop: LoopThread, call_id: str, token: trio.lowlevel.TrioToken,
                  speaker: str | None = None) -> None:
@@ -438,7 +438,7 @@ class WebRTCPeer:
 
     def server_event(self, event: dict) -> None:
         """A server event of the call (already recorded in ``call.sent``): it
-        drives the tone and, once the channel is open, goes out on it."""
+        drives the reply audio and, once the channel is open, goes out on it."""
         if self.closed.is_set():
             return
         self.loop.call_soon(self._deliver, json.dumps(event) if self.channel_open.is_set() else None, event)

@@ -30,6 +30,7 @@ ASSET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(?:html|js|css|png|svg)$")
 PAGE_NAMES = {"console": "index.html", "calls": "calls.html", "call": "call.html"}
 RECORD_UNREADABLE = "call record unreadable"
 LIMIT_INVALID = "limit must be an integer from 1 to 200"
+TOKEN_REQUIRED = "token is required"
 
 _log = get_logger(actor="http")
 
@@ -127,10 +128,13 @@ async def console_config() -> Any:
 async def login() -> Any:
     settings = state().settings
     body = await _json_object(required=True)
+    token = body.get("token")
+    if not isinstance(token, str) or not token:
+        raise ApiError(400, TOKEN_REQUIRED)
     if not settings.api_token:
         # nothing to sign in to: the API is open on loopback without a token
         return jsonify({"signed_in": True, "token_required": False})
-    if not console_sessions.token_matches(settings.api_token, body.get("token")):
+    if not console_sessions.token_matches(settings.api_token, token):
         _log.warning("console_login_refused")
         raise ApiError(401, E.UNAUTHORIZED)
     response = jsonify({"signed_in": True, "token_required": True})

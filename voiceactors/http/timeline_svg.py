@@ -137,7 +137,8 @@ def render(lines: list[dict[str, Any]]) -> str:
             out += _mark(x(p.at), plot_bottom, "new run", RECONNECT_COLOUR)
         elif kind == "end":
             out += _mark(x(p.at), plot_bottom, f"end: {p.line.get('reason', '?')}", MUTED)
-    if not any(p.line.get("kind") == "end" for p in placed):
+    kinds = [p.line.get("kind") for p in placed]
+    if kinds.count("start") > kinds.count("end") or "end" not in kinds:
         out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
     out += _legend(legend_y)
     out.append("</svg>")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-WIDTH = 960
-LABEL_W = 190          # the left column: row labels
-PLOT_RIGHT = 150       # room after the plot for the last bar's text
+WIDTH = 780
+LABEL_W = 170          # the left column: row labels
+PLOT_RIGHT = 130       # room after the plot for the last bar's text
 ROW_H = 22
 TOP = 34
 MAX_TOOL_ROWS = 40

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from email import policy as email_policy
+from email.parser import BytesParser
 from typing import Annotated, Any, Union
 
 import pydantic
@@ -33,6 +35,8 @@ from voiceactors.logs import get_logger, register_secret
 from voiceactors.realtime.simulator_call import CallSession, ResponseRecord, SimCall, ToolCallRecord
 from voiceactors.realtime.simulator_http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
 from voiceactors.realtime.simulator_scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
+from voiceactors.realtime.simulator_webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer,
+                                                   WebRTCUnavailable, is_media_offer)
 
 __all__ = [
     "Simulator",
@@ -59,6 +63,64 @@ _FAKE_SDP = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=voiceactors-simulator\r\nt=0 0
 def _error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
                 param: str | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "code": code, "param": param}}
+
+
+_CALLS_PATH = "/v1/realtime/calls"
+
+
+def _cors_headers(req: HttpRequest) -> list[tuple[str, str]]:
+    """CORS for a browser page on another origin (the console): the simulator
+    is a local test stand-in, so it allows whichever origin asks."""
+    origin = req.headers.get("origin")
+    if not origin:
+        return []
+    headers = [("access-control-allow-origin", origin), ("vary", "Origin"),
+               ("access-control-expose-headers", "Location")]
+    if req.method == "OPTIONS":
+        headers += [("access-control-allow-methods", "POST, OPTIONS"),
+                    ("access-control-allow-headers", "Authorization, Content-Type"),
+                    ("access-control-max-age", "600")]
+        if req.headers.get("access-control-request-private-network", "").lower() == "true":
+            headers.append(("access-control-allow-private-network", "true"))
+    return headers
+
+
+def _parse_offer(req: HttpRequest) -> tuple[str, dict | None]:
+    """(offer SDP, session or None) from the browser's ``application/sdp``
+    body or the SDK's ``multipart/form-data`` (parts ``sdp`` and
+    ``session``). Raises ValueError with the reason (the SDP must start
+    with ``v=``)."""
+    content_type = req.headers.get("content-type", "")
+    kind = content_type.split(";", 1)[0].strip().lower()
+    session: dict | None = None
+    if kind == "multipart/form-data":
+        head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
+        message = BytesParser(policy=email_policy.HTTP).parsebytes(head + req.body)
+        if not message.is_multipart():
+            raise ValueError("The multipart body could not be parsed.")
+        parts = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True) or b""
+                 for part in message.iter_parts()}
+        if "sdp" not in parts:
+            raise ValueError("Missing required parameter: 'sdp'.")
+        sdp = parts["sdp"].decode("utf-8", "replace")
+        if "session" in parts:
+            try:
+                raw = json.loads(parts["session"])
+            except ValueError:
+                raise ValueError("The 'session' part is not JSON.") from None
+            try:
+                session = _SESSION.validate_python(raw).model_dump(mode="json", exclude_none=True)
+            except pydantic.ValidationError as exc:
+                first = exc.errors(include_input=False, include_url=False)[0]
+                loc = ".".join(str(p) for p in first.get("loc", ()))
+                raise ValueError(f"Invalid session: {loc}: {first.get('msg')}") from None
+    else:
+        # application/sdp, as the browser sends it; any other type is read as
+        # SDP too (curl's default form type, in docs/operations.md)
+        sdp = req.body.decode("utf-8", "replace")
+    if not sdp.lstrip().startswith("v="):
+        raise ValueError("The SDP offer is not valid: it must start with 'v='.")
+    return sdp, session
 
 
 def _bearer(headers: dict[str, str]) -> str | None:
@@ -97,6 +159,9 @@ class Simulator:
         self.hangups: list[str] = []
         self.handshakes: list[dict] = []        # every sideband handshake: call_id, status
         self._mint_faults: list[int | str] = []
+        self._nursery: trio.Nursery | None = None      # while serving: runs the browser calls' peers
+        self._webrtc: LoopThread | None = None         # aiortc's asyncio thread, started by the first offer
+        self.peers: dict[str, WebRTCPeer] = {}         # call_id -> its browser peer
         register_secret(api_key)
 
     # -- running
@@ -114,11 +179,21 @@ class Simulator:
         connection (clients see an abnormal close)."""
 
         listeners, bound = await open_listeners(self.host, port)
+        await self._serve_on(listeners, bound, task_status=task_status)
+
+    async def _serve_on(self, listeners: list[trio.SocketListener], bound: int, *,
+                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         self.port = bound
-        async with trio.open_nursery() as nursery:
-            await nursery.start(serve_http, self._rest, self._websocket, listeners)
-            _log.info("sim_listening", url=self.base_url)
-            task_status.started(bound)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await nursery.start(serve_http, self._rest, self._websocket, listeners)
+                _log.info("sim_listening", url=self.base_url)
+                task_status.started(bound)
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                await self._stop_webrtc()
 
     # -- set-up and control
 
@@ -189,11 +264,23 @@ class Simulator:
 
     async def _rest(self, req: HttpRequest) -> HttpResponse:
         path = req.path.rstrip("/")
+        if path == _CALLS_PATH or path.startswith(_CALLS_PATH + "/"):
+            response = await self._calls_rest(req, path)
+            response.headers.extend(_cors_headers(req))
+            return response
+        return await self._rest_post(req, path)
+
+    async def _calls_rest(self, req: HttpRequest, path: str) -> HttpResponse:
+        if req.method == "OPTIONS":
+            return HttpResponse(204, b"", "text/plain")   # a CORS preflight (headers added by _rest)
+        if req.method == "POST" and path == _CALLS_PATH:
+            return await self._create_call(req)
+        return await self._rest_post(req, path)
+
+    async def _rest_post(self, req: HttpRequest, path: str) -> HttpResponse:
         parts = path.split("/")
         if req.method != "POST":
             return json_response(404, _error_body(f"Invalid URL ({req.method} {req.path})"))
-        if path == "/v1/realtime/calls":
-            return self._create_call(req)
         key = _bearer(req.headers)
         if not self._standard_key_ok(key):
             return json_response(401, _error_body("Incorrect API key provided.", code="invalid_api_key"))
@@ -250,16 +337,106 @@ class Simulator:
                        "expires_at": 0}
         return json_response(200, {"value": value, "expires_at": expires_at, "session": out_session})
 
-    def _create_call(self, req: HttpRequest) -> HttpResponse:
+    async def _create_call(self, req: HttpRequest) -> HttpResponse:
         """The browser's WebRTC offer (``POST /v1/realtime/calls``): registers a
-        new call with the default scenario and answers a placeholder SDP."""
+        new call with the default scenario. A real offer (media sections) gets
+        a real answer from a WebRTC peer (``simulator_webrtc``; 501 without the
+        webrtc extra); a signalling-only one (``v=0`` alone) a placeholder SDP."""
         key = _bearer(req.headers)
         if not key or not (key in self.minted or self._standard_key_ok(key)):
             return json_response(401, _error_body("Incorrect API key provided.", code="invalid_api_key"))
+        try:
+            offer, session = _parse_offer(req)
+        except ValueError as exc:
+            return json_response(400, _error_body(str(exc), code="invalid_offer"))
         call_id = "rtc_sim_" + secrets.token_hex(12)
-        self.add_call(call_id)
+        answer, peer = _FAKE_SDP, None
+        if is_media_offer(offer):
+            try:
+                peer, answer = await self._answer_offer(call_id, offer)
+            except WebRTCUnavailable as exc:
+                _log.info("sim_webrtc_offer", outcome="unavailable", status=501)
+                return json_response(501, _error_body(str(exc), type_="server_error", code="webrtc_unavailable"))
+            except WebRTCOfferError as exc:
+                _log.info("sim_webrtc_offer", outcome="invalid", status=400)
+                return json_response(400, _error_body(str(exc), code="invalid_offer"))
+            _log.info("sim_webrtc_offer", outcome="answered", status=201, call_id=call_id)
+        call = self.add_call(call_id)
+        if session is not None:
+            call.session = session
+        if peer is not None:
+            call.peer = peer
+            self.peers[call_id] = peer
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_peer, call, peer)
         headers = [("location", f"/v1/realtime/calls/{call_id}")]
-        return HttpResponse(201, _FAKE_SDP.encode(), "application/sdp", headers)
+        return HttpResponse(201, answer.encode(), "application/sdp", headers)
+
+    # -- WebRTC (browser calls)
+
+    async def _answer_offer(self, call_id: str, offer: str) -> tuple[WebRTCPeer, str]:
+        if self._nursery is None:
+            raise WebRTCUnavailable("the simulator is not serving")
+        if self._webrtc is None:
+            self._webrtc = LoopThread()
+        return await WebRTCPeer.answer(self._webrtc, call_id, offer)
+
+    async def _run_peer(self, call: SimCall, peer: WebRTCPeer) -> None:
+        """A browser call's peer for its life: client events from its data
+        channel go to the live sideband session; the call's end closes the
+        peer; the browser leaving (channel closed, connection failed) ends
+        the call like a hangup."""
+        log = _log.bind(call_id=call.call_id)
+
+        async def close_when_call_ends() -> None:
+            await call.wait_until(lambda c: c.closed)
+            await peer.close()
+
+        async def give_up_unopened() -> None:
+            with trio.move_on_after(OPEN_TIMEOUT_S):
+                await peer.channel_open.wait()
+                return
+            log.info("sim_webrtc_open_timeout", after_s=OPEN_TIMEOUT_S)
+            peer.closed_by = "open_timeout"
+            await self.end_call(call.call_id, 1000)   # and so the peer closes
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._peer_inbox, call, peer)
+            nursery.start_soon(close_when_call_ends)
+            nursery.start_soon(give_up_unopened)
+            await peer.closed.wait()
+            nursery.cancel_scope.cancel()
+        log.info("sim_webrtc_closed", closed_by=peer.closed_by, channel_events=peer.channel_sent)
+        if peer.closed_by == "remote" and not call.closed:
+            await self.end_call(call.call_id, 1000)
+        await peer.close()
+
+    async def _peer_inbox(self, call: SimCall, peer: WebRTCPeer) -> None:
+        async for raw in peer.inbox:
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                obj = None
+            if isinstance(obj, dict):
+                call.channel_received.append(obj)
+            session = call.connection
+            if session is None:
+                event_id = obj.get("event_id") if isinstance(obj, dict) else None
+                peer.channel_error("The simulator plays a call only while its sideband is joined.",
+                                   "sideband_not_joined", event_id if isinstance(event_id, str) else None)
+                continue
+            await session.handle_client_message(raw)
+
+    async def _stop_webrtc(self) -> None:
+        """Close every peer and stop aiortc's thread (bounded)."""
+        if self._webrtc is None:
+            return
+        with trio.move_on_after(5.0):
+            async with trio.open_nursery() as nursery:
+                for peer in self.peers.values():
+                    nursery.start_soon(peer.close)
+        loop, self._webrtc = self._webrtc, None
+        await trio.to_thread.run_sync(loop.stop)
 
     async def _hangup(self, call_id: str) -> HttpResponse:
         call = self.calls.get(call_id)
@@ -345,7 +522,7 @@ def cli_simulate(args: Any) -> int:
             return 1
         print(f"Realtime simulator on {sim.base_url} "
               f"(scenario: {sim.scenario.name}; shipped: {', '.join(scenario_names())})", flush=True)
-        await serve_http(sim._rest, sim._websocket, listeners)
+        await sim._serve_on(listeners, sim.port)
         return 0
 
     try:

@@ -30,6 +30,7 @@ from voiceactors.realtime.simulator_scenario import Scenario
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 
 DEFAULT_REPLY = "Okay."
+PEER_OPEN_WAIT_S = 10.0   # how long a browser call's scenario waits for its data channel
 DROP_FLUSH_S = 1.0   # how long a drop waits for queued events to go out
 SEND_BUFFER = 64 * 1024   # unwritten characters beyond which send waits for the writer
 
@@ -149,6 +150,10 @@ class SimCall:
         self.started_at: float | None = None   # trio time of the first connection (sleep_until's origin)
         self._answered_since_create: list[str] = []
         self.connection: CallSession | None = None
+        # a browser call (WebRTC): its peer gets every sent event; its data
+        # channel's client events are recorded here too (and in ``received``)
+        self.peer: Any = None
+        self.channel_received: list[dict] = []
         self._changed = trio.Event()
 
     # -- convenience views for tests
@@ -300,6 +305,8 @@ class CallSession:
         if self.call.sent_at is not None:
             self.call.sent_at.append(trio.current_time())
         self._queue(json.dumps(event))
+        if self.call.peer is not None:
+            self.call.peer.server_event(event)   # the browser's data channel sees what the sideband sees
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send a message as it is (no validation, no record), in turn with
@@ -665,8 +672,17 @@ class CallSession:
 
     # -- player: scenario steps
 
+    async def handle_client_message(self, raw: str | bytes) -> None:
+        """A client event from elsewhere than this websocket (a browser
+        call's data channel): answered exactly like one read from it."""
+        await self._handle(raw)
+
     async def _player(self) -> None:
         call = self.call
+        if call.peer is not None and call.step_index == 0:
+            # a browser call: play nothing before its data channel can carry it
+            with trio.move_on_after(PEER_OPEN_WAIT_S):
+                await call.peer.channel_open.wait()
         while call.step_index < len(self.steps) and not call.closed:
             step = self.steps[call.step_index]
             (kind, arg), = step.items()

@@ -245,7 +245,11 @@ def test_the_demo_call_from_start_to_end(harness, page):
     assert any("search" in h for h in hints), hints
     assert "ended" in page.js("document.body.dataset.callState")
     page.screenshot(harness.screens / "console-ended.png")
-    assert page.problems() == []
+    # the call's record, as the history page reads it (written as the call goes or at its end)
+    record = page.wait_for(f"fetch('/api/voice/calls/{call_id}').then(r => r.ok ? r.json() : null)"
+                           ".then(d => d && d.call.ended ? d.call : null)", 15, "the call's record")
+    assert record["tool_calls"] == len(report["tool_calls"]) and record["barge_ins"] >= 1, record
+    assert page.problems(allow_network=("status of 404",)) == []
 
 
 def test_hang_up_from_the_page(harness, page):

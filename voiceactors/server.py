@@ -186,13 +186,25 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
         nursery.cancel_scope.cancel()
 
 
+def console_url(binds: list[str]) -> str:
+    """The console's address for the first bound URL (``http://127.0.0.1:8765/``)."""
+    return binds[0].rstrip("/") + "/"
+
+
+async def _serve_announced(settings: Settings) -> None:
+    """Serve, and once serving print where the console is (stdout, one line)."""
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(run_server, settings, tune_gc=True))
+        print(f"voiceactors: the voice console is at {console_url(binds)} — open it in a browser", flush=True)
+
+
 async def _serve_main(settings: Settings, demo: bool) -> None:
     if not demo:
-        await run_server(settings, tune_gc=True)
+        await _serve_announced(settings)
         return
     async with open_demo_simulator(settings) as env:
         _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
-        await run_server(env.settings, tune_gc=True)
+        await _serve_announced(env.settings)
 
 
 # --- the command -----------------------------------------------------------------

@@ -194,6 +194,8 @@
   // --- the call ----------------------------------------------------------------------------
 
   async function microphone() {
+    if (!window.isSecureContext || !navigator.mediaDevices)
+      throw new CallFailure("microphone", "The microphone needs a secure page: open the console on localhost or over https, then retry.");
     try {
       return await navigator.mediaDevices.getUserMedia({ audio: true });
     } catch (e) {

@@ -158,7 +158,9 @@ def _axis(span: float, x: Any, bottom: float) -> list[str]:
 
 def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
     return [f'<line {_attr(x1=round(at_x, 1), y1=TOP - 6, x2=round(at_x, 1), y2=bottom, stroke=colour, stroke_dasharray="4 3")}/>',
-            _text(at_x + 3, TOP - 6, label, fill=colour)]
+            # a label near the right edge ends at its mark instead of running off the picture
+            _text(at_x - 3, TOP - 6, label, fill=colour, text_anchor="end") if at_x > WIDTH - 160
+            else _text(at_x + 3, TOP - 6, label, fill=colour)]
 
 
 def _legend(y: float) -> list[str]:

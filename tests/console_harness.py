@@ -19,7 +19,10 @@ stdin/stdout, one JSON object per line:
   gone").
 
 stdin closing ends everything (Chromium is killed, the servers stop).
-CONFIG is a JSON object ``{"tmp": dir, "servers": {name: {settings overrides}}}``.
+CONFIG is a JSON object ``{"tmp": dir, "servers": {name: {settings overrides}}}``;
+besides Settings fields a server may name ``journal_voice`` (the ``voice`` block
+of its own copy of the sample journal's config) and ``env`` (set in this
+process before it starts: the fake Claude CLI's mode).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,7 +165,15 @@ async def start_servers(nursery: trio.Nursery, config: dict[str, Any], journal: 
         overrides = dict(overrides)
         state_dirs[name] = tmp / f"state-{name}"
         key = overrides.pop("openai_api_key_env", DEMO_OPENAI_KEY)
-        settings = Settings(journal=journal, state_dir=state_dirs[name], port=0, demo=True,
+        os.environ.update(overrides.pop("env", {}))
+        own_journal = Path(shutil.copytree(journal, tmp / f"journal-{name}"))   # a brain writes into its journal
+        voice = overrides.pop("journal_voice", None)
+        if voice is not None:
+            config_path = own_journal / "config" / "journal.json"
+            data = json.loads(config_path.read_text())
+            data["voice"] = voice
+            config_path.write_text(json.dumps(data))
+        settings = Settings(journal=own_journal, state_dir=state_dirs[name], port=0, demo=True,
                             openai_base_url=sim.base_url, openai_api_key_env=key,
                             shutdown_deadline_s=3.0, close_deadline_s=1.0).replace(**overrides)
         stops[name] = trio.Event()

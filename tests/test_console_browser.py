@@ -1,9 +1,10 @@
 """The console in a real headless Chromium, inside a loopback-only network namespace.
 
 One harness per module (``console_harness.py``, started under ``unshare -n``)
-runs the Realtime simulator, four voice servers (``main``; ``nokey`` without
+runs the Realtime simulator, six voice servers (``main``; ``nokey`` without
 an OpenAI key; ``full`` with ``max_calls=0``; ``token`` requiring an API token;
-``gone``, stopped by a test) and one Chromium; each test opens its own tab.
+``gone``, stopped by a test; ``slowbrain``, whose brain never gets ready) and
+one Chromium; each test opens its own tab.
 Every test ends by asserting that the browser reported no JavaScript error,
 console error or CSP violation (besides network errors the test provoked).
 Screenshots are written under the module's temp dir (paths printed).
@@ -27,8 +28,12 @@ REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"browser tests: {REASON}")
 
 TOKEN = "tok-browser-test-8c1d4e2f9a7b3605"
+FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
 SERVERS = {"main": {}, "nokey": {"openai_api_key_env": None}, "full": {"max_calls": 0},
-           "token": {"api_token": TOKEN}, "gone": {}}
+           "token": {"api_token": TOKEN}, "gone": {},
+           # a brain whose backend never answers: the session waits 1 s, then "brain not ready"
+           "slowbrain": {"journal_voice": {"brain": "claude"}, "claude_command": str(FAKE_CLAUDE),
+                         "brain_ready_wait_s": 1.0, "env": {"FAKE_CLAUDE_MODE": "hang"}}}
 CALL_DEADLINE_S = 45.0
 
 
@@ -111,6 +116,15 @@ def test_no_key_is_said_in_words_with_a_retry(harness, page):
     page.click("#retry")
     page.wait_for("document.body.dataset.callState === 'ended'", 15, "the retry to fail again")
     assert "No OpenAI key" in page.text("#error-text")
+    assert page.problems(allow_network=("status of 503",)) == []
+
+
+def test_brain_not_ready_is_said_in_words(harness, page):
+    open_console(page, harness, "slowbrain")
+    page.click("#start")
+    page.wait_for("!document.getElementById('error').hidden", 20, "the error")
+    assert "brain not ready" in page.text("#error-text")
+    assert page.visible("#retry")
     assert page.problems(allow_network=("status of 503",)) == []
 
 

@@ -172,6 +172,14 @@ def test_sign_in_keeps_the_token_out_of_the_page(harness, page):
     assert TOKEN not in found and "voiceactors_session" not in found
     # the cookie works for fetch (and for EventSource, which sends it the same way)
     assert page.js("fetch('/api/voice/status').then(r => r.status)") == 200
+    if harness.ready["webrtc"]:
+        # a live call under the cookie: the feed (EventSource, no headers) reaches the page
+        page.click("#start")
+        wait_state(page, "live", 20)
+        page.wait_for("document.querySelectorAll('#tools li[data-status=\"finished\"]').length > 0", 15,
+                      "a finished tool call from the feed")
+        page.click("#hangup")
+        wait_state(page, "ended", 5)
     page.goto(url(harness, "token", "/calls"), ready="document.getElementById('calls-status').textContent !== 'loading…'")
     assert "Sign in" not in page.text("#calls-status")
     page.goto(url(harness, "token"), ready="document.body.dataset.ready === '1'")
@@ -257,7 +265,7 @@ def test_the_demo_call_from_start_to_end(harness, page):
     # nav hints as links
     hints = page.js("[...document.querySelectorAll('#nav-hints a')].map(a => a.textContent)")
     assert any("search" in h for h in hints), hints
-    assert "ended" in page.js("document.body.dataset.callState")
+    assert "closed_by_service" in page.text("#state-detail")      # the reason, from the feed
     page.screenshot(harness.screens / "console-ended.png")
     # the call's record, as the history page reads it (written as the call goes or at its end)
     record = page.wait_for(f"fetch('/api/voice/calls/{call_id}').then(r => r.ok ? r.json() : null)"

@@ -11,6 +11,7 @@
   const { api, ApiFailure, el, reason } = VA;
   const $ = (id) => document.getElementById(id);
   const CHANNEL_OPEN_TIMEOUT_MS = 15000;
+  const FEED_END_GRACE_MS = 1500;
 
   let config = null;
   let call = null;          // the live call's resources, or null
@@ -292,7 +293,9 @@
       document.body.dataset.callId = mine.callId;
       await channelOpen(channel);
       if (mine.ended) return;
-      channel.addEventListener("close", () => endCall("ended: the call was closed"));
+      // The channel closes first on a hangup; the feed's call.ended (with the
+      // reason) follows within moments — wait briefly for it.
+      channel.addEventListener("close", () => setTimeout(() => endCall("ended: the call was closed"), FEED_END_GRACE_MS));
       setState("connecting", "handing the call to the voice server…");
       await api("POST", "/api/voice/connect", { call_id: mine.callId });
       if (mine.ended) return;

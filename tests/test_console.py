@@ -1,8 +1,9 @@
 """The console without a browser: pages and their headers, assets, the
 console config, sign-in and its cookie, and the call history API and picture.
 
-Records are written with the real ``CallRecord`` (and, for the shapes a live
-or crashed call leaves, as raw JSON lines); the app runs its real runtime.
+Records are real files of the documented line kinds (``call_record.py``),
+including the shapes a live or crashed call leaves (no ``end``, a tool only
+started, an unknown kind, a garbled file); the app runs its real runtime.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from voiceactors.actors.call_record import CallRecord, record_path
+from voiceactors.actors.call_record import record_path
 from voiceactors.http import console_sessions, create_app, history
 from voiceactors.http import errors as E
 from voiceactors.http.console import content_security_policy
@@ -233,32 +234,41 @@ def test_the_session_store_is_bounded_and_expires(autojump_clock):
 # --- call history ----------------------------------------------------------------------------
 
 async def write_demo_like_record(state_dir: Path, call_id: str) -> Path:
-    """A finished call: a parallel batch, a barge-in, a reconnect, a failure."""
-    record = CallRecord(call_id)
-    record.add("connect", attempt=1)
-    record.add("response", response_id="resp_1", status="completed", epoch=1, origin="model",
-               tool_calls=["call_a"], follow_up=True)
-    record.add("reconnect", attempt=1, delay_s=0.5, close_code=1006)
-    record.add("response", response_id="resp_2", status="cancelled", epoch=2, origin="model",
-               tool_calls=["call_b", "call_c"], follow_up=False)
-    record.add("transcript", role="user", item_id="item_1", text="What's on today?")
-    record.add("transcript", role="assistant", item_id="item_2", text="Three meetings <and> a launch.")
-    record.add("tool_call", tool_call_id="call_a", tool="briefing.get", response_id="resp_1", epoch=1, turn=1,
-               duration_ms=4.2, outcome="ok", output_bytes=10, sends=1, delivered=True, synthetic=False)
-    record.add("tool_call", tool_call_id="call_b", tool="journal.search", response_id="resp_2", epoch=2, turn=2,
-               duration_ms=120.0, outcome="timeout", output_bytes=10, sends=1, delivered=True, synthetic=False)
-    record.add("tool_call", tool_call_id="call_c", tool="calendar<today>", response_id="resp_2", epoch=2, turn=2,
-               duration_ms=None, outcome="unanswered", output_bytes=0, sends=0, delivered=False, synthetic=False)
-    record.add("end", reason="closed_by_service", duration_s=6.5, epoch=2, reconnects=1, tool_calls=3,
-               responses=2, feed_dropped=0)
-    return await record.write(state_dir)
+    """A finished call: a parallel batch, a barge-in, a reconnect, a failure
+    (the documented line kinds, written as the file ``read_record`` reads)."""
+    lines = [
+        {"kind": "start", "t": 0.0, "call_id": call_id, "at": "2026-03-27T09:15:00+00:00"},
+        {"kind": "connect", "t": 0.01, "reconnects": 0},
+        {"kind": "tool_started", "t": 0.5, "tool_call_id": "call_a", "tool": "briefing.get", "response_id": "resp_1",
+         "epoch": 1, "turn": 1, "effect": "read"},
+        {"kind": "response", "t": 0.6, "response_id": "resp_1", "status": "completed", "epoch": 1, "origin": "model",
+         "tool_calls": ["call_a"]},
+        {"kind": "reconnect", "t": 1.0, "attempt": 1, "delay_s": 0.5, "close_code": 1006},
+        {"kind": "response", "t": 2.0, "response_id": "resp_2", "status": "cancelled", "epoch": 2, "origin": "model",
+         "tool_calls": ["call_b", "call_c"]},
+        {"kind": "transcript", "t": 2.1, "role": "user", "item_id": "item_1", "text": "What's on today?"},
+        {"kind": "transcript", "t": 2.2, "role": "assistant", "item_id": "item_2", "text": "Three meetings <and> a launch."},
+        {"kind": "tool_call", "t": 0.5, "tool_call_id": "call_a", "tool": "briefing.get", "response_id": "resp_1",
+         "epoch": 1, "turn": 1, "duration_ms": 4.2, "outcome": "ok", "output_bytes": 10, "sends": 1,
+         "delivered": True, "synthetic": False},
+        {"kind": "tool_call", "t": 1.9, "tool_call_id": "call_b", "tool": "journal.search", "response_id": "resp_2",
+         "epoch": 2, "turn": 2, "duration_ms": 120.0, "outcome": "timeout", "output_bytes": 10, "sends": 1,
+         "delivered": True, "synthetic": False},
+        {"kind": "tool_call", "t": 1.9, "tool_call_id": "call_c", "tool": "calendar<today>", "response_id": "resp_2",
+         "epoch": 2, "turn": 2, "duration_ms": None, "outcome": "unanswered", "output_bytes": 0, "sends": 0,
+         "delivered": False, "synthetic": False},
+        {"kind": "end", "t": 6.5, "reason": "closed_by_service", "duration_s": 6.5, "epoch": 2, "reconnects": 1,
+         "tool_calls": 3, "responses": 2, "feed_dropped": 0},
+    ]
+    return write_raw(state_dir, call_id, lines, mtime=None)
 
 
-def write_raw(state_dir: Path, call_id: str, lines: list, mtime: float) -> Path:
+def write_raw(state_dir: Path, call_id: str, lines: list, mtime: float | None) -> Path:
     path = record_path(state_dir, call_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
-    os.utime(path, (mtime, mtime))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
     return path
 
 
@@ -268,7 +278,9 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
     os.utime(done, (1_000_000, 1_000_000))
     write_raw(state, "rtc_live", [{"kind": "start", "t": 0.0, "call_id": "rtc_live", "at": "2026-03-27T09:00:00+00:00"},
                                   {"kind": "future_kind", "t": 1.0, "what": "new"},
-                                  {"kind": "tool_call", "t": 2.5, "tool": "x", "outcome": "ok", "duration_ms": 1}],
+                                  {"kind": "tool_call", "t": 2.5, "tool_call_id": "c1", "tool": "x", "outcome": "ok",
+                                   "duration_ms": 1},
+                                  {"kind": "tool_started", "t": 2.4, "tool_call_id": "c2", "tool": "today"}],
               mtime=3_000_000)
     write_raw(state, "rtc_garbled", ["{not json"], mtime=2_000_000)
     app = create_app(settings(journal, tmp_path))
@@ -279,7 +291,8 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
         calls = (await response.get_json())["calls"]
         assert [c["call_id"] for c in calls] == ["rtc_live", "rtc_garbled", "rtc_done"]
         live, garbled, finished = calls
-        assert live["ended"] is None and live["duration_s"] == 2.5 and live["tool_calls"] == 1
+        assert live["ended"] is None and live["duration_s"] == 2.5
+        assert live["tool_calls"] == 2 and live["tool_failures"] == 0       # one settled, one still pending
         assert garbled.get("unreadable") is True
         assert finished == {"call_id": "rtc_done", "started_at": finished["started_at"], "duration_s": 6.5,
                             "ended": "closed_by_service", "tool_calls": 3, "tool_failures": 2, "responses": 2,
@@ -298,7 +311,7 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
             {"role": "assistant", "text": "Three meetings <and> a launch.", "item_id": "item_2",
              "t": detail["transcript"][1]["t"]}]
         live_detail = await (await client.get("/api/voice/calls/rtc_live")).get_json()
-        assert [line["kind"] for line in live_detail["lines"]] == ["start", "future_kind", "tool_call"]
+        assert [line["kind"] for line in live_detail["lines"]] == ["start", "future_kind", "tool_call", "tool_started"]
 
         response = await client.get("/api/voice/calls/rtc_nope")
         assert response.status_code == 404 and await error_of(response) == E.CALL_NOT_FOUND
@@ -336,8 +349,10 @@ def test_a_second_run_continues_the_timeline_and_an_open_one_is_marked():
     from voiceactors.http import timeline_svg
     lines = [{"kind": "start", "t": 0}, {"kind": "end", "t": 3.0, "duration_s": 3.0, "reason": "reconnect_exhausted"},
              {"kind": "start", "t": 0}, {"kind": "tool_call", "t": 1.0, "tool": "today", "duration_ms": 5,
-                                         "outcome": "ok", "epoch": 1}]
-    assert [p.at for p in timeline_svg.place(lines)] == [0, 3.0, 3.0, 4.0]
+                                         "outcome": "ok", "epoch": 1},
+             {"kind": "tool_started", "t": 1.5, "tool_call_id": "z", "tool": "entity.get", "epoch": 1}]
+    assert [p.at for p in timeline_svg.place(lines)] == [0, 3.0, 3.0, 4.0, 4.5]
     svg = timeline_svg.render(lines)
     assert "new run" in svg and "no end recorded" in svg
+    assert "entity.get · epoch 1" in svg and "pending · no duration" in svg
     ET.fromstring(svg)

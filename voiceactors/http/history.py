@@ -70,7 +70,7 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     durations summed, the last end's reason (None while unfinished)."""
     starts = [line for line in lines if line.get("kind") == "start"]
     ends = [line for line in lines if line.get("kind") == "end"]
-    tool_calls = [line for line in lines if line.get("kind") == "tool_call"]
+    tool_calls = settled_and_pending_tool_calls(lines)
     responses = [line for line in lines if line.get("kind") == "response"]
     started_at = next((s.get("at") for s in starts if isinstance(s.get("at"), str)), None)
     durations = [_number(end.get("duration_s")) for end in ends]
@@ -86,12 +86,25 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
         "ended": None if unfinished else ends[-1].get("reason"),
         "tool_calls": len(tool_calls),
-        "tool_failures": sum(1 for c in tool_calls if c.get("outcome") not in ("ok", "replayed")),
+        "tool_failures": sum(1 for c in tool_calls if c.get("outcome") not in ("ok", "replayed", "pending")),
         "responses": len(responses),
         "barge_ins": sum(1 for r in responses if r.get("status") == "cancelled"),
         "reconnects": sum(1 for line in lines if line.get("kind") == "reconnect"),
         "runs": max(1, len(starts)),
     }
+
+
+def settled_and_pending_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per tool call: its ``tool_call`` line (settled), or for a call
+    whose record has only its ``tool_started`` (still running, or the server
+    died), that line with outcome ``pending``."""
+    settled = {line.get("tool_call_id"): line for line in lines if line.get("kind") == "tool_call"}
+    out = [line for line in lines if line.get("kind") == "tool_call"]
+    for line in lines:
+        if line.get("kind") == "tool_started" and line.get("tool_call_id") not in settled:
+            settled[line.get("tool_call_id")] = line
+            out.append({**line, "kind": "tool_call", "outcome": "pending", "duration_ms": None})
+    return out
 
 
 def _last_block(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

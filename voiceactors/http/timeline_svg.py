@@ -21,7 +21,7 @@ ROW_H = 22
 TOP = 34
 MAX_TOOL_ROWS = 40
 
-OUTCOME_COLOURS = {"ok": "#2f9e6b", "replayed": "#3a86c8", "unanswered": "#9a9a9a"}
+OUTCOME_COLOURS = {"ok": "#2f9e6b", "replayed": "#3a86c8", "unanswered": "#9a9a9a", "pending": "#c9b458"}
 FAILED_COLOUR = "#d9534f"
 RESPONSE_COLOUR = "#7b68c8"
 OURS_COLOUR = "#b39ddb"
@@ -57,6 +57,17 @@ def place(lines: list[dict[str, Any]]) -> list[Placed]:
     return placed
 
 
+def _tool_rows(placed: list[Placed]) -> list[Placed]:
+    """Each settled tool call, and each one only started (``pending``)."""
+    settled = {p.line.get("tool_call_id") for p in placed if p.line.get("kind") == "tool_call"}
+    rows = [p for p in placed if p.line.get("kind") == "tool_call"]
+    for p in placed:
+        if p.line.get("kind") == "tool_started" and p.line.get("tool_call_id") not in settled:
+            settled.add(p.line.get("tool_call_id"))
+            rows.append(Placed(p.at, {**p.line, "outcome": "pending", "duration_ms": None}))
+    return rows
+
+
 def _attr(**values: Any) -> str:
     return " ".join(f"{name.rstrip('_').replace('_', '-')}={quoteattr(str(v))}" for name, v in values.items())
 
@@ -80,7 +91,7 @@ def render(lines: list[dict[str, Any]]) -> str:
     """The SVG document for one call's record lines."""
     placed = place(lines)
     responses = [p for p in placed if p.line.get("kind") == "response"]
-    tools = sorted((p for p in placed if p.line.get("kind") == "tool_call"), key=lambda p: p.at)
+    tools = sorted(_tool_rows(placed), key=lambda p: p.at)
     shown_tools, hidden_tools = tools[:MAX_TOOL_ROWS], max(0, len(tools) - MAX_TOOL_ROWS)
     creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == "response_create"}
     span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
@@ -167,6 +178,7 @@ def _legend(y: float) -> list[str]:
     items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
              ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS["ok"]),
              ("tool replayed", OUTCOME_COLOURS["replayed"]), ("tool failed / timed out", FAILED_COLOUR),
+             ("tool pending (no outcome recorded)", OUTCOME_COLOURS["pending"]),
              ("reconnect", RECONNECT_COLOUR)]
     out, at = [], 8.0
     for label, colour in items:

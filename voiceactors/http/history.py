@@ -54,10 +54,12 @@ def load_lines(path: Path) -> list[dict[str, Any]]:
     if path.stat().st_size > MAX_RECORD_BYTES:
         raise RecordUnreadable("record too large")
     try:
-        lines = read_record(path)
+        lines = [line for line in read_record(path) if isinstance(line, dict)]
     except (ValueError, UnicodeDecodeError) as error:
         raise RecordUnreadable(type(error).__name__) from None
-    return [line for line in lines if isinstance(line, dict)]
+    if not lines and path.stat().st_size > 0:
+        raise RecordUnreadable("no record line")    # a reader that skips torn lines found nothing whole
+    return lines
 
 
 def _number(value: Any) -> float | None:

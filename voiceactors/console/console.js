@@ -271,15 +271,15 @@
       if (mine.ended) return;
       setState("connecting", "opening the microphone…");
       mine.stream = await microphone();
-      if (mine.ended) return stopTracks(mine);
+      if (mine.ended) return stopTracks(mine);   // hung up while the microphone opened
       mine.stopMeter = startMeter(mine.stream);
       const pc = new RTCPeerConnection();
       mine.pc = pc;
       for (const track of mine.stream.getAudioTracks()) pc.addTrack(track, mine.stream);
       pc.ontrack = (event) => { $("remote-audio").srcObject = event.streams[0]; };
       pc.onconnectionstatechange = () => {
-        if (pc.connectionState === "failed" && !mine.ended) {
-          endCall("ended: the WebRTC connection failed");
+        if (pc.connectionState === "failed" && !mine.ended && mine === call) {
+          endCall("ended: the WebRTC connection failed", "webrtc", mine);
           showError("WebRTC failed: the connection to the Realtime service broke. Retry.", "webrtc");
         }
       };
@@ -295,7 +295,7 @@
       if (mine.ended) return;
       // The channel closes first on a hangup; the feed's call.ended (with the
       // reason) follows within moments — wait briefly for it.
-      channel.addEventListener("close", () => setTimeout(() => endCall("ended: the call was closed"), FEED_END_GRACE_MS));
+      channel.addEventListener("close", () => setTimeout(() => endCall("ended: the call was closed", null, mine), FEED_END_GRACE_MS));
       setState("connecting", "handing the call to the voice server…");
       await api("POST", "/api/voice/connect", { call_id: mine.callId });
       if (mine.ended) return;
@@ -303,8 +303,8 @@
       $("live").hidden = false;
       setState("live", `call ${mine.callId}`);
     } catch (e) {
-      if (mine.ended && !(e instanceof CallFailure)) return;
-      endCall("ended: the call did not start");
+      if (mine !== call || (mine.ended && !(e instanceof CallFailure))) return endCall("", null, mine);
+      endCall("ended: the call did not start", null, mine);
       if (e instanceof ApiFailure && e.kind === "unauthorized") return showSignIn(e.message);
       showError(e.message || String(e), e.kind || "error");
     }
@@ -314,8 +314,9 @@
     if (resources.stream) for (const track of resources.stream.getTracks()) track.stop();
   }
 
-  function endCall(words, why) {
-    const resources = call;
+  // End a call's resources (the current call unless told which); only the
+  // current call's end changes what the page shows.
+  function endCall(words, why, resources = call) {
     if (!resources || resources.ended) return;
     resources.ended = true;
     if (resources.source) resources.source.close();
@@ -323,6 +324,7 @@
     if (resources.pc) resources.pc.close();
     if (resources.stopMeter) resources.stopMeter();
     stopTracks(resources);
+    if (resources !== call) return;
     $("remote-audio").srcObject = null;
     document.body.dataset.endReason = why || words;
     setState("ended", words.replace(/^ended: /, ""));

@@ -11,6 +11,7 @@ configured Realtime origin (the simulator's in ``--demo``, OpenAI's otherwise).
 
 from __future__ import annotations
 
+import functools
 import mimetypes
 import re
 from importlib import resources
@@ -31,6 +32,7 @@ PAGE_NAMES = {"console": "index.html", "calls": "calls.html", "call": "call.html
 RECORD_UNREADABLE = "call record unreadable"
 LIMIT_INVALID = "limit must be an integer from 1 to 200"
 TOKEN_REQUIRED = "token is required"
+NOT_FOUND = "not found"
 
 _log = get_logger(actor="http")
 
@@ -64,7 +66,10 @@ def _hardened(response: Response, csp: str) -> Response:
     return response
 
 
+@functools.lru_cache(maxsize=32)
 def _asset_bytes(name: str) -> bytes | None:
+    """An asset's bytes, read once (they are package data: a few KiB that never
+    change while serving, so the event loop reads no file after the first time)."""
     if not ASSET_NAME_RE.fullmatch(name):
         return None
     item = resources.files("voiceactors.console").joinpath(name)
@@ -95,7 +100,7 @@ async def calls_page() -> Any:
 @console_bp.get("/calls/<call_id>")
 async def call_page(call_id: str) -> Any:
     if not CALL_ID_RE.fullmatch(call_id):
-        raise ApiError(404, "not found")
+        raise ApiError(404, NOT_FOUND)
     return _page("call")
 
 
@@ -103,7 +108,7 @@ async def call_page(call_id: str) -> Any:
 async def asset(name: str) -> Any:
     body = _asset_bytes(name)
     if body is None or name.endswith(".html"):
-        raise ApiError(404, "not found")
+        raise ApiError(404, NOT_FOUND)
     content_type = mimetypes.guess_type(name)[0] or "application/octet-stream"
     if content_type.startswith("text/") or content_type.endswith("javascript"):
         content_type += "; charset=utf-8"

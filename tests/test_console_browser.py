@@ -16,8 +16,8 @@ not answer a browser's preflight for ``POST /v1/realtime/calls``.
 from __future__ import annotations
 
 import json
-import shutil
 import time
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -67,6 +67,17 @@ def needs_webrtc(harness) -> None:
     if not harness.ready["webrtc"]:
         pytest.skip("the simulator has no WebRTC answerer yet (its POST /v1/realtime/calls refuses a browser's "
                     "CORS preflight; the webrtc branch adds the aiortc answer)")
+
+
+def scenario_turns() -> list[list[str]]:
+    """The demo scenario's utterances, user and assistant, in spoken order."""
+    steps = json.loads((resources.files("voiceactors.realtime") / "scenarios" / "demo.json").read_text())["steps"]
+    turns = []
+    for step in steps:
+        for kind, role in (("user_turn", "user"), ("barge_in", "user"), ("response", "assistant")):
+            if kind in step and step[kind].get("text"):
+                turns.append([role, step[kind]["text"]])
+    return turns
 
 
 def open_console(page, harness, server: str = "main") -> None:
@@ -255,9 +266,8 @@ def test_the_demo_call_from_start_to_end(harness, page):
     assert sorted(shown) == sorted([tid, "finished"] for tid in report["tool_calls"])
     # the conversation in spoken order, both sides; the barge-in shown as such
     turns = page.js("[...document.querySelectorAll('#conversation li:not([hidden])')].map(li => [li.dataset.role, li.querySelector('.text').textContent])")
-    roles = [role for role, _ in turns]
-    assert "user" in roles and "assistant" in roles and all(text for _, text in turns), turns
-    assert roles[0] == "user", turns
+    # exactly the scenario's words, in the order they were spoken
+    assert turns == scenario_turns(), turns
     cancelled = [r for r in report["responses"] if r["status"] == "cancelled"]
     assert cancelled, "the demo scenario has a barge-in"
     assert page.texts("#tools li.barge-in"), "the barge-in is not shown"

@@ -136,6 +136,7 @@ class Page:
     def __init__(self, harness: Harness, target: str, session: str) -> None:
         self.harness, self.target, self.session = harness, target, session
         self._first_event = len(harness.events)
+        self._taken: set[int] = set()
         for domain in ("Page", "Runtime", "Log"):
             self.send(f"{domain}.enable")
         self.send("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_LISTENER})
@@ -167,6 +168,15 @@ class Page:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout:g} s waiting for {what} ({expression})")
             time.sleep(0.1)
+
+    def take_events(self, method: str) -> list[dict[str, Any]]:
+        """This tab's events named ``method`` not taken before."""
+        with self.harness._lock:
+            found = [e for e in self.harness.events[self._first_event:]
+                     if e.get("method") == method and e.get("sessionId") == self.session
+                     and id(e) not in self._taken]
+            self._taken.update(id(e) for e in found)
+        return found
 
     def on_new_document(self, source: str) -> None:
         self.send("Page.addScriptToEvaluateOnNewDocument", {"source": source})

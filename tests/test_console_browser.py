@@ -154,6 +154,24 @@ def test_a_refused_microphone_is_said_in_words(harness, page):
     assert page.problems() == []
 
 
+def test_webrtc_failure_is_said_in_words(harness, page):
+    # the browser's own network layer refuses the offer (CDP Fetch), as an
+    # unreachable Realtime service would
+    page.send("Fetch.enable", {"patterns": [{"urlPattern": "*/realtime/calls*", "requestStage": "Request"}]})
+    open_console(page, harness)
+    page.click("#start")
+    deadline = time.monotonic() + 20
+    while page.js("document.getElementById('error').hidden"):
+        for event in page.take_events("Fetch.requestPaused"):
+            page.send("Fetch.failRequest", {"requestId": event["params"]["requestId"],
+                                            "errorReason": "ConnectionRefused"})
+        assert time.monotonic() < deadline, "no error shown"
+        time.sleep(0.1)
+    assert "WebRTC failed" in page.text("#error-text") and "could not be reached" in page.text("#error-text")
+    assert page.js("document.body.dataset.callState") == "ended" and page.visible("#retry")
+    assert page.problems(allow_network=("ERR_CONNECTION_REFUSED",)) == []
+
+
 def test_the_server_gone_is_said_in_words(harness, page):
     open_console(page, harness, "gone")
     harness.send("Harness.stop_server", {"server": "gone"})

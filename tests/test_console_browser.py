@@ -320,6 +320,20 @@ def test_hang_up_from_the_page(harness, page):
     assert page.problems() == []
 
 
+def test_hang_up_while_connecting_is_not_an_error(harness, page):
+    needs_webrtc(harness)
+    open_console(page, harness)
+    page.click("#start")
+    page.wait_for("document.body.dataset.callState === 'connecting' && document.body.dataset.callId", 20,
+                  "the offer answered")
+    page.click("#hangup")
+    wait_state(page, "ended", 5)
+    time.sleep(1.0)       # anything the torn-down connection still reports comes now
+    assert page.js("document.getElementById('error').hidden"), page.text("#error-text")
+    assert "hung up" in page.text("#state-detail")
+    assert page.problems() == []
+
+
 def test_at_capacity_is_said_in_words(harness, page):
     needs_webrtc(harness)
     open_console(page, harness, "full")

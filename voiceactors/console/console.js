@@ -303,7 +303,8 @@
       $("live").hidden = false;
       setState("live", `call ${mine.callId}`);
     } catch (e) {
-      if (mine !== call || (mine.ended && !(e instanceof CallFailure))) return endCall("", null, mine);
+      // already ended (Hang up while connecting): what failed since is a consequence
+      if (mine.ended || mine !== call) return endCall("", null, mine);
       endCall("ended: the call did not start", null, mine);
       if (e instanceof ApiFailure && e.kind === "unauthorized") return showSignIn(e.message);
       showError(e.message || String(e), e.kind || "error");

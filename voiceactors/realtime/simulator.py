@@ -36,7 +36,7 @@ from voiceactors.realtime.simulator_call import CallSession, ResponseRecord, Sim
 from voiceactors.realtime.simulator_http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
 from voiceactors.realtime.simulator_scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.realtime.simulator_webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer,
-                                                   WebRTCUnavailable, is_media_offer)
+                                                   WebRTCUnavailable, find_speaker, is_media_offer)
 
 __all__ = [
     "Simulator",
@@ -137,6 +137,9 @@ class Simulator:
     call id join (for the CLI); ``gone_status`` (404 or 410) answers joins of
     ended calls; ``host`` is where ``serve`` listens.
 
+    ``speech``: a browser call's replies are spoken by ``espeak-ng`` where
+    it is installed (False: always the tone).
+
     For benchmarks: ``validate_sent=False`` skips validating every sent event
     against the SDK's models (most of the simulator's own CPU per event; keep
     it on in tests, where it catches simulator bugs); ``timestamps=True``
@@ -144,8 +147,9 @@ class Simulator:
 
     def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
                  gone_status: int = 404, host: str = "127.0.0.1", validate_sent: bool = True,
-                 timestamps: bool = False) -> None:
+                 timestamps: bool = False, speech: bool = True) -> None:
         self.scenario = as_scenario(scenario)
+        self.speech = speech                           # a browser call's replies spoken by espeak-ng, when installed
         self.validate_sent = validate_sent
         self.timestamps = timestamps
         self.api_key = api_key
@@ -379,7 +383,8 @@ class Simulator:
             raise WebRTCUnavailable("the simulator is not serving")
         if self._webrtc is None:
             self._webrtc = LoopThread()
-        return await WebRTCPeer.answer(self._webrtc, call_id, offer)
+        speaker = find_speaker() if self.speech else None
+        return await WebRTCPeer.answer(self._webrtc, call_id, offer, speaker=speaker)
 
     async def _run_peer(self, call: SimCall, peer: WebRTCPeer) -> None:
         """A browser call's peer for its life: client events from its data

@@ -4,7 +4,8 @@
 (the optional ``webrtc`` extra, imported lazily: without it the offer gets a
 501). The call's server events go out on the peer's ``oai-events`` data
 channel once it is open, client events come back on it, and an audio track
-plays a tone while the simulated assistant speaks.
+plays the simulated assistant's replies: spoken by ``espeak-ng`` where it is
+installed, else a tone.
 
 aiortc is asyncio; the product is trio. So aiortc runs on one thread that owns
 its own asyncio loop (``LoopThread``, the one place asyncio runs in this
@@ -19,11 +20,14 @@ import array
 import asyncio
 import fractions
 import importlib
+import io
 import json
 import math
 import secrets
+import shutil
 import threading
 import time
+import wave
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -31,8 +35,8 @@ import trio
 
 from voiceactors.logs import get_logger
 
-__all__ = ["WebRTCUnavailable", "WebRTCOfferError", "LoopThread", "WebRTCPeer", "load_aiortc",
-           "is_media_offer", "INSTALL_HINT", "CHANNEL_LABEL"]
+__all__ = ["WebRTCUnavailable", "WebRTCOfferError", "LoopThread", "WebRTCPeer", "Voice", "load_aiortc",
+           "is_media_offer", "find_speaker", "INSTALL_HINT", "CHANNEL_LABEL"]
 
 INSTALL_HINT = "the simulator needs the webrtc extra for a WebRTC offer: pip install 'voiceactors[webrtc]'"
 CHANNEL_LABEL = "oai-events"
@@ -45,6 +49,8 @@ TONE_HZ = 440                # 440 whole cycles per second: one second of sample
 TONE_AMPLITUDE = 6000        # of 32767: clearly audible, not harsh
 TONE_S_PER_CHAR = 0.04       # 25 characters a second, a brisk speaking pace
 TONE_MIN_S = 0.3
+SPEECH_WPM = 190             # espeak-ng's words per minute
+SPEECH_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 5.0
 OPEN_TIMEOUT_S = 30.0        # a peer whose data channel never opens is given up (the browser left early)
 
@@ -153,7 +159,7 @@ class LoopThread:
         self._thread.join(timeout)
 
 
-# --- the tone --------------------------------------------------------------------
+# --- the assistant's voice -------------------------------------------------------
 
 def _tone_second() -> bytes:
     samples = array.array("h", (int(TONE_AMPLITUDE * math.sin(2 * math.pi * TONE_HZ * i / SAMPLE_RATE))
@@ -163,66 +169,134 @@ def _tone_second() -> bytes:
 
 _TONE = _tone_second()
 _TONE_LOOP = _TONE + _TONE[:FRAME_SAMPLES * 2]   # any frame-long slice from any phase
-_SILENCE = bytes(FRAME_SAMPLES * 2)
+FRAME_BYTES = FRAME_SAMPLES * 2
+_SILENCE = bytes(FRAME_BYTES)
 
 
-@dataclass
-class ToneState:
-    """When the assistant is audible (asyncio-thread state, fed the call's events).
+def find_speaker() -> str | None:
+    """The ``espeak-ng`` binary, when installed (then replies are spoken)."""
+    return shutil.which("espeak-ng")
 
-    The simulator sends a reply's events as fast as its scenario says, far
-    faster than speech; so the tone lasts as long as the transcript would take
-    to say (``TONE_S_PER_CHAR``), counted from ``output_audio_buffer.started``,
-    and stops at once on a barge-in (``speech_started``, ``output_audio_buffer
-    .cleared``, a cancelled ``response.done``)."""
 
-    until: float = 0.0
-    replies: int = 0          # output_audio_buffer.started seen
-    cut: int = 0              # times a barge-in or cancel stopped it
+class Voice:
+    """What the assistant's track plays (asyncio-thread state, fed the call's
+    events in order).
+
+    With a speech synthesiser (``espeak-ng``), each reply's transcript is
+    spoken once its ``response.output_audio_transcript.done`` arrives. Without
+    one — or when synthesis fails — a tone plays instead. The simulator sends
+    a reply's events far faster than speech, so the tone lasts as long as the
+    transcript would take to say (``TONE_S_PER_CHAR`` per character of the
+    deltas, at least ``TONE_MIN_S`` from ``output_audio_buffer.started``).
+
+    Either stops at once on a barge-in (``input_audio_buffer.speech_started``,
+    ``output_audio_buffer.cleared`` or a cancelled ``response.done``)."""
+
+    def __init__(self, speaker: str | None = None) -> None:
+        self.speaker = speaker
+        self.until = 0.0                 # the tone plays until then (monotonic time)
+        self.pcm = bytearray()           # speech still to play: 48 kHz mono s16
+        self.replies = 0                 # output_audio_buffer.started seen
+        self.spoken = 0                  # replies synthesised to speech
+        self.cut = 0                     # times a barge-in stopped audio that was playing
+        self._generation = 0             # bumped by a cut: a synthesis started before it is dropped
 
     def observe(self, event: dict, now: float) -> None:
         kind = event.get("type")
         if kind == "output_audio_buffer.started":
             self.replies += 1
-            self.until = max(self.until, now + TONE_MIN_S)
-        elif kind == "response.output_audio_transcript.delta":
+            if self.speaker is None:
+                self.until = max(self.until, now + TONE_MIN_S)
+        elif kind == "response.output_audio_transcript.delta" and self.speaker is None:
             self.until = max(self.until, now) + len(event.get("delta", "")) * TONE_S_PER_CHAR
+        elif kind == "response.output_audio_transcript.done" and self.speaker is not None:
+            asyncio.ensure_future(self._speak(event.get("transcript", ""), self._generation))
         elif kind in ("output_audio_buffer.cleared", "input_audio_buffer.speech_started") or (
                 kind == "response.done" and event.get("response", {}).get("status") == "cancelled"):
-            if self.until > now:
+            if self.speaking(now):
                 self.cut += 1
             self.until = 0.0
+            self.pcm.clear()
+            self._generation += 1
 
     def speaking(self, now: float) -> bool:
-        return now < self.until
+        return bool(self.pcm) or now < self.until
+
+    def next_frame(self, now: float, phase: int) -> bytes:
+        """The next 20 ms of audio (``phase``: the tone's sample position)."""
+        if self.pcm:
+            chunk = bytes(self.pcm[:FRAME_BYTES])
+            del self.pcm[:FRAME_BYTES]
+            return chunk.ljust(FRAME_BYTES, b"\0")
+        if now < self.until:
+            return _TONE_LOOP[phase * 2:phase * 2 + FRAME_BYTES]
+        return _SILENCE
+
+    async def _speak(self, text: str, generation: int) -> None:
+        if not text.strip():
+            return
+        try:
+            pcm = await _synthesise(self.speaker or "espeak-ng", text)
+        except Exception as exc:   # a missing voice, a crash: the reply is still audible
+            _log.warning("sim_speech_failed", error=type(exc).__name__)
+            pcm = b""
+        if generation != self._generation:
+            return  # a barge-in came first
+        if pcm:
+            self.spoken += 1
+            self.pcm += pcm
+        else:
+            self.until = max(self.until, time.monotonic()) + len(text) * TONE_S_PER_CHAR
 
 
-_TONE_TRACK: list[type] = []
+async def _synthesise(speaker: str, text: str) -> bytes:
+    """``text`` as speech: 48 kHz mono s16 samples (espeak-ng's WAV, resampled)."""
+    proc = await asyncio.create_subprocess_exec(
+        speaker, "--stdout", "-s", str(SPEECH_WPM), "--", text,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    wav, _ = await asyncio.wait_for(proc.communicate(), SPEECH_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"espeak-ng exited {proc.returncode}")
+    with wave.open(io.BytesIO(wav)) as reader:
+        rate, width, channels = reader.getframerate(), reader.getsampwidth(), reader.getnchannels()
+        data = reader.readframes(reader.getnframes())   # streamed WAV: the header's count is a placeholder
+    if width != 2 or channels != 1:
+        raise RuntimeError("unexpected WAV format")
+    av = importlib.import_module("av")
+    frame = av.AudioFrame(format="s16", layout="mono", samples=len(data) // 2)
+    frame.planes[0].update(data[:frame.planes[0].buffer_size].ljust(frame.planes[0].buffer_size, b"\0"))
+    frame.sample_rate = rate
+    frame.pts = 0
+    frame.time_base = fractions.Fraction(1, rate)
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+    out = resampler.resample(frame) + resampler.resample(None)
+    return b"".join(bytes(f.planes[0])[:f.samples * 2] for f in out)
 
 
-def _tone_track(aiortc: Any) -> type:
-    if not _TONE_TRACK:
-        _TONE_TRACK.append(_tone_track_class(aiortc))
-    return _TONE_TRACK[0]
+_VOICE_TRACK: list[type] = []
 
 
-def _tone_track_class(aiortc: Any) -> type:
+def _voice_track(aiortc: Any) -> type:
+    if not _VOICE_TRACK:
+        _VOICE_TRACK.append(_voice_track_class(aiortc))
+    return _VOICE_TRACK[0]
+
+
+def _voice_track_class(aiortc: Any) -> type:
     av = importlib.import_module("av")
     mediastreams = importlib.import_module("aiortc.mediastreams")
 
-    class ToneTrack(aiortc.MediaStreamTrack):  # type: ignore[misc, name-defined]
-        """48 kHz mono, 20 ms frames in real time: the tone while ``state``
-        says the assistant speaks, silence otherwise."""
+    class VoiceTrack(aiortc.MediaStreamTrack):  # type: ignore[misc, name-defined]
+        """48 kHz mono, 20 ms frames in real time, from ``voice``."""
 
         kind = "audio"
 
-        def __init__(self, state: ToneState) -> None:
+        def __init__(self, voice: Voice) -> None:
             super().__init__()
-            self.state = state
+            self.voice = voice
             self._start: float | None = None
             self._pts = 0
             self._phase = 0
-            self.tone_frames = 0
 
         async def recv(self) -> Any:
             if self.readyState != "live":
@@ -233,20 +307,14 @@ def _tone_track_class(aiortc: Any) -> type:
                 self._pts += FRAME_SAMPLES
                 await asyncio.sleep(self._start + self._pts / SAMPLE_RATE - time.monotonic())
             frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-            if self.state.speaking(time.monotonic()):
-                start = self._phase * 2
-                chunk = _TONE_LOOP[start:start + FRAME_SAMPLES * 2]
-                self.tone_frames += 1
-            else:
-                chunk = _SILENCE
+            frame.planes[0].update(self.voice.next_frame(time.monotonic(), self._phase))
             self._phase = (self._phase + FRAME_SAMPLES) % SAMPLE_RATE
-            frame.planes[0].update(chunk)
             frame.pts = self._pts
             frame.sample_rate = SAMPLE_RATE
             frame.time_base = fractions.Fraction(1, SAMPLE_RATE)
             return frame
 
-    return ToneTrack
+    return VoiceTrack
 
 
 # --- one peer --------------------------------------------------------------------
@@ -258,7 +326,7 @@ class _Asyncio:
     pc: Any = None
     channel: Any = None
     track: Any = None
-    tone: ToneState = field(default_factory=ToneState)
+    voice: Voice = field(default_factory=Voice)
     sinks: list[asyncio.Task] = field(default_factory=list)
 
 
@@ -271,11 +339,12 @@ class WebRTCPeer:
     connection went away), ``server_event(event)`` (sync, never blocks: queues
     it for the channel). Create with ``await WebRTCPeer.answer(...)``."""
 
-    def __init__(self, loop: LoopThread, call_id: str, token: trio.lowlevel.TrioToken) -> None:
+    def __init__(self, loop: LoopThread, call_id: str, token: trio.lowlevel.TrioToken,
+                 speaker: str | None = None) -> None:
         self.loop = loop
         self.call_id = call_id
         self._token = token
-        self._a = _Asyncio()
+        self._a = _Asyncio(voice=Voice(speaker))
         self.channel_open = trio.Event()
         self.closed = trio.Event()
         self.closed_by: str | None = None
@@ -313,11 +382,13 @@ class WebRTCPeer:
     # -- set-up
 
     @classmethod
-    async def answer(cls, loop: LoopThread, call_id: str, offer_sdp: str) -> tuple["WebRTCPeer", str]:
-        """Answer ``offer_sdp``: (the peer, the answer SDP). Raises
+    async def answer(cls, loop: LoopThread, call_id: str, offer_sdp: str, *,
+                     speaker: str | None = None) -> tuple["WebRTCPeer", str]:
+        """Answer ``offer_sdp``: (the peer, the answer SDP). ``speaker``: the
+        speech synthesiser's binary (None: a tone). Raises
         ``WebRTCUnavailable`` or ``WebRTCOfferError``."""
         aiortc = await loop.run(_load_aiortc_async)   # the first import is slow: not on trio's thread
-        peer = cls(loop, call_id, trio.lowlevel.current_trio_token())
+        peer = cls(loop, call_id, trio.lowlevel.current_trio_token(), speaker)
         answer = await loop.run(peer._answer, aiortc, offer_sdp)
         return peer, answer
 
@@ -352,7 +423,7 @@ class WebRTCPeer:
             await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=offer_sdp, type="offer"))
             if any(t.kind == "audio" for t in pc.getTransceivers()):
                 # binds to the offer's audio section (an answer may add none)
-                a.track = _tone_track(aiortc)(a.tone)
+                a.track = _voice_track(aiortc)(a.voice)
                 pc.addTrack(a.track)
             await pc.setLocalDescription(await pc.createAnswer())
         except asyncio.CancelledError:
@@ -376,7 +447,7 @@ class WebRTCPeer:
 
     def _deliver(self, text: str | None, event: dict) -> None:   # on the asyncio thread
         a = self._a
-        a.tone.observe(event, time.monotonic())
+        a.voice.observe(event, time.monotonic())
         if text is not None and a.channel is not None and a.channel.readyState == "open":
             a.channel.send(text)
 
@@ -389,8 +460,9 @@ class WebRTCPeer:
             self.loop.call_soon(self._deliver, json.dumps(error), error)
 
     @property
-    def tone(self) -> ToneState:
-        return self._a.tone
+    def voice(self) -> Voice:
+        """The reply audio's state (``replies``, ``spoken``, ``cut``); read only."""
+        return self._a.voice
 
     async def close(self) -> None:
         """Close the data channel and the peer connection (idempotent)."""

@@ -34,7 +34,7 @@ SERVERS = {"main": {}, "nokey": {"openai_api_key_env": None}, "full": {"max_call
            # a brain whose backend never answers: the session waits 1 s, then "brain not ready"
            "slowbrain": {"journal_voice": {"brain": "claude"}, "claude_command": str(FAKE_CLAUDE),
                          "brain_ready_wait_s": 1.0, "env": {"FAKE_CLAUDE_MODE": "hang"}}}
-CALL_DEADLINE_S = 45.0
+CALL_DEADLINE_S = 60.0      # the demo call takes about 15 s
 
 
 @pytest.fixture(scope="module")

@@ -267,6 +267,18 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
         nursery.cancel_scope.cancel()
 
 
+def console_url(binds: list[str]) -> str:
+    """The console's address for the first bound URL (``http://127.0.0.1:8765/``)."""
+    return binds[0].rstrip("/") + "/"
+
+
+async def _serve_announced(settings: Settings, shutdown_trigger: Callable[[], Awaitable[None]]) -> None:
+    """Serve, and once serving print where the console is (stdout, one line)."""
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(run_server, settings, shutdown_trigger=shutdown_trigger, tune_gc=True))
+        print(f"voiceactors: the voice console is at {console_url(binds)} — open it in a browser", flush=True)
+
+
 async def _serve_main(settings: Settings, demo: bool) -> None:
     # The handlers go in before anything starts: a SIGTERM that arrived
     # between "serving" and hypercorn calling its trigger used to kill the
@@ -274,11 +286,11 @@ async def _serve_main(settings: Settings, demo: bool) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         signalled = partial(_first_signal, signals)
         if not demo:
-            await run_server(settings, shutdown_trigger=signalled, tune_gc=True)
+            await _serve_announced(settings, signalled)
             return
         async with open_demo_simulator(settings) as env:
             _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
-            await run_server(env.settings, shutdown_trigger=signalled, tune_gc=True)
+            await _serve_announced(env.settings, signalled)
 
 
 # --- the command -----------------------------------------------------------------

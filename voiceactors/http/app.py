@@ -27,6 +27,7 @@ from quart_trio import QuartTrio
 from voiceactors import metrics
 from voiceactors.http import auth, errors, hosts, ratelimit
 from voiceactors.http.asgi import ClosingHTTPConnection
+from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
@@ -148,6 +149,7 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     errors.install(app)
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)
+    app.register_blueprint(console_bp)
     _install_lifespan(app, voice)
     return app
 

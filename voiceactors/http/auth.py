@@ -21,6 +21,7 @@ import hmac
 
 from quart import Quart, request
 
+from voiceactors.http import console_sessions
 from voiceactors.http.errors import CROSS_SITE, NOT_JSON_CONTENT, UNAUTHORIZED, ApiError
 from voiceactors.settings import Settings
 
@@ -80,6 +81,8 @@ def install(app: Quart, settings: Settings) -> None:
 
     @app.before_request
     async def _require_token() -> None:
-        if request.path.startswith(PROTECTED_PREFIX) and not authorized(
-                settings, request.headers.get("Authorization")):
+        # The console's session cookie (console_sessions) stands in for the
+        # token, and its sign-in paths are reachable without either.
+        if request.path.startswith(PROTECTED_PREFIX) and not console_sessions.is_public(request.path) and not (
+                authorized(settings, request.headers.get("Authorization")) or console_sessions.has_valid_cookie()):
             raise ApiError(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})

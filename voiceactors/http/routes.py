@@ -353,6 +353,11 @@ def openapi_document() -> dict[str, Any]:
     return json.loads(text)
 
 
+def openapi_path(rule: str) -> str:
+    """A routing rule in the OpenAPI spelling: ``/calls/<call_id>`` -> ``/calls/{call_id}``."""
+    return re.sub(r"<(?:[a-z_]+:)?([A-Za-z_][A-Za-z0-9_]*)>", r"{\1}", rule)
+
+
 @bp.get("/openapi.json")
 async def openapi() -> Any:
     return jsonify(openapi_document())

@@ -1,0 +1,214 @@
+"""The browser tests' far side: run inside a loopback-only network namespace.
+
+``tests/test_console_browser.py`` starts this script as
+``unshare -n sh -c 'ip link set lo up && exec python tests/console_harness.py CONFIG'``
+so that everything that listens or connects — the Realtime simulator, one or
+more voice servers, and headless Chromium — lives where only 127.0.0.1
+exists: no packet can leave the machine, and Chromium offers only loopback
+ICE candidates. The test process stays outside and talks to this one over
+stdin/stdout, one JSON object per line:
+
+* out, first: ``{"harness": "ready", "servers": {name: url}, "simulator": url,
+  "webrtc": bool, "log": path}``;
+* in: a Chrome DevTools Protocol message (``id``, ``method``, ``params``,
+  ``sessionId``) — relayed to Chromium's browser endpoint over trio-websocket;
+  every CDP reply and event comes back out as a line;
+* in: ``Harness.*`` methods, answered here: ``Harness.simulator`` (what the
+  simulator recorded per call), ``Harness.seed`` (write a call record into a
+  server's state dir), ``Harness.stop_server`` (stop one server: "the server
+  gone").
+
+stdin closing ends everything (Chromium is killed, the servers stop).
+CONFIG is a JSON object ``{"tmp": dir, "servers": {name: {settings overrides}}}``;
+besides Settings fields a server may name ``journal_voice`` (the ``voice`` block
+of its own copy of the sample journal's config) and ``env`` (set in this
+process before it starts: the fake Claude CLI's mode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from trio_websocket import open_websocket_url
+
+from voiceactors import clock, logs
+from voiceactors.actors.call_record import record_path
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.realtime.simulator import Simulator
+from voiceactors.server import DEMO_OPENAI_KEY, run_server
+from voiceactors.settings import Settings
+
+CHROMIUM = "/usr/lib/chromium/chromium"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream", "--allow-loopback-in-peer-connection",
+    "--autoplay-policy=no-user-gesture-required", "--window-size=1280,900", "--hide-scrollbars",
+    "--remote-debugging-port=0",
+]
+CDP_MAX_MESSAGE = 64 * 1024 * 1024        # screenshots are large
+
+
+class Out:
+    """stdout, one JSON line per message, written whole."""
+
+    def __init__(self) -> None:
+        self.stream = trio.lowlevel.FdStream(os.dup(1))
+        self.lock = trio.Lock()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self.lock:
+            await self.stream.send_all((json.dumps(message) + "\n").encode())
+
+
+async def lines_of(stream: trio.abc.ReceiveStream):
+    buffer = b""
+    while True:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+
+
+def sim_report(sim: Simulator) -> dict[str, Any]:
+    calls = {}
+    for call_id, call in sim.calls.items():
+        calls[call_id] = {
+            "tool_calls": {tid: {"name": rec.name, "answered": len(call.outputs.get(tid, []))}
+                           for tid, rec in call.tool_calls.items()},
+            "responses": [{"id": r.id, "status": r.status, "origin": r.origin, "reason": r.reason}
+                          for r in call.responses],
+            "errors_sent": [e.get("error", {}).get("code") for e in call.errors_sent],
+            "violations": [str(v) for v in call.violations],
+            "closed": call.closed, "hangups": sim.hangups.count(call_id),
+        }
+    return {"calls": calls}
+
+
+async def webrtc_answerer(sim_base: str) -> bool:
+    """Does the simulator answer a browser's preflight for a WebRTC offer?"""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            response = await client.options(f"{sim_base}/realtime/calls", headers={
+                "Origin": "http://127.0.0.1:1", "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization,content-type"})
+    except httpx.HTTPError:
+        return False
+    return response.status_code < 300 and bool(response.headers.get("access-control-allow-origin"))
+
+
+async def start_chromium(tmp: Path) -> tuple[Any, str]:
+    profile = tmp / "chromium-profile"
+    profile.mkdir(parents=True, exist_ok=True)
+    process = await trio.lowlevel.open_process(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=open(tmp / "chromium.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    port_file = profile / "DevToolsActivePort"
+    with trio.fail_after(20):
+        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
+            if process.poll() is not None:
+                raise RuntimeError(f"chromium exited {process.returncode}; see {tmp / 'chromium.log'}")
+            await trio.sleep(0.05)
+    port, path = port_file.read_text().splitlines()[:2]
+    return process, f"ws://127.0.0.1:{port}{path}"
+
+
+async def main(config: dict[str, Any]) -> None:
+    tmp = Path(config["tmp"])
+    log_path = tmp / "server.log"
+    logs.configure("json", "info", stream=open(log_path, "a", buffering=1))
+    journal = write_sample_journal(tmp / "journal", days=7, today=clock.today())
+    out = Out()
+    sim = Simulator("demo", api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
+    async with trio.open_nursery() as outer:
+        await outer.start(sim.serve, 0)
+        async with trio.open_nursery() as nursery:
+            servers, stops, state_dirs = await start_servers(nursery, config, journal, sim)
+            chromium, endpoint = await start_chromium(tmp)
+            try:
+                async with open_websocket_url(endpoint, max_message_size=CDP_MAX_MESSAGE) as ws:
+                    await out.send({"harness": "ready", "servers": servers, "simulator": sim.base_url,
+                                    "webrtc": await webrtc_answerer(sim.base_url), "log": str(log_path)})
+                    async with trio.open_nursery() as relay:
+                        relay.start_soon(from_browser, ws, out)
+                        await from_tests(ws, out, sim, stops, state_dirs)
+                        relay.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    chromium.send_signal(signal.SIGKILL)
+                    await chromium.wait()
+                for stop in stops.values():
+                    stop.set()
+        outer.cancel_scope.cancel()
+
+
+async def start_servers(nursery: trio.Nursery, config: dict[str, Any], journal: Path, sim: Simulator):
+    tmp = Path(config["tmp"])
+    servers: dict[str, str] = {}
+    stops: dict[str, trio.Event] = {}
+    state_dirs: dict[str, Path] = {}
+    for name, overrides in config["servers"].items():
+        overrides = dict(overrides)
+        state_dirs[name] = tmp / f"state-{name}"
+        key = overrides.pop("openai_api_key_env", DEMO_OPENAI_KEY)
+        os.environ.update(overrides.pop("env", {}))
+        own_journal = Path(shutil.copytree(journal, tmp / f"journal-{name}"))   # a brain writes into its journal
+        voice = overrides.pop("journal_voice", None)
+        if voice is not None:
+            config_path = own_journal / "config" / "journal.json"
+            data = json.loads(config_path.read_text())
+            data["voice"] = voice
+            config_path.write_text(json.dumps(data))
+        settings = Settings(journal=own_journal, state_dir=state_dirs[name], port=0, demo=True,
+                            openai_base_url=sim.base_url, openai_api_key_env=key,
+                            shutdown_deadline_s=3.0, close_deadline_s=1.0).replace(**overrides)
+        stops[name] = trio.Event()
+        [servers[name]] = await nursery.start(
+            lambda task_status, s=settings, e=stops[name]: run_server(s, shutdown_trigger=e.wait,
+                                                                     task_status=task_status))
+    return servers, stops, state_dirs
+
+
+async def from_browser(ws: Any, out: Out) -> None:
+    while True:
+        await out.send(json.loads(await ws.get_message()))
+
+
+async def from_tests(ws: Any, out: Out, sim: Simulator, stops: dict[str, trio.Event],
+                     state_dirs: dict[str, Path]) -> None:
+    async for message in lines_of(trio.lowlevel.FdStream(os.dup(0))):
+        method = message.get("method", "")
+        if not method.startswith("Harness."):
+            await ws.send_message(json.dumps(message))
+            continue
+        reply: dict[str, Any] = {"id": message["id"], "result": {}}
+        params = message.get("params", {})
+        if method == "Harness.simulator":
+            reply["result"] = sim_report(sim)
+        elif method == "Harness.seed":
+            path = record_path(state_dirs[params["server"]], params["call_id"])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(line) + "\n" for line in params["lines"]))
+        elif method == "Harness.stop_server":
+            stops[params["server"]].set()
+        else:
+            reply = {"id": message["id"], "error": {"message": f"unknown {method}"}}
+        await out.send(reply)
+
+
+if __name__ == "__main__":
+    trio.run(main, json.loads(sys.argv[1]))

@@ -1,0 +1,358 @@
+"""The console without a browser: pages and their headers, assets, the
+console config, sign-in and its cookie, and the call history API and picture.
+
+Records are real files of the documented line kinds (``call_record.py``),
+including the shapes a live or crashed call leaves (no ``end``, a tool only
+started, an unknown kind, a garbled file); the app runs its real runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import trio
+
+from voiceactors.actors.call_record import record_path
+from voiceactors.http import console_sessions, create_app, history
+from voiceactors.http import errors as E
+from voiceactors.http.console import content_security_policy
+from voiceactors.settings import Settings
+
+REALTIME = "http://127.0.0.1:18766/v1"
+TOKEN = "tok-console-test-5f2a9c1e7d3b"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self' http://127.0.0.1:18766; "
+       "media-src 'self' blob:; img-src 'self' data:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+
+
+@pytest.fixture
+def journal(make_sample) -> Path:
+    return make_sample(days=2)
+
+
+def settings(journal: Path, tmp_path: Path, **changes) -> Settings:
+    return Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env="sk-test",
+                    openai_base_url=REALTIME).replace(**changes)
+
+
+async def error_of(response) -> str:
+    data = await response.get_json()
+    assert set(data) == {"error"}, data
+    return data["error"]
+
+
+# --- pages, headers, assets ---------------------------------------------------------------
+
+async def test_pages_are_html_with_a_strict_policy(journal, tmp_path):
+    app = create_app(settings(journal, tmp_path))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        for path, marker in (("/", 'id="start"'), ("/calls", 'id="calls"'), ("/calls/rtc_abc", 'id="timeline"')):
+            response = await client.get(path)
+            assert response.status_code == 200, path
+            assert response.mimetype == "text/html"
+            assert response.headers["Content-Security-Policy"] == CSP
+            assert response.headers["X-Content-Type-Options"] == "nosniff"
+            assert response.headers["Referrer-Policy"] == "no-referrer"
+            assert marker in (await response.get_data()).decode()
+        response = await client.get("/calls/not%20an%20id")
+        assert response.status_code == 404 and await error_of(response) == "not found"
+
+
+def test_the_policy_names_only_our_origin_and_the_realtime_origin():
+    assert "connect-src 'self' https://api.openai.com;" in content_security_policy("https://api.openai.com/v1")
+    assert "connect-src 'self';" in content_security_policy("not a url")
+    assert "'unsafe-inline'" not in CSP and "*" not in CSP
+
+
+async def test_assets_are_served_and_nothing_else(journal, tmp_path):
+    app = create_app(settings(journal, tmp_path))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        response = await client.get("/static/console.js")
+        assert response.status_code == 200
+        assert response.mimetype in ("text/javascript", "application/javascript")
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert "RTCPeerConnection" in (await response.get_data()).decode()
+        response = await client.get("/static/console.css")
+        assert response.status_code == 200 and response.mimetype == "text/css"
+        for name in ("index.html", "__init__.py", "..%2Fhttp%2Fapp.py", "nope.js", ".hidden.js"):
+            response = await client.get(f"/static/{name}")
+            assert response.status_code == 404, name
+            assert await error_of(response) == "not found"
+
+
+class _PageAudit(HTMLParser):
+    """Every inline script, inline style and off-site reference in a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.problems: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "script":
+            self._in_script = True
+            if not (attrs.get("src") or "").startswith("/static/"):
+                self.problems.append(f"script without a /static/ src: {attrs}")
+        if tag == "style":
+            self.problems.append("a <style> element")
+        for name, value in attrs.items():
+            if name == "style" or name.startswith("on"):
+                self.problems.append(f"inline {name} on <{tag}>")
+            if name in ("src", "href") and value and re.match(r"^(https?:)?//", value):
+                self.problems.append(f"off-site {name}: {value}")
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data):
+        if self._in_script and data.strip():
+            self.problems.append("inline script text")
+
+
+def test_pages_have_no_inline_script_or_style_and_no_third_party_asset():
+    folder = resources.files("voiceactors.console")
+    pages = [p for p in folder.iterdir() if p.name.endswith(".html")]
+    assert {p.name for p in pages} >= {"index.html", "calls.html", "call.html"}
+    for page in pages:
+        audit = _PageAudit()
+        audit.feed(page.read_text(encoding="utf-8"))
+        assert audit.problems == [], page.name
+    for script in (p for p in folder.iterdir() if p.name.endswith((".js", ".css"))):
+        text = script.read_text(encoding="utf-8")
+        assert not re.search(r"https?://", text), script.name     # nothing fetched from elsewhere
+        assert "localStorage" not in text and "sessionStorage" not in text, script.name
+        assert "innerHTML" not in text, script.name
+
+
+# --- console config and sign-in ------------------------------------------------------------------
+
+async def test_console_config_on_loopback_needs_no_sign_in(journal, tmp_path):
+    app = create_app(settings(journal, tmp_path, demo=True))
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().get("/api/voice/console-config")
+        assert response.status_code == 200
+        assert await response.get_json() == {"realtime_base_url": REALTIME, "token_required": False,
+                                             "signed_in": True, "demo": True}
+
+
+async def test_sign_in_sets_a_strict_cookie_that_stands_in_for_the_token(journal, tmp_path, log_stream):
+    app = create_app(settings(journal, tmp_path, api_token=TOKEN))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        config = await (await client.get("/api/voice/console-config")).get_json()
+        assert config["token_required"] is True and config["signed_in"] is False
+        assert (await client.get("/api/voice/status")).status_code == 401
+        assert (await client.get("/api/voice/calls")).status_code == 401
+
+        response = await client.post("/api/voice/login", json={"token": "wrong"})
+        assert response.status_code == 401 and await error_of(response) == E.UNAUTHORIZED
+        assert "Set-Cookie" not in response.headers
+        for body in ({}, {"token": ""}, {"token": 7}):
+            response = await client.post("/api/voice/login", json=body)
+            assert response.status_code == 400 and await error_of(response) == "token is required"
+
+        response = await client.post("/api/voice/login", json={"token": TOKEN})
+        assert response.status_code == 200
+        assert await response.get_json() == {"signed_in": True, "token_required": True}
+        cookie = response.headers["Set-Cookie"]
+        assert cookie.startswith(f"{console_sessions.COOKIE_NAME}=")
+        assert TOKEN not in cookie
+        for attribute in ("HttpOnly", "SameSite=Strict", "Path=/"):
+            assert attribute in cookie, cookie
+        assert "Secure" not in cookie         # plain http on this test client
+
+        assert (await client.get("/api/voice/status")).status_code == 200
+        assert (await client.get("/api/voice/calls")).status_code == 200
+        config = await (await client.get("/api/voice/console-config")).get_json()
+        assert config["signed_in"] is True
+
+        response = await client.post("/api/voice/logout")
+        assert response.status_code == 200
+        assert f"{console_sessions.COOKIE_NAME}=;" in response.headers["Set-Cookie"]
+        assert (await client.get("/api/voice/status")).status_code == 401
+    assert TOKEN not in log_stream.getvalue()
+
+
+async def test_a_forged_or_revoked_cookie_is_refused(journal, tmp_path):
+    app = create_app(settings(journal, tmp_path, api_token=TOKEN))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        response = await client.post("/api/voice/login", json={"token": TOKEN})
+        value = response.headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+        other = test_app.test_client()
+        other.set_cookie("localhost", console_sessions.COOKIE_NAME, value[:-2] + "xx")
+        assert (await other.get("/api/voice/status")).status_code == 401
+        await client.post("/api/voice/logout")
+        replay = test_app.test_client()
+        replay.set_cookie("localhost", console_sessions.COOKIE_NAME, value)
+        assert (await replay.get("/api/voice/status")).status_code == 401
+
+
+async def test_sign_in_over_https_marks_the_cookie_secure(journal, tmp_path):
+    app = create_app(settings(journal, tmp_path, api_token=TOKEN))
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().post("/api/voice/login", json={"token": TOKEN}, scheme="https")
+        assert "Secure" in response.headers["Set-Cookie"]
+
+
+async def test_a_cross_site_page_cannot_sign_in_or_mint(journal, tmp_path):
+    app = create_app(settings(journal, tmp_path, api_token=TOKEN))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        response = await client.post("/api/voice/login", json={"token": TOKEN},
+                                     headers={"Sec-Fetch-Site": "cross-site"})
+        assert response.status_code == 403 and await error_of(response) == E.CROSS_SITE
+        response = await client.post("/api/voice/login", data=json.dumps({"token": TOKEN}),
+                                     headers={"Content-Type": "text/plain"})
+        assert response.status_code == 415
+        # signed in, a request the browser marks cross-site still cannot mint
+        await client.post("/api/voice/login", json={"token": TOKEN})
+        response = await client.post("/api/voice/session", json={}, headers={"Sec-Fetch-Site": "cross-site"})
+        assert response.status_code == 403
+
+
+def test_the_session_store_is_bounded_and_expires(autojump_clock):
+    async def main():
+        store = console_sessions.SessionStore(ttl_s=10.0, max_sessions=3)
+        ids = [store.create() for _ in range(4)]
+        assert not store.valid(ids[0]) and all(store.valid(i) for i in ids[1:])
+        await trio.sleep(11)
+        assert not any(store.valid(i) for i in ids) and len(store) == 0
+    trio.run(main, clock=autojump_clock)
+
+
+# --- call history ----------------------------------------------------------------------------
+
+async def write_demo_like_record(state_dir: Path, call_id: str) -> Path:
+    """A finished call: a parallel batch, a barge-in, a reconnect, a failure
+    (the documented line kinds, written as the file ``read_record`` reads)."""
+    lines = [
+        {"kind": "start", "t": 0.0, "call_id": call_id, "at": "2026-03-27T09:15:00+00:00"},
+        {"kind": "connect", "t": 0.01, "reconnects": 0},
+        {"kind": "tool_started", "t": 0.5, "tool_call_id": "call_a", "tool": "briefing.get", "response_id": "resp_1",
+         "epoch": 1, "turn": 1, "effect": "read"},
+        {"kind": "response", "t": 0.6, "response_id": "resp_1", "status": "completed", "epoch": 1, "origin": "model",
+         "tool_calls": ["call_a"]},
+        {"kind": "reconnect", "t": 1.0, "attempt": 1, "delay_s": 0.5, "close_code": 1006},
+        {"kind": "response", "t": 2.0, "response_id": "resp_2", "status": "cancelled", "epoch": 2, "origin": "model",
+         "tool_calls": ["call_b", "call_c"]},
+        {"kind": "transcript", "t": 2.1, "role": "user", "item_id": "item_1", "text": "What's on today?"},
+        {"kind": "transcript", "t": 2.2, "role": "assistant", "item_id": "item_2", "text": "Three meetings <and> a launch."},
+        {"kind": "tool_call", "t": 0.5, "tool_call_id": "call_a", "tool": "briefing.get", "response_id": "resp_1",
+         "epoch": 1, "turn": 1, "duration_ms": 4.2, "outcome": "ok", "output_bytes": 10, "sends": 1,
+         "delivered": True, "synthetic": False},
+        {"kind": "tool_call", "t": 1.9, "tool_call_id": "call_b", "tool": "journal.search", "response_id": "resp_2",
+         "epoch": 2, "turn": 2, "duration_ms": 120.0, "outcome": "timeout", "output_bytes": 10, "sends": 1,
+         "delivered": True, "synthetic": False},
+        {"kind": "tool_call", "t": 1.9, "tool_call_id": "call_c", "tool": "calendar<today>", "response_id": "resp_2",
+         "epoch": 2, "turn": 2, "duration_ms": None, "outcome": "unanswered", "output_bytes": 0, "sends": 0,
+         "delivered": False, "synthetic": False},
+        {"kind": "end", "t": 6.5, "reason": "closed_by_service", "duration_s": 6.5, "epoch": 2, "reconnects": 1,
+         "tool_calls": 3, "responses": 2, "feed_dropped": 0},
+    ]
+    return write_raw(state_dir, call_id, lines, mtime=None)
+
+
+def write_raw(state_dir: Path, call_id: str, lines: list, mtime: float | None) -> Path:
+    path = record_path(state_dir, call_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown(journal, tmp_path):
+    state = tmp_path / "state"
+    done = await write_demo_like_record(state, "rtc_done")
+    os.utime(done, (1_000_000, 1_000_000))
+    write_raw(state, "rtc_live", [{"kind": "start", "t": 0.0, "call_id": "rtc_live", "at": "2026-03-27T09:00:00+00:00"},
+                                  {"kind": "future_kind", "t": 1.0, "what": "new"},
+                                  {"kind": "tool_call", "t": 2.5, "tool_call_id": "c1", "tool": "x", "outcome": "ok",
+                                   "duration_ms": 1},
+                                  {"kind": "tool_started", "t": 2.4, "tool_call_id": "c2", "tool": "today"}],
+              mtime=3_000_000)
+    write_raw(state, "rtc_garbled", ["{not json"], mtime=2_000_000)
+    app = create_app(settings(journal, tmp_path))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        response = await client.get("/api/voice/calls")
+        assert response.status_code == 200
+        calls = (await response.get_json())["calls"]
+        assert [c["call_id"] for c in calls] == ["rtc_live", "rtc_garbled", "rtc_done"]
+        live, garbled, finished = calls
+        assert live["ended"] is None and live["duration_s"] == 2.5
+        assert live["tool_calls"] == 2 and live["tool_failures"] == 0       # one settled, one still pending
+        assert garbled.get("unreadable") is True
+        assert finished == {"call_id": "rtc_done", "started_at": finished["started_at"], "duration_s": 6.5,
+                            "ended": "closed_by_service", "tool_calls": 3, "tool_failures": 2, "responses": 2,
+                            "barge_ins": 1, "reconnects": 1, "runs": 1}
+        assert [c["call_id"] for c in (await (await client.get("/api/voice/calls?limit=1")).get_json())["calls"]] \
+            == ["rtc_live"]
+        for bad in ("0", "201", "x", "-1"):
+            response = await client.get(f"/api/voice/calls?limit={bad}")
+            assert response.status_code == 400 and await error_of(response) == "limit must be an integer from 1 to 200"
+
+        detail = await (await client.get("/api/voice/calls/rtc_done")).get_json()
+        assert detail["call"] == finished
+        assert [line["kind"] for line in detail["lines"]][0] == "start"
+        assert detail["transcript"] == [
+            {"role": "user", "text": "What's on today?", "item_id": "item_1", "t": detail["transcript"][0]["t"]},
+            {"role": "assistant", "text": "Three meetings <and> a launch.", "item_id": "item_2",
+             "t": detail["transcript"][1]["t"]}]
+        live_detail = await (await client.get("/api/voice/calls/rtc_live")).get_json()
+        assert [line["kind"] for line in live_detail["lines"]] == ["start", "future_kind", "tool_call", "tool_started"]
+
+        response = await client.get("/api/voice/calls/rtc_nope")
+        assert response.status_code == 404 and await error_of(response) == E.CALL_NOT_FOUND
+        response = await client.get("/api/voice/calls/rtc_garbled")
+        assert response.status_code == 500 and await error_of(response) == "call record unreadable"
+        response = await client.get("/api/voice/calls/bad%20id")
+        assert response.status_code == 400 and await error_of(response) == E.CALL_ID_INVALID
+
+
+def test_listing_is_bounded_and_empty_without_records(tmp_path):
+    assert history.list_calls(tmp_path / "nothing") == []
+    for i in range(5):
+        write_raw(tmp_path, f"rtc_{i}", [{"kind": "start", "t": 0, "call_id": f"rtc_{i}"}], mtime=1000 + i)
+    assert [c["call_id"] for c in history.list_calls(tmp_path, limit=3)] == ["rtc_4", "rtc_3", "rtc_2"]
+
+
+async def test_the_timeline_picture_draws_tools_barge_ins_and_reconnects(journal, tmp_path):
+    await write_demo_like_record(tmp_path / "state", "rtc_done")
+    app = create_app(settings(journal, tmp_path))
+    async with app.test_app() as test_app:
+        response = await test_app.test_client().get("/api/voice/calls/rtc_done/timeline.svg")
+        assert response.status_code == 200 and response.mimetype == "image/svg+xml"
+        assert response.headers["Content-Security-Policy"] == "default-src 'none'"
+        svg = (await response.get_data()).decode()
+    root = ET.fromstring(svg)        # well-formed, and the tool name with <> was escaped
+    texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "briefing.get · epoch 1" in texts and "calendar<today> · epoch 2" in texts
+    assert "ok · 4.2 ms" in texts and "timeout · 120.0 ms" in texts and "unanswered · no duration" in texts
+    assert "barge-in" in texts and "reconnect 1" in texts and "end: closed_by_service" in texts
+    assert "cancelled response (barge-in)" in texts          # the legend
+    assert "<script" not in svg and "href" not in svg
+
+
+def test_a_second_run_continues_the_timeline_and_an_open_one_is_marked():
+    from voiceactors.http import timeline_svg
+    lines = [{"kind": "start", "t": 0}, {"kind": "end", "t": 3.0, "duration_s": 3.0, "reason": "reconnect_exhausted"},
+             {"kind": "start", "t": 0}, {"kind": "tool_call", "t": 1.0, "tool": "today", "duration_ms": 5,
+                                         "outcome": "ok", "epoch": 1},
+             {"kind": "tool_started", "t": 1.5, "tool_call_id": "z", "tool": "entity.get", "epoch": 1}]
+    assert [p.at for p in timeline_svg.place(lines)] == [0, 3.0, 3.0, 4.0, 4.5]
+    svg = timeline_svg.render(lines)
+    assert "new run" in svg and "no end recorded" in svg
+    assert "entity.get · epoch 1" in svg and "pending · no duration" in svg
+    ET.fromstring(svg)

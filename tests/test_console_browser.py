@@ -1,0 +1,348 @@
+"""The console in a real headless Chromium, inside a loopback-only network namespace.
+
+One harness per module (``console_harness.py``, started under ``unshare -n``)
+runs the Realtime simulator, six voice servers (``main``; ``nokey`` without
+an OpenAI key; ``full`` with ``max_calls=0``; ``token`` requiring an API token;
+``gone``, stopped by a test; ``slowbrain``, whose brain never gets ready) and
+one Chromium; each test opens its own tab.
+Every test ends by asserting that the browser reported no JavaScript error,
+console error or CSP violation (besides network errors the test provoked).
+Screenshots are written under the module's temp dir (paths printed).
+
+Tests that need a live WebRTC answer skip, saying so, when the simulator does
+not answer a browser's preflight for ``POST /v1/realtime/calls``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from tests.browser_support import Harness, unavailable
+
+REASON = unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"browser tests: {REASON}")
+
+TOKEN = "tok-browser-test-8c1d4e2f9a7b3605"
+FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
+SERVERS = {"main": {}, "nokey": {"openai_api_key_env": None}, "full": {"max_calls": 0},
+           "token": {"api_token": TOKEN}, "gone": {},
+           # a brain whose backend never answers: the session waits 1 s, then "brain not ready"
+           "slowbrain": {"journal_voice": {"brain": "claude"}, "claude_command": str(FAKE_CLAUDE),
+                         "brain_ready_wait_s": 1.0, "env": {"FAKE_CLAUDE_MODE": "hang"}}}
+CALL_DEADLINE_S = 60.0      # the demo call takes about 15 s
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("console-browser")
+    h = Harness(tmp, SERVERS)
+    h.screens = tmp / "screenshots"
+    h.screens.mkdir()
+    try:
+        yield h
+    finally:
+        h.close()
+        log = Path(h.ready["log"]).read_text()
+        assert '"unhandled error"' not in log
+        assert TOKEN not in log, "the API token reached a log"
+
+
+@pytest.fixture
+def page(harness):
+    tab = harness.new_page()
+    yield tab
+    tab.close()
+
+
+def url(harness, server: str, path: str = "/") -> str:
+    return harness.ready["servers"][server].rstrip("/") + path
+
+
+def needs_webrtc(harness) -> None:
+    if not harness.ready["webrtc"]:
+        pytest.skip("the simulator has no WebRTC answerer yet (its POST /v1/realtime/calls refuses a browser's "
+                    "CORS preflight; the webrtc branch adds the aiortc answer)")
+
+
+def scenario_turns() -> list[list[str]]:
+    """The demo scenario's utterances, user and assistant, in spoken order."""
+    steps = json.loads((resources.files("voiceactors.realtime") / "scenarios" / "demo.json").read_text())["steps"]
+    turns = []
+    for step in steps:
+        for kind, role in (("user_turn", "user"), ("barge_in", "user"), ("response", "assistant")):
+            if kind in step and step[kind].get("text"):
+                turns.append([role, step[kind]["text"]])
+    return turns
+
+
+def open_console(page, harness, server: str = "main") -> None:
+    page.goto(url(harness, server), ready="document.body && document.body.dataset.ready === '1'")
+
+
+def wait_state(page, state: str, timeout: float = 20.0) -> None:
+    page.wait_for(f"document.body.dataset.callState === {json.dumps(state)}", timeout, f"call state {state}")
+
+
+# --- without a WebRTC answer ---------------------------------------------------------------
+
+def test_the_console_loads_under_its_policy_without_a_single_error(harness, page):
+    open_console(page, harness)
+    headers = page.js("fetch('/').then(r => ({csp: r.headers.get('content-security-policy'),"
+                      " nosniff: r.headers.get('x-content-type-options')}))")
+    sim_origin = harness.ready["simulator"].rsplit("/v1", 1)[0]
+    assert headers["csp"].startswith("default-src 'none'; script-src 'self'; style-src 'self'; ")
+    assert f"connect-src 'self' {sim_origin};" in headers["csp"]
+    assert headers["nosniff"] == "nosniff"
+    assert page.visible("#start") and page.text("#start") == "Start"
+    assert not page.visible("#hangup") and not page.visible("#signin-panel")
+    assert page.visible("#demo-badge")
+    page.screenshot(harness.screens / "console-ready.png")
+    assert page.problems() == []
+
+
+def test_the_policy_is_enforced_and_a_violation_would_be_caught(harness, page):
+    # proves the collector can fail: an injected inline script is refused and reported
+    open_console(page, harness)
+    page.js("(() => { const s = document.createElement('script'); s.textContent = 'window.__ran = 1';"
+            " document.body.append(s); })()")
+    page.wait_for("window.__cspViolations.length > 0", 5, "the CSP violation report")
+    assert page.js("window.__ran === undefined")
+    problems = page.problems()
+    assert problems and all("script-src" in p or "Content Security Policy" in p for p in problems), problems
+
+
+def test_no_key_is_said_in_words_with_a_retry(harness, page):
+    open_console(page, harness, "nokey")
+    page.click("#start")
+    page.wait_for("!document.getElementById('error').hidden", 15, "the error")
+    assert "No OpenAI key is configured" in page.text("#error-text")
+    assert page.visible("#retry") and page.visible("#start")
+    assert page.js("document.body.dataset.callState") == "ended"
+    page.screenshot(harness.screens / "console-no-key.png")
+    page.click("#retry")
+    page.wait_for("document.body.dataset.callState === 'ended'", 15, "the retry to fail again")
+    assert "No OpenAI key" in page.text("#error-text")
+    assert page.problems(allow_network=("status of 503",)) == []
+
+
+def test_brain_not_ready_is_said_in_words(harness, page):
+    open_console(page, harness, "slowbrain")
+    page.click("#start")
+    page.wait_for("!document.getElementById('error').hidden", 20, "the error")
+    assert "brain not ready" in page.text("#error-text")
+    assert page.visible("#retry")
+    assert page.problems(allow_network=("status of 503",)) == []
+
+
+def test_a_refused_microphone_is_said_in_words(harness, page):
+    # --use-fake-ui-for-media-stream grants every prompt (and outranks
+    # Browser.setPermission), so this tab's browser refuses the way Chromium
+    # does when the person clicks "Block": getUserMedia rejects with NotAllowedError.
+    page.on_new_document("navigator.mediaDevices.getUserMedia = () => Promise.reject("
+                         "new DOMException('Permission denied', 'NotAllowedError'));")
+    open_console(page, harness)
+    page.click("#start")
+    page.wait_for("!document.getElementById('error').hidden", 20, "the error")
+    assert "microphone was refused" in page.text("#error-text")
+    assert page.js("document.body.dataset.callState") == "ended"
+    assert page.visible("#retry")
+    assert page.problems() == []
+
+
+def test_webrtc_failure_is_said_in_words(harness, page):
+    # the browser's own network layer refuses the offer (CDP Fetch), as an
+    # unreachable Realtime service would
+    page.send("Fetch.enable", {"patterns": [{"urlPattern": "*/realtime/calls*", "requestStage": "Request"}]})
+    open_console(page, harness)
+    page.click("#start")
+    deadline = time.monotonic() + 20
+    while page.js("document.getElementById('error').hidden"):
+        for event in page.take_events("Fetch.requestPaused"):
+            page.send("Fetch.failRequest", {"requestId": event["params"]["requestId"],
+                                            "errorReason": "ConnectionRefused"})
+        assert time.monotonic() < deadline, "no error shown"
+        time.sleep(0.1)
+    assert "WebRTC failed" in page.text("#error-text") and "could not be reached" in page.text("#error-text")
+    assert page.js("document.body.dataset.callState") == "ended" and page.visible("#retry")
+    assert page.problems(allow_network=("ERR_CONNECTION_REFUSED",)) == []
+
+
+def test_the_server_gone_is_said_in_words(harness, page):
+    open_console(page, harness, "gone")
+    harness.send("Harness.stop_server", {"server": "gone"})
+    page.wait_for("fetch('/api/voice/status').then(() => false, () => true)", 20, "the server to stop")
+    page.click("#start")
+    page.wait_for("!document.getElementById('error').hidden", 15, "the error")
+    assert "not answering" in page.text("#error-text")
+    assert page.visible("#retry")
+    assert page.problems(allow_network=("ERR_CONNECTION_REFUSED",)) == []
+
+
+def test_sign_in_keeps_the_token_out_of_the_page(harness, page):
+    open_console(page, harness, "token")
+    assert page.visible("#signin-panel") and not page.visible("#call-panel")
+    page.js(f"document.getElementById('token').value = 'wrong-token'")
+    page.click("#signin-submit")
+    page.wait_for("!document.getElementById('signin-error').hidden", 10, "the refusal")
+    assert "not accepted" in page.text("#signin-error")
+    page.js(f"document.getElementById('token').value = {json.dumps(TOKEN)}")
+    page.click("#signin-submit")
+    page.wait_for("!document.getElementById('call-panel').hidden", 10, "the console after sign-in")
+    assert page.visible("#start") and page.visible("#logout")
+    # the token is nowhere the page (or another origin) can read it
+    found = page.js("JSON.stringify({cookie: document.cookie, url: location.href, local: {...localStorage},"
+                    " session: {...sessionStorage}, field: document.getElementById('token').value,"
+                    " html: document.documentElement.outerHTML})")
+    assert TOKEN not in found and "voiceactors_session" not in found
+    # the cookie works for fetch (and for EventSource, which sends it the same way)
+    assert page.js("fetch('/api/voice/status').then(r => r.status)") == 200
+    if harness.ready["webrtc"]:
+        # a live call under the cookie: the feed (EventSource, no headers) reaches the page
+        page.click("#start")
+        wait_state(page, "live", 20)
+        page.wait_for("document.querySelectorAll('#tools li[data-status=\"finished\"]').length > 0", 15,
+                      "a finished tool call from the feed")
+        page.click("#hangup")
+        wait_state(page, "ended", 5)
+    page.goto(url(harness, "token", "/calls"), ready="document.getElementById('calls-status').textContent !== 'loading…'")
+    assert "Sign in" not in page.text("#calls-status")
+    page.goto(url(harness, "token"), ready="document.body.dataset.ready === '1'")
+    page.click("#logout")
+    page.wait_for("!document.getElementById('signin-panel').hidden", 10, "the sign-in form after sign-out")
+    assert page.js("fetch('/api/voice/status').then(r => r.status)") == 401
+    assert page.problems(allow_network=("status of 401",)) == []
+
+
+RECORD = [
+    {"kind": "start", "t": 0.0, "call_id": "rtc_seeded_1", "at": "2026-03-27T09:15:00+00:00"},
+    {"kind": "connect", "t": 0.01, "attempt": 1},
+    {"kind": "transcript", "t": 0.4, "role": "user", "item_id": "item_u1", "text": "What's on today?"},
+    {"kind": "response", "t": 0.61, "response_id": "resp_1", "status": "completed", "epoch": 1, "origin": "model",
+     "tool_calls": ["call_1"]},
+    {"kind": "response", "t": 1.4, "response_id": "resp_2", "status": "completed", "epoch": 1, "origin": "ours",
+     "tool_calls": []},
+    {"kind": "transcript", "t": 1.5, "role": "assistant", "item_id": "item_a1", "text": "Standup at 9:30, then the launch review."},
+    {"kind": "reconnect", "t": 2.0, "attempt": 1, "delay_s": 0.5, "close_code": 1006},
+    {"kind": "response", "t": 3.3, "response_id": "resp_3", "status": "cancelled", "epoch": 2, "origin": "model",
+     "tool_calls": ["call_2", "call_3"]},
+    {"kind": "response_create", "t": 0.62, "event_id": "evt_1", "epoch": 1, "result": "sent", "response_id": "resp_2",
+     "for": ["resp_1"]},
+    {"kind": "tool_call", "t": 0.6, "tool_call_id": "call_1", "tool": "briefing.get", "response_id": "resp_1",
+     "epoch": 1, "turn": 1, "duration_ms": 3.0, "outcome": "ok"},
+    {"kind": "tool_call", "t": 2.9, "tool_call_id": "call_2", "tool": "journal.search", "response_id": "resp_3",
+     "epoch": 2, "turn": 2, "duration_ms": 180.0, "outcome": "ok"},
+    {"kind": "tool_call", "t": 2.9, "tool_call_id": "call_3", "tool": "calendar.today", "response_id": "resp_3",
+     "epoch": 2, "turn": 2, "duration_ms": 10000.0, "outcome": "timeout"},
+    {"kind": "end", "t": 14.0, "reason": "closed_by_service", "duration_s": 14.0, "epoch": 2, "reconnects": 1,
+     "tool_calls": 3, "responses": 3},
+]
+
+
+def test_call_history_lists_a_call_and_draws_its_timeline(harness, page):
+    harness.send("Harness.seed", {"server": "main", "call_id": "rtc_seeded_1", "lines": RECORD})
+    page.goto(url(harness, "main", "/calls"), ready="!document.getElementById('calls').hidden")
+    row = page.js("[...document.querySelector('tr[data-call-id=\"rtc_seeded_1\"]').cells].map(c => c.textContent)")
+    assert row[1] == "rtc_seeded_1" and row[2] == "14.0 s" and "closed" in row[3]
+    assert row[4] == "3 (1 failed)" and row[5] == "1" and row[6] == "1"
+    page.screenshot(harness.screens / "history.png")
+    page.click("tr[data-call-id='rtc_seeded_1'] a")
+    page.wait_for("location.pathname === '/calls/rtc_seeded_1' && document.getElementById('timeline').complete"
+                  " && document.getElementById('timeline').naturalWidth > 0", 10, "the timeline picture")
+    assert page.texts("#transcript .text") == ["What's on today?", "Standup at 9:30, then the launch review."]
+    assert "barge-ins1" in page.text("#call-summary").replace(" ", "")
+    page.screenshot(harness.screens / "call-timeline.png")
+    assert page.problems() == []
+
+
+# --- with a WebRTC answer ------------------------------------------------------------------
+
+def test_the_demo_call_from_start_to_end(harness, page):
+    needs_webrtc(harness)
+    open_console(page, harness)
+    page.click("#start")
+    wait_state(page, "live", 20)
+    shot_taken = False
+    deadline = time.monotonic() + CALL_DEADLINE_S
+    while page.js("document.body.dataset.callState") != "ended":
+        if not shot_taken and len(page.texts("#tools li[data-status='finished']")) >= 4:
+            page.screenshot(harness.screens / "console-live.png")
+            shot_taken = True
+        assert time.monotonic() < deadline, "the demo call did not end"
+        time.sleep(0.2)
+    call_id = page.js("document.body.dataset.callId")
+    report = harness.send("Harness.simulator")["calls"][call_id]
+    # the simulator: each tool call answered exactly once, no protocol error
+    assert report["tool_calls"] and all(t["answered"] == 1 for t in report["tool_calls"].values()), report
+    assert report["errors_sent"] == [] and report["violations"] == [], report
+    # the page: every tool call in the feed, finished
+    shown = page.js("[...document.querySelectorAll('#tools li.tool')].map(li => [li.dataset.toolCallId, li.dataset.status])")
+    assert sorted(shown) == sorted([tid, "finished"] for tid in report["tool_calls"])
+    # the conversation in spoken order, both sides; the barge-in shown as such
+    turns = page.js("[...document.querySelectorAll('#conversation li:not([hidden])')].map(li => [li.dataset.role, li.querySelector('.text').textContent])")
+    # exactly the scenario's words, in the order they were spoken
+    assert turns == scenario_turns(), turns
+    cancelled = [r for r in report["responses"] if r["status"] == "cancelled"]
+    assert cancelled, "the demo scenario has a barge-in"
+    assert page.texts("#tools li.barge-in"), "the barge-in is not shown"
+    assert page.texts("#conversation li.interrupted"), "the cut-off reply is not marked"
+    # nav hints as links
+    hints = page.js("[...document.querySelectorAll('#nav-hints a')].map(a => a.textContent)")
+    assert any("search" in h for h in hints), hints
+    assert "closed_by_service" in page.text("#state-detail")      # the reason, from the feed
+    page.screenshot(harness.screens / "console-ended.png")
+    # the call's record, as the history page reads it (written as the call goes or at its end)
+    record = page.wait_for(f"fetch('/api/voice/calls/{call_id}').then(r => r.ok ? r.json() : null)"
+                           ".then(d => d && d.call.ended ? d.call : null)", 15, "the call's record")
+    assert record["tool_calls"] == len(report["tool_calls"]) and record["barge_ins"] >= 1, record
+    assert page.problems(allow_network=("status of 404",)) == []
+
+
+def test_hang_up_from_the_page(harness, page):
+    needs_webrtc(harness)
+    open_console(page, harness)
+    page.click("#start")
+    wait_state(page, "live", 20)
+    page.wait_for("document.querySelectorAll('#tools li.tool').length > 0", 15, "a first tool call")
+    page.click("#hangup")
+    wait_state(page, "ended", 5)
+    assert "hung up" in page.text("#state-detail")
+    call_id = page.js("document.body.dataset.callId")
+    deadline = time.monotonic() + 15
+    while not harness.send("Harness.simulator")["calls"][call_id]["closed"]:
+        assert time.monotonic() < deadline, "the simulator never saw the call end after Hang up"
+        time.sleep(0.2)
+    assert page.visible("#start") and not page.visible("#hangup")
+    assert page.problems() == []
+
+
+def test_hang_up_while_connecting_is_not_an_error(harness, page):
+    needs_webrtc(harness)
+    open_console(page, harness)
+    # Hang up the moment the offer is answered (the call id is shown), before the
+    # data channel opens: a MutationObserver runs before the channel's open event can.
+    page.js("new MutationObserver((_, observer) => { if (document.body.dataset.callId) {"
+            " observer.disconnect(); window.__hungUpIn = document.body.dataset.callState;"
+            " document.getElementById('hangup').click(); } })"
+            ".observe(document.body, {attributes: true, attributeFilter: ['data-call-id']})")
+    page.click("#start")
+    wait_state(page, "ended", 20)
+    assert page.js("window.__hungUpIn") == "connecting"
+    time.sleep(1.0)       # anything the torn-down connection still reports comes now
+    assert page.js("document.getElementById('error').hidden"), page.text("#error-text")
+    assert "hung up" in page.text("#state-detail")
+    assert page.problems() == []
+
+
+def test_at_capacity_is_said_in_words(harness, page):
+    needs_webrtc(harness)
+    open_console(page, harness, "full")
+    page.click("#start")
+    page.wait_for("!document.getElementById('error').hidden", 20, "the error")
+    assert "at capacity" in page.text("#error-text")
+    assert page.js("document.body.dataset.callState") == "ended"
+    assert page.problems(allow_network=("status of 503",)) == []

@@ -1,0 +1,1 @@
+"""The voice console's assets (HTML, JS, CSS), served by ``voiceactors.http.console``."""

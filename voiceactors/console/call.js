@@ -1,0 +1,34 @@
+// One call: its summary, its timeline (an SVG drawn by the server) and its transcript.
+"use strict";
+
+(async () => {
+  const { api, el, duration, when, reason } = VA;
+  const $ = (id) => document.getElementById(id);
+  const callId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop() || "");
+  $("call-title").textContent = `Call ${callId}`;
+  let detail;
+  try {
+    detail = await api("GET", `/api/voice/calls/${encodeURIComponent(callId)}`);
+  } catch (e) {
+    $("call-status").replaceChildren(e.message, " ", e.kind === "unauthorized" ? el("a", { href: "/" }, "Sign in on the console.") : "");
+    $("call-status").classList.add("error-text");
+    return;
+  }
+  const c = detail.call;
+  $("call-status").hidden = true;
+  const rows = [["started", when(c.started_at)], ["duration", duration(c.duration_s)], ["ended", reason(c.ended)],
+    ["tool calls", c.tool_failures ? `${c.tool_calls} (${c.tool_failures} failed)` : c.tool_calls],
+    ["responses", c.responses], ["barge-ins", c.barge_ins], ["reconnects", c.reconnects]];
+  $("call-summary").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
+  $("call-summary").hidden = false;
+  const img = $("timeline");
+  img.src = `/api/voice/calls/${encodeURIComponent(callId)}/timeline.svg`;
+  img.hidden = false;
+  const list = $("transcript");
+  for (const line of detail.transcript) {
+    list.append(el("li", { class: "turn", dataset: { role: line.role || "", itemId: line.item_id || "" } },
+      el("span", { class: "who" }, line.role === "user" ? "you" : line.role || "?"),
+      el("span", { class: "text" }, line.text)));
+  }
+  $("transcript-empty").hidden = detail.transcript.length > 0;
+})();

@@ -1,0 +1,402 @@
+// The voice console: one call from Start to Hang up.
+//
+// mint (/api/voice/session) → microphone → RTCPeerConnection + "oai-events"
+// data channel → offer to {realtime base}/realtime/calls → call id from
+// Location → answer → once the channel is open, /api/voice/connect → follow
+// /api/voice/events. The call ends on Hang up, the channel's close, or the
+// feed's call.ended — whichever comes first.
+"use strict";
+
+(() => {
+  const { api, ApiFailure, el, reason } = VA;
+  const $ = (id) => document.getElementById(id);
+  const CHANNEL_OPEN_TIMEOUT_MS = 15000;
+  const FEED_END_GRACE_MS = 1500;
+
+  let config = null;
+  let call = null;          // the live call's resources, or null
+
+  // --- state and errors -------------------------------------------------------
+
+  function setState(name, detail) {
+    $("state").dataset.state = name;
+    $("state-dot").dataset.state = name;
+    $("state").textContent = name;
+    $("state-detail").textContent = detail || "";
+    const busy = name === "connecting" || name === "live";
+    $("start").hidden = busy;
+    $("hangup").hidden = !busy;
+    document.body.dataset.callState = name;
+  }
+
+  function showError(words, kind) {
+    $("error-text").textContent = words;
+    $("error").dataset.kind = kind || "error";
+    $("error").hidden = false;
+    $("retry").focus();
+  }
+
+  function clearError() {
+    $("error").hidden = true;
+    $("error-text").textContent = "";
+    delete $("error").dataset.kind;
+  }
+
+  class CallFailure extends Error {
+    constructor(kind, words) { super(words); this.kind = kind; }
+  }
+
+  // --- conversation (spoken order, by item) -------------------------------------
+
+  function itemNode(itemId, role, previousId) {
+    const list = $("conversation");
+    let node = itemId ? list.querySelector(`li[data-item-id="${CSS.escape(itemId)}"]`) : null;
+    if (!node) {
+      node = el("li", { class: "turn", dataset: { itemId: itemId || "", role: role || "" } },
+        el("span", { class: "who" }), el("span", { class: "text" }));
+      node.hidden = true;       // shown once it has words
+      const previous = previousId ? list.querySelector(`li[data-item-id="${CSS.escape(previousId)}"]`) : null;
+      if (previous) previous.after(node); else list.append(node);
+    }
+    if (role && !node.dataset.role) node.dataset.role = role;
+    return node;
+  }
+
+  function setWords(itemId, role, text, { append = false, final = false } = {}) {
+    if (role !== "user" && role !== "assistant") return;
+    const node = itemNode(itemId, role);
+    node.dataset.role = role;
+    node.querySelector(".who").textContent = role === "user" ? "you" : "assistant";
+    const span = node.querySelector(".text");
+    if (final || !node.dataset.final) span.textContent = append ? span.textContent + text : text;
+    if (final) node.dataset.final = "1";
+    node.hidden = !span.textContent;
+  }
+
+  function markInterrupted(itemIds) {
+    for (const itemId of itemIds) {
+      const node = $("conversation").querySelector(`li[data-item-id="${CSS.escape(itemId)}"]`);
+      if (node && !node.querySelector(".barge")) {
+        node.classList.add("interrupted");
+        node.append(el("span", { class: "barge" }, "interrupted (barge-in)"));
+      }
+    }
+  }
+
+  // --- the tool feed ---------------------------------------------------------------
+
+  function toolNode(event) {
+    const list = $("tools");
+    let node = list.querySelector(`li[data-tool-call-id="${CSS.escape(event.tool_call_id)}"]`);
+    if (!node) {
+      node = el("li", { class: "tool", dataset: { toolCallId: event.tool_call_id, status: "running" } },
+        el("span", { class: "tool-name" }, event.tool),
+        el("span", { class: "tool-epoch" }, `epoch ${event.epoch}`),
+        el("span", { class: "tool-status" }, "running…"));
+      list.append(node);
+    }
+    return node;
+  }
+
+  function onFeedEvent(event) {
+    switch (event.type) {
+      case "tool.started":
+        toolNode(event);
+        break;
+      case "tool.finished":
+      case "tool.failed": {
+        const node = toolNode(event);
+        const ok = event.type === "tool.finished";
+        node.dataset.status = ok ? "finished" : "failed";
+        node.querySelector(".tool-status").textContent =
+          `${ok ? "✓" : "✗"} ${event.outcome} · ${Number(event.duration_ms).toFixed(1)} ms`;
+        break;
+      }
+      case "nav.hint":
+        $("nav-hints").append(el("li", { dataset: { tool: event.tool } },
+          el("a", { href: `#${event.target}`, class: "nav", title: `from ${event.tool}` }, event.target)));
+        break;
+      case "observer.action":
+        $("observer").append(el("li", {}, `${event.tool}: `, el("code", {}, JSON.stringify(event.action))));
+        break;
+      case "transcript":
+        // the data channel usually got there first; this fills what it missed
+        setWords(event.item_id, event.role, event.text, { final: !itemHasWords(event.item_id) });
+        break;
+      case "call.ended":
+        endCall(`ended: ${reason(event.reason)}`, event.reason);
+        break;
+    }
+  }
+
+  function itemHasWords(itemId) {
+    const node = itemId && $("conversation").querySelector(`li[data-item-id="${CSS.escape(itemId)}"]`);
+    return Boolean(node && node.dataset.final);
+  }
+
+  // --- the data channel's server events --------------------------------------------------
+
+  function onServerEvent(event) {
+    switch (event.type) {
+      case "conversation.item.added":
+      case "conversation.item.created":
+        if (event.item) itemNode(event.item.id, event.item.role, event.previous_item_id);
+        break;
+      case "conversation.item.input_audio_transcription.delta":
+        setWords(event.item_id, "user", event.delta || "", { append: true });
+        break;
+      case "conversation.item.input_audio_transcription.completed":
+        setWords(event.item_id, "user", event.transcript || "", { final: true });
+        break;
+      case "response.output_audio_transcript.delta":
+      case "response.output_text.delta":
+        setWords(event.item_id, "assistant", event.delta || "", { append: true });
+        break;
+      case "response.output_audio_transcript.done":
+      case "response.output_text.done":
+        setWords(event.item_id, "assistant", event.transcript ?? event.text ?? "", { final: true });
+        break;
+      case "response.done": {
+        const response = event.response || {};
+        if (response.status === "cancelled") {
+          markInterrupted((response.output || []).map((item) => item.id).filter(Boolean));
+          $("tools").append(el("li", { class: "barge-in", dataset: { responseId: response.id || "" } },
+            "barge-in: you spoke over the assistant; its reply was cut off"));
+        }
+        break;
+      }
+      case "error":
+        $("tools").append(el("li", { class: "service-error" },
+          `service error: ${(event.error && event.error.message) || "unknown"}`));
+        break;
+    }
+  }
+
+  // --- microphone level ----------------------------------------------------------------------
+
+  function startMeter(stream) {
+    const context = new AudioContext();
+    const analyser = context.createAnalyser();
+    analyser.fftSize = 512;
+    context.createMediaStreamSource(stream).connect(analyser);
+    const samples = new Float32Array(analyser.fftSize);
+    let frame = 0;
+    const tick = () => {
+      analyser.getFloatTimeDomainData(samples);
+      let sum = 0;
+      for (const s of samples) sum += s * s;
+      $("mic-level").value = Math.min(1, Math.sqrt(sum / samples.length) * 4);
+      frame = requestAnimationFrame(tick);
+    };
+    tick();
+    return () => { cancelAnimationFrame(frame); $("mic-level").value = 0; context.close().catch(() => {}); };
+  }
+
+  // --- the call ----------------------------------------------------------------------------
+
+  async function microphone() {
+    if (!window.isSecureContext || !navigator.mediaDevices)
+      throw new CallFailure("microphone", "The microphone needs a secure page: open the console on localhost or over https, then retry.");
+    try {
+      return await navigator.mediaDevices.getUserMedia({ audio: true });
+    } catch (e) {
+      if (e && (e.name === "NotAllowedError" || e.name === "SecurityError"))
+        throw new CallFailure("microphone", "The microphone was refused. Allow this page to use the microphone (the icon in the address bar), then retry.");
+      if (e && e.name === "NotFoundError")
+        throw new CallFailure("microphone", "No microphone was found. Connect one, then retry.");
+      throw new CallFailure("microphone", `The microphone could not be opened (${e && e.name}). Retry.`);
+    }
+  }
+
+  async function sendOffer(pc, key) {
+    const offer = await pc.createOffer();
+    await pc.setLocalDescription(offer);
+    let response;
+    try {
+      response = await fetch(`${config.realtime_base_url}/realtime/calls`, {
+        method: "POST", body: offer.sdp, credentials: "omit", cache: "no-store",
+        headers: { "Content-Type": "application/sdp", "Authorization": `Bearer ${key}` },
+      });
+    } catch (e) {
+      throw new CallFailure("webrtc", `WebRTC failed: the Realtime service at ${config.realtime_base_url} could not be reached. Retry.`);
+    }
+    if (response.status !== 201 && response.status !== 200)
+      throw new CallFailure("webrtc", `WebRTC failed: the Realtime service refused the call (${response.status}). Retry.`);
+    const location = response.headers.get("Location") || "";
+    const callId = location.split("/").filter(Boolean).pop();
+    if (!callId) throw new CallFailure("webrtc", "WebRTC failed: the Realtime service gave no call id. Retry.");
+    await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
+    return callId;
+  }
+
+  function channelOpen(channel) {
+    return new Promise((resolve, reject) => {
+      if (channel.readyState === "open") return resolve();
+      const timer = setTimeout(() => reject(new CallFailure("webrtc",
+        "WebRTC failed: the call's connection did not open. Check the network (or a firewall), then retry.")), CHANNEL_OPEN_TIMEOUT_MS);
+      channel.addEventListener("open", () => { clearTimeout(timer); resolve(); }, { once: true });
+      channel.addEventListener("close", () => { clearTimeout(timer); reject(new CallFailure("webrtc",
+        "WebRTC failed: the call's connection closed before it opened. Retry.")); }, { once: true });
+    });
+  }
+
+  function follow(callId) {
+    const source = new EventSource(`/api/voice/events?call_id=${encodeURIComponent(callId)}`);
+    source.onmessage = (message) => {
+      try { onFeedEvent(JSON.parse(message.data)); } catch (e) { console.warn("unreadable feed event"); }
+    };
+    source.onerror = async () => {
+      if (!call || call.ended) return;
+      // The feed ends after call.ended; any other break: is the server still there?
+      try {
+        await api("GET", "/api/voice/status");
+      } catch (e) {
+        if (e instanceof ApiFailure && e.kind === "server-gone") {
+          endCall("ended: the voice server went away");
+          showError(e.message, "server-gone");
+        }
+      }
+    };
+    return source;
+  }
+
+  async function start() {
+    clearError();
+    resetView();
+    setState("connecting", "getting a session…");
+    call = { ended: false, pc: null, channel: null, source: null, stopMeter: null, stream: null, callId: null };
+    const mine = call;
+    try {
+      const session = await api("POST", "/api/voice/session", {});
+      if (mine.ended) return;
+      setState("connecting", "opening the microphone…");
+      mine.stream = await microphone();
+      if (mine.ended) return stopTracks(mine);   // hung up while the microphone opened
+      mine.stopMeter = startMeter(mine.stream);
+      const pc = new RTCPeerConnection();
+      mine.pc = pc;
+      for (const track of mine.stream.getAudioTracks()) pc.addTrack(track, mine.stream);
+      pc.ontrack = (event) => { $("remote-audio").srcObject = event.streams[0]; };
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === "failed" && !mine.ended && mine === call) {
+          endCall("ended: the WebRTC connection failed", "webrtc", mine);
+          showError("WebRTC failed: the connection to the Realtime service broke. Retry.", "webrtc");
+        }
+      };
+      const channel = pc.createDataChannel("oai-events");
+      mine.channel = channel;
+      channel.onmessage = (message) => {
+        try { onServerEvent(JSON.parse(message.data)); } catch (e) { console.warn("unreadable server event"); }
+      };
+      setState("connecting", "calling the Realtime service…");
+      mine.callId = await sendOffer(pc, session.ephemeral_key);
+      document.body.dataset.callId = mine.callId;
+      await channelOpen(channel);
+      if (mine.ended) return;
+      // The channel closes first on a hangup; the feed's call.ended (with the
+      // reason) follows within moments — wait briefly for it.
+      channel.addEventListener("close", () => setTimeout(() => endCall("ended: the call was closed", null, mine), FEED_END_GRACE_MS));
+      setState("connecting", "handing the call to the voice server…");
+      await api("POST", "/api/voice/connect", { call_id: mine.callId });
+      if (mine.ended) return;
+      mine.source = follow(mine.callId);
+      $("live").hidden = false;
+      setState("live", `call ${mine.callId}`);
+    } catch (e) {
+      // already ended (Hang up while connecting): what failed since is a consequence
+      if (mine.ended || mine !== call) return endCall("", null, mine);
+      endCall("ended: the call did not start", null, mine);
+      if (e instanceof ApiFailure && e.kind === "unauthorized") return showSignIn(e.message);
+      showError(e.message || String(e), e.kind || "error");
+    }
+  }
+
+  function stopTracks(resources) {
+    if (resources.stream) for (const track of resources.stream.getTracks()) track.stop();
+  }
+
+  // End a call's resources (the current call unless told which); only the
+  // current call's end changes what the page shows.
+  function endCall(words, why, resources = call) {
+    if (!resources || resources.ended) return;
+    resources.ended = true;
+    if (resources.source) resources.source.close();
+    if (resources.channel && resources.channel.readyState !== "closed") resources.channel.close();
+    if (resources.pc) resources.pc.close();
+    if (resources.stopMeter) resources.stopMeter();
+    stopTracks(resources);
+    if (resources !== call) return;
+    $("remote-audio").srcObject = null;
+    document.body.dataset.endReason = why || words;
+    setState("ended", words.replace(/^ended: /, ""));
+  }
+
+  function resetView() {
+    for (const id of ["conversation", "tools", "nav-hints", "observer"]) $(id).replaceChildren();
+    delete document.body.dataset.callId;
+    delete document.body.dataset.endReason;
+  }
+
+  // --- sign-in --------------------------------------------------------------------------------
+
+  function showSignIn(message) {
+    $("call-panel").hidden = true;
+    $("live").hidden = true;
+    $("signin-panel").hidden = false;
+    $("logout").hidden = true;
+    const error = $("signin-error");
+    error.hidden = !message;
+    error.textContent = message || "";
+    $("token").focus();
+  }
+
+  function showConsole() {
+    $("signin-panel").hidden = true;
+    $("call-panel").hidden = false;
+    $("logout").hidden = !config.token_required;
+    $("demo-badge").hidden = !config.demo;
+  }
+
+  async function signIn(event) {
+    event.preventDefault();
+    const field = $("token");
+    const token = field.value;
+    field.value = "";          // the token lives nowhere in the page after this
+    try {
+      await api("POST", "/api/voice/login", { token });
+      config.signed_in = true;
+      showConsole();
+    } catch (e) {
+      showSignIn(e.kind === "unauthorized" ? "That token was not accepted." : e.message);
+    }
+  }
+
+  async function signOut() {
+    endCall("ended: signed out");
+    try { await api("POST", "/api/voice/logout", {}); } catch (e) { /* the cookie is gone either way */ }
+    config.signed_in = false;
+    showSignIn("");
+  }
+
+  async function boot() {
+    $("start").addEventListener("click", start);
+    $("retry").addEventListener("click", () => (config ? start() : location.reload()));
+    $("hangup").addEventListener("click", () => endCall("ended: you hung up", "hangup"));
+    $("signin").addEventListener("submit", signIn);
+    $("logout").addEventListener("click", signOut);
+    setState("idle", "press Start to talk");
+    try {
+      config = await api("GET", "/api/voice/console-config");
+    } catch (e) {
+      $("call-panel").hidden = false;
+      $("start").hidden = true;
+      showError(e.message, e.kind);
+      return;
+    }
+    if (config.token_required && !config.signed_in) showSignIn("");
+    else showConsole();
+    document.body.dataset.ready = "1";
+  }
+
+  boot();
+})();

@@ -1,0 +1,136 @@
+"""Call history: summaries and lines of the call records, for the console.
+
+Records are read only through ``call_record.read_record``. A record may lack
+its ``end`` line (the call is still live, or the server died mid-call) and
+may hold line kinds this module does not know: both are shown for what they
+are, never an error. Listing is bounded (``MAX_LIST``) and newest first by
+file modification time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from voiceactors.actors.call_record import read_record, record_path
+
+DEFAULT_LIST = 50
+MAX_LIST = 200
+MAX_RECORD_BYTES = 4 * 1024 * 1024    # a record larger than this is not loaded into a page
+
+
+class RecordUnreadable(Exception):
+    """A record file exists but is not JSON lines (or is too large)."""
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    call_id: str
+    path: Path
+    mtime: float
+
+
+def list_record_files(state_dir: Path, limit: int = DEFAULT_LIST) -> list[RecordFile]:
+    """The newest ``limit`` record files under ``<state_dir>/calls``."""
+    folder = Path(state_dir) / "calls"
+    found: list[RecordFile] = []
+    try:
+        entries = list(folder.glob("*.jsonl"))
+    except OSError:
+        return []
+    for path in entries:
+        try:
+            found.append(RecordFile(path.stem, path, path.stat().st_mtime))
+        except OSError:
+            continue        # removed between the listing and the stat
+    found.sort(key=lambda f: (f.mtime, f.call_id), reverse=True)
+    return found[: max(0, limit)]
+
+
+def load_lines(path: Path) -> list[dict[str, Any]]:
+    """A record's lines (objects only). Raises ``RecordUnreadable``;
+    ``FileNotFoundError`` when there is no record."""
+    if path.stat().st_size > MAX_RECORD_BYTES:
+        raise RecordUnreadable("record too large")
+    try:
+        lines = [line for line in read_record(path) if isinstance(line, dict)]
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RecordUnreadable(type(error).__name__) from None
+    if not lines and path.stat().st_size > 0:
+        raise RecordUnreadable("no record line")    # a reader that skips torn lines found nothing whole
+    return lines
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """One call's summary. A file holds one block per actor run (each from
+    ``start`` to ``end``); the summary covers them all: first start, the
+    durations summed, the last end's reason (None while unfinished)."""
+    starts = [line for line in lines if line.get("kind") == "start"]
+    ends = [line for line in lines if line.get("kind") == "end"]
+    tool_calls = settled_and_pending_tool_calls(lines)
+    responses = [line for line in lines if line.get("kind") == "response"]
+    started_at = next((s.get("at") for s in starts if isinstance(s.get("at"), str)), None)
+    durations = [_number(end.get("duration_s")) for end in ends]
+    duration_s = sum(d for d in durations if d is not None) if ends else None
+    unfinished = not ends or len(starts) > len(ends)
+    if unfinished:
+        # still live or cut short: the last line's time is all we know of the open block
+        last_t = max((_number(line.get("t")) or 0.0 for line in _last_block(lines)), default=0.0)
+        duration_s = (duration_s or 0.0) + last_t
+    return {
+        "call_id": call_id,
+        "started_at": started_at,
+        "duration_s": round(duration_s, 3) if duration_s is not None else None,
+        "ended": None if unfinished else ends[-1].get("reason"),
+        "tool_calls": len(tool_calls),
+        "tool_failures": sum(1 for c in tool_calls if c.get("outcome") not in ("ok", "replayed", "pending")),
+        "responses": len(responses),
+        "barge_ins": sum(1 for r in responses if r.get("status") == "cancelled"),
+        "reconnects": sum(1 for line in lines if line.get("kind") == "reconnect"),
+        "runs": max(1, len(starts)),
+    }
+
+
+def settled_and_pending_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per tool call: its ``tool_call`` line (settled), or for a call
+    whose record has only its ``tool_started`` (still running, or the server
+    died), that line with outcome ``pending``."""
+    settled = {line.get("tool_call_id"): line for line in lines if line.get("kind") == "tool_call"}
+    out = [line for line in lines if line.get("kind") == "tool_call"]
+    for line in lines:
+        if line.get("kind") == "tool_started" and line.get("tool_call_id") not in settled:
+            settled[line.get("tool_call_id")] = line
+            out.append({**line, "kind": "tool_call", "outcome": "pending", "duration_ms": None})
+    return out
+
+
+def _last_block(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    last_start = max((i for i, line in enumerate(lines) if line.get("kind") == "start"), default=0)
+    return lines[last_start:]
+
+
+def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any]]:
+    """Summaries of the newest calls; an unreadable record is listed as such."""
+    out = []
+    for record in list_record_files(state_dir, limit):
+        try:
+            out.append(summarize(record.call_id, load_lines(record.path)))
+        except (OSError, RecordUnreadable):
+            out.append({**summarize(record.call_id, []), "ended": None, "duration_s": None,
+                        "unreadable": True})
+    return out
+
+
+def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
+    """``{"call": summary, "lines": [...], "transcript": [...]}`` for one call.
+    Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
+    lines = load_lines(record_path(state_dir, call_id))
+    transcript = [{"role": line.get("role"), "text": line.get("text"), "item_id": line.get("item_id"),
+                   "t": line.get("t")}
+                  for line in lines if line.get("kind") == "transcript" and isinstance(line.get("text"), str)]
+    return {"call": summarize(call_id, lines), "lines": lines, "transcript": transcript}

@@ -1,0 +1,191 @@
+"""One call's timeline as an SVG picture, drawn from its record lines.
+
+Time runs left to right in seconds since the call's first actor started (a
+later run of the same call id continues where the previous one ended). Rows:
+the model's responses (bars where the start is known, a cancelled one marked
+as a barge-in), one row per tool call (its epoch, duration and outcome), and
+vertical marks for reconnects and the end. Text is escaped; the picture has
+no script and no external reference, so it is safe as an ``<img>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+WIDTH = 780
+LABEL_W = 170          # the left column: row labels
+PLOT_RIGHT = 130       # room after the plot for the last bar's text
+ROW_H = 22
+TOP = 34
+MAX_TOOL_ROWS = 40
+
+OUTCOME_COLOURS = {"ok": "#2f9e6b", "replayed": "#3a86c8", "unanswered": "#9a9a9a", "pending": "#c9b458"}
+FAILED_COLOUR = "#d9534f"
+RESPONSE_COLOUR = "#7b68c8"
+OURS_COLOUR = "#b39ddb"
+CANCELLED_COLOUR = "#e8913a"
+RECONNECT_COLOUR = "#c0392b"
+TEXT = "#2b2b33"
+MUTED = "#6b6b78"
+
+
+@dataclass
+class Placed:
+    """A record line with its time on the call's whole clock."""
+
+    at: float
+    line: dict[str, Any]
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def place(lines: list[dict[str, Any]]) -> list[Placed]:
+    """Every line on one clock: each run's ``t`` plus the runs before it."""
+    placed: list[Placed] = []
+    offset, block_end = 0.0, 0.0
+    for line in lines:
+        if line.get("kind") == "start" and placed:
+            offset += block_end
+            block_end = 0.0
+        t = _num(line.get("t"))
+        block_end = max(block_end, t, _num(line.get("duration_s")) if line.get("kind") == "end" else 0.0)
+        placed.append(Placed(offset + t, line))
+    return placed
+
+
+def _tool_rows(placed: list[Placed]) -> list[Placed]:
+    """Each settled tool call, and each one only started (``pending``)."""
+    settled = {p.line.get("tool_call_id") for p in placed if p.line.get("kind") == "tool_call"}
+    rows = [p for p in placed if p.line.get("kind") == "tool_call"]
+    for p in placed:
+        if p.line.get("kind") == "tool_started" and p.line.get("tool_call_id") not in settled:
+            settled.add(p.line.get("tool_call_id"))
+            rows.append(Placed(p.at, {**p.line, "outcome": "pending", "duration_ms": None}))
+    return rows
+
+
+def _attr(**values: Any) -> str:
+    return " ".join(f"{name.rstrip('_').replace('_', '-')}={quoteattr(str(v))}" for name, v in values.items())
+
+
+def _text(x: float, y: float, body: str, **extra: Any) -> str:
+    extra.setdefault("fill", TEXT)
+    return f"<text {_attr(x=round(x, 1), y=round(y, 1), **extra)}>{escape(body)}</text>"
+
+
+def _rect(x: float, y: float, w: float, h: float, fill: str, **extra: Any) -> str:
+    return f"<rect {_attr(x=round(x, 1), y=round(y, 1), width=round(max(w, 3.0), 1), height=h, fill=fill, **extra)}/>"
+
+
+def _tool_label(line: dict[str, Any]) -> str:
+    duration = line.get("duration_ms")
+    took = f"{_num(duration):.1f} ms" if duration is not None else "no duration"
+    return f"{line.get('outcome', '?')} · {took}"
+
+
+def render(lines: list[dict[str, Any]]) -> str:
+    """The SVG document for one call's record lines."""
+    placed = place(lines)
+    responses = [p for p in placed if p.line.get("kind") == "response"]
+    tools = sorted(_tool_rows(placed), key=lambda p: p.at)
+    shown_tools, hidden_tools = tools[:MAX_TOOL_ROWS], max(0, len(tools) - MAX_TOOL_ROWS)
+    creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == "response_create"}
+    span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
+    plot_w = WIDTH - LABEL_W - PLOT_RIGHT
+
+    def x(at: float) -> float:
+        return LABEL_W + plot_w * at / span
+
+    rows = 1 + len(shown_tools) + (1 if hidden_tools else 0)
+    plot_bottom = TOP + rows * ROW_H
+    legend_y = plot_bottom + 40
+    height = legend_y + 40
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" {_attr(width=WIDTH, height=height, viewBox=f"0 0 {WIDTH} {height}")} '
+           'font-family="system-ui, sans-serif" font-size="12" role="img">',
+           f"<title>{escape('call timeline')}</title>",
+           _rect(0, 0, WIDTH, height, "#ffffff")]
+    out += _axis(span, x, plot_bottom)
+    # responses
+    y = TOP
+    out.append(_text(8, y + 15, "responses", font_weight="600"))
+    for p in responses:
+        line = p.line
+        cancelled = line.get("status") == "cancelled"
+        ours = line.get("origin") == "ours"
+        related = [t.at for t in tools if t.line.get("response_id") == line.get("response_id")]
+        begin = creates.get(line.get("response_id")) if ours else (min(related) if related else None)
+        colour = CANCELLED_COLOUR if cancelled else (OURS_COLOUR if ours else RESPONSE_COLOUR)
+        tip = f"response {line.get('response_id')} · {line.get('status')} · epoch {line.get('epoch')} · {line.get('origin')}"
+        if begin is not None and begin < p.at:
+            out.append(_rect(x(begin), y + 4, x(p.at) - x(begin), 14, colour, rx=3) [:-2]
+                       + f"><title>{escape(tip)}</title></rect>")
+        else:
+            out.append(f'<circle {_attr(cx=round(x(p.at), 1), cy=y + 11, r=5, fill=colour)}><title>{escape(tip)}</title></circle>')
+        if cancelled:
+            out.append(_text(x(p.at) + 6, y + 15, "barge-in", fill=CANCELLED_COLOUR, font_weight="600"))
+    # tool calls
+    for i, p in enumerate(shown_tools):
+        line = p.line
+        y = TOP + (i + 1) * ROW_H
+        outcome = str(line.get("outcome", "unanswered"))
+        colour = OUTCOME_COLOURS.get(outcome, FAILED_COLOUR)
+        end = p.at + _num(line.get("duration_ms")) / 1000
+        out.append(_text(8, y + 15, f"{line.get('tool', '?')} · epoch {line.get('epoch', '?')}"))
+        out.append(_rect(x(p.at), y + 5, x(end) - x(p.at), 12, colour, rx=2))
+        out.append(_text(max(x(end), x(p.at) + 3) + 5, y + 15, _tool_label(line), fill=MUTED))
+    if hidden_tools:
+        out.append(_text(8, TOP + (len(shown_tools) + 1) * ROW_H + 15, f"… {hidden_tools} more tool calls", fill=MUTED))
+    # reconnects, later runs, the end
+    for p in placed:
+        kind = p.line.get("kind")
+        if kind == "reconnect":
+            out += _mark(x(p.at), plot_bottom, f"reconnect {p.line.get('attempt', '')}".strip(), RECONNECT_COLOUR)
+        elif kind == "start" and p.at > 0:
+            out += _mark(x(p.at), plot_bottom, "new run", RECONNECT_COLOUR)
+        elif kind == "end":
+            out += _mark(x(p.at), plot_bottom, f"end: {p.line.get('reason', '?')}", MUTED)
+    kinds = [p.line.get("kind") for p in placed]
+    if kinds.count("start") > kinds.count("end") or "end" not in kinds:
+        out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
+    out += _legend(legend_y)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _axis(span: float, x: Any, bottom: float) -> list[str]:
+    step = next(s for s in (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 1e9) if span / s <= 12)
+    out = [f'<line {_attr(x1=LABEL_W, y1=bottom, x2=round(x(span), 1), y2=bottom, stroke=MUTED)}/>']
+    tick = 0.0
+    while tick <= span + 1e-9:
+        out.append(f'<line {_attr(x1=round(x(tick), 1), y1=TOP - 4, x2=round(x(tick), 1), y2=bottom, stroke="#ececf1")}/>')
+        out.append(_text(x(tick), bottom + 15, f"{tick:g} s", fill=MUTED, text_anchor="middle"))
+        tick += step
+    return out
+
+
+def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
+    return [f'<line {_attr(x1=round(at_x, 1), y1=TOP - 6, x2=round(at_x, 1), y2=bottom, stroke=colour, stroke_dasharray="4 3")}/>',
+            # a label near the right edge ends at its mark instead of running off the picture
+            _text(at_x - 3, TOP - 6, label, fill=colour, text_anchor="end") if at_x > WIDTH - 160
+            else _text(at_x + 3, TOP - 6, label, fill=colour)]
+
+
+def _legend(y: float) -> list[str]:
+    items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
+             ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS["ok"]),
+             ("tool replayed", OUTCOME_COLOURS["replayed"]), ("tool failed / timed out", FAILED_COLOUR),
+             ("tool pending (no outcome recorded)", OUTCOME_COLOURS["pending"]),
+             ("reconnect", RECONNECT_COLOUR)]
+    out, at = [], 8.0
+    for label, colour in items:
+        width = 22 + 6.4 * len(label)
+        if at + width > WIDTH:
+            at, y = 8.0, y + 20
+        out.append(_rect(at, y - 10, 12, 12, colour, rx=2))
+        out.append(_text(at + 16, y, label, fill=MUTED))
+        at += width
+    return out

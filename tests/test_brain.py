@@ -311,3 +311,60 @@ async def test_cancelled_actor_closes_pending_replies(settings, autojump_clock, 
             await receive.receive()
     with pytest.raises(trio.BrokenResourceError):
         await ask(actor.inbox, GetBrain)
+
+
+# --- midnight (issue 11, item 11): an instruction made for another day is stale
+
+
+class DayBackend:
+    """Says which day its snapshot was for, as the real prompt does."""
+
+    name = "day"
+
+    def __init__(self) -> None:
+        self.days: list[str] = []
+
+    async def generate(self, snapshot: ContextSnapshot, session_id: str | None) -> tuple[str, str | None]:
+        self.days.append(snapshot.day.isoformat())
+        await trio.sleep(1)
+        return f"Today is {snapshot.day.isoformat()}.", session_id
+
+
+async def _session_instruction(actor: BrainActor) -> BrainState:
+    """What ``POST /session`` does: GetBrain(start=True), then AwaitReady when not ready."""
+    state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+    if not state.ready:
+        state = await ask(actor.inbox, AwaitReady)
+    return state
+
+
+async def test_after_midnight_a_session_never_gets_yesterdays_instruction(settings, pin_today, autojump_clock):
+    backend = DayBackend()
+    pin_today("2026-03-27")
+    async with trio.open_nursery() as nursery:
+        actor = await _start(nursery, settings, backend)
+        assert (await _session_instruction(actor)).instruction == "Today is 2026-03-27."
+        await trio.sleep(30)                     # minutes before midnight: still fresh
+        assert (await _session_instruction(actor)).instruction == "Today is 2026-03-27."
+        pin_today("2026-03-28")                  # midnight passes, far under brain_max_age_s
+        state = await ask(actor.inbox, GetBrain)
+        assert not state.ready                   # yesterday's instruction is not offered
+        assert (await _session_instruction(actor)).instruction == "Today is 2026-03-28."
+        assert backend.days == ["2026-03-27", "2026-03-28"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_brain_refreshes_by_itself_when_the_day_changes(settings, pin_today, autojump_clock):
+    backend = DayBackend()
+    pin_today("2026-03-27")
+    async with trio.open_nursery() as nursery:
+        actor = await _start(nursery, settings, backend)
+        await ask(actor.inbox, AwaitReady)
+        await trio.sleep(3600)
+        assert backend.days == ["2026-03-27"]    # the day did not change: no run
+        pin_today("2026-03-28")
+        await trio.sleep(120)                    # nobody asks
+        assert backend.days == ["2026-03-27", "2026-03-28"]
+        state = await ask(actor.inbox, GetBrain)
+        assert state.instruction == "Today is 2026-03-28." and not state.refreshing
+        nursery.cancel_scope.cancel()

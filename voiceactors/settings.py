@@ -76,6 +76,12 @@ class Settings:
     body_limit: int = 64 * 1024
     mint_timeout_s: float = 15.0
 
+    # --- calls hardening (issue 11; owned by the calls engineer) ---
+    rejoin_max_calls: int = 50              # calls live at a crash rejoined at start-up, newest first
+    feed_max_subscribers_per_call: int = 16  # /events streams of one call; beyond: 503
+    feed_max_subscribers: int = 1000        # /events streams in all; beyond: 503
+    # --- end calls hardening ---
+
     @property
     def loopback(self) -> bool:
         return self.host in {"127.0.0.1", "localhost", "::1"} or self.host.startswith("127.")

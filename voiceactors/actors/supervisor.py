@@ -7,8 +7,9 @@ cannot delay another's Connect):
 * ``Connect(call_id)`` — "connected" (a live call is found, not started
   twice) or "at_capacity" (``settings.max_calls`` live calls already);
 * ``CountCalls`` — the number of live calls;
-* ``Subscribe(call_id)`` — a receive channel of the call's feed events, or
-  None when the call is not live;
+* ``Subscribe(call_id)`` — a receive channel of the call's feed events,
+  None when the call is not live, or an error string at a subscriber cap
+  (``feed.TOO_MANY_FOR_CALL`` / ``feed.TOO_MANY``);
 * ``TakeNavHints(call_id)`` / ``TakeObserverActions`` — the polling queues,
   consumed.
 
@@ -55,7 +56,9 @@ class CallSupervisor:
         self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
         self._hangup = hangup
         self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
-        self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items)
+        self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items,
+                           max_per_call=settings.feed_max_subscribers_per_call,
+                           max_total=settings.feed_max_subscribers)
         self.calls: dict[str, CallActor] = {}
         self.ended: list[tuple[str, str]] = []   # (call_id, reason), most recent last; bounded
         self.log = get_logger(actor="supervisor")

@@ -48,7 +48,8 @@ from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.sideband import (
-    CallGone, ConnectionClosed, SidebandUnavailable, close_code, is_clean_close, open_sideband,
+    CallGone, ConnectionClosed, SidebandBroken, SidebandRefused, SidebandUnavailable, close_code,
+    is_clean_close, open_sideband,
 )
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import lookup
@@ -60,6 +61,8 @@ END_IDLE = "idle_timeout"
 END_MAX = "max_duration"
 END_EXHAUSTED = "reconnect_exhausted"
 END_NO_KEY = "no_api_key"
+END_UNAUTHORIZED = "unauthorized"      # 401/403 at the handshake, or an invalid_api_key error
+END_QUOTA = "insufficient_quota"       # the service's insufficient_quota error
 END_SHUTDOWN = "shutdown"              # the actor was cancelled (server stopping)
 END_ERROR = "error"                    # a bug: logged with its traceback
 
@@ -79,6 +82,13 @@ HANDLED_EVENTS = frozenset({
 })
 
 ACTIVE_RESPONSE = "conversation_already_has_active_response"
+#: Service error codes after which the call cannot go on: it ends at once.
+FATAL_ERRORS = {"invalid_api_key": END_UNAUTHORIZED, "insufficient_quota": END_QUOTA}
+#: Close codes of a broken connection (protocol error, bad data, message too
+#: big): such a drop always counts toward the reconnect limit.
+BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
+#: Longest peer-sent string (error code, type, event id) put in a log line.
+PEER_STRING_MAX = 64
 #: After ``conversation_already_has_active_response`` while we saw no active
 #: response (its ``response.created`` fell in a drop), retry after this long.
 BLIND_RETRY_S = 2.0
@@ -158,6 +168,8 @@ class CallActor:
         self._stop = trio.Event()                  # server shutdown requested
         self._close_code: int | None = None
         self._last_event = 0.0
+        self._conn_events = 0                      # valid server events on this connection
+        self._log_budget = rt.LogBudget()          # peer-triggered log lines (skipped frames, errors)
         # tool tasks
         self._tools: trio.Nursery | None = None
         self._tool_scopes: dict[str, trio.CancelScope] = {}
@@ -260,10 +272,17 @@ class CallActor:
             if self.feed is not None:
                 self.feed.close(reason)
             self.log.info("call.ended", reason=reason, epoch=self.epoch, reconnects=self.reconnects,
-                          tool_calls=len(self.calls), duration_s=round(trio.current_time() - self.started, 3))
+                          tool_calls=len(self.calls), duration_s=round(trio.current_time() - self.started, 3),
+                          suppressed_logs=self._log_budget.take_suppressed() or None)
         return reason
 
     async def _connection_loop(self) -> str:
+        """Connect, serve, reconnect. A drop after a connection that carried
+        at least one valid event starts the failure count afresh; a
+        connection that broke before that (or with a protocol-error close)
+        counts as one more failure, so a peer that accepts and then sends
+        garbage exhausts the reconnect attempts instead of looping until the
+        maximum duration."""
         failures = 0
         while True:
             if self._stop.is_set():
@@ -274,10 +293,10 @@ class CallActor:
             if not key:
                 self.log.warning("call.no_api_key")
                 return END_NO_KEY
+            self._conn_events = 0
             try:
                 async with open_sideband(self.settings.openai_base_url, key, self.call_id,
                                          connect_timeout=self.settings.connect_timeout_s) as ws:
-                    failures = 0
                     if self.record is not None:
                         self.record.opened()
                     self.record_line("connect", reconnects=self.reconnects)
@@ -288,10 +307,18 @@ class CallActor:
             except CallGone as exc:
                 self.log.info("call.gone", status=exc.status_code)
                 return END_GONE
+            except SidebandRefused as exc:
+                self.log.error("call.refused", status=exc.status_code)
+                return END_UNAUTHORIZED
             except SidebandUnavailable as exc:
                 self.log.warning("call.connect_failed", error=str(exc), status=exc.status_code)
                 self._close_code = None
+            except SidebandBroken as exc:
+                self.log.warning("call.connection_broken", error=str(exc), epoch=self.epoch)
+                self._conn_events = 0
             self._on_drop()
+            if self._conn_events > 0 and self._close_code not in BROKEN_CLOSE_CODES:
+                failures = 0    # it worked for a while: a fresh drop
             failures += 1
             if failures > self.settings.reconnect_attempts:
                 return END_EXHAUSTED
@@ -368,9 +395,10 @@ class CallActor:
                 raw = await ws.get_message()
                 self._last_event = trio.current_time()
                 self._seq += 1
-                event = rt.parse_server_event(raw, only=HANDLED_EVENTS)
+                event = rt.parse_server_event(raw, only=HANDLED_EVENTS, budget=self._log_budget)
                 if event is None:
                     continue
+                self._conn_events += 1
                 try:
                     self._handle(event)
                 except Exception:  # one bad event must not end the call
@@ -555,7 +583,19 @@ class CallActor:
 
     def _on_error(self, error: Any) -> None:
         event_id, code = error.event_id, error.code
-        self.log.warning("realtime.error", code=code, error_type=error.type, event_id=event_id, epoch=self.epoch)
+        fatal = FATAL_ERRORS.get(code or "")
+        if fatal is not None:
+            self.log.error("realtime.fatal_error", code=code, epoch=self.epoch)
+            if not self._conn_done.is_set():
+                self.ended_at = trio.current_time()
+                self._conn_reason = fatal
+                self._conn_done.set()
+            return
+        if self._log_budget.allow():
+            self.log.warning("realtime.error", code=rt.clip(code, PEER_STRING_MAX),
+                             error_type=rt.clip(error.type, PEER_STRING_MAX),
+                             event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch,
+                             suppressed=self._log_budget.take_suppressed() or None)
         if event_id in self._creates:
             self._on_create_error(self._creates[event_id], code)
         elif event_id in self._output_events:

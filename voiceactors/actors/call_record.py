@@ -183,12 +183,12 @@ class CallRecord:
         """Flush everything and stop the writer; True when something was
         written (False: the call never connected, nothing on disk)."""
         self._closing = True
-        if not self._open and await storage.run_sync(self.path.exists):
-            self._open = True   # never connected, but the id has a history: the run belongs in it
-        self._signal(urgent=True)
         # Shielded like any write of ours: the last flush (the ``end`` line)
         # is not cut short by the caller's deadline once it is under way.
         with trio.CancelScope(shield=True):
+            if not self._open and await storage.run_sync(self.path.exists, cancellable=False):
+                self._open = True   # never connected, but the id has a history: the run belongs in it
+            self._signal(urgent=True)
             await self._done.wait()
             if self._open and self._flushed < len(self.lines) and self.failed is None:
                 await self._flush()   # the writer was cancelled (the actor's own deadline)

@@ -368,3 +368,33 @@ async def test_the_brain_refreshes_by_itself_when_the_day_changes(settings, pin_
         state = await ask(actor.inbox, GetBrain)
         assert state.instruction == "Today is 2026-03-28." and not state.refreshing
         nursery.cancel_scope.cancel()
+
+
+async def test_session_minted_after_midnight_says_the_new_day(tmp_path, pin_today):
+    """Through the real route and the simulator's mint endpoint: the session
+    minted after midnight carries today's "Today is ...", not yesterday's."""
+    from voiceactors.brain.context import spoken_day
+    from voiceactors.http import create_app
+    from voiceactors.journal.sample import write_sample_journal
+    from voiceactors.realtime.simulator import Simulator
+    import datetime as dt
+
+    key = "sk-test-brain-midnight-0123"
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=dt.date(2026, 3, 27))
+    sim = Simulator(None, api_key=key)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        settings = Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=key,
+                            openai_base_url=sim.base_url)
+        app = create_app(settings)
+        pin_today("2026-03-27")
+        async with app.test_app() as test_app:
+            client = test_app.test_client()
+            assert (await client.post("/api/voice/session")).status_code == 200
+            first = sim.client_secret_requests[-1]["body"]["session"]["instructions"]
+            pin_today("2026-03-28")                  # midnight; the instruction is minutes old
+            assert (await client.post("/api/voice/session")).status_code == 200
+            second = sim.client_secret_requests[-1]["body"]["session"]["instructions"]
+        nursery.cancel_scope.cancel()
+    assert f"Today is {spoken_day(dt.date(2026, 3, 27))}." in first
+    assert f"Today is {spoken_day(dt.date(2026, 3, 28))}." in second

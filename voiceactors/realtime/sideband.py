@@ -125,8 +125,9 @@ async def open_sideband(
 ) -> AsyncIterator[WebSocketConnection]:
     """Open the sideband for ``call_id`` and yield the connected websocket.
 
-    Raises ``CallGone`` or ``SidebandUnavailable`` when the handshake fails;
-    exceptions from the body propagate unchanged. Leaving the block closes the
+    Raises ``CallGone``, ``SidebandRefused`` or ``SidebandUnavailable`` when
+    the handshake fails, ``SidebandBroken`` when the open connection fails
+    with a protocol error; exceptions from the body propagate unchanged. Leaving the block closes the
     websocket (code 1000) within ``disconnect_timeout``; a close that times out
     is not an error (the connection is gone either way). Cancellation is
     honoured at every step.

@@ -87,6 +87,9 @@ FATAL_ERRORS = {"invalid_api_key": END_UNAUTHORIZED, "insufficient_quota": END_Q
 #: Close codes of a broken connection (protocol error, bad data, message too
 #: big): such a drop always counts toward the reconnect limit.
 BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
+#: A connection that lasted this long counts as healthy even without events
+#: (a quiet call), so its drop starts the failure count afresh.
+HEALTHY_AFTER_S = 30.0
 #: Longest peer-sent string (error code, type, event id) put in a log line.
 PEER_STRING_MAX = 64
 #: After ``conversation_already_has_active_response`` while we saw no active
@@ -278,8 +281,9 @@ class CallActor:
 
     async def _connection_loop(self) -> str:
         """Connect, serve, reconnect. A drop after a connection that carried
-        at least one valid event starts the failure count afresh; a
-        connection that broke before that (or with a protocol-error close)
+        at least one valid event (or lasted ``HEALTHY_AFTER_S``) starts the
+        failure count afresh; a connection that broke before that (or with a
+        protocol-error close)
         counts as one more failure, so a peer that accepts and then sends
         garbage exhausts the reconnect attempts instead of looping until the
         maximum duration."""
@@ -294,9 +298,11 @@ class CallActor:
                 self.log.warning("call.no_api_key")
                 return END_NO_KEY
             self._conn_events = 0
+            opened_at = math.inf
             try:
                 async with open_sideband(self.settings.openai_base_url, key, self.call_id,
                                          connect_timeout=self.settings.connect_timeout_s) as ws:
+                    opened_at = trio.current_time()
                     if self.record is not None:
                         self.record.opened()
                     self.record_line("connect", reconnects=self.reconnects)
@@ -317,7 +323,8 @@ class CallActor:
                 self.log.warning("call.connection_broken", error=str(exc), epoch=self.epoch)
                 self._conn_events = 0
             self._on_drop()
-            if self._conn_events > 0 and self._close_code not in BROKEN_CLOSE_CODES:
+            healthy = self._conn_events > 0 or trio.current_time() - opened_at >= HEALTHY_AFTER_S
+            if healthy and self._close_code not in BROKEN_CLOSE_CODES:
                 failures = 0    # it worked for a while: a fresh drop
             failures += 1
             if failures > self.settings.reconnect_attempts:

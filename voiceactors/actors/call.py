@@ -90,6 +90,8 @@ BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
 #: A connection that lasted this long counts as healthy even without events
 #: (a quiet call), so its drop starts the failure count afresh.
 HEALTHY_AFTER_S = 30.0
+#: Longest tool name kept from the peer (ours are under 40 characters).
+TOOL_NAME_MAX = 128
 #: Longest peer-sent string (error code, type, event id) put in a log line.
 PEER_STRING_MAX = 64
 #: After ``conversation_already_has_active_response`` while we saw no active
@@ -507,6 +509,9 @@ class CallActor:
     def _tool_call(self, response_id: str, call_id: str | None, name: str | None, item_id: str | None) -> ToolCall | None:
         if not call_id:
             return None
+        # a tool name is ours to know; one longer than any we have is unknown
+        # either way, and clipped it cannot flood the logs and the record
+        name = rt.clip(name, TOOL_NAME_MAX)
         call = self.calls.get(call_id)
         if call is None:
             batch = self._batch(response_id)

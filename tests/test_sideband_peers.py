@@ -171,6 +171,13 @@ async def test_peer_strings_are_truncated_and_floods_of_bad_frames_rate_limited(
                     await r.sim.inject("rtc_noise", {"type": long_type})
                     await r.sim.inject("rtc_noise", {"type": "error", "event_id": "e" * 50_000, "error": {
                         "type": "t" * 50_000, "code": "c" * 50_000, "message": "m", "event_id": "v" * 50_000}})
+                    await r.sim.inject("rtc_noise", {          # a tool call with a 100 000-character name
+                        "type": "response.output_item.done", "event_id": "evt_n", "response_id": "resp_noise",
+                        "output_index": 0, "item": {"type": "function_call", "call_id": "call_noise",
+                                                    "name": "n" * 100_000, "arguments": "{}",
+                                                    "status": "completed"}})
+                    with trio.fail_after(30):
+                        await sc.wait_until(lambda c: "call_noise" in c.outputs)
                     for i in range(500):
                         await r.sim.inject("rtc_noise", {"type": f"response.unknown_{i}"})
                     await r.sim.inject("rtc_noise", {"type": "input_audio_buffer.speech_started",
@@ -189,6 +196,9 @@ async def test_peer_strings_are_truncated_and_floods_of_bad_frames_rate_limited(
     assert 1 <= len(skipped) <= 40                                # not one line per frame
     suppressed = sum(x.get("suppressed") or 0 for x in lines) + sum(
         x.get("suppressed_logs") or 0 for x in lines if x.get("event") == "call.ended")
-    assert len(skipped) + len(errors) + suppressed == 502          # every frame counted, once
+    # every injected bad frame and every error the simulator itself sent
+    # (invalid_tool_call_id for the fake call) counted exactly once
+    assert len(skipped) + len(errors) + suppressed == 502 + len(sc.error_codes)
     assert errors and len(errors[0]["code"]) <= 64 and len(errors[0]["event_id"]) <= 64
     assert all(len(x.get("type") or "") <= 64 for x in skipped)
+    assert json.loads(sc.outputs["call_noise"][0]) == {"error": "unknown tool"}   # answered once, still

@@ -67,6 +67,24 @@ def pending_calls(block: list[dict]) -> list[PendingCall] | None:
     return list(pending.values())
 
 
+def _ends_with_end(path: Path, tail: int = 4096) -> bool:
+    """True when the file's last complete line is an ``end`` line (read from
+    its last ``tail`` bytes, so ended records are not read whole)."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - tail))
+        data = handle.read()
+    if not data.endswith(b"\n"):
+        return False                # a torn last line: the run did not end cleanly
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    try:
+        line = json.loads(last)
+    except ValueError:
+        return False
+    return isinstance(line, dict) and line.get("kind") == "end"
+
+
 def find_crashed(state_dir: Path, *, max_age_s: float, limit: int) -> list[CrashedCall]:
     """The calls live at the crash, newest record first, at most ``limit``."""
     folder = Path(state_dir) / "calls"
@@ -89,6 +107,8 @@ def find_crashed(state_dir: Path, *, max_age_s: float, limit: int) -> list[Crash
             _log.warning("rejoin_limit_reached", limit=limit, more=True)
             break
         try:
+            if _ends_with_end(path):
+                continue            # the common case, from the file's tail alone
             block = last_block(read_record(path))
         except OSError as exc:
             _log.warning("record_unreadable", file=path.name, error=type(exc).__name__)

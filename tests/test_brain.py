@@ -354,19 +354,19 @@ async def test_after_midnight_a_session_never_gets_yesterdays_instruction(settin
         nursery.cancel_scope.cancel()
 
 
-async def test_the_brain_refreshes_by_itself_when_the_day_changes(settings, pin_today, autojump_clock):
+async def test_status_after_midnight_is_not_ready_until_the_new_days_run(settings, pin_today, autojump_clock):
     backend = DayBackend()
     pin_today("2026-03-27")
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, backend)
         await ask(actor.inbox, AwaitReady)
-        await trio.sleep(3600)
-        assert backend.days == ["2026-03-27"]    # the day did not change: no run
         pin_today("2026-03-28")
-        await trio.sleep(120)                    # nobody asks
-        assert backend.days == ["2026-03-27", "2026-03-28"]
-        state = await ask(actor.inbox, GetBrain)
-        assert state.instruction == "Today is 2026-03-28." and not state.refreshing
+        assert not (await ask(actor.inbox, GetBrain)).ready     # /status: brain_ready false
+        assert backend.days == ["2026-03-27"]                   # a plain GetBrain starts nothing
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        assert not state.ready and state.refreshing             # the new day's run is queued
+        state = await ask(actor.inbox, AwaitReady)
+        assert state.instruction == "Today is 2026-03-28." and backend.days == ["2026-03-27", "2026-03-28"]
         nursery.cancel_scope.cancel()
 
 

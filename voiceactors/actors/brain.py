@@ -17,9 +17,9 @@ An instruction made for a day that is no longer ``clock.today()`` (midnight
 passed) says "today" about yesterday: it is never handed out. ``state()``
 reports it as no instruction, so ``GetBrain(start=True)`` queues a run and
 ``POST /session`` waits for it (``AwaitReady``) instead of minting with
-yesterday's day. The actor also checks the day every ``DAY_CHECK_S`` and
-refreshes on its own when it changed, so the first session of the morning
-usually finds today's instruction ready. It never times out by itself: the caller bounds the wait
+yesterday's day. (The check happens when the state is asked for, not on a
+timer: a periodic timer would be a deadline for ``autojump_clock`` to jump
+to whenever a test waits on a worker thread.) It never times out by itself: the caller bounds the wait
   (``ask(..., timeout=...)``); a failed run leaves it waiting for the next.
 * ``RefreshBrain(reply)`` — forces a run and replies with its new
   ``BrainState``, or with the exception instance when it failed.
@@ -55,8 +55,6 @@ INBOX_SIZE = 64
 # After a failed run, automatic staleness refreshes wait this long before the
 # next try (the old instruction still serves); explicit refreshes never wait.
 STALE_RETRY_AFTER_S = 60.0
-#: How often the actor looks whether the day changed under its instruction.
-DAY_CHECK_S = 60.0
 
 
 def _reply(channel: trio.MemorySendChannel[Any], value: Any) -> None:
@@ -128,7 +126,6 @@ class BrainActor:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                nursery.start_soon(self._watch_day)
                 task_status.started()
                 async with self._receive:
                     async for message in self._receive:
@@ -155,17 +152,6 @@ class BrainActor:
         self._receive.close()
         for channel in pending:
             channel.close()
-
-    async def _watch_day(self) -> None:
-        """Refresh on our own when the day changes under the instruction
-        (a failed run is retried after ``STALE_RETRY_AFTER_S``)."""
-        while True:
-            await trio.sleep(DAY_CHECK_S)
-            if self.instruction is not None and self._day_changed() and self._may_retry():
-                self._ensure_run("new_day")
-
-    def _may_retry(self) -> bool:
-        return self._failed_at is None or trio.current_time() - self._failed_at >= STALE_RETRY_AFTER_S
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, GetBrain):

@@ -311,3 +311,90 @@ async def test_cancelled_actor_closes_pending_replies(settings, autojump_clock, 
             await receive.receive()
     with pytest.raises(trio.BrokenResourceError):
         await ask(actor.inbox, GetBrain)
+
+
+# --- midnight (issue 11, item 11): an instruction made for another day is stale
+
+
+class DayBackend:
+    """Says which day its snapshot was for, as the real prompt does."""
+
+    name = "day"
+
+    def __init__(self) -> None:
+        self.days: list[str] = []
+
+    async def generate(self, snapshot: ContextSnapshot, session_id: str | None) -> tuple[str, str | None]:
+        self.days.append(snapshot.day.isoformat())
+        await trio.sleep(1)
+        return f"Today is {snapshot.day.isoformat()}.", session_id
+
+
+async def _session_instruction(actor: BrainActor) -> BrainState:
+    """What ``POST /session`` does: GetBrain(start=True), then AwaitReady when not ready."""
+    state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+    if not state.ready:
+        state = await ask(actor.inbox, AwaitReady)
+    return state
+
+
+async def test_after_midnight_a_session_never_gets_yesterdays_instruction(settings, pin_today, autojump_clock):
+    backend = DayBackend()
+    pin_today("2026-03-27")
+    async with trio.open_nursery() as nursery:
+        actor = await _start(nursery, settings, backend)
+        assert (await _session_instruction(actor)).instruction == "Today is 2026-03-27."
+        await trio.sleep(30)                     # minutes before midnight: still fresh
+        assert (await _session_instruction(actor)).instruction == "Today is 2026-03-27."
+        pin_today("2026-03-28")                  # midnight passes, far under brain_max_age_s
+        state = await ask(actor.inbox, GetBrain)
+        assert not state.ready                   # yesterday's instruction is not offered
+        assert (await _session_instruction(actor)).instruction == "Today is 2026-03-28."
+        assert backend.days == ["2026-03-27", "2026-03-28"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_status_after_midnight_is_not_ready_until_the_new_days_run(settings, pin_today, autojump_clock):
+    backend = DayBackend()
+    pin_today("2026-03-27")
+    async with trio.open_nursery() as nursery:
+        actor = await _start(nursery, settings, backend)
+        await ask(actor.inbox, AwaitReady)
+        pin_today("2026-03-28")
+        assert not (await ask(actor.inbox, GetBrain)).ready     # /status: brain_ready false
+        assert backend.days == ["2026-03-27"]                   # a plain GetBrain starts nothing
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        assert not state.ready and state.refreshing             # the new day's run is queued
+        state = await ask(actor.inbox, AwaitReady)
+        assert state.instruction == "Today is 2026-03-28." and backend.days == ["2026-03-27", "2026-03-28"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_session_minted_after_midnight_says_the_new_day(tmp_path, pin_today):
+    """Through the real route and the simulator's mint endpoint: the session
+    minted after midnight carries today's "Today is ...", not yesterday's."""
+    from voiceactors.brain.context import spoken_day
+    from voiceactors.http import create_app
+    from voiceactors.journal.sample import write_sample_journal
+    from voiceactors.realtime.simulator import Simulator
+    import datetime as dt
+
+    key = "sk-test-brain-midnight-0123"
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=dt.date(2026, 3, 27))
+    sim = Simulator(None, api_key=key)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        settings = Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=key,
+                            openai_base_url=sim.base_url)
+        app = create_app(settings)
+        pin_today("2026-03-27")
+        async with app.test_app() as test_app:
+            client = test_app.test_client()
+            assert (await client.post("/api/voice/session")).status_code == 200
+            first = sim.client_secret_requests[-1]["body"]["session"]["instructions"]
+            pin_today("2026-03-28")                  # midnight; the instruction is minutes old
+            assert (await client.post("/api/voice/session")).status_code == 200
+            second = sim.client_secret_requests[-1]["body"]["session"]["instructions"]
+        nursery.cancel_scope.cancel()
+    assert f"Today is {spoken_day(dt.date(2026, 3, 27))}." in first
+    assert f"Today is {spoken_day(dt.date(2026, 3, 28))}." in second

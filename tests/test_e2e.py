@@ -186,3 +186,76 @@ async def test_event_stream_and_nav_hints_over_a_real_server(journal, tmp_path, 
         finished = next(e for e in events if e["type"] == "tool.finished")
         assert finished["tool"] == "briefing.get" and finished["tool_call_id"] in call.outputs
         stop.set()
+
+
+# --- floods (issue 11, items 9b and 9c) -----------------------------------------------------------
+
+HOLD = [{"user_turn": {"text": "hi"}}, {"sleep": 60.0}, {"close": 1000}]
+
+
+async def _open_stream(client: httpx.AsyncClient, call_id: str, stack) -> httpx.Response:
+    response = await stack.enter_async_context(
+        client.stream("GET", "/api/voice/events", params={"call_id": call_id}))
+    if response.status_code == 200:
+        lines = response.aiter_lines()
+        assert await lines.__anext__() == ": connected"
+        _KEEP.append(lines)   # a collected line iterator would close its stream
+    return response
+
+
+_KEEP: list = []
+
+
+async def test_event_streams_are_capped_per_call_and_in_all(journal, tmp_path, sim):
+    import contextlib
+
+    settings = make_settings(journal, tmp_path, sim, port=0, feed_max_subscribers_per_call=2,
+                             feed_max_subscribers=3)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        for call_id in ("rtc_cap_a", "rtc_cap_b"):
+            sim.add_call(call_id, HOLD)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            for call_id in ("rtc_cap_a", "rtc_cap_b"):
+                assert (await client.post("/api/voice/connect", json={"call_id": call_id})).status_code == 200
+            with trio.fail_after(15):
+                async with contextlib.AsyncExitStack() as stack:
+                    assert (await _open_stream(client, "rtc_cap_a", stack)).status_code == 200
+                    assert (await _open_stream(client, "rtc_cap_a", stack)).status_code == 200
+                    refused = await client.get("/api/voice/events", params={"call_id": "rtc_cap_a"})
+                    assert refused.status_code == 503
+                    assert refused.json() == {"error": "too many event streams for this call"}
+                    assert (await _open_stream(client, "rtc_cap_b", stack)).status_code == 200
+                    refused = await client.get("/api/voice/events", params={"call_id": "rtc_cap_b"})
+                    assert refused.status_code == 503 and refused.json() == {"error": "too many event streams"}
+                _KEEP.clear()
+                # the streams closed: their slots are free again
+                async with contextlib.AsyncExitStack() as stack:
+                    for _ in range(2):
+                        await trio.sleep(0.05)   # the server notices the closed stream
+                    assert (await _open_stream(client, "rtc_cap_a", stack)).status_code == 200
+                    _KEEP.clear()
+        stop.set()
+
+
+async def test_connects_for_calls_the_service_does_not_know_leave_no_record(journal, tmp_path, sim):
+    settings = make_settings(journal, tmp_path, sim, port=0)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        sim.add_call("rtc_real", HOLD)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            for i in range(40):
+                response = await client.post("/api/voice/connect", json={"call_id": f"rtc_bogus_{i}"})
+                assert response.status_code == 200
+            assert (await client.post("/api/voice/connect", json={"call_id": "rtc_real"})).status_code == 200
+            with trio.fail_after(15):
+                while (await client.get("/api/voice/status")).json()["active_sessions"] != 1:
+                    await trio.sleep(0.05)
+        assert sum(1 for h in sim.handshakes if h["status"] == 404) == 40
+        stop.set()
+    files = sorted(p.name for p in (tmp_path / "state" / "calls").iterdir())
+    assert files == ["rtc_real.jsonl"]     # one record: the call that connected

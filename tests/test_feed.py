@@ -105,3 +105,21 @@ def test_split_client_event():
     assert split_client_event({"type": "observer_action", "action": {"type": "x"}}) == ("observer", {"type": "x"})
     assert split_client_event({"type": "nav_hint"}) is None
     assert split_client_event({"_nav_target": "today"}) is None
+
+
+async def test_subscribers_are_capped_per_call_and_in_all_and_gone_ones_free_their_slot():
+    from voiceactors.actors.feed import TOO_MANY, TOO_MANY_FOR_CALL
+
+    hub = FeedHub(max_per_call=2, max_total=3)
+    hub.open("rtc_a")
+    hub.open("rtc_b")
+    a1, a2 = hub.subscribe("rtc_a"), hub.subscribe("rtc_a")
+    assert hub.subscribe("rtc_a") == TOO_MANY_FOR_CALL
+    b1 = hub.subscribe("rtc_b")
+    assert hub.subscribe("rtc_b") == TOO_MANY
+    assert hub.subscribe("rtc_none") is None
+    a1.close()                                   # a stream went away
+    a3 = hub.subscribe("rtc_a")
+    assert not isinstance(a3, str) and a3 is not None
+    for channel in (a2, a3, b1):
+        channel.close()

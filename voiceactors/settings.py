@@ -108,6 +108,11 @@ class Settings:
     # --- journal writes (issue 11, items 4-7) ---
     journal_lock_timeout_s: float = 5.0     # a write waits this long for a day file's lock, then fails
     # --- end journal writes ---
+    # --- calls hardening (issue 11; owned by the calls engineer) ---
+    rejoin_max_calls: int = 50              # calls live at a crash rejoined at start-up, newest first
+    feed_max_subscribers_per_call: int = 16  # /events streams of one call; beyond: 503
+    feed_max_subscribers: int = 1000        # /events streams in all; beyond: 503
+    # --- end calls hardening ---
 
     @property
     def loopback(self) -> bool:

@@ -1,7 +1,7 @@
 """BrainActor: owns the voice's instruction and keeps it fresh.
 
-State: the instruction, when it was made (``trio.current_time()``), the
-backend session id (persisted in ``<journal>/health/voice-brain-session`` and
+State: the instruction, when it was made (``trio.current_time()``), the day
+it was made for (``clock.today()`` when its run began), the backend session id (persisted in ``<journal>/health/voice-brain-session`` and
 resumed on start) and whether a backend run is in progress.
 
 Messages (``voiceactors.actors.messages``):
@@ -11,7 +11,15 @@ Messages (``voiceactors.actors.messages``):
   the instruction is older than ``settings.brain_max_age_s`` (a non-blocking
   staleness refresh: the reply carries the old instruction).
 * ``AwaitReady(reply)`` — starts a run if there is no instruction and replies
-  once one exists. It never times out by itself: the caller bounds the wait
+  once one exists.
+
+An instruction made for a day that is no longer ``clock.today()`` (midnight
+passed) says "today" about yesterday: it is never handed out. ``state()``
+reports it as no instruction, so ``GetBrain(start=True)`` queues a run and
+``POST /session`` waits for it (``AwaitReady``) instead of minting with
+yesterday's day. (The check happens when the state is asked for, not on a
+timer: a periodic timer would be a deadline for ``autojump_clock`` to jump
+to whenever a test waits on a worker thread.) It never times out by itself: the caller bounds the wait
   (``ask(..., timeout=...)``); a failed run leaves it waiting for the next.
 * ``RefreshBrain(reply)`` — forces a run and replies with its new
   ``BrainState``, or with the exception instance when it failed.
@@ -69,10 +77,12 @@ class BrainActor:
         self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
         self.instruction: str | None = None
         self.refreshed_at: float | None = None
+        self.day: Any = None              # the clock.today() the instruction was made for
         self.session_id: str | None = None
         self.runs = 0                     # backend runs started (for status and tests)
         self._running = False
         self._failed_at: float | None = None
+        self._run_day: Any = None
         self._ready_waiters: list[trio.MemorySendChannel[Any]] = []
         self._refresh_waiters: list[trio.MemorySendChannel[Any]] = []
         self._nursery: trio.Nursery | None = None
@@ -81,7 +91,21 @@ class BrainActor:
     # --- state ------------------------------------------------------------------
     def state(self) -> BrainState:
         age = None if self.refreshed_at is None else max(0.0, trio.current_time() - self.refreshed_at)
-        return BrainState(self.instruction, self.refreshed_at, age, self._running, self.session_id)
+        return BrainState(self._current(), self.refreshed_at, age, self._running, self.session_id)
+
+    def _current(self) -> str | None:
+        """The instruction, unless it was made for another day than today."""
+        if self.instruction is None or self._day_changed():
+            return None
+        return self.instruction
+
+    def _day_changed(self) -> bool:
+        if self.day is None:
+            return False
+        try:
+            return self.day != clock.today()
+        except ValueError:  # an invalid VOICEACTORS_TODAY: nothing to compare with
+            return False
 
     def _stale(self) -> bool:
         if self.refreshed_at is None:
@@ -131,11 +155,13 @@ class BrainActor:
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, GetBrain):
-            if message.start and (self.instruction is None or self._stale()):
+            if message.start and self.instruction is not None and self._day_changed():
+                self._ensure_run("new_day")
+            elif message.start and (self.instruction is None or self._stale()):
                 self._ensure_run("start" if self.instruction is None else "stale")
             _reply(message.reply, self.state())
         elif isinstance(message, AwaitReady):
-            if self.instruction:
+            if self._current():
                 _reply(message.reply, self.state())
                 return
             self._ready_waiters = [c for c in self._ready_waiters if not _gone(c)]
@@ -163,7 +189,8 @@ class BrainActor:
         timeout = self.settings.brain_timeout_s
         # The snapshot is local file reads (abandoned on cancel); the deadline
         # bounds the backend, the part that waits on a model or a process.
-        snapshot = await run_sync(gather, self.settings.journal, clock.today())
+        day = clock.today()
+        snapshot = await run_sync(gather, self.settings.journal, day)
         try:
             with trio.fail_after(timeout):
                 instruction, session_id = await self.backend.generate(snapshot, self.session_id)
@@ -171,6 +198,7 @@ class BrainActor:
             raise BrainTimeout(f"brain backend timed out after {timeout:g}s") from None
         if not isinstance(instruction, str) or not instruction.strip():
             raise BrainError("brain backend returned an empty instruction")
+        self._run_day = day
         return instruction.strip(), session_id
 
     async def _run(self, reason: str) -> None:
@@ -199,6 +227,7 @@ class BrainActor:
 
     async def _succeeded(self, instruction: str, session_id: str | None, reason: str, started: float) -> None:
         self.instruction = instruction
+        self.day = self._run_day
         self.refreshed_at = trio.current_time()
         self._failed_at = None
         if session_id and session_id != self.session_id:

@@ -37,18 +37,22 @@ import httpx
 import trio
 
 from voiceactors import metrics, storage
+from voiceactors.actors import write_log
 from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.call_state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, Batch, CreateSent, ToolCall,
 )
 from voiceactors.actors.feed import CallFeed
 from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult
+from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.sideband import (
-    CallGone, ConnectionClosed, SidebandUnavailable, close_code, is_clean_close, open_sideband,
+    CallGone, ConnectionClosed, SidebandBroken, SidebandRefused, SidebandUnavailable, close_code,
+    is_clean_close, open_sideband,
 )
 from voiceactors.settings import Settings
+from voiceactors.tools.registry import lookup
 
 # End reasons (the ``end`` line of the call record, the ``call.ended`` feed event).
 END_CLOSED = "closed_by_service"       # clean close 1000/1001
@@ -57,6 +61,8 @@ END_IDLE = "idle_timeout"
 END_MAX = "max_duration"
 END_EXHAUSTED = "reconnect_exhausted"
 END_NO_KEY = "no_api_key"
+END_UNAUTHORIZED = "unauthorized"      # 401/403 at the handshake, or an invalid_api_key error
+END_QUOTA = "insufficient_quota"       # the service's insufficient_quota error
 END_SHUTDOWN = "shutdown"              # the actor was cancelled (server stopping)
 END_ERROR = "error"                    # a bug: logged with its traceback
 
@@ -76,6 +82,18 @@ HANDLED_EVENTS = frozenset({
 })
 
 ACTIVE_RESPONSE = "conversation_already_has_active_response"
+#: Service error codes after which the call cannot go on: it ends at once.
+FATAL_ERRORS = {"invalid_api_key": END_UNAUTHORIZED, "insufficient_quota": END_QUOTA}
+#: Close codes of a broken connection (protocol error, bad data, message too
+#: big): such a drop always counts toward the reconnect limit.
+BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
+#: A connection that lasted this long counts as healthy even without events
+#: (a quiet call), so its drop starts the failure count afresh.
+HEALTHY_AFTER_S = 30.0
+#: Longest tool name kept from the peer (ours are under 40 characters).
+TOOL_NAME_MAX = 128
+#: Longest peer-sent string (error code, type, event id) put in a log line.
+PEER_STRING_MAX = 64
 #: After ``conversation_already_has_active_response`` while we saw no active
 #: response (its ``response.created`` fell in a drop), retry after this long.
 BLIND_RETRY_S = 2.0
@@ -118,11 +136,14 @@ class CallActor:
     ``api_key`` is the standard OpenAI key or a provider called at every
     connect attempt (the key may change in the journal). ``feed`` receives the
     client feed events (None: no feed). ``hangup`` POSTs the Realtime hangup
-    at an idle timeout or the maximum duration.
+    at an idle timeout or the maximum duration. ``recovered`` (a rejoin after
+    a crash, see ``recovery.py``): the tool calls the crashed run left
+    unanswered; this run answers them once its sideband is up.
     """
 
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[Any],
-                 api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True) -> None:
+                 api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
+                 recovered: list[PendingCall] | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -152,6 +173,8 @@ class CallActor:
         self._stop = trio.Event()                  # server shutdown requested
         self._close_code: int | None = None
         self._last_event = 0.0
+        self._conn_events = 0                      # valid server events on this connection
+        self._log_budget = rt.LogBudget()          # peer-triggered log lines (skipped frames, errors)
         # tool tasks
         self._tools: trio.Nursery | None = None
         self._tool_scopes: dict[str, trio.CancelScope] = {}
@@ -163,6 +186,7 @@ class CallActor:
         self.end_reason: str | None = None
         self.ended_at: float | None = None     # when the end was decided (before the bounded close)
         self.record: CallRecord | None = None
+        self.recovered = recovered
 
     # ------------------------------------------------------------------ run
 
@@ -210,12 +234,24 @@ class CallActor:
         Runs shielded (see ``run``); only its own deadline cancels it."""
         self.started = trio.current_time()
         self.deadline = self.started + self.settings.call_max_duration_s
-        self.record = CallRecord(self.call_id, started=self.started)
+        rejoin = self.recovered is not None
+        fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]} if rejoin else {}
+        self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
+                                 write_now=rejoin, **fields)
+        async with trio.open_nursery() as recorder:
+            await recorder.start(self.record.run)
+            try:
+                return await self._serve_recorded()
+            finally:
+                recorder.cancel_scope.cancel()   # a close cut short by its deadline
+
+    async def _serve_recorded(self) -> str:
         reason = END_ERROR
         try:
             async with trio.open_nursery() as tools:
                 self._tools = tools
                 try:
+                    await self._seed_recovered()
                     reason = await self._connection_loop()
                 except BaseException as exc:
                     if _is_cancel(exc):
@@ -241,10 +277,18 @@ class CallActor:
             if self.feed is not None:
                 self.feed.close(reason)
             self.log.info("call.ended", reason=reason, epoch=self.epoch, reconnects=self.reconnects,
-                          tool_calls=len(self.calls), duration_s=round(trio.current_time() - self.started, 3))
+                          tool_calls=len(self.calls), duration_s=round(trio.current_time() - self.started, 3),
+                          suppressed_logs=self._log_budget.take_suppressed() or None)
         return reason
 
     async def _connection_loop(self) -> str:
+        """Connect, serve, reconnect. A drop after a connection that carried
+        at least one valid event (or lasted ``HEALTHY_AFTER_S``) starts the
+        failure count afresh; a connection that broke before that (or with a
+        protocol-error close)
+        counts as one more failure, so a peer that accepts and then sends
+        garbage exhausts the reconnect attempts instead of looping until the
+        maximum duration."""
         failures = 0
         while True:
             if self._stop.is_set():
@@ -255,10 +299,14 @@ class CallActor:
             if not key:
                 self.log.warning("call.no_api_key")
                 return END_NO_KEY
+            self._conn_events = 0
+            opened_at = math.inf
             try:
                 async with open_sideband(self.settings.openai_base_url, key, self.call_id,
                                          connect_timeout=self.settings.connect_timeout_s) as ws:
-                    failures = 0
+                    opened_at = trio.current_time()
+                    if self.record is not None:
+                        self.record.opened()
                     self.record_line("connect", reconnects=self.reconnects)
                     self.log.info("call.connected", epoch=self.epoch, reconnects=self.reconnects)
                     reason = await self._serve(ws)
@@ -267,10 +315,19 @@ class CallActor:
             except CallGone as exc:
                 self.log.info("call.gone", status=exc.status_code)
                 return END_GONE
+            except SidebandRefused as exc:
+                self.log.error("call.refused", status=exc.status_code)
+                return END_UNAUTHORIZED
             except SidebandUnavailable as exc:
                 self.log.warning("call.connect_failed", error=str(exc), status=exc.status_code)
                 self._close_code = None
+            except SidebandBroken as exc:
+                self.log.warning("call.connection_broken", error=str(exc), epoch=self.epoch)
+                self._conn_events = 0
             self._on_drop()
+            healthy = self._conn_events > 0 or trio.current_time() - opened_at >= HEALTHY_AFTER_S
+            if healthy and self._close_code not in BROKEN_CLOSE_CODES:
+                failures = 0    # it worked for a while: a fresh drop
             failures += 1
             if failures > self.settings.reconnect_attempts:
                 return END_EXHAUSTED
@@ -347,9 +404,10 @@ class CallActor:
                 raw = await ws.get_message()
                 self._last_event = trio.current_time()
                 self._seq += 1
-                event = rt.parse_server_event(raw, only=HANDLED_EVENTS)
+                event = rt.parse_server_event(raw, only=HANDLED_EVENTS, budget=self._log_budget)
                 if event is None:
                     continue
+                self._conn_events += 1
                 try:
                     self._handle(event)
                 except Exception:  # one bad event must not end the call
@@ -451,6 +509,9 @@ class CallActor:
     def _tool_call(self, response_id: str, call_id: str | None, name: str | None, item_id: str | None) -> ToolCall | None:
         if not call_id:
             return None
+        # a tool name is ours to know; one longer than any we have is unknown
+        # either way, and clipped it cannot flood the logs and the record
+        name = rt.clip(name, TOOL_NAME_MAX)
         call = self.calls.get(call_id)
         if call is None:
             batch = self._batch(response_id)
@@ -525,6 +586,7 @@ class CallActor:
             if call is not None and call.state != "confirmed":
                 call.state = "confirmed"
                 call.confirmed_seq = self._seq
+                self._record_settled(call)
                 self.log.debug("tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
         elif kind == "message" and getattr(item, "role", None) == "user" and first:
             if not self._speech_turn:  # a typed turn: no speech_started came first
@@ -533,7 +595,19 @@ class CallActor:
 
     def _on_error(self, error: Any) -> None:
         event_id, code = error.event_id, error.code
-        self.log.warning("realtime.error", code=code, error_type=error.type, event_id=event_id, epoch=self.epoch)
+        fatal = FATAL_ERRORS.get(code or "")
+        if fatal is not None:
+            self.log.error("realtime.fatal_error", code=code, epoch=self.epoch)
+            if not self._conn_done.is_set():
+                self.ended_at = trio.current_time()
+                self._conn_reason = fatal
+                self._conn_done.set()
+            return
+        if self._log_budget.allow():
+            self.log.warning("realtime.error", code=rt.clip(code, PEER_STRING_MAX),
+                             error_type=rt.clip(error.type, PEER_STRING_MAX),
+                             event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch,
+                             suppressed=self._log_budget.take_suppressed() or None)
         if event_id in self._creates:
             self._on_create_error(self._creates[event_id], code)
         elif event_id in self._output_events:
@@ -542,6 +616,7 @@ class CallActor:
                 # The service refused this output (already answered after a
                 # resend, or an id it no longer knows): never send it again.
                 call.state = "rejected"
+                self._record_settled(call)
             self._maybe_follow_up()
 
     def _on_create_error(self, create: CreateSent, code: str | None) -> None:
@@ -576,7 +651,10 @@ class CallActor:
         self._maybe_follow_up()
 
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
-        if self.feed is not None and text:
+        if not text:
+            return
+        self.record_line("transcript", role=role, item_id=item_id, text=text)
+        if self.feed is not None:
             self.feed.transcript(role=role, text=text, item_id=item_id)
 
     # ------------------------------------------------------------- epochs
@@ -609,8 +687,10 @@ class CallActor:
         if self._tools is None:
             return
         call.state = "running"
-        call.turn = self.turn
+        if not call.recovered:
+            call.turn = self.turn
         call.started_t = trio.current_time()
+        self._record_started(call)
         # Shielded: the actor's own cancellation (shutdown) must not cut a tool
         # call short before _settle_tools gave a started write time to report;
         # the actor cancels this scope itself when it gives up waiting.
@@ -863,13 +943,59 @@ class CallActor:
                        result=create.result, response_id=create.response_id,
                        turnaround_ms=create.turnaround_ms, **{"for": create.batches})
         for call in self.calls.values():
-            record.add("tool_call", t=round(call.seen_t, 3), **call.record_fields())
+            self._record_settled(call)
         record.add("end", reason=reason, duration_s=round(trio.current_time() - self.started, 3),
                    epoch=self.epoch, reconnects=self.reconnects, tool_calls=len(self.calls),
                    responses=len(self.batches), close_code=self._close_code,
                    feed_dropped=self.feed.dropped if self.feed is not None else 0)
-        try:
-            path = await record.write(self.settings.state_dir)
-            self.log.info("call.recorded", path=str(path))
-        except OSError as exc:
-            self.log.error("call.record_failed", error=str(exc))
+        written = await record.close()
+        if record.failed is not None:
+            self.log.error("call.record_failed", error=record.failed)
+        elif written:
+            self.log.info("call.recorded", path=str(record.path), flushes=record.flushes)
+        else:
+            self.log.info("call.not_recorded", why="never connected")
+
+    def _record_started(self, call: ToolCall) -> None:
+        """The ``tool_started`` line: what a restart needs to answer the call
+        (arguments only for reads, which it may run again)."""
+        spec = lookup(call.name)
+        effect = spec.effect if spec is not None else None
+        fields: dict[str, Any] = {"tool_call_id": call.tool_call_id, "tool": call.name,
+                                  "response_id": call.response_id, "epoch": call.epoch, "turn": call.turn,
+                                  "effect": effect}
+        if effect == "read":
+            fields["arguments"] = call.arguments
+        self.record_line("tool_started", **fields)
+
+    def _record_settled(self, call: ToolCall) -> None:
+        """The one ``tool_call`` line of a call (when it settled, or at the end)."""
+        if not call.recorded:
+            call.recorded = True
+            self.record_line("tool_call", **call.record_fields())
+
+    async def _seed_recovered(self) -> None:
+        """A rejoin: take over the tool calls the crashed run left pending.
+        A write is answered from the write log (or with the restart error);
+        a read with its arguments runs again; the rest get the restart error.
+        They form completed batches of epoch 0, so once their outputs are
+        written one ``response.create`` carries the conversation forward."""
+        for pending in self.recovered or ():
+            batch = self._batch(pending.response_id or f"resp_recovered_{pending.tool_call_id}")
+            batch.status = "completed"
+            call = ToolCall(pending.tool_call_id, pending.tool, batch.response_id, 0, 0, 0.0,
+                            recovered=True, complete=True, arguments=pending.arguments)
+            self.calls[call.tool_call_id] = call
+            batch.calls.append(call.tool_call_id)
+            if pending.effect == "read" and pending.arguments is not None:
+                self._maybe_start(call)
+                continue
+            output, outcome = RESTARTED_OUTPUT, "restarted"
+            if pending.effect == "write":
+                recorded = await storage.run_sync(write_log.load, self.settings.state_dir, pending.tool_call_id)
+                if recorded is not None:
+                    output, outcome = recorded["output"], "replayed"
+            self._record_started(call)
+            call.output, call.outcome, call.state = output, outcome, "ready"
+            call.synthetic = outcome == "restarted"
+            self.log.info("tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=outcome)

@@ -55,6 +55,8 @@ class ToolCall:
     confirmed_seq: int | None = None  # server-event sequence number of the confirmation
     started_t: float | None = None    # trio time it went to the executor
     overhead_ms: float | None = None  # first write − start − the executor's own duration
+    recovered: bool = False           # taken over from a run that crashed (recovery.py)
+    recorded: bool = False            # its ``tool_call`` record line is written
 
     def abandon(self) -> None:
         """Answer with the synthetic cancelled output (only if not answered yet)."""

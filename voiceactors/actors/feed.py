@@ -31,6 +31,11 @@ from voiceactors.logs import get_logger
 #: Events a subscriber may have buffered before newer ones are dropped.
 SUBSCRIBER_BUFFER = 64
 
+#: ``FeedHub.subscribe`` answers these (the ``/events`` route's 503 errors)
+#: when a subscriber cap is reached.
+TOO_MANY_FOR_CALL = "too many event streams for this call"
+TOO_MANY = "too many event streams"
+
 _log = get_logger(actor="feed")
 
 
@@ -110,6 +115,12 @@ class CallFeed:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
+    def prune(self) -> int:
+        """Forget subscribers whose stream has gone (receive side closed);
+        the number left."""
+        self._subscribers = [s for s in self._subscribers if s.statistics().open_receive_channels > 0]
+        return len(self._subscribers)
+
     def publish(self, event: dict[str, Any]) -> None:
         event = {"call_id": self.call_id, **event}
         for send in list(self._subscribers):
@@ -169,9 +180,12 @@ class FeedHub:
     (a poll may race the end), then the feed is forgotten.
     """
 
-    def __init__(self, retention_s: float = 60.0, max_items: int = 8) -> None:
+    def __init__(self, retention_s: float = 60.0, max_items: int = 8, *,
+                 max_per_call: int = 16, max_total: int = 1000) -> None:
         self.retention_s = retention_s
         self.max_items = max_items
+        self.max_per_call = max_per_call
+        self.max_total = max_total
         self.observer_actions = RetainedQueue(retention_s, max_items)
         self._live: dict[str, CallFeed] = {}
         self._ended: collections.OrderedDict[str, CallFeed] = collections.OrderedDict()
@@ -206,9 +220,20 @@ class FeedHub:
                 break
             del self._ended[call_id]
 
-    def subscribe(self, call_id: str) -> trio.MemoryReceiveChannel[dict[str, Any]] | None:
+    def subscribe(self, call_id: str) -> trio.MemoryReceiveChannel[dict[str, Any]] | str | None:
+        """A subscriber channel of a live call; None when the call is not
+        live; ``TOO_MANY_FOR_CALL`` / ``TOO_MANY`` at a cap (every stream
+        is a task and a buffer: a flood of them must not slow live calls)."""
         feed = self._live.get(call_id)
-        return feed.subscribe() if feed is not None else None
+        if feed is None:
+            return None
+        if feed.prune() >= self.max_per_call:
+            _log.warning("feed.too_many_subscribers", call_id=call_id, limit=self.max_per_call)
+            return TOO_MANY_FOR_CALL
+        if sum(f.prune() for f in self._live.values()) >= self.max_total:
+            _log.warning("feed.too_many_subscribers", limit=self.max_total, scope="all")
+            return TOO_MANY
+        return feed.subscribe()
 
     def take_nav_hints(self, call_id: str) -> list[dict[str, Any]]:
         self._sweep()

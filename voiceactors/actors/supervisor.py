@@ -7,10 +7,18 @@ cannot delay another's Connect):
 * ``Connect(call_id)`` — "connected" (a live call is found, not started
   twice) or "at_capacity" (``settings.max_calls`` live calls already);
 * ``CountCalls`` — the number of live calls;
-* ``Subscribe(call_id)`` — a receive channel of the call's feed events, or
-  None when the call is not live;
+* ``Subscribe(call_id)`` — a receive channel of the call's feed events,
+  None when the call is not live, or an error string at a subscriber cap
+  (``feed.TOO_MANY_FOR_CALL`` / ``feed.TOO_MANY``);
 * ``TakeNavHints(call_id)`` / ``TakeObserverActions`` — the polling queues,
   consumed.
+
+At start-up, before serving the inbox, the supervisor rejoins the calls that
+were live when the previous server died (``recovery.find_crashed``: a call
+record whose last block has no ``end``), at most ``settings.rejoin_max_calls``;
+each new actor answers the tool calls the crashed run left pending. This
+happens before ``run`` reports started, so no Connect races it (a Connect
+for such a call finds it live).
 
 An actor leaves the registry when its ``run`` returns (after its call record
 is written); a later Connect with the same id starts a new actor, which ends
@@ -25,8 +33,9 @@ from typing import Any, Callable
 
 import trio
 
-from voiceactors import config, metrics
+from voiceactors import config, metrics, storage
 from voiceactors.actors.call import END_ERROR, CallActor
+from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.feed import FeedHub
 from voiceactors.actors.messages import (Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions,
                                          drain)
@@ -47,7 +56,9 @@ class CallSupervisor:
         self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
         self._hangup = hangup
         self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
-        self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items)
+        self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items,
+                           max_per_call=settings.feed_max_subscribers_per_call,
+                           max_total=settings.feed_max_subscribers)
         self.calls: dict[str, CallActor] = {}
         self.ended: list[tuple[str, str]] = []   # (call_id, reason), most recent last; bounded
         self.log = get_logger(actor="supervisor")
@@ -56,6 +67,8 @@ class CallSupervisor:
         """Serve the inbox until cancelled (or the inbox is closed; then wait
         for the live calls to end)."""
         async with trio.open_nursery() as nursery:
+            # before reporting started: no Connect can race the rejoin
+            await self._rejoin_crashed(nursery)
             task_status.started()
             async with self._receive:
                 async for message in drain(self._receive):
@@ -75,14 +88,30 @@ class CallSupervisor:
         else:
             self.log.error("supervisor.unknown_message", kind=type(message).__name__)
 
-    def _connect(self, call_id: str, nursery: trio.Nursery) -> str:
+    async def _rejoin_crashed(self, nursery: trio.Nursery) -> None:
+        """Start an actor for every call live at the previous server's death."""
+        if self.settings.rejoin_max_calls <= 0:
+            return
+        try:
+            crashed = await storage.run_sync(lambda: find_crashed(
+                self.settings.state_dir, max_age_s=self.settings.call_max_duration_s,
+                limit=self.settings.rejoin_max_calls))
+        except OSError as exc:
+            self.log.error("supervisor.rejoin_failed", error=type(exc).__name__)
+            return
+        for call in crashed:
+            self.log.info("supervisor.rejoin", call_id=call.call_id, pending=len(call.pending))
+            self._connect(call.call_id, nursery, recovered=call.pending)
+
+    def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None) -> str:
         if call_id in self.calls:
             return "connected"
         if len(self.calls) >= self.settings.max_calls:
             self.log.warning("supervisor.at_capacity", call_id=call_id, live=len(self.calls))
             return "at_capacity"
         feed = self.hub.open(call_id)
-        actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup)
+        actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
+                          recovered=recovered)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")

@@ -32,7 +32,6 @@ CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 PREVIEW_CHARS = 200
 QUICK_ASK_S = 5.0        # an actor answering a query (state, counts) replies at once
 SSE_KEEPALIVE_S = 15.0
-SSE_POLL_S = 0.5         # how often a stream looks at the shutdown flag
 
 _log = get_logger(actor="http")
 
@@ -277,15 +276,30 @@ def _query_call_id() -> str:
 _NOTHING = object()
 
 
-async def _next_event(feed: Any) -> Any:
-    """The feed's next event, ``_NOTHING`` after ``SSE_POLL_S`` without one,
-    or None when the feed has ended."""
-    with trio.move_on_after(SSE_POLL_S):
-        try:
-            return await feed.receive()
-        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
-            return None
-    return _NOTHING
+async def _next_event(feed: Any, stopping: trio.Event, wait_s: float) -> Any:
+    """The feed's next event; ``_NOTHING`` after ``wait_s`` without one or
+    when the server begins to stop; None when the feed has ended. Wakes on
+    the event itself, never on a poll: an idle stream costs nothing until
+    its keepalive is due."""
+    result: Any = _NOTHING
+    async with trio.open_nursery() as race:
+        race.cancel_scope.deadline = trio.current_time() + wait_s
+
+        async def receive() -> None:
+            nonlocal result
+            try:
+                result = await feed.receive()
+            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
+                result = None
+            race.cancel_scope.cancel()
+
+        async def stop() -> None:
+            await stopping.wait()
+            race.cancel_scope.cancel()
+
+        race.start_soon(receive)
+        race.start_soon(stop)
+    return result
 
 
 async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[bytes]:
@@ -297,13 +311,14 @@ async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[b
     async with feed:
         yield b": connected\n\n"
         while not stopping.is_set():
-            event = await _next_event(feed)
+            due = last_sent + SSE_KEEPALIVE_S - trio.current_time()
+            event = await _next_event(feed, stopping, max(0.0, due))
             if event is None:
                 break
             if event is not _NOTHING:
                 yield f"data: {json.dumps(event, ensure_ascii=False, default=str)}\n\n".encode("utf-8")
                 last_sent = trio.current_time()
-            elif trio.current_time() - last_sent >= SSE_KEEPALIVE_S:
+            elif not stopping.is_set() and trio.current_time() - last_sent >= SSE_KEEPALIVE_S:
                 yield b": keepalive\n\n"
                 last_sent = trio.current_time()
     _log.info("feed_stream_closed", call_id=call_id)
@@ -320,6 +335,8 @@ async def events() -> Any:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     if feed is None:
         raise ApiError(404, E.CALL_NOT_FOUND)
+    if isinstance(feed, str):   # a subscriber cap (feed.TOO_MANY_FOR_CALL / TOO_MANY)
+        raise ApiError(503, feed)
     response = Response(_sse(feed, voice.stopping, call_id), status=200, mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Accel-Buffering"] = "no"

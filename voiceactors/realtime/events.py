@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Container, Union
@@ -163,12 +164,54 @@ def validate_server_event(obj: Any) -> BaseModel:
 _LEADING_TYPE = re.compile(r'\s*\{\s*"type"\s*:\s*"([A-Za-z0-9_.]{1,128})"')
 
 
-def parse_server_event(raw: str | bytes, only: Container[str] | None = None) -> BaseModel | None:
+#: Longest peer-sent ``type`` put in a ``skipped`` line.
+TYPE_LOG_MAX = 64
+
+
+def clip(value: Any, limit: int) -> Any:
+    """``value`` cut to ``limit`` characters (with ``…``) when it is a longer string."""
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit - 1] + "…"
+    return value
+
+
+class LogBudget:
+    """A token bucket for log lines a peer can trigger: ``burst`` at once,
+    then ``per_s`` a second; what it refuses is counted and reported with
+    the next line it allows (``suppressed``). Wall-clock monotonic time: a
+    log rate, not a protocol deadline."""
+
+    def __init__(self, burst: int = 20, per_s: float = 1.0) -> None:
+        self.burst = burst
+        self.per_s = per_s
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+        self._suppressed = 0
+
+    def allow(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.per_s)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        self._suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        count, self._suppressed = self._suppressed, 0
+        return count
+
+
+def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
+                       budget: LogBudget | None = None) -> BaseModel | None:
     """Parse one websocket message from the service into its SDK model.
 
     Returns None, and logs one ``skipped`` line with the reason and the event
-    type (never payload values), for a binary frame, non-JSON, a non-object, an
-    unknown type or a validation failure. Never raises.
+    type (never payload values; the type cut to ``TYPE_LOG_MAX``), for a
+    binary frame, non-JSON, a non-object, an unknown type or a validation
+    failure; with a ``budget``, only as many lines as it allows (the rest are
+    counted in the next line's ``suppressed``). Never raises.
 
     ``only`` names the types the caller acts on: a known event of another type
     returns None without validation or log line. Validating every transcript
@@ -189,7 +232,7 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None) -> 
         elif not isinstance(type_, str):
             reason = "no type"
         elif not SERVER_EVENTS.known(type_):
-            _log.info("skipped", reason="unknown type", type=type_)
+            _skipped(budget, "info", "unknown type", type_)
             return None
         elif only is not None and type_ not in only:
             return None
@@ -198,8 +241,16 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None) -> 
                 return SERVER_EVENTS.validate(obj)
             except Exception as exc:  # never fatal: the service may be newer than our SDK
                 reason = _error_summary(exc)
-    _log.warning("skipped", reason=reason, type=type_ if isinstance(type_, str) else None)
+    _skipped(budget, "warning", reason, type_ if isinstance(type_, str) else None)
     return None
+
+
+def _skipped(budget: LogBudget | None, level: str, reason: str, type_: str | None) -> None:
+    if budget is not None and not budget.allow():
+        return
+    suppressed = budget.take_suppressed() if budget is not None else 0
+    getattr(_log, level)("skipped", reason=clip(reason, 200), type=clip(type_, TYPE_LOG_MAX),
+                         **({"suppressed": suppressed} if suppressed else {}))
 
 
 def validate_client_event(event: dict) -> BaseModel:

@@ -5,9 +5,14 @@ so the local simulator can stand in for OpenAI. Only the standard API key is
 sent (``Authorization: Bearer``); no ``OpenAI-Beta`` header (it selects the old
 beta protocol) and no ``model=`` beside ``call_id``.
 
-Handshake failures are sorted into two kinds the caller acts on differently:
-``CallGone`` (HTTP 404/410: the call is over, do not retry) and
-``SidebandUnavailable`` (anything else: maybe retry with backoff).
+Handshake failures are sorted into kinds the caller acts on differently:
+``CallGone`` (HTTP 404/410: the call is over, do not retry),
+``SidebandRefused`` (HTTP 401/403: the key is not accepted, retrying cannot
+help) and ``SidebandUnavailable`` (anything else, including a peer that
+breaks the handshake protocol, e.g. a wrong ``Sec-WebSocket-Accept``: maybe
+retry with backoff). An open connection that fails with a protocol error
+(an oversized or malformed frame) raises ``SidebandBroken``: a drop the
+caller counts as a failure.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ __all__ = [
     "SidebandError",
     "CallGone",
     "SidebandUnavailable",
+    "SidebandRefused",
+    "SidebandBroken",
     "ws_url",
     "open_sideband",
     "is_clean_close",
@@ -44,6 +51,7 @@ __all__ = [
 
 CLEAN_CLOSE_CODES = frozenset({1000, 1001})
 GONE_STATUSES = frozenset({404, 410})
+REFUSED_STATUSES = frozenset({401, 403})
 
 
 class SidebandError(Exception):
@@ -60,7 +68,17 @@ class CallGone(SidebandError):
 
 
 class SidebandUnavailable(SidebandError):
-    """Any other handshake failure: refused, timed out, 401/5xx, bad URL."""
+    """Any other handshake failure: refused, timed out, 5xx, bad URL, a peer
+    that breaks the handshake protocol."""
+
+
+class SidebandRefused(SidebandUnavailable):
+    """The handshake answered 401 or 403: the key is refused (not a retry case)."""
+
+
+class SidebandBroken(SidebandError):
+    """The open connection failed with a protocol error (e.g. a frame over
+    ``max_message_size``). Not raised for the body's own exceptions."""
 
 
 def ws_url(base_url: str, call_id: str) -> str:
@@ -88,6 +106,12 @@ def close_code(exc: ConnectionClosed) -> int | None:
     return getattr(reason, "code", None)
 
 
+def _root_type(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return type(exc).__name__
+
+
 @asynccontextmanager
 async def open_sideband(
     base_url: str,
@@ -101,8 +125,9 @@ async def open_sideband(
 ) -> AsyncIterator[WebSocketConnection]:
     """Open the sideband for ``call_id`` and yield the connected websocket.
 
-    Raises ``CallGone`` or ``SidebandUnavailable`` when the handshake fails;
-    exceptions from the body propagate unchanged. Leaving the block closes the
+    Raises ``CallGone``, ``SidebandRefused`` or ``SidebandUnavailable`` when
+    the handshake fails, ``SidebandBroken`` when the open connection fails
+    with a protocol error; exceptions from the body propagate unchanged. Leaving the block closes the
     websocket (code 1000) within ``disconnect_timeout``; a close that times out
     is not an error (the connection is gone either way). Cancellation is
     honoured at every step.
@@ -141,7 +166,8 @@ async def open_sideband(
         if connected:
             raise
         status = exc.status_code
-        kind = CallGone if status in GONE_STATUSES else SidebandUnavailable
+        kind = (CallGone if status in GONE_STATUSES else
+                SidebandRefused if status in REFUSED_STATUSES else SidebandUnavailable)
         raise kind(f"sideband handshake rejected with HTTP {status}", status) from None
     except ConnectionTimeout:
         if connected:
@@ -156,6 +182,17 @@ async def open_sideband(
         if connected:
             raise
         raise SidebandUnavailable(f"sideband connection failed: {type(exc).__name__}") from None
+    except Exception as exc:
+        # Whatever else the websocket stack raises (h11/wsproto protocol
+        # errors from a peer that breaks the protocol) is the connection's
+        # failure, not ours: classified, so the caller can retry or count it.
+        # The body's own exceptions pass through unchanged.
+        if body_error is not None and not isinstance(body_error, trio.Cancelled):
+            raise
+        name = _root_type(exc)
+        if not connected:
+            raise SidebandUnavailable(f"sideband handshake failed: {name}") from None
+        raise SidebandBroken(f"sideband connection broke: {name}") from None
     if body_error is not None:
         raise body_error  # our close deadline swallowed it with the cancellation
     if not connected:

@@ -19,11 +19,15 @@ import h11
 import trio
 import trio_websocket
 
+from voiceactors.logs import get_logger
+
 __all__ = ["HttpRequest", "HttpResponse", "json_response", "open_listeners", "serve_http", "ReplayStream"]
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1024 * 1024
 READ_TIMEOUT_S = 30.0
+
+_log = get_logger(actor="simulator")
 
 
 @dataclass
@@ -186,6 +190,23 @@ async def _handle_connection(stream: trio.abc.Stream, rest: RestHandler, ws: WsH
         pass  # the client went away
 
 
+_CLIENT_GONE = (trio_websocket.ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError,
+                ConnectionError)
+
+
+def _split_client_gone(exc: BaseException) -> tuple[BaseException | None, BaseException | None]:
+    """(the client-went-away part, everything else) of ``exc``."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(_CLIENT_GONE)
+    return (exc, None) if isinstance(exc, _CLIENT_GONE) else (None, exc)
+
+
+def _only_cancelled(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(trio.Cancelled)[1] is None
+    return isinstance(exc, trio.Cancelled)
+
+
 async def open_listeners(host: str, port: int) -> tuple[list[trio.SocketListener], int]:
     """Bind ``host:port`` (0 = ephemeral); returns the listeners and the bound
     port. Raises ``OSError`` (e.g. port in use) plainly, outside any nursery."""
@@ -209,6 +230,21 @@ async def serve_http(
     cancels every open connection (websockets drop without a close frame)."""
 
     async def handler(stream: trio.abc.Stream) -> None:
-        await _handle_connection(stream, rest, ws)
+        # One client must never take the listener down: a peer that goes away
+        # mid-exchange (e.g. resets while its handshake is being rejected) is
+        # normal; anything else is a simulator bug, logged, and only that
+        # connection ends.
+        try:
+            await _handle_connection(stream, rest, ws)
+        except BaseException as exc:
+            lost, other = _split_client_gone(exc)
+            if other is not None:
+                if not isinstance(other, Exception) and not isinstance(other, BaseExceptionGroup):
+                    raise
+                if _only_cancelled(other):
+                    raise
+                _log.exception("sim_connection_failed")
+            elif lost is not None:
+                _log.info("sim_client_gone", error=type(lost).__name__)
 
     await trio.serve_listeners(handler, listeners, task_status=task_status)

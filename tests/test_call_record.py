@@ -1,0 +1,73 @@
+"""CallRecord on real files: written as the call goes, fsyncs grouped,
+fresh-line appends after a torn line, nothing for a call that never
+connected, and ``read_record`` that survives a torn line."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from voiceactors.actors.call_record import CallRecord, append_block, last_block, read_record, record_path
+
+
+async def _until(predicate) -> None:
+    """Poll in small virtual steps (the writer works in a thread, which lets
+    autojump_clock move on): at most 5 virtual seconds."""
+    for _ in range(500):
+        if predicate():
+            return
+        await trio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_lines_are_written_as_they_come_and_grouped_under_load(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        record = CallRecord("rtc_live", tmp_path)
+        await nursery.start(record.run)
+        record.opened()
+        for i in range(200):                        # a burst: one flush, not 200 fsyncs
+            record.add("tool_call", tool_call_id=f"call_{i}")
+        await _until(lambda: record.path.exists() and len(read_record(record.path)) == 201)
+        assert record.flushes <= 3
+        lines = read_record(record.path)
+        assert lines[0]["kind"] == "start" and [x["tool_call_id"] for x in lines[1:]] == [
+            f"call_{i}" for i in range(200)]
+        record.add("transcript", role="user", item_id="item_1", text="hello")   # batched: not at once
+        t0 = trio.current_time()
+        await trio.sleep(0.5)
+        assert len(read_record(record.path)) == 201
+        await _until(lambda: read_record(record.path)[-1]["kind"] == "transcript")
+        assert trio.current_time() - t0 < 2.5      # BATCH_S, plus the virtual time the write thread took
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True
+    assert read_record(record.path)[-1]["kind"] == "end"
+
+
+async def test_a_call_that_never_connected_writes_nothing(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        record = CallRecord("rtc_bogus", tmp_path)
+        await nursery.start(record.run)
+        record.add("reconnect", attempt=1)
+        record.add("end", reason="call_gone")
+        assert await record.close() is False
+    assert not record_path(tmp_path, "rtc_bogus").exists()
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_block_starts_on_a_fresh_line(tmp_path):
+    path = record_path(tmp_path, "rtc_torn")
+    append_block(path, [json.dumps({"kind": "start", "call_id": "rtc_torn"}), json.dumps({"kind": "connect"})])
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"kind": "tool_started", "tool_call_id": "ca')            # killed mid-append
+    assert [x["kind"] for x in read_record(path)] == ["start", "connect"]   # readable, torn line skipped
+    append_block(path, [json.dumps({"kind": "start", "call_id": "rtc_torn", "rejoined": True})])
+    lines = read_record(path)
+    assert [x["kind"] for x in lines] == ["start", "connect", "start"]
+    assert last_block(lines) == [{"kind": "start", "call_id": "rtc_torn", "rejoined": True}]
+    assert path.read_text(encoding="utf-8").endswith('"ca\n{"kind": "start", "call_id": "rtc_torn", "rejoined": true}\n')
+
+
+def test_read_record_splits_on_newlines_only(tmp_path):
+    path = record_path(tmp_path, "rtc_sep")
+    append_block(path, [json.dumps({"kind": "transcript", "text": "a\u2028b\u0085c"}, ensure_ascii=False)])
+    assert read_record(path) == [{"kind": "transcript", "text": "a\u2028b\u0085c"}]

@@ -1,0 +1,121 @@
+"""Finding the calls that were live when the server died (kill -9, power cut).
+
+A call record whose last block has a ``start`` and no ``end`` was live at the
+crash. Its ``tool_started`` lines without a ``tool_call`` line are the tool
+calls the user's turn still waits for. The CallSupervisor rejoins such calls
+at start-up (``find_crashed``) and the new CallActor answers them:
+
+* a write: from the write log (``write_log.load``) when it had been applied,
+  else with ``RESTARTED_OUTPUT`` (never applied again: without a record we
+  cannot know it did not half-run);
+* a read: run again with the recorded arguments;
+* anything else: ``RESTARTED_OUTPUT``.
+
+Only records changed within ``max_age_s`` count (an older call cannot be
+live any more), newest first, at most ``limit``. Everything here blocks
+(file reads): call it through ``storage.run_sync``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from voiceactors.actors.call_record import last_block, read_record
+from voiceactors.logs import get_logger
+
+RESTARTED_OUTPUT = json.dumps({"error": "the server restarted before this tool call finished"})
+
+_log = get_logger(actor="supervisor", surface="recovery")
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A tool call started before the crash and never settled."""
+
+    tool_call_id: str
+    tool: str
+    response_id: str
+    effect: str | None
+    arguments: str | None
+
+
+@dataclass
+class CrashedCall:
+    call_id: str
+    pending: list[PendingCall] = field(default_factory=list)
+
+
+def pending_calls(block: list[dict]) -> list[PendingCall] | None:
+    """The unsettled tool calls of one run's lines; None when the run ended
+    (its block has an ``end``) or is not a run at all."""
+    if not block or block[0].get("kind") != "start" or any(line.get("kind") == "end" for line in block):
+        return None
+    settled = {line.get("tool_call_id") for line in block if line.get("kind") == "tool_call"}
+    pending: dict[str, PendingCall] = {}
+    for line in block:
+        tool_call_id = line.get("tool_call_id")
+        if line.get("kind") != "tool_started" or not isinstance(tool_call_id, str) or tool_call_id in settled:
+            continue
+        arguments = line.get("arguments")
+        pending[tool_call_id] = PendingCall(tool_call_id, str(line.get("tool") or ""),
+                                            str(line.get("response_id") or ""), line.get("effect"),
+                                            arguments if isinstance(arguments, str) else None)
+    return list(pending.values())
+
+
+def _ends_with_end(path: Path, tail: int = 4096) -> bool:
+    """True when the file's last complete line is an ``end`` line (read from
+    its last ``tail`` bytes, so ended records are not read whole)."""
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - tail))
+        data = handle.read()
+    if not data.endswith(b"\n"):
+        return False                # a torn last line: the run did not end cleanly
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    try:
+        line = json.loads(last)
+    except ValueError:
+        return False
+    return isinstance(line, dict) and line.get("kind") == "end"
+
+
+def find_crashed(state_dir: Path, *, max_age_s: float, limit: int) -> list[CrashedCall]:
+    """The calls live at the crash, newest record first, at most ``limit``."""
+    folder = Path(state_dir) / "calls"
+    cutoff = time.time() - max_age_s
+    candidates: list[tuple[float, Path]] = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if not entry.name.endswith(".jsonl") or not entry.is_file():
+                    continue
+                mtime = entry.stat().st_mtime
+                if mtime >= cutoff:
+                    candidates.append((mtime, Path(entry.path)))
+    except FileNotFoundError:
+        return []
+    candidates.sort(reverse=True)
+    found: list[CrashedCall] = []
+    for _, path in candidates:
+        if len(found) >= limit:
+            _log.warning("rejoin_limit_reached", limit=limit, more=True)
+            break
+        try:
+            if _ends_with_end(path):
+                continue            # the common case, from the file's tail alone
+            block = last_block(read_record(path))
+        except OSError as exc:
+            _log.warning("record_unreadable", file=path.name, error=type(exc).__name__)
+            continue
+        pending = pending_calls(block)
+        call_id = block[0].get("call_id") if block else None
+        if pending is None or not isinstance(call_id, str) or not call_id:
+            continue
+        found.append(CrashedCall(call_id, pending))
+    return found

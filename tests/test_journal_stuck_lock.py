@@ -113,8 +113,12 @@ async def exercise(app, test_app, settings, journal, stuck_item, stuck_path, oth
                 }
                 response = await client.get("/api/voice/status")
                 out["status"] = (response.status_code, await response.get_json())
-                record = CallRecord("rtc_record")
-                out["record"] = read_record(await record.write(settings.state_dir))
+                record = CallRecord("rtc_record", settings.state_dir, write_now=True)
+                async with trio.open_nursery() as writer:
+                    await writer.start(record.run)
+                    record.add("end", reason="test")
+                    await record.close()
+                out["record"] = read_record(record.path)
                 out["stuck_answered"] = list(answered)
                 out["elapsed"] = trio.current_time() - started
                 return out
@@ -127,7 +131,7 @@ async def exercise(app, test_app, settings, journal, stuck_item, stuck_path, oth
     assert ledger.get_item(journal, other_item.id).state == "closed"
     assert others["read"].outcome == "ok" and "commitments" in json.loads(others["read"].output)
     assert others["status"][0] == 200 and others["status"][1]["openai_configured"] is True
-    assert [line["kind"] for line in others["record"]] == ["start"]
+    assert [line["kind"] for line in others["record"]] == ["start", "end"]
 
     # each stuck write: a clear error once the bound has passed, nothing applied or recorded
     assert len(answered) == STUCK

@@ -433,12 +433,14 @@ async def _sse_flood(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
                 await trio.aclose_forcefully(stream)
 
     ramp_started = trio.current_time()
+    print(f"RAMP {time.monotonic():.6f}", flush=True)
     with trio.move_on_after(args.ramp_timeout) as ramp:
         async with trio.open_nursery() as nursery:
             for i in range(args.count):
                 await trio.sleep_until(ramp_started + i / args.rate)
                 nursery.start_soon(open_one, next(sources))
     ramp_s = trio.current_time() - ramp_started
+    pending = tally.sent - sum(tally.statuses.values()) - sum(tally.errors.values())
     print(f"READY {time.monotonic():.6f}", flush=True)
     await trio.sleep(args.duration)
     print(f"END {time.monotonic():.6f}", flush=True)
@@ -446,7 +448,8 @@ async def _sse_flood(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     for stream in held:
         await trio.aclose_forcefully(stream)
     return {"requested": args.count, "held": len(held), "closed_by_server_at_end": closed,
-            "ramp_s": round(ramp_s, 3), "ramp_timed_out": ramp.cancelled_caught}
+            "ramp_s": round(ramp_s, 3), "ramp_timed_out": ramp.cancelled_caught,
+            "unanswered_at_ramp_end": pending + (args.count - tally.sent)}
 
 
 async def _flood_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -572,6 +575,7 @@ def flood_args(kind: str, args: argparse.Namespace, port: int, out: Path, repeat
     if kind == "connect":
         return ["_flood", "connect", "--rate", str(args.connect_rate),
                 "--bogus-prefix", f"{BOGUS_PREFIX}_{repeat}", *common]
+    common[common.index("--request-timeout") + 1] = str(args.sse_open_timeout)
     return ["_flood", "sse", "--rate", str(args.sse_rate), "--count", str(args.sse_subscribers),
             "--call-id", f"{PREFIX}-0", "--ramp-timeout", str(args.ramp_timeout), *common]
 
@@ -594,7 +598,11 @@ def run_phase(kind: str, args: argparse.Namespace, server: Proc, sim: Proc, port
     flood = spawn(f"flood-{kind}", "benchmarks.floods", flood_args(kind, args, port, out, repeat), workdir=run_dir)
     try:
         window = CpuWindow({"server": server, "sim": sim, "flood": flood})
+        if kind == "sse":   # the opening of the streams: reported beside the phase, not in it
+            phase["ramp_window"] = [float(flood.expect("RAMP", 30)), None]
         t0 = float(flood.expect("READY", args.ramp_timeout + 30))
+        if kind == "sse":
+            phase["ramp_window"][1] = t0
         window.start()
         t1 = float(flood.expect("END", args.phase_s + 30))
         phase["cpu"] = window.stop()
@@ -625,6 +633,9 @@ def phase_numbers(phase: dict[str, Any], rounds: list[list[Any]], overheads: dic
     phase["no_output"] = sum(1 for r in mine if r[2] is None)
     phase["server_overhead_ms"] = summary(overheads[r[1]] for r in mine if r[1] in overheads)
     phase["live_feed_events"] = sum(n for t, n in feed_events if t0 <= t < t1)
+    if "ramp_window" in phase:
+        r0, r1 = phase["ramp_window"]
+        phase["ramp_output_ms"] = summary(r[2] for r in rounds if r0 <= r[0] < r1 and r[2] is not None)
 
 
 def run_repeat(repeat: int, args: argparse.Namespace, journal: Path) -> dict[str, Any]:
@@ -635,7 +646,7 @@ def run_repeat(repeat: int, args: argparse.Namespace, journal: Path) -> dict[str
     sim_out = run_dir / "sim.json"
     sim = spawn("sim", "benchmarks.floods", [
         "_sim", "--calls", str(args.calls), "--gap", str(args.gap), "--rate-hz", str(args.rate_hz),
-        "--rounds", str(int(budget / args.gap) + 10), "--timeout", str(budget), "--seed", str(repeat),
+        "--rounds", str(int(budget / args.gap) + 10), "--warmup", str(args.warmup), "--timeout", str(budget), "--seed", str(repeat),
         "--out", str(sim_out)], workdir=run_dir)
     server = None
     started = time.monotonic()
@@ -660,7 +671,7 @@ def run_repeat(repeat: int, args: argparse.Namespace, journal: Path) -> dict[str
             raise Refused(f"live calls' /connect answered {dict(connects)}: last {body}")
         sim.send(f"SSE {port if not args.no_live_sse else 0} {host_header}")
         sim.expect("CONNECTED", 30)
-        time.sleep(2.0 + args.gap)        # the calls' rounds start after a 2 s warm-up
+        time.sleep(args.warmup + args.gap)     # the calls' first rounds have started
         result["phases"] = [run_phase(kind, args, server, sim, port, run_dir, repeat) for kind in args.phases]
         sim.send("STOP")
         sim.expect("DONE", 60)
@@ -717,8 +728,10 @@ def phase_row(repeat: int, p: dict[str, Any]) -> str:
             other.append(f"cancelled {flood['cancelled']}")
         other.append(f"sent {flood['sent']}")
     if "held" in flood:
-        other.append(f"held {flood['held']}/{flood['requested']} (ramp {flood['ramp_s']:.1f} s, "
-                     f"closed by server {flood['closed_by_server_at_end']})")
+        other.append(f"held {flood['held']}/{flood['requested']} (ramp {flood['ramp_s']:.1f} s"
+                     f"{', timed out' if flood['ramp_timed_out'] else ''}, unanswered then "
+                     f"{flood['unanswered_at_ramp_end']}, closed by server at end {flood['closed_by_server_at_end']}"
+                     f"; output p50 / p99 during the ramp {_ms(p.get('ramp_output_ms', {}))})")
     if "call_files_after" in p:
         other.append(f"call files {p['call_files_before']['all']} → **{p['call_files_after']['all']}**")
     if p.get("no_output"):
@@ -749,6 +762,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=10, help="live calls")
     p.add_argument("--gap", type=float, default=0.25, help="seconds between a live call's tool rounds")
     p.add_argument("--rate-hz", type=float, default=0.0, help="background transcript deltas per live call")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds from the joins to the first rounds")
     p.add_argument("--phase-s", type=float, default=10.0, help="measured seconds per phase")
     p.add_argument("--settle-s", type=float, default=3.0, help="pause after a flood before the next phase")
     p.add_argument("--settle-max-s", type=float, default=30.0)
@@ -760,7 +774,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="event streams held on one live call (bounded by RLIMIT_NOFILE)")
     p.add_argument("--sse-rate", type=float, default=1000.0, help="event streams opened per second")
     p.add_argument("--ramp-timeout", type=float, default=60.0, help="bound on opening the event streams")
-    p.add_argument("--max-in-flight", type=int, default=256, help="a flood's requests waiting at once")
+    p.add_argument("--sse-open-timeout", type=float, default=30.0, help="bound on one event stream's answer")
+    p.add_argument("--max-in-flight", type=int, default=2000,
+                   help="a flood's requests waiting at once (more are counted as skipped, not sent)")
     p.add_argument("--request-timeout", type=float, default=10.0)
     p.add_argument("--flood-sources", nargs="*", default=[],
                    help="local addresses the floods connect from, in turn (e.g. 127.0.0.2 127.0.0.3)")

@@ -638,7 +638,46 @@ def phase_numbers(phase: dict[str, Any], rounds: list[list[Any]], overheads: dic
         phase["ramp_output_ms"] = summary(r[2] for r in rounds if r0 <= r[0] < r1 and r[2] is not None)
 
 
-def run_repeat(repeat: int, args: argparse.Namespace, journal: Path) -> dict[str, Any]:
+class LoadWatch:
+    """Every ``period`` seconds, in a thread: the 1-minute load and how many
+    other ``pytest`` processes run (other sessions share the machine)."""
+
+    def __init__(self, period: float = 2.0) -> None:
+        import threading
+
+        self.samples: list[tuple[float, float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
+
+    def _run(self, period: float) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            busy = 0
+            for proc in psutil.process_iter(["cmdline"]):
+                cmd = proc.info.get("cmdline") or []
+                if any("pytest" in part for part in cmd) and proc.pid != os.getpid():
+                    busy += 1
+            self.samples.append((time.monotonic(), os.getloadavg()[0], busy))
+            self._stop.wait(period)
+
+    def __enter__(self) -> "LoadWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def during(self, t0: float, t1: float) -> dict[str, Any]:
+        mine = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not mine:
+            return {}
+        return {"load_1m": [round(min(s[1] for s in mine), 2), round(max(s[1] for s in mine), 2)],
+                "other_pytest_max": max(s[2] for s in mine)}
+
+
+def run_repeat(repeat: int, args: argparse.Namespace, journal: Path, watch: LoadWatch) -> dict[str, Any]:
     """A fresh simulator, server and state directory; every phase in order."""
     run_dir = work_dir() / "runs" / f"floods-{repeat}-{int(time.time() * 1000)}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -686,6 +725,7 @@ def run_repeat(repeat: int, args: argparse.Namespace, journal: Path) -> dict[str
     overheads = server_overheads(run_dir / "state")
     for phase in result["phases"]:
         phase_numbers(phase, sim_result["rounds"], overheads, sim_result["live_feed"]["events"])
+        phase["machine"] = watch.during(*phase["window"])
     idle = next((p for p in result["phases"] if p["phase"] == "idle"), None)
     for phase in result["phases"]:
         if idle and idle["output_ms"]["n"] and phase["output_ms"]["n"]:
@@ -740,6 +780,10 @@ def phase_row(repeat: int, p: dict[str, Any]) -> str:
         other.append(f"**REFUSED {_counts(p['refused'])}: phase meaningless**")
     if "settle_s" in p:
         other.append(f"settle {p['settle_s']:.1f} s")
+    machine = p.get("machine") or {}
+    if machine:
+        other.append(f"load {machine['load_1m'][0]:.1f}–{machine['load_1m'][1]:.1f}, "
+                     f"other pytest {machine['other_pytest_max']}")
     return (f"| {repeat} | {p['phase']} | {p['rounds']} | {_ms(p['output_ms'])} | {ratio} | "
             f"{_ms(p['create_ms'])} | {_ms(p['server_overhead_ms'])} | {core('server')} | {core('sim')} | "
             f"{core('flood')} | {p['live_feed_events']} | {answered} | {'; '.join(other)} |")
@@ -818,11 +862,12 @@ def main(argv: list[str] | None = None) -> int:
                               "sse_subscribers": args.sse_subscribers, "repeats": []}
     print(TABLE_HEAD, flush=True)
     try:
-        for repeat in range(1, args.repeats + 1):
-            r = run_repeat(repeat, args, journal)
-            report["repeats"].append(r)
-            for p in r["phases"]:
-                print(phase_row(repeat, p), flush=True)
+        with LoadWatch() as watch:
+            for repeat in range(1, args.repeats + 1):
+                r = run_repeat(repeat, args, journal, watch)
+                report["repeats"].append(r)
+                for p in r["phases"]:
+                    print(phase_row(repeat, p), flush=True)
     finally:
         report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         report["wall_s"] = round(time.monotonic() - started, 1)

@@ -767,6 +767,8 @@ def phase_row(repeat: int, p: dict[str, Any]) -> str:
         if flood.get("cancelled"):
             other.append(f"cancelled {flood['cancelled']}")
         other.append(f"sent {flood['sent']}")
+        if flood.get("answer_ms", {}).get("n"):
+            other.append(f"answered in p50 {flood['answer_ms']['p50'] / 1000:.1f} s")
     if "held" in flood:
         other.append(f"held {flood['held']}/{flood['requested']} (ramp {flood['ramp_s']:.1f} s"
                      f"{', timed out' if flood['ramp_timed_out'] else ''}, unanswered then "

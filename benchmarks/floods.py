@@ -667,7 +667,8 @@ class LoadWatch:
             busy = 0
             for proc in psutil.process_iter(["cmdline"]):
                 cmd = proc.info.get("cmdline") or []
-                if any("pytest" in part for part in cmd) and proc.pid != os.getpid():
+                is_python = bool(cmd) and "python" in os.path.basename(cmd[0])   # not `timeout ... pytest`
+                if is_python and any("pytest" in part for part in cmd) and proc.pid != os.getpid():
                     busy += 1
             self.samples.append((time.monotonic(), os.getloadavg()[0], busy))
             self._stop.wait(period)

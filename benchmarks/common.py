@@ -231,6 +231,34 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
+def raise_nofile_limit() -> dict[str, Any]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit where
+    permitted (children inherit it). Returns what it was and what it is now,
+    so a report can say how many sockets a run could hold."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    before = {"soft": soft, "hard": hard}
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    error = None
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as exc:   # not permitted: keep what we have
+            error = f"{type(exc).__name__}: {exc}"
+    soft_now, hard_now = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return {"before": before, "after": {"soft": soft_now, "hard": hard_now}, "error": error}
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a child that needs ``--port``)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=2, default=str))

@@ -73,3 +73,28 @@ def test_journal_scale_tiny(bench):
     assert r["index_refresh_one_day"]["files_indexed"] >= 1
     for key in ("journal.search", "journal.get_day", "commitments.list", "entities.recent_with"):
         assert r[key]["n"] == 3 and r[key]["errors"] == 0, (key, r[key])
+
+
+def test_floods_every_phase_accounts_for_every_request(bench):
+    pytest.importorskip("trio")
+    data = _main(bench, "benchmarks.floods", "--repeats", "1", "--calls", "2", "--phase-s", "0.6",
+                 "--settle-s", "0.1", "--settle-max-s", "2", "--warmup", "0.3", "--mint-rate", "5", "--connect-rate", "5",
+                 "--sse-subscribers", "8", "--sse-rate", "100")
+    assert data["rlimit_nofile"]["after"]["soft"] >= data["rlimit_nofile"]["before"]["soft"]
+    (r,) = data["repeats"]
+    assert r["live_connects"] == {"200": 2} and r["server_rc"] == 0
+    phases = {p["phase"]: p for p in r["phases"]}
+    assert list(phases) == ["idle", "mint", "sse", "connect"]
+    assert sum(p["rounds"] for p in phases.values()) > 0        # the live calls ran through the phases
+    for p in phases.values():
+        assert {"output_ms", "create_ms", "server_overhead_ms", "cpu", "window"} <= set(p)
+        assert "refused" not in p, p["refused"]                     # the benchmark's Host is accepted
+    for kind in ("mint", "connect"):                              # each request ends in one bucket
+        f = phases[kind]["flood"]
+        assert f["sent"] + f["skipped"] == 3                      # 5/s for 0.6 s
+        assert sum(f["statuses"].values()) + sum(f["errors"].values()) + f["cancelled"] == f["sent"]
+    sse = phases["sse"]["flood"]
+    assert sum(sse["statuses"].values()) + sum(sse["errors"].values()) + sse["unanswered_at_ramp_end"] == 8
+    assert sse["held"] == sse["statuses"].get("200", 0)
+    files = phases["connect"]["call_files_after"]
+    assert 0 <= files["bogus"] <= phases["connect"]["flood"]["sent"]

@@ -233,3 +233,25 @@ async def test_the_console_sign_in_lasts_console_session_ttl_s(journal, tmp_path
             response = await test_app.test_client().post("/api/voice/login", json={"token": TOKEN})
             assert response.status_code == 200 and max_age in response.headers["Set-Cookie"]
     assert console_sessions.SESSION_TTL_S == Settings.console_session_ttl_s == 12 * 3600.0
+
+
+def test_a_tool_search_refreshes_the_index_after_search_refresh_interval_s(journal, tmp_path):
+    from voiceactors.journal import index as index_mod
+    from voiceactors.tools import journal_tools
+    from voiceactors.tools.context import ToolContext
+
+    state = tmp_path / "state"
+
+    def ctx(interval: float) -> ToolContext:
+        return ToolContext.from_settings(Settings(journal=journal, state_dir=state,
+                                                  search_refresh_interval_s=interval))
+
+    assert ctx(300.0).search_refresh_interval_s == 300.0
+    assert "results" in journal_tools.search(ctx(300.0), {"query": "the"})       # builds the index
+    assert index_mod.is_ready(index_mod.index_path(journal, state))
+    journal_tools.search(ctx(300.0), {"query": "the"})
+    assert index_mod.running_refresh(journal, state) is None                     # within the interval
+    journal_tools.search(ctx(0.0), {"query": "the"})
+    child = index_mod.running_refresh(journal, state)
+    index_mod.join_refresh(journal, state, timeout=30)
+    assert child is not None and child.returncode == 0

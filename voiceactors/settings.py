@@ -159,6 +159,10 @@ class Settings:
     tool_calls_per_turn: int = setting(
         6, TOOLS, "tool calls the model may make in one user turn", env="VOICEACTORS_TOOL_CALLS_PER_TURN",
         unit="tool calls", positive=True)
+    search_refresh_interval_s: float = setting(
+        300.0, TOOLS, "how stale our journal search index may get: a `journal.search` past it starts an "
+        "incremental refresh in a child process and answers from the index as it is (not used when solstone's "
+        "own index is there; docs/journal-format.md)", env="VOICEACTORS_SEARCH_REFRESH_INTERVAL", unit="s", minimum=0)
     journal_lock_timeout_s: float = setting(
         5.0, TOOLS, "how long a write waits for a journal day file's lock (held by solstone or another writer) "
         "before answering `journal busy: …`, nothing changed (docs/tools.md, docs/journal-format.md)",

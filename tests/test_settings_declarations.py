@@ -255,3 +255,9 @@ def test_a_tool_search_refreshes_the_index_after_search_refresh_interval_s(journ
     child = index_mod.running_refresh(journal, state)
     index_mod.join_refresh(journal, state, timeout=30)
     assert child is not None and child.returncode == 0
+
+
+def test_demo_with_invalid_settings_exits_2(monkeypatch, capsys):
+    monkeypatch.setenv("VOICEACTORS_LOG_LEVEL", "chatty")
+    assert main(["demo", "--port", "0"]) == 2
+    assert "log_level (VOICEACTORS_LOG_LEVEL) must be one of" in capsys.readouterr().err

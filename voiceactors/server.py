@@ -47,9 +47,10 @@ _log = get_logger(actor="server")
 # --- settings ------------------------------------------------------------------
 
 def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
-    """Settings from the serve flags (flags > env > defaults). Raises ValueError
-    for a malformed environment value."""
-    return Settings.from_env(**{**flag_values(args), **extra})
+    """Settings from the serve flags (flags > env > defaults), checked. Raises
+    ValueError for a malformed environment value or ``InvalidSettings`` (a
+    ValueError) for values the server cannot run with: both exit 2."""
+    return Settings.from_env(**{**flag_values(args), **extra}).validate()
 
 
 # --- hypercorn -----------------------------------------------------------------
@@ -286,7 +287,7 @@ async def _serve_main(settings: Settings, demo: bool) -> None:
 def prepare(args: argparse.Namespace) -> Settings | int:
     """Settings, today's pin and logging for a command; an exit code on a usage error."""
     try:
-        settings = settings_from_args(args).validate()    # bad values, the deadline chain: exit 2
+        settings = settings_from_args(args)
         hosts.HostPolicy.from_settings(settings)       # a malformed --allowed-host is a usage error
         clock.check_env()
         if getattr(args, "today", None):

@@ -325,7 +325,8 @@ async def test_keep_alive_serves_more_requests_then_closes_when_idle(real_server
 
 async def test_past_the_in_flight_cap_requests_are_503_and_closed(journal, tmp_path):
     stop = trio.Event()
-    settings = settings_for(journal, tmp_path, port=0, max_requests_in_flight=2, shutdown_deadline_s=3.0)
+    settings = settings_for(journal, tmp_path, port=0, max_requests_in_flight=2, shutdown_deadline_s=3.0,
+                            close_deadline_s=1.0)   # the deadline chain: close < shutdown
     async with trio.open_nursery() as nursery:
         [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
                                                                      task_status=task_status))

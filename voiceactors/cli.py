@@ -11,6 +11,8 @@ import importlib
 import sys
 from typing import Sequence
 
+from voiceactors import settings
+
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code
 _COMMANDS = {
     "serve": "voiceactors.server:cli_serve",
@@ -21,16 +23,14 @@ _COMMANDS = {
 }
 
 
+# settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
+SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts")
+
+
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--journal", help="journal folder (default: $VOICEACTORS_JOURNAL or $SOLSTONE_JOURNAL)")
-    p.add_argument("--host", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="listen port (default 8765)")
-    p.add_argument("--state-dir", help="state folder (default .state)")
-    p.add_argument("--today", help="pin today to YYYY-MM-DD")
-    p.add_argument("--log-format", choices=["json", "console"], help="log line format (default json)")
-    p.add_argument("--allowed-host", action="append", metavar="NAME[:PORT]",
-                   help="another Host name this server answers to (repeatable; "
-                        "default: loopback names and the listen address; $VOICEACTORS_ALLOWED_HOSTS)")
+    # the flags, their help and defaults come from the settings' declarations
+    settings.add_flags(p, SERVE_FLAGS)
+    p.add_argument("--today", help="pin today to YYYY-MM-DD (default: the local date; $VOICEACTORS_TODAY)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the voice server")
     _add_serve_flags(serve)
-    serve.add_argument("--demo", action="store_true",
-                       help="run on a generated sample journal with the embedded Realtime simulator")
+    settings.add_flags(serve, ("demo",))
 
     demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
     _add_serve_flags(demo)

@@ -34,7 +34,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from voiceactors import clock, gc_policy, logs, metrics
 from voiceactors.http import auth, create_app, hosts, voice_state
 from voiceactors.logs import get_logger
-from voiceactors.settings import Settings
+from voiceactors.settings import Settings, flag_values, shutdown_deadlines
 
 GRACEFUL_S = 2.0        # hypercorn's wait for in-flight requests before the lifespan stops
 DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
@@ -47,21 +47,10 @@ _log = get_logger(actor="server")
 # --- settings ------------------------------------------------------------------
 
 def settings_from_args(args: argparse.Namespace, **extra: Any) -> Settings:
-    """Settings from the serve flags (flags > env > defaults). Raises ValueError
-    for a malformed environment value."""
-    def path(value: Any) -> Path | None:
-        return Path(value) if value else None
-
-    return Settings.from_env(
-        journal=path(getattr(args, "journal", None)),
-        host=getattr(args, "host", None),
-        port=getattr(args, "port", None),
-        state_dir=path(getattr(args, "state_dir", None)),
-        log_format=getattr(args, "log_format", None),
-        demo=bool(getattr(args, "demo", False)) or None,
-        allowed_hosts=tuple(getattr(args, "allowed_host", None) or ()) or None,
-        **extra,
-    )
+    """Settings from the serve flags (flags > env > defaults), checked. Raises
+    ValueError for a malformed environment value or ``InvalidSettings`` (a
+    ValueError) for values the server cannot run with: both exit 2."""
+    return Settings.from_env(**{**flag_values(args), **extra}).validate()
 
 
 # --- hypercorn -----------------------------------------------------------------
@@ -129,7 +118,7 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config.accesslog = None          # the app logs each request itself, with its request id
     config.errorlog = _hypercorn_logger()
     config.graceful_timeout = GRACEFUL_S
-    config.shutdown_timeout = settings.shutdown_deadline_s + 5.0
+    config.shutdown_timeout = shutdown_deadlines(settings).hypercorn_s   # the chain's outermost link
     config.h11_max_incomplete_size = 16 * 1024
     config.keep_alive_timeout = settings.keep_alive_timeout_s
     return config

@@ -1,5 +1,12 @@
 """Server settings: one frozen object, built from flags > env > defaults.
 
+Each setting is declared once, as a field of ``Settings`` whose metadata is a
+``Spec`` (environment variable, flag, help, unit, allowed values). From those
+declarations come ``Settings.from_env``, the serve flags (``add_flags``,
+``settings_from_args``), the startup check (``Settings.problems``) and the
+tables of ``docs/configuration.md`` (``python -m voiceactors.settings
+--write docs/configuration.md``; a test fails when the doc drifts).
+
 The journal's ``voice`` block (OpenAI key, models, brain backend) is read at
 request time by ``voiceactors.config`` so a changed journal config takes effect
 without a restart; everything here is fixed for the life of the process.
@@ -7,26 +14,56 @@ without a restart; everything here is fixed for the life of the process.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import ipaddress
+import math
 import os
-from dataclasses import dataclass
+import sys
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
+
+SPEC = "voiceactors.setting"
 
 
-def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    return float(raw) if raw else default
+class InvalidSettings(ValueError):
+    """Settings the server cannot run with; the message lists every problem."""
 
 
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    return int(raw) if raw else default
+@dataclass(frozen=True)
+class Spec:
+    """What the operator sees of one setting. ``env`` names are tried in order
+    (the first non-empty wins); ``minimum`` is inclusive, ``positive`` means
+    strictly above zero (infinity counts)."""
+
+    group: str
+    help: str
+    env: tuple[str, ...] = ()
+    flag: str | None = None
+    metavar: str | None = None
+    repeatable: bool = False            # the flag may be given many times (a tuple setting)
+    unit: str = ""
+    choices: tuple[str, ...] = ()
+    positive: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+    normalize: Callable[[str], str] | None = None   # applied to a value read from the environment
+    doc_default: str | None = None      # the default as the doc table shows it, when str() is not it
+    short: str | None = None            # the flag's help, when the first clause of ``help`` is too long
 
 
-def _env_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    return tuple(item.strip() for item in env.get(name, "").split(",") if item.strip())
+def setting(default: Any, group: str, help: str, *, env: str | tuple[str, ...] = (),
+            required: bool = False, **spec: Any) -> Any:
+    """A ``Settings`` field with its declaration. ``required``: the dataclass
+    has no default (callers must pass it) but ``from_env`` uses ``default``."""
+    names = (env,) if isinstance(env, str) else tuple(env)
+    metadata = {SPEC: Spec(group=group, help=help, env=names, **spec), "default": default}
+    if required:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -44,75 +81,184 @@ def is_loopback_host(host: str) -> bool:
     return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
+SERVER, TOOLS, CALLS, BRAIN, HTTP = ("Server", "Tools (ToolExecutor)", "Calls (CallSupervisor / CallActor)",
+                                     "Brain", "HTTP")
+GROUPS = (SERVER, TOOLS, CALLS, BRAIN, HTTP)
+
+
 @dataclass(frozen=True)
 class Settings:
-    journal: Path
-    state_dir: Path
-    host: str = "127.0.0.1"
-    port: int = 8765
-    api_token: str | None = None            # VOICEACTORS_API_TOKEN; required off loopback
-    openai_api_key_env: str | None = None   # OPENAI_API_KEY (journal voice.openai_api_key wins)
-    openai_base_url: str = "https://api.openai.com/v1"  # OPENAI_BASE_URL
-    log_format: str = "json"
-    log_level: str = "info"
-    demo: bool = False
+    # --- server ---
+    journal: Path = setting(
+        Path("journal"), SERVER, "the solstone journal folder", required=True,
+        env=("VOICEACTORS_JOURNAL", "SOLSTONE_JOURNAL"), flag="--journal", metavar="DIR")
+    state_dir: Path = setting(
+        Path(".state"), SERVER, "our own files (search index, call records, write log)", required=True,
+        env="VOICEACTORS_STATE_DIR", flag="--state-dir", metavar="DIR")
+    host: str = setting(
+        "127.0.0.1", SERVER, "listen address; off loopback a token is required. Loopback is decided by the "
+        "address (127.0.0.0/8, `::1`) or the name `localhost`; any other name (`127.evil.example`) is not "
+        "loopback", env="VOICEACTORS_HOST", flag="--host")
+    port: int = setting(
+        8765, SERVER, "listen port (`0`: any free port)", env="VOICEACTORS_PORT", flag="--port",
+        minimum=0, maximum=65535)
+    allowed_hosts: tuple[str, ...] = setting(
+        (), SERVER, "more `Host` names the server answers to, beside `localhost`, `127.0.0.1`, `[::1]`, a "
+        "specific listen address and the address a connection arrived at (those must carry the bound port). "
+        "`name` matches with any port (a reverse proxy's), `name:port` only that port. Any other `Host` "
+        "answers 421 `host not allowed` (DNS rebinding); a malformed entry makes `serve` exit 2. The "
+        "environment variable is comma-separated", env="VOICEACTORS_ALLOWED_HOSTS",
+        flag="--allowed-host", metavar="NAME[:PORT]", repeatable=True, doc_default="none",
+        short="another Host name this server answers to, beside loopback names and the listen address")
+    api_token: str | None = setting(
+        None, SERVER, "bearer token for `/api/voice/*`; required off loopback, enforced whenever set",
+        env="VOICEACTORS_API_TOKEN")
+    openai_api_key_env: str | None = setting(
+        None, SERVER, "the OpenAI key when the journal has none", env="OPENAI_API_KEY")
+    openai_base_url: str = setting(
+        "https://api.openai.com/v1", SERVER, "REST base; the sideband's `ws(s)://` URL is derived from it; the "
+        "console's browser posts its WebRTC offer to `{base}/realtime/calls`, and its origin is the only other "
+        "one in the console's CSP `connect-src`", env="OPENAI_BASE_URL", normalize=lambda url: url.rstrip("/"))
+    log_format: str = setting(
+        "json", SERVER, "log line format: one JSON object per line (`json`) or a human-readable form (`console`)",
+        env="VOICEACTORS_LOG_FORMAT", flag="--log-format", choices=("json", "console"), short="log line format")
+    log_level: str = setting(
+        "info", SERVER, "the least severe level logged: `debug`, `info`, `warning`, `error` or `critical` "
+        "(any case)", env="VOICEACTORS_LOG_LEVEL",
+        choices=("debug", "info", "warning", "error", "critical"), normalize=str.lower)
+    demo: bool = setting(
+        False, SERVER, "run on a generated sample journal with the embedded Realtime simulator "
+        "(`serve` only)", flag="--demo")
+    gc_full_interval_s: float = setting(
+        300.0, SERVER, "`serve` only: one full garbage collection this often instead of when Python's counters "
+        "decide (see docs/operations.md § Garbage collection); `0` = Python's own policy",
+        env="VOICEACTORS_GC_FULL_INTERVAL", unit="s", minimum=0)
 
-    # tools (ToolExecutor)
-    tool_name_style: str = "dotted"         # manifest spelling: dotted | underscore
-    tool_concurrency: int = 64
-    tool_timeout_read_s: float = 10.0
-    tool_timeout_write_s: float = 20.0
-    tool_reuse_s: float = 2.0               # a reusable read's answer serves other calls this long
-    tool_output_cap: int = 64_000
-    turn_output_cap: int = 96_000
-    tool_calls_per_turn: int = 6
+    # --- tools (ToolExecutor) ---
+    tool_name_style: str = setting(
+        "dotted", TOOLS, "manifest spelling: `dotted` (`journal.get_day`) or `underscore` (`journal_get_day`); "
+        "both are accepted at dispatch", env="VOICEACTORS_TOOL_NAMES", choices=("dotted", "underscore"))
+    tool_concurrency: int = setting(
+        64, TOOLS, "tool calls running at once, across all calls", env="VOICEACTORS_TOOL_CONCURRENCY",
+        unit="tool calls", positive=True)
+    tool_timeout_read_s: float = setting(
+        10.0, TOOLS, "a read tool's time limit (`{\"error\": \"tool timed out\"}`)",
+        env="VOICEACTORS_TOOL_TIMEOUT_READ", unit="s", positive=True)
+    tool_timeout_write_s: float = setting(
+        20.0, TOOLS, "a write tool's reporting limit (the write itself always finishes)",
+        env="VOICEACTORS_TOOL_TIMEOUT_WRITE", unit="s", positive=True)
+    tool_reuse_s: float = setting(
+        2.0, TOOLS, "how long a reusable read's answer (`calendar.today`, `briefing.get`) serves other calls; "
+        "`0` = never (see docs/tools.md)", env="VOICEACTORS_TOOL_REUSE", unit="s", minimum=0)
+    tool_output_cap: int = setting(
+        64_000, TOOLS, "characters of one tool output", env="VOICEACTORS_TOOL_OUTPUT_CAP", unit="chars",
+        positive=True)
+    turn_output_cap: int = setting(
+        96_000, TOOLS, "characters of read outputs shared by one user turn", env="VOICEACTORS_TURN_OUTPUT_CAP",
+        unit="chars", positive=True)
+    tool_calls_per_turn: int = setting(
+        6, TOOLS, "tool calls the model may make in one user turn", env="VOICEACTORS_TOOL_CALLS_PER_TURN",
+        unit="tool calls", positive=True)
+    search_refresh_interval_s: float = setting(
+        300.0, TOOLS, "how stale our journal search index may get: a `journal.search` past it starts an "
+        "incremental refresh in a child process and answers from the index as it is (not used when solstone's "
+        "own index is there; docs/journal-format.md)", env="VOICEACTORS_SEARCH_REFRESH_INTERVAL", unit="s", minimum=0)
+    journal_lock_timeout_s: float = setting(
+        5.0, TOOLS, "how long a write waits for a journal day file's lock (held by solstone or another writer) "
+        "before answering `journal busy: …`, nothing changed (docs/tools.md, docs/journal-format.md)",
+        env="VOICEACTORS_JOURNAL_LOCK_TIMEOUT", unit="s", positive=True)
 
-    # process (serve only)
-    gc_full_interval_s: float = 300.0       # one full garbage collection this often; 0 = Python's policy
+    # --- calls (CallSupervisor / CallActor) ---
+    max_calls: int = setting(
+        1000, CALLS, "live calls at once; beyond it `POST /api/voice/connect` answers 503 `voice at capacity` "
+        "(`0`: every connect is refused)", env="VOICEACTORS_MAX_CALLS", unit="calls", minimum=0)
+    call_idle_timeout_s: float = setting(
+        600.0, CALLS, "a call with no event for this long is closed", env="VOICEACTORS_CALL_IDLE_TIMEOUT",
+        unit="s", positive=True)
+    call_max_duration_s: float = setting(
+        3900.0, CALLS, "hard limit of one call (OpenAI ends calls at 60 minutes; this allows slack)",
+        env="VOICEACTORS_CALL_MAX_DURATION", unit="s", positive=True)
+    connect_timeout_s: float = setting(
+        10.0, CALLS, "joining the sideband websocket", env="VOICEACTORS_CONNECT_TIMEOUT", unit="s",
+        positive=True)
+    reconnect_base_s: float = setting(
+        0.5, CALLS, "sideband reconnect backoff: the first wait (doubling, with jitter)",
+        env="VOICEACTORS_RECONNECT_BASE", unit="s", positive=True)
+    reconnect_max_s: float = setting(
+        20.0, CALLS, "sideband reconnect backoff: the longest wait", env="VOICEACTORS_RECONNECT_MAX", unit="s",
+        positive=True)
+    reconnect_attempts: int = setting(
+        8, CALLS, "sideband reconnects in a row before the call ends (`0`: none)",
+        env="VOICEACTORS_RECONNECT_ATTEMPTS", unit="attempts", minimum=0)
+    close_deadline_s: float = setting(
+        5.0, CALLS, "a closing call's time to send its last outputs and flush its record; must be less than "
+        "`shutdown_deadline_s`", env="VOICEACTORS_CLOSE_DEADLINE", unit="s", positive=True)
+    shutdown_deadline_s: float = setting(
+        12.0, CALLS, "the whole runtime's bounded join at shutdown (see § Shutdown deadlines)",
+        env="VOICEACTORS_SHUTDOWN_DEADLINE", unit="s", positive=True)
+    feed_retention_s: float = setting(
+        60.0, CALLS, "client feed items (nav hints) kept after they were produced",
+        env="VOICEACTORS_FEED_RETENTION", unit="s", positive=True)
+    feed_max_items: int = setting(
+        8, CALLS, "client feed items kept per call", env="VOICEACTORS_FEED_MAX_ITEMS", unit="items",
+        positive=True)
+    feed_max_subscribers_per_call: int = setting(
+        16, CALLS, "`GET /api/voice/events` streams open on one call; one more answers 503 "
+        "`{\"error\": \"too many event streams for this call\"}`",
+        env="VOICEACTORS_FEED_MAX_SUBSCRIBERS_PER_CALL", unit="streams", positive=True)
+    feed_max_subscribers: int = setting(
+        1000, CALLS, "`GET /api/voice/events` streams open in all; one more answers 503 "
+        "`{\"error\": \"too many event streams\"}`", env="VOICEACTORS_FEED_MAX_SUBSCRIBERS", unit="streams",
+        positive=True)
+    rejoin_max_calls: int = setting(
+        50, CALLS, "at start-up, calls that were live when the server died (a call record whose last block has "
+        "no `end`, changed within `call_max_duration_s`) are rejoined, newest first, at most this many; `0`: "
+        "none (docs/calls.md § Crash recovery)", env="VOICEACTORS_REJOIN_MAX_CALLS", unit="calls", minimum=0)
 
-    # calls (CallSupervisor / CallActor)
-    max_calls: int = 1000
-    call_idle_timeout_s: float = 600.0
-    call_max_duration_s: float = 3900.0     # OpenAI ends calls at 60 min; allow slack
-    reconnect_base_s: float = 0.5
-    reconnect_max_s: float = 20.0
-    reconnect_attempts: int = 8
-    connect_timeout_s: float = 10.0
-    close_deadline_s: float = 5.0
-    shutdown_deadline_s: float = 12.0
+    # --- brain ---
+    brain_ready_wait_s: float = setting(
+        10.0, BRAIN, "`POST /api/voice/session` waits this long for the first instruction, then 503 "
+        "`voice unavailable — brain not ready`", env="VOICEACTORS_BRAIN_READY_WAIT", unit="s", positive=True)
+    brain_refresh_wait_s: float = setting(
+        30.0, BRAIN, "`POST /api/voice/refresh-brain` waits this long, then 202 `refreshing`",
+        env="VOICEACTORS_BRAIN_REFRESH_WAIT", unit="s", positive=True)
+    brain_max_age_s: float = setting(
+        6 * 3600.0, BRAIN, "an older instruction is still used, while a refresh runs in the background",
+        env="VOICEACTORS_BRAIN_MAX_AGE", unit="s", positive=True, doc_default="21600 (6 h)")
+    brain_timeout_s: float = setting(
+        120.0, BRAIN, "one backend run's limit (the Claude CLI is killed past it)",
+        env="VOICEACTORS_BRAIN_TIMEOUT", unit="s", positive=True)
+    claude_command: str = setting(
+        "claude", BRAIN, "the Claude CLI executable (`claude` backend)", env="VOICEACTORS_CLAUDE_COMMAND")
 
-    # client feed
-    feed_retention_s: float = 60.0
-    feed_max_items: int = 8
-
-    # brain
-    brain_ready_wait_s: float = 10.0
-    brain_refresh_wait_s: float = 30.0
-    brain_max_age_s: float = 6 * 3600.0
-    brain_timeout_s: float = 120.0
-    claude_command: str = "claude"
-
-    # http
-    body_limit: int = 64 * 1024
-    mint_timeout_s: float = 15.0
-
-    # --- hardening (issue 11): who may call, how often, how long a connection lives ---
-    allowed_hosts: tuple[str, ...] = ()     # VOICEACTORS_ALLOWED_HOSTS / --allowed-host: more names of ours
-    rate_limit_burst: int = 20              # VOICEACTORS_RATE_LIMIT_BURST: POSTs a client may send at once
-    rate_limit_per_s: float = 0.5           # VOICEACTORS_RATE_LIMIT_PER_S: refill; 0 = no limit
-    rate_limit_clients: int = 4096          # buckets kept (least recently used dropped first)
-    keep_alive_timeout_s: float = 5.0       # VOICEACTORS_KEEP_ALIVE_TIMEOUT: an idle connection is closed
-    max_requests_in_flight: int = 512       # VOICEACTORS_MAX_REQUESTS_IN_FLIGHT: more answer 503
-    openai_clients: int = 8                 # shared OpenAI clients kept, one per (key, base URL)
-    # --- end hardening ---
-    # --- journal writes (issue 11, items 4-7) ---
-    journal_lock_timeout_s: float = 5.0     # a write waits this long for a day file's lock, then fails
-    # --- end journal writes ---
-    # --- calls hardening (issue 11; owned by the calls engineer) ---
-    rejoin_max_calls: int = 50              # calls live at a crash rejoined at start-up, newest first
-    feed_max_subscribers_per_call: int = 16  # /events streams of one call; beyond: 503
-    feed_max_subscribers: int = 1000        # /events streams in all; beyond: 503
-    # --- end calls hardening ---
+    # --- http ---
+    body_limit: int = setting(
+        64 * 1024, HTTP, "request bodies larger than this answer 413 `request body too large` (declared or "
+        "streamed)", env="VOICEACTORS_BODY_LIMIT", unit="bytes", positive=True)
+    mint_timeout_s: float = setting(
+        15.0, HTTP, "the OpenAI client-secret request's time limit (then 500 `voice session unavailable`)",
+        env="VOICEACTORS_MINT_TIMEOUT", unit="s", positive=True)
+    rate_limit_burst: int = setting(
+        20, HTTP, "`POST /api/voice/session`, `/connect`, `/refresh-brain`: requests one client address may "
+        "send at once, per route", env="VOICEACTORS_RATE_LIMIT_BURST", unit="requests", positive=True)
+    rate_limit_per_s: float = setting(
+        0.5, HTTP, "the bucket's refill per second; an empty bucket answers 429 `too many requests` with "
+        "`Retry-After`; `0` = no limit", env="VOICEACTORS_RATE_LIMIT_PER_S", unit="requests/s", minimum=0)
+    rate_limit_clients: int = setting(
+        4096, HTTP, "client buckets kept (least recently used dropped first)", env="VOICEACTORS_RATE_LIMIT_CLIENTS",
+        unit="clients", positive=True)
+    keep_alive_timeout_s: float = setting(
+        5.0, HTTP, "an idle keep-alive connection (or one that never finished its request head) is closed after "
+        "this long", env="VOICEACTORS_KEEP_ALIVE_TIMEOUT", unit="s", positive=True)
+    max_requests_in_flight: int = setting(
+        512, HTTP, "requests (event streams included) served at once; more answer 503 `server busy` and are "
+        "closed; `0` = no cap", env="VOICEACTORS_MAX_REQUESTS_IN_FLIGHT", unit="requests", minimum=0)
+    openai_clients: int = setting(
+        8, HTTP, "shared OpenAI SDK clients kept for minting, one per (key, base URL)",
+        env="VOICEACTORS_OPENAI_CLIENTS", unit="clients", positive=True)
+    console_session_ttl_s: float = setting(
+        12 * 3600.0, HTTP, "how long a console sign-in (its cookie) lasts", env="VOICEACTORS_CONSOLE_SESSION_TTL",
+        unit="s", positive=True, doc_default="43200 (12 h)")
 
     @property
     def loopback(self) -> bool:
@@ -127,35 +273,243 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Defaults, then ``VOICEACTORS_*`` / OpenAI env vars, then ``overrides``
-        (the command-line flags; ``None`` values are ignored)."""
+        (the command-line flags; ``None`` values are ignored). Raises
+        ValueError for a malformed environment value."""
         env = os.environ if env is None else env
-        journal = env.get("VOICEACTORS_JOURNAL") or env.get("SOLSTONE_JOURNAL") or "journal"
-        values: dict[str, Any] = {
-            "journal": Path(journal),
-            "state_dir": Path(env.get("VOICEACTORS_STATE_DIR") or ".state"),
-            "host": env.get("VOICEACTORS_HOST") or "127.0.0.1",
-            "port": _env_int(env, "VOICEACTORS_PORT", 8765),
-            "api_token": env.get("VOICEACTORS_API_TOKEN") or None,
-            "openai_api_key_env": env.get("OPENAI_API_KEY") or None,
-            "openai_base_url": (env.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/"),
-            "log_format": env.get("VOICEACTORS_LOG_FORMAT") or "json",
-            "log_level": env.get("VOICEACTORS_LOG_LEVEL") or "info",
-            "tool_name_style": env.get("VOICEACTORS_TOOL_NAMES") or "dotted",
-            "tool_concurrency": _env_int(env, "VOICEACTORS_TOOL_CONCURRENCY", 64),
-            "tool_timeout_read_s": _env_float(env, "VOICEACTORS_TOOL_TIMEOUT_READ", 10.0),
-            "tool_timeout_write_s": _env_float(env, "VOICEACTORS_TOOL_TIMEOUT_WRITE", 20.0),
-            "tool_reuse_s": _env_float(env, "VOICEACTORS_TOOL_REUSE", 2.0),
-            "gc_full_interval_s": _env_float(env, "VOICEACTORS_GC_FULL_INTERVAL", 300.0),
-            "max_calls": _env_int(env, "VOICEACTORS_MAX_CALLS", 1000),
-            "call_idle_timeout_s": _env_float(env, "VOICEACTORS_CALL_IDLE_TIMEOUT", 600.0),
-            "call_max_duration_s": _env_float(env, "VOICEACTORS_CALL_MAX_DURATION", 3900.0),
-            "claude_command": env.get("VOICEACTORS_CLAUDE_COMMAND") or "claude",
-            # hardening (issue 11)
-            "allowed_hosts": _env_list(env, "VOICEACTORS_ALLOWED_HOSTS"),
-            "rate_limit_burst": _env_int(env, "VOICEACTORS_RATE_LIMIT_BURST", 20),
-            "rate_limit_per_s": _env_float(env, "VOICEACTORS_RATE_LIMIT_PER_S", 0.5),
-            "keep_alive_timeout_s": _env_float(env, "VOICEACTORS_KEEP_ALIVE_TIMEOUT", 5.0),
-            "max_requests_in_flight": _env_int(env, "VOICEACTORS_MAX_REQUESTS_IN_FLIGHT", 512),
-        }
+        values = {item.name: _from_env(item, env) for item in declarations()}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings (empty: nothing)."""
+        found = [problem for item in declarations() if (problem := _check(item, getattr(self, item.name)))]
+        found.extend(shutdown_deadlines(self).problems())
+        return found
+
+    def validate(self) -> "Settings":
+        """These settings, or InvalidSettings listing every problem."""
+        found = self.problems()
+        if found:
+            raise InvalidSettings("invalid settings: " + "; ".join(found))
+        return self
+
+
+# --- the declarations -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Declared:
+    name: str
+    type: Any
+    default: Any
+    spec: Spec
+
+    @property
+    def label(self) -> str:
+        """The name an operator knows it by, for messages."""
+        return f"{self.name} ({self.spec.env[0]})" if self.spec.env else self.name
+
+    @property
+    def dest(self) -> str | None:
+        """The argparse attribute of its flag."""
+        return self.spec.flag.lstrip("-").replace("-", "_") if self.spec.flag else None
+
+
+@functools.cache
+def declarations() -> tuple[Declared, ...]:
+    """Every setting, in declaration order."""
+    hints = typing.get_type_hints(Settings)
+    return tuple(Declared(item.name, hints[item.name], item.metadata["default"], item.metadata[SPEC])
+                 for item in dataclasses.fields(Settings))
+
+
+def _from_env(item: Declared, env: Mapping[str, str]) -> Any:
+    raw, name = next(((env[name], name) for name in item.spec.env if env.get(name)), (None, ""))
+    if raw is None:
+        return item.default
+    if item.spec.normalize is not None:
+        raw = item.spec.normalize(raw)
+    if item.type is int or item.type is float:
+        text = raw.strip()
+        if not text:
+            return item.default
+        try:
+            return item.type(text)
+        except ValueError:
+            kind = "a whole number" if item.type is int else "a number"
+            raise ValueError(f"{name} must be {kind}, not {raw!r}") from None
+    if item.type == tuple[str, ...]:
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if item.type is Path:
+        return Path(raw)
+    return raw
+
+
+def _check(item: Declared, value: Any) -> str | None:
+    spec = item.spec
+    if spec.choices and value not in spec.choices:
+        return f"{item.label} must be one of {', '.join(spec.choices)}, not {value!r}"
+    if item.type not in (int, float):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return f"{item.label} must be a number, not {value!r}"
+    if spec.positive and not value > 0:
+        return f"{item.label} must be more than 0, not {value!r}"
+    if spec.minimum is not None and value < spec.minimum:
+        return f"{item.label} must be at least {_number(spec.minimum)}, not {value!r}"
+    if spec.maximum is not None and value > spec.maximum:
+        return f"{item.label} must be at most {_number(spec.maximum)}, not {value!r}"
+    return None
+
+
+# --- the shutdown deadline chain ---------------------------------------------------
+
+SHUTDOWN_SLACK_S = 2.0      # each bound beyond the one it contains: time to log, cancel and unwind
+HYPERCORN_SLACK_S = 1.0     # hypercorn's own bound, last: it must never cut quart-trio's short
+
+
+@dataclass(frozen=True)
+class ShutdownDeadlines:
+    """How long each layer of a shutdown may take, innermost first. Each
+    bounds the one before it, so each must be strictly longer: a closing call
+    (``close_deadline_s``) inside the runtime's join (``shutdown_deadline_s``)
+    inside the app lifespan's wait (``lifespan_s``, ``http/app.py``) inside
+    quart-trio's background-task bound (``background_tasks_s``) inside
+    hypercorn's ``shutdown_timeout`` (``hypercorn_s``, ``server.py``)."""
+
+    close_s: float
+    runtime_s: float
+    lifespan_s: float
+    background_tasks_s: float
+    hypercorn_s: float
+
+    def chain(self) -> tuple[tuple[str, float], ...]:
+        return (("close_deadline_s", self.close_s), ("shutdown_deadline_s", self.runtime_s),
+                ("the app lifespan's bound", self.lifespan_s),
+                ("quart-trio's background-task bound", self.background_tasks_s),
+                ("hypercorn's shutdown_timeout", self.hypercorn_s))
+
+    def problems(self) -> list[str]:
+        links = self.chain()
+        return [f"{inner} ({_number(inner_s)} s) must be less than {outer} ({_number(outer_s)} s)"
+                for (inner, inner_s), (outer, outer_s) in zip(links, links[1:]) if not inner_s < outer_s]
+
+
+def shutdown_deadlines(settings: Settings) -> ShutdownDeadlines:
+    lifespan = settings.shutdown_deadline_s + SHUTDOWN_SLACK_S
+    background = lifespan + SHUTDOWN_SLACK_S
+    return ShutdownDeadlines(close_s=settings.close_deadline_s, runtime_s=settings.shutdown_deadline_s,
+                             lifespan_s=lifespan, background_tasks_s=background,
+                             hypercorn_s=background + HYPERCORN_SLACK_S)
+
+
+# --- command-line flags ------------------------------------------------------------
+
+def _default_text(item: Declared) -> str:
+    if item.spec.doc_default is not None:
+        return item.spec.doc_default
+    value = item.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return _number(value)
+    return str(value)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def add_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
+    """The flags of the settings ``names``, help derived from their declarations."""
+    by_name = {item.name: item for item in declarations()}
+    for name in names:
+        item = by_name[name]
+        spec = item.spec
+        assert spec.flag, f"{name} has no flag"
+        sources = ", then ".join(f"${env}" for env in spec.env)
+        default = f"default {_default_text(item)}" + (f"; {sources}" if sources else "")
+        text = (spec.short or spec.help.split(";")[0]).replace("`", "").replace("%", "%%")
+        kwargs: dict[str, Any] = {"help": f"{text} ({default})" if not isinstance(item.default, bool) else text}
+        if isinstance(item.default, bool):
+            kwargs["action"] = "store_true"
+        elif spec.repeatable:
+            kwargs.update(action="append", help=f"{text} (repeatable; {default})")
+        elif item.type is int or item.type is float:
+            kwargs["type"] = item.type
+        if spec.choices:
+            kwargs["choices"] = list(spec.choices)
+        if spec.metavar:
+            kwargs["metavar"] = spec.metavar
+        parser.add_argument(spec.flag, **kwargs)
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given as flags in ``args`` (absent ones are None)."""
+    values: dict[str, Any] = {}
+    for item in declarations():
+        raw = getattr(args, item.dest, None) if item.dest else None
+        if raw is None or raw is False or raw == []:     # not given: the env or the default decides
+            continue
+        if item.type is Path:
+            raw = Path(raw)
+        elif item.type == tuple[str, ...]:
+            raw = tuple(raw)
+        values[item.name] = raw
+    return values
+
+
+# --- the doc tables -----------------------------------------------------------------
+
+DOC_BEGIN = "<!-- settings tables: generated by `python -m voiceactors.settings --write docs/configuration.md` -->"
+DOC_END = "<!-- end of generated settings tables -->"
+
+
+def markdown() -> str:
+    """The settings tables of docs/configuration.md, one per group."""
+    items = list(declarations())
+    lines: list[str] = []
+    for group in GROUPS:
+        lines += [f"### {group}", "", "| setting | environment | flag | default | unit | meaning |",
+                  "|---|---|---|---|---|---|"]
+        for item in (i for i in items if i.spec.group == group):
+            spec = item.spec
+            env = ", then ".join(f"`{name}`" for name in spec.env) or "—"
+            flag = "—"
+            if spec.flag:
+                flag = spec.flag + (f" {spec.metavar}" if spec.metavar else "")
+                flag += (" " + "\\|".join(spec.choices)) if spec.choices else ""
+                flag = f"`{flag}`" + (" (repeatable)" if spec.repeatable else "")
+            default = _default_text(item)
+            default = default if default in ("unset", "none", "off") else f"`{default}`"
+            if spec.doc_default and "(" in spec.doc_default:
+                number, rest = spec.doc_default.split(" ", 1)
+                default = f"`{number}` {rest}"
+            lines.append(f"| `{item.name}` | {env} | {flag} | {default} | {spec.unit or '—'} | {spec.help} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def doc_with_tables(text: str) -> str:
+    """``text`` (docs/configuration.md) with its generated block replaced."""
+    start, end = text.index(DOC_BEGIN) + len(DOC_BEGIN), text.index(DOC_END)
+    return text[:start] + "\n\n" + markdown() + "\n" + text[end:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m voiceactors.settings",
+                                     description="print or write the settings tables of docs/configuration.md")
+    parser.add_argument("--markdown", action="store_true", help="print the tables")
+    parser.add_argument("--write", metavar="DOC", help="replace the generated block of DOC in place")
+    args = parser.parse_args(argv)
+    if args.write:
+        path = Path(args.write)
+        path.write_text(doc_with_tables(path.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        sys.stdout.write(markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -32,7 +32,7 @@ from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
 from voiceactors.runtime import open_runtime
-from voiceactors.settings import Settings
+from voiceactors.settings import Settings, shutdown_deadlines
 
 # werkzeug encodes every request's Host with the idna codec. Loaded lazily, that
 # codec is a file to open on the first request: a server out of file
@@ -41,7 +41,6 @@ from voiceactors.settings import Settings
 
 REQUEST_ID_HEADER = "X-Request-Id"
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
-SHUTDOWN_SLACK_S = 2.0   # beyond the runtime's own deadline, for the lifespan's bound
 
 _log = get_logger(actor="http")
 
@@ -77,7 +76,7 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
         # Streams (SSE) end first; then the actors, bounded.
         voice.stopping.set()
         stop.set()
-        with trio.move_on_after(voice.settings.shutdown_deadline_s + SHUTDOWN_SLACK_S, shield=True):
+        with trio.move_on_after(shutdown_deadlines(voice.settings).lifespan_s, shield=True):
             await done.wait()
         await voice.openai_clients.aclose()
 
@@ -121,10 +120,13 @@ class VoiceApp(QuartTrio):
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
     """The app for ``settings``. Serve it once (hypercorn or ``app.test_app()``).
 
-    Raises ``auth.InsecureSettings`` for settings that would expose the API
-    off loopback without a token. ``brain_backend`` replaces the BrainActor's
+    Raises ``settings.InvalidSettings`` for values the server cannot run with
+    (``Settings.problems``: a bad enum value, a non-positive size, a broken
+    shutdown deadline chain) and ``auth.InsecureSettings`` for settings that
+    would expose the API off loopback without a token. ``brain_backend`` replaces the BrainActor's
     backend (None: chosen from the journal's ``voice.brain``).
     """
+    settings.validate()
     reason = auth.refusal(settings)
     if reason:
         raise auth.InsecureSettings(reason)
@@ -133,8 +135,8 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     app.config.update(
         MAX_CONTENT_LENGTH=settings.body_limit,
         # The lifespan's shutdown runs under this deadline (quart-trio puts
-        # it on the lifespan nursery): it must outlast the runtime's join.
-        BACKGROUND_TASK_SHUTDOWN_TIMEOUT=settings.shutdown_deadline_s + 2 * SHUTDOWN_SLACK_S,
+        # it on the lifespan nursery): it must outlast the lifespan's own wait.
+        BACKGROUND_TASK_SHUTDOWN_TIMEOUT=shutdown_deadlines(settings).background_tasks_s,
         PROVIDE_AUTOMATIC_OPTIONS=False,
         JSON_SORT_KEYS=False,
     )

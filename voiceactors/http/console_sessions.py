@@ -22,7 +22,7 @@ import trio
 from quart import current_app, request
 
 COOKIE_NAME = "voiceactors_session"
-SESSION_TTL_S = 12 * 3600.0
+SESSION_TTL_S = 12 * 3600.0       # without an app's settings; served apps use settings.console_session_ttl_s
 MAX_SESSIONS = 64                 # oldest signed-in browser is signed out past this
 _EXTENSION = "voiceactors.console_sessions"
 
@@ -72,7 +72,12 @@ class SessionStore:
 
 
 def store() -> SessionStore:
-    return current_app.extensions.setdefault(_EXTENSION, SessionStore())
+    return current_app.extensions.setdefault(_EXTENSION, SessionStore(ttl_s=_ttl_s()))
+
+
+def _ttl_s() -> float:
+    voice = current_app.extensions.get("voiceactors")
+    return voice.settings.console_session_ttl_s if voice is not None else SESSION_TTL_S
 
 
 def token_matches(token: str, presented: object) -> bool:
@@ -89,7 +94,7 @@ def is_public(path: str) -> bool:
 
 
 def set_cookie(response: object, session_id: str) -> None:
-    response.set_cookie(COOKIE_NAME, session_id, max_age=int(SESSION_TTL_S), path="/",  # type: ignore[attr-defined]
+    response.set_cookie(COOKIE_NAME, session_id, max_age=int(store().ttl_s), path="/",  # type: ignore[attr-defined]
                         httponly=True, samesite="Strict", secure=request.scheme == "https")
 
 

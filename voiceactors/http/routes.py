@@ -31,7 +31,7 @@ from voiceactors.tools.registry import manifest
 CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 PREVIEW_CHARS = 200
 QUICK_ASK_S = 5.0        # an actor answering a query (state, counts) replies at once
-SSE_KEEPALIVE_S = 15.0
+SSE_KEEPALIVE_S = 15.0   # a comment line this often keeps proxies (nginx: 60 s idle) from closing a quiet stream
 
 _log = get_logger(actor="http")
 

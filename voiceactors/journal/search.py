@@ -156,14 +156,17 @@ def _connection(db: Path, *, readonly: bool) -> sqlite3.Connection:
 
 
 def search(root: Path, state_dir: Path, query: str, *, facet: str | None = None,
-           day_from: object = None, day_to: object = None, limit: int = 10) -> list[SearchHit]:
+           day_from: object = None, day_to: object = None, limit: int = 10,
+           refresh_interval_s: float | None = None) -> list[SearchHit]:
     """Search the journal; best (lowest bm25) first.
 
     ``facet`` filters on the chunk's facet (case-insensitive). ``day_from`` /
     ``day_to`` are inclusive (``date``, ``YYYY-MM-DD`` or ``YYYYMMDD``);
     a day range leaves out chunks without a day (entities). ValueError
     ("query is required") when the query has no searchable term. Blocking:
-    may build or refresh our index first (see the module docstring).
+    may build or refresh our index first (see the module docstring), when it
+    is older than ``refresh_interval_s`` (None: ``REFRESH_INTERVAL_S``; the
+    server passes ``settings.search_refresh_interval_s``).
     """
     match = build_query(query)
     limit = max(1, min(int(limit or 10), MAX_LIMIT))
@@ -182,7 +185,8 @@ def search(root: Path, state_dir: Path, query: str, *, facet: str | None = None,
     params.append(limit)
 
     theirs = solstone_index(root)
-    db = theirs or ensure_index(root, Path(state_dir), REFRESH_INTERVAL_S)
+    interval = REFRESH_INTERVAL_S if refresh_interval_s is None else refresh_interval_s
+    db = theirs or ensure_index(root, Path(state_dir), interval)
     rows = _connection(db, readonly=theirs is not None).execute(sql, params).fetchall()
     return [
         SearchHit(id=f"{path}#{idx}", day=_iso_day(day), source=str(agent or ""),

@@ -20,8 +20,11 @@ class ToolContext:
     today: Callable[[], _dt.date] = field(default=clock.today)
     # how long a write waits for a journal file's lock before failing
     journal_lock_timeout_s: float = storage.DEFAULT_LOCK_TIMEOUT_S
+    # how stale our search index may get before a search starts a refresh (None: search's own default)
+    search_refresh_interval_s: float | None = None
 
     @classmethod
     def from_settings(cls, settings) -> "ToolContext":
         return cls(journal=Path(settings.journal), state_dir=Path(settings.state_dir),
-                   journal_lock_timeout_s=settings.journal_lock_timeout_s)
+                   journal_lock_timeout_s=settings.journal_lock_timeout_s,
+                   search_refresh_interval_s=settings.search_refresh_interval_s)

@@ -62,6 +62,7 @@ def search(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
         hits = journal_search.search(
             ctx.journal, ctx.state_dir, query,
             facet=args.get("facet") or None, day_from=day_from, limit=limit,
+            refresh_interval_s=ctx.search_refresh_interval_s,
         )
     except ValueError:  # nothing searchable left in the query (e.g. only punctuation)
         return {"error": "query is required"}

@@ -1,6 +1,6 @@
 """The simulator side of the sideband benchmarks, as its own process.
 
-Runs ``voiceactors.realtime.simulator.Simulator`` on loopback with ``--calls``
+Runs ``voiceactors.simulator.Simulator`` on loopback with ``--calls``
 joinable call ids ``<prefix>-<n>``, each playing a benchmark workload, with
 ``timestamps=True``: every event it sends (``call.sent_at``, stamped when the
 event is queued, before it is encoded and written) and every client event it
@@ -59,8 +59,8 @@ from typing import Any
 import trio
 
 from voiceactors import logs
-from voiceactors.realtime.simulator import SimCall, Simulator
-from voiceactors.realtime.simulator_scenario import Scenario, as_scenario
+from voiceactors.simulator import SimCall, Simulator
+from voiceactors.simulator.scenario import Scenario, as_scenario
 
 from benchmarks.common import BENCH_KEY, summary
 

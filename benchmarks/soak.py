@@ -56,7 +56,7 @@ from voiceactors import gc_policy, logs
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 

@@ -27,8 +27,8 @@ from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.feed import FeedHub
 from voiceactors.actors.tools import ToolExecutor
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.events import validate_client_event
-from voiceactors.realtime.simulator import Scenario, SimCall, Simulator, load_scenario
+from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
+from voiceactors.simulator.client_events import validate_client_event
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
 

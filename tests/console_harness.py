@@ -43,10 +43,11 @@ from trio_websocket import open_websocket_url
 
 from voiceactors import clock, logs
 from voiceactors.actors.call_record import record_path
+from voiceactors.demo import DEMO_OPENAI_KEY
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator
-from voiceactors.server import DEMO_OPENAI_KEY, run_server
+from voiceactors.server import run_server
 from voiceactors.settings import Settings
+from voiceactors.simulator import Simulator
 
 CHROMIUM = "/usr/lib/chromium/chromium"
 CHROMIUM_FLAGS = [

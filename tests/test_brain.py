@@ -376,7 +376,7 @@ async def test_session_minted_after_midnight_says_the_new_day(tmp_path, pin_toda
     from voiceactors.brain.context import spoken_day
     from voiceactors.http import create_app
     from voiceactors.journal.sample import write_sample_journal
-    from voiceactors.realtime.simulator import Simulator
+    from voiceactors.simulator import Simulator
     import datetime as dt
 
     key = "sk-test-brain-midnight-0123"

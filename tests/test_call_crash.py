@@ -30,7 +30,7 @@ from voiceactors.actors.call_record import append_block, read_record, record_pat
 from voiceactors.actors.recovery import RESTARTED_OUTPUT
 from voiceactors.actors.supervisor import CallSupervisor
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator, ToolCallRecord
+from voiceactors.simulator import Simulator, ToolCallRecord
 
 CALL = "rtc_crash"
 

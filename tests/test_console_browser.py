@@ -71,7 +71,7 @@ def needs_webrtc(harness) -> None:
 
 def scenario_turns() -> list[list[str]]:
     """The demo scenario's utterances, user and assistant, in spoken order."""
-    steps = json.loads((resources.files("voiceactors.realtime") / "scenarios" / "demo.json").read_text())["steps"]
+    steps = json.loads((resources.files("voiceactors.simulator") / "scenarios" / "demo.json").read_text())["steps"]
     turns = []
     for step in steps:
         for kind, role in (("user_turn", "user"), ("barge_in", "user"), ("response", "assistant")):

@@ -18,7 +18,7 @@ import trio
 
 from calls_support import our_tasks
 from voiceactors.http import create_app, voice_state
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import REGISTRY

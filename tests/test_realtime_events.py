@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 from voiceactors.realtime import events
 from voiceactors.realtime.events import EventUnion
 from voiceactors.realtime.sideband import is_clean_close, ws_url
+from voiceactors.simulator import client_events
 
 EVENT_ID = re.compile(r"^evt_[0-9a-f]{20}$")
 
@@ -28,7 +29,7 @@ def _members(union) -> list[type]:
 
 
 def test_unions_cover_every_sdk_member():
-    for built, union in ((events.SERVER_EVENTS, RealtimeServerEvent), (events.CLIENT_EVENTS, RealtimeClientEvent)):
+    for built, union in ((events.SERVER_EVENTS, RealtimeServerEvent), (client_events.CLIENT_EVENTS, RealtimeClientEvent)):
         members = _members(union)
         assert set(built.by_type.values()) | {m for ms in built.fallback.values() for m in ms} == set(members)
         assert len(built.by_type) >= 11
@@ -131,7 +132,7 @@ def test_builders_validate_and_carry_fresh_event_ids():
     assert all(EVENT_ID.match(i) for i in ids)
     assert len(set(ids)) == len(ids)
     for event in built:
-        model = events.validate_client_event(event)
+        model = client_events.validate_client_event(event)
         assert model.type == event["type"]
     assert built[0]["item"] == {"type": "function_call_output", "call_id": "call_1", "output": '{"ok": true}'}
     assert "response_id" not in built[3] and built[4]["response_id"] == "resp_1"
@@ -140,18 +141,18 @@ def test_builders_validate_and_carry_fresh_event_ids():
 
 def test_validate_client_event_rejects_bad_events():
     with pytest.raises(ValueError, match="unknown client event type"):
-        events.validate_client_event({"type": "response.teleport"})
+        client_events.validate_client_event({"type": "response.teleport"})
     with pytest.raises(pydantic.ValidationError):
-        events.validate_client_event({"type": "conversation.item.create", "item": {"type": "function_call_output"}})
+        client_events.validate_client_event({"type": "conversation.item.create", "item": {"type": "function_call_output"}})
     with pytest.raises(ValueError):
-        events.validate_client_event(["not", "a", "dict"])  # type: ignore[arg-type]
+        client_events.validate_client_event(["not", "a", "dict"])  # type: ignore[arg-type]
 
 
 def test_parse_client_event_reports_a_message():
-    model, error = events.parse_client_event('{"type": "response.create", "event_id": "evt_1"}')
+    model, error = client_events.parse_client_event('{"type": "response.create", "event_id": "evt_1"}')
     assert model is not None and error is None
     for raw in (b"\x00", "nope", '{"type": "x.y"}', '{"type": "session.update", "session": {"type": "bogus"}}'):
-        model, error = events.parse_client_event(raw)
+        model, error = client_events.parse_client_event(raw)
         assert model is None and error.startswith("Invalid event")
 
 

@@ -47,7 +47,7 @@ from voiceactors.actors.tools import ToolExecutor
 from voiceactors.http import create_app
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
 from voiceactors.tools.commitment_tools import complete as complete_commitment

@@ -36,7 +36,7 @@ from voiceactors import logs
 from voiceactors.http import create_app
 from voiceactors.http.routes import openapi_document, openapi_path
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
 

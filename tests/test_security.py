@@ -26,7 +26,7 @@ from voiceactors.cli import main
 from voiceactors.http import create_app
 from voiceactors.http.auth import InsecureSettings
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
 from voiceactors.tools import ToolContext

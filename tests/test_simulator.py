@@ -18,7 +18,7 @@ from openai.types.realtime import ClientSecretCreateResponse
 from voiceactors.cli import build_parser
 from voiceactors.realtime import events
 from voiceactors.realtime.sideband import CallGone, SidebandUnavailable, close_code, open_sideband
-from voiceactors.realtime.simulator import ScenarioError, Simulator, cli_simulate, load_scenario, scenario_names
+from voiceactors.simulator import ScenarioError, Simulator, cli_simulate, load_scenario, scenario_names
 
 KEY = "sk-test"
 AUTH = [(b"authorization", f"Bearer {KEY}".encode())]
@@ -723,4 +723,4 @@ async def test_cli_simulate_serves_any_call():
     log = b""
     while chunk := await proc.stderr.receive_some(65536):
         log += chunk
-    assert log.count(b"sim_connection ") == 2 and b"outcome=rejected" in log and b"sk-anything" not in log
+    assert log.count(b"simulator.connection ") == 2 and b"outcome=rejected" in log and b"sk-anything" not in log

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio_websocket
 
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 
 KEY = "sk-test"
 AUTH = [(b"authorization", f"Bearer {KEY}".encode())]

@@ -14,7 +14,7 @@ import trio
 
 from voiceactors.realtime import events
 from voiceactors.realtime.sideband import CallGone, open_sideband
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 
 KEY = "sk-test"
 

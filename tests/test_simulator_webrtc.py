@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from voiceactors.realtime import sideband
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 
 KEY = "sk-test-webrtc"
 
@@ -286,7 +286,7 @@ LONG = ("This is a long reply, long enough that its tone would go on for several
 
 @pytest.mark.parametrize("speech", [False, True], ids=["tone", "espeak-ng"])
 async def test_a_barge_in_stops_the_reply_audio(browser, nursery, speech):
-    from voiceactors.realtime.simulator_webrtc import find_speaker
+    from voiceactors.simulator.webrtc import find_speaker
     from webrtc_client import wait_for
 
     if speech and find_speaker() is None:
@@ -314,7 +314,8 @@ async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser,
     from functools import partial
 
     from conftest import SAMPLE_TODAY
-    from voiceactors.server import open_demo_simulator, run_server
+    from voiceactors.demo import open_demo_simulator
+    from voiceactors.server import run_server
     from voiceactors.settings import Settings
     from webrtc_client import wait_for
 
@@ -366,7 +367,7 @@ async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser,
 
 
 async def test_a_peer_whose_channel_never_opens_is_given_up(browser, nursery, autojump_clock):
-    from voiceactors.realtime.simulator_webrtc import OPEN_TIMEOUT_S
+    from voiceactors.simulator.webrtc import OPEN_TIMEOUT_S
 
     # the clock jumps only once trio has been idle for two real seconds, so
     # the real-time WebRTC answer below is not overtaken by virtual timeouts

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import trio
 
-from voiceactors.realtime.simulator_webrtc import LoopThread, load_aiortc
+from voiceactors.simulator.webrtc import LoopThread, load_aiortc
 
 SILENT_PEAK = 200   # of 32767: below this a decoded frame counts as silence
 

@@ -16,8 +16,9 @@ from voiceactors import settings
 # subcommand -> "module:function"; the function takes the parsed args and returns an exit code
 _COMMANDS = {
     "serve": "voiceactors.server:cli_serve",
+    "serve-demo": "voiceactors.demo:cli_serve_demo",     # the server never imports the simulator
     "demo": "voiceactors.demo:cli_demo",
-    "simulate": "voiceactors.realtime.simulator:cli_simulate",
+    "simulate": "voiceactors.simulator.cli:cli_simulate",
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
 }
@@ -71,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Logs go to stderr as JSON lines (console for people); stdout stays for command output.
     logs.configure(fmt=getattr(args, "log_format", None) or "json")
     key = "journal-sample" if args.command == "journal" else args.command
+    if key == "serve" and args.demo:
+        key = "serve-demo"
     module_name, func_name = _COMMANDS[key].split(":")
     func = getattr(importlib.import_module(module_name), func_name)
     return int(func(args) or 0)

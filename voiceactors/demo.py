@@ -1,6 +1,13 @@
-"""``voiceactors demo``: the whole product in one process, no network, no key.
+"""``voiceactors demo`` and ``voiceactors serve --demo``: the whole product in
+one process, no network, no key.
 
-It starts the Realtime simulator and the voice server on ephemeral loopback
+The demo plumbing lives here, so the server never imports the simulator:
+``demo_dirs`` (a sample journal and state dir in a temp folder) and
+``open_demo_simulator`` (the simulator on a loopback port, the settings
+pointed at it: ``OPENAI_BASE_URL`` and a dummy standard key). ``serve --demo``
+is ``server.cli_serve`` with those two as its folders and backend.
+
+``voiceactors demo`` starts the Realtime simulator and the voice server on ephemeral loopback
 ports, then plays the browser through the real HTTP API with
 ``httpx.AsyncClient``: mint a session, open the call at the simulator (as the
 browser's WebRTC offer would), ``POST /api/voice/connect``, follow the call's
@@ -14,23 +21,88 @@ caused no protocol error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, AsyncIterator, Iterator, TextIO
 
 import httpx
 import trio
 
 from voiceactors import clock, logs
-from voiceactors.server import demo_dirs, open_demo_simulator, run_server, settings_from_args
+from voiceactors.logs import get_logger
+from voiceactors.server import cli_serve, run_server, settings_from_args
 from voiceactors.settings import Settings
+from voiceactors.simulator import Simulator
 
-SCENARIO = "demo"
+DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
+DEMO_SCENARIO = "demo"
 CALL_DEADLINE_S = 30.0      # the scenario itself takes about ten seconds
 HTTP_TIMEOUT_S = 15.0
 
+
+# serve --demo's lines are the server's (docs/operations.md)
+_serve_log = get_logger(actor="server")
+
+
+# --- the demo's folders and simulator (both commands) ---------------------------------
+
+@dataclass
+class DemoEnv:
+    """A generated journal and state dir, and the simulator serving OpenAI's part."""
+
+    settings: Settings
+    simulator: Simulator
+
+
+@contextlib.contextmanager
+def demo_dirs(settings: Settings, explicit_journal: bool, explicit_state: bool) -> Iterator[Settings]:
+    """A sample journal (unless one was given) and a state dir (unless one was
+    given) in a temp folder removed afterwards."""
+    from voiceactors.journal.sample import write_sample_journal
+
+    with tempfile.TemporaryDirectory(prefix="voiceactors-demo-") as tmp:
+        changes: dict[str, Any] = {}
+        if not explicit_journal:
+            changes["journal"] = write_sample_journal(Path(tmp) / "journal", days=14, today=clock.today())
+        if not explicit_state:
+            changes["state_dir"] = Path(tmp) / "state"
+        yield settings.replace(**changes)
+
+
+@contextlib.asynccontextmanager
+async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO) -> AsyncIterator[DemoEnv]:
+    """Run the Realtime simulator on an ephemeral loopback port and point the
+    settings at it (base URL, a dummy standard key). Any call id may join
+    (``auto_calls``) and plays ``scenario``. Leaving the block stops it."""
+    sim = Simulator(scenario, api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        yield DemoEnv(settings=settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY,
+                                                demo=True), simulator=sim)
+        nursery.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _simulator_backend(settings: Settings) -> AsyncIterator[Settings]:
+    """``serve --demo``'s backend: the simulator, announced in one log line."""
+    async with open_demo_simulator(settings) as env:
+        _serve_log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
+        yield env.settings
+
+
+def cli_serve_demo(args: argparse.Namespace) -> int:
+    """``voiceactors serve --demo``: ``voiceactors serve`` on the demo's folders
+    (a given ``--journal`` / ``--state-dir`` is kept) with the simulator."""
+    folders = partial(demo_dirs, explicit_journal=bool(args.journal), explicit_state=bool(args.state_dir))
+    return cli_serve(args, folders=folders, backend=_simulator_backend)
+
+
+# --- voiceactors demo --------------------------------------------------------------
 
 @dataclass
 class DemoResult:
@@ -132,7 +204,7 @@ async def run_demo(settings: Settings, out: TextIO = sys.stdout) -> DemoResult:
     """Run the demo on ``settings`` (journal and state dir already prepared)."""
     printer = Printer(out)
     result = DemoResult()
-    async with open_demo_simulator(settings, SCENARIO) as env:
+    async with open_demo_simulator(settings, DEMO_SCENARIO) as env:
         sim = env.simulator
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
@@ -185,7 +257,7 @@ async def _drive(client: httpx.AsyncClient, sim: Any, result: DemoResult, printe
     status = await client.get("/api/voice/status")
     await _expect(printer, result, "GET /api/voice/status", status, 200)
 
-    printer(f"4. The call (scenario \"{SCENARIO}\"), as the client feed reports it")
+    printer(f"4. The call (scenario \"{DEMO_SCENARIO}\"), as the client feed reports it")
     sim_call = sim.calls[call_id]
     with trio.move_on_after(CALL_DEADLINE_S) as deadline:
         async with trio.open_nursery() as nursery:

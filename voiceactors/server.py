@@ -7,9 +7,9 @@ outputs, closes its sideband and flushes its call record) within
 ``settings.shutdown_deadline_s``; the process then exits 0. A second signal
 during that shutdown interrupts it.
 
-``--demo`` runs on a generated sample journal with the Realtime simulator in
-the same process standing in for OpenAI (``OPENAI_BASE_URL`` points at it, a
-dummy standard key), so the whole server runs with no network and no key.
+``--demo`` (``voiceactors.demo``) serves a generated sample journal with the
+Realtime simulator in the same process standing in for OpenAI; this module
+never imports the simulator, it takes the demo's folders and backend as hooks.
 """
 
 from __future__ import annotations
@@ -21,11 +21,9 @@ import logging
 import os
 import signal
 import sys
-import tempfile
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -37,7 +35,6 @@ from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
 
 GRACEFUL_S = 2.0        # hypercorn's wait for in-flight requests before the lifespan stops
-DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -213,48 +210,7 @@ def state_dir_lock(state_dir: Path) -> Iterator[Path]:
         os.close(fd)          # releases the lock
 
 
-# --- demo mode ------------------------------------------------------------------
-
-@dataclass
-class DemoEnv:
-    """A generated journal and state dir, and the simulator serving OpenAI's part."""
-
-    settings: Settings
-    simulator: Any
-
-
-@contextlib.contextmanager
-def demo_dirs(settings: Settings, explicit_journal: bool, explicit_state: bool) -> Iterator[Settings]:
-    """A sample journal (unless one was given) and a state dir (unless one was
-    given) in a temp folder removed afterwards."""
-    from voiceactors.journal.sample import write_sample_journal
-
-    with tempfile.TemporaryDirectory(prefix="voiceactors-demo-") as tmp:
-        changes: dict[str, Any] = {}
-        if not explicit_journal:
-            changes["journal"] = write_sample_journal(Path(tmp) / "journal", days=14, today=clock.today())
-        if not explicit_state:
-            changes["state_dir"] = Path(tmp) / "state"
-        yield settings.replace(**changes)
-
-
-DEMO_SCENARIO = "demo"
-
-
-@contextlib.asynccontextmanager
-async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO) -> AsyncIterator[DemoEnv]:
-    """Run the Realtime simulator on an ephemeral loopback port and point the
-    settings at it (base URL, a dummy standard key). Any call id may join
-    (``auto_calls``) and plays ``scenario``. Leaving the block stops it."""
-    from voiceactors.realtime.simulator import Simulator
-
-    sim = Simulator(scenario, api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
-    async with trio.open_nursery() as nursery:
-        await nursery.start(sim.serve, 0)
-        yield DemoEnv(settings=settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY,
-                                                demo=True), simulator=sim)
-        nursery.cancel_scope.cancel()
-
+# --- serving and announcing -----------------------------------------------------
 
 def console_url(binds: list[str]) -> str:
     """The console's address for the first bound URL (``http://127.0.0.1:8765/``)."""
@@ -268,18 +224,25 @@ async def _serve_announced(settings: Settings, shutdown_trigger: Callable[[], Aw
         print(f"voiceactors: the voice console is at {console_url(binds)} — open it in a browser", flush=True)
 
 
-async def _serve_main(settings: Settings, demo: bool) -> None:
+#: Prepares the folders a run serves: given the settings, yields the settings
+#: to serve (``voiceactors.demo`` writes a sample journal in a temp folder).
+Folders = Callable[[Settings], contextlib.AbstractContextManager[Settings]]
+#: Runs what the server talks to, around serving: yields the settings to serve
+#: (``voiceactors.demo`` starts the Realtime simulator and points them at it).
+Backend = Callable[[Settings], contextlib.AbstractAsyncContextManager[Settings]]
+
+
+async def _serve_main(settings: Settings, backend: Backend | None) -> None:
     # The handlers go in before anything starts: a SIGTERM that arrived
     # between "serving" and hypercorn calling its trigger used to kill the
     # process with the default action instead of shutting it down.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         signalled = partial(_first_signal, signals)
-        if not demo:
+        if backend is None:
             await _serve_announced(settings, signalled)
             return
-        async with open_demo_simulator(settings) as env:
-            _log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
-            await _serve_announced(env.settings, signalled)
+        async with backend(settings) as served:
+            await _serve_announced(served, signalled)
 
 
 # --- the command -----------------------------------------------------------------
@@ -299,10 +262,12 @@ def prepare(args: argparse.Namespace) -> Settings | int:
     return settings
 
 
-def cli_serve(args: argparse.Namespace) -> int:
+def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
+              backend: Backend | None = None) -> int:
     """``voiceactors serve``: exit 0 after a signalled shutdown, 2 on a usage
     error, an insecure address without a token or a state folder another
-    server holds."""
+    server holds. ``serve --demo`` comes through ``voiceactors.demo``, which
+    passes its ``folders`` and ``backend``."""
     prepared = prepare(args)
     if isinstance(prepared, int):
         return prepared
@@ -317,13 +282,8 @@ def cli_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     gc_policy.watch_pauses(metrics.gc_pause)
     try:
-        if settings.demo:
-            with demo_dirs(settings, bool(args.journal), bool(args.state_dir)) as demo_settings, \
-                    state_dir_lock(demo_settings.state_dir):
-                trio.run(partial(_serve_main, demo_settings, True))
-        else:
-            with state_dir_lock(settings.state_dir):
-                trio.run(partial(_serve_main, settings, False))
+        with (folders or contextlib.nullcontext)(settings) as ready, state_dir_lock(ready.state_dir):
+            trio.run(partial(_serve_main, ready, backend))
     except StateDirInUse as error:
         print(f"voiceactors: {error}", file=sys.stderr)
         return EXIT_USAGE

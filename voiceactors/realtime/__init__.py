@@ -1,5 +1,5 @@
-"""OpenAI Realtime: event models (``events``), the sideband websocket
-(``sideband``) and a local simulator of the service (``simulator``).
+"""OpenAI Realtime, our side of it: event models (``events``) and the sideband
+websocket (``sideband``). The stand-in for the service is ``voiceactors.simulator``.
 
 Submodules are imported explicitly by their users; importing this package
 imports nothing heavy.

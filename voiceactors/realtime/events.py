@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Container, Union
 
 import pydantic
-from openai.types.realtime import RealtimeClientEvent, RealtimeServerEvent
+from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
 from voiceactors.logs import get_logger
@@ -28,12 +28,11 @@ from voiceactors.logs import get_logger
 __all__ = [
     "EventUnion",
     "SERVER_EVENTS",
-    "CLIENT_EVENTS",
     "new_event_id",
     "parse_server_event",
     "validate_server_event",
-    "validate_client_event",
-    "parse_client_event",
+    "decode_frame",
+    "error_summary",
     "function_call_output",
     "response_create",
     "response_cancel",
@@ -124,7 +123,6 @@ class EventUnion:
 
 
 SERVER_EVENTS = EventUnion.build("server", RealtimeServerEvent)
-CLIENT_EVENTS = EventUnion.build("client", RealtimeClientEvent)
 
 
 def new_event_id() -> str:
@@ -132,7 +130,7 @@ def new_event_id() -> str:
     return "evt_" + secrets.token_hex(10)
 
 
-def _decode(raw: str | bytes) -> tuple[Any, str | None]:
+def decode_frame(raw: str | bytes) -> tuple[Any, str | None]:
     """(object, None) or (None, reason). Binary websocket frames are not events."""
     if isinstance(raw, (bytes, bytearray)):
         return None, "binary frame"
@@ -142,7 +140,7 @@ def _decode(raw: str | bytes) -> tuple[Any, str | None]:
         return None, "not JSON"
 
 
-def _error_summary(exc: Exception) -> str:
+def error_summary(exc: Exception) -> str:
     """A short reason without payload values (field locations and error kinds only)."""
     if isinstance(exc, pydantic.ValidationError):
         parts = []
@@ -224,7 +222,7 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
     leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) and only is not None else None
     if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):
         return None
-    obj, reason = _decode(raw)
+    obj, reason = decode_frame(raw)
     type_ = obj.get("type") if isinstance(obj, dict) else None
     if reason is None:
         if not isinstance(obj, dict):
@@ -240,7 +238,7 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
             try:
                 return SERVER_EVENTS.validate(obj)
             except Exception as exc:  # never fatal: the service may be newer than our SDK
-                reason = _error_summary(exc)
+                reason = error_summary(exc)
     _skipped(budget, "warning", reason, type_ if isinstance(type_, str) else None)
     return None
 
@@ -251,24 +249,6 @@ def _skipped(budget: LogBudget | None, level: str, reason: str, type_: str | Non
     suppressed = budget.take_suppressed() if budget is not None else 0
     getattr(_log, level)("skipped", reason=clip(reason, 200), type=clip(type_, TYPE_LOG_MAX),
                          **({"suppressed": suppressed} if suppressed else {}))
-
-
-def validate_client_event(event: dict) -> BaseModel:
-    """Validate an event we are about to send. Raises ``ValueError`` (or
-    ``pydantic.ValidationError``, a subclass) when it is not a valid client event."""
-    return CLIENT_EVENTS.validate(event)
-
-
-def parse_client_event(raw: str | bytes) -> tuple[BaseModel | None, str | None]:
-    """Parse a client event received by the simulator: ``(model, None)`` or
-    ``(None, message)`` where message is fit for an ``error`` event."""
-    obj, reason = _decode(raw)
-    if reason is not None:
-        return None, f"Invalid event: {reason}"
-    try:
-        return CLIENT_EVENTS.validate(obj), None
-    except Exception as exc:
-        return None, f"Invalid event: {_error_summary(exc)}"
 
 
 # -- builders: every event we send carries a fresh event_id so an error can name it

@@ -124,7 +124,7 @@ class Scenario:
 
 
 def _packaged() -> Any:
-    return resources.files("voiceactors.realtime").joinpath("scenarios")
+    return resources.files("voiceactors.simulator").joinpath("scenarios")
 
 
 def scenario_names() -> list[str]:

@@ -32,11 +32,11 @@ from openai.types.realtime import RealtimeSessionCreateRequest, RealtimeTranscri
 from pydantic import Field, TypeAdapter
 
 from voiceactors.logs import get_logger, register_secret
-from voiceactors.realtime.simulator_call import CallSession, ResponseRecord, SimCall, ToolCallRecord
-from voiceactors.realtime.simulator_http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
-from voiceactors.realtime.simulator_scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
-from voiceactors.realtime.simulator_webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer,
-                                                   WebRTCUnavailable, find_speaker, is_media_offer)
+from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, ToolCallRecord
+from voiceactors.simulator.http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
+from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
+from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
+                                          find_speaker, is_media_offer)
 
 __all__ = [
     "Simulator",
@@ -47,7 +47,6 @@ __all__ = [
     "ScenarioError",
     "load_scenario",
     "scenario_names",
-    "cli_simulate",
 ]
 
 _log = get_logger(actor="simulator")
@@ -183,16 +182,18 @@ class Simulator:
         connection (clients see an abnormal close)."""
 
         listeners, bound = await open_listeners(self.host, port)
-        await self._serve_on(listeners, bound, task_status=task_status)
+        await self.serve_listeners(listeners, bound, task_status=task_status)
 
-    async def _serve_on(self, listeners: list[trio.SocketListener], bound: int, *,
-                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    async def serve_listeners(self, listeners: list[trio.SocketListener], bound: int, *,
+                              task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """``serve`` on listeners already open (``http.open_listeners``), so a
+        caller can report a port it cannot bind before anything starts."""
         self.port = bound
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 await nursery.start(serve_http, self._rest, self._websocket, listeners)
-                _log.info("sim_listening", url=self.base_url)
+                _log.info("simulator.listening", url=self.base_url)
                 task_status.started(bound)
         finally:
             self._nursery = None
@@ -359,12 +360,12 @@ class Simulator:
             try:
                 peer, answer = await self._answer_offer(call_id, offer)
             except WebRTCUnavailable as exc:
-                _log.info("sim_webrtc_offer", outcome="unavailable", status=501)
+                _log.info("simulator.webrtc_offer", outcome="unavailable", status=501)
                 return json_response(501, _error_body(str(exc), type_="server_error", code="webrtc_unavailable"))
             except WebRTCOfferError as exc:
-                _log.info("sim_webrtc_offer", outcome="invalid", status=400)
+                _log.info("simulator.webrtc_offer", outcome="invalid", status=400)
                 return json_response(400, _error_body(str(exc), code="invalid_offer"))
-            _log.info("sim_webrtc_offer", outcome="answered", status=201, call_id=call_id)
+            _log.info("simulator.webrtc_offer", outcome="answered", status=201, call_id=call_id)
         call = self.add_call(call_id)
         if session is not None:
             call.session = session
@@ -401,7 +402,7 @@ class Simulator:
             with trio.move_on_after(OPEN_TIMEOUT_S):
                 await peer.channel_open.wait()
                 return
-            log.info("sim_webrtc_open_timeout", after_s=OPEN_TIMEOUT_S)
+            log.info("simulator.webrtc_open_timeout", after_s=OPEN_TIMEOUT_S)
             peer.closed_by = "open_timeout"
             await self.end_call(call.call_id, 1000)   # and so the peer closes
 
@@ -411,7 +412,7 @@ class Simulator:
             nursery.start_soon(give_up_unopened)
             await peer.closed.wait()
             nursery.cancel_scope.cancel()
-        log.info("sim_webrtc_closed", closed_by=peer.closed_by, channel_events=peer.channel_sent)
+        log.info("simulator.webrtc_closed", closed_by=peer.closed_by, channel_events=peer.channel_sent)
         if peer.closed_by == "remote" and not call.closed:
             await self.end_call(call.call_id, 1000)
         await peer.close()
@@ -492,45 +493,16 @@ class Simulator:
         self.handshakes.append({"call_id": call_id, "status": status})
         log = _log.bind(call_id=call_id)
         if status != 101:
-            log.info("sim_connection", outcome="rejected", status=status)
+            log.info("simulator.connection", outcome="rejected", status=status)
             await request.reject(status, extra_headers=[(b"content-type", b"application/json")],
                                  body=json.dumps(error).encode())
             return
         assert call is not None
         ws = await request.accept()
         session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream)
-        log.info("sim_connection", outcome="accepted", connection=call.connections + 1,
+        log.info("simulator.connection", outcome="accepted", connection=call.connections + 1,
                  scenario=call.scenario.name, step=call.step_index)
         await session.run()
-        log.info("sim_connection_ended", ended_by=session.ended_by, peer_close=session.peer_close,
+        log.info("simulator.connection_ended", ended_by=session.ended_by, peer_close=session.peer_close,
                  close_code=call.close_code if session.ended_by == "close" else None)
 
-
-def cli_simulate(args: Any) -> int:
-    """``voiceactors simulate --host H --port P [--scenario NAME]``: serve until Ctrl-C.
-    Any call id may join (``auto_calls``); any non-``ek_`` bearer key is accepted."""
-    from voiceactors import logs
-
-    logs.configure("console")
-    try:
-        scenario = load_scenario(args.scenario) if args.scenario else None
-    except ScenarioError as exc:
-        print(f"error: {exc}")
-        return 2
-    sim = Simulator(scenario, api_key=None, auto_calls=True, host=args.host)
-
-    async def main() -> int:
-        try:
-            listeners, sim.port = await open_listeners(args.host, args.port)
-        except OSError as exc:
-            print(f"error: cannot listen on {args.host}:{args.port}: {exc}")
-            return 1
-        print(f"Realtime simulator on {sim.base_url} "
-              f"(scenario: {sim.scenario.name}; shipped: {', '.join(scenario_names())})", flush=True)
-        await sim._serve_on(listeners, sim.port)
-        return 0
-
-    try:
-        return trio.run(main)
-    except KeyboardInterrupt:
-        return 0

@@ -238,7 +238,7 @@ class Voice:
         try:
             pcm = await _synthesise(self.speaker or "espeak-ng", text)
         except Exception as exc:   # a missing voice, a crash: the reply is still audible
-            _log.warning("sim_speech_failed", error=type(exc).__name__)
+            _log.warning("simulator.speech_failed", error=type(exc).__name__)
             pcm = b""
         if generation != self._generation:
             return  # a barge-in came first
@@ -364,7 +364,7 @@ class WebRTCPeer:
             pass
 
     def _on_open(self) -> None:
-        self.log.info("sim_webrtc_channel", state="open")
+        self.log.info("simulator.webrtc_channel", state="open")
         self.channel_open.set()
 
     def _on_message(self, message: str) -> None:
@@ -452,7 +452,7 @@ class WebRTCPeer:
             try:
                 a.channel.send(text)
             except Exception as exc:   # e.g. larger than the browser's max-message-size
-                self.log.warning("sim_webrtc_send_failed", type=event.get("type"), size=len(text),
+                self.log.warning("simulator.webrtc_send_failed", type=event.get("type"), size=len(text),
                                  error=type(exc).__name__)
 
     def channel_error(self, message: str, code: str, event_id: str | None) -> None:

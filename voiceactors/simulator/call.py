@@ -23,9 +23,10 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from voiceactors.logs import get_logger
-from voiceactors.realtime.events import parse_client_event, validate_server_event
-from voiceactors.realtime.simulator_http import ReplayStream
-from voiceactors.realtime.simulator_scenario import Scenario
+from voiceactors.realtime.events import validate_server_event
+from voiceactors.simulator.client_events import parse_client_event
+from voiceactors.simulator.http import ReplayStream
+from voiceactors.simulator.scenario import Scenario
 
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 
@@ -612,7 +613,7 @@ class CallSession:
                 call._answered_since_create.append(call_id)
         else:
             call.lost_outputs.setdefault(call_id, []).append(output)
-        self.log.info("sim_drop", fault="output_" + str(fault))
+        self.log.info("simulator.drop", fault="output_" + str(fault))
         self.drop()
         call.notify()
 
@@ -688,7 +689,7 @@ class CallSession:
             (kind, arg), = step.items()
             if kind == "drop":
                 call.step_index += 1
-                self.log.info("sim_drop")
+                self.log.info("simulator.drop")
                 self.drop()
                 return
             if kind == "close":

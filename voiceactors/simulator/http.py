@@ -243,8 +243,8 @@ async def serve_http(
                     raise
                 if _only_cancelled(other):
                     raise
-                _log.exception("sim_connection_failed")
+                _log.exception("simulator.connection_failed")
             elif lost is not None:
-                _log.info("sim_client_gone", error=type(lost).__name__)
+                _log.info("simulator.client_gone", error=type(lost).__name__)
 
     await trio.serve_listeners(handler, listeners, task_status=task_status)

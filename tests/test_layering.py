@@ -1,0 +1,241 @@
+"""The package layering, checked from the source (every ``import`` and
+``from ... import`` in every module, at module level or inside a function,
+plus ``importlib.import_module("...")`` with a literal name):
+
+- the product never imports the simulator, directly or through another
+  module: only ``voiceactors.demo``, ``voiceactors.cli`` (lazily) and the
+  simulator itself (and tests and benchmarks, not checked here) may;
+- ``voiceactors.journal`` and ``voiceactors.tools`` reach none of
+  ``voiceactors.actors``, ``voiceactors.http``, ``voiceactors.realtime``.
+
+A failure names the offending import (file and line) and the chain that
+leads to it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import voiceactors
+
+PACKAGE_DIR = Path(voiceactors.__file__).parent
+
+SIMULATOR = "voiceactors.simulator"
+#: May import the simulator: the demo plumbing, and the command line (lazily).
+SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli"}
+LAZY_ONLY = {"voiceactors.cli"}
+#: The journal and the tools are below the actors, the HTTP layer and the Realtime client.
+LOWER = ("voiceactors.journal", "voiceactors.tools")
+ABOVE_LOWER = ("voiceactors.actors", "voiceactors.http", "voiceactors.realtime", SIMULATOR)
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str         # the importing module
+    target: str         # the imported module
+    path: Path
+    line: int
+    lazy: bool          # inside a function: runs when the function does
+
+    def where(self, root: Path) -> str:
+        return f"{self.path.relative_to(root)}:{self.line}{' (inside a function)' if self.lazy else ''}"
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def modules_of(package_dir: Path) -> dict[str, Path]:
+    """Every module under ``package_dir``, by dotted name."""
+    root = package_dir.parent
+    found = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of ``from <level dots><name> import ...`` in ``module``."""
+    if level == 0:
+        return name or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+class _Collector(ast.NodeVisitor):
+    def __init__(self, module: str, is_package: bool, path: Path) -> None:
+        self.module, self.is_package, self.path = module, is_package, path
+        self.depth = 0
+        self.found: list[tuple[list[str], int, bool]] = []   # candidate names, line, lazy
+
+    def _function(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.found.append(([alias.name], node.lineno, self.depth > 0))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = _resolve(self.module, self.is_package, node.level, node.module)
+        # ``from a import b`` imports a, and a.b when b is a submodule
+        names = [base] + [f"{base}.{alias.name}" for alias in node.names if alias.name != "*"]
+        self.found.append((names, node.lineno, self.depth > 0))
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if called in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            self.found.append(([node.args[0].value], node.lineno, self.depth > 0))
+        self.generic_visit(node)
+
+
+def import_graph(package_dir: Path) -> dict[str, list[Import]]:
+    """Each module's imports of modules of the same package (importing
+    ``a.b.c`` imports the packages ``a`` and ``a.b`` too)."""
+    modules = modules_of(package_dir)
+    graph: dict[str, list[Import]] = {}
+    for module, path in modules.items():
+        collector = _Collector(module, path.name == "__init__.py", path)
+        collector.visit(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)))
+        edges = []
+        for names, line, lazy in collector.found:
+            for name in names:
+                parts = name.split(".")
+                for i in range(1, len(parts) + 1):
+                    target = ".".join(parts[:i])
+                    if target in modules and target != module:
+                        edges.append(Import(module, target, path, line, lazy))
+        graph[module] = edges
+    return graph
+
+
+def path_to(graph: dict[str, list[Import]], start: str, forbidden: tuple[str, ...]) -> list[Import] | None:
+    """The shortest chain of imports from ``start`` into a ``forbidden`` package, or None."""
+    seen = {start}
+    frontier: list[tuple[str, list[Import]]] = [(start, [])]
+    while frontier:
+        next_frontier = []
+        for module, chain in frontier:
+            for edge in graph.get(module, []):
+                if any(within(edge.target, f) for f in forbidden):
+                    return chain + [edge]
+                if edge.target not in seen:
+                    seen.add(edge.target)
+                    next_frontier.append((edge.target, chain + [edge]))
+        frontier = next_frontier
+    return None
+
+
+def is_product(module: str) -> bool:
+    return not within(module, SIMULATOR) and module not in SIMULATOR_USERS
+
+
+def violations(package_dir: Path) -> list[str]:
+    """What breaks the layering in the package at ``package_dir`` (named
+    ``voiceactors``): one line per offending import, naming it, the rule and
+    the modules that reach it through it (with the shortest chain)."""
+    graph = import_graph(package_dir)
+    root = package_dir.parent
+    found: dict[tuple[Import, str], list[list[Import]]] = {}
+    problems = []
+    for module in graph:
+        if not is_product(module):
+            if module in LAZY_ONLY:
+                problems += [f"{edge.where(root)}: {module} imports {edge.target} at module level; "
+                             "it may import the simulator only inside a function"
+                             for edge in graph[module] if not edge.lazy and within(edge.target, SIMULATOR)]
+            continue
+        rules = [("the product must not import the simulator", (SIMULATOR,))]
+        if any(within(module, m) for m in LOWER):
+            rules.append(("the journal and the tools must not import actors, http, realtime", ABOVE_LOWER))
+        for rule, forbidden in rules:
+            chain = path_to(graph, module, forbidden)
+            if chain is not None:
+                # into the simulator, the offence is where the chain leaves the product
+                # (a product module importing the demo, say); otherwise its last step
+                offender = next(e for e in chain if not is_product(e.target)) \
+                    if forbidden == (SIMULATOR,) else chain[-1]
+                found.setdefault((offender, rule), []).append(chain)
+    for (edge, rule), chains in found.items():
+        chains.sort(key=len)
+        route = " → ".join([chains[0][0].source] + [e.target for e in chains[0]])
+        others = sorted({c[0].source for c in chains[1:]})
+        problems.append(f"{edge.where(root)}: {edge.source} imports {edge.target} ({rule}; "
+                        f"reached by {route}" + (f", and from {', '.join(others)}" if others else "") + ")")
+    return problems
+
+
+def test_the_package_keeps_its_layers():
+    problems = violations(PACKAGE_DIR)
+    assert not problems, "layering broken:\n" + "\n".join(problems)
+
+
+def test_the_graph_sees_the_simulators_known_users():
+    """The check looks where the imports are: demo imports the simulator."""
+    graph = import_graph(PACKAGE_DIR)
+    assert path_to(graph, "voiceactors.demo", (SIMULATOR,)) is not None
+    assert "voiceactors.simulator.service" in {e.target for e in graph["voiceactors.simulator"]}
+
+
+# -- the check itself fails on each kind of offence (a tree written here)
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    package = tmp_path / "voiceactors"
+    for name, text in {"__init__.py": "", "simulator/__init__.py": "", "simulator/service.py": "",
+                       **files}.items():
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return package
+
+
+def test_a_lazy_import_of_the_simulator_in_the_server_is_named(tmp_path):
+    package = _tree(tmp_path, {"server.py": "import trio\n\ndef f():\n    from voiceactors.simulator import service\n"})
+    [problem] = violations(package)
+    assert problem.startswith("voiceactors/server.py:4 (inside a function): voiceactors.server imports "
+                              "voiceactors.simulator (the product must not import the simulator"), problem
+
+
+def test_a_relative_import_and_a_chain_through_another_module_are_named(tmp_path):
+    package = _tree(tmp_path, {"http/__init__.py": "", "http/app.py": "from .. import helper\n",
+                               "helper.py": "import importlib\nimportlib.import_module('voiceactors.simulator.service')\n"})
+    [problem] = violations(package)
+    assert problem.startswith("voiceactors/helper.py:2: voiceactors.helper imports voiceactors.simulator"), problem
+    assert "and from voiceactors.http.app" in problem
+
+
+def test_the_product_importing_the_demo_is_named_at_its_own_import(tmp_path):
+    package = _tree(tmp_path, {"demo.py": "from voiceactors.simulator.service import x\n",
+                               "runtime.py": "\n\nfrom voiceactors import demo\n"})
+    [problem] = violations(package)
+    assert problem.startswith("voiceactors/runtime.py:3: voiceactors.runtime imports voiceactors.demo "
+                              "(the product must not import the simulator; reached by voiceactors.runtime → "
+                              "voiceactors.demo → voiceactors.simulator"), problem
+
+
+def test_the_journal_reaching_the_actors_is_named(tmp_path):
+    package = _tree(tmp_path, {"journal/__init__.py": "", "journal/index.py": "from voiceactors.actors import call\n",
+                               "actors/__init__.py": "", "actors/call.py": ""})
+    [problem] = violations(package)
+    assert problem.startswith("voiceactors/journal/index.py:1: voiceactors.journal.index imports voiceactors.actors "
+                              "(the journal and the tools must not import actors, http, realtime"), problem
+
+
+def test_the_cli_may_import_the_simulator_only_lazily(tmp_path):
+    lazy = _tree(tmp_path / "a", {"cli.py": "def main():\n    import voiceactors.simulator\n"})
+    assert violations(lazy) == []
+    eager = _tree(tmp_path / "b", {"cli.py": "import voiceactors.simulator\n"})
+    [problem] = violations(eager)
+    assert problem.startswith("voiceactors/cli.py:1: voiceactors.cli imports voiceactors.simulator at module level")

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from voiceactors import storage
 from voiceactors.actors import write_log
 from voiceactors.actors.messages import CancelReads, ToolRequest, ask
-from voiceactors.actors.tools import ToolExecutor, cap_output
+from voiceactors.actors.executor import ToolExecutor, cap_output
 from voiceactors.journal import ledger
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry

@@ -30,7 +30,7 @@ from voiceactors import storage
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import CallRecord, read_record
 from voiceactors.actors.messages import ToolRequest, ask
-from voiceactors.actors.tools import JOURNAL_BUSY
+from voiceactors.actors.executor import JOURNAL_BUSY
 from voiceactors.http import create_app, voice_state
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal

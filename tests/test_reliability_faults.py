@@ -43,7 +43,7 @@ from calls_support import DAY, KEY, real_time_limit, rig
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import ToolRequest
-from voiceactors.actors.tools import ToolExecutor
+from voiceactors.actors.executor import ToolExecutor
 from voiceactors.http import create_app
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
@@ -325,7 +325,7 @@ FSIZE_CHILD = textwrap.dedent("""
     import json, resource, signal, sys, trio
     from pathlib import Path
     from voiceactors.actors.messages import ToolRequest
-    from voiceactors.actors.tools import ToolExecutor
+    from voiceactors.actors.executor import ToolExecutor
     from voiceactors.settings import Settings
     from voiceactors.tools import ToolContext
     journal, state, item_id, limit = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])

@@ -21,7 +21,7 @@ import trio
 
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.messages import ToolRequest
-from voiceactors.actors.tools import ToolExecutor
+from voiceactors.actors.executor import ToolExecutor
 from voiceactors.cli import main
 from voiceactors.http import create_app
 from voiceactors.http.auth import InsecureSettings

@@ -68,7 +68,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     # does not pull in every actor.
     from voiceactors.actors.brain import BrainActor
     from voiceactors.actors.supervisor import CallSupervisor
-    from voiceactors.actors.tools import ToolExecutor
+    from voiceactors.actors.executor import ToolExecutor
     from voiceactors.tools.context import ToolContext
 
     executor = ToolExecutor(settings, ToolContext.from_settings(settings))

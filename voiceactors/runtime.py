@@ -4,7 +4,7 @@
 CallSupervisor in one nursery and hands back their inboxes::
 
     async with open_runtime(settings) as rt:
-        await ask(rt.calls, lambda reply: Connect(call_id, reply))
+        await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
 
 Leaving the block stops them in dependency order, bounded by
 ``settings.shutdown_deadline_s``: first the supervisor (each CallActor, on

@@ -107,14 +107,6 @@ def item_id(owner_entity_id: str | None, action: str, counterparty_entity_id: st
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
 
 
-def actions_match(a: str, b: str) -> bool:
-    """Fuzzy action match on normalized text (token sort ratio >= 78)."""
-    a, b = normalize(a), normalize(b)
-    if not a or not b:
-        return False
-    return a == b or fuzz.token_sort_ratio(a, b) >= ACTION_MATCH_THRESHOLD
-
-
 def _opt_id(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 

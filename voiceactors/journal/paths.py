@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 DAY_RE = re.compile(r"^\d{8}$")               # chronicle folder name YYYYMMDD
-ISO_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")   # entity ids, facet names
 SEGMENT_RE = re.compile(r"^(\d{6})_(\d{1,6})$")               # HHMMSS_LEN
 STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")

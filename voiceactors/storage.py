@@ -16,7 +16,7 @@
 * ``jsonl_lines`` — the one way to split JSONL text into lines: at ``"\\n"``
   only (``str.splitlines`` also splits at U+2028, U+2029, U+0085, ``\\v``,
   ``\\f`` and ``\\x1c``-``\\x1e``, which a JSON string may hold).
-* ``append_lines`` — append a block of lines, one fsync (call records).
+* ``append_lines`` / ``append_line`` — append a block of lines, one fsync (call records).
 * ``run_sync`` — run blocking file/SQLite work in a worker thread under one
   shared ``CapacityLimiter`` so it never blocks the trio loop. Journal writes
   take ``write_limiter()`` instead, so a write stuck on a lock never holds a
@@ -367,6 +367,11 @@ def update_jsonl(path: Path, change: Callable[[list[dict[str, Any] | RawLine]], 
         if result:
             atomic_write(path, dump_jsonl(rows, read_as))
         return result
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line and fsync it (records that only grow)."""
+    append_lines(path, [line])
 
 
 def append_lines(path: Path, lines: list[str]) -> None:

@@ -211,7 +211,7 @@ async def test_failure_keeps_the_previous_instruction_and_is_logged(settings, au
     finally:
         logs.configure()
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    failed = [line for line in lines if line.get("event") == "brain_refresh_failed"]
+    failed = [line for line in lines if line.get("event") == "brain.refresh_failed"]
     assert len(failed) == 1
     assert failed[0]["actor"] == "brain" and failed[0]["outcome"] == "failed"
     assert failed[0]["backend"] == "counting" and failed[0]["duration_ms"] == 1000.0

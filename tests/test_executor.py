@@ -152,7 +152,7 @@ async def test_exception_is_generic_and_detail_only_logged(nursery, autojump_clo
     assert json.loads(result.output) == {"error": "tool failed"}
     assert result.outcome == "failed"
     assert "secret detail" not in result.output
-    failed = [e for e in logs if e["event"] == "tool_failed"]
+    failed = [e for e in logs if e["event"] == "tool.failed"]
     assert failed and failed[0]["error"] == "RuntimeError" and failed[0]["tool_call_id"] == "call_1"
 
 
@@ -162,7 +162,7 @@ async def test_one_log_line_per_run_without_write_arguments(nursery, autojump_cl
     ex = await start(nursery, settings_for(journal, state), registry, journal, state, on_result=seen.append)
     with capture_logs() as logs:
         result = await Client(ex).call("test.write", {"secret_note": "PRIVATE-VALUE"}, turn=3, epoch=2)
-    runs = [e for e in logs if e["event"] == "tool_run"]
+    runs = [e for e in logs if e["event"] == "tool.run"]
     assert len(runs) == 1
     line = runs[0]
     assert {k: line[k] for k in ("actor", "call_id", "tool", "tool_call_id", "epoch", "turn", "outcome",
@@ -454,7 +454,7 @@ async def test_reusable_read_is_answered_from_memory_while_fresh(nursery, autoju
     with capture_logs() as logs:
         second = await Client(ex, "rtc_b").call("test.today")     # another call, 0 s later
     assert runs == ["{}"] and second.output == first.output and second.outcome == "ok"
-    assert [(x["tool_call_id"], x["reused"]) for x in logs if x["event"] == "tool_run"] == [("call_1", True)]
+    assert [(x["tool_call_id"], x["reused"]) for x in logs if x["event"] == "tool.run"] == [("call_1", True)]
     other = await Client(ex, "rtc_c").call("test.today", {"x": 1})  # other arguments: a run of its own
     assert json.loads(other.output)["n"] == 2
     await trio.sleep(2.0)                                            # no longer fresh
@@ -555,7 +555,7 @@ async def test_requests_for_a_reusable_read_in_flight_wait_for_it(nursery, autoj
             gate.release.set()
     assert runs == ["run"]
     assert [json.loads(r.output) for r in results.values()] == [{"n": 1}] * 3
-    reused = sorted(x["call_id"] for x in logs if x["event"] == "tool_run" and x["reused"])
+    reused = sorted(x["call_id"] for x in logs if x["event"] == "tool.run" and x["reused"])
     assert reused == ["rtc_w1", "rtc_w2"]
 
 

@@ -151,7 +151,7 @@ def sweep_temp_files(path: Path) -> list[str]:
             os.unlink(path.parent / name)
             removed.append(name)
     if removed:
-        _log.warning("temp_files_swept", file=path.name, count=len(removed))
+        _log.warning("storage.temp_files_swept", file=path.name, count=len(removed))
     return removed
 
 

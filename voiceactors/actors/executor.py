@@ -210,7 +210,7 @@ class ToolExecutor:
                     elif isinstance(message, CancelReads):
                         self._cancel_reads(message)
                     else:
-                        _log.warning("tools_unknown_message", kind=type(message).__name__)
+                        _log.warning("tool.unknown_message", kind=type(message).__name__)
 
     # --- cancellation ---------------------------------------------------------
 
@@ -326,7 +326,7 @@ class ToolExecutor:
             run = _error(CANCELLED, "cancelled")
             raise
         except Exception as exc:
-            _log.error("tool_failed", call_id=req.call_id, tool=spec.name if spec else str(req.name),
+            _log.error("tool.failed", call_id=req.call_id, tool=spec.name if spec else str(req.name),
                        tool_call_id=req.tool_call_id, error=type(exc).__name__, exc_info=True)
             run = _error(FAILED, "failed")
         finally:
@@ -403,7 +403,7 @@ class ToolExecutor:
                 record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args)
         except storage.LockTimeout as exc:
             # nothing applied, nothing recorded: a retry with the same id tries again
-            _log.warning("tool_write_lock_busy", call_id=req.call_id, tool=spec.name,
+            _log.warning("tool.write_lock_busy", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, file=exc.path.name, timeout_s=exc.timeout_s)
             return _error(JOURNAL_BUSY, "busy")
         finally:
@@ -411,7 +411,7 @@ class ToolExecutor:
             self._writes_applied += 1
             self._fresh.clear()   # the journal may have changed under every kept answer
         if running.cancelled_caught:
-            _log.warning("tool_write_overran", call_id=req.call_id, tool=spec.name,
+            _log.warning("tool.write_overran", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, timeout_s=timeout)
             return _error(TIMED_OUT, "timeout")
         if replayed:
@@ -488,11 +488,11 @@ class ToolExecutor:
 
     def _reported(self, req: ToolRequest, result: ToolResult, run: _Run, delivered: bool,
                   reused: bool = False) -> None:
-        _log.info("tool_run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
+        _log.info("tool.run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
                   epoch=req.epoch, turn=req.turn, duration_ms=result.duration_ms, outcome=result.outcome,
                   output_chars=len(result.output), truncated=run.truncated, delivered=delivered,
                   reused=reused)
         try:
             self.on_result(result)
         except Exception:
-            _log.warning("tool_observer_failed", exc_info=True)
+            _log.warning("tool.observer_failed", exc_info=True)

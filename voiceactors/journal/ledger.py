@@ -62,7 +62,7 @@ CLOSE_STATES = ("closed", "dropped")
 _FIELD_ORDER = {"commitments": 0, "closures": 1, "edits": 2}
 _RESOLUTION_PREFIX = "resolution:"
 
-_log = get_logger(actor="journal", surface="ledger")
+_log = get_logger(actor="journal")
 
 
 class SourceRef(NamedTuple):
@@ -743,7 +743,7 @@ def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voic
         return True
 
     storage.update_jsonl(path, change, lock_timeout_s=lock_timeout_s)
-    _log.info("ledger_close", item_id=item_id, outcome=outcome["status"], facet=opening.facet)
+    _log.info("journal.ledger_close", item_id=item_id, outcome=outcome["status"], facet=opening.facet)
     if outcome["status"] == "missing":
         _invalidate(root, path)
         raise KeyError(item_id)

@@ -604,3 +604,24 @@ async def test_executor_shutdown_answers_waiters_once(autojump_clock, journal, s
             except trio.WouldBlock:
                 break
     assert results == {"rtc_lead": ["cancelled"], "rtc_waiter": ["cancelled"]}
+
+
+class CountingRegistry(dict):
+    """A test registry that counts the executor's lookups."""
+
+    gets = 0
+
+    def get(self, key, default=None):
+        self.gets += 1
+        return super().get(key, default)
+
+
+async def test_each_request_is_looked_up_once(nursery, autojump_clock, journal, state):
+    registry = CountingRegistry(make_registry([spec("test.echo", echo), spec("test.write", echo, effect="write")]))
+    ex = await start(nursery, settings_for(journal, state), registry, journal, state)
+    client = Client(ex)
+    for name, args in (("test.echo", {"a": 1}), ("test.write", {"b": 2}), ("test.echo", "not json")):
+        before = registry.gets
+        result = await client.call(name, raw=args if isinstance(args, str) else json.dumps(args))
+        assert registry.gets - before == 1, (name, result.outcome)
+    assert result.outcome == "invalid"

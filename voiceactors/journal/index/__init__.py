@@ -37,7 +37,7 @@ One module per concern:
 * ``children`` — the build/refresh child processes and ``ensure_index``.
 """
 
-from voiceactors.journal.index.build import IndexStats, build_index, build_into
+from voiceactors.journal.index.build import IndexStats, build_index
 from voiceactors.journal.index.children import (
     REFRESH_TIMEOUT_S,
     ensure_index,
@@ -45,18 +45,9 @@ from voiceactors.journal.index.children import (
     refresh_child,
     running_refresh,
 )
-from voiceactors.journal.index.discovery import Unit, discover
-from voiceactors.journal.index.extraction import Chunk, extract, split_text
-from voiceactors.journal.index.locations import (
-    SCHEMA_VERSION,
-    connect,
-    index_path,
-    is_ready,
-    solstone_index,
-)
+from voiceactors.journal.index.locations import connect, index_path, is_ready, solstone_index
 
 __all__ = [
-    "REFRESH_TIMEOUT_S", "SCHEMA_VERSION", "Chunk", "IndexStats", "Unit", "build_index", "build_into",
-    "connect", "discover", "ensure_index", "extract", "index_path", "is_ready", "join_refresh",
-    "refresh_child", "running_refresh", "solstone_index", "split_text",
+    "REFRESH_TIMEOUT_S", "IndexStats", "build_index", "connect", "ensure_index", "index_path", "is_ready",
+    "join_refresh", "refresh_child", "running_refresh", "solstone_index",
 ]

@@ -25,7 +25,7 @@ import trio
 from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.tools import ToolExecutor
+from voiceactors.actors.executor import ToolExecutor
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
 from voiceactors.simulator.client_events import validate_client_event

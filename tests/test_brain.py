@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ from voiceactors.brain.context import ContextSnapshot
 from voiceactors.brain.local import LocalBackend
 from voiceactors.brain.session_file import load_session_id, save_session_id, session_path
 from voiceactors.settings import Settings
+
+# ask requires its deadline; these tests bound the wait themselves (autojump_clock
+# or a cancel scope), and a finite ask deadline would race autojump during thread waits
+UNBOUNDED = math.inf
 
 SIX_HOURS = 6 * 3600.0
 
@@ -96,13 +101,13 @@ async def _start(nursery: trio.Nursery, settings: Settings, backend: Any = None)
 async def test_not_ready_until_started_then_ready(settings, autojump_clock):
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, LocalBackend())
-        state = await ask(actor.inbox, GetBrain)
+        state = await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)
         assert state == BrainState(None, None, None, False, None) and not state.ready
         assert actor.runs == 0          # GetBrain without start starts nothing
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.ready and state.age_s == 0
         assert state.instruction.startswith("You are nova, the voice of Ada's journal")
-        assert (await ask(actor.inbox, AwaitReady)) == state   # ready: answered at once, no new run
+        assert (await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)) == state   # ready: answered at once, no new run
         assert actor.runs == 1
         nursery.cancel_scope.cancel()
 
@@ -112,10 +117,10 @@ async def test_get_brain_start_queues_a_start_without_waiting(settings, autojump
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, backend)
         t0 = trio.current_time()
-        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
         assert trio.current_time() == t0           # answered at once
         assert state.instruction is None and state.refreshing
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.instruction == "nova instruction 1" and trio.current_time() - t0 == 5
         assert len(backend.calls) == 1
         nursery.cancel_scope.cancel()
@@ -128,7 +133,7 @@ async def test_single_flight_concurrent_requests_share_one_run(settings, autojum
         actor = await _start(nursery, settings, backend)
 
         async def one(make):
-            replies.append(await ask(actor.inbox, make))
+            replies.append(await ask(actor.inbox, make, timeout=UNBOUNDED))
 
         async with trio.open_nursery() as callers:
             for _ in range(20):
@@ -150,19 +155,19 @@ async def test_refresh_arriving_during_a_run_joins_it(settings, autojump_clock):
         results: list[Any] = []
 
         async def refresh():
-            results.append((await ask(actor.inbox, RefreshBrain), trio.current_time()))
+            results.append((await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED), trio.current_time()))
 
         async with trio.open_nursery() as callers:
             callers.start_soon(refresh)
             await backend.entered(1)
             t0 = trio.current_time()
             await trio.sleep(3)
-            assert (await ask(actor.inbox, GetBrain)).refreshing
+            assert (await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)).refreshing
             await refresh()                             # arrives mid-run
         assert len(backend.calls) == 1
         assert [r.instruction for r, _ in results] == ["nova instruction 1"] * 2
         assert [t - t0 for _, t in results] == [5, 5]
-        state = await ask(actor.inbox, RefreshBrain)    # after the run: a new one
+        state = await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED)    # after the run: a new one
         assert state.instruction == "nova instruction 2" and len(backend.calls) == 2
         nursery.cancel_scope.cancel()
 
@@ -171,18 +176,18 @@ async def test_stale_instruction_refreshes_in_background(settings, autojump_cloc
     backend = CountingBackend(seconds=5)
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, backend)
-        await ask(actor.inbox, AwaitReady)
+        await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         await trio.sleep(SIX_HOURS - 10)
-        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
         assert not state.refreshing and len(backend.calls) == 1      # not stale yet: no run
         await trio.sleep(20)
         t0 = trio.current_time()
-        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
         assert trio.current_time() == t0                              # old instruction at once
         assert state.instruction == "nova instruction 1" and state.age_s > SIX_HOURS and state.refreshing
         await backend.entered(2)
         await trio.sleep(5)
-        state = await ask(actor.inbox, GetBrain)
+        state = await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)
         assert state.instruction == "nova instruction 2" and state.age_s == 0 and not state.refreshing
         assert len(backend.calls) == 2
         nursery.cancel_scope.cancel()
@@ -195,18 +200,18 @@ async def test_failure_keeps_the_previous_instruction_and_is_logged(settings, au
     try:
         async with trio.open_nursery() as nursery:
             actor = await _start(nursery, settings, backend)
-            first = await ask(actor.inbox, AwaitReady)
+            first = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
             backend.fail_with = BrainError("model said no to sk-secretsecret123")
-            result = await ask(actor.inbox, RefreshBrain)
+            result = await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED)
             assert result is backend.fail_with
-            state = await ask(actor.inbox, GetBrain)
+            state = await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)
             assert state.instruction == first.instruction and state.refreshed_at == first.refreshed_at
             assert not state.refreshing
             nursery.cancel_scope.cancel()
     finally:
         logs.configure()
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
-    failed = [line for line in lines if line.get("event") == "brain_refresh_failed"]
+    failed = [line for line in lines if line.get("event") == "brain.refresh_failed"]
     assert len(failed) == 1
     assert failed[0]["actor"] == "brain" and failed[0]["outcome"] == "failed"
     assert failed[0]["backend"] == "counting" and failed[0]["duration_ms"] == 1000.0
@@ -217,17 +222,17 @@ async def test_stale_refresh_failure_does_not_retry_at_once(settings, autojump_c
     backend = CountingBackend(seconds=1)
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, backend)
-        await ask(actor.inbox, AwaitReady)
+        await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         backend.fail_with = BrainError("down")
         await trio.sleep(SIX_HOURS + 1)
-        await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
         await backend.entered(2)
         await trio.sleep(2)                                           # that refresh failed
         assert len(backend.calls) == 2
-        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
         assert not state.refreshing and state.instruction == "nova instruction 1"
         await trio.sleep(60)
-        assert (await ask(actor.inbox, lambda r: GetBrain(r, start=True))).refreshing
+        assert (await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)).refreshing
         nursery.cancel_scope.cancel()
 
 
@@ -238,9 +243,9 @@ async def test_failed_start_leaves_await_ready_waiting_for_the_next_run(settings
         actor = await _start(nursery, settings, backend)
         with pytest.raises(trio.TooSlowError):
             await ask(actor.inbox, AwaitReady, timeout=10)            # the caller's own deadline
-        assert isinstance(await ask(actor.inbox, RefreshBrain), BrainError)
+        assert isinstance(await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED), BrainError)
         backend.fail_with = None
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.ready
         nursery.cancel_scope.cancel()
 
@@ -250,9 +255,9 @@ async def test_hanging_backend_times_out(settings, autojump_clock):
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, HangingBackend())
         t0 = trio.current_time()
-        result = await ask(actor.inbox, RefreshBrain)
+        result = await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED)
         assert isinstance(result, BrainTimeout) and trio.current_time() - t0 == 30
-        state = await ask(actor.inbox, GetBrain)
+        state = await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)
         assert state.instruction is None and not state.refreshing
         nursery.cancel_scope.cancel()
 
@@ -261,7 +266,7 @@ async def test_session_id_is_persisted_and_resumed(settings, journal, autojump_c
     backend = CountingBackend(seconds=1, session="sess-abc")
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, backend)
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.session_id == "sess-abc" and backend.calls == [None]
         nursery.cancel_scope.cancel()
     assert session_path(journal).read_text() == "sess-abc\n"
@@ -270,8 +275,8 @@ async def test_session_id_is_persisted_and_resumed(settings, journal, autojump_c
     again = CountingBackend(seconds=1)              # restart on the same journal
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, again)
-        assert (await ask(actor.inbox, GetBrain)).session_id == "sess-abc"
-        await ask(actor.inbox, RefreshBrain)
+        assert (await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)).session_id == "sess-abc"
+        await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED)
         assert again.calls == ["sess-abc"]
         nursery.cancel_scope.cancel()
 
@@ -310,7 +315,7 @@ async def test_cancelled_actor_closes_pending_replies(settings, autojump_clock, 
         with pytest.raises(trio.EndOfChannel):
             await receive.receive()
     with pytest.raises(trio.BrokenResourceError):
-        await ask(actor.inbox, GetBrain)
+        await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)
 
 
 # --- midnight (issue 11, item 11): an instruction made for another day is stale
@@ -332,9 +337,9 @@ class DayBackend:
 
 async def _session_instruction(actor: BrainActor) -> BrainState:
     """What ``POST /session`` does: GetBrain(start=True), then AwaitReady when not ready."""
-    state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+    state = await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
     if not state.ready:
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
     return state
 
 
@@ -347,7 +352,7 @@ async def test_after_midnight_a_session_never_gets_yesterdays_instruction(settin
         await trio.sleep(30)                     # minutes before midnight: still fresh
         assert (await _session_instruction(actor)).instruction == "Today is 2026-03-27."
         pin_today("2026-03-28")                  # midnight passes, far under brain_max_age_s
-        state = await ask(actor.inbox, GetBrain)
+        state = await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)
         assert not state.ready                   # yesterday's instruction is not offered
         assert (await _session_instruction(actor)).instruction == "Today is 2026-03-28."
         assert backend.days == ["2026-03-27", "2026-03-28"]
@@ -359,13 +364,13 @@ async def test_status_after_midnight_is_not_ready_until_the_new_days_run(setting
     pin_today("2026-03-27")
     async with trio.open_nursery() as nursery:
         actor = await _start(nursery, settings, backend)
-        await ask(actor.inbox, AwaitReady)
+        await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         pin_today("2026-03-28")
-        assert not (await ask(actor.inbox, GetBrain)).ready     # /status: brain_ready false
+        assert not (await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)).ready     # /status: brain_ready false
         assert backend.days == ["2026-03-27"]                   # a plain GetBrain starts nothing
-        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True))
+        state = await ask(actor.inbox, lambda r: GetBrain(r, start=True), timeout=UNBOUNDED)
         assert not state.ready and state.refreshing             # the new day's run is queued
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.instruction == "Today is 2026-03-28." and backend.days == ["2026-03-27", "2026-03-28"]
         nursery.cancel_scope.cancel()
 

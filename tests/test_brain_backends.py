@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import stat
 import sys
 from pathlib import Path
@@ -27,6 +28,10 @@ from voiceactors.brain.openai_text import OpenAITextBackend
 from voiceactors.brain.prompt import PROMPT_TEMPLATE, BrainOutputError, extract_instruction, render_prompt
 from voiceactors.brain.session_file import load_session_id
 from voiceactors.settings import Settings
+
+# ask requires its deadline; these tests bound the wait themselves (autojump_clock
+# or a cancel scope), and a finite ask deadline would race autojump during thread waits
+UNBOUNDED = math.inf
 
 FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
 TODAY = _dt.date(2026, 5, 4)
@@ -217,7 +222,7 @@ async def test_claude_session_persisted_and_resumed_across_restarts(journal, fak
     async with trio.open_nursery() as nursery:
         actor = BrainActor(settings)                  # backend chosen by config: claude
         await nursery.start(actor.run)
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.instruction.startswith("You are nova.") and state.session_id == "fake-session-1"
         nursery.cancel_scope.cancel()
     assert load_session_id(journal) == "fake-session-1"
@@ -225,7 +230,7 @@ async def test_claude_session_persisted_and_resumed_across_restarts(journal, fak
     async with trio.open_nursery() as nursery:
         actor = BrainActor(settings)
         await nursery.start(actor.run)
-        assert isinstance(await ask(actor.inbox, RefreshBrain), type(state))
+        assert isinstance(await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED), type(state))
         nursery.cancel_scope.cancel()
     first, second = _runs(tmp_path)
     assert "--resume" not in first["argv"] and first["argv"][-2:] == ["--model", "sonnet"]
@@ -237,10 +242,10 @@ async def test_claude_failure_keeps_instruction(journal, fake_claude, monkeypatc
         actor = BrainActor(_settings(journal, claude_command=str(fake_claude)), ClaudeBackend(
             _settings(journal, claude_command=str(fake_claude))))
         await nursery.start(actor.run)
-        good = await ask(actor.inbox, AwaitReady)
+        good = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         monkeypatch.setenv("FAKE_CLAUDE_MODE", "garbage")
-        assert isinstance(await ask(actor.inbox, RefreshBrain), BrainError)
-        assert (await ask(actor.inbox, GetBrain)).instruction == good.instruction
+        assert isinstance(await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED), BrainError)
+        assert (await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)).instruction == good.instruction
         nursery.cancel_scope.cancel()
 
 
@@ -250,9 +255,9 @@ async def test_claude_hang_times_out_and_is_killed(journal, fake_claude, monkeyp
     async with trio.open_nursery() as nursery:
         actor = BrainActor(settings, ClaudeBackend(settings))
         await nursery.start(actor.run)
-        result = await ask(actor.inbox, RefreshBrain)
+        result = await ask(actor.inbox, RefreshBrain, timeout=UNBOUNDED)
         assert isinstance(result, BrainTimeout)
-        assert not (await ask(actor.inbox, GetBrain)).refreshing   # the process was reaped: the run ended
+        assert not (await ask(actor.inbox, GetBrain, timeout=UNBOUNDED)).refreshing   # the process was reaped: the run ended
         nursery.cancel_scope.cancel()
 
 
@@ -319,7 +324,7 @@ async def test_openai_backend_uses_the_configured_model_through_the_actor(journa
         base_url = await _serve(nursery, _chat_app(answers, seen))
         actor = BrainActor(_settings(journal, openai_base_url=base_url))
         await nursery.start(actor.run)
-        state = await ask(actor.inbox, AwaitReady)
+        state = await ask(actor.inbox, AwaitReady, timeout=UNBOUNDED)
         assert state.instruction == "Hello from the model." and state.session_id is None
         nursery.cancel_scope.cancel()
     assert seen[0]["body"]["model"] == "gpt-4.1-mini" and seen[0]["auth"] == "Bearer sk-journal-key-111"

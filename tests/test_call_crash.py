@@ -65,10 +65,10 @@ class Server:
         self.proc = await trio.lowlevel.open_process(self.args, stderr=subprocess.PIPE, env=self.env, cwd=ROOT)
         nursery.start_soon(self._read_log)
         with trio.fail_after(30):
-            while not any(line.get("event") == "serving" for line in self.lines):
+            while not any(line.get("event") == "server.serving" for line in self.lines):
                 assert self.proc.poll() is None, self.lines[-20:]
                 await trio.sleep(0.05)
-        [serving] = [line for line in self.lines if line.get("event") == "serving"]
+        [serving] = [line for line in self.lines if line.get("event") == "server.serving"]
         return serving["urls"][0]
 
     async def _read_log(self) -> None:

@@ -92,3 +92,18 @@ def test_voice_block_not_an_object(tmp_path):
     settings = _settings(_journal(tmp_path, ["openai_api_key"]), "sk-env-key-456")
     assert config.openai_api_key(settings) == "sk-env-key-456"
     assert config.brain_model(settings) == "haiku"
+
+
+def test_an_unreadable_config_is_not_a_missing_one(tmp_path):
+    root = tmp_path / "journal"
+    (root / "config" / "journal.json").mkdir(parents=True)      # exists, cannot be read as a file
+    with pytest.raises(config.ConfigUnreadable, match="could not read journal.json"):
+        config.openai_api_key(_settings(root, "sk-env-key-456"))
+    assert config.brain_backend(_settings(root)) == "local"     # the brain's choices use defaults
+
+
+def test_a_config_folder_that_is_a_file_means_no_config(tmp_path):
+    root = tmp_path / "journal"
+    root.mkdir()
+    (root / "config").write_text("not a folder")                 # journal.json cannot exist under it
+    assert config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-env-key-456"

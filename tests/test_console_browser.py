@@ -48,7 +48,7 @@ def harness(tmp_path_factory):
     finally:
         h.close()
         log = Path(h.ready["log"]).read_text()
-        assert '"unhandled error"' not in log
+        assert '"http.unhandled_error"' not in log
         assert TOKEN not in log, "the API token reached a log"
 
 

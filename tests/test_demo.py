@@ -73,8 +73,8 @@ def test_sigterm_with_a_live_call_closes_it_flushes_its_record_and_exits_zero(tm
                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=_env())
     try:
         lines = _Lines(child.stderr)
-        sim_url = lines.wait_for("demo_simulator", timeout=60)["base_url"]
-        [base] = lines.wait_for("serving")["urls"]
+        sim_url = lines.wait_for("server.demo_simulator", timeout=60)["base_url"]
+        [base] = lines.wait_for("server.serving")["urls"]
         with httpx.Client(base_url=base, timeout=10) as client:
             key = client.post("/api/voice/session").json()["ephemeral_key"]
             offer = client.post(f"{sim_url}/realtime/calls", content=b"v=0\r\n",
@@ -90,8 +90,8 @@ def test_sigterm_with_a_live_call_closes_it_flushes_its_record_and_exits_zero(tm
         record = [json.loads(line) for line in (state / "calls" / f"{call_id}.jsonl").read_text().splitlines()]
         assert record[0]["kind"] == "start" and record[-1]["kind"] == "end"
         assert record[-1]["reason"] == "shutdown"
-        lines.wait_for("runtime_stopped", timeout=1)
-        lines.wait_for("stopped", timeout=1)
+        lines.wait_for("runtime.stopped", timeout=1)
+        lines.wait_for("server.stopped", timeout=1)
     finally:
         if child.poll() is None:
             child.kill()

@@ -114,7 +114,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
 
     # no key in the logs: the standard key, and the minted ephemeral ones
     text = log_stream.getvalue()
-    assert '"session_minted"' in text and '"call.ended"' in text
+    assert '"http.session_minted"' in text and '"call.ended"' in text
     assert SIM_KEY not in text
     for minted in sim.minted:
         assert minted not in text
@@ -129,7 +129,7 @@ async def test_any_mint_failure_is_500_voice_session_unavailable(journal, tmp_pa
         assert response.status_code == 500
         assert await response.get_json() == {"error": "voice session unavailable"}
     text = log_stream.getvalue()
-    assert '"session_mint_failed"' in text
+    assert '"http.session_mint_failed"' in text
     assert SIM_KEY not in text
 
 

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from voiceactors import storage
 from voiceactors.actors import write_log
 from voiceactors.actors.messages import CancelReads, ToolRequest, ask
-from voiceactors.actors.tools import ToolExecutor, cap_output
+from voiceactors.actors.executor import ToolExecutor, cap_output
 from voiceactors.journal import ledger
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
@@ -94,7 +94,7 @@ class Client:
         arguments = raw if raw is not None else json.dumps(args or {})
         return await ask(self.executor.inbox, lambda reply: ToolRequest(
             call_id=self.call_id, tool_call_id=tool_call_id or f"call_{self.n}", name=name,
-            arguments=arguments, epoch=epoch, turn=turn, reply=reply))
+            arguments=arguments, epoch=epoch, turn=turn, reply=reply), timeout=math.inf)  # autojump: the test bounds it
 
 
 async def start(nursery, settings, registry, journal, state, **kw):
@@ -152,7 +152,7 @@ async def test_exception_is_generic_and_detail_only_logged(nursery, autojump_clo
     assert json.loads(result.output) == {"error": "tool failed"}
     assert result.outcome == "failed"
     assert "secret detail" not in result.output
-    failed = [e for e in logs if e["event"] == "tool_failed"]
+    failed = [e for e in logs if e["event"] == "tool.failed"]
     assert failed and failed[0]["error"] == "RuntimeError" and failed[0]["tool_call_id"] == "call_1"
 
 
@@ -162,7 +162,7 @@ async def test_one_log_line_per_run_without_write_arguments(nursery, autojump_cl
     ex = await start(nursery, settings_for(journal, state), registry, journal, state, on_result=seen.append)
     with capture_logs() as logs:
         result = await Client(ex).call("test.write", {"secret_note": "PRIVATE-VALUE"}, turn=3, epoch=2)
-    runs = [e for e in logs if e["event"] == "tool_run"]
+    runs = [e for e in logs if e["event"] == "tool.run"]
     assert len(runs) == 1
     line = runs[0]
     assert {k: line[k] for k in ("actor", "call_id", "tool", "tool_call_id", "epoch", "turn", "outcome",
@@ -454,7 +454,7 @@ async def test_reusable_read_is_answered_from_memory_while_fresh(nursery, autoju
     with capture_logs() as logs:
         second = await Client(ex, "rtc_b").call("test.today")     # another call, 0 s later
     assert runs == ["{}"] and second.output == first.output and second.outcome == "ok"
-    assert [(x["tool_call_id"], x["reused"]) for x in logs if x["event"] == "tool_run"] == [("call_1", True)]
+    assert [(x["tool_call_id"], x["reused"]) for x in logs if x["event"] == "tool.run"] == [("call_1", True)]
     other = await Client(ex, "rtc_c").call("test.today", {"x": 1})  # other arguments: a run of its own
     assert json.loads(other.output)["n"] == 2
     await trio.sleep(2.0)                                            # no longer fresh
@@ -555,7 +555,7 @@ async def test_requests_for_a_reusable_read_in_flight_wait_for_it(nursery, autoj
             gate.release.set()
     assert runs == ["run"]
     assert [json.loads(r.output) for r in results.values()] == [{"n": 1}] * 3
-    reused = sorted(x["call_id"] for x in logs if x["event"] == "tool_run" and x["reused"])
+    reused = sorted(x["call_id"] for x in logs if x["event"] == "tool.run" and x["reused"])
     assert reused == ["rtc_w1", "rtc_w2"]
 
 
@@ -604,3 +604,24 @@ async def test_executor_shutdown_answers_waiters_once(autojump_clock, journal, s
             except trio.WouldBlock:
                 break
     assert results == {"rtc_lead": ["cancelled"], "rtc_waiter": ["cancelled"]}
+
+
+class CountingRegistry(dict):
+    """A test registry that counts the executor's lookups."""
+
+    gets = 0
+
+    def get(self, key, default=None):
+        self.gets += 1
+        return super().get(key, default)
+
+
+async def test_each_request_is_looked_up_once(nursery, autojump_clock, journal, state):
+    registry = CountingRegistry(make_registry([spec("test.echo", echo), spec("test.write", echo, effect="write")]))
+    ex = await start(nursery, settings_for(journal, state), registry, journal, state)
+    client = Client(ex)
+    for name, args in (("test.echo", {"a": 1}), ("test.write", {"b": 2}), ("test.echo", "not json")):
+        before = registry.gets
+        result = await client.call(name, raw=args if isinstance(args, str) else json.dumps(args))
+        assert registry.gets - before == 1, (name, result.outcome)
+    assert result.outcome == "invalid"

@@ -484,14 +484,14 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     def pump() -> None:
         for line in child.stderr:
             lines.append(line)
-            if '"serving"' in line:
+            if '"server.serving"' in line:
                 serving.set()
 
     threading.Thread(target=pump, daemon=True).start()
     held: list[socket.socket] = []
     try:
         assert serving.wait(60), "".join(lines)[-2000:]
-        port = int(json.loads(next(line for line in lines if '"serving"' in line))["urls"][0].rsplit(":", 1)[1])
+        port = int(json.loads(next(line for line in lines if '"server.serving"' in line))["urls"][0].rsplit(":", 1)[1])
         host = f"127.0.0.1:{port}"
 
         def fds() -> int:
@@ -535,7 +535,7 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
         child.terminate()
         child.wait(timeout=30)
     text = "".join(lines)
-    accept_lines = [json.loads(line) for line in lines if '"accept_failed"' in line]
+    accept_lines = [json.loads(line) for line in lines if '"server.accept_failed"' in line]
     assert 1 <= len(accept_lines) <= 2, len(accept_lines)
     assert accept_lines[0]["error"] == "Too many open files"
     assert "Traceback" not in text and "could not read journal.json" in text

@@ -71,7 +71,7 @@ def test_anticipated_rules(tmp_path):
         events = activities.anticipated(tmp_path, dt.date(2026, 4, 2))
     assert [(e["id"], e["facet"]) for e in events] == [
         ("standup", "work"), ("review", "work"), ("lunch", "elsewhere")]
-    assert any(e["event"] == "journal_jsonl_line_skipped" and e["line"] == 7 for e in logs)
+    assert any(e["event"] == "journal.jsonl_line_skipped" and e["line"] == 7 for e in logs)
     # results are copies: changing one does not change the next answer
     events[0]["title"] = "changed"
     assert activities.anticipated(tmp_path, dt.date(2026, 4, 2))[0]["title"] == "standup"
@@ -91,7 +91,7 @@ def test_load_records_skips_corrupt_lines_with_line_numbers(tmp_path):
     with capture_logs() as logs:
         recs = activities.load_records(tmp_path, "work", "20260401")
     assert [r["id"] for r in recs] == ["a", "b"]
-    assert [(e["file"], e["line"]) for e in logs if e["event"] == "journal_jsonl_line_skipped"] == [
+    assert [(e["file"], e["line"]) for e in logs if e["event"] == "journal.jsonl_line_skipped"] == [
         (str(path), 3), (str(path), 4)]
     assert activities.activity_days(tmp_path, "work") == ["20260401"]
 

@@ -47,7 +47,7 @@ def test_corrupt_briefing_is_none_and_logged(tmp_path):
     write_briefing(tmp_path, "{ not json")
     with capture_logs() as logs:
         assert briefing.load_briefing(tmp_path, DAY) is None
-    assert any(e["event"] == "journal_json_corrupt" for e in logs)
+    assert any(e["event"] == "journal.json_corrupt" for e in logs)
     write_briefing(tmp_path, "[]")
     assert briefing.load_briefing(tmp_path, DAY) is None
 

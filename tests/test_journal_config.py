@@ -40,11 +40,11 @@ def test_corrupt_config_is_empty_and_logged(tmp_path):
     write_config(tmp_path, "{ not json")
     with capture_logs() as logs:
         assert config.load_config(tmp_path) == {}
-    assert any(e["event"] == "journal_json_corrupt" and e["log_level"] == "warning" for e in logs)
+    assert any(e["event"] == "journal.json_corrupt" and e["log_level"] == "warning" for e in logs)
     write_config(tmp_path, "[1, 2]")
     with capture_logs() as logs:
         assert config.load_config(tmp_path) == {}
-    assert any(e["event"] == "journal_config_not_object" for e in logs)
+    assert any(e["event"] == "journal.config_not_object" for e in logs)
     assert config.agent_name(tmp_path) == "sol"
 
 

@@ -59,7 +59,7 @@ def test_corrupt_facet_json_is_left_out_and_logged(tmp_path):
     write_json(tmp_path / "facets" / "bad" / "facet.json", "{oops")
     with capture_logs() as logs:
         assert [f.slug for f in facets.all_facets(tmp_path)] == ["good"]
-    assert any(e["event"] == "journal_json_corrupt" for e in logs)
+    assert any(e["event"] == "journal.json_corrupt" for e in logs)
 
 
 def test_facet_names_are_validated(tmp_path):
@@ -138,7 +138,7 @@ def test_views_detached_and_corrupt_observations(tmp_path):
     assert [v.facet for v in views] == ["alpha", "gamma"]
     assert [o["content"] for o in views[0].observations] == ["new", "old"]
     assert views[1].description == "" and views[1].observations[0]["source_day"] == ""
-    skipped = [e for e in logs if e["event"] == "journal_jsonl_line_skipped"]
+    skipped = [e for e in logs if e["event"] == "journal.jsonl_line_skipped"]
     assert len(skipped) == 1 and skipped[0]["line"] == 3
     with_detached = entities.facet_views(tmp_path, "ada_l", include_detached=True)
     assert [v.facet for v in with_detached] == ["alpha", "beta", "gamma"] and with_detached[1].detached

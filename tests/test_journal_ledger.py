@@ -243,7 +243,7 @@ def test_corrupt_line_is_skipped_and_logged(journal):
     with capture_logs() as logs:
         items = ledger.derive(journal)
     assert [i.action for i in items] == ["call the bank"]
-    skipped = [e for e in logs if e["event"] == "journal_jsonl_line_skipped"]
+    skipped = [e for e in logs if e["event"] == "journal.jsonl_line_skipped"]
     assert [(e["file"], e["line"]) for e in skipped] == [(str(path), 2), (str(path), 3)]
 
 

@@ -229,7 +229,7 @@ def test_search_builds_a_missing_index_and_refreshes_in_the_background(journal, 
         child = index_mod.running_refresh(journal, state)
         index_mod.join_refresh(journal, state, timeout=30)
     assert child is not None and child.pid != os.getpid() and child.returncode == 0
-    done, = [e for e in logs if e["event"] == "search index refreshed"]
+    done, = [e for e in logs if e["event"] == "search.index_refreshed"]
     assert (done["indexed"], done["removed"], done["pid"]) == (1, 0, child.pid)
     hit, = search(journal, state, "aspidistra")
     assert (hit.source, hit.facet, hit.day) == ("todo", "work", "2026-03-01")
@@ -287,7 +287,7 @@ def test_the_childs_warnings_reach_our_log(journal, state):
         index_mod.ensure_index(journal, state, 0.0)
         child = index_mod.running_refresh(journal, state)
         index_mod.join_refresh(journal, state, timeout=30)
-    relayed, = [e for e in logs if e["event"] == "corrupt jsonl lines skipped"]
+    relayed, = [e for e in logs if e["event"] == "journal.jsonl_lines_skipped"]
     assert relayed["log_level"] == "warning" and relayed["refresh_pid"] == child.pid
     assert (relayed["path"], relayed["count"]) == (str(path), 1)
     assert search(journal, state, "piano tuner")
@@ -300,7 +300,7 @@ def test_a_refresh_in_another_process_makes_the_child_skip(journal, state):
         fcntl.flock(held.fileno(), fcntl.LOCK_EX)               # as another process's build does
         index_mod.ensure_index(journal, state, 0.0)
         index_mod.join_refresh(journal, state, timeout=30)
-    done, = [e for e in logs if e["event"] == "search index refreshed"]
+    done, = [e for e in logs if e["event"] == "search.index_refreshed"]
     assert done["skipped"] == "busy"
 
 
@@ -313,7 +313,7 @@ def test_a_failed_refresh_is_logged_and_search_still_answers(journal, state, tmp
             index_mod.ensure_index(journal, state, 0.0)
             child = index_mod.running_refresh(journal, state)
             index_mod.join_refresh(journal, state, timeout=30)
-        failed, = [e for e in logs if e["event"] == "search index refresh failed"]
+        failed, = [e for e in logs if e["event"] == "search.index_refresh_failed"]
         assert failed["returncode"] == 2 and "journal not found" in failed["error"]
         assert child is not None and child.returncode == 2
         assert search(journal, state, "Maya") == before         # the index was not emptied
@@ -330,7 +330,7 @@ def test_a_hung_refresh_is_killed_after_its_timeout(journal, state):
         index_mod.join_refresh(journal, state, timeout=30)
         assert child is not None and child.returncode == -signal.SIGKILL
         assert search(journal, state, "Maya")
-    timed_out, = [e for e in logs if e["event"] == "search index refresh timed out"]
+    timed_out, = [e for e in logs if e["event"] == "search.index_refresh_timed_out"]
     assert timed_out["pid"] == child.pid
 
 
@@ -361,7 +361,7 @@ def test_concurrent_searches_on_a_fresh_index(journal, state):
     with capture_logs() as logs, concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda q: search(journal, state, q), ["Maya", "Jonas", "Ravi"] * 6))
     assert all(results)
-    built, = [e for e in logs if e["event"] == "search index built"]    # one build, by one child
+    built, = [e for e in logs if e["event"] == "search.index_built"]    # one build, by one child
     assert built["pid"] != os.getpid() and built["indexed"] > 10
     assert not [e for e in logs if e["log_level"] == "warning"]
     assert build_index(journal, state).files_indexed == 0   # built once, whole
@@ -385,7 +385,7 @@ def test_the_first_build_runs_in_a_child_while_the_caller_waits(journal, state):
         hits = pending.result(timeout=30)
     assert any(h.entity_slug == "maya_chen" for h in hits)
     assert child.returncode == 0 and index_mod.running_refresh(journal, state) is None
-    built, = [e for e in logs if e["event"] == "search index built"]
+    built, = [e for e in logs if e["event"] == "search.index_built"]
     assert built["pid"] == child.pid and built["indexed"] > 10
     assert index_mod.is_ready(db) and build_index(journal, state).files_indexed == 0
 
@@ -393,8 +393,8 @@ def test_the_first_build_runs_in_a_child_while_the_caller_waits(journal, state):
 def test_a_failed_first_build_child_falls_back_to_this_thread(journal, state):
     with capture_logs() as logs:
         db = index_mod.ensure_index(journal, state, 300.0, build_timeout_s=0.01)   # killed at once
-    timed_out, = [e for e in logs if e["event"] == "search index build timed out"]
-    fallback, = [e for e in logs if e["event"] == "search index built in this thread"]
+    timed_out, = [e for e in logs if e["event"] == "search.index_build_timed_out"]
+    fallback, = [e for e in logs if e["event"] == "search.index_built_in_thread"]
     assert timed_out["pid"] != os.getpid() and fallback["indexed"] > 10
     assert index_mod.is_ready(db) and search(journal, state, "Maya")
 
@@ -406,7 +406,7 @@ def test_a_first_build_that_cannot_work_raises_as_before(journal, tmp_path):
         build_index(journal, state)                        # what the in-process build raises
     with capture_logs() as logs, pytest.raises(NotADirectoryError):
         search(journal, state, "Maya")                     # the child failed, then the fallback
-    failed, = [e for e in logs if e["event"] == "search index build failed"]
+    failed, = [e for e in logs if e["event"] == "search.index_build_failed"]
     assert failed["returncode"] == 1 and "NotADirectoryError" in failed["error"]
 
 

@@ -51,3 +51,10 @@ async def test_ask_times_out_when_no_actor_answers(autojump_clock):
     inbox, _kept = trio.open_memory_channel(1)
     with pytest.raises(trio.TooSlowError):
         await ask(inbox, CountCalls, timeout=3)
+
+
+async def test_ask_requires_its_timeout():
+    inbox, _kept = trio.open_memory_channel(1)
+    with pytest.raises(TypeError, match="timeout"):
+        await ask(inbox, CountCalls)            # no default: every caller names its deadline
+    assert inbox.statistics().current_buffer_used == 0   # nothing was sent

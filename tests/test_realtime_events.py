@@ -111,7 +111,7 @@ def test_parse_server_event_skips_and_logs_without_payload(raw, reason, only):
         assert events.parse_server_event(raw, only=only) is None
     assert len(logs) == 1
     line = logs[0]
-    assert line["event"] == "skipped"
+    assert line["event"] == "realtime.event_skipped"
     assert line["reason"].startswith(reason)
     assert set(line) <= {"event", "reason", "type", "log_level", "actor"}
     assert "secretvalue" not in json.dumps(line)
@@ -195,7 +195,7 @@ def test_parse_server_event_only_skips_other_known_types_quietly():
     assert logs and logs[0]["reason"] == "unknown type"
     with capture_logs() as logs:
         assert events.parse_server_event(json.dumps({"type": "response.done"}), only=only) is None
-    assert logs and logs[0]["event"] == "skipped"      # wanted but invalid: still reported
+    assert logs and logs[0]["event"] == "realtime.event_skipped"      # wanted but invalid: still reported
 
 
 def test_leading_type_skip_leaves_acted_on_events_as_they_were():
@@ -230,4 +230,4 @@ def test_leading_type_skip_errors():
     assert logs == []
     with capture_logs() as logs:   # acted-on type with a broken tail: reported as not JSON
         assert events.parse_server_event('{"type": "response.done", "response": {', only=only) is None
-    assert [(x["event"], x["reason"], x["type"]) for x in logs] == [("skipped", "not JSON", None)]
+    assert [(x["event"], x["reason"], x["type"]) for x in logs] == [("realtime.event_skipped", "not JSON", None)]

@@ -43,7 +43,7 @@ from calls_support import DAY, KEY, real_time_limit, rig
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import ToolRequest
-from voiceactors.actors.tools import ToolExecutor
+from voiceactors.actors.executor import ToolExecutor
 from voiceactors.http import create_app
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
@@ -307,7 +307,7 @@ async def test_disk_full_on_close_reports_failure_and_leaves_the_file_intact(tmp
                                         {"commitment_id": item.id, "resolution": "done"}, "call_full")
         monkeypatch.setattr(os, "fsync", real_fsync)
         assert failed.outcome == "failed" and json.loads(failed.output) == {"error": "tool failed"}
-        assert '"tool_failed"' in log_stream.getvalue() and "No space left on device" in log_stream.getvalue()
+        assert '"tool.failed"' in log_stream.getvalue() and "No space left on device" in log_stream.getvalue()
         assert path.read_bytes() == before                          # intact, byte for byte
         assert not list(path.parent.glob("*.tmp"))                  # no temp file left behind
         assert write_log.load(settings.state_dir, "call_full") is None   # a failure is not recorded
@@ -325,7 +325,7 @@ FSIZE_CHILD = textwrap.dedent("""
     import json, resource, signal, sys, trio
     from pathlib import Path
     from voiceactors.actors.messages import ToolRequest
-    from voiceactors.actors.tools import ToolExecutor
+    from voiceactors.actors.executor import ToolExecutor
     from voiceactors.settings import Settings
     from voiceactors.tools import ToolContext
     journal, state, item_id, limit = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
@@ -361,7 +361,7 @@ def test_file_size_limit_in_a_child_process_fails_the_close_cleanly(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result == {"outcome": "failed", "output": json.dumps({"error": "tool failed"}, separators=(",", ":"))}
-    assert '"tool_failed"' in run.stderr and "File too large" in run.stderr   # the detail: in the log only
+    assert '"tool.failed"' in run.stderr and "File too large" in run.stderr   # the detail: in the log only
     assert path.read_bytes() == before
     assert not list(path.parent.glob("*.tmp"))
     assert ledger.get_item(journal, item.id).state == "open"
@@ -493,10 +493,10 @@ async def test_sigterm_during_live_calls_exits_0_and_flushes_every_record(tmp_pa
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_log)
             with trio.fail_after(20):
-                while not any(line.get("event") == "serving" for line in lines):
+                while not any(line.get("event") == "server.serving" for line in lines):
                     assert proc.poll() is None, lines
                     await trio.sleep(0.05)
-            [serving] = [line for line in lines if line.get("event") == "serving"]
+            [serving] = [line for line in lines if line.get("event") == "server.serving"]
             base = serving["urls"][0]
             async with httpx.AsyncClient(base_url=base, timeout=10) as client:
                 for call_id in sim.calls:
@@ -519,10 +519,10 @@ async def test_sigterm_during_live_calls_exits_0_and_flushes_every_record(tmp_pa
     assert code == 0, lines[-20:]
     assert elapsed < 15
     events = [line.get("event") for line in lines]
-    assert "shutdown_signal" in events and "stopped" in events
+    assert "server.shutdown_signal" in events and "server.stopped" in events
     # serving froze the startup heap (gc_policy) after the runtime started
-    assert events.index("runtime_started") < events.index("heap_frozen")
-    [frozen] = [line for line in lines if line.get("event") == "heap_frozen"]
+    assert events.index("runtime.started") < events.index("server.heap_frozen")
+    [frozen] = [line for line in lines if line.get("event") == "server.heap_frozen"]
     assert frozen["objects"] > 50_000 and frozen["full_collection_every_s"] == 300
     for call_id, call in sim.calls.items():
         record = read_record(record_path(state, call_id))

@@ -202,7 +202,7 @@ def expected_fake_answers(frames: list[Any]) -> set[str]:
 
 def skipped_lines(text: str) -> list[dict]:
     lines = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [line for line in lines if line.get("event") == "skipped"]
+    return [line for line in lines if line.get("event") == "realtime.event_skipped"]
 
 
 async def run_garbage_call(frames: list[Any], **changes: Any) -> tuple[Any, Any, str]:

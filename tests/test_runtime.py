@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,10 @@ from voiceactors.actors.messages import AwaitReady, Connect, CountCalls, GetBrai
 from voiceactors.simulator import Simulator
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
+
+# ask requires its deadline; these tests bound the wait themselves (autojump_clock
+# or a cancel scope), and a finite ask deadline would race autojump during thread waits
+UNBOUNDED = math.inf
 
 DAY = dt.date(2026, 3, 27)
 FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
@@ -57,7 +62,7 @@ async def test_a_hung_brain_does_not_hold_up_shutdown(journal, tmp_path, monkeyp
     settings = make_settings(journal, tmp_path, claude_command=str(FAKE_CLAUDE))
     async with open_runtime(settings) as rt:
         with trio.move_on_after(3):
-            await ask(rt.brain, AwaitReady)     # never ready: the CLI hangs
+            await ask(rt.brain, AwaitReady, timeout=UNBOUNDED)     # never ready: the CLI hangs
         stopping = trio.current_time()
     assert trio.current_time() - stopping < settings.shutdown_deadline_s
     assert not rt.nursery.child_tasks

@@ -21,7 +21,7 @@ import trio
 
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.messages import ToolRequest
-from voiceactors.actors.tools import ToolExecutor
+from voiceactors.actors.executor import ToolExecutor
 from voiceactors.cli import main
 from voiceactors.http import create_app
 from voiceactors.http.auth import InsecureSettings
@@ -73,7 +73,7 @@ def test_serve_command_off_loopback_without_token_exits_2_without_binding(journa
         structlog.reset_defaults()          # main() configured logging onto the captured stderr
     assert code == 2
     err = capsys.readouterr().err
-    assert "refusing to listen on 0.0.0.0" in err and '"serving"' not in err
+    assert "refusing to listen on 0.0.0.0" in err and '"server.serving"' not in err
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
@@ -180,10 +180,10 @@ async def test_full_flow_leaks_no_secret_and_keeps_tool_output_out_of_instructio
 
     # 2. request ids: one "request" line per request, with the id the response carried;
     #    lines logged while serving a request carry the same id
-    requests = [line for line in lines if line.get("event") == "request"]
+    requests = [line for line in lines if line.get("event") == "http.request"]
     assert all(line.get("request_id") for line in requests)
     assert {line["request_id"] for line in requests} >= {ids["session"], ids["odd"], ids["connect"]}
-    minted = [line for line in lines if line.get("event") == "session_minted"]
+    minted = [line for line in lines if line.get("event") == "http.session_minted"]
     assert minted and minted[0]["request_id"] == ids["session"]
     unauthorized = [line for line in requests if line["status"] == 401]
     assert len(unauthorized) == 2 and all(line["request_id"] for line in unauthorized)
@@ -331,7 +331,7 @@ async def test_the_serving_line_shows_whether_a_token_is_required(journal, tmp_p
             await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
                                                                task_status=task_status))
             stop.set()
-        serving = [json.loads(line) for line in log_stream.getvalue().splitlines() if '"serving"' in line]
+        serving = [json.loads(line) for line in log_stream.getvalue().splitlines() if '"server.serving"' in line]
         assert serving[-1]["token_required"] is required
     assert TOKEN not in log_stream.getvalue()
 
@@ -346,7 +346,7 @@ def test_serve_with_an_invalid_voiceactors_today_exits_2(journal, tmp_path, monk
         structlog.reset_defaults()
     assert code == 2
     err = capsys.readouterr().err
-    assert "VOICEACTORS_TODAY" in err and "2026-02-30" in err and '"serving"' not in err
+    assert "VOICEACTORS_TODAY" in err and "2026-02-30" in err and '"server.serving"' not in err
 
 
 def test_a_second_server_on_the_same_state_dir_refuses_to_start(journal, tmp_path, capsys):
@@ -363,7 +363,7 @@ def test_a_second_server_on_the_same_state_dir_refuses_to_start(journal, tmp_pat
     try:
         deadline = time.monotonic() + 60
         for line in first.stderr:                   # wait until the first one serves
-            if '"serving"' in line:
+            if '"server.serving"' in line:
                 break
             assert time.monotonic() < deadline, "the first server did not start"
         try:
@@ -373,7 +373,7 @@ def test_a_second_server_on_the_same_state_dir_refuses_to_start(journal, tmp_pat
         assert code == 2
         err = capsys.readouterr().err
         assert f"another server is using the state folder {state}" in err and f"pid {first.pid}" in err
-        assert '"serving"' not in err
+        assert '"server.serving"' not in err
     finally:
         first.terminate()
         assert first.wait(timeout=30) == 0

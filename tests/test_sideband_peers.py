@@ -191,7 +191,7 @@ async def test_peer_strings_are_truncated_and_floods_of_bad_frames_rate_limited(
         structlog.reset_defaults()
     lines = [json.loads(x) for x in buffer.getvalue().splitlines() if x.startswith("{")]
     assert max(len(x) for x in buffer.getvalue().splitlines()) < 2000     # nothing peer-sized in a line
-    skipped = [x for x in lines if x.get("event") == "skipped"]
+    skipped = [x for x in lines if x.get("event") == "realtime.event_skipped"]
     errors = [x for x in lines if x.get("event") == "realtime.error"]
     assert 1 <= len(skipped) <= 40                                # not one line per frame
     suppressed = sum(x.get("suppressed") or 0 for x in lines) + sum(

@@ -18,10 +18,10 @@ that care may wrap them in ``voiceactors.storage.run_sync``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from voiceactors.journal.config import config_path
+from voiceactors.journal.paths import read_json
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import Settings
 
@@ -30,6 +30,8 @@ DEFAULT_BRAIN_MODEL = "haiku"
 DEFAULT_BRAIN_BACKEND = "local"
 BRAIN_BACKENDS = ("local", "claude", "openai")
 
+_log = get_logger(actor="config")
+
 
 class ConfigUnreadable(OSError):
     """``config/journal.json`` exists but could not be read."""
@@ -37,19 +39,13 @@ class ConfigUnreadable(OSError):
 
 def _load(settings: Settings) -> dict[str, Any]:
     """The parsed journal config: ``{}`` when missing, corrupt or not an
-    object (corrupt is logged); ConfigUnreadable when reading it failed."""
+    object (corrupt is logged by the journal's reader); ConfigUnreadable
+    when reading it failed."""
     path = config_path(settings.journal)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, NotADirectoryError):
-        return {}
+        data = read_json(path, raise_unreadable=True)
     except OSError as error:
         raise ConfigUnreadable(f"could not read {path.name}: {error.strerror or type(error).__name__}") from error
-    try:
-        data = json.loads(text)
-    except ValueError as error:
-        get_logger(actor="config").warning("journal_config_corrupt", error=str(error)[:200])
-        return {}
     return data if isinstance(data, dict) else {}
 
 
@@ -90,7 +86,7 @@ def _voice_or_empty(settings: Settings, asking: str) -> dict[str, Any]:
     try:
         return _voice(settings)
     except ConfigUnreadable as error:
-        get_logger(actor="config").warning("journal_config_unreadable", asking=asking, error=str(error)[:200])
+        _log.warning("config.journal_config_unreadable", asking=asking, error=str(error)[:200])
         return {}
 
 
@@ -106,6 +102,6 @@ def brain_backend(settings: Settings) -> str:
     not leave the voice without an instruction."""
     value = (_text(_voice_or_empty(settings, "brain").get("brain")) or DEFAULT_BRAIN_BACKEND).lower()
     if value not in BRAIN_BACKENDS:
-        get_logger(actor="config").warning("unknown_brain_backend", value=value[:32], using=DEFAULT_BRAIN_BACKEND)
+        _log.warning("config.unknown_brain_backend", value=value[:32], using=DEFAULT_BRAIN_BACKEND)
         return DEFAULT_BRAIN_BACKEND
     return value

@@ -91,7 +91,7 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
 async def _simulator_backend(settings: Settings) -> AsyncIterator[Settings]:
     """``serve --demo``'s backend: the simulator, announced in one log line."""
     async with open_demo_simulator(settings) as env:
-        _serve_log.info("demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
+        _serve_log.info("server.demo_simulator", base_url=env.settings.openai_base_url, journal=str(env.settings.journal))
         yield env.settings
 
 

@@ -1,7 +1,9 @@
 """Structured logging: one JSON object per line, secrets scrubbed.
 
-Every actor binds its identity (``actor``, ``call_id``, ...) with
-``get_logger(actor="call", call_id=...)``. A processor replaces any value that
+Every logger is bound once, with one attribute: ``get_logger(actor="brain")``;
+everything else goes on the line. Event names are dotted lowercase
+``<area>.<event>`` with snake_case parts (``tool.run``, ``http.request``;
+``tests/test_log_names.py`` checks both). A processor replaces any value that
 looks like a key (``sk-...``, ``ek_...``, bearer tokens), every configured
 secret registered with ``register_secret``, and the value of any field that
 holds a secret (``api_token``, ``openai_api_key``, ``authorization``,

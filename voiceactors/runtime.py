@@ -4,7 +4,7 @@
 CallSupervisor in one nursery and hands back their inboxes::
 
     async with open_runtime(settings) as rt:
-        await ask(rt.calls, lambda reply: Connect(call_id, reply))
+        await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
 
 Leaving the block stops them in dependency order, bounded by
 ``settings.shutdown_deadline_s``: first the supervisor (each CallActor, on
@@ -68,7 +68,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     # does not pull in every actor.
     from voiceactors.actors.brain import BrainActor
     from voiceactors.actors.supervisor import CallSupervisor
-    from voiceactors.actors.tools import ToolExecutor
+    from voiceactors.actors.executor import ToolExecutor
     from voiceactors.tools.context import ToolContext
 
     executor = ToolExecutor(settings, ToolContext.from_settings(settings))
@@ -87,7 +87,7 @@ async def _stop(hosted: list[_Hosted], deadline_s: float) -> None:
             item.scope.cancel()
             await item.done.wait()
     if bound.cancelled_caught:
-        _log.warning("shutdown_deadline_passed", deadline_s=deadline_s,
+        _log.warning("runtime.shutdown_deadline_passed", deadline_s=deadline_s,
                      unfinished=[h.name for h in hosted if not h.done.is_set()])
     for item in hosted:
         item.scope.cancel()
@@ -109,11 +109,11 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
     async with trio.open_nursery() as nursery:
         for name in order:
             await nursery.start(_host, hosted[name], actors[name].run)
-        _log.info("runtime_started", duration_ms=round((trio.current_time() - started) * 1000, 1))
+        _log.info("runtime.started", duration_ms=round((trio.current_time() - started) * 1000, 1))
         try:
             yield Runtime(settings=settings, brain=actors["brain"].inbox, tools=actors["tools"].inbox,
                           calls=actors["calls"].inbox, nursery=nursery, actors=actors)
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)
-            _log.info("runtime_stopped", duration_ms=round((trio.current_time() - stopping) * 1000, 1))
+            _log.info("runtime.stopped", duration_ms=round((trio.current_time() - stopping) * 1000, 1))

@@ -39,6 +39,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 _log = get_logger(actor="server")
+_hypercorn_log = get_logger(actor="hypercorn")
 
 
 # --- settings ------------------------------------------------------------------
@@ -56,12 +57,12 @@ class _StructlogHandler(logging.Handler):
     """Hypercorn's error log, as our structured log lines."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        logger = get_logger(actor="hypercorn")
-        method = getattr(logger, record.levelname.lower(), logger.info)
+        # hypercorn's own text stays as it is, in ``message``; the event is ours
+        method = getattr(_hypercorn_log, record.levelname.lower(), _hypercorn_log.info)
         if record.exc_info and record.exc_info[1] is not None:
-            method(record.getMessage(), exc_info=record.exc_info)
+            method("hypercorn.message", message=record.getMessage(), exc_info=record.exc_info)
         else:
-            method(record.getMessage())
+            method("hypercorn.message", message=record.getMessage())
 
 
 ACCEPT_LOG_EVERY_S = 10.0
@@ -88,8 +89,8 @@ class _AcceptErrorHandler(logging.Handler):
             return
         self._last = now
         error = record.exc_info[1] if record.exc_info else None
-        get_logger(actor="server").warning(
-            "accept_failed", errno=getattr(error, "errno", None), error=getattr(error, "strerror", None),
+        _log.warning(
+            "server.accept_failed", errno=getattr(error, "errno", None), error=getattr(error, "strerror", None),
             retries_since_last_line=self._suppressed)
         self._suppressed = 0
 
@@ -129,7 +130,7 @@ async def wait_for_signal() -> None:
 
 async def _first_signal(signals: Any) -> None:
     async for signum in signals:
-        _log.info("shutdown_signal", signal=signal.Signals(signum).name)
+        _log.info("server.shutdown_signal", signal=signal.Signals(signum).name)
         return
 
 
@@ -149,7 +150,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
     async def trigger() -> None:
         await shutdown_trigger()
         voice.stopping.set()    # event streams end now, not after the graceful wait
-        _log.info("shutdown_started")
+        _log.info("server.shutdown_started")
 
     background = trio.CancelScope()   # process upkeep: ends when serving ends
 
@@ -169,12 +170,12 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
         binds = await nursery.start(serve)
         if tune_gc:
             frozen = gc_policy.freeze_startup_heap()
-            _log.info("heap_frozen", objects=frozen, full_collection_every_s=settings.gc_full_interval_s)
+            _log.info("server.heap_frozen", objects=frozen, full_collection_every_s=settings.gc_full_interval_s)
             nursery.start_soon(scheduled_gc)
-        _log.info("serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
+        _log.info("server.serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
                   demo=settings.demo, token_required=auth.token_required(settings))
         task_status.started(binds)
-    _log.info("stopped", served_s=round(trio.current_time() - started, 1))
+    _log.info("server.stopped", served_s=round(trio.current_time() - started, 1))
 
 
 # --- one server per state directory -----------------------------------------------

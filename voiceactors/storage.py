@@ -151,7 +151,7 @@ def sweep_temp_files(path: Path) -> list[str]:
             os.unlink(path.parent / name)
             removed.append(name)
     if removed:
-        _log.warning("temp_files_swept", file=path.name, count=len(removed))
+        _log.warning("storage.temp_files_swept", file=path.name, count=len(removed))
     return removed
 
 
@@ -325,10 +325,6 @@ def _parse_rows(text: str) -> tuple[list[dict[str, Any] | RawLine], dict[int, tu
         else:
             rows.append(RawLine(raw))
     return rows, read_as
-
-
-def parse_jsonl(text: str) -> list[dict[str, Any] | RawLine]:
-    return _parse_rows(text)[0]
 
 
 def _unchanged(row: dict[str, Any], line: str) -> bool:

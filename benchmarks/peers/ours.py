@@ -4,7 +4,7 @@ The same actors ``voiceactors serve`` runs (BrainActor, ToolExecutor,
 CallSupervisor with one CallActor per call), minus the HTTP front end: each
 call is joined with the ``Connect`` message the ``/api/voice/connect`` route
 sends. Logs go to ``--log`` as JSON lines at ``--log-level`` (the driver
-reads ``tool_run`` lines for each tool's own duration). A probe task
+reads ``tool.run`` lines for each tool's own duration). A probe task
 records the event loop's lag (how late a 10 ms sleep wakes) into
 ``<log>.lag.json``; every garbage collection's pause goes to
 ``<log>.gc.json`` as ``[generation, ms, wall time]``. Like ``voiceactors serve``, the

@@ -122,7 +122,7 @@ class BrainActor:
             self.backend = make_backend(self.settings, await run_sync(config.brain_backend, self.settings))
         self.session_id = await run_sync(load_session_id, self.settings.journal)
         metrics.set_brain_refreshed_at(None)
-        self._log.info("brain_started", backend=self._backend_name(), resumed=self.session_id is not None)
+        self._log.info("brain.started", backend=self._backend_name(), resumed=self.session_id is not None)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -171,7 +171,7 @@ class BrainActor:
             self._refresh_waiters.append(message.reply)
             self._ensure_run("refresh")
         else:
-            self._log.warning("brain_unknown_message", kind=type(message).__name__)
+            self._log.warning("brain.unknown_message", kind=type(message).__name__)
 
     def _ensure_run(self, reason: str) -> None:
         """Start a backend run unless one is in progress (then callers join it)."""
@@ -217,7 +217,7 @@ class BrainActor:
         self._running = False
         self._failed_at = trio.current_time()
         outcome = "timeout" if isinstance(exc, BrainTimeout) else "failed"
-        self._log.warning("brain_refresh_failed", outcome=outcome, backend=self._backend_name(), reason=reason,
+        self._log.warning("brain.refresh_failed", outcome=outcome, backend=self._backend_name(), reason=reason,
                           duration_ms=round((self._failed_at - started) * 1000, 1),
                           error=f"{type(exc).__name__}: {str(exc)[:200]}")
         metrics.brain_refreshed(outcome, self.refreshed_at)
@@ -233,7 +233,7 @@ class BrainActor:
         if session_id and session_id != self.session_id:
             self.session_id = session_id
             await self._persist(session_id)
-        self._log.info("brain_refreshed", outcome="ok", backend=self._backend_name(), reason=reason,
+        self._log.info("brain.refreshed", outcome="ok", backend=self._backend_name(), reason=reason,
                        duration_ms=round((trio.current_time() - started) * 1000, 1), chars=len(instruction))
         metrics.brain_refreshed("ok", self.refreshed_at)
         self._running = False
@@ -250,4 +250,4 @@ class BrainActor:
             try:
                 await run_sync(save_session_id, self.settings.journal, session_id, cancellable=False)
             except (OSError, ValueError) as exc:
-                self._log.warning("brain_session_not_saved", error=type(exc).__name__)
+                self._log.warning("brain.session_not_saved", error=type(exc).__name__)

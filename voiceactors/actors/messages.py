@@ -6,7 +6,6 @@ carries its own ``reply`` channel (a ``trio.MemorySendChannel`` of size 1).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -130,8 +129,12 @@ class RefreshBrain:
 
 
 async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySendChannel[Any]], Any],
-              timeout: float = math.inf) -> Any:
+              *, timeout: float) -> Any:
     """Send ``make(reply_channel)`` to ``inbox`` and wait for the one reply.
+
+    Every caller names its deadline (``math.inf`` only where an enclosing
+    cancel scope bounds the wait): a forgotten bound would hang a request
+    on an actor that never answers.
 
     Raises ``trio.TooSlowError`` after ``timeout`` seconds and
     ``trio.BrokenResourceError``/``EndOfChannel`` if the actor is gone.

@@ -29,7 +29,7 @@ from voiceactors.logs import get_logger
 
 RESTARTED_OUTPUT = json.dumps({"error": "the server restarted before this tool call finished"})
 
-_log = get_logger(actor="supervisor", surface="recovery")
+_log = get_logger(actor="supervisor")
 
 
 @dataclass(frozen=True)
@@ -104,14 +104,14 @@ def find_crashed(state_dir: Path, *, max_age_s: float, limit: int) -> list[Crash
     found: list[CrashedCall] = []
     for _, path in candidates:
         if len(found) >= limit:
-            _log.warning("rejoin_limit_reached", limit=limit, more=True)
+            _log.warning("supervisor.rejoin_limit_reached", limit=limit, more=True)
             break
         try:
             if _ends_with_end(path):
                 continue            # the common case, from the file's tail alone
             block = last_block(read_record(path))
         except OSError as exc:
-            _log.warning("record_unreadable", file=path.name, error=type(exc).__name__)
+            _log.warning("supervisor.record_unreadable", file=path.name, error=type(exc).__name__)
             continue
         pending = pending_calls(block)
         call_id = block[0].get("call_id") if block else None

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from voiceactors import clock, storage
 from voiceactors.logs import get_logger
 
-_log = get_logger(actor="tools", surface="write_log")
+_log = get_logger(actor="tools")
 
 
 def writes_dir(state_dir: Path) -> Path:
@@ -51,10 +51,10 @@ def load(state_dir: Path, tool_call_id: str) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        _log.warning("write_record_unreadable", file=path.name)
+        _log.warning("tool.write_record_unreadable", file=path.name)
         return None
     if not isinstance(data, dict) or not isinstance(data.get("output"), str):
-        _log.warning("write_record_unreadable", file=path.name)
+        _log.warning("tool.write_record_unreadable", file=path.name)
         return None
     return data
 

@@ -37,7 +37,7 @@ from voiceactors.storage import run_sync
 
 NAME = "claude"
 KILL_AFTER_S = 3.0      # a cancelled CLI gets SIGTERM, then SIGKILL after this long
-_log = get_logger(actor="brain", backend=NAME)
+_log = get_logger(actor="brain")
 
 
 def command(settings: Settings, prompt: str, model: str, session_id: str | None) -> list[str]:
@@ -106,5 +106,5 @@ class ClaudeBackend:
             try:
                 return await self._run(prompt, model, session_id)
             except ClaudeProcessError as exc:
-                _log.warning("brain_resume_failed", error=str(exc), retry="fresh session")
+                _log.warning("brain.resume_failed", backend=NAME, error=str(exc), retry="fresh session")
         return await self._run(prompt, model, None)

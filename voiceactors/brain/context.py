@@ -23,7 +23,7 @@ from typing import Any, Callable, TypeVar
 from voiceactors.logs import get_logger
 
 T = TypeVar("T")
-_log = get_logger(actor="brain", part="context")
+_log = get_logger(actor="brain")
 
 PEOPLE_WINDOW_DAYS = 7
 MAX_SEGMENTS = 6
@@ -111,7 +111,7 @@ def _section(name: str, unavailable: list[str], read: Callable[[], T], empty: T)
     try:
         return read()
     except Exception as exc:  # one failing surface costs one section
-        _log.warning("context_section_failed", section=name, error=type(exc).__name__)
+        _log.warning("brain.context_section_failed", section=name, error=type(exc).__name__)
         unavailable.append(name)
         return empty
 

@@ -56,7 +56,7 @@ async def _host_runtime(voice: VoiceState, stop: trio.Event, done: trio.Event, *
             task_status.started()
             await stop.wait()
     except Exception as error:  # noqa: BLE001 - logged; the app keeps answering
-        _log.error("runtime_failed", error_type=type(error).__name__, exc_info=error)
+        _log.error("http.runtime_failed", error_type=type(error).__name__, exc_info=error)
     finally:
         voice.runtime = None
         done.set()
@@ -71,7 +71,7 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
         try:
             await app.nursery.start(_host_runtime, voice, stop, done)
         except RuntimeError:
-            _log.error("runtime_not_started")
+            _log.error("http.runtime_not_started")
         yield
         # Streams (SSE) end first; then the actors, bounded.
         voice.stopping.set()
@@ -103,7 +103,7 @@ def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
         metrics.http_request(rule, response.status_code)
         started = getattr(g, "started", None)
         duration_ms = round((trio.current_time() - started) * 1000, 1) if started is not None else None
-        _log.info("request", method=request.method, path=request.path, status=response.status_code,
+        _log.info("http.request", method=request.method, path=request.path, status=response.status_code,
                   duration_ms=duration_ms, request_id=request_id)
         return response
 

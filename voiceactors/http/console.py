@@ -140,11 +140,11 @@ async def login() -> Any:
         # nothing to sign in to: the API is open on loopback without a token
         return jsonify({"signed_in": True, "token_required": False})
     if not console_sessions.token_matches(settings.api_token, token):
-        _log.warning("console_login_refused")
+        _log.warning("http.console_login_refused")
         raise ApiError(401, E.UNAUTHORIZED)
     response = jsonify({"signed_in": True, "token_required": True})
     console_sessions.set_cookie(response, console_sessions.store().create())
-    _log.info("console_login")
+    _log.info("http.console_login")
     return response
 
 
@@ -183,7 +183,7 @@ async def _detail(call_id: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise ApiError(404, E.CALL_NOT_FOUND) from None
     except (history.RecordUnreadable, OSError) as error:
-        _log.error("call_record_unreadable", call_id=call_id, error_type=type(error).__name__)
+        _log.error("http.call_record_unreadable", call_id=call_id, error_type=type(error).__name__)
         raise ApiError(500, RECORD_UNREADABLE) from None
 
 

@@ -104,5 +104,5 @@ def install(app: Quart) -> None:
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Any:
         # The detail stays in the log; the client learns only that it failed.
-        _log.error("unhandled error", error_type=type(error).__name__, exc_info=error)
+        _log.error("http.unhandled_error", error_type=type(error).__name__, exc_info=error)
         return error_response(500, INTERNAL)

@@ -96,7 +96,7 @@ async def _read_config(read: Any, settings: Settings) -> Any:
     try:
         return await run_sync(read, settings)
     except config.ConfigUnreadable as error:
-        _log.error("config_unreadable", error=str(error)[:200])
+        _log.error("http.config_unreadable", error=str(error)[:200])
         raise ApiError(503, E.CONFIG_UNREADABLE) from None
 
 
@@ -119,7 +119,7 @@ async def _ask(inbox: Any, make: Any, timeout: float) -> Any:
     try:
         return await ask(inbox, make, timeout=timeout)
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
-        _log.error("actor_gone")
+        _log.error("http.actor_gone")
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
 
 
@@ -183,11 +183,11 @@ async def create_session() -> Any:
         value = await mint_client_secret(settings, voice.openai_clients, key,
                                          session_config(settings, model, instruction))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
-        _log.error("session_mint_failed", error_type=type(error).__name__,
+        _log.error("http.session_mint_failed", error_type=type(error).__name__,
                    status=getattr(error, "status_code", None), detail=str(error)[:300],
                    duration_ms=round((trio.current_time() - started) * 1000, 1))
         raise ApiError(500, E.SESSION_UNAVAILABLE) from None
-    _log.info("session_minted", model=model, duration_ms=round((trio.current_time() - started) * 1000, 1))
+    _log.info("http.session_minted", model=model, duration_ms=round((trio.current_time() - started) * 1000, 1))
     return jsonify({"ephemeral_key": value})
 
 
@@ -203,12 +203,12 @@ async def connect() -> Any:
     try:
         answer = await _ask(runtime.calls, lambda r: Connect(call_id, r), settings.connect_timeout_s + QUICK_ASK_S)
     except trio.TooSlowError:
-        _log.error("connect_timed_out", call_id=call_id)
+        _log.error("http.connect_timed_out", call_id=call_id)
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     if answer == "at_capacity":
         raise ApiError(503, E.AT_CAPACITY)
     if answer != "connected":
-        _log.error("connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
+        _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
     return jsonify({"status": "connected"})
 
@@ -225,7 +225,7 @@ async def refresh_brain() -> Any:
     except trio.TooSlowError:
         return jsonify({"status": "refreshing"}), 202
     if isinstance(result, BaseException) or not isinstance(result, BrainState) or not result.ready:
-        _log.error("brain_refresh_failed", error_type=type(result).__name__)
+        _log.error("http.brain_refresh_failed", error_type=type(result).__name__)
         raise ApiError(500, E.REFRESH_FAILED)
     return jsonify({
         "status": "refreshed",
@@ -244,21 +244,21 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
     try:
         fields["openai_configured"] = bool(await run_sync(config.openai_api_key, settings))
     except Exception as error:  # noqa: BLE001
-        _log.error("status_key_lookup_failed", error_type=type(error).__name__)
+        _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
     runtime = state().runtime
     if runtime is None:
-        _log.warning("status_without_runtime")
+        _log.warning("http.status_without_runtime")
         return fields
     try:
         brain = await ask(runtime.brain, GetBrain, timeout=QUICK_ASK_S)
         fields["brain_ready"] = brain.ready
         fields["brain_age_seconds"] = _age_seconds(brain) if brain.ready else None
     except Exception as error:  # noqa: BLE001
-        _log.error("status_brain_failed", error_type=type(error).__name__)
+        _log.error("http.status_brain_failed", error_type=type(error).__name__)
     try:
         fields["active_sessions"] = int(await ask(runtime.calls, CountCalls, timeout=QUICK_ASK_S))
     except Exception as error:  # noqa: BLE001
-        _log.error("status_calls_failed", error_type=type(error).__name__)
+        _log.error("http.status_calls_failed", error_type=type(error).__name__)
     return fields
 
 
@@ -321,7 +321,7 @@ async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[b
             elif not stopping.is_set() and trio.current_time() - last_sent >= SSE_KEEPALIVE_S:
                 yield b": keepalive\n\n"
                 last_sent = trio.current_time()
-    _log.info("feed_stream_closed", call_id=call_id)
+    _log.info("http.feed_stream_closed", call_id=call_id)
 
 
 @bp.get("/events")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import copy
 import datetime as _dt
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
 from voiceactors.journal.facets import enabled_facets
+from voiceactors.journal.file_cache import StatCache, file_stamp
 from voiceactors.journal.paths import DAY_RE, check_day, check_slug, inside, read_jsonl
 
 
@@ -87,25 +87,16 @@ def records_between(root: Path, facet: str, first: str | None = None,
 
 # --- anticipated ------------------------------------------------------------
 
-_cache_lock = threading.Lock()
-# path -> (mtime_ns, size, that file's anticipated records)
-_anticipated_cache: dict[str, tuple[int, int, list[dict[str, Any]]]] = {}
+# path -> that file's anticipated records, by its stamp
+_anticipated_cache: StatCache[list[dict[str, Any]]] = StatCache()
 
 
 def _file_anticipated(path: Path) -> list[dict[str, Any]]:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
+    stamp = file_stamp(path)
+    if stamp is None:
         return []
-    key = str(path)
-    with _cache_lock:
-        hit = _anticipated_cache.get(key)
-    if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
-        return hit[2]
-    rows = [r for r in read_jsonl(path) if r.get("source") == "anticipated"]
-    with _cache_lock:
-        _anticipated_cache[key] = (st.st_mtime_ns, st.st_size, rows)
-    return rows
+    return _anticipated_cache.get(
+        str(path), stamp, lambda: [r for r in read_jsonl(path) if r.get("source") == "anticipated"])
 
 
 def _time_key(value: Any) -> tuple[int, int, int]:

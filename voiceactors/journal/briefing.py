@@ -19,7 +19,7 @@ from voiceactors.journal.paths import check_day, inside, read_json
 from voiceactors.logs import get_logger
 
 _LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
-_log = get_logger(actor="journal", surface="briefing")
+_log = get_logger(actor="journal")
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def load_briefing(root: Path, day: _dt.date) -> Briefing | None:
     if data is None:
         return None
     if not isinstance(data, dict):
-        _log.warning("briefing_not_object", file=str(path))
+        _log.warning("journal.briefing_not_object", file=str(path))
         return None
     if not isinstance(day, _dt.date):
         day = _dt.datetime.strptime(day, "%Y%m%d").date()

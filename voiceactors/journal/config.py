@@ -15,7 +15,7 @@ from voiceactors.journal.paths import read_json
 from voiceactors.logs import get_logger
 
 DEFAULT_AGENT_NAME = "sol"
-_log = get_logger(actor="journal", surface="config")
+_log = get_logger(actor="journal")
 
 
 def config_path(root: Path) -> Path:
@@ -29,10 +29,10 @@ def load_config(root: Path) -> dict[str, Any]:
     data = read_json(path)
     if data is None:
         if not path.exists():
-            _log.debug("journal_config_missing", file=str(path))
+            _log.debug("journal.config_missing", file=str(path))
         return {}
     if not isinstance(data, dict):
-        _log.warning("journal_config_not_object", file=str(path))
+        _log.warning("journal.config_not_object", file=str(path))
         return {}
     return data
 
@@ -72,5 +72,5 @@ def identity_files(root: Path) -> dict[str, str]:
         try:
             out[path.stem] = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            _log.warning("identity_file_unreadable", file=str(path), error=type(exc).__name__)
+            _log.warning("journal.identity_file_unreadable", file=str(path), error=type(exc).__name__)
     return out

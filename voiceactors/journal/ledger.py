@@ -53,6 +53,7 @@ from rapidfuzz import fuzz, process
 
 from voiceactors import clock, storage
 from voiceactors.journal.facets import enabled_facets, facet_slugs
+from voiceactors.journal.file_cache import Stamp, StatCache, stamp_of
 from voiceactors.journal.paths import DAY_RE, check_slug, inside, read_jsonl
 from voiceactors.logs import get_logger
 
@@ -62,7 +63,7 @@ CLOSE_STATES = ("closed", "dropped")
 _FIELD_ORDER = {"commitments": 0, "closures": 1, "edits": 2}
 _RESOLUTION_PREFIX = "resolution:"
 
-_log = get_logger(actor="journal", surface="ledger")
+_log = get_logger(actor="journal")
 
 
 class SourceRef(NamedTuple):
@@ -105,14 +106,6 @@ def item_id(owner_entity_id: str | None, action: str, counterparty_entity_id: st
     """The ledger id of a commitment (``action`` is normalized here)."""
     raw = f"{owner_entity_id or ''}|{normalize(action)}|{counterparty_entity_id or ''}"
     return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:16]
-
-
-def actions_match(a: str, b: str) -> bool:
-    """Fuzzy action match on normalized text (token sort ratio >= 78)."""
-    a, b = normalize(a), normalize(b)
-    if not a or not b:
-        return False
-    return a == b or fuzz.token_sort_ratio(a, b) >= ACTION_MATCH_THRESHOLD
 
 
 def _opt_id(value: Any) -> str | None:
@@ -463,7 +456,7 @@ CACHE_TTL_S = 2.0
 #: one they control.
 monotonic: Callable[[], float] = time.monotonic
 
-_Stamps = dict[str, tuple[int, int]]          # path -> (mtime_ns, size)
+_Stamps = dict[str, Stamp]                     # path -> (mtime_ns, size)
 _DirSig = tuple[Any, ...]
 
 
@@ -472,9 +465,9 @@ class _RootCache:
         self.lock = threading.Lock()
         self.stamps: _Stamps | None = None    # what ``derived`` was built from
         self.derived: _Derived | None = None
-        # path -> (mtime_ns, size, facts); in scan (path) order, which is the
-        # order ``_build`` consumes them in
-        self.files: dict[str, tuple[int, int, _FileFacts]] = {}
+        # each activity file's facts by its stamp; in scan (path) order, which
+        # is the order ``_build`` consumes them in
+        self.files: StatCache[_FileFacts] = StatCache()
         self.dir_sig: _DirSig | None = None   # folder mtimes at the last full check
         self.checked: float | None = None     # ``monotonic()`` at the last full check
 
@@ -561,14 +554,11 @@ def _derived(root: Path) -> _Derived:
         files = _scan(root)
         stamps = {p: (m, s) for p, _f, _d, m, s in files}
         if cache.derived is None or cache.stamps != stamps:
-            fresh: dict[str, tuple[int, int, _FileFacts]] = {}
-            for path, facet, day, mtime, size in files:
-                hit = cache.files.get(path)
-                if hit is None or hit[0] != mtime or hit[1] != size:
-                    hit = (mtime, size, _file_facts(Path(path), facet, day))
-                fresh[path] = hit
-            cache.files = fresh
-            cache.derived = _build(hit[2] for hit in fresh.values())
+            facts = [cache.files.get(path, (mtime, size),
+                                     lambda path=path, facet=facet, day=day: _file_facts(Path(path), facet, day))
+                     for path, facet, day, mtime, size in files]
+            cache.files.keep_only(stamps)             # files gone are dropped; scan order
+            cache.derived = _build(facts)
             cache.stamps = stamps
         cache.dir_sig, cache.checked = sig, now
         return cache.derived
@@ -581,7 +571,7 @@ def _invalidate(root: Path, path: Path | None = None) -> None:
         cache.derived = None
         cache.checked = None
         if path is not None:
-            cache.files.pop(str(path), None)
+            cache.files.pop(str(path))
 
 
 def _apply_write(root: Path, path: Path, facet: str, day: str) -> None:
@@ -597,30 +587,30 @@ def _apply_write(root: Path, path: Path, facet: str, day: str) -> None:
     key = str(path)
     with cache.lock:
         cache.checked = None
-        d, known = cache.derived, cache.files.get(key)
+        d, known = cache.derived, cache.files.entry(key)
         if d is None or known is None or cache.stamps is None or key not in cache.stamps:
             cache.derived = cache.stamps = None
-            cache.files.pop(key, None)
+            cache.files.pop(key)
             return
         try:
             st = os.stat(path)        # before reading: a later change shows as a new stamp
         except FileNotFoundError:
             cache.derived = cache.stamps = None
-            cache.files.pop(key, None)
+            cache.files.pop(key)
             return
         facts = _file_facts(path, facet, day)
-        old = known[2]
-        cache.files[key] = (st.st_mtime_ns, st.st_size, facts)   # same key: its order is kept
+        old = known[1]
+        cache.files.put(key, stamp_of(st), facts)   # same key: its order is kept
         if facts.commitments != old.commitments or facts.closures != old.closures:
             cache.derived = cache.stamps = None
             return
-        cache.stamps[key] = (st.st_mtime_ns, st.st_size)
+        cache.stamps[key] = stamp_of(st)
         if facts.manual == old.manual:
             return
         # copy on write: callers iterate the derivation they got without the lock
         d = cache.derived = replace(
             d, items=dict(d.items), open_order=list(d.open_order), closed_order=list(d.closed_order),
-            manual=_manual_by_item(hit[2] for hit in cache.files.values()))
+            manual=_manual_by_item(cache.files.values()))
         for item_id in sorted({m.item_id for m in (*old.manual, *facts.manual)}):
             if item_id not in d.items:
                 continue
@@ -751,7 +741,7 @@ def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voic
         return True
 
     storage.update_jsonl(path, change, lock_timeout_s=lock_timeout_s)
-    _log.info("ledger_close", item_id=item_id, outcome=outcome["status"], facet=opening.facet)
+    _log.info("journal.ledger_close", item_id=item_id, outcome=outcome["status"], facet=opening.facet)
     if outcome["status"] == "missing":
         _invalidate(root, path)
         raise KeyError(item_id)

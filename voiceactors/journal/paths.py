@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 DAY_RE = re.compile(r"^\d{8}$")               # chronicle folder name YYYYMMDD
-ISO_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 SLUG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")   # entity ids, facet names
 SEGMENT_RE = re.compile(r"^(\d{6})_(\d{1,6})$")               # HHMMSS_LEN
 STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -52,36 +51,45 @@ from voiceactors.logs import get_logger as _get_logger
 _log = _get_logger(actor="journal")
 
 
-def read_json(path: Path) -> _Any | None:
+def read_json(path: Path, *, raise_unreadable: bool = False) -> _Any | None:
     """The parsed JSON document at ``path``; None when the file is missing
-    (silently) or unreadable / corrupt (logged as a warning)."""
+    (silently) or corrupt (logged as a warning). A file that exists but
+    cannot be read is logged and read as None too, unless
+    ``raise_unreadable``: then the ``OSError`` propagates, for a caller that
+    must not mistake an I/O error for an absent file (the voice config)."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
-        _log.warning("journal_file_unreadable", file=str(path), error=type(exc).__name__)
+        if raise_unreadable:
+            raise
+        _log.warning("journal.file_unreadable", file=str(path), error=type(exc).__name__)
         return None
     try:
         return _json.loads(text)
     except ValueError as exc:
-        _log.warning("journal_json_corrupt", file=str(path), error=str(exc)[:200])
+        _log.warning("journal.json_corrupt", file=str(path), error=str(exc)[:200])
         return None
 
 
-def read_jsonl(path: Path) -> list[dict[str, _Any]]:
+def read_jsonl(path: Path, *, log_each_skipped: bool = True) -> list[dict[str, _Any]]:
     """The JSON objects of a JSONL file, one a line (split at ``"\\n"`` only,
     see ``storage.jsonl_lines``). Blank lines are ignored;
     a line that is not a JSON object is skipped and logged with its file name
-    and line number. A missing file reads as ``[]``."""
+    and line number (``journal.jsonl_line_skipped``), or, for a bulk reader
+    that passes ``log_each_skipped=False`` (the index build, over every file
+    of the journal), counted in one ``journal.jsonl_lines_skipped`` line per
+    file. A missing file reads as ``[]``."""
     try:
         text = storage.read_text_exact(path, errors="replace")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:
-        _log.warning("journal_file_unreadable", file=str(path), error=type(exc).__name__)
+        _log.warning("journal.file_unreadable", file=str(path), error=type(exc).__name__)
         return []
     rows: list[dict[str, _Any]] = []
+    skipped = 0
     for lineno, line in enumerate(storage.jsonl_lines(text), start=1):
         if not line.strip():
             continue
@@ -91,8 +99,12 @@ def read_jsonl(path: Path) -> list[dict[str, _Any]]:
             obj = None
         if isinstance(obj, dict):
             rows.append(obj)
+        elif log_each_skipped:
+            _log.warning("journal.jsonl_line_skipped", file=str(path), line=lineno)
         else:
-            _log.warning("journal_jsonl_line_skipped", file=str(path), line=lineno)
+            skipped += 1
+    if skipped:
+        _log.warning("journal.jsonl_lines_skipped", path=str(path), count=skipped)
     return rows
 
 

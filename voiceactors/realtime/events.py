@@ -247,7 +247,7 @@ def _skipped(budget: LogBudget | None, level: str, reason: str, type_: str | Non
     if budget is not None and not budget.allow():
         return
     suppressed = budget.take_suppressed() if budget is not None else 0
-    getattr(_log, level)("skipped", reason=clip(reason, 200), type=clip(type_, TYPE_LOG_MAX),
+    getattr(_log, level)("realtime.event_skipped", reason=clip(reason, 200), type=clip(type_, TYPE_LOG_MAX),
                          **({"suppressed": suppressed} if suppressed else {}))
 
 

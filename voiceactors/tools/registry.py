@@ -280,8 +280,18 @@ def canonical_arguments(raw: Any) -> str:
     try:
         value = parse_arguments(raw)
     except ArgumentError:
-        return raw if isinstance(raw, str) else repr(raw)
+        return canonical_unparsed(raw)
+    return canonical_parsed(value)
+
+
+def canonical_parsed(value: dict[str, Any]) -> str:
+    """``canonical_arguments`` of arguments already parsed (``parse_arguments``)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def canonical_unparsed(raw: Any) -> str:
+    """``canonical_arguments`` of arguments that did not parse."""
+    return raw if isinstance(raw, str) else repr(raw)
 
 
 def _properties(error: ValidationError, args: dict[str, Any]) -> list[str]:

@@ -9,7 +9,7 @@ from voiceactors.journal import activities, briefing
 from voiceactors.logs import get_logger
 from voiceactors.tools.context import ToolContext
 
-_log = get_logger(actor="tools", surface="today")
+_log = get_logger(actor="tools")
 _TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::\d{2})?$")
 
 OBSERVER_NOTE = "passed to the observer; capture starts when the user's observer picks it up"
@@ -52,7 +52,7 @@ def calendar_today(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     try:
         events = [_event(r) for r in activities.anticipated(ctx.journal, today)]
     except Exception:  # the design: only unexpected failures answer "today unavailable"
-        _log.warning("calendar_today_failed", exc_info=True)
+        _log.warning("tool.calendar_today_failed", exc_info=True)
         return {"error": "today unavailable"}
     return {"date": today.isoformat(), "events": events, "_nav_target": "today"}
 
@@ -78,7 +78,7 @@ def start_listening(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     mode = args.get("mode")
     if mode not in ("meeting", "voice_memo"):
         return {"error": "invalid mode"}
-    _log.info("observer_start_requested", mode=mode)
+    _log.info("tool.observer_start_requested", mode=mode)
     return {
         "status": "requested",
         "mode": mode,

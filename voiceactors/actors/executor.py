@@ -69,9 +69,11 @@ from voiceactors.tools.registry import (
     WRITE,
     ArgumentError,
     ToolSpec,
-    canonical_arguments,
+    canonical_parsed,
+    canonical_unparsed,
     lookup,
-    prepare,
+    parse_arguments,
+    validate,
 )
 
 _log = get_logger(actor="tools")
@@ -166,12 +168,35 @@ def shape(raw: Any, cap: int) -> _Run:
                 truncated=output is not text, budgeted=not is_error)
 
 
+FreshKey = tuple[str, str, str]     # (tool, canonical arguments, today)
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    """A request resolved once, when it arrives: its spec (None: unknown
+    tool), the name it is reported under, its canonical arguments (the turn's
+    duplicate check and the reuse key), and its parsed arguments or the
+    registry's error object for them. Every later step reads these."""
+
+    req: ToolRequest
+    spec: ToolSpec | None
+    tool: str
+    canonical: str
+    args: dict[str, Any] | None          # None when they did not parse: see ``args_error``
+    args_error: dict[str, Any] | None
+    fresh_key: FreshKey | None           # set for a reusable read while reuse is on
+
+    @property
+    def is_write(self) -> bool:
+        return self.spec is not None and self.spec.effect == WRITE
+
+
 @dataclass
 class _Flight:
     """A reusable read in flight: when it started, and who waits for it."""
 
     started: float
-    waiters: list[tuple[ToolRequest, float]] = field(default_factory=list)
+    waiters: list[tuple[_Resolved, float]] = field(default_factory=list)
 
 
 class ToolExecutor:
@@ -190,10 +215,10 @@ class ToolExecutor:
         # call_id -> {cancel scope: epoch} of reads not yet answered
         self._reads: dict[str, dict[trio.CancelScope, int]] = {}
         # (tool, canonical arguments, today) -> (run started at, its answer)
-        self._fresh: OrderedDict[tuple[str, str, str], tuple[float, _Run]] = OrderedDict()
+        self._fresh: OrderedDict[FreshKey, tuple[float, _Run]] = OrderedDict()
         self._writes_applied = 0   # a read that saw a write start under it is not kept
         # key -> the run of a reusable read in flight and the requests waiting for it
-        self._flights: dict[tuple[str, str, str], _Flight] = {}
+        self._flights: dict[FreshKey, _Flight] = {}
         self._nursery: trio.Nursery | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -205,22 +230,40 @@ class ToolExecutor:
             async with self._receive:
                 async for message in drain(self._receive):
                     if isinstance(message, ToolRequest):
-                        if not self._answer_shared(message):
-                            nursery.start_soon(self._serve, message, self._scope_for(message))
+                        resolved = self._resolve(message)
+                        if not self._answer_shared(resolved):
+                            nursery.start_soon(self._serve, resolved, self._scope_for(resolved))
                     elif isinstance(message, CancelReads):
                         self._cancel_reads(message)
                     else:
-                        _log.warning("tools_unknown_message", kind=type(message).__name__)
+                        _log.warning("tool.unknown_message", kind=type(message).__name__)
+
+    # --- resolution -----------------------------------------------------------
+
+    def _resolve(self, req: ToolRequest) -> _Resolved:
+        """Look the tool up and parse the arguments, once per request."""
+        spec = lookup(req.name, self.registry)
+        try:
+            args: dict[str, Any] | None = parse_arguments(req.arguments)
+            args_error = None
+        except ArgumentError as exc:
+            args, args_error = None, exc.error
+        canonical = canonical_parsed(args) if args is not None else canonical_unparsed(req.arguments)
+        fresh_key = None
+        if (spec is not None and spec.reusable and spec.effect != WRITE
+                and self.settings.tool_reuse_s > 0):
+            fresh_key = (spec.name, canonical, self.ctx.today().isoformat())
+        return _Resolved(req, spec, spec.name if spec else str(req.name), canonical, args,
+                         args_error, fresh_key)
 
     # --- cancellation ---------------------------------------------------------
 
-    def _scope_for(self, req: ToolRequest) -> trio.CancelScope:
+    def _scope_for(self, res: _Resolved) -> trio.CancelScope:
         # Registered before the task starts, so a CancelReads right behind
         # the request still reaches it. Writes are never registered.
         scope = trio.CancelScope()
-        spec = lookup(req.name, self.registry)
-        if spec is None or spec.effect != WRITE:
-            self._reads.setdefault(req.call_id, {})[scope] = req.epoch
+        if not res.is_write:
+            self._reads.setdefault(res.req.call_id, {})[scope] = res.req.epoch
         return scope
 
     def _forget(self, req: ToolRequest, scope: trio.CancelScope) -> None:
@@ -237,12 +280,7 @@ class ToolExecutor:
 
     # --- reusable reads ---------------------------------------------------------
 
-    def _fresh_key(self, spec: ToolSpec | None, req: ToolRequest) -> tuple[str, str, str] | None:
-        if spec is None or not spec.reusable or spec.effect == WRITE or self.settings.tool_reuse_s <= 0:
-            return None
-        return spec.name, canonical_arguments(req.arguments), self.ctx.today().isoformat()
-
-    def _answer_shared(self, req: ToolRequest) -> bool:
+    def _answer_shared(self, res: _Resolved) -> bool:
         """Answer ``req`` from a kept answer if there is a fresh one, or wait
         for the run of the same read already in flight if it started less
         than ``tool_reuse_s`` ago (the turn bounds apply either way).
@@ -252,49 +290,47 @@ class ToolExecutor:
         arriving while its next run is in flight would otherwise start a
         worker thread of its own, which slows that run, which lets more
         requests in — a collapse seen at 750 calls."""
-        spec = lookup(req.name, self.registry)
-        key = self._fresh_key(spec, req)
+        key = res.fresh_key
         if key is None:
             return False
         now = trio.current_time()
         kept = self._fresh.get(key)
         flight = self._flights.get(key)
         if kept is not None and now - kept[0] < self.settings.tool_reuse_s:
-            self._answer(req, spec, self._admit(req, spec.name) or kept[1], now, reused=True)
+            self._answer(res, self._admit(res) or kept[1], now, reused=True)
         elif flight is not None and now - flight.started < self.settings.tool_reuse_s:
-            rejection = self._admit(req, spec.name)
+            rejection = self._admit(res)
             if rejection is not None:
-                self._answer(req, spec, rejection, now)
+                self._answer(res, rejection, now)
             else:
-                flight.waiters.append((req, now))
+                flight.waiters.append((res, now))
         else:
             return False
         return True
 
-    def _answer(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float,
-                reused: bool = False) -> None:
+    def _answer(self, res: _Resolved, run: _Run, started: float, reused: bool = False) -> None:
         """Reply now, from whichever executor task has the answer; a full
         (shared) reply channel is waited for in a task of its own."""
-        result, run = self._result(req, spec, run, started)
-        delivered = self._try_deliver(req, result)
+        result, run = self._result(res, run, started)
+        delivered = self._try_deliver(res.req, result)
         if delivered is None:
             assert self._nursery is not None
-            self._nursery.start_soon(self._deliver_late, req, result, run)
+            self._nursery.start_soon(self._deliver_late, res.req, result, run)
         else:
-            self._reported(req, result, run, delivered, reused=reused)
+            self._reported(res.req, result, run, delivered, reused=reused)
 
-    def _land(self, key: tuple[str, str, str], spec: ToolSpec | None, run: _Run | None, shared: bool) -> None:
+    def _land(self, key: FreshKey, run: _Run | None, shared: bool) -> None:
         """The leading run of a flight ended: its waiters get its answer if
         it holds for them (it answered, and no write of ours overtook it),
         else each runs on its own (as a retry of itself)."""
-        for req, arrived in self._flights.pop(key).waiters:
-            if shared and run is not None and spec is not None:
-                self._answer(req, spec, run, arrived, reused=True)
+        for waiter, arrived in self._flights.pop(key).waiters:
+            if shared and run is not None:
+                self._answer(waiter, run, arrived, reused=True)
             else:
                 assert self._nursery is not None
-                self._nursery.start_soon(self._serve, req, self._scope_for(req))
+                self._nursery.start_soon(self._serve, waiter, self._scope_for(waiter))
 
-    def _keep(self, key: tuple[str, str, str] | None, run: _Run, started: float) -> None:
+    def _keep(self, key: FreshKey | None, run: _Run, started: float) -> None:
         if key is None or run.outcome != "ok":
             return
         self._fresh[key] = (started, run)
@@ -304,11 +340,10 @@ class ToolExecutor:
 
     # --- one request ------------------------------------------------------------
 
-    async def _serve(self, req: ToolRequest, scope: trio.CancelScope) -> None:
+    async def _serve(self, res: _Resolved, scope: trio.CancelScope) -> None:
         started = trio.current_time()
         writes_before = self._writes_applied
-        spec = lookup(req.name, self.registry)
-        key = self._fresh_key(spec, req)
+        req, key = res.req, res.fresh_key
         leading = key is not None and key not in self._flights
         if leading:
             self._flights[key] = _Flight(started)   # later requests for it wait (_answer_shared)
@@ -316,7 +351,7 @@ class ToolExecutor:
         shared = False   # its answer holds for the requests that waited for it
         try:
             with scope:
-                run = await self._handle(req, spec)
+                run = await self._handle(res)
             if scope.cancelled_caught:
                 run = _error(CANCELLED, "cancelled")
             elif writes_before == self._writes_applied and run.outcome in ("ok", "error"):
@@ -326,38 +361,41 @@ class ToolExecutor:
             run = _error(CANCELLED, "cancelled")
             raise
         except Exception as exc:
-            _log.error("tool_failed", call_id=req.call_id, tool=spec.name if spec else str(req.name),
+            _log.error("tool.failed", call_id=req.call_id, tool=res.tool,
                        tool_call_id=req.tool_call_id, error=type(exc).__name__, exc_info=True)
             run = _error(FAILED, "failed")
         finally:
             self._forget(req, scope)
             if leading:
-                self._land(key, spec, run, shared)
-            self._answer(req, spec, run or _error(FAILED, "failed"), started)
+                assert key is not None
+                self._land(key, run, shared)
+            self._answer(res, run or _error(FAILED, "failed"), started)
 
-    async def _handle(self, req: ToolRequest, spec: ToolSpec | None) -> _Run:
-        tool = spec.name if spec else str(req.name)
-        if spec is not None and spec.effect == WRITE:
+    async def _handle(self, res: _Resolved) -> _Run:
+        req, spec = res.req, res.spec
+        if res.is_write:
             recorded = await storage.run_sync(write_log.load, self.ctx.state_dir, req.tool_call_id)
             if recorded is not None:
                 return self._replayed(recorded)
-        rejection = self._admit(req, tool)
+        rejection = self._admit(res)
         if rejection is not None:
             return rejection
         if spec is None:
             return _error(UNKNOWN_TOOL, "invalid")
-        try:
-            args = prepare(spec, req.arguments)
-        except ArgumentError as exc:
-            return _error(exc.error, "invalid")
-        if spec.effect == WRITE:
-            return await self._write(req, spec, args)
-        return await self._read(spec, args)
+        if res.args is None:
+            return _error(res.args_error or FAILED, "invalid")
+        invalid = validate(spec, res.args)
+        if invalid is not None:
+            return _error(invalid, "invalid")
+        if res.is_write:
+            return await self._write(req, spec, res.args)
+        return await self._read(spec, res.args)
 
-    def _admit(self, req: ToolRequest, tool: str) -> _Run | None:
+    def _admit(self, res: _Resolved) -> _Run | None:
         """Count the attempt against its turn; a rejection when over the
         bound or identical to an earlier call of the turn."""
-        key = f"{tool}\n{canonical_arguments(req.arguments)}"
+        req = res.req
+        key = f"{res.tool}\n{res.canonical}"
         turn = self._turn(req.call_id, req.turn)
         if req.tool_call_id in turn.calls:
             return None     # a retry of the same call, not a new attempt
@@ -403,7 +441,7 @@ class ToolExecutor:
                 record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args)
         except storage.LockTimeout as exc:
             # nothing applied, nothing recorded: a retry with the same id tries again
-            _log.warning("tool_write_lock_busy", call_id=req.call_id, tool=spec.name,
+            _log.warning("tool.write_lock_busy", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, file=exc.path.name, timeout_s=exc.timeout_s)
             return _error(JOURNAL_BUSY, "busy")
         finally:
@@ -411,7 +449,7 @@ class ToolExecutor:
             self._writes_applied += 1
             self._fresh.clear()   # the journal may have changed under every kept answer
         if running.cancelled_caught:
-            _log.warning("tool_write_overran", call_id=req.call_id, tool=spec.name,
+            _log.warning("tool.write_overran", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, timeout_s=timeout)
             return _error(TIMED_OUT, "timeout")
         if replayed:
@@ -452,11 +490,12 @@ class ToolExecutor:
         turn.chars += len(run.output)
         return run
 
-    def _result(self, req: ToolRequest, spec: ToolSpec | None, run: _Run, started: float) -> tuple[ToolResult, _Run]:
+    def _result(self, res: _Resolved, run: _Run, started: float) -> tuple[ToolResult, _Run]:
+        req = res.req
         run = self._spend(req, run)
         result = ToolResult(
             call_id=req.call_id, tool_call_id=req.tool_call_id,
-            tool=spec.name if spec else str(req.name), output=run.output, outcome=run.outcome,
+            tool=res.tool, output=run.output, outcome=run.outcome,
             epoch=req.epoch, duration_ms=round((trio.current_time() - started) * 1000, 1),
             client_events=run.client_events,
         )
@@ -488,11 +527,11 @@ class ToolExecutor:
 
     def _reported(self, req: ToolRequest, result: ToolResult, run: _Run, delivered: bool,
                   reused: bool = False) -> None:
-        _log.info("tool_run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
+        _log.info("tool.run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
                   epoch=req.epoch, turn=req.turn, duration_ms=result.duration_ms, outcome=result.outcome,
                   output_chars=len(result.output), truncated=run.truncated, delivered=delivered,
                   reused=reused)
         try:
             self.on_result(result)
         except Exception:
-            _log.warning("tool_observer_failed", exc_info=True)
+            _log.warning("tool.observer_failed", exc_info=True)

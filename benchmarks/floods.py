@@ -248,8 +248,8 @@ async def _live_subscriber(host: str, port: int, host_header: str, call_id: str,
 async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
     import trio
 
-    from voiceactors.realtime.simulator import Simulator
-    from voiceactors.realtime.simulator_scenario import Scenario
+    from voiceactors.simulator import Simulator
+    from voiceactors.simulator.scenario import Scenario
 
     from benchmarks.sim_host import _stdin_lines, aggregate, analyse, roundtrip_steps
 

@@ -246,3 +246,26 @@ async def test_actor_api_key_provider_is_called_per_connect(tmp_path, autojump_c
         actor, sc = await r.run_call("rtc_provider", steady("drop_and_resume"), api_key=provider)
     assert actor.end_reason == "closed_by_service" and len(calls) == 2
     assert isinstance(actor, CallActor)
+
+
+async def test_an_unreadable_key_config_is_a_failed_connect_that_is_retried(tmp_path, autojump_clock):
+    """The key provider reads the journal config; an I/O error there
+    (``ConfigUnreadable``) is one failed connect attempt, retried after the
+    backoff like any other, never a crash of the call."""
+    from voiceactors.config import ConfigUnreadable
+
+    attempts = []
+
+    def provider():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConfigUnreadable("could not read config.json: Input/output error")
+        return KEY
+
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_unreadable", steady("clean_close"), api_key=provider)
+        record = r.record("rtc_unreadable")
+    assert actor.end_reason == "closed_by_service"
+    assert len(attempts) == 2 and actor.reconnects == 1 and sc.connections == 1
+    (reconnect,) = [line for line in record if line["kind"] == "reconnect"]
+    assert reconnect["attempt"] == 1 and reconnect["close_code"] is None

@@ -659,8 +659,8 @@ def test_a_bad_input_is_refused():
 
 def test_skipped_frames_count_in_the_event_sequence():
     w = Wire()
-    w.feed(Received(None))
-    w.feed(Received(None))
+    assert w.feed(Received(None)) == []
+    w.p.skipped_frame()
     w.server(created("r1"))
     assert w.p.seq == 3 and w.p.batches["r1"].created_seq == 3
 

@@ -68,8 +68,6 @@ HEALTHY_AFTER_S = 30.0
 SEND_TIMEOUT_S = 10.0
 
 ApiKey = str | None | Callable[[], str | None]
-#: A frame the reader skipped: it counts in the protocol's event sequence.
-SKIPPED_FRAME = Received(None)
 
 
 def _is_cancel(exc: BaseException) -> bool:
@@ -419,7 +417,7 @@ class CallActor:
                 self._last_event = trio.current_time()
                 event = rt.parse_server_event(raw, only=HANDLED_EVENTS, budget=self.protocol.log_budget)
                 if event is None:
-                    self._feed(SKIPPED_FRAME)
+                    self.protocol.skipped_frame()
                     continue
                 self._conn_events += 1
                 try:

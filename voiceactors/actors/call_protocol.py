@@ -313,6 +313,12 @@ class CallProtocol:
                 raise TypeError(f"not a CallInput: {message!r}")
         return self.take_effects()
 
+    def skipped_frame(self) -> None:
+        """The same as ``handle(Received(None), now)``, which has no effects:
+        the reader's path for the frames it skips (most of a busy call's
+        traffic is deltas)."""
+        self.seq += 1
+
     def take_effects(self) -> list[Effect]:
         """The effects not yet returned (after ``handle`` raised half-way)."""
         effects, self._effects = self._effects, []

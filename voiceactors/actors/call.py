@@ -297,7 +297,12 @@ class CallActor:
         protocol-error close)
         counts as one more failure, so a peer that accepts and then sends
         garbage exhausts the reconnect attempts instead of looping until the
-        maximum duration."""
+        maximum duration.
+
+        Cancellation: runs inside ``run``'s shield, so only a stop request
+        (``_stop``, which also ends the backoff sleep at once) or a bug ends
+        it early; a cancellation that does reach it propagates after
+        ``_serve`` closed the socket."""
         failures = 0
         while True:
             if self._stop.is_set():
@@ -356,7 +361,12 @@ class CallActor:
 
     async def _serve(self, ws: Any) -> str | None:
         """One connection: reader + writer until it closes or the call ends.
-        Returns the end reason, or None when the socket dropped (reconnect)."""
+        Returns the end reason, or None when the socket dropped (reconnect).
+
+        Cancellation (or a bug) while the socket is up: pending tool calls
+        are answered and the socket closed with 1000 under a shield bounded
+        by ``close_deadline_s``, then the exception propagates. Either way
+        the protocol is told ``Disconnected`` before this returns."""
         send, receive = trio.open_memory_channel[Send](math.inf)
         self._conn_done = trio.Event()
         self._conn_reason = None
@@ -392,7 +402,9 @@ class CallActor:
 
     async def _watch(self) -> str | None:
         """Wait for the connection to end, the idle timeout, the maximum
-        duration, or a due response.create retry."""
+        duration, or the protocol's wake-up time (``WakeAt``: a blind retry
+        of ``response.create``, fed back as ``Timer``). Its sleep is a cancel
+        scope (``_watch_scope``) whose deadline a ``WakeAt`` brings forward."""
         idle = self.settings.call_idle_timeout_s
         while True:
             wake = min(self._last_event + idle, self.deadline,
@@ -411,6 +423,10 @@ class CallActor:
             self._feed(Timer())
 
     async def _reader(self, ws: Any) -> None:
+        """Read frames until the socket closes, feeding each to the protocol.
+        Cancelled by ``_serve`` when the connection ends (between frames:
+        ``get_message`` is the only await, and a frame is handled in full
+        before the next one is awaited)."""
         try:
             while True:
                 raw = await ws.get_message()
@@ -431,6 +447,10 @@ class CallActor:
             self._end_connection(close_code(exc))
 
     async def _writer(self, ws: Any, receive: trio.MemoryReceiveChannel[Send]) -> None:
+        """Write the protocol's ``Send`` effects in order, reporting each as
+        ``Written``. Cancellation waits for a frame being written (each write
+        is shielded and bounded by ``SEND_TIMEOUT_S``); what it did not write
+        stays ``queued`` until ``Disconnected`` makes it ready again."""
         async for out in receive:
             data = json.dumps(out.event, ensure_ascii=False)
             try:
@@ -524,10 +544,11 @@ class CallActor:
 
     # ----------------------------------------------------------- ending
 
-    async def _finish_on_socket(self, ws: Any, reason: str, deadline: float) -> None:
+    async def _finish_on_socket(self, ws: Any, reason: EndReason, deadline: float) -> None:
         """End with the socket still up: settle tools, answer every call id
         not yet written (synthetic output for abandoned ones), hang up when
-        the browser is gone, close cleanly. Bounded by ``deadline``."""
+        the browser is gone, close cleanly. Bounded by ``deadline`` (a
+        ``move_on_at``: reaching it skips the rest; the caller shields it)."""
         with trio.move_on_at(deadline):
             await self._settle_tools(trio.current_time() + (deadline - trio.current_time()) / 2)
             for scope in list(self._tool_scopes.values()):

@@ -87,7 +87,7 @@ def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | No
     """Delay before reconnect ``attempt`` (1-based): ``base * 2**(attempt-1)``
     capped at ``cap``, scaled into [50 %, 100 %] by ``rng`` when given (the
     actor seeds it with its call id, so it is deterministic)."""
-    delay = min(cap, base * (2 ** max(0, attempt - 1)))
+    delay: float = min(cap, base * (2 ** max(0, attempt - 1)))
     if rng is not None:
         delay *= 0.5 + 0.5 * rng.random()
     return delay
@@ -237,14 +237,16 @@ class CallActor:
 
     # ------------------------------------------------------- connection
 
-    async def _serve_call(self) -> str:
+    async def _serve_call(self) -> EndReason:
         """The call from first connect to its record; returns the end reason.
         Runs shielded (see ``run``); only its own deadline cancels it."""
         self.started = trio.current_time()
         self.protocol.started = self.started
         self.deadline = self.started + self.settings.call_max_duration_s
         rejoin = self.recovered is not None
-        fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]} if rejoin else {}
+        fields: dict[str, Any] = {}
+        if self.recovered is not None:
+            fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, **fields)
         async with trio.open_nursery() as recorder:
@@ -254,7 +256,7 @@ class CallActor:
             finally:
                 recorder.cancel_scope.cancel()   # a close cut short by its deadline
 
-    async def _serve_recorded(self) -> str:
+    async def _serve_recorded(self) -> EndReason:
         reason = EndReason.ERROR
         try:
             async with trio.open_nursery() as tools:
@@ -290,7 +292,7 @@ class CallActor:
                           suppressed_logs=self.protocol.log_budget.take_suppressed() or None)
         return reason
 
-    async def _connection_loop(self) -> str:
+    async def _connection_loop(self) -> EndReason:
         """Connect, serve, reconnect. A drop after a connection that carried
         at least one valid event (or lasted ``HEALTHY_AFTER_S``) starts the
         failure count afresh; a connection that broke before that (or with a
@@ -359,7 +361,7 @@ class CallActor:
             with trio.move_on_at(min(self.deadline, trio.current_time() + delay)):
                 await self._stop.wait()
 
-    async def _serve(self, ws: Any) -> str | None:
+    async def _serve(self, ws: Any) -> EndReason | None:
         """One connection: reader + writer until it closes or the call ends.
         Returns the end reason, or None when the socket dropped (reconnect).
 
@@ -400,7 +402,7 @@ class CallActor:
                 await self._finish_on_socket(ws, reason, scope.deadline)
         return reason
 
-    async def _watch(self) -> str | None:
+    async def _watch(self) -> EndReason | None:
         """Wait for the connection to end, the idle timeout, the maximum
         duration, or the protocol's wake-up time (``WakeAt``: a blind retry
         of ``response.create``, fed back as ``Timer``). Its sleep is a cancel
@@ -559,6 +561,7 @@ class CallActor:
                         await ws.send_message(json.dumps(out.event, ensure_ascii=False))
                 except (ConnectionClosed, trio.TooSlowError):
                     break
+                assert out.tool_call_id is not None   # closing_outputs holds outputs only
                 self._feed(WrittenAtClose(out.tool_call_id))
             if reason in HANGUP_ENDS and self._hangup_enabled:
                 await self._hangup()

@@ -698,8 +698,7 @@ class CallProtocol:
         create = self.creates.get(event_id or "")
         if create is None or create.turnaround_ms is not None:
             return
-        done = [self.batches[r].done_t for r in create.batches if r in self.batches]
-        done = [t for t in done if t is not None]
+        done = [t for r in create.batches if r in self.batches and (t := self.batches[r].done_t) is not None]
         if done:
             create.turnaround_ms = round(max(0.0, self._now - max(done)) * 1000, 2)
             self._emit(Measure("tool_turnaround", create.turnaround_ms / 1000))

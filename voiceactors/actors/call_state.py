@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 #: The output a tool call gets when its result was abandoned (the rule-1 synthetic answer).
 CANCELLED_OUTPUT = json.dumps({"error": "cancelled: the user interrupted"})
@@ -134,7 +135,7 @@ class ToolCall:
             self.synthetic = True
             self.state = ToolCallState.READY
 
-    def record_fields(self) -> dict:
+    def record_fields(self) -> dict[str, Any]:
         return {
             "tool_call_id": self.tool_call_id, "tool": self.name, "response_id": self.response_id,
             "epoch": self.epoch, "turn": self.turn,

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import pytest
+from hypothesis import given, settings as hsettings, strategies as st
 
 from voiceactors.actors.call_protocol import (
     ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, CallProtocol, CancelOlderReads, Connected, Disconnected,
@@ -669,3 +670,71 @@ def test_the_protocol_imports_no_trio():
     code = "import sys, voiceactors.actors.call_protocol; print('trio' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# ------------------------------------------------- any order of events
+
+RIDS = ("r1", "r2", "r3")
+TIDS = ("c1", "c2", "c3", "c4")
+server_steps = st.one_of(
+    st.builds(lambda r: ("server", created(r)), st.sampled_from(RIDS)),
+    st.builds(lambda r, c: ("server", item_added(r, c)), st.sampled_from(RIDS), st.sampled_from(TIDS)),
+    st.builds(lambda r, c, s: ("server", item_done(r, c, status=s)), st.sampled_from(RIDS),
+              st.sampled_from(TIDS), st.sampled_from(["completed", "incomplete"])),
+    st.builds(lambda r, c: ("server", args_done(r, c, '{"x": 1}')), st.sampled_from(RIDS), st.sampled_from(TIDS)),
+    st.builds(lambda r, s: ("server", done(r, status=s)), st.sampled_from(RIDS),
+              st.sampled_from(["completed", "completed", "cancelled", "failed", "incomplete"])),
+    st.just(("server", speech())),
+    st.builds(lambda c: ("server", confirmed(c)), st.sampled_from(TIDS)),
+    st.just(("server", typed_turn())),
+)
+steps = st.lists(st.one_of(server_steps, st.just(("finish", None)), st.just(("write", None))), max_size=40)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(steps)
+def test_any_order_of_events_answers_every_tool_call_exactly_once(script):
+    """Whatever the service sends, in whatever order (one connection, no
+    errors): a tool call starts at most once, its output is sent at most
+    once, and by the end of the call every tool call the service named has
+    been answered; one create at most per batch."""
+    w = Wire()
+    for kind, obj in script:
+        if kind == "server":
+            w.server(obj)
+        elif kind == "finish":
+            running = [c for c in w.started() if w.state(c) == "running"]
+            if running:
+                w.finish(running[0])
+        else:
+            w.write(1)
+    for c in w.started():
+        if w.state(c) == "running":
+            w.finish(c)
+    w.write()
+    for rid, batch in list(w.p.batches.items()):
+        if batch.status is None:                  # the service ends every response it began
+            w.server(done(rid))
+    for c in w.started():
+        if w.state(c) == "running":
+            w.finish(c)
+    w.write()
+    # a function_call item the service names after its response's
+    # response.done waits (unanswered) for the end of the call: the bounded
+    # close answers it
+    w.feed(Disconnected())
+    for send in w.p.closing_outputs(w.now):
+        w.effects.append(send)
+        w.feed(WrittenAtClose(send.tool_call_id))
+    started = w.started()
+    assert len(started) == len(set(started))
+    sent = [s.tool_call_id for s in w.outputs()]
+    assert len(sent) == len(set(sent))
+    # answered: sent by us, or echoed by the service as already there (then
+    # sending it would be the duplicate)
+    assert set(sent) <= set(w.p.calls)
+    assert all(c in sent or w.state(c) == "confirmed" for c in w.p.calls)
+    assert all(w.state(c) in ("sent", "confirmed") for c in w.p.calls)
+    creates = [w.p.creates[s.event["event_id"]] for s in w.creates()]
+    carried = [rid for create in creates for rid in create.batches]
+    assert len(carried) == len(set(carried))

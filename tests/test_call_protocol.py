@@ -738,3 +738,43 @@ def test_any_order_of_events_answers_every_tool_call_exactly_once(script):
     creates = [w.p.creates[s.event["event_id"]] for s in w.creates()]
     carried = [rid for create in creates for rid in create.batches]
     assert len(carried) == len(set(carried))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(server_steps, st.just(("finish", None)), st.just(("write", None)),
+                          st.just(("drop", None))), max_size=40))
+def test_any_order_with_drops_never_resends_a_confirmed_output(script):
+    """With reconnects in between: a tool call still starts at most once, an
+    output is written again only while unconfirmed, and by the end of the
+    call every tool call is answered."""
+    w = Wire()
+    confirmed_before: dict[str, int] = {}      # tool call id -> outputs sent when it was confirmed
+    for kind, obj in script:
+        if kind == "server":
+            w.server(obj)
+            if obj["type"] == "conversation.item.added" and obj["item"]["type"] == "function_call_output":
+                c = obj["item"]["call_id"]
+                if c in w.p.calls:                 # an id it never named is ignored
+                    confirmed_before.setdefault(c, len(w.outputs(c)))
+        elif kind == "finish":
+            running = [c for c in w.started() if w.state(c) == "running"]
+            if running:
+                w.finish(running[0])
+        elif kind == "write":
+            w.write(1)
+        else:
+            w.drop()
+            w.feed(Connected())
+    for c in w.started():
+        if w.state(c) == "running":
+            w.finish(c)
+    w.write()
+    w.feed(Disconnected())
+    for send in w.p.closing_outputs(w.now):
+        w.effects.append(send)
+        w.feed(WrittenAtClose(send.tool_call_id))
+    started = w.started()
+    assert len(started) == len(set(started))
+    for c, count in confirmed_before.items():
+        assert len(w.outputs(c)) == count          # nothing sent after the service had it
+    assert all(w.outputs(c) or w.state(c) == "confirmed" for c in w.p.calls)

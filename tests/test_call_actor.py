@@ -162,7 +162,7 @@ async def test_model_response_started_after_outputs_carries_the_turn(tmp_path, a
     assert len(sc.outputs[call_id]) == 1
     batch = actor.batches[actor.calls[call_id].response_id]
     assert batch.follow_up == "model"
-    (create,) = actor._creates.values()
+    (create,) = actor.protocol.creates.values()
     assert create.result == "rejected_active"
 
 
@@ -218,9 +218,9 @@ async def test_late_active_error_for_answered_create_is_not_retried(tmp_path, au
             n.start_soon(actor.run)
             with real_time_limit():
                 await sc.wait_until(lambda c: c.response_creates == 1)
-                while actor._create_inflight is not None or not actor.active:
+                while actor.protocol.create_inflight is not None or not actor.active:
                     await trio.sleep(0.01)
-                (event_id,) = actor._creates
+                (event_id,) = actor.protocol.creates
                 error = {"type": "invalid_request_error", "code": ACTIVE, "message": "busy", "event_id": event_id}
                 await r.sim.inject("rtc_late", {"type": "error", "event_id": "ev9", "error": error})
     assert_clean_protocol(sc, creates=1)
@@ -330,7 +330,7 @@ async def test_overhead_and_turnaround_are_timed_around_the_tool(tmp_path, mock_
     (call,) = actor.calls.values()
     assert call.duration_ms >= 5000
     assert call.overhead_ms is not None and 0 <= call.overhead_ms < 1
-    (create,) = actor._creates.values()
+    (create,) = actor.protocol.creates.values()
     assert 5000 <= create.turnaround_ms < 5001
     assert (count("tool_overhead"), count("tool_turnaround")) == (before[0] + 1, before[1] + 1)
     lines = r.record("rtc_timed")

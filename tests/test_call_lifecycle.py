@@ -1,5 +1,7 @@
 """CallActor lifecycle against the simulator: reconnects, end conditions,
-bounded close and the call record. Timeouts and backoff on ``autojump_clock``."""
+bounded close and the call record. Timeouts and backoff on ``autojump_clock``.
+(The protocol's own bookkeeping across a drop, without sockets:
+test_call_protocol.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from calls_support import (
 )
 from voiceactors.actors.call import CallActor, backoff_delay
 from voiceactors.actors.call_record import record_path
-from voiceactors.realtime.events import parse_server_event
 
 SYNTHETIC = json.dumps({"error": "cancelled: the user interrupted"})
 
@@ -49,53 +50,6 @@ async def test_confirmed_outputs_are_not_resent_after_a_drop(tmp_path, autojump_
     assert sc.connections == 2
     assert_clean_protocol(sc, creates=2)     # no duplicate_tool_call_output: nothing resent
     assert all(c.sends == 1 for c in actor.calls.values())
-
-
-def _event(obj: dict):
-    event = parse_server_event(json.dumps({"event_id": "ev", **obj}))
-    assert event is not None
-    return event
-
-
-async def test_written_but_unconfirmed_output_is_written_again_after_a_drop(tmp_path, autojump_clock):
-    """The actor's own bookkeeping across a drop: sent-but-unconfirmed goes
-    back to the writer on the next connection, confirmed never (the same over
-    real sockets: tests/test_call_resend.py)."""
-    async with rig(tmp_path) as r:
-        actor = r.actor("rtc_state")
-        actor.started = trio.current_time()
-        send, receive = trio.open_memory_channel(100)
-        actor._outbox = send
-        item = {"id": "i1", "type": "function_call", "status": "completed", "name": "calendar.today",
-                "call_id": "c1", "arguments": "{}"}
-        actor._handle(_event({"type": "response.created", "response": {"id": "r1", "status": "in_progress"}}))
-        for call_id in ("c1", "c2"):
-            actor._handle(_event({"type": "response.output_item.done", "response_id": "r1", "output_index": 0,
-                                  "item": {**item, "id": "i" + call_id, "call_id": call_id}}))
-        actor._handle(_event({"type": "response.done", "response": {"id": "r1", "status": "completed"}}))
-        # tools are not running (no nursery): answer them as the executor would
-        for call in actor.calls.values():
-            call.state, call.output = "ready", "{}"
-            actor._queue_output(call)
-        for _ in range(2):
-            actor._on_written(receive.receive_nowait())
-        create = receive.receive_nowait()
-        assert create.event["type"] == "response.create"
-        actor._handle(_event({"type": "conversation.item.added",
-                              "item": {"id": "o1", "type": "function_call_output", "call_id": "c1", "output": "{}"}}))
-        actor._outbox = None
-        actor._on_drop()
-        assert actor.calls["c1"].state == "confirmed" and actor.calls["c2"].state == "ready"
-        assert actor.batches["r1"].follow_up is None   # the create got no response.created: decide again
-        send2, receive2 = trio.open_memory_channel(100)
-        actor._outbox = send2
-        actor._on_connected()
-        again = receive2.receive_nowait()
-        assert again.tool_call_id == "c2"
-        with pytest.raises(trio.WouldBlock):   # the create waits until c2 is written
-            receive2.receive_nowait()
-        actor._on_written(again)
-        assert receive2.receive_nowait().event["type"] == "response.create"
 
 
 async def test_clean_close_1001_ends_the_call(tmp_path, autojump_clock):
@@ -292,3 +246,26 @@ async def test_actor_api_key_provider_is_called_per_connect(tmp_path, autojump_c
         actor, sc = await r.run_call("rtc_provider", steady("drop_and_resume"), api_key=provider)
     assert actor.end_reason == "closed_by_service" and len(calls) == 2
     assert isinstance(actor, CallActor)
+
+
+async def test_an_unreadable_key_config_is_a_failed_connect_that_is_retried(tmp_path, autojump_clock):
+    """The key provider reads the journal config; an I/O error there
+    (``ConfigUnreadable``) is one failed connect attempt, retried after the
+    backoff like any other, never a crash of the call."""
+    from voiceactors.config import ConfigUnreadable
+
+    attempts = []
+
+    def provider():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConfigUnreadable("could not read config.json: Input/output error")
+        return KEY
+
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_unreadable", steady("clean_close"), api_key=provider)
+        record = r.record("rtc_unreadable")
+    assert actor.end_reason == "closed_by_service"
+    assert len(attempts) == 2 and actor.reconnects == 1 and sc.connections == 1
+    (reconnect,) = [line for line in record if line["kind"] == "reconnect"]
+    assert reconnect["attempt"] == 1 and reconnect["close_code"] is None

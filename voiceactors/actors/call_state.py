@@ -25,14 +25,83 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
 
 #: The output a tool call gets when its result was abandoned (the rule-1 synthetic answer).
 CANCELLED_OUTPUT = json.dumps({"error": "cancelled: the user interrupted"})
 
-UNANSWERED = frozenset({"seen", "running"})
-UNSENT = frozenset({"ready", "queued"})
-ANSWERED = frozenset({"ready", "queued", "sent", "confirmed", "rejected"})
-ENDED_OK = frozenset({"completed", "lost"})  # "lost": its response.done fell in a dropped socket
+
+
+class ToolCallState(StrEnum):
+    """Where a tool call is on its one-way walk (the module doc's diagram)."""
+
+    SEEN = "seen"
+    RUNNING = "running"
+    READY = "ready"
+    QUEUED = "queued"
+    SENT = "sent"
+    CONFIRMED = "confirmed"
+    REJECTED = "rejected"
+
+
+class BatchStatus(StrEnum):
+    """How a response ended: the service's ``response.done`` status, or ``lost``
+    (its ``response.done`` fell in a dropped socket). A status the service adds
+    later is kept as the plain string it sent."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+    LOST = "lost"
+
+
+class Origin(StrEnum):
+    """Who started a response: our ``response.create``, or the model itself."""
+
+    OURS = "ours"
+    MODEL = "model"
+
+
+class FollowUp(StrEnum):
+    """How the conversation was carried forward after a batch (module doc)."""
+
+    OURS = "ours"
+    MODEL = "model"
+    SUPERSEDED = "superseded"
+    FAILED = "failed"
+
+
+class CreateResult(StrEnum):
+    """What became of a ``response.create`` of ours (any other error: ``error:<code>``)."""
+
+    SENT = "sent"
+    REJECTED_ACTIVE = "rejected_active"
+    LOST = "lost"
+
+
+class ToolOutcome(StrEnum):
+    """A tool call's outcome: the executor's, or one the call actor sets itself
+    (``cancelled``/``failed`` for an abandoned call, ``restarted``/``replayed``
+    for one taken over after a crash)."""
+
+    OK = "ok"
+    ERROR = "error"
+    INVALID = "invalid"
+    REJECTED = "rejected"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    REPLAYED = "replayed"
+    RESTARTED = "restarted"
+
+
+UNANSWERED = frozenset({ToolCallState.SEEN, ToolCallState.RUNNING})
+UNSENT = frozenset({ToolCallState.READY, ToolCallState.QUEUED})
+ANSWERED = frozenset({ToolCallState.READY, ToolCallState.QUEUED, ToolCallState.SENT,
+                      ToolCallState.CONFIRMED, ToolCallState.REJECTED})
+ENDED_OK = frozenset({BatchStatus.COMPLETED, BatchStatus.LOST})
 
 
 @dataclass
@@ -46,7 +115,7 @@ class ToolCall:
     item_id: str | None = None
     arguments: str | None = None      # never logged, never recorded
     complete: bool = False            # arguments are final (item done, or response completed)
-    state: str = "seen"
+    state: ToolCallState = ToolCallState.SEEN
     output: str | None = None
     outcome: str | None = None
     synthetic: bool = False
@@ -62,18 +131,18 @@ class ToolCall:
         """Answer with the synthetic cancelled output (only if not answered yet)."""
         if self.state in UNANSWERED:
             self.output = CANCELLED_OUTPUT
-            self.outcome = self.outcome or "cancelled"
+            self.outcome = self.outcome or ToolOutcome.CANCELLED
             self.synthetic = True
-            self.state = "ready"
+            self.state = ToolCallState.READY
 
-    def record_fields(self) -> dict:
+    def record_fields(self) -> dict[str, Any]:
         return {
             "tool_call_id": self.tool_call_id, "tool": self.name, "response_id": self.response_id,
             "epoch": self.epoch, "turn": self.turn,
             "duration_ms": None if self.duration_ms is None else round(self.duration_ms, 1),
             "outcome": self.outcome or "unanswered",
             "output_bytes": len(self.output.encode("utf-8")) if self.output is not None else 0,
-            "sends": self.sends, "delivered": self.state == "confirmed", "synthetic": self.synthetic,
+            "sends": self.sends, "delivered": self.state == ToolCallState.CONFIRMED, "synthetic": self.synthetic,
             "state": self.state, "overhead_ms": self.overhead_ms,
         }
 
@@ -82,11 +151,11 @@ class ToolCall:
 class Batch:
     response_id: str
     epoch: int
-    origin: str                       # ours | model
+    origin: Origin
     created_seq: int
     status: str | None = None         # None while active; completed|cancelled|failed|incomplete|lost
     calls: list[str] = field(default_factory=list)
-    follow_up: str | None = None
+    follow_up: FollowUp | None = None
     done_t: float | None = None       # trio time its response.done was read
 
 
@@ -99,5 +168,5 @@ class CreateSent:
     batches: list[str]
     t: float
     response_id: str | None = None
-    result: str = "sent"
+    result: str = CreateResult.SENT   # a CreateResult, or error:<code>
     turnaround_ms: float | None = None  # written − the latest response.done of its batches

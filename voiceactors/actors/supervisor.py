@@ -34,7 +34,8 @@ from typing import Any, Callable
 import trio
 
 from voiceactors import config, metrics, storage
-from voiceactors.actors.call import END_ERROR, CallActor
+from voiceactors.actors.call import CallActor
+from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.feed import FeedHub
 from voiceactors.actors.messages import (Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions,
@@ -119,7 +120,7 @@ class CallSupervisor:
         return "connected"
 
     async def _run_call(self, actor: CallActor) -> None:
-        reason = END_ERROR
+        reason = EndReason.ERROR
         try:
             reason = await actor.run()
         except Exception:  # run() already logs and swallows its errors; belt and braces

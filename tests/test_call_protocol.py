@@ -1,0 +1,780 @@
+"""CallProtocol without I/O: feed it server events, tool results, writes,
+drops and the time; assert on the effects it returns. No sockets, no trio,
+no threads: each test runs in microseconds. (The same rules over real
+loopback sockets: test_call_actor.py, test_call_resend.py, test_call_lifecycle.py.)"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from voiceactors.actors.call_protocol import (
+    ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, CallProtocol, CancelOlderReads, Connected, Disconnected,
+    Dropped, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine, Send, StartTool, Timer,
+    ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+)
+from voiceactors.realtime.events import parse_server_event
+
+SYNTHETIC = json.dumps({"error": "cancelled: the user interrupted"})
+WRITES = {"commitments.add"}
+
+
+# ---------------------------------------------------------------- events
+
+def event(obj: dict) -> Any:
+    parsed = parse_server_event(json.dumps({"event_id": "ev", **obj}))
+    assert parsed is not None, obj
+    return parsed
+
+
+def fc_item(tool_call_id: str, name: str = "calendar.today", arguments: str | None = "{}",
+            status: str = "completed") -> dict:
+    item = {"id": f"item_{tool_call_id}", "type": "function_call", "status": status, "name": name,
+            "call_id": tool_call_id}
+    if arguments is not None:
+        item["arguments"] = arguments
+    return item
+
+
+def created(rid: str) -> dict:
+    return {"type": "response.created", "response": {"id": rid, "status": "in_progress"}}
+
+
+def item_added(rid: str, tool_call_id: str, name: str = "calendar.today") -> dict:
+    return {"type": "response.output_item.added", "response_id": rid, "output_index": 0,
+            "item": fc_item(tool_call_id, name, arguments="", status="in_progress")}
+
+
+def item_done(rid: str, tool_call_id: str, name: str = "calendar.today", arguments: str = "{}",
+              status: str = "completed") -> dict:
+    return {"type": "response.output_item.done", "response_id": rid, "output_index": 0,
+            "item": fc_item(tool_call_id, name, arguments, status)}
+
+
+def args_done(rid: str, tool_call_id: str, arguments: str, name: str = "calendar.today") -> dict:
+    return {"type": "response.function_call_arguments.done", "response_id": rid, "output_index": 0,
+            "item_id": f"item_{tool_call_id}", "call_id": tool_call_id, "arguments": arguments, "name": name}
+
+
+def done(rid: str, status: str = "completed", output: list[dict] | None = None) -> dict:
+    return {"type": "response.done", "response": {"id": rid, "status": status, "output": output or []}}
+
+
+def speech() -> dict:
+    return {"type": "input_audio_buffer.speech_started", "audio_start_ms": 0, "item_id": "item_user"}
+
+
+def confirmed(tool_call_id: str) -> dict:
+    return {"type": "conversation.item.added",
+            "item": {"id": f"out_{tool_call_id}", "type": "function_call_output", "call_id": tool_call_id,
+                     "output": "{}"}}
+
+
+def typed_turn(item_id: str = "msg_1") -> dict:
+    return {"type": "conversation.item.added",
+            "item": {"id": item_id, "type": "message", "role": "user",
+                     "content": [{"type": "input_text", "text": "hi"}]}}
+
+
+def error(code: str, event_id: str | None) -> dict:
+    return {"type": "error", "error": {"type": "invalid_request_error", "code": code, "message": "no",
+                                       "event_id": event_id}}
+
+
+# ---------------------------------------------------------------- the rig
+
+class Wire:
+    """One protocol and a pretend writer: ``Send`` effects queue up until
+    ``write`` reports them written, as the real writer task would."""
+
+    def __init__(self, connect: bool = True) -> None:
+        self.p = CallProtocol("rtc_proto", effect_of=lambda name: "write" if name in WRITES else "read")
+        self.now = 0.0
+        self.effects: list[Any] = []
+        self.unwritten: list[Send] = []
+        if connect:
+            self.feed(Connected())
+
+    def feed(self, message: Any) -> list[Any]:
+        out = self.p.handle(message, self.now)
+        self.effects.extend(out)
+        self.unwritten.extend(e for e in out if isinstance(e, Send))
+        return out
+
+    def server(self, *objs: dict) -> list[Any]:
+        out: list[Any] = []
+        for obj in objs:
+            out += self.feed(Received(event(obj)))
+        return out
+
+    def finish(self, tool_call_id: str, output: str = '{"ok": true}', outcome: str = "ok",
+               duration_ms: float = 1.0, **kw: Any) -> list[Any]:
+        name = self.p.calls[tool_call_id].name
+        return self.feed(ToolFinished(tool_call_id, name, output, outcome, duration_ms, **kw))
+
+    def write(self, n: int | None = None) -> list[Send]:
+        """Report the first ``n`` (all) queued sends written, in order."""
+        written = []
+        while self.unwritten and (n is None or len(written) < n):
+            send = self.unwritten.pop(0)
+            written.append(send)
+            self.feed(Written(send))
+        return written
+
+    def drop(self) -> None:
+        self.unwritten.clear()
+        self.feed(Disconnected())
+        self.feed(Dropped())
+
+    # views
+    def of(self, kind: type) -> list[Any]:
+        return [e for e in self.effects if isinstance(e, kind)]
+
+    def creates(self) -> list[Send]:
+        return [e for e in self.of(Send) if e.event["type"] == "response.create"]
+
+    def outputs(self, tool_call_id: str | None = None) -> list[Send]:
+        return [e for e in self.of(Send) if e.tool_call_id is not None
+                and (tool_call_id is None or e.tool_call_id == tool_call_id)]
+
+    def started(self) -> list[str]:
+        return [e.tool_call_id for e in self.of(StartTool)]
+
+    def records(self, kind: str) -> list[dict]:
+        return [e.fields for e in self.of(RecordLine) if e.kind == kind]
+
+    def logs(self, name: str) -> list[dict]:
+        return [e.fields for e in self.of(Log) if e.event == name]
+
+    def state(self, tool_call_id: str) -> str:
+        return self.p.calls[tool_call_id].state
+
+
+def one_tool_turn(w: Wire, rid: str = "r1", tool_call_id: str = "c1", name: str = "calendar.today") -> None:
+    w.server(created(rid), item_added(rid, tool_call_id, name), item_done(rid, tool_call_id, name), done(rid))
+
+
+# ----------------------------------------------------------- the basics
+
+def test_single_tool_one_output_then_one_response_create():
+    w = Wire()
+    w.server(speech())
+    one_tool_turn(w)
+    assert w.started() == ["c1"] and w.p.epoch == 1
+    (start,) = w.of(StartTool)
+    assert (start.name, start.arguments, start.epoch, start.turn) == ("calendar.today", "{}", 1, 1)
+    assert w.outputs() == [] and w.creates() == []          # nothing before the tool answers
+    w.finish("c1")
+    (out,) = w.outputs("c1")
+    assert out.event["type"] == "conversation.item.create"
+    assert out.event["item"] == {"type": "function_call_output", "call_id": "c1", "output": '{"ok": true}'}
+    assert w.creates() == []                                 # not before the output is written
+    w.write()
+    assert len(w.creates()) == 1 and w.state("c1") == "sent"
+    w.write()
+    w.server(confirmed("c1"), created("r2"), done("r2"))
+    assert len(w.creates()) == 1 and w.state("c1") == "confirmed"
+    assert w.p.batches["r2"].origin == "ours" and w.p.batches["r1"].follow_up == "ours"
+    (settled,) = w.records("tool_call")
+    assert settled["delivered"] is True and settled["sends"] == 1 and settled["outcome"] == "ok"
+
+
+def test_feed_events_and_the_started_record_line():
+    w = Wire()
+    one_tool_turn(w, name="journal.search")
+    w.finish("c1", client_events=({"_nav_target": "x"},))
+    kinds = [(e.kind, e.fields["tool_call_id"]) for e in w.of(Publish)]
+    assert kinds == [("tool_started", "c1"), ("tool_done", "c1"), ("client_events", "c1")]
+    (line,) = w.records("tool_started")
+    assert line["effect"] == "read" and line["arguments"] == "{}" and line["tool"] == "journal.search"
+
+
+def test_a_write_records_no_arguments():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1", "commitments.add", '{"text": "secret"}'), done("r1"))
+    (line,) = w.records("tool_started")
+    assert line["effect"] == "write" and "arguments" not in line
+
+
+@pytest.mark.parametrize("order", ["arguments_first", "item_first"])
+def test_both_argument_arrival_orders_run_once_with_the_item_arguments(order):
+    w = Wire()
+    w.server(created("r1"), item_added("r1", "c1"))
+    if order == "arguments_first":
+        w.server(args_done("r1", "c1", '{"q": 1}'))
+        assert w.started() == []                              # arguments.done alone never starts a call
+        w.server(item_done("r1", "c1", arguments='{"q": 1}'))
+    else:
+        w.server(item_done("r1", "c1", arguments='{"q": 1}'), args_done("r1", "c1", '{"q": "late"}'))
+    assert w.started() == ["c1"]
+    assert w.of(StartTool)[0].arguments == '{"q": 1}'
+    w.server(done("r1"))
+    assert w.started() == ["c1"]                              # not twice
+
+
+def test_arguments_from_response_done_alone_start_the_call():
+    w = Wire()
+    w.server(created("r1"), item_added("r1", "c1"), args_done("r1", "c1", '{"a": 1}'))
+    assert w.started() == []
+    w.server(done("r1", output=[fc_item("c1", arguments='{"a": 1}')]))
+    assert w.started() == ["c1"]
+
+
+def test_call_cut_mid_arguments_never_runs_and_gets_the_synthetic_output():
+    w = Wire()
+    w.server(created("r1"), item_added("r1", "c1"), args_done("r1", "c1", '{"q": "par'), speech(),
+             done("r1", status="cancelled", output=[fc_item("c1", arguments='{"q": "par', status="incomplete")]))
+    assert w.started() == []
+    (out,) = w.outputs("c1")
+    assert out.event["item"]["output"] == SYNTHETIC
+    assert w.p.calls["c1"].synthetic and w.p.calls["c1"].outcome == "cancelled"
+    assert w.p.epoch == 1                                     # the cancel of the same barge-in: no second advance
+    w.write()
+    assert w.creates() == []
+
+
+def test_an_incomplete_item_does_not_run():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1", status="incomplete"), done("r1", status="incomplete"))
+    assert w.started() == [] and w.outputs("c1")[0].event["item"]["output"] == SYNTHETIC
+
+
+def test_parallel_batch_three_outputs_then_exactly_one_create():
+    w = Wire()
+    w.server(created("r1"), *[item_done("r1", c) for c in ("c1", "c2", "c3")], done("r1"))
+    assert w.started() == ["c1", "c2", "c3"]                  # all at once, not one after another
+    for c in ("c3", "c1"):
+        w.finish(c)
+    w.write()
+    assert w.creates() == []                                  # c2 still running
+    w.finish("c2")
+    assert w.creates() == []                                  # c2's output not written yet
+    w.write()
+    assert len(w.creates()) == 1
+    for c in ("c1", "c2", "c3"):
+        w.finish(c)                                           # a duplicate answer changes nothing
+    assert len(w.outputs()) == 3 and len(w.creates()) == 1
+
+
+def test_two_finished_batches_share_one_create():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1"), done("r1"), created("r2"), item_done("r2", "c2"), done("r2"))
+    w.server(created("r_model"))                              # holds both batches back
+    w.finish("c1")
+    w.finish("c2")
+    w.write(2)
+    assert w.creates() == []
+    w.server(done("r_model"))
+    (create,) = w.creates()
+    assert w.p.creates[create.event["event_id"]].batches == ["r1", "r2"]
+
+
+# -------------------------------------------------------------- barge-in
+
+def test_barge_in_while_a_read_runs_cancels_it_and_no_create_follows():
+    w = Wire()
+    one_tool_turn(w)
+    w.server(speech())
+    assert w.of(CancelOlderReads) == [CancelOlderReads(1)]
+    assert w.p.batches["r1"].follow_up == "superseded"
+    w.finish("c1", output='{"error": "cancelled"}', outcome="cancelled")   # the late answer still goes out
+    w.write()
+    assert len(w.outputs("c1")) == 1 and w.creates() == []
+
+
+def test_no_cancel_reads_when_nothing_runs():
+    w = Wire()
+    w.server(speech())
+    assert w.p.epoch == 1 and w.of(CancelOlderReads) == []
+
+
+def test_started_write_finishes_after_a_barge_in_with_its_real_result():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1", "commitments.add"), done("r1"), speech())
+    w.finish("c1", output='{"added": 1}')
+    (out,) = w.outputs("c1")
+    assert out.event["item"]["output"] == '{"added": 1}' and w.p.calls["c1"].outcome == "ok"
+    w.write()
+    assert w.creates() == []
+
+
+def test_barge_in_during_the_write_of_an_output_asks_for_no_response():
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    assert w.unwritten and w.creates() == []                  # the output is in the writer's queue
+    w.server(speech())                                        # the user speaks while it is written
+    w.write()
+    assert w.state("c1") == "sent" and w.creates() == []
+
+
+def test_late_results_after_a_barge_in_leave_the_new_turn_alone():
+    w = Wire()
+    one_tool_turn(w, "r1", "c1")
+    w.server(speech())
+    one_tool_turn(w, "r2", "c2")                              # the new turn's own tool call
+    w.finish("c2")
+    w.write()
+    (create,) = w.creates()
+    assert w.p.creates[create.event["event_id"]].batches == ["r2"]
+    w.finish("c1")                                            # the old turn's answer arrives late
+    w.write()
+    assert len(w.creates()) == 1 and len(w.outputs("c1")) == 1
+
+
+def test_a_call_of_an_older_epoch_is_never_started():
+    w = Wire()
+    w.server(created("r1"), item_added("r1", "c1"), speech(), item_done("r1", "c1"))
+    assert w.started() == [] and w.outputs("c1")[0].event["item"]["output"] == SYNTHETIC
+
+
+def test_a_cancelled_response_of_the_current_epoch_advances_it():
+    w = Wire()
+    w.server(created("r1"), done("r1", status="cancelled"))
+    assert w.p.epoch == 1 and w.logs("call.epoch")[-1]["why"] == "response_cancelled"
+
+
+def test_turns_advance_on_speech_and_on_a_typed_turn_only():
+    w = Wire()
+    w.server(speech(), typed_turn("m1"))                      # the spoken turn's own item: no extra turn
+    assert w.p.turn == 1
+    w.server(typed_turn("m2"))
+    assert w.p.turn == 2
+
+
+# ---------------------------------------------- the model's own responses
+
+def test_an_active_response_holds_our_create_until_its_done():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1"), done("r1"), created("r_model"))
+    w.finish("c1")
+    w.write()
+    assert w.creates() == []                                  # r_model is active
+    w.server(done("r_model"))
+    assert len(w.creates()) == 1                              # it began before the output was confirmed
+
+
+def test_model_response_started_after_confirmed_outputs_carries_the_turn():
+    """Our create meets the active-response error: the response we took for
+    ours was the model's, started after the output was confirmed."""
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write()
+    (create,) = w.creates()
+    eid = create.event["event_id"]
+    w.server(confirmed("c1"), created("r_model"), error(ACTIVE_RESPONSE, eid))
+    assert w.p.batches["r1"].follow_up == "model" and w.p.batches["r_model"].origin == "model"
+    assert w.p.creates[eid].result == "rejected_active"
+    w.server(done("r_model"))
+    assert len(w.creates()) == 1 and w.of(WakeAt) == []
+    assert w.logs("response.follow_up_by_model")[0]["by"] == "r_model"
+
+
+def test_late_active_error_for_an_answered_create_is_not_retried():
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write()
+    eid = w.creates()[0].event["event_id"]
+    w.server(confirmed("c1"), created("r2"), error(ACTIVE_RESPONSE, eid), done("r2"))
+    assert len(w.creates()) == 1 and w.p.batches["r1"].follow_up == "model"
+
+
+def test_another_error_on_our_create_fails_the_batch_without_retry():
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write()
+    eid = w.creates()[0].event["event_id"]
+    w.server(error("server_error", eid))
+    assert w.p.creates[eid].result == "error:server_error" and w.p.batches["r1"].follow_up == "failed"
+    w.server(created("r9"), done("r9"))
+    assert len(w.creates()) == 1
+
+
+# ----------------------------------------------------------- blind retry
+
+def refused_once(w: Wire) -> str:
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write()
+    eid = w.creates()[-1].event["event_id"]
+    w.server(error(ACTIVE_RESPONSE, eid))
+    return eid
+
+
+def test_blind_retry_after_an_active_response_error_while_idle():
+    w = Wire()
+    w.now = 10.0
+    refused_once(w)
+    assert w.of(WakeAt) == [WakeAt(10.0 + BLIND_RETRY_S)] and len(w.creates()) == 1
+    w.now = 11.0
+    w.feed(Timer())                                           # too early: nothing
+    assert len(w.creates()) == 1
+    w.now = 10.0 + BLIND_RETRY_S
+    w.feed(Timer())
+    assert len(w.creates()) == 2
+
+
+def test_blind_retries_are_bounded_then_wait_for_the_service():
+    w = Wire()
+    refused_once(w)
+    for _ in range(BLIND_RETRIES):
+        w.now = w.of(WakeAt)[-1].at
+        w.feed(Timer())
+        w.write()
+        w.server(error(ACTIVE_RESPONSE, w.creates()[-1].event["event_id"]))
+    assert len(w.creates()) == 1 + BLIND_RETRIES and len(w.of(WakeAt)) == BLIND_RETRIES
+    assert w.p.retry_at == math.inf
+    w.now += 1000
+    w.feed(Timer())
+    assert len(w.creates()) == 1 + BLIND_RETRIES               # no loop on refusals
+    w.server(created("r_busy"), done("r_busy"))               # the service's response ends: decide again
+    assert len(w.creates()) == 2 + BLIND_RETRIES
+
+
+def test_a_response_done_ends_the_blind_wait_early():
+    w = Wire()
+    refused_once(w)
+    w.now = 0.5
+    w.server(done("r_unseen"))                                # the response we never saw start
+    assert len(w.creates()) == 2 and w.p.retry_at is None
+    w.now = 100.0
+    w.feed(Timer())
+    assert len(w.creates()) == 2
+
+
+# -------------------------------------------------------- drop and resend
+
+def test_written_but_unconfirmed_output_is_written_again_after_a_drop():
+    """Sent-but-unconfirmed goes back to the writer on the next connection,
+    confirmed never; a create without its response.created is decided again."""
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1"), item_done("r1", "c2"), done("r1"))
+    w.finish("c1", output="{}")
+    w.finish("c2", output="{}")
+    w.write(2)
+    assert len(w.creates()) == 1
+    w.server(confirmed("c1"))
+    w.drop()
+    assert w.state("c1") == "confirmed" and w.state("c2") == "ready"
+    assert w.p.batches["r1"].follow_up is None
+    assert w.p.creates[w.creates()[0].event["event_id"]].result == "lost"
+    before = len(w.of(Send))
+    w.feed(Connected())
+    (again,) = w.of(Send)[before:]
+    assert again.tool_call_id == "c2"                         # the create waits until c2 is written
+    w.write()
+    assert len(w.creates()) == 2
+
+
+def test_queued_outputs_are_ready_again_when_the_writer_goes():
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    assert w.state("c1") == "queued"
+    w.unwritten.clear()
+    w.feed(Disconnected())
+    assert w.state("c1") == "ready"
+    w.feed(Connected())
+    assert len(w.outputs("c1")) == 2 and w.state("c1") == "queued"
+
+
+def test_an_output_done_while_disconnected_waits_for_the_next_connection():
+    w = Wire()
+    one_tool_turn(w)
+    w.drop()
+    w.finish("c1")
+    assert w.outputs() == [] and w.state("c1") == "ready"
+    w.feed(Connected())
+    assert len(w.outputs("c1")) == 1
+
+
+def test_the_service_refusing_a_resent_output_marks_it_rejected_not_looped():
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write(1)
+    w.drop()
+    w.feed(Connected())
+    (_, resent) = w.outputs("c1")
+    w.server(error("invalid_tool_call_id", resent.event["event_id"]))
+    assert w.state("c1") == "rejected"
+    (line,) = w.records("tool_call")
+    assert line["state"] == "rejected" and line["delivered"] is False
+    # rejected counts as answered: the create lost in the drop (never
+    # written) is decided again, once
+    assert len(w.creates()) == 2 and w.p.creates[w.creates()[0].event["event_id"]].result == "lost"
+    w.feed(Disconnected())
+    w.feed(Connected())
+    assert len(w.outputs("c1")) == 2                           # never sent again
+
+
+def test_a_response_active_at_a_drop_is_lost_its_complete_calls_run_on():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1"), item_added("r1", "c2"))
+    w.drop()
+    assert w.p.batches["r1"].status == "lost" and not w.p.active
+    assert w.state("c1") == "running" and w.state("c2") == "ready" and w.p.calls["c2"].synthetic
+    w.feed(Connected())
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1                               # a lost batch is carried forward too
+
+
+def test_the_reconnect_keeps_the_epoch_and_a_new_turn_after_it_still_supersedes():
+    w = Wire()
+    w.server(speech())
+    one_tool_turn(w)
+    w.drop()
+    w.feed(Connected())
+    assert w.p.epoch == 1                                      # a reconnect is not a barge-in
+    w.server(speech())
+    w.finish("c1")
+    w.write()
+    assert w.p.epoch == 2 and w.creates() == []
+
+
+def test_replaying_the_whole_stream_answers_nothing_twice():
+    w = Wire()
+    stream = [created("r1"), item_done("r1", "c1"), done("r1")]
+    w.server(*stream)
+    w.finish("c1")
+    w.write()
+    w.server(confirmed("c1"), created("r2"), done("r2"))
+    w.server(*stream, confirmed("c1"), created("r2"), done("r2"))
+    assert w.started() == ["c1"] and len(w.outputs()) == 1 and len(w.creates()) == 1
+
+
+# ---------------------------------------------------------- ends, records
+
+@pytest.mark.parametrize("code,reason", [("invalid_api_key", EndReason.UNAUTHORIZED),
+                                         ("insufficient_quota", EndReason.QUOTA)])
+def test_a_fatal_error_ends_the_call(code, reason):
+    w = Wire()
+    assert w.server(error(code, None))[-1] == EndCall(reason)
+    assert reason == code.replace("invalid_api_key", "unauthorized")     # the values stay as they were
+
+
+def test_peer_error_strings_are_clipped_in_the_log():
+    w = Wire()
+    w.server(error("x" * 500, "e" * 500))
+    (line,) = w.logs("realtime.error")
+    assert len(line["code"]) == 64 and len(line["event_id"]) == 64
+
+
+def test_transcripts_become_a_record_line_and_a_feed_event():
+    w = Wire()
+    w.server({"type": "response.output_audio_transcript.done", "response_id": "r1", "item_id": "a1",
+              "output_index": 0, "content_index": 0, "transcript": "it is sunny"})
+    assert w.records("transcript") == [{"role": "assistant", "item_id": "a1", "text": "it is sunny"}]
+    assert w.of(Publish)[-1] == Publish("transcript", {"role": "assistant", "text": "it is sunny", "item_id": "a1"})
+
+
+def test_overhead_and_turnaround_are_measured_around_the_tool():
+    w = Wire()
+    w.now = 1.0
+    one_tool_turn(w)
+    w.now = 6.0
+    w.finish("c1", duration_ms=4900.0)
+    w.now = 6.5
+    w.write(1)                                                 # the output, at 6.5
+    w.now = 7.0
+    w.write(1)                                                 # the create, at 7.0
+    (overhead, turnaround) = w.of(Measure)
+    assert overhead.name == "tool_overhead" and overhead.seconds == pytest.approx(0.6)
+    assert turnaround.name == "tool_turnaround" and turnaround.seconds == pytest.approx(6.0)
+    assert w.p.calls["c1"].overhead_ms == pytest.approx(600.0)
+
+
+def test_closing_answers_every_tool_call_and_records_what_is_left():
+    w = Wire()
+    w.server(created("r1"), item_done("r1", "c1"), item_done("r1", "c2"), item_added("r1", "c3"), done("r1"))
+    w.write()                                                  # c3's synthetic output (never complete)
+    w.finish("c1")
+    w.write()                                                  # c1 written, not confirmed
+    w.feed(ToolAbandoned("c2"))                                # the actor gave up on c2
+    w.feed(Disconnected())
+    sends = w.p.closing_outputs(9.0)
+    assert [s.tool_call_id for s in sends] == ["c2"]           # c1 is not written twice; c3 was answered already
+    assert sends[0].event["item"]["output"] == SYNTHETIC
+    w.feed(WrittenAtClose("c2"))
+    assert w.state("c2") == "sent" and w.p.calls["c2"].sends == 1
+    lines = w.p.closing_lines()
+    assert [line.kind for line in lines] == ["tool_call"] * 3
+    assert {line.fields["tool_call_id"]: line.fields["outcome"] for line in lines} == {
+        "c1": "ok", "c2": "cancelled", "c3": "cancelled"}
+
+
+def test_closing_lines_list_every_create():
+    w = Wire()
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write()
+    w.server(confirmed("c1"))
+    (line,) = w.p.closing_lines()
+    assert line.kind == "response_create" and line.fields["for"] == ["r1"] and line.fields["result"] == "sent"
+
+
+def test_an_executor_gone_fails_the_call_with_the_synthetic_output():
+    w = Wire()
+    one_tool_turn(w)
+    w.feed(ToolAbandoned("c1", executor_gone=True))
+    assert w.p.calls["c1"].outcome == "failed" and w.outputs("c1")[0].event["item"]["output"] == SYNTHETIC
+
+
+def test_recovered_calls_are_answered_on_connect_then_one_create():
+    w = Wire(connect=False)
+    w.feed(Recovered("c_w", "commitments.add", "r_old", None, '{"added": 1}', "replayed"))
+    w.feed(Recovered("c_x", "mystery.tool", "r_old", None, '{"error": "restarted"}', "restarted"))
+    w.feed(Recovered("c_r", "journal.search", "r_old", '{"q": 1}'))
+    assert w.started() == ["c_r"] and w.outputs() == []
+    assert [line["tool_call_id"] for line in w.records("tool_started")] == ["c_w", "c_x", "c_r"]
+    w.finish("c_r")                                            # the read ran again before the socket was up
+    w.feed(Connected())
+    assert [s.tool_call_id for s in w.outputs()] == ["c_w", "c_x", "c_r"]
+    w.write()
+    (create,) = w.creates()
+    assert w.p.creates[create.event["event_id"]].batches == ["r_old"]
+    assert w.p.calls["c_x"].synthetic and not w.p.calls["c_w"].synthetic
+
+
+def test_a_recovered_call_without_a_response_id_gets_a_batch_of_its_own():
+    w = Wire(connect=False)
+    w.feed(Recovered("c_x", "mystery.tool", None, None, '{"error": "restarted"}', "restarted"))
+    assert w.p.batches["resp_recovered_c_x"].calls == ["c_x"]
+    assert w.p.batches["resp_recovered_c_x"].status == "completed" and w.p.calls["c_x"].outcome == "restarted"
+
+
+def test_a_bad_input_is_refused():
+    with pytest.raises(TypeError):
+        CallProtocol("rtc_x").handle("response.done", 0.0)  # type: ignore[arg-type]
+
+
+def test_skipped_frames_count_in_the_event_sequence():
+    w = Wire()
+    assert w.feed(Received(None)) == []
+    w.p.skipped_frame()
+    w.server(created("r1"))
+    assert w.p.seq == 3 and w.p.batches["r1"].created_seq == 3
+
+
+def test_the_protocol_imports_no_trio():
+    code = "import sys, voiceactors.actors.call_protocol; print('trio' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+# ------------------------------------------------- any order of events
+
+RIDS = ("r1", "r2", "r3")
+TIDS = ("c1", "c2", "c3", "c4")
+server_steps = st.one_of(
+    st.builds(lambda r: ("server", created(r)), st.sampled_from(RIDS)),
+    st.builds(lambda r, c: ("server", item_added(r, c)), st.sampled_from(RIDS), st.sampled_from(TIDS)),
+    st.builds(lambda r, c, s: ("server", item_done(r, c, status=s)), st.sampled_from(RIDS),
+              st.sampled_from(TIDS), st.sampled_from(["completed", "incomplete"])),
+    st.builds(lambda r, c: ("server", args_done(r, c, '{"x": 1}')), st.sampled_from(RIDS), st.sampled_from(TIDS)),
+    st.builds(lambda r, s: ("server", done(r, status=s)), st.sampled_from(RIDS),
+              st.sampled_from(["completed", "completed", "cancelled", "failed", "incomplete"])),
+    st.just(("server", speech())),
+    st.builds(lambda c: ("server", confirmed(c)), st.sampled_from(TIDS)),
+    st.just(("server", typed_turn())),
+)
+steps = st.lists(st.one_of(server_steps, st.just(("finish", None)), st.just(("write", None))), max_size=40)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(steps)
+def test_any_order_of_events_answers_every_tool_call_exactly_once(script):
+    """Whatever the service sends, in whatever order (one connection, no
+    errors): a tool call starts at most once, its output is sent at most
+    once, and by the end of the call every tool call the service named has
+    been answered; one create at most per batch."""
+    w = Wire()
+    for kind, obj in script:
+        if kind == "server":
+            w.server(obj)
+        elif kind == "finish":
+            running = [c for c in w.started() if w.state(c) == "running"]
+            if running:
+                w.finish(running[0])
+        else:
+            w.write(1)
+    for c in w.started():
+        if w.state(c) == "running":
+            w.finish(c)
+    w.write()
+    for rid, batch in list(w.p.batches.items()):
+        if batch.status is None:                  # the service ends every response it began
+            w.server(done(rid))
+    for c in w.started():
+        if w.state(c) == "running":
+            w.finish(c)
+    w.write()
+    # a function_call item the service names after its response's
+    # response.done waits (unanswered) for the end of the call: the bounded
+    # close answers it
+    w.feed(Disconnected())
+    for send in w.p.closing_outputs(w.now):
+        w.effects.append(send)
+        w.feed(WrittenAtClose(send.tool_call_id))
+    started = w.started()
+    assert len(started) == len(set(started))
+    sent = [s.tool_call_id for s in w.outputs()]
+    assert len(sent) == len(set(sent))
+    # answered: sent by us, or echoed by the service as already there (then
+    # sending it would be the duplicate)
+    assert set(sent) <= set(w.p.calls)
+    assert all(c in sent or w.state(c) == "confirmed" for c in w.p.calls)
+    assert all(w.state(c) in ("sent", "confirmed") for c in w.p.calls)
+    creates = [w.p.creates[s.event["event_id"]] for s in w.creates()]
+    carried = [rid for create in creates for rid in create.batches]
+    assert len(carried) == len(set(carried))
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(server_steps, st.just(("finish", None)), st.just(("write", None)),
+                          st.just(("drop", None))), max_size=40))
+def test_any_order_with_drops_never_resends_a_confirmed_output(script):
+    """With reconnects in between: a tool call still starts at most once, an
+    output is written again only while unconfirmed, and by the end of the
+    call every tool call is answered."""
+    w = Wire()
+    confirmed_before: dict[str, int] = {}      # tool call id -> outputs sent when it was confirmed
+    for kind, obj in script:
+        if kind == "server":
+            w.server(obj)
+            if obj["type"] == "conversation.item.added" and obj["item"]["type"] == "function_call_output":
+                c = obj["item"]["call_id"]
+                if c in w.p.calls:                 # an id it never named is ignored
+                    confirmed_before.setdefault(c, len(w.outputs(c)))
+        elif kind == "finish":
+            running = [c for c in w.started() if w.state(c) == "running"]
+            if running:
+                w.finish(running[0])
+        elif kind == "write":
+            w.write(1)
+        else:
+            w.drop()
+            w.feed(Connected())
+    for c in w.started():
+        if w.state(c) == "running":
+            w.finish(c)
+    w.write()
+    w.feed(Disconnected())
+    for send in w.p.closing_outputs(w.now):
+        w.effects.append(send)
+        w.feed(WrittenAtClose(send.tool_call_id))
+    started = w.started()
+    assert len(started) == len(set(started))
+    for c, count in confirmed_before.items():
+        assert len(w.outputs(c)) == count          # nothing sent after the service had it
+    assert all(w.outputs(c) or w.state(c) == "confirmed" for c in w.p.calls)

@@ -1,0 +1,794 @@
+"""CallProtocol: the rules of one call's sideband, with no I/O (sans-IO).
+
+``CallProtocol.handle(input, now)`` takes one ``CallInput`` (a parsed server
+event, a tool result, an event written, the socket connected or dropped, a
+timer) and the current time, updates the call's bookkeeping
+(``call_state.py``) and returns the effects to carry out, in order: events to
+send, tools to start, reads to cancel, a wake-up time, record lines, feed
+events, metrics, log lines, the end of the call. It never blocks, sleeps,
+reads a clock or imports trio: ``CallActor`` (``call.py``) is the async shell
+that feeds it and carries its effects out. The protocol tests drive it
+directly (``tests/test_call_protocol.py``).
+
+The rules (``docs/calls.md`` has the long form):
+
+* a tool call runs only on complete arguments of a response not cancelled and
+  not superseded; calls of one response run concurrently;
+* every tool call id is answered exactly once; an output counts as delivered
+  when the service echoes it (``conversation.item.added``); unconfirmed
+  outputs are written again after a reconnect, confirmed ones never;
+* one ``response.create`` per batch, after that response's ``response.done``,
+  once every output is written, only while no response is active and only if
+  the batch's epoch is current; ``conversation_already_has_active_response``
+  naming our event sends us back to waiting for the active response to end
+  (or, when we know of none, a blind retry after ``BLIND_RETRY_S``);
+* ``speech_started`` and a cancelled response advance the epoch and cancel the
+  older epoch's reads at the executor; older work still answers its tool call
+  id but never asks for a response.
+
+Names: ``call_id`` is the live call (``rtc_...``); ``tool_call_id`` is the
+model's function-call id (the ``call_id`` field of the Realtime events).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Callable
+
+from voiceactors.actors.call_state import (
+    ANSWERED, ENDED_OK, UNANSWERED, UNSENT, Batch, BatchStatus, CreateResult, CreateSent, FollowUp, Origin,
+    ToolCall, ToolCallState, ToolOutcome,
+)
+from voiceactors.realtime import events as rt
+
+
+class EndReason(StrEnum):
+    """Why a call ended (the ``end`` line of the call record, ``call.ended``)."""
+
+    CLOSED = "closed_by_service"          # clean close 1000/1001
+    GONE = "call_gone"                    # 404/410 at the handshake
+    IDLE = "idle_timeout"
+    MAX = "max_duration"
+    EXHAUSTED = "reconnect_exhausted"
+    NO_KEY = "no_api_key"
+    UNAUTHORIZED = "unauthorized"         # 401/403 at the handshake, or an invalid_api_key error
+    QUOTA = "insufficient_quota"          # the service's insufficient_quota error
+    SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
+    ERROR = "error"                       # a bug: logged with its traceback
+
+
+#: The server events the protocol acts on; the reader skips the rest (deltas,
+#: audio buffer and rate-limit events) without validating them.
+HANDLED_EVENTS = frozenset({
+    "response.created", "response.output_item.added", "response.output_item.done",
+    "response.function_call_arguments.done", "response.done", "input_audio_buffer.speech_started",
+    "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
+    "conversation.item.input_audio_transcription.completed",
+    "response.output_audio_transcript.done", "response.output_text.done",
+})
+
+ACTIVE_RESPONSE = "conversation_already_has_active_response"
+#: Service error codes after which the call cannot go on: it ends at once.
+FATAL_ERRORS = {"invalid_api_key": EndReason.UNAUTHORIZED, "insufficient_quota": EndReason.QUOTA}
+#: Longest tool name kept from the peer (ours are under 40 characters).
+TOOL_NAME_MAX = 128
+#: Longest peer-sent string (error code, type, event id) put in a log line.
+PEER_STRING_MAX = 64
+#: After ``conversation_already_has_active_response`` while we saw no active
+#: response (its ``response.created`` fell in a drop), retry after this long.
+BLIND_RETRY_S = 2.0
+BLIND_RETRIES = 3
+
+
+# ------------------------------------------------------------------ inputs
+
+@dataclass(frozen=True)
+class Connected:
+    """A socket is up and its writer takes events: pending outputs go out."""
+
+
+@dataclass(frozen=True)
+class Received:
+    """One frame from the service: its parsed event, or None for a frame the
+    reader skipped (it still counts in the event sequence)."""
+
+    event: Any
+
+
+@dataclass(frozen=True)
+class Written:
+    """The writer wrote this ``Send`` on the socket."""
+
+    send: "Send"
+
+
+@dataclass(frozen=True)
+class ToolFinished:
+    """The executor answered a tool call (a ``ToolResult``'s fields)."""
+
+    tool_call_id: str
+    tool: str
+    output: str
+    outcome: str
+    duration_ms: float = 0.0
+    client_events: tuple[dict[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolAbandoned:
+    """A tool task ended without a result: cancelled by the actor, or the
+    executor was gone (``executor_gone``)."""
+
+    tool_call_id: str
+    executor_gone: bool = False
+
+
+@dataclass(frozen=True)
+class Disconnected:
+    """The connection's writer is gone: what it did not write is ready again."""
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The socket is gone and a reconnect follows (see ``CallProtocol._on_drop``)."""
+
+
+@dataclass(frozen=True)
+class Timer:
+    """The wake-up time the protocol asked for (``WakeAt``) may have come."""
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """A tool call a crashed run left pending (a rejoin, ``recovery.py``).
+    ``output`` None: run it again (a read with its arguments); else answer it
+    with ``output`` and ``outcome``."""
+
+    tool_call_id: str
+    tool: str
+    response_id: str | None
+    arguments: str | None
+    output: str | None = None
+    outcome: str | None = None
+
+
+@dataclass(frozen=True)
+class WrittenAtClose:
+    """The bounded close wrote this tool call's output itself (``closing_outputs``)."""
+
+    tool_call_id: str
+
+
+#: Everything the call actor feeds its protocol.
+CallInput = (Connected | Received | Written | ToolFinished | ToolAbandoned | Disconnected | Dropped | Timer
+             | Recovered | WrittenAtClose)
+
+
+# ----------------------------------------------------------------- effects
+
+@dataclass(frozen=True)
+class Send:
+    """One event for the connection's writer; ``tool_call_id`` marks a
+    function_call_output (the writer reports it back with ``Written``)."""
+
+    event: dict[str, Any]
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class StartTool:
+    """Run one tool call at the executor; report back with ``ToolFinished``
+    or ``ToolAbandoned``."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+    epoch: int
+    turn: int
+
+
+@dataclass(frozen=True)
+class CancelOlderReads:
+    """Tell the executor to cancel this call's reads issued before ``before_epoch``."""
+
+    before_epoch: int
+
+
+@dataclass(frozen=True)
+class WakeAt:
+    """Feed ``Timer`` at ``at`` (or sooner; the protocol checks the time itself)."""
+
+    at: float
+
+
+@dataclass(frozen=True)
+class RecordLine:
+    """A line for the call record."""
+
+    kind: str
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """A client feed event: ``CallFeed.<kind>(**fields)``."""
+
+    kind: str        # tool_started | tool_done | client_events | transcript
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A metric observation: ``metrics.<name>(seconds)``."""
+
+    name: str        # tool_overhead | tool_turnaround
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Log:
+    """A structured log line of the call actor."""
+
+    level: str       # debug | info | warning | error
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EndCall:
+    """The call cannot go on (a fatal service error)."""
+
+    reason: EndReason
+
+
+Effect = Send | StartTool | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
+
+
+class CallProtocol:
+    """The sideband protocol of one call: state and rules, no I/O.
+
+    ``effect_of(name)`` says whether a tool is a ``read`` or a ``write`` (None
+    when unknown): the ``tool_started`` record line keeps a read's arguments.
+    ``started`` is the time the call started (record times are relative to it).
+    Not thread-safe; one owner feeds it.
+    """
+
+    def __init__(self, call_id: str, *, effect_of: Callable[[str], str | None] = lambda name: None,
+                 started: float = 0.0) -> None:
+        self.call_id = call_id
+        self.started = started
+        self._effect_of = effect_of
+        self.epoch = 0
+        self.turn = 0
+        self._speech_turn = False
+        self.calls: dict[str, ToolCall] = {}
+        self.batches: dict[str, Batch] = {}
+        self.active: set[str] = set()
+        self.creates: dict[str, CreateSent] = {}
+        self._output_events: dict[str, str] = {}     # event_id -> tool_call_id
+        self.create_inflight: str | None = None
+        self.retry_at: float | None = None          # math.inf: retries used up, wait for a response event
+        self._blind_retries = 0
+        self.seq = 0                                # server frames received
+        self.connected = False                      # a writer takes Send effects
+        self.log_budget = rt.LogBudget()            # peer-triggered log lines (skipped frames, errors)
+        self._now = started
+        self._effects: list[Effect] = []
+
+    # ----------------------------------------------------------- the API
+
+    def handle(self, message: CallInput, now: float) -> list[Effect]:
+        """Apply one input at time ``now``; return the effects, in order."""
+        self._now = now
+        match message:
+            case Received(event=event):
+                self.seq += 1
+                if event is not None:
+                    self._on_event(event)
+            case Written(send=send):
+                self._on_written(send)
+            case ToolFinished():
+                self._on_tool_finished(message)
+            case ToolAbandoned():
+                self._on_tool_abandoned(message)
+            case Connected():
+                self._on_connected()
+            case Disconnected():
+                self._on_disconnected()
+            case Dropped():
+                self._on_drop()
+            case Timer():
+                if self.retry_at is not None and now >= self.retry_at:
+                    self.retry_at = None
+                    self._maybe_follow_up()
+            case Recovered():
+                self._on_recovered(message)
+            case WrittenAtClose(tool_call_id=tool_call_id):
+                call = self.calls[tool_call_id]
+                call.sends += 1
+                call.state = ToolCallState.SENT
+            case _:
+                raise TypeError(f"not a CallInput: {message!r}")
+        return self.take_effects()
+
+    def skipped_frame(self) -> None:
+        """The same as ``handle(Received(None), now)``, which has no effects:
+        the reader's path for the frames it skips (most of a busy call's
+        traffic is deltas)."""
+        self.seq += 1
+
+    def take_effects(self) -> list[Effect]:
+        """The effects not yet returned (after ``handle`` raised half-way)."""
+        effects, self._effects = self._effects, []
+        return effects
+
+    def tools_running(self) -> bool:
+        return any(c.state == ToolCallState.RUNNING for c in self.calls.values())
+
+    def closing_outputs(self, now: float) -> list[Send]:
+        """The end of a call with its socket up: answer every unanswered tool
+        call with the synthetic output, and return the outputs never written
+        on this socket for the shell to write (report each with
+        ``WrittenAtClose``; outputs written and not confirmed are not written
+        twice)."""
+        self._now = now
+        sends = []
+        for call in self.calls.values():
+            if call.state in UNANSWERED:
+                call.outcome = call.outcome or ToolOutcome.CANCELLED
+                call.abandon()
+            if call.state != ToolCallState.READY or call.output is None:
+                continue
+            event = rt.function_call_output(call.tool_call_id, call.output)
+            self._output_events[event["event_id"]] = call.tool_call_id
+            sends.append(Send(event, call.tool_call_id))
+        return sends
+
+    def closing_lines(self) -> list[RecordLine]:
+        """The record lines written at the end: every ``response.create`` and
+        the ``tool_call`` line of each call not settled yet."""
+        lines = [RecordLine("response_create", {
+            "t": create.t, "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
+            "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
+        }) for create in self.creates.values()]
+        for call in self.calls.values():
+            self._record_settled(call)
+        lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
+        return lines
+
+    # ------------------------------------------------------------ helpers
+
+    def _emit(self, effect: Effect) -> None:
+        self._effects.append(effect)
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        self._effects.append(Log(level, event, fields))
+
+    def _record(self, kind: str, **fields: Any) -> None:
+        self._effects.append(RecordLine(kind, fields))
+
+    # ------------------------------------------------------- server events
+
+    def _on_event(self, event: Any) -> None:
+        """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
+        kind = event.type
+        if kind == "response.created":
+            self._on_response_created(event.response)
+        elif kind in ("response.output_item.added", "response.output_item.done"):
+            self._on_output_item(event.response_id, event.item, done=kind.endswith(".done"))
+        elif kind == "response.function_call_arguments.done":
+            self._on_arguments_done(event)
+        elif kind == "response.done":
+            self._on_response_done(event.response)
+        elif kind == "input_audio_buffer.speech_started":
+            self._on_speech_started()
+        elif kind in ("conversation.item.added", "conversation.item.created", "conversation.item.done"):
+            self._on_item_added(event.item, first=kind != "conversation.item.done")
+        elif kind == "error":
+            self._on_error(event.error)
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            self._transcript("user", event.transcript, event.item_id)
+        elif kind == "response.output_audio_transcript.done":
+            self._transcript("assistant", event.transcript, event.item_id)
+        elif kind == "response.output_text.done":
+            self._transcript("assistant", event.text, event.item_id)
+
+    def _batch(self, response_id: str) -> Batch:
+        batch = self.batches.get(response_id)
+        if batch is None:  # first seen without its response.created (e.g. after a reconnect)
+            batch = Batch(response_id, self.epoch, Origin.MODEL, self.seq)
+            self.batches[response_id] = batch
+        return batch
+
+    def _on_response_created(self, response: Any) -> None:
+        rid = response.id or f"resp_unknown_{self.seq}"
+        new = rid not in self.batches
+        batch = self._batch(rid)
+        self.active.add(rid)
+        self.retry_at = None
+        if new and self.create_inflight is not None:
+            # The service answers our response.create with response.created
+            # (it carries no event_id, so the first one after ours is ours).
+            create = self.creates[self.create_inflight]
+            create.response_id = rid
+            batch.origin = Origin.OURS
+            self.create_inflight = None
+        elif new:
+            self._carried_forward_by(batch)
+        self._log("debug", "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
+
+    def _carried_forward_by(self, started: Batch) -> None:
+        """A response the model started after every output of a finished batch
+        was confirmed has those outputs in its context: it carries the
+        conversation forward, so that batch needs no response.create of ours."""
+        for batch in self.batches.values():
+            if batch is started or batch.follow_up is not None or not batch.calls:
+                continue
+            if batch.status not in ENDED_OK or batch.epoch != self.epoch or started.epoch != self.epoch:
+                continue
+            seqs = [self.calls[c].confirmed_seq for c in batch.calls]
+            if all(s is not None and s < started.created_seq for s in seqs):
+                batch.follow_up = FollowUp.MODEL
+                self._log("info", "response.follow_up_by_model", response_id=batch.response_id,
+                          by=started.response_id, epoch=self.epoch)
+
+    def _tool_call(self, response_id: str, tool_call_id: str | None, name: str | None,
+                   item_id: str | None) -> ToolCall | None:
+        if not tool_call_id:
+            return None
+        # a tool name is ours to know; one longer than any we have is unknown
+        # either way, and clipped it cannot flood the logs and the record
+        name = rt.clip(name, TOOL_NAME_MAX)
+        call = self.calls.get(tool_call_id)
+        if call is None:
+            batch = self._batch(response_id)
+            call = ToolCall(tool_call_id, name or "", response_id, batch.epoch, self.turn,
+                            self._now - self.started, item_id=item_id)
+            self.calls[tool_call_id] = call
+            batch.calls.append(tool_call_id)
+        elif name and not call.name:
+            call.name = name
+        return call
+
+    def _on_output_item(self, response_id: str, item: Any, *, done: bool) -> None:
+        if getattr(item, "type", None) != "function_call":
+            return
+        call = self._tool_call(response_id, item.call_id, item.name, item.id)
+        if call is None or not done or call.state != ToolCallState.SEEN:
+            return
+        if item.arguments is not None:
+            call.arguments = item.arguments
+        if item.status in (None, "completed") and call.arguments is not None:
+            call.complete = True
+            self._maybe_start(call)
+
+    def _on_arguments_done(self, event: Any) -> None:
+        # Also emitted for an interrupted response, with partial arguments: not
+        # a reason to run. The item's done event or the response's done decides.
+        call = self._tool_call(event.response_id, event.call_id, event.name, event.item_id)
+        if call is not None and call.state == ToolCallState.SEEN and not call.complete:
+            call.arguments = event.arguments
+
+    def _on_response_done(self, response: Any) -> None:
+        rid = response.id or f"resp_unknown_{self.seq}"
+        batch = self._batch(rid)
+        self.active.discard(rid)
+        # a response ended (maybe the one the service was busy with, whose
+        # response.created we never saw): decide now, not at the blind retry
+        self.retry_at = None
+        batch.status = response.status or BatchStatus.COMPLETED
+        batch.done_t = self._now
+        for item in response.output or ():
+            if getattr(item, "type", None) != "function_call":
+                continue
+            call = self._tool_call(rid, item.call_id, item.name, item.id)
+            if (call is not None and call.state == ToolCallState.SEEN and not call.complete
+                    and item.arguments is not None):
+                call.arguments = item.arguments
+        for tool_call_id in batch.calls:
+            call = self.calls[tool_call_id]
+            if call.state != ToolCallState.SEEN:
+                continue
+            if batch.status == BatchStatus.COMPLETED and call.arguments is not None:
+                call.complete = True
+                self._maybe_start(call)
+            else:
+                self._abandon(call)
+        self._log("debug", "response.done", response_id=rid, status=batch.status, origin=batch.origin,
+                  epoch=batch.epoch, tool_calls=len(batch.calls))
+        self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
+                     origin=batch.origin, tool_calls=list(batch.calls))
+        if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
+            self._advance_epoch("response_cancelled")
+        self._maybe_follow_up()
+
+    def _on_speech_started(self) -> None:
+        self.turn += 1
+        self._speech_turn = True
+        self._advance_epoch("speech_started")
+
+    def _on_item_added(self, item: Any, *, first: bool) -> None:
+        kind = getattr(item, "type", None)
+        if kind == "function_call_output":
+            call = self.calls.get(item.call_id)
+            if call is not None and call.state != ToolCallState.CONFIRMED:
+                call.state = ToolCallState.CONFIRMED
+                call.confirmed_seq = self.seq
+                self._record_settled(call)
+                self._log("debug", "tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
+        elif kind == "message" and getattr(item, "role", None) == "user" and first:
+            if not self._speech_turn:  # a typed turn: no speech_started came first
+                self.turn += 1
+            self._speech_turn = False
+
+    def _on_error(self, error: Any) -> None:
+        event_id, code = error.event_id, error.code
+        fatal = FATAL_ERRORS.get(code or "")
+        if fatal is not None:
+            self._log("error", "realtime.fatal_error", code=code, epoch=self.epoch)
+            self._emit(EndCall(fatal))
+            return
+        if self.log_budget.allow():
+            self._log("warning", "realtime.error", code=rt.clip(code, PEER_STRING_MAX),
+                      error_type=rt.clip(error.type, PEER_STRING_MAX),
+                      event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch,
+                      suppressed=self.log_budget.take_suppressed() or None)
+        if event_id in self.creates:
+            self._on_create_error(self.creates[event_id], code)
+        elif event_id in self._output_events:
+            call = self.calls[self._output_events[event_id]]
+            if call.state in (ToolCallState.SENT, ToolCallState.QUEUED):
+                # The service refused this output (already answered after a
+                # resend, or an id it no longer knows): never send it again.
+                call.state = ToolCallState.REJECTED
+                self._record_settled(call)
+            self._maybe_follow_up()
+
+    def _on_create_error(self, create: CreateSent, code: str | None) -> None:
+        if self.create_inflight == create.event_id:
+            self.create_inflight = None
+        if create.response_id is not None:
+            # the response.created we took for ours was the model's
+            self.batches[create.response_id].origin = Origin.MODEL
+        ours = [self.batches[r] for r in create.batches if self.batches[r].follow_up == FollowUp.OURS]
+        if code == ACTIVE_RESPONSE:
+            create.result = CreateResult.REJECTED_ACTIVE
+            for batch in ours:
+                batch.follow_up = None
+            for rid in self.active:
+                self._carried_forward_by(self.batches[rid])
+            if not self.active and self._blind_retries < BLIND_RETRIES:
+                # active on the service but not to us: retry later (a
+                # response.done wakes us sooner)
+                self._blind_retries += 1
+                self.retry_at = self._now + BLIND_RETRY_S
+                self._emit(WakeAt(self.retry_at))
+            elif not self.active:
+                # retries used up: no immediate resend (that would loop while
+                # the service keeps refusing); the next response.created or
+                # response.done, or a reconnect, decides again
+                self.retry_at = math.inf
+        else:
+            create.result = f"error:{code}"
+            for batch in ours:
+                batch.follow_up = FollowUp.FAILED
+        self._maybe_follow_up()
+
+    def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
+        if not text:
+            return
+        self._record("transcript", role=role, item_id=item_id, text=text)
+        self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
+
+    # ------------------------------------------------------------- epochs
+
+    def _advance_epoch(self, why: str) -> None:
+        self.epoch += 1
+        for batch in self.batches.values():
+            if batch.follow_up is None and batch.calls and batch.epoch < self.epoch:
+                batch.follow_up = FollowUp.SUPERSEDED
+        self._log("info", "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
+        if self.tools_running():
+            self._emit(CancelOlderReads(self.epoch))
+
+    # -------------------------------------------------------------- tools
+
+    def _maybe_start(self, call: ToolCall) -> None:
+        batch = self.batches[call.response_id]
+        if call.state != ToolCallState.SEEN or not call.complete:
+            return
+        if batch.status not in (None, BatchStatus.COMPLETED) or batch.epoch < self.epoch:
+            # cancelled, or the user took the floor before it ran: never start it
+            self._abandon(call)
+            return
+        call.state = ToolCallState.RUNNING
+        if not call.recovered:
+            call.turn = self.turn
+        call.started_t = self._now
+        self._record_started(call)
+        self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn))
+        self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                  turn=call.turn)
+        self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                            "epoch": call.epoch}))
+
+    def _on_tool_finished(self, result: ToolFinished) -> None:
+        call = self.calls[result.tool_call_id]
+        call.duration_ms = result.duration_ms
+        call.outcome = result.outcome
+        if result.tool and result.tool != call.name:
+            call.name = result.tool  # the canonical dotted name
+        if call.state == ToolCallState.RUNNING:
+            call.output = result.output
+            call.state = ToolCallState.READY
+            self._queue_output(call)
+        self._log("debug", "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                  current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
+        self._emit(Publish("tool_done", {"tool": call.name, "tool_call_id": call.tool_call_id, "epoch": call.epoch,
+                                         "outcome": result.outcome, "duration_ms": result.duration_ms}))
+        if result.client_events:
+            self._emit(Publish("client_events", {"events": result.client_events, "tool": call.name,
+                                                 "tool_call_id": call.tool_call_id}))
+        self._maybe_follow_up()
+
+    def _on_tool_abandoned(self, message: ToolAbandoned) -> None:
+        call = self.calls[message.tool_call_id]
+        if call.state == ToolCallState.RUNNING:
+            call.outcome = ToolOutcome.FAILED if message.executor_gone else ToolOutcome.CANCELLED
+            self._abandon(call)
+
+    def _abandon(self, call: ToolCall) -> None:
+        if call.state not in UNANSWERED:
+            return
+        call.abandon()
+        self._log("info", "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        self._queue_output(call)
+
+    def _on_recovered(self, pending: Recovered) -> None:
+        """A rejoin: take over a tool call the crashed run left pending. They
+        form completed batches of epoch 0, so once their outputs are written
+        one ``response.create`` carries the conversation forward."""
+        batch = self._batch(pending.response_id or f"resp_recovered_{pending.tool_call_id}")
+        batch.status = BatchStatus.COMPLETED
+        call = ToolCall(pending.tool_call_id, pending.tool, batch.response_id, 0, 0, 0.0,
+                        recovered=True, complete=True, arguments=pending.arguments)
+        self.calls[call.tool_call_id] = call
+        batch.calls.append(call.tool_call_id)
+        if pending.output is None:
+            self._maybe_start(call)
+            return
+        self._record_started(call)
+        call.output, call.outcome, call.state = pending.output, pending.outcome, ToolCallState.READY
+        call.synthetic = pending.outcome == ToolOutcome.RESTARTED
+        self._log("info", "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=pending.outcome)
+
+    # ------------------------------------------------------------ outputs
+
+    def _queue_output(self, call: ToolCall) -> None:
+        """Hand a ready output to the current connection's writer (or keep it
+        ready until the next connection)."""
+        if call.state != ToolCallState.READY or not self.connected or call.output is None:
+            return
+        event = rt.function_call_output(call.tool_call_id, call.output)
+        self._output_events[event["event_id"]] = call.tool_call_id
+        call.state = ToolCallState.QUEUED
+        self._emit(Send(event, call.tool_call_id))
+
+    def _on_written(self, send: Send) -> None:
+        if send.tool_call_id is None:
+            self._on_create_written(send.event.get("event_id"))
+            return
+        call = self.calls[send.tool_call_id]
+        call.sends += 1
+        if call.sends == 1 and not call.synthetic and call.started_t is not None and call.duration_ms is not None:
+            # what the actors add around the tool: the hops to the executor
+            # and back and the writer's turn (the executor times the rest)
+            overhead = max(0.0, (self._now - call.started_t) * 1000 - call.duration_ms)
+            call.overhead_ms = round(overhead, 2)
+            self._emit(Measure("tool_overhead", overhead / 1000))
+        if call.state == ToolCallState.QUEUED:
+            call.state = ToolCallState.SENT
+        self._maybe_follow_up()
+
+    def _on_create_written(self, event_id: str | None) -> None:
+        """Time a response.create of ours from the latest response.done of
+        the batches it carries forward (what the service waits on us)."""
+        create = self.creates.get(event_id or "")
+        if create is None or create.turnaround_ms is not None:
+            return
+        done = [t for r in create.batches if r in self.batches and (t := self.batches[r].done_t) is not None]
+        if done:
+            create.turnaround_ms = round(max(0.0, self._now - max(done)) * 1000, 2)
+            self._emit(Measure("tool_turnaround", create.turnaround_ms / 1000))
+
+    def _on_disconnected(self) -> None:
+        self.connected = False
+        for call in self.calls.values():
+            if call.state == ToolCallState.QUEUED:
+                call.state = ToolCallState.READY
+
+    def _on_connected(self) -> None:
+        self.connected = True
+        for call in self.calls.values():
+            self._queue_output(call)
+        self._maybe_follow_up()
+
+    def _on_drop(self) -> None:
+        """The socket is gone. Unconfirmed outputs will be written again; a
+        response.create without its response.created is re-decided; responses
+        we saw start but not end are ``lost`` (their calls with complete
+        arguments run on; the others get the synthetic output)."""
+        self.connected = False
+        for call in self.calls.values():
+            if call.state in (ToolCallState.QUEUED, ToolCallState.SENT):
+                call.state = ToolCallState.READY
+        if self.create_inflight is not None:
+            create = self.creates[self.create_inflight]
+            create.result = CreateResult.LOST
+            for rid in create.batches:
+                if self.batches[rid].follow_up == FollowUp.OURS:
+                    self.batches[rid].follow_up = None
+            self.create_inflight = None
+        for rid in list(self.active):
+            batch = self.batches[rid]
+            batch.status = BatchStatus.LOST
+            for tool_call_id in batch.calls:
+                # complete calls already run (a started write must report its
+                # real result); the rest will never complete
+                call = self.calls[tool_call_id]
+                if not call.complete:
+                    self._abandon(call)
+        self.active.clear()
+        self.retry_at = None
+
+    # ---------------------------------------------------------- follow-up
+
+    def _maybe_follow_up(self) -> None:
+        """Send one response.create for the finished batches whose every
+        output is written, if the epoch is theirs and no response is active."""
+        if not self.connected or self.create_inflight is not None or self.active:
+            return
+        if self.retry_at is not None:
+            return
+        due = []
+        for batch in self.batches.values():
+            if batch.follow_up is not None or not batch.calls or batch.status not in ENDED_OK:
+                continue
+            if batch.epoch < self.epoch:
+                batch.follow_up = FollowUp.SUPERSEDED
+                continue
+            states = [self.calls[c].state for c in batch.calls]
+            if all(s in ANSWERED and s not in UNSENT for s in states):
+                due.append(batch)
+        if not due:
+            return
+        event = rt.response_create()
+        create = CreateSent(event["event_id"], self.epoch, [b.response_id for b in due],
+                            round(self._now - self.started, 3))
+        self.creates[create.event_id] = create
+        self.create_inflight = create.event_id
+        for batch in due:
+            batch.follow_up = FollowUp.OURS
+        self._log("info", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
+        self._emit(Send(event))
+
+    # ------------------------------------------------------------- record
+
+    def _record_started(self, call: ToolCall) -> None:
+        """The ``tool_started`` line: what a restart needs to answer the call
+        (arguments only for reads, which it may run again)."""
+        effect = self._effect_of(call.name)
+        fields: dict[str, Any] = {"tool_call_id": call.tool_call_id, "tool": call.name,
+                                  "response_id": call.response_id, "epoch": call.epoch, "turn": call.turn,
+                                  "effect": effect}
+        if effect == "read":
+            fields["arguments"] = call.arguments
+        self._record("tool_started", **fields)
+
+    def _record_settled(self, call: ToolCall) -> None:
+        """The one ``tool_call`` line of a call (when it settled, or at the end)."""
+        if not call.recorded:
+            call.recorded = True
+            self._record("tool_call", **call.record_fields())

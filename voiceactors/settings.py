@@ -113,6 +113,9 @@ class Settings:
     feed_max_subscribers_per_call: int = 16  # /events streams of one call; beyond: 503
     feed_max_subscribers: int = 1000        # /events streams in all; beyond: 503
     # --- end calls hardening ---
+    # --- connection cap (issue 11 item 8; owned by the rest engineer) ---
+    max_connections: int = 1000             # VOICEACTORS_MAX_CONNECTIONS: open connections; more wait; 0 = no cap
+    # --- end connection cap ---
 
     @property
     def loopback(self) -> bool:
@@ -156,6 +159,8 @@ class Settings:
             "rate_limit_per_s": _env_float(env, "VOICEACTORS_RATE_LIMIT_PER_S", 0.5),
             "keep_alive_timeout_s": _env_float(env, "VOICEACTORS_KEEP_ALIVE_TIMEOUT", 5.0),
             "max_requests_in_flight": _env_int(env, "VOICEACTORS_MAX_REQUESTS_IN_FLIGHT", 512),
+            # connection cap (issue 11 item 8)
+            "max_connections": _env_int(env, "VOICEACTORS_MAX_CONNECTIONS", 1000),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -45,6 +45,7 @@ from voiceactors.actors.call_state import (
 from voiceactors.actors.feed import CallFeed
 from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult
 from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
+from voiceactors.config import ConfigUnreadable
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.sideband import (
@@ -61,6 +62,7 @@ END_IDLE = "idle_timeout"
 END_MAX = "max_duration"
 END_EXHAUSTED = "reconnect_exhausted"
 END_NO_KEY = "no_api_key"
+END_CONFIG_UNREADABLE = "config_unreadable"   # the journal config could not be read at any attempt
 END_UNAUTHORIZED = "unauthorized"      # 401/403 at the handshake, or an invalid_api_key error
 END_QUOTA = "insufficient_quota"       # the service's insufficient_quota error
 END_SHUTDOWN = "shutdown"              # the actor was cancelled (server stopping)
@@ -295,13 +297,14 @@ class CallActor:
                 return END_SHUTDOWN
             if trio.current_time() >= self.deadline:
                 return END_MAX
-            key = await self._key()
-            if not key:
-                self.log.warning("call.no_api_key")
-                return END_NO_KEY
             self._conn_events = 0
             opened_at = math.inf
+            unreadable = False
             try:
+                key = await self._key()
+                if not key:
+                    self.log.warning("call.no_api_key")
+                    return END_NO_KEY
                 async with open_sideband(self.settings.openai_base_url, key, self.call_id,
                                          connect_timeout=self.settings.connect_timeout_s) as ws:
                     opened_at = trio.current_time()
@@ -321,6 +324,9 @@ class CallActor:
             except SidebandUnavailable as exc:
                 self.log.warning("call.connect_failed", error=str(exc), status=exc.status_code)
                 self._close_code = None
+            except ConfigUnreadable as exc:     # an I/O error, not "no key": a failed attempt
+                self.log.warning("call.config_unreadable", error=str(exc))
+                self._close_code, unreadable = None, True
             except SidebandBroken as exc:
                 self.log.warning("call.connection_broken", error=str(exc), epoch=self.epoch)
                 self._conn_events = 0
@@ -330,7 +336,7 @@ class CallActor:
                 failures = 0    # it worked for a while: a fresh drop
             failures += 1
             if failures > self.settings.reconnect_attempts:
-                return END_EXHAUSTED
+                return END_CONFIG_UNREADABLE if unreadable else END_EXHAUSTED
             delay = backoff_delay(failures, self.settings.reconnect_base_s, self.settings.reconnect_max_s, self._rng)
             self.reconnects += 1
             metrics.reconnect()

@@ -122,6 +122,11 @@ class _Out:
     tool_call_id: str | None = None
 
 
+def _log_id(tool_call_id: str) -> str:
+    """A peer-sent tool call id as logged: clipped like the other peer strings."""
+    return rt.clip(tool_call_id, PEER_STRING_MAX)
+
+
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Delay before reconnect ``attempt`` (1-based): ``base * 2**(attempt-1)``
     capped at ``cap``, scaled into [50 %, 100 %] by ``rng`` when given (the
@@ -593,7 +598,7 @@ class CallActor:
                 call.state = "confirmed"
                 call.confirmed_seq = self._seq
                 self._record_settled(call)
-                self.log.debug("tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
+                self.log.debug("tool.output_confirmed", tool_call_id=_log_id(call.tool_call_id), epoch=self.epoch)
         elif kind == "message" and getattr(item, "role", None) == "user" and first:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
@@ -717,7 +722,7 @@ class CallActor:
 
     async def _run_tool(self, call: ToolCall, scope: trio.CancelScope, pending: ToolRequest | None,
                         receive: trio.MemoryReceiveChannel[ToolResult]) -> None:
-        self.log.debug("tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch, turn=call.turn)
+        self.log.debug("tool.started", tool=call.name, tool_call_id=_log_id(call.tool_call_id), epoch=call.epoch, turn=call.turn)
         if self.feed is not None:
             self.feed.tool_started(tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         result: ToolResult | None = None
@@ -730,7 +735,7 @@ class CallActor:
                     result = await receive.receive()
                 except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
                     gone = True
-                    self.log.error("tool.executor_gone", tool=call.name, tool_call_id=call.tool_call_id)
+                    self.log.error("tool.executor_gone", tool=call.name, tool_call_id=_log_id(call.tool_call_id))
         finally:
             self._tool_scopes.pop(call.tool_call_id, None)
             if result is not None:
@@ -750,7 +755,7 @@ class CallActor:
             call.output = result.output
             call.state = "ready"
             self._queue_output(call)
-        self.log.debug("tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+        self.log.debug("tool.finished", tool=call.name, tool_call_id=_log_id(call.tool_call_id), epoch=call.epoch,
                       current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
         if self.feed is not None:
             self.feed.tool_done(tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
@@ -763,7 +768,7 @@ class CallActor:
         if call.state not in UNANSWERED:
             return
         call.abandon()
-        self.log.info("tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        self.log.info("tool.abandoned", tool=call.name, tool_call_id=_log_id(call.tool_call_id), epoch=call.epoch)
         self._queue_output(call)
 
     async def _settle_tools(self, deadline: float) -> None:
@@ -1004,4 +1009,4 @@ class CallActor:
             self._record_started(call)
             call.output, call.outcome, call.state = output, outcome, "ready"
             call.synthetic = outcome == "restarted"
-            self.log.info("tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=outcome)
+            self.log.info("tool.recovered", tool=call.name, tool_call_id=_log_id(call.tool_call_id), outcome=outcome)

@@ -428,7 +428,7 @@ async def test_mints_share_one_openai_client_per_key(real_server):
 
 
 async def test_the_client_table_is_bounded_and_closes_what_it_drops():
-    from voiceactors.http.openai_clients import OpenAIClients
+    from voiceactors.openai_clients import OpenAIClients
 
     clients = OpenAIClients(max_clients=2, timeout_s=1.0)
     seen = []

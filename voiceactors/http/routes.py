@@ -22,7 +22,7 @@ from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, CountC
                                          RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions, ask)
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
-from voiceactors.http.openai_clients import OpenAIClients
+from voiceactors.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 from voiceactors.storage import run_sync

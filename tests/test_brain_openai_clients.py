@@ -59,9 +59,9 @@ async def test_brain_runs_share_one_openai_client(tmp_path):
         actor = BrainActor(Settings(journal=journal, state_dir=tmp_path / "state", openai_base_url=base + "/v1"))
         await nursery.start(actor.run)
         before = _clients_created()
-        assert (await ask(actor.inbox, AwaitReady)).instruction == "Hi."
+        assert (await ask(actor.inbox, AwaitReady, timeout=30)).instruction == "Hi."
         for _ in range(2):
-            state = await ask(actor.inbox, RefreshBrain)
+            state = await ask(actor.inbox, RefreshBrain, timeout=30)
             assert getattr(state, "instruction", None) == "Hi.", state
         assert len(seen) == 3 and set(seen) == {"Bearer sk-brain-clients-1"}
         assert _clients_created() - before == 1          # one client for three runs, not three

@@ -23,7 +23,7 @@ import trio
 
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.realtime.simulator import Simulator
+from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
 

@@ -83,7 +83,7 @@ def test_past_the_cap_new_connections_wait_and_descriptors_stay_bounded(tmp_path
     def pump() -> None:
         for line in child.stderr:
             lines.append(line)
-            if '"serving"' in line:
+            if '"server.serving"' in line:
                 serving.set()
 
     threading.Thread(target=pump, daemon=True).start()
@@ -105,7 +105,7 @@ def test_past_the_cap_new_connections_wait_and_descriptors_stay_bounded(tmp_path
 
     try:
         assert serving.wait(60), "".join(lines)[-2000:]
-        port = int(json.loads(next(line for line in lines if '"serving"' in line))["urls"][0].rsplit(":", 1)[1])
+        port = int(json.loads(next(line for line in lines if '"server.serving"' in line))["urls"][0].rsplit(":", 1)[1])
         host = f"127.0.0.1:{port}"
         status = f"GET /api/voice/status HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         time.sleep(0.5)

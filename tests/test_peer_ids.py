@@ -60,7 +60,7 @@ async def test_a_100000_character_tool_call_id_is_answered_and_clipped_in_every_
     # each answered once, with the exact id
     assert len(sc.outputs[known_id]) == 1 and "events" in json.loads(sc.outputs[known_id][0])
     assert json.loads(sc.outputs[unknown_id][0]) == {"error": "unknown tool"}
-    runs = [x for x in lines if x.get("event") in ("tool_run", "tool.run")]
+    runs = [x for x in lines if x.get("event") == "tool.run"]
     assert len(runs) == 2
     for run in runs:
         assert len(run["tool_call_id"]) <= 64 and len(run["tool"]) <= 128

@@ -74,6 +74,17 @@ class RateLimiter:
             return 0.0
         return (1.0 - bucket.tokens) / self.per_s
 
+    def wait_for(self, key: object) -> float:
+        """The seconds until ``key`` may take a token (0.0: now); takes nothing
+        and changes nothing, so a refusal can be decided before the app runs."""
+        if not self.enabled:
+            return 0.0
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return 0.0
+        tokens = min(float(self.burst), bucket.tokens + (trio.current_time() - bucket.at) * self.per_s)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.per_s
+
     def give_back(self, key: object) -> None:
         """Return a token ``take`` took for ``key`` (up to the burst)."""
         bucket = self._buckets.get(key)
@@ -93,6 +104,8 @@ def install(app: Quart, settings: Settings) -> RateLimiter:
     limiter = RateLimiter(settings.rate_limit_burst, settings.rate_limit_per_s, settings.rate_limit_clients)
     failed_logins = RateLimiter(LOGIN_FAILURE_BURST, LOGIN_FAILURE_PER_S if limiter.enabled else 0.0,
                                 settings.rate_limit_clients)
+
+    app.extensions["voiceactors_rate_limiter"] = limiter   # the ASGI layer refuses early (asgi.py)
 
     @app.before_request
     async def _rate_limit() -> None:
@@ -114,6 +127,11 @@ def install(app: Quart, settings: Settings) -> RateLimiter:
     return limiter
 
 
+def retry_after(wait: float) -> str:
+    """The ``Retry-After`` value for a wait in seconds (whole seconds, at least 1)."""
+    return str(max(1, math.ceil(wait)))
+
+
 def _refuse_after(wait: float) -> None:
     if wait > 0:
-        raise ApiError(429, RATE_LIMITED, {"Retry-After": str(max(1, math.ceil(wait)))})
+        raise ApiError(429, RATE_LIMITED, {"Retry-After": retry_after(wait)})

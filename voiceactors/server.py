@@ -156,7 +156,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
 
     async def serve(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=trigger,  # type: ignore[arg-type]
+            await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=trigger,
                                   task_status=task_status)
         finally:
             background.cancel()

@@ -161,7 +161,7 @@ class CallActor:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> str:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> EndReason:
         """Serve the call until it ends; return the end reason.
 
         Reports started at once (connecting happens in the background).

@@ -346,6 +346,7 @@ class ToolExecutor:
         req, key = res.req, res.fresh_key
         leading = key is not None and key not in self._flights
         if leading:
+            assert key is not None
             self._flights[key] = _Flight(started)   # later requests for it wait (_answer_shared)
         run: _Run | None = None
         shared = False   # its answer holds for the requests that waited for it
@@ -354,7 +355,7 @@ class ToolExecutor:
                 run = await self._handle(res)
             if scope.cancelled_caught:
                 run = _error(CANCELLED, "cancelled")
-            elif writes_before == self._writes_applied and run.outcome in ("ok", "error"):
+            elif run is not None and writes_before == self._writes_applied and run.outcome in ("ok", "error"):
                 shared = True
                 self._keep(key, run, started)
         except trio.Cancelled:   # the executor itself is shutting down

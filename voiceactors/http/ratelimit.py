@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import trio
 from quart import Quart, request
@@ -62,7 +63,7 @@ class RateLimiter:
         return (1.0 - bucket.tokens) / self.per_s
 
 
-def client_address(scope: dict) -> str:
+def client_address(scope: Mapping[str, Any]) -> str:
     client = scope.get("client")
     if isinstance(client, (tuple, list)) and client:
         return str(client[0])

@@ -12,9 +12,10 @@ import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, cast
 
 import trio
+from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics
@@ -163,7 +164,9 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     response without a value)."""
     with trio.fail_after(settings.mint_timeout_s + 1.0):
         async with clients.use(key, settings.openai_base_url) as client:
-            secret = await client.realtime.client_secrets.create(session=session)
+            # session_config builds the SDK's realtime session shape as a plain dict
+            secret = await client.realtime.client_secrets.create(
+                session=cast(RealtimeSessionCreateRequestParam, session))
     value = getattr(secret, "value", None)
     if not isinstance(value, str) or not value:
         raise ValueError("client secret response has no value")
@@ -180,6 +183,7 @@ async def create_session() -> Any:
     model = await _read_config(config.voice_model, settings)
     started = trio.current_time()
     try:
+        assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
         value = await mint_client_secret(settings, voice.openai_clients, key,
                                          session_config(settings, model, instruction))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500

@@ -171,7 +171,8 @@ def search(root: Path, state_dir: Path, query: str, *, facet: str | None = None,
     match = build_query(query)
     limit = max(1, min(int(limit or 10), MAX_LIMIT))
     root = Path(root)
-    clauses, params = ["chunks MATCH ?"], [match]
+    clauses: list[str] = ["chunks MATCH ?"]
+    params: list[str | int] = [match]
     if facet:
         clauses.append("lower(facet) = lower(?)")
         params.append(str(facet))

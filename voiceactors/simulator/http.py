@@ -224,7 +224,8 @@ async def serve_http(
     ws: WsHandler,
     listeners: list[trio.SocketListener],
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    # started with the listeners, as trio.serve_listeners reports them
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve connections on ``listeners`` until cancelled; cancelling also
     cancels every open connection (websockets drop without a close frame)."""

@@ -23,7 +23,7 @@ import secrets
 import time
 from email import policy as email_policy
 from email.parser import BytesParser
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, cast
 
 import pydantic
 import trio
@@ -51,8 +51,9 @@ __all__ = [
 
 _log = get_logger(actor="simulator")
 
-_SESSION = TypeAdapter(
-    Annotated[Union[RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest],
+# mypy does not read this Annotated union as a TypeForm; the adapter's type is written out
+_SESSION: TypeAdapter[RealtimeSessionCreateRequest | RealtimeTranscriptionSessionCreateRequest] = TypeAdapter(
+    Annotated[Union[RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest],  # type: ignore[arg-type, maybe-unrecognized-str-typeform]
               Field(discriminator="type")]
 )
 
@@ -97,7 +98,8 @@ def _parse_offer(req: HttpRequest) -> tuple[str, dict | None]:
         message = BytesParser(policy=email_policy.HTTP).parsebytes(head + req.body)
         if not message.is_multipart():
             raise ValueError("The multipart body could not be parsed.")
-        parts = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True) or b""
+        # decode=True: a part's payload as bytes (None when empty)
+        parts = {part.get_param("name", header="content-disposition"): cast(bytes, part.get_payload(decode=True) or b"")
                  for part in message.iter_parts()}
         if "sdp" not in parts:
             raise ValueError("Missing required parameter: 'sdp'.")
@@ -318,12 +320,13 @@ class Simulator:
         seconds = 600
         expires = body.get("expires_after")
         if expires is not None:
-            seconds = expires.get("seconds", 600) if isinstance(expires, dict) else None
+            asked = expires.get("seconds", 600) if isinstance(expires, dict) else None
             anchor = expires.get("anchor", "created_at") if isinstance(expires, dict) else None
-            if anchor != "created_at" or not isinstance(seconds, int) or not 10 <= seconds <= 7200:
+            if anchor != "created_at" or not isinstance(asked, int) or not 10 <= asked <= 7200:
                 return json_response(400, _error_body(
                     "expires_after must be {anchor: created_at, seconds: 10..7200}.",
                     code="invalid_value", param="expires_after"))
+            seconds = asked
         session_in = body.get("session", {"type": "realtime"})
         try:
             session = _SESSION.validate_python(session_in)

@@ -61,7 +61,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult, drain
+from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import (
@@ -209,7 +209,7 @@ class ToolExecutor:
         self.ctx = ctx
         self.registry = registry
         self.on_result = on_result
-        self.inbox, self._receive = trio.open_memory_channel[Any](max(1, settings.tool_concurrency))
+        self.inbox, self._receive = trio.open_memory_channel[ExecutorMessage](max(1, settings.tool_concurrency))
         self._limiter = trio.CapacityLimiter(max(1, settings.tool_concurrency))
         self._turns: OrderedDict[tuple[str, int], _Turn] = OrderedDict()
         # call_id -> {cancel scope: epoch} of reads not yet answered

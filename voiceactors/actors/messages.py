@@ -7,7 +7,7 @@ carries its own ``reply`` channel (a ``trio.MemorySendChannel`` of size 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeAlias, TypeVar
 
 import trio
 
@@ -49,6 +49,10 @@ class ToolResult:
     client_events: tuple[dict[str, Any], ...] = ()   # _nav_target / _observer_action for the client
 
 
+ExecutorMessage: TypeAlias = ToolRequest | CancelReads
+"""What the ToolExecutor's inbox carries."""
+
+
 # --- CallSupervisor -------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -86,6 +90,10 @@ class TakeObserverActions:
     """Reply: the pending observer actions across calls (list of dicts), consumed."""
 
     reply: trio.MemorySendChannel[list[dict[str, Any]]] = field(repr=False, compare=False)
+
+
+SupervisorMessage: TypeAlias = Connect | CountCalls | Subscribe | TakeNavHints | TakeObserverActions
+"""What the CallSupervisor's inbox carries."""
 
 
 # --- BrainActor -----------------------------------------------------------
@@ -128,7 +136,13 @@ class RefreshBrain:
     reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
 
 
-async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySendChannel[Any]], Any],
+BrainMessage: TypeAlias = GetBrain | AwaitReady | RefreshBrain
+"""What the BrainActor's inbox carries."""
+
+Message = TypeVar("Message")
+
+
+async def ask(inbox: trio.MemorySendChannel[Message], make: Callable[[trio.MemorySendChannel[Any]], Message],
               *, timeout: float) -> Any:
     """Send ``make(reply_channel)`` to ``inbox`` and wait for the one reply.
 
@@ -146,7 +160,7 @@ async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySen
             return await receive.receive()
 
 
-async def drain(receive: trio.MemoryReceiveChannel[Any]) -> AsyncIterator[Any]:
+async def drain(receive: trio.MemoryReceiveChannel[Message]) -> AsyncIterator[Message]:
     """The messages of an actor's inbox, until it is closed.
 
     Takes every message already queued before waiting again. A plain

@@ -38,8 +38,8 @@ from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.messages import (Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions,
-                                         drain)
+from voiceactors.actors.messages import (Connect, CountCalls, ExecutorMessage, Subscribe, SupervisorMessage,
+                                         TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -50,13 +50,13 @@ class CallSupervisor:
     """``api_key`` is a provider of the standard OpenAI key (default: the
     journal's voice block, then ``OPENAI_API_KEY``) or a fixed key."""
 
-    def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[Any],
+    def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: str | None | Callable[[], str | None] = None, *, hangup: bool = True) -> None:
         self.settings = settings
         self._executor = executor_inbox
         self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
         self._hangup = hangup
-        self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
+        self.inbox, self._receive = trio.open_memory_channel[SupervisorMessage](INBOX_SIZE)
         self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items,
                            max_per_call=settings.feed_max_subscribers_per_call,
                            max_total=settings.feed_max_subscribers)
@@ -75,7 +75,7 @@ class CallSupervisor:
                 async for message in drain(self._receive):
                     self._handle(message, nursery)
 
-    def _handle(self, message: Any, nursery: trio.Nursery) -> None:
+    def _handle(self, message: SupervisorMessage, nursery: trio.Nursery) -> None:
         if isinstance(message, Connect):
             _reply(message.reply, self._connect(message.call_id, nursery))
         elif isinstance(message, CountCalls):

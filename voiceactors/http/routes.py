@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, AsyncIterator, cast
+from typing import Any, AsyncIterator, Callable, cast
 
 import trio
 from openai.types.realtime import RealtimeSessionCreateRequestParam
@@ -20,11 +20,13 @@ from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics
 from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, CountCalls, GetBrain,
-                                         RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions, ask)
+                                         Message, RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions,
+                                         ask)
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.http.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
+from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings
 from voiceactors.storage import run_sync
 from voiceactors.tools.registry import manifest
@@ -47,7 +49,7 @@ class VoiceState:
     the shared OpenAI clients mints use."""
 
     settings: Settings
-    runtime: Any = None
+    runtime: Runtime | None = None
     stopping: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
     openai_clients: OpenAIClients | None = None
@@ -108,14 +110,15 @@ async def _openai_key(settings: Settings) -> str:
     return key
 
 
-def _runtime() -> Any:
+def _runtime() -> Runtime:
     runtime = state().runtime
     if runtime is None:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
     return runtime
 
 
-async def _ask(inbox: Any, make: Any, timeout: float) -> Any:
+async def _ask(inbox: trio.MemorySendChannel[Message],
+               make: Callable[[trio.MemorySendChannel[Any]], Message], timeout: float) -> Any:
     """``ask`` where a gone or stuck actor is "voice runtime unavailable"."""
     try:
         return await ask(inbox, make, timeout=timeout)
@@ -132,7 +135,7 @@ def _age_seconds(brain: BrainState) -> int | None:
 
 # --- POST /api/voice/session --------------------------------------------------
 
-async def _instruction(settings: Settings, runtime: Any) -> str:
+async def _instruction(settings: Settings, runtime: Runtime) -> str:
     """The current instruction. A stale one is used as is (``GetBrain(start=True)``
     queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
     try:

@@ -7,6 +7,7 @@ carries its own ``reply`` channel (a ``trio.MemorySendChannel`` of size 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, AsyncIterator, Callable, TypeAlias, TypeVar
 
 import trio
@@ -55,12 +56,20 @@ ExecutorMessage: TypeAlias = ToolRequest | CancelReads
 
 # --- CallSupervisor -------------------------------------------------------
 
+class ConnectOutcome(StrEnum):
+    """The supervisor's answer to ``Connect`` (the values are what logs and
+    tests have always seen)."""
+
+    CONNECTED = "connected"       # the call's actor is live (started now, or already)
+    AT_CAPACITY = "at_capacity"   # ``settings.max_calls`` live calls already
+
+
 @dataclass(frozen=True)
 class Connect:
-    """Start (or find) the CallActor for ``call_id``. Reply: "connected" or "at_capacity"."""
+    """Start (or find) the CallActor for ``call_id``. Reply: a ConnectOutcome."""
 
     call_id: str
-    reply: trio.MemorySendChannel[str] = field(repr=False, compare=False)
+    reply: trio.MemorySendChannel[ConnectOutcome] = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -68,13 +77,22 @@ class CountCalls:
     reply: trio.MemorySendChannel[int] = field(repr=False, compare=False)
 
 
+class SubscribeRefusal(StrEnum):
+    """The supervisor's answer to ``Subscribe`` at a subscriber cap (the
+    values are the ``/events`` route's 503 error strings)."""
+
+    TOO_MANY_FOR_CALL = "too many event streams for this call"
+    TOO_MANY = "too many event streams"
+
+
 @dataclass(frozen=True)
 class Subscribe:
     """Open the client feed of a live call. Reply: a MemoryReceiveChannel of
-    feed events (dicts), or None when the call is not live."""
+    feed events (dicts), None when the call is not live, or a SubscribeRefusal."""
 
     call_id: str
-    reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
+    reply: trio.MemorySendChannel[trio.MemoryReceiveChannel[dict[str, Any]] | SubscribeRefusal | None] = field(
+        repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics
-from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, CountCalls, GetBrain,
+from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
                                          Message, RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions,
                                          ask)
 from voiceactors.http import errors as E
@@ -212,9 +212,9 @@ async def connect() -> Any:
     except trio.TooSlowError:
         _log.error("http.connect_timed_out", call_id=call_id)
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
-    if answer == "at_capacity":
+    if answer == ConnectOutcome.AT_CAPACITY:
         raise ApiError(503, E.AT_CAPACITY)
-    if answer != "connected":
+    if answer != ConnectOutcome.CONNECTED:
         _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
     return jsonify({"status": "connected"})

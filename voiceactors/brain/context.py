@@ -81,7 +81,7 @@ _MARKS = re.compile(r"[*_`#>|]+")
 _SPACE = re.compile(r"\s+")
 
 
-def plain(text: Any, limit: int = 200) -> str:
+def plain(text: object, limit: int = 200) -> str:
     """``text`` as one plain line: markdown links become their label, marks
     and bullets go, whitespace collapses; cut at a sentence or word boundary
     to at most ``limit`` characters."""

@@ -61,7 +61,7 @@ _FAKE_SDP = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=voiceactors-simulator\r\nt=0 0
 
 
 def _error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
-                param: str | None = None) -> dict:
+                param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "code": code, "param": param}}
 
 
@@ -85,14 +85,14 @@ def _cors_headers(req: HttpRequest) -> list[tuple[str, str]]:
     return headers
 
 
-def _parse_offer(req: HttpRequest) -> tuple[str, dict | None]:
+def _parse_offer(req: HttpRequest) -> tuple[str, dict[str, Any] | None]:
     """(offer SDP, session or None) from the browser's ``application/sdp``
     body or the SDK's ``multipart/form-data`` (parts ``sdp`` and
     ``session``). Raises ValueError with the reason (the SDP must start
     with ``v=``)."""
     content_type = req.headers.get("content-type", "")
     kind = content_type.split(";", 1)[0].strip().lower()
-    session: dict | None = None
+    session: dict[str, Any] | None = None
     if kind == "multipart/form-data":
         head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
         message = BytesParser(policy=email_policy.HTTP).parsebytes(head + req.body)
@@ -159,10 +159,10 @@ class Simulator:
         self.host = host
         self.port: int | None = None
         self.calls: dict[str, SimCall] = {}
-        self.client_secret_requests: list[dict] = []
+        self.client_secret_requests: list[dict[str, Any]] = []
         self.minted: list[str] = []
         self.hangups: list[str] = []
-        self.handshakes: list[dict] = []        # every sideband handshake: call_id, status
+        self.handshakes: list[dict[str, Any]] = []        # every sideband handshake: call_id, status
         self._mint_faults: list[int | str] = []
         self._nursery: trio.Nursery | None = None      # while serving: runs the browser calls' peers
         self._webrtc: LoopThread | None = None         # aiortc's asyncio thread, started by the first offer
@@ -252,7 +252,7 @@ class Simulator:
         Refused events still count in ``call.response_creates``."""
         self.calls[call_id].reject_creates += times
 
-    async def inject(self, call_id: str, message: str | bytes | dict) -> None:
+    async def inject(self, call_id: str, message: str | bytes | dict[str, Any]) -> None:
         """Send a raw message on the call's live sideband, unvalidated (for
         tests of malformed or unknown events). No-op when not connected."""
         call = self.calls[call_id]
@@ -457,7 +457,7 @@ class Simulator:
 
     # -- websocket
 
-    def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict | None, SimCall | None]:
+    def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict[str, Any] | None, SimCall | None]:
         """(status, error body, call): status 101 means accept."""
         key = _bearer(meta.headers)
         call_id = meta.query.get("call_id", "")

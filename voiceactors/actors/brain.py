@@ -38,6 +38,7 @@ callers see ``EndOfChannel`` rather than hang.
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any
 
 import trio
@@ -77,12 +78,12 @@ class BrainActor:
         self.inbox, self._receive = trio.open_memory_channel[BrainMessage](INBOX_SIZE)
         self.instruction: str | None = None
         self.refreshed_at: float | None = None
-        self.day: Any = None              # the clock.today() the instruction was made for
+        self.day: _dt.date | None = None  # the clock.today() the instruction was made for
         self.session_id: str | None = None
         self.runs = 0                     # backend runs started (for status and tests)
         self._running = False
         self._failed_at: float | None = None
-        self._run_day: Any = None
+        self._run_day: _dt.date | None = None
         self._ready_waiters: list[trio.MemorySendChannel[Any]] = []
         self._refresh_waiters: list[trio.MemorySendChannel[Any]] = []
         self._nursery: trio.Nursery | None = None

@@ -77,7 +77,7 @@ class ReplayStream(trio.abc.Stream):
             async with self._sending:
                 await self.inner.send_all(b"".join(held))
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
             n = len(self._prefix) if max_bytes is None else max_bytes
             data, self._prefix = self._prefix[:n], self._prefix[n:]

@@ -55,6 +55,7 @@ from typing import Any
 from benchmarks.common import (
     BENCH_KEY, work_dir, CpuWindow, fmt, machine_facts, sample_journal, spawn, summary, write_json,
 )
+from voiceactors import storage
 
 PEERS = {
     "ours": "benchmarks.peers.ours",
@@ -75,9 +76,9 @@ def server_timings(state_dir: Path) -> dict[str, Any]:
     overhead: list[float] = []
     turnaround: list[float] = []
     for path in sorted((state_dir / "calls").glob("*.jsonl")):
-        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in storage.jsonl_lines(path.read_text(encoding="utf-8", errors="replace")):
             try:
-                rec = json.loads(line)
+                rec = storage.loads_line(line)
             except ValueError:
                 continue
             if rec.get("kind") == "tool_call" and rec.get("duration_ms") is not None:

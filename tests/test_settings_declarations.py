@@ -201,7 +201,7 @@ def test_serve_with_invalid_settings_exits_2_before_serving(journal, tmp_path, m
     code = main(["serve", "--port", "0", "--journal", str(journal), "--state-dir", str(tmp_path / "state")])
     assert code == 2
     err = capsys.readouterr().err
-    assert message in err and '"serving"' not in err
+    assert message in err and '"server.serving"' not in err
     assert not (tmp_path / "state").exists()         # refused before anything was created
 
 

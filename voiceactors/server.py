@@ -27,10 +27,9 @@ from typing import Any, Awaitable, Callable, Iterator
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from voiceactors import clock, gc_policy, logs, metrics
-from voiceactors.http import auth, create_app, hosts, voice_state
+from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
 
@@ -101,6 +100,20 @@ def _quiet_accept_errors() -> None:
     logger.propagate = False
 
 
+FD_HEADROOM = 64     # descriptors besides connections: listeners, journal files, threads' reads
+
+
+def _check_connection_cap(cap: int) -> None:
+    """Warn when ``max_connections`` leaves too few descriptors for the rest
+    (then a flood can still reach EMFILE before the cap)."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (cap == 0 or cap > soft - FD_HEADROOM):
+        _log.warning("server.connection_cap_above_fd_limit", max_connections=cap, fd_limit=soft,
+                     advice=f"set VOICEACTORS_MAX_CONNECTIONS below {max(1, soft - FD_HEADROOM)} or raise ulimit -n")
+
+
 def _hypercorn_logger() -> logging.Logger:
     logger = logging.getLogger("voiceactors.hypercorn")
     logger.handlers = [_StructlogHandler()]
@@ -146,6 +159,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
     app = create_app(settings, brain_backend=brain_backend)
     voice = voice_state(app)
     _quiet_accept_errors()
+    _check_connection_cap(settings.max_connections)
 
     async def trigger() -> None:
         await shutdown_trigger()
@@ -156,8 +170,8 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
 
     async def serve(*, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
         try:
-            await hypercorn_serve(app, hypercorn_config(settings), shutdown_trigger=trigger,
-                                  task_status=task_status)
+            await serving.serve(app, hypercorn_config(settings), max_connections=settings.max_connections,
+                                shutdown_trigger=trigger, task_status=task_status)
         finally:
             background.cancel()
 

@@ -239,7 +239,7 @@ class Settings:
         15.0, HTTP, "the OpenAI client-secret request's time limit (then 500 `voice session unavailable`)",
         env="VOICEACTORS_MINT_TIMEOUT", unit="s", positive=True)
     rate_limit_burst: int = setting(
-        20, HTTP, "`POST /api/voice/session`, `/connect`, `/refresh-brain`: requests one client address may "
+        20, HTTP, "`POST /api/voice/session`, `/connect`, `/refresh-brain`, `/login`: requests one client address may "
         "send at once, per route", env="VOICEACTORS_RATE_LIMIT_BURST", unit="requests", positive=True)
     rate_limit_per_s: float = setting(
         0.5, HTTP, "the bucket's refill per second; an empty bucket answers 429 `too many requests` with "
@@ -253,6 +253,12 @@ class Settings:
     max_requests_in_flight: int = setting(
         512, HTTP, "requests (event streams included) served at once; more answer 503 `server busy` and are "
         "closed; `0` = no cap", env="VOICEACTORS_MAX_REQUESTS_IN_FLIGHT", unit="requests", minimum=0)
+    max_connections: int = setting(
+        1000, HTTP, "connections open at once (idle ones included); past it the server accepts no more: new "
+        "clients wait in the listen backlog (holding none of the server's file descriptors) and are served as "
+        "others close; `0` = no cap. Keep it below the process's descriptor limit (`ulimit -n`) minus about 64 "
+        "(the server warns `server.connection_cap_above_fd_limit` at start otherwise)",
+        env="VOICEACTORS_MAX_CONNECTIONS", unit="connections", minimum=0)
     openai_clients: int = setting(
         8, HTTP, "shared OpenAI SDK clients kept for minting, one per (key, base URL)",
         env="VOICEACTORS_OPENAI_CLIENTS", unit="clients", positive=True)

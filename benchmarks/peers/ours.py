@@ -102,15 +102,22 @@ def _gc_pause(generation: int, seconds: float) -> None:
 
 
 def _inline_run_sync() -> None:
-    """Experiment only: make ``storage.run_sync`` call its function on the
-    trio thread, to measure what the worker-thread hop costs under load."""
+    """Experiment only: make the worker-thread hops (``storage.run_sync`` for
+    reads, ``storage.run_in_write_slot`` for writes, which the executor runs
+    while holding a write-limiter token) call their function on the trio
+    thread, to measure what the hop costs under load."""
     from voiceactors import storage
 
     async def run_sync(fn, *args, cancellable=True):
         await trio.lowlevel.checkpoint()
         return fn(*args)
 
+    async def run_in_write_slot(fn, *args):
+        await trio.lowlevel.checkpoint()
+        return fn(*args)
+
     storage.run_sync = run_sync
+    storage.run_in_write_slot = run_in_write_slot
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine,
-    Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+    PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
 from voiceactors.actors.feed import CallFeed
@@ -313,6 +313,7 @@ class CallActor:
                 return EndReason.MAX
             self._conn_events = 0
             opened_at = math.inf
+            unreadable = False
             try:
                 key = await self._key()
                 if not key:
@@ -337,11 +338,9 @@ class CallActor:
             except SidebandUnavailable as exc:
                 self.log.warning("call.connect_failed", error=str(exc), status=exc.status_code)
                 self._close_code = None
-            except ConfigUnreadable as exc:
-                # the key could not be read (the journal's config, an I/O
-                # error): a failed connect attempt, retried like one
-                self.log.warning("call.connect_failed", error=str(exc), status=None)
-                self._close_code = None
+            except ConfigUnreadable as exc:     # an I/O error, not "no key": a failed attempt
+                self.log.warning("call.config_unreadable", error=str(exc))
+                self._close_code, unreadable = None, True
             except SidebandBroken as exc:
                 self.log.warning("call.connection_broken", error=str(exc), epoch=self.epoch)
                 self._conn_events = 0
@@ -351,7 +350,7 @@ class CallActor:
                 failures = 0    # it worked for a while: a fresh drop
             failures += 1
             if failures > self.settings.reconnect_attempts:
-                return EndReason.EXHAUSTED
+                return EndReason.CONFIG_UNREADABLE if unreadable else EndReason.EXHAUSTED
             delay = backoff_delay(failures, self.settings.reconnect_base_s, self.settings.reconnect_max_s, self._rng)
             self.reconnects += 1
             metrics.reconnect()
@@ -524,7 +523,7 @@ class CallActor:
                     result = await receive.receive()
                 except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
                     gone = True
-                    self.log.error("tool.executor_gone", tool=start.name, tool_call_id=start.tool_call_id)
+                    self.log.error("tool.executor_gone", tool=start.name, tool_call_id=rt.clip(start.tool_call_id, PEER_STRING_MAX))
         finally:
             self._tool_scopes.pop(start.tool_call_id, None)
             if result is not None:

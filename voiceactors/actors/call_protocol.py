@@ -53,6 +53,7 @@ class EndReason(StrEnum):
     MAX = "max_duration"
     EXHAUSTED = "reconnect_exhausted"
     NO_KEY = "no_api_key"
+    CONFIG_UNREADABLE = "config_unreadable"   # the journal config could not be read at any attempt
     UNAUTHORIZED = "unauthorized"         # 401/403 at the handshake, or an invalid_api_key error
     QUOTA = "insufficient_quota"          # the service's insufficient_quota error
     SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
@@ -364,6 +365,10 @@ class CallProtocol:
         self._effects.append(effect)
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
+        # a tool call id is the peer's string: clipped in logs like the others
+        # (outputs and records keep it whole)
+        if isinstance(fields.get("tool_call_id"), str):
+            fields["tool_call_id"] = rt.clip(fields["tool_call_id"], PEER_STRING_MAX)
         self._effects.append(Log(level, event, fields))
 
     def _record(self, kind: str, **fields: Any) -> None:

@@ -63,6 +63,7 @@ from voiceactors import metrics, storage
 from voiceactors.actors import write_log
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
+from voiceactors.realtime.events import clip
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import (
     REGISTRY,
@@ -89,6 +90,8 @@ TURN_OUTPUT_FULL = {"error": "turn output limit reached; answer with what you ha
 OUTPUT_TOO_LARGE = {"error": "output too large"}
 JOURNAL_BUSY = {"error": "journal busy: another program holds the file; nothing was changed, try again"}
 
+PEER_ID_LOG_MAX = 64        # peer-sent ids and names are clipped in log lines
+TOOL_NAME_LOG_MAX = 128
 TRUNCATED_NOTE = "output exceeded the size limit; partial is the beginning of the JSON text"
 TURNS_KEPT = 4096          # (call_id, turn) bound states remembered, oldest evicted
 REPLY_DEADLINE_S = 5.0     # how long a full reply channel may hold up a result
@@ -528,7 +531,8 @@ class ToolExecutor:
 
     def _reported(self, req: ToolRequest, result: ToolResult, run: _Run, delivered: bool,
                   reused: bool = False) -> None:
-        _log.info("tool.run", call_id=req.call_id, tool=result.tool, tool_call_id=req.tool_call_id,
+        _log.info("tool.run", call_id=req.call_id, tool=clip(result.tool, TOOL_NAME_LOG_MAX),
+                  tool_call_id=clip(req.tool_call_id, PEER_ID_LOG_MAX),
                   epoch=req.epoch, turn=req.turn, duration_ms=result.duration_ms, outcome=result.outcome,
                   output_chars=len(result.output), truncated=run.truncated, delivered=delivered,
                   reused=reused)

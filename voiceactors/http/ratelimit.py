@@ -8,6 +8,16 @@ a request finding its bucket empty is refused with 429 and ``Retry-After``
 ``autojump_clock``. The table of buckets is bounded: past ``max_clients``
 the least recently used bucket is dropped (it would have refilled anyway
 long before an attacker cycling addresses comes back).
+
+Sign-in (``POST /api/voice/login``) is one of these POSTs, and guessing the
+token costs more: each sign-in from a client also reserves a token of a
+stricter bucket of its own (``LOGIN_FAILURE_BURST`` at once, one back every
+``1 / LOGIN_FAILURE_PER_S`` seconds), and only a refused token (401) keeps
+it; any other answer gives it back. So a person who mistypes gets a few
+tries, then waits a minute per try, while a browser signing in with the
+right token is never slowed down. The reservation is taken before the
+token is compared, so parallel guesses cannot overdraw the bucket. Both
+buckets are off when ``rate_limit_per_s`` is 0.
 """
 
 from __future__ import annotations
@@ -18,12 +28,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import trio
-from quart import Quart, request
+from quart import Quart, g, request
 
 from voiceactors.http.errors import RATE_LIMITED, ApiError
 from voiceactors.settings import Settings
 
-RATE_LIMITED_POSTS = frozenset({"/api/voice/session", "/api/voice/connect", "/api/voice/refresh-brain"})
+LOGIN_PATH = "/api/voice/login"
+RATE_LIMITED_POSTS = frozenset({"/api/voice/session", "/api/voice/connect", "/api/voice/refresh-brain", LOGIN_PATH})
+LOGIN_FAILURE_BURST = 5            # wrong tokens a client may try at once
+LOGIN_FAILURE_PER_S = 1 / 60       # then one more try a minute
 
 
 @dataclass
@@ -62,6 +75,23 @@ class RateLimiter:
             return 0.0
         return (1.0 - bucket.tokens) / self.per_s
 
+    def wait_for(self, key: object) -> float:
+        """The seconds until ``key`` may take a token (0.0: now); takes nothing
+        and changes nothing, so a refusal can be decided before the app runs."""
+        if not self.enabled:
+            return 0.0
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            return 0.0
+        tokens = min(float(self.burst), bucket.tokens + (trio.current_time() - bucket.at) * self.per_s)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.per_s
+
+    def give_back(self, key: object) -> None:
+        """Return a token ``take`` took for ``key`` (up to the burst)."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:
+            bucket.tokens = min(float(self.burst), bucket.tokens + 1.0)
+
 
 def client_address(scope: Mapping[str, Any]) -> str:
     client = scope.get("client")
@@ -73,13 +103,36 @@ def client_address(scope: Mapping[str, Any]) -> str:
 def install(app: Quart, settings: Settings) -> RateLimiter:
     """Limit the costly POSTs per client (after the host, browser and token guards)."""
     limiter = RateLimiter(settings.rate_limit_burst, settings.rate_limit_per_s, settings.rate_limit_clients)
+    failed_logins = RateLimiter(LOGIN_FAILURE_BURST, LOGIN_FAILURE_PER_S if limiter.enabled else 0.0,
+                                settings.rate_limit_clients)
+
+    app.extensions["voiceactors_rate_limiter"] = limiter   # the ASGI layer refuses early (asgi.py)
 
     @app.before_request
     async def _rate_limit() -> None:
         if request.method != "POST" or request.path not in RATE_LIMITED_POSTS:
             return
-        wait = limiter.take((request.path, client_address(request.scope)))
-        if wait > 0:
-            raise ApiError(429, RATE_LIMITED, {"Retry-After": str(max(1, math.ceil(wait)))})
+        client = client_address(request.scope)
+        _refuse_after(limiter.take((request.path, client)))
+        if request.path == LOGIN_PATH and failed_logins.enabled:
+            _refuse_after(failed_logins.take(client))
+            g.login_reserved = client          # kept only if the token is refused
+
+    @app.after_request
+    async def _settle_login(response: object) -> object:
+        client = getattr(g, "login_reserved", None)
+        if client is not None and getattr(response, "status_code", None) != 401:
+            failed_logins.give_back(client)
+        return response
 
     return limiter
+
+
+def retry_after(wait: float) -> str:
+    """The ``Retry-After`` value for a wait in seconds (whole seconds, at least 1)."""
+    return str(max(1, math.ceil(wait)))
+
+
+def _refuse_after(wait: float) -> None:
+    if wait > 0:
+        raise ApiError(429, RATE_LIMITED, {"Retry-After": retry_after(wait)})

@@ -24,7 +24,7 @@ from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, Connec
                                          ask)
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
-from voiceactors.http.openai_clients import OpenAIClients
+from voiceactors.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
 from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings

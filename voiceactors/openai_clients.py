@@ -1,11 +1,14 @@
-"""Shared ``AsyncOpenAI`` clients for minting session keys, one per (key, base URL).
+"""Shared ``AsyncOpenAI`` clients, one per (key, base URL).
 
 Building an ``AsyncOpenAI`` client costs about 46 ms of CPU on the trio
 thread (the SDK builds its resources and an httpx client): one per mint let
-a flood of mints starve live calls. A client is reentrant, so mints share
-one per (key, base URL) and its connection pool. The table is bounded (a
-key edited many times must not grow it); a client pushed out is closed once
-the mints using it are done.
+a flood of mints starve live calls, and the ``openai`` brain backend built
+one per run. A client is reentrant, so its users share one per (key, base
+URL) and its connection pool: the HTTP routes' table mints session keys
+(``VoiceState``), the brain backend keeps its own (a different timeout).
+The table is bounded (a key edited many times must not grow it); a client
+pushed out is closed once the requests using it are done. Every client
+built counts in ``voiceactors_openai_clients_created_total``.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import trio
 
 from voiceactors import metrics
 
-MINT_RETRIES = 0         # the browser retries; a retry here doubles the worst-case wait
+SDK_RETRIES = 0          # callers retry (the browser, the brain actor); one here doubles the worst-case wait
 
 
 @dataclass
@@ -47,7 +50,7 @@ class OpenAIClients:
         entry = self._entries.pop(ident, None)
         if entry is None:
             entry = _Entry(openai.AsyncOpenAI(api_key=key, base_url=base_url, timeout=self.timeout_s,
-                                              max_retries=MINT_RETRIES))
+                                              max_retries=SDK_RETRIES))
             self.created += 1
             metrics.openai_client_created()
         self._entries[ident] = entry

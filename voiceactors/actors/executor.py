@@ -64,6 +64,7 @@ from voiceactors.actors import write_log
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
+from voiceactors.settings import Settings
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import (
     REGISTRY,
@@ -206,7 +207,7 @@ class ToolExecutor:
     """See the module docstring. ``registry`` is replaceable (tests register
     their own tools); ``on_result`` observes every reply (metrics)."""
 
-    def __init__(self, settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
+    def __init__(self, settings: Settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
                  on_result: Callable[[ToolResult], None] = observe_result):
         self.settings = settings
         self.ctx = ctx
@@ -224,7 +225,7 @@ class ToolExecutor:
         self._flights: dict[FreshKey, _Flight] = {}
         self._nursery: trio.Nursery | None = None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until it is closed or this task is cancelled;
         returns once every request in flight has been answered."""
         async with trio.open_nursery() as nursery:
@@ -461,7 +462,7 @@ class ToolExecutor:
         return _Run(output=record["output"], outcome=record["outcome"],
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
 
-    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict, bool]:
+    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Worker thread: check, apply and record under the write log lock."""
 
         def apply() -> dict[str, Any]:

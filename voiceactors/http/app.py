@@ -160,4 +160,5 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
 
 def voice_state(app: QuartTrio) -> VoiceState:
     """The app's shared state (settings, live runtime) — for tests and the server."""
-    return app.extensions["voiceactors"]
+    voice: VoiceState = app.extensions["voiceactors"]
+    return voice

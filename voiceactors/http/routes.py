@@ -60,7 +60,8 @@ class VoiceState:
 
 
 def state() -> VoiceState:
-    return current_app.extensions["voiceactors"]
+    voice: VoiceState = current_app.extensions["voiceactors"]
+    return voice
 
 
 # --- validation --------------------------------------------------------------
@@ -104,7 +105,7 @@ async def _read_config(read: Any, settings: Settings) -> Any:
 
 
 async def _openai_key(settings: Settings) -> str:
-    key = await _read_config(config.openai_api_key, settings)
+    key: str | None = await _read_config(config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
     return key
@@ -139,13 +140,14 @@ async def _instruction(settings: Settings, runtime: Runtime) -> str:
     """The current instruction. A stale one is used as is (``GetBrain(start=True)``
     queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
     try:
-        brain = await _ask(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
+        brain: BrainState = await _ask(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
         if not brain.ready:
             brain = await _ask(runtime.brain, AwaitReady, settings.brain_ready_wait_s)
     except trio.TooSlowError:
         raise ApiError(503, E.BRAIN_NOT_READY) from None
     if not brain.ready:
         raise ApiError(503, E.BRAIN_NOT_READY)
+    assert brain.instruction is not None   # ready means an instruction
     return brain.instruction
 
 
@@ -374,7 +376,8 @@ async def observer_actions() -> Any:
 
 def openapi_document() -> dict[str, Any]:
     text = resources.files("voiceactors.http").joinpath("openapi.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    document: dict[str, Any] = json.loads(text)
+    return document
 
 
 def openapi_path(rule: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from typing import Any, TextIO
+from typing import Any, MutableMapping, TextIO, cast
 
 import structlog
 
@@ -63,8 +63,10 @@ def scrub(value: Any) -> Any:
     return value
 
 
-def _scrub_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    return scrub(event_dict)
+def _scrub_processor(_logger: Any, _name: str,
+                     event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
+    scrubbed: dict[str, Any] = scrub(event_dict)
+    return scrubbed
 
 
 class _CurrentStderr:
@@ -98,7 +100,8 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=stream or _CURRENT_STDERR),
+        # _CurrentStderr is file-like only as far as print() needs (write, flush)
+        logger_factory=structlog.PrintLoggerFactory(file=stream or cast(TextIO, _CURRENT_STDERR)),
         cache_logger_on_first_use=False,
     )
 

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
+from voiceactors.actors.messages import BrainMessage, ExecutorMessage, SupervisorMessage
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -47,9 +48,9 @@ class Runtime:
     """The live actors' inboxes (send ``voiceactors.actors.messages`` to them)."""
 
     settings: Settings
-    brain: trio.MemorySendChannel[Any]
-    tools: trio.MemorySendChannel[Any]
-    calls: trio.MemorySendChannel[Any]
+    brain: trio.MemorySendChannel[BrainMessage]
+    tools: trio.MemorySendChannel[ExecutorMessage]
+    calls: trio.MemorySendChannel[SupervisorMessage]
     nursery: trio.Nursery = field(repr=False)
     actors: dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -140,7 +140,7 @@ def sweep_temp_files(path: Path) -> list[str]:
     takes: then no temp file of ours for it can be in use. Files that are not
     ours are never touched. Returns the names removed."""
     path = Path(path)
-    removed = []
+    removed: list[str] = []
     try:
         with os.scandir(path.parent) as entries:
             names = [e.name for e in entries if is_our_temp(e.name, path.name)]
@@ -217,7 +217,8 @@ def _lock_within(fd: int, lock_path: Path, timeout_s: float | None) -> None:
     if timeout_s is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return
-    now = sleep_until = None
+    now: Callable[[], float] | None = None
+    sleep_until: Callable[[float], None] | None = None
     delay = LOCK_POLL_MIN_S
     deadline = math.inf
     while True:
@@ -231,6 +232,7 @@ def _lock_within(fd: int, lock_path: Path, timeout_s: float | None) -> None:
             if now is None:
                 now, sleep_until = _clock()
                 deadline = now() + timeout_s
+            assert sleep_until is not None   # set together with ``now``
             at = now()
             if at >= deadline:
                 raise LockTimeout(lock_path, timeout_s)

@@ -38,12 +38,13 @@ callers see ``EndOfChannel`` rather than hang.
 
 from __future__ import annotations
 
+import datetime as _dt
 from typing import Any
 
 import trio
 
 from voiceactors import clock, config, metrics
-from voiceactors.actors.messages import AwaitReady, BrainState, GetBrain, RefreshBrain
+from voiceactors.actors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
 from voiceactors.brain.context import gather
 from voiceactors.brain.session_file import load_session_id, save_session_id
@@ -74,15 +75,15 @@ class BrainActor:
     def __init__(self, settings: Settings, backend: Any = None) -> None:
         self.settings = settings
         self.backend = backend            # None: chosen by config.brain_backend when run starts
-        self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
+        self.inbox, self._receive = trio.open_memory_channel[BrainMessage](INBOX_SIZE)
         self.instruction: str | None = None
         self.refreshed_at: float | None = None
-        self.day: Any = None              # the clock.today() the instruction was made for
+        self.day: _dt.date | None = None  # the clock.today() the instruction was made for
         self.session_id: str | None = None
         self.runs = 0                     # backend runs started (for status and tests)
         self._running = False
         self._failed_at: float | None = None
-        self._run_day: Any = None
+        self._run_day: _dt.date | None = None
         self._ready_waiters: list[trio.MemorySendChannel[Any]] = []
         self._refresh_waiters: list[trio.MemorySendChannel[Any]] = []
         self._nursery: trio.Nursery | None = None
@@ -153,7 +154,7 @@ class BrainActor:
         for channel in pending:
             channel.close()
 
-    def _handle(self, message: Any) -> None:
+    def _handle(self, message: BrainMessage) -> None:
         if isinstance(message, GetBrain):
             if message.start and self.instruction is not None and self._day_changed():
                 self._ensure_run("new_day")

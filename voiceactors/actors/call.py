@@ -40,7 +40,7 @@ from voiceactors.actors.call_protocol import (
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
 from voiceactors.actors.feed import CallFeed
-from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult
+from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
 from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
 from voiceactors.config import ConfigUnreadable
 from voiceactors.logs import get_logger
@@ -108,7 +108,7 @@ class CallActor:
     ``reconnects``, ``record``.
     """
 
-    def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[Any],
+    def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
                  recovered: list[PendingCall] | None = None) -> None:
         self.settings = settings
@@ -161,7 +161,7 @@ class CallActor:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> str:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> EndReason:
         """Serve the call until it ends; return the end reason.
 
         Reports started at once (connecting happens in the background).

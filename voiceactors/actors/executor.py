@@ -61,9 +61,10 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.messages import CancelReads, ToolRequest, ToolResult, drain
+from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
+from voiceactors.settings import Settings
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import (
     REGISTRY,
@@ -206,13 +207,13 @@ class ToolExecutor:
     """See the module docstring. ``registry`` is replaceable (tests register
     their own tools); ``on_result`` observes every reply (metrics)."""
 
-    def __init__(self, settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
+    def __init__(self, settings: Settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
                  on_result: Callable[[ToolResult], None] = observe_result):
         self.settings = settings
         self.ctx = ctx
         self.registry = registry
         self.on_result = on_result
-        self.inbox, self._receive = trio.open_memory_channel[Any](max(1, settings.tool_concurrency))
+        self.inbox, self._receive = trio.open_memory_channel[ExecutorMessage](max(1, settings.tool_concurrency))
         self._limiter = trio.CapacityLimiter(max(1, settings.tool_concurrency))
         self._turns: OrderedDict[tuple[str, int], _Turn] = OrderedDict()
         # call_id -> {cancel scope: epoch} of reads not yet answered
@@ -224,7 +225,7 @@ class ToolExecutor:
         self._flights: dict[FreshKey, _Flight] = {}
         self._nursery: trio.Nursery | None = None
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until it is closed or this task is cancelled;
         returns once every request in flight has been answered."""
         async with trio.open_nursery() as nursery:
@@ -349,6 +350,7 @@ class ToolExecutor:
         req, key = res.req, res.fresh_key
         leading = key is not None and key not in self._flights
         if leading:
+            assert key is not None
             self._flights[key] = _Flight(started)   # later requests for it wait (_answer_shared)
         run: _Run | None = None
         shared = False   # its answer holds for the requests that waited for it
@@ -357,7 +359,7 @@ class ToolExecutor:
                 run = await self._handle(res)
             if scope.cancelled_caught:
                 run = _error(CANCELLED, "cancelled")
-            elif writes_before == self._writes_applied and run.outcome in ("ok", "error"):
+            elif run is not None and writes_before == self._writes_applied and run.outcome in ("ok", "error"):
                 shared = True
                 self._keep(key, run, started)
         except trio.Cancelled:   # the executor itself is shutting down
@@ -460,7 +462,7 @@ class ToolExecutor:
         return _Run(output=record["output"], outcome=record["outcome"],
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
 
-    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict, bool]:
+    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Worker thread: check, apply and record under the write log lock."""
 
         def apply() -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import trio
 
+from voiceactors.actors.messages import SubscribeRefusal
 from voiceactors.logs import get_logger
 
 #: Events a subscriber may have buffered before newer ones are dropped.
@@ -33,8 +34,8 @@ SUBSCRIBER_BUFFER = 64
 
 #: ``FeedHub.subscribe`` answers these (the ``/events`` route's 503 errors)
 #: when a subscriber cap is reached.
-TOO_MANY_FOR_CALL = "too many event streams for this call"
-TOO_MANY = "too many event streams"
+TOO_MANY_FOR_CALL = SubscribeRefusal.TOO_MANY_FOR_CALL
+TOO_MANY = SubscribeRefusal.TOO_MANY
 
 _log = get_logger(actor="feed")
 
@@ -220,7 +221,7 @@ class FeedHub:
                 break
             del self._ended[call_id]
 
-    def subscribe(self, call_id: str) -> trio.MemoryReceiveChannel[dict[str, Any]] | str | None:
+    def subscribe(self, call_id: str) -> trio.MemoryReceiveChannel[dict[str, Any]] | SubscribeRefusal | None:
         """A subscriber channel of a live call; None when the call is not
         live; ``TOO_MANY_FOR_CALL`` / ``TOO_MANY`` at a cap (every stream
         is a task and a buffer: a flood of them must not slow live calls)."""

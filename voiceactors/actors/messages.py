@@ -7,7 +7,8 @@ carries its own ``reply`` channel (a ``trio.MemorySendChannel`` of size 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from enum import StrEnum
+from typing import Any, AsyncIterator, Callable, TypeAlias, TypeVar
 
 import trio
 
@@ -49,14 +50,26 @@ class ToolResult:
     client_events: tuple[dict[str, Any], ...] = ()   # _nav_target / _observer_action for the client
 
 
+ExecutorMessage: TypeAlias = ToolRequest | CancelReads
+"""What the ToolExecutor's inbox carries."""
+
+
 # --- CallSupervisor -------------------------------------------------------
+
+class ConnectOutcome(StrEnum):
+    """The supervisor's answer to ``Connect`` (the values are what logs and
+    tests have always seen)."""
+
+    CONNECTED = "connected"       # the call's actor is live (started now, or already)
+    AT_CAPACITY = "at_capacity"   # ``settings.max_calls`` live calls already
+
 
 @dataclass(frozen=True)
 class Connect:
-    """Start (or find) the CallActor for ``call_id``. Reply: "connected" or "at_capacity"."""
+    """Start (or find) the CallActor for ``call_id``. Reply: a ConnectOutcome."""
 
     call_id: str
-    reply: trio.MemorySendChannel[str] = field(repr=False, compare=False)
+    reply: trio.MemorySendChannel[ConnectOutcome] = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -64,13 +77,22 @@ class CountCalls:
     reply: trio.MemorySendChannel[int] = field(repr=False, compare=False)
 
 
+class SubscribeRefusal(StrEnum):
+    """The supervisor's answer to ``Subscribe`` at a subscriber cap (the
+    values are the ``/events`` route's 503 error strings)."""
+
+    TOO_MANY_FOR_CALL = "too many event streams for this call"
+    TOO_MANY = "too many event streams"
+
+
 @dataclass(frozen=True)
 class Subscribe:
     """Open the client feed of a live call. Reply: a MemoryReceiveChannel of
-    feed events (dicts), or None when the call is not live."""
+    feed events (dicts), None when the call is not live, or a SubscribeRefusal."""
 
     call_id: str
-    reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
+    reply: trio.MemorySendChannel[trio.MemoryReceiveChannel[dict[str, Any]] | SubscribeRefusal | None] = field(
+        repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -86,6 +108,10 @@ class TakeObserverActions:
     """Reply: the pending observer actions across calls (list of dicts), consumed."""
 
     reply: trio.MemorySendChannel[list[dict[str, Any]]] = field(repr=False, compare=False)
+
+
+SupervisorMessage: TypeAlias = Connect | CountCalls | Subscribe | TakeNavHints | TakeObserverActions
+"""What the CallSupervisor's inbox carries."""
 
 
 # --- BrainActor -----------------------------------------------------------
@@ -128,7 +154,13 @@ class RefreshBrain:
     reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
 
 
-async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySendChannel[Any]], Any],
+BrainMessage: TypeAlias = GetBrain | AwaitReady | RefreshBrain
+"""What the BrainActor's inbox carries."""
+
+Message = TypeVar("Message")
+
+
+async def ask(inbox: trio.MemorySendChannel[Message], make: Callable[[trio.MemorySendChannel[Any]], Message],
               *, timeout: float) -> Any:
     """Send ``make(reply_channel)`` to ``inbox`` and wait for the one reply.
 
@@ -146,7 +178,7 @@ async def ask(inbox: trio.MemorySendChannel[Any], make: Callable[[trio.MemorySen
             return await receive.receive()
 
 
-async def drain(receive: trio.MemoryReceiveChannel[Any]) -> AsyncIterator[Any]:
+async def drain(receive: trio.MemoryReceiveChannel[Message]) -> AsyncIterator[Message]:
     """The messages of an actor's inbox, until it is closed.
 
     Takes every message already queued before waiting again. A plain

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,7 @@ class CrashedCall:
     pending: list[PendingCall] = field(default_factory=list)
 
 
-def pending_calls(block: list[dict]) -> list[PendingCall] | None:
+def pending_calls(block: list[dict[str, Any]]) -> list[PendingCall] | None:
     """The unsettled tool calls of one run's lines; None when the run ended
     (its block has an ``end``) or is not a run at all."""
     if not block or block[0].get("kind") != "start" or any(line.get("kind") == "end" for line in block):

@@ -4,12 +4,12 @@ The supervisor runs a nursery holding every CallActor, and answers its inbox
 synchronously (it never awaits while handling a message, so one slow call
 cannot delay another's Connect):
 
-* ``Connect(call_id)`` — "connected" (a live call is found, not started
-  twice) or "at_capacity" (``settings.max_calls`` live calls already);
+* ``Connect(call_id)`` — a ``ConnectOutcome``: "connected" (a live call is
+  found, not started twice) or "at_capacity" (``settings.max_calls`` live calls already);
 * ``CountCalls`` — the number of live calls;
 * ``Subscribe(call_id)`` — a receive channel of the call's feed events,
-  None when the call is not live, or an error string at a subscriber cap
-  (``feed.TOO_MANY_FOR_CALL`` / ``feed.TOO_MANY``);
+  None when the call is not live, or a ``SubscribeRefusal`` (a string) at a
+  subscriber cap (``feed.TOO_MANY_FOR_CALL`` / ``feed.TOO_MANY``);
 * ``TakeNavHints(call_id)`` / ``TakeObserverActions`` — the polling queues,
   consumed.
 
@@ -38,8 +38,8 @@ from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.messages import (Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions,
-                                         drain)
+from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, Subscribe, SupervisorMessage,
+                                         TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -50,13 +50,13 @@ class CallSupervisor:
     """``api_key`` is a provider of the standard OpenAI key (default: the
     journal's voice block, then ``OPENAI_API_KEY``) or a fixed key."""
 
-    def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[Any],
+    def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: str | None | Callable[[], str | None] = None, *, hangup: bool = True) -> None:
         self.settings = settings
         self._executor = executor_inbox
         self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
         self._hangup = hangup
-        self.inbox, self._receive = trio.open_memory_channel[Any](INBOX_SIZE)
+        self.inbox, self._receive = trio.open_memory_channel[SupervisorMessage](INBOX_SIZE)
         self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items,
                            max_per_call=settings.feed_max_subscribers_per_call,
                            max_total=settings.feed_max_subscribers)
@@ -75,7 +75,7 @@ class CallSupervisor:
                 async for message in drain(self._receive):
                     self._handle(message, nursery)
 
-    def _handle(self, message: Any, nursery: trio.Nursery) -> None:
+    def _handle(self, message: SupervisorMessage, nursery: trio.Nursery) -> None:
         if isinstance(message, Connect):
             _reply(message.reply, self._connect(message.call_id, nursery))
         elif isinstance(message, CountCalls):
@@ -104,12 +104,13 @@ class CallSupervisor:
             self.log.info("supervisor.rejoin", call_id=call.call_id, pending=len(call.pending))
             self._connect(call.call_id, nursery, recovered=call.pending)
 
-    def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None) -> str:
+    def _connect(self, call_id: str, nursery: trio.Nursery, *,
+                 recovered: list[PendingCall] | None = None) -> ConnectOutcome:
         if call_id in self.calls:
-            return "connected"
+            return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
             self.log.warning("supervisor.at_capacity", call_id=call_id, live=len(self.calls))
-            return "at_capacity"
+            return ConnectOutcome.AT_CAPACITY
         feed = self.hub.open(call_id)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
                           recovered=recovered)
@@ -117,7 +118,7 @@ class CallSupervisor:
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")
         self.log.info("supervisor.call_started", call_id=call_id, live=len(self.calls))
-        return "connected"
+        return ConnectOutcome.CONNECTED
 
     async def _run_call(self, actor: CallActor) -> None:
         reason = EndReason.ERROR

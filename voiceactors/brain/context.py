@@ -81,7 +81,7 @@ _MARKS = re.compile(r"[*_`#>|]+")
 _SPACE = re.compile(r"\s+")
 
 
-def plain(text: Any, limit: int = 200) -> str:
+def plain(text: object, limit: int = 200) -> str:
     """``text`` as one plain line: markdown links become their label, marks
     and bullets go, whitespace collapses; cut at a sentence or word boundary
     to at most ``limit`` characters."""
@@ -123,7 +123,9 @@ def _identity(root: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     from voiceactors.journal import config as jconfig
 
     ident = jconfig.identity(root)
-    aliases = ident.get("aliases") if isinstance(ident.get("aliases"), list) else []
+    aliases = ident.get("aliases")
+    if not isinstance(aliases, list):
+        aliases = []
     names: list[str] = []
     for value in (ident.get("preferred"), ident.get("name"), *aliases):
         if isinstance(value, str) and value.strip() and value.strip() not in names:
@@ -168,7 +170,7 @@ def _segments(root: Path, day: _dt.date) -> tuple[int, tuple[SegmentNote, ...]]:
 def _recent_records(root: Path, day: _dt.date) -> list[dict[str, Any]]:
     from voiceactors.journal import activities, facets
 
-    out = []
+    out: list[dict[str, Any]] = []
     window = [(day - _dt.timedelta(days=n)).strftime("%Y%m%d") for n in range(PEOPLE_WINDOW_DAYS)]
     for facet in facets.enabled_facets(root):
         have = set(activities.activity_days(root, facet.slug))
@@ -254,13 +256,20 @@ def gather(root: Path, day: _dt.date) -> ContextSnapshot:
     """Read the snapshot of ``root`` as of ``day`` (blocking, read-only)."""
     root = Path(root)
     unavailable: list[str] = []
-    agent, owners, notes = _section("identity", unavailable, lambda: _identity(root), ("sol", (), ()))
-    count, segments = _section("segments", unavailable, lambda: _segments(root, day), (0, ()))
-    calendar_records = _section("calendar", unavailable, lambda: _calendar(root, day), [])
+    # the empties and targets are annotated so mypy solves each section's T
+    # from the reader, not from a literal like ``()``
+    no_identity: tuple[str, tuple[str, ...], tuple[str, ...]] = ("sol", (), ())
+    no_segments: tuple[int, tuple[SegmentNote, ...]] = (0, ())
+    agent, owners, notes = _section("identity", unavailable, lambda: _identity(root), no_identity)
+    count, segments = _section("segments", unavailable, lambda: _segments(root, day), no_segments)
+    calendar_records: list[dict[str, Any]] = _section(
+        "calendar", unavailable, lambda: _calendar(root, day), [])
     exclude = {agent.casefold(), *(n.casefold() for n in owners)}
-    people = _section("people", unavailable, lambda: _people(root, day, calendar_records, exclude), ())
-    commitments = _section("commitments", unavailable, lambda: _commitments(root), ())
-    highlights = _section("briefing", unavailable, lambda: _highlights(root, day), ())
+    people: tuple[str, ...] = _section(
+        "people", unavailable, lambda: _people(root, day, calendar_records, exclude), ())
+    commitments: tuple[Commitment, ...] = _section(
+        "commitments", unavailable, lambda: _commitments(root), ())
+    highlights: tuple[str, ...] = _section("briefing", unavailable, lambda: _highlights(root, day), ())
     return ContextSnapshot(
         day=day, agent_name=agent, owner_name=owners[0] if owners else "", owner_names=owners,
         identity_notes=notes,

@@ -22,6 +22,7 @@ actor decides about retries and bounds the run).
 from __future__ import annotations
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 from voiceactors import config
 from voiceactors.brain import BrainError
@@ -35,7 +36,7 @@ NAME = "openai"
 DEFAULT_MODEL = "gpt-5-mini"
 
 
-def messages(snapshot: ContextSnapshot) -> list[dict[str, str]]:
+def messages(snapshot: ContextSnapshot) -> list[ChatCompletionMessageParam]:
     return [
         {"role": "system", "content": render_prompt(snapshot.agent_name)},
         {"role": "user", "content": "Current journal context:\n" + render_text(snapshot)},

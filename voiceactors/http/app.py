@@ -78,6 +78,7 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
         stop.set()
         with trio.move_on_after(shutdown_deadlines(voice.settings).lifespan_s, shield=True):
             await done.wait()
+        assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
         await voice.openai_clients.aclose()
 
 
@@ -140,8 +141,9 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
         PROVIDE_AUTOMATIC_OPTIONS=False,
         JSON_SORT_KEYS=False,
     )
-    app.json.ensure_ascii = False
-    app.json.sort_keys = False
+    # quart types app.json as the base JSONProvider; it is the DefaultJSONProvider
+    app.json.ensure_ascii = False  # type: ignore[attr-defined]
+    app.json.sort_keys = False  # type: ignore[attr-defined]
     voice = VoiceState(settings=settings, brain_backend=brain_backend)
     app.extensions["voiceactors"] = voice
     _install_request_hooks(app, settings)
@@ -158,4 +160,5 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
 
 def voice_state(app: QuartTrio) -> VoiceState:
     """The app's shared state (settings, live runtime) — for tests and the server."""
-    return app.extensions["voiceactors"]
+    voice: VoiceState = app.extensions["voiceactors"]
+    return voice

@@ -72,7 +72,8 @@ class SessionStore:
 
 
 def store() -> SessionStore:
-    return current_app.extensions.setdefault(_EXTENSION, SessionStore(ttl_s=_ttl_s()))
+    store: SessionStore = current_app.extensions.setdefault(_EXTENSION, SessionStore(ttl_s=_ttl_s()))
+    return store
 
 
 def _ttl_s() -> float:

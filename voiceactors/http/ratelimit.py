@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import trio
 from quart import Quart, g, request
@@ -92,7 +93,7 @@ class RateLimiter:
             bucket.tokens = min(float(self.burst), bucket.tokens + 1.0)
 
 
-def client_address(scope: dict) -> str:
+def client_address(scope: Mapping[str, Any]) -> str:
     client = scope.get("client")
     if isinstance(client, (tuple, list)) and client:
         return str(client[0])

@@ -12,18 +12,21 @@ import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, cast
 
 import trio
+from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics
-from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, CountCalls, GetBrain,
-                                         RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions, ask)
+from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
+                                         Message, RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions,
+                                         ask)
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
+from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings
 from voiceactors.storage import run_sync
 from voiceactors.tools.registry import manifest
@@ -46,7 +49,7 @@ class VoiceState:
     the shared OpenAI clients mints use."""
 
     settings: Settings
-    runtime: Any = None
+    runtime: Runtime | None = None
     stopping: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
     openai_clients: OpenAIClients | None = None
@@ -57,7 +60,8 @@ class VoiceState:
 
 
 def state() -> VoiceState:
-    return current_app.extensions["voiceactors"]
+    voice: VoiceState = current_app.extensions["voiceactors"]
+    return voice
 
 
 # --- validation --------------------------------------------------------------
@@ -101,20 +105,21 @@ async def _read_config(read: Any, settings: Settings) -> Any:
 
 
 async def _openai_key(settings: Settings) -> str:
-    key = await _read_config(config.openai_api_key, settings)
+    key: str | None = await _read_config(config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
     return key
 
 
-def _runtime() -> Any:
+def _runtime() -> Runtime:
     runtime = state().runtime
     if runtime is None:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
     return runtime
 
 
-async def _ask(inbox: Any, make: Any, timeout: float) -> Any:
+async def _ask(inbox: trio.MemorySendChannel[Message],
+               make: Callable[[trio.MemorySendChannel[Any]], Message], timeout: float) -> Any:
     """``ask`` where a gone or stuck actor is "voice runtime unavailable"."""
     try:
         return await ask(inbox, make, timeout=timeout)
@@ -131,17 +136,18 @@ def _age_seconds(brain: BrainState) -> int | None:
 
 # --- POST /api/voice/session --------------------------------------------------
 
-async def _instruction(settings: Settings, runtime: Any) -> str:
+async def _instruction(settings: Settings, runtime: Runtime) -> str:
     """The current instruction. A stale one is used as is (``GetBrain(start=True)``
     queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
     try:
-        brain = await _ask(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
+        brain: BrainState = await _ask(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
         if not brain.ready:
             brain = await _ask(runtime.brain, AwaitReady, settings.brain_ready_wait_s)
     except trio.TooSlowError:
         raise ApiError(503, E.BRAIN_NOT_READY) from None
     if not brain.ready:
         raise ApiError(503, E.BRAIN_NOT_READY)
+    assert brain.instruction is not None   # ready means an instruction
     return brain.instruction
 
 
@@ -163,7 +169,9 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     response without a value)."""
     with trio.fail_after(settings.mint_timeout_s + 1.0):
         async with clients.use(key, settings.openai_base_url) as client:
-            secret = await client.realtime.client_secrets.create(session=session)
+            # session_config builds the SDK's realtime session shape as a plain dict
+            secret = await client.realtime.client_secrets.create(
+                session=cast(RealtimeSessionCreateRequestParam, session))
     value = getattr(secret, "value", None)
     if not isinstance(value, str) or not value:
         raise ValueError("client secret response has no value")
@@ -180,6 +188,7 @@ async def create_session() -> Any:
     model = await _read_config(config.voice_model, settings)
     started = trio.current_time()
     try:
+        assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
         value = await mint_client_secret(settings, voice.openai_clients, key,
                                          session_config(settings, model, instruction))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
@@ -205,9 +214,9 @@ async def connect() -> Any:
     except trio.TooSlowError:
         _log.error("http.connect_timed_out", call_id=call_id)
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
-    if answer == "at_capacity":
+    if answer == ConnectOutcome.AT_CAPACITY:
         raise ApiError(503, E.AT_CAPACITY)
-    if answer != "connected":
+    if answer != ConnectOutcome.CONNECTED:
         _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
     return jsonify({"status": "connected"})
@@ -367,7 +376,8 @@ async def observer_actions() -> Any:
 
 def openapi_document() -> dict[str, Any]:
     text = resources.files("voiceactors.http").joinpath("openapi.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    document: dict[str, Any] = json.loads(text)
+    return document
 
 
 def openapi_path(rule: str) -> str:

@@ -119,7 +119,7 @@ def observed_ms(value: Any) -> int:
 def observations(root: Path, facet: str, slug: str) -> list[dict[str, Any]]:
     """``{content, observed_at (ms), source_day}`` of one facet view, newest first."""
     path = inside(root, "facets", check_slug(facet), "entities", check_slug(slug), "observations.jsonl")
-    out = []
+    out: list[dict[str, Any]] = []
     for row in read_jsonl(path):
         content = row.get("content")
         if not isinstance(content, str) or not content.strip():

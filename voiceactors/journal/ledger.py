@@ -310,7 +310,7 @@ class _Derived:
     # what an item is made of besides its manual closes, kept so that a close
     # (which only adds a manual close) can rebuild that one item
     firsts: dict[str, _Commitment] = field(default_factory=dict)
-    base_refs: dict[str, list[tuple[tuple, SourceRef]]] = field(default_factory=dict)
+    base_refs: dict[str, list[tuple[tuple[Any, ...], SourceRef]]] = field(default_factory=dict)
     story: dict[str, list[_Closure]] = field(default_factory=dict)
 
 
@@ -350,7 +350,7 @@ def _match_closures(firsts: list[_Commitment], closures: list[_Closure]) -> dict
     return matched
 
 
-def _make_item(c: _Commitment, base_refs: list[tuple[tuple, SourceRef]], story: list[_Closure],
+def _make_item(c: _Commitment, base_refs: list[tuple[tuple[Any, ...], SourceRef]], story: list[_Closure],
                manuals: list[_Manual]) -> LedgerItem:
     """One item from its first commitment, the refs of its commitments and
     story closures (in that order), its story closures and its manual closes."""
@@ -389,7 +389,7 @@ def _closed_key(item: LedgerItem) -> tuple[int, str]:
 def _build(facts: Iterable[_FileFacts]) -> _Derived:
     facts = list(facts)
     firsts: dict[str, _Commitment] = {}
-    sources: dict[str, list[tuple[tuple, SourceRef]]] = {}
+    sources: dict[str, list[tuple[tuple[Any, ...], SourceRef]]] = {}
     closures: list[_Closure] = []
     for ff in facts:
         for c in ff.commitments:
@@ -555,7 +555,9 @@ def _derived(root: Path) -> _Derived:
         stamps = {p: (m, s) for p, _f, _d, m, s in files}
         if cache.derived is None or cache.stamps != stamps:
             facts = [cache.files.get(path, (mtime, size),
-                                     lambda path=path, facet=facet, day=day: _file_facts(Path(path), facet, day))
+                                     # mypy cannot type a lambda with default-bound arguments
+                                     lambda path=path, facet=facet, day=day: _file_facts(  # type: ignore[misc]
+                                         Path(path), facet, day))
                      for path, facet, day, mtime, size in files]
             cache.files.keep_only(stamps)             # files gone are dropped; scan order
             cache.derived = _build(facts)

@@ -29,6 +29,7 @@ import sys
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from voiceactors import clock
 
@@ -44,7 +45,7 @@ class SampleError(ValueError):
 
 PRINCIPAL = ("Alex Rivera", "alex_rivera")
 
-FACETS = {
+FACETS: dict[str, dict[str, Any]] = {
     "work": {"title": "Work", "description": "Northwind Labs: product and engineering",
              "color": "#1e90ff", "emoji": "💼"},
     "family": {"title": "Family", "description": "Home, kids and family logistics",
@@ -625,12 +626,14 @@ def write_sample_journal(dest: Path, *, days: int = 14, today: _dt.date, seed: i
                 rec["commitments"].append(c.entry)
                 commitments.append(c)
                 if c.fate in ("closed", "dropped"):
+                    assert c.close_day is not None   # only an "open" fate has no close day
                     rec["edits"].append({
                         "timestamp": f"{c.close_day.isoformat()}T18:00:00Z", "actor": "voice",
                         "fields": ["ledger_close"],
                         "note": f"resolution: {'dropped' if c.fate == 'dropped' else 'done'}",
                         "ledger_close": {"item_id": c.id, "as_state": c.fate}})
                 elif c.fate == "story":
+                    assert c.close_day is not None   # only an "open" fate has no close day
                     pending.setdefault(c.close_day, []).append(c)
         all_records = [r for recs in records.values() for r in recs]
         for c in pending.pop(day, []):

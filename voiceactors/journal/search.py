@@ -27,6 +27,7 @@ concurrently in worker threads without sharing one.
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import os
 import re
@@ -143,7 +144,8 @@ def _connection(db: Path, *, readonly: bool) -> sqlite3.Connection:
     ident = (st.st_dev, st.st_ino)
     cached = conns.get(str(db))
     if cached is not None and cached[0] == ident:
-        return cached[1]
+        conn: sqlite3.Connection = cached[1]
+        return conn
     if cached is not None:
         cached[1].close()
     if readonly:
@@ -171,7 +173,8 @@ def search(root: Path, state_dir: Path, query: str, *, facet: str | None = None,
     match = build_query(query)
     limit = max(1, min(int(limit or 10), MAX_LIMIT))
     root = Path(root)
-    clauses, params = ["chunks MATCH ?"], [match]
+    clauses: list[str] = ["chunks MATCH ?"]
+    params: list[str | int] = [match]
     if facet:
         clauses.append("lower(facet) = lower(?)")
         params.append(str(facet))
@@ -196,7 +199,7 @@ def search(root: Path, state_dir: Path, query: str, *, facet: str | None = None,
     ]
 
 
-def cli_index(args) -> int:
+def cli_index(args: argparse.Namespace) -> int:
     """``voiceactors index --journal DIR [--state-dir DIR] [--no-progress]``."""
     from tqdm import tqdm
 

@@ -9,6 +9,8 @@ server sent.
 
 from __future__ import annotations
 
+from typing import Any
+
 from openai.types.realtime import RealtimeClientEvent
 from pydantic import BaseModel
 
@@ -19,7 +21,7 @@ __all__ = ["CLIENT_EVENTS", "validate_client_event", "parse_client_event"]
 CLIENT_EVENTS = EventUnion.build("client", RealtimeClientEvent)
 
 
-def validate_client_event(event: dict) -> BaseModel:
+def validate_client_event(event: dict[str, Any]) -> BaseModel:
     """Validate a decoded client event. Raises ``ValueError`` (or
     ``pydantic.ValidationError``, a subclass) when it is not a valid client event."""
     return CLIENT_EVENTS.validate(event)

@@ -77,7 +77,7 @@ class ReplayStream(trio.abc.Stream):
             async with self._sending:
                 await self.inner.send_all(b"".join(held))
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
             n = len(self._prefix) if max_bytes is None else max_bytes
             data, self._prefix = self._prefix[:n], self._prefix[n:]
@@ -224,7 +224,8 @@ async def serve_http(
     ws: WsHandler,
     listeners: list[trio.SocketListener],
     *,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    # started with the listeners, as trio.serve_listeners reports them
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve connections on ``listeners`` until cancelled; cancelling also
     cancels every open connection (websockets drop without a close frame)."""

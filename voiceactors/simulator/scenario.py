@@ -44,7 +44,7 @@ _RESPONSE = {
 
 
 # one schema per step kind: a step is {kind: body}
-STEP_SCHEMAS: dict[str, dict] = {
+STEP_SCHEMAS: dict[str, dict[str, Any]] = {
     "user_turn": {
         "type": "object", "additionalProperties": False,
         "properties": {"text": {"type": "string"}, "duration_ms": {"type": "integer", "minimum": 0}},
@@ -77,7 +77,7 @@ STEP_SCHEMAS: dict[str, dict] = {
     "sleep_until": _NUM,
 }
 
-SCENARIO_SCHEMA: dict = {
+SCENARIO_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["steps"],
     "additionalProperties": False,
@@ -107,7 +107,7 @@ class ScenarioError(ValueError):
 class Scenario:
     name: str
     description: str
-    steps: tuple[dict, ...]
+    steps: tuple[dict[str, Any], ...]
 
     @classmethod
     def from_obj(cls, obj: Any, name: str = "inline") -> "Scenario":
@@ -153,7 +153,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
     return Scenario.from_obj(obj, name=label)
 
 
-def as_scenario(value: "Scenario | str | Path | dict | list | None") -> Scenario:
+def as_scenario(value: "Scenario | str | Path | dict[str, Any] | list[Any] | None") -> Scenario:
     """Accept a Scenario, a shipped name, a path, a scenario object or a bare step list.
     None is the empty scenario (the simulator only reacts)."""
     if value is None:

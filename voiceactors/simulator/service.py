@@ -23,7 +23,7 @@ import secrets
 import time
 from email import policy as email_policy
 from email.parser import BytesParser
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, cast
 
 import pydantic
 import trio
@@ -51,8 +51,9 @@ __all__ = [
 
 _log = get_logger(actor="simulator")
 
-_SESSION = TypeAdapter(
-    Annotated[Union[RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest],
+# mypy does not read this Annotated union as a TypeForm; the adapter's type is written out
+_SESSION: TypeAdapter[RealtimeSessionCreateRequest | RealtimeTranscriptionSessionCreateRequest] = TypeAdapter(
+    Annotated[Union[RealtimeSessionCreateRequest, RealtimeTranscriptionSessionCreateRequest],  # type: ignore[arg-type, maybe-unrecognized-str-typeform]
               Field(discriminator="type")]
 )
 
@@ -60,7 +61,7 @@ _FAKE_SDP = "v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=voiceactors-simulator\r\nt=0 0
 
 
 def _error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
-                param: str | None = None) -> dict:
+                param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "code": code, "param": param}}
 
 
@@ -84,20 +85,21 @@ def _cors_headers(req: HttpRequest) -> list[tuple[str, str]]:
     return headers
 
 
-def _parse_offer(req: HttpRequest) -> tuple[str, dict | None]:
+def _parse_offer(req: HttpRequest) -> tuple[str, dict[str, Any] | None]:
     """(offer SDP, session or None) from the browser's ``application/sdp``
     body or the SDK's ``multipart/form-data`` (parts ``sdp`` and
     ``session``). Raises ValueError with the reason (the SDP must start
     with ``v=``)."""
     content_type = req.headers.get("content-type", "")
     kind = content_type.split(";", 1)[0].strip().lower()
-    session: dict | None = None
+    session: dict[str, Any] | None = None
     if kind == "multipart/form-data":
         head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1", "replace")
         message = BytesParser(policy=email_policy.HTTP).parsebytes(head + req.body)
         if not message.is_multipart():
             raise ValueError("The multipart body could not be parsed.")
-        parts = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True) or b""
+        # decode=True: a part's payload as bytes (None when empty)
+        parts = {part.get_param("name", header="content-disposition"): cast(bytes, part.get_payload(decode=True) or b"")
                  for part in message.iter_parts()}
         if "sdp" not in parts:
             raise ValueError("Missing required parameter: 'sdp'.")
@@ -157,10 +159,10 @@ class Simulator:
         self.host = host
         self.port: int | None = None
         self.calls: dict[str, SimCall] = {}
-        self.client_secret_requests: list[dict] = []
+        self.client_secret_requests: list[dict[str, Any]] = []
         self.minted: list[str] = []
         self.hangups: list[str] = []
-        self.handshakes: list[dict] = []        # every sideband handshake: call_id, status
+        self.handshakes: list[dict[str, Any]] = []        # every sideband handshake: call_id, status
         self._mint_faults: list[int | str] = []
         self._nursery: trio.Nursery | None = None      # while serving: runs the browser calls' peers
         self._webrtc: LoopThread | None = None         # aiortc's asyncio thread, started by the first offer
@@ -250,7 +252,7 @@ class Simulator:
         Refused events still count in ``call.response_creates``."""
         self.calls[call_id].reject_creates += times
 
-    async def inject(self, call_id: str, message: str | bytes | dict) -> None:
+    async def inject(self, call_id: str, message: str | bytes | dict[str, Any]) -> None:
         """Send a raw message on the call's live sideband, unvalidated (for
         tests of malformed or unknown events). No-op when not connected."""
         call = self.calls[call_id]
@@ -318,12 +320,13 @@ class Simulator:
         seconds = 600
         expires = body.get("expires_after")
         if expires is not None:
-            seconds = expires.get("seconds", 600) if isinstance(expires, dict) else None
+            asked = expires.get("seconds", 600) if isinstance(expires, dict) else None
             anchor = expires.get("anchor", "created_at") if isinstance(expires, dict) else None
-            if anchor != "created_at" or not isinstance(seconds, int) or not 10 <= seconds <= 7200:
+            if anchor != "created_at" or not isinstance(asked, int) or not 10 <= asked <= 7200:
                 return json_response(400, _error_body(
                     "expires_after must be {anchor: created_at, seconds: 10..7200}.",
                     code="invalid_value", param="expires_after"))
+            seconds = asked
         session_in = body.get("session", {"type": "realtime"})
         try:
             session = _SESSION.validate_python(session_in)
@@ -454,7 +457,7 @@ class Simulator:
 
     # -- websocket
 
-    def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict | None, SimCall | None]:
+    def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict[str, Any] | None, SimCall | None]:
         """(status, error body, call): status 101 means accept."""
         key = _bearer(meta.headers)
         call_id = meta.query.get("call_id", "")

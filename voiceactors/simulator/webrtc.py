@@ -29,7 +29,7 @@ import threading
 import time
 import wave
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import trio
 
@@ -134,7 +134,7 @@ class LoopThread:
             except RuntimeError:
                 pass  # the loop closed meanwhile
 
-    async def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    async def run(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any) -> Any:
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
         future = asyncio.run_coroutine_threadsafe(fn(*args), self.loop)

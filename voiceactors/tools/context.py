@@ -5,9 +5,12 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from voiceactors import clock, storage
+
+if TYPE_CHECKING:   # only for the annotation
+    from voiceactors.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class ToolContext:
     search_refresh_interval_s: float | None = None
 
     @classmethod
-    def from_settings(cls, settings) -> "ToolContext":
+    def from_settings(cls, settings: Settings) -> "ToolContext":
         return cls(journal=Path(settings.journal), state_dir=Path(settings.state_dir),
                    journal_lock_timeout_s=settings.journal_lock_timeout_s,
                    search_refresh_interval_s=settings.search_refresh_interval_s)

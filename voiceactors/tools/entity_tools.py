@@ -7,6 +7,7 @@ An entity is resolved by id first, then by case-insensitive name or aka
 from __future__ import annotations
 
 import datetime as _dt
+from pathlib import Path
 from typing import Any
 
 from voiceactors.journal import activities, entities, facets, ledger
@@ -34,7 +35,7 @@ def _sentence(text: str) -> str:
     return text if not text or text.endswith((".", "!", "?")) else text + "."
 
 
-def _commitment_counts(root, entity: entities.Entity) -> tuple[int, int]:
+def _commitment_counts(root: Path, entity: entities.Entity) -> tuple[int, int]:
     names = {n.casefold() for n in (entity.name, *entity.aka)}
     open_n = closed_n = 0
     for item in ledger.derive(root):
@@ -48,7 +49,7 @@ def _commitment_counts(root, entity: entities.Entity) -> tuple[int, int]:
     return open_n, closed_n
 
 
-def _profile(root, entity: entities.Entity, views: list[entities.FacetView],
+def _profile(root: Path, entity: entities.Entity, views: list[entities.FacetView],
              observed: list[dict[str, Any]]) -> str:
     """Plain sentences for speech: who they are in each facet, how often they
     come up, commitments with them, and where they matter most."""

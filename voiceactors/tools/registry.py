@@ -20,7 +20,7 @@ from jsonschema.exceptions import ValidationError, relevance
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, today_tools
 from voiceactors.tools.context import ToolContext
 
-Handler = Callable[[ToolContext, dict], dict]
+Handler = Callable[[ToolContext, dict[str, Any]], dict[str, Any]]
 
 READ = "read"
 WRITE = "write"

@@ -81,8 +81,10 @@ def _write_unit(conn: sqlite3.Connection, unit: Unit, known: dict[str, tuple[int
         _delete_unit_rows(conn, file_rowid)
         conn.execute("UPDATE files SET mtime=? WHERE rowid=?", (unit.signature, file_rowid))
     else:
-        file_rowid = conn.execute("INSERT INTO files(path, mtime) VALUES (?, ?)",
-                                  (unit.key, unit.signature)).lastrowid
+        inserted = conn.execute("INSERT INTO files(path, mtime) VALUES (?, ?)",
+                                (unit.key, unit.signature)).lastrowid
+        assert inserted is not None   # an INSERT always sets lastrowid
+        file_rowid = inserted
     chunks = extract(unit)[:MAX_CHUNKS]
     conn.executemany(
         "INSERT INTO chunks(rowid, content, path, day, facet, agent, stream, idx, time_bucket)"

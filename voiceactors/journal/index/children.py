@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from voiceactors.journal.index.build import (
     build_locked,
@@ -35,7 +36,7 @@ REFRESH_NICE = 10                   # the child yields the CPU to the server's l
 
 @dataclass
 class _Refresh:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     control: int                  # write end of the child's control pipe
     finished: threading.Event = dataclasses.field(default_factory=threading.Event)  # outcome logged
 
@@ -146,7 +147,7 @@ def _first_build(root: Path, state_dir: Path, db: Path, timeout_s: float) -> boo
     return _watch(root, refresh, timeout_s, "first") is not None
 
 
-def _watch(root: Path, refresh: _Refresh, timeout_s: float, kind: str) -> dict | None:
+def _watch(root: Path, refresh: _Refresh, timeout_s: float, kind: str) -> dict[str, Any] | None:
     """Wait for the child (blocked in the kernel: no GIL held), kill it after
     ``timeout_s``, log the outcome; the child's stats, or None when it failed."""
     try:
@@ -156,7 +157,7 @@ def _watch(root: Path, refresh: _Refresh, timeout_s: float, kind: str) -> dict |
 
 
 def _wait(root: Path, refresh: _Refresh, timeout_s: float,
-          events: tuple[str, str, str]) -> dict | None:
+          events: tuple[str, str, str]) -> dict[str, Any] | None:
     done, failed, timed_out = events
     proc, started = refresh.proc, time.monotonic()
     try:
@@ -198,7 +199,7 @@ def _relay(err: bytes, pid: int) -> None:
             log.warning(entry["event"], refresh_pid=pid, **fields)
 
 
-def running_refresh(root: Path, state_dir: Path) -> subprocess.Popen | None:
+def running_refresh(root: Path, state_dir: Path) -> subprocess.Popen[bytes] | None:
     """The child building or refreshing this journal's index until its outcome
     is logged, else None."""
     with build_locks_guard:

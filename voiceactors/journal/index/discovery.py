@@ -26,7 +26,7 @@ class Unit:
     primary: Path | None = None   # an entity's identity file (entities/<id>/entity.json)
 
 
-def _scandir(path: Path) -> list[os.DirEntry]:
+def _scandir(path: Path) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(path) as it:
             return sorted(it, key=lambda e: e.name)
@@ -34,21 +34,21 @@ def _scandir(path: Path) -> list[os.DirEntry]:
         return []
 
 
-def _is_dir(entry: os.DirEntry) -> bool:
+def _is_dir(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False
 
 
-def _is_file(entry: os.DirEntry) -> bool:
+def _is_file(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_file()
     except OSError:
         return False
 
 
-def _stat_sig(entries: list[os.DirEntry]) -> int | None:
+def _stat_sig(entries: list[os.DirEntry[str]]) -> int | None:
     """Signature of a set of files (None when none can be stat'ed)."""
     parts, mtime = [], 0
     for entry in entries:
@@ -71,7 +71,7 @@ def _day_root(root: Path) -> Path:
     return chronicle if chronicle.is_dir() else root
 
 
-def _md_files(folder: Path) -> list[os.DirEntry]:
+def _md_files(folder: Path) -> list[os.DirEntry[str]]:
     return [e for e in _scandir(folder) if e.name.endswith(".md") and _is_file(e)]
 
 
@@ -107,7 +107,7 @@ def _day_units(root: Path) -> Iterator[Unit]:
 
 
 def _entity_units(root: Path) -> Iterator[Unit]:
-    files: dict[str, list[os.DirEntry]] = {}
+    files: dict[str, list[os.DirEntry[str]]] = {}
     identities: dict[str, Path] = {}
     for entry in _scandir(root / "entities"):
         if SLUG_RE.fullmatch(entry.name) and _is_dir(entry):

@@ -71,13 +71,13 @@ def _lines(*parts: object) -> str:
     return "\n".join(str(p).strip() for p in parts if isinstance(p, str) and p.strip())
 
 
-def _activity_text(rec: dict) -> str:
+def _activity_text(rec: dict[str, Any]) -> str:
     story = rec.get("story")
     body = story.get("body") if isinstance(story, dict) else None
     return _lines(rec.get("title"), rec.get("description"), rec.get("details"), body)
 
 
-def _event_text(rec: dict) -> str:
+def _event_text(rec: dict[str, Any]) -> str:
     people = rec.get("participants")
     people = ", ".join(p for p in people if isinstance(p, str)) if isinstance(people, list) else ""
     return _lines(rec.get("title"), rec.get("summary"), rec.get("details"), people)

@@ -62,7 +62,8 @@ def is_ready(db: Path) -> bool:
     try:
         conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
         try:
-            return conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+            version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+            return version == SCHEMA_VERSION
         finally:
             conn.close()
     except sqlite3.Error:

@@ -39,7 +39,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 
 from voiceactors import metrics
 from voiceactors.http.errors import BUSY, RATE_LIMITED
-from voiceactors.http.ratelimit import RATE_LIMITED_POSTS, client_address, retry_after
+from voiceactors.http.ratelimit import bucket_key, retry_after
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="http")
@@ -95,12 +95,8 @@ def _rate_limit_wait(app: Any, scope: Any) -> float:
     runs; every other request still meets the guards in their order (host,
     browser, token, then the limit itself, which takes the token)."""
     limiter = app.extensions.get("voiceactors_rate_limiter")
-    if limiter is None or not limiter.enabled or scope.get("method") != "POST":
-        return 0.0
-    path = scope.get("path")
-    if path not in RATE_LIMITED_POSTS:
-        return 0.0
-    return float(limiter.wait_for((path, client_address(scope))))
+    key = bucket_key(scope) if limiter is not None and limiter.enabled else None
+    return 0.0 if key is None else float(limiter.wait_for(key))
 
 
 class _RefusalLog:

@@ -100,6 +100,16 @@ def client_address(scope: Mapping[str, Any]) -> str:
     return "<local>"
 
 
+def bucket_key(scope: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The bucket a request draws from — ``(path, client address)`` for a
+    rate-limited POST, None for every other request. One rule for the app's
+    hook and the ASGI layer's early refusal (asgi.py)."""
+    path = scope.get("path")
+    if scope.get("method") != "POST" or path not in RATE_LIMITED_POSTS:
+        return None
+    return str(path), client_address(scope)
+
+
 def install(app: Quart, settings: Settings) -> RateLimiter:
     """Limit the costly POSTs per client (after the host, browser and token guards)."""
     limiter = RateLimiter(settings.rate_limit_burst, settings.rate_limit_per_s, settings.rate_limit_clients)
@@ -110,10 +120,11 @@ def install(app: Quart, settings: Settings) -> RateLimiter:
 
     @app.before_request
     async def _rate_limit() -> None:
-        if request.method != "POST" or request.path not in RATE_LIMITED_POSTS:
+        key = bucket_key(request.scope)
+        if key is None:
             return
-        client = client_address(request.scope)
-        _refuse_after(limiter.take((request.path, client)))
+        _path, client = key
+        _refuse_after(limiter.take(key))
         if request.path == LOGIN_PATH and failed_logins.enabled:
             _refuse_after(failed_logins.take(client))
             g.login_reserved = client          # kept only if the token is refused

@@ -16,7 +16,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import trio
 from voiceactors.http.serving import CappedListener
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
+from child_support import pump_stderr
 
 DAY = dt.date(2026, 3, 27)
 
@@ -77,16 +77,7 @@ def test_past_the_cap_new_connections_wait_and_descriptors_stay_bounded(tmp_path
     child = subprocess.Popen([sys.executable, "-c", "import sys; from voiceactors.cli import main; sys.exit(main(sys.argv[1:]))", "serve", "--port", "0", "--journal", str(journal),
                               "--state-dir", str(tmp_path / "state")],
                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    lines: list[str] = []
-    serving = threading.Event()
-
-    def pump() -> None:
-        for line in child.stderr:
-            lines.append(line)
-            if '"server.serving"' in line:
-                serving.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    lines, serving = pump_stderr(child, "server.serving")
     sockets: list[socket.socket] = []
 
     def connect() -> socket.socket:

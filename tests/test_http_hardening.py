@@ -26,6 +26,7 @@ from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
+from child_support import pump_stderr
 
 DAY = dt.date(2026, 3, 27)
 KEY = "sk-hardening-test-5e1c9a"
@@ -465,7 +466,6 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     import socket
     import subprocess
     import sys
-    import threading
     import time
 
     journal = write_sample_journal(tmp_path / "journal", days=1, today=DAY)
@@ -478,16 +478,7 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", CHILD.replace("FD_LIMIT", str(FD_LIMIT)), "serve", "--port", "0",
                               "--journal", str(journal), "--state-dir", str(tmp_path / "state")],
                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-    lines: list[str] = []
-    serving = threading.Event()
-
-    def pump() -> None:
-        for line in child.stderr:
-            lines.append(line)
-            if '"server.serving"' in line:
-                serving.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    lines, serving = pump_stderr(child, "server.serving")
     held: list[socket.socket] = []
     try:
         assert serving.wait(60), "".join(lines)[-2000:]

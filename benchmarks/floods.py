@@ -183,29 +183,15 @@ def rounds_of(call: Any, to_monotonic: float) -> list[list[Any]]:
     ``[t0 (time.monotonic), tool call id, output_ms | None, create_ms | None]``
     (the same definitions as ``sim_host.analyse``, with the start time kept,
     so the driver can tell which phase a round belongs to)."""
-    first_output: dict[str, float] = {}
-    creates: list[float] = []
-    for event, t in zip(call.received, call.received_at or []):
-        item = event.get("item") if isinstance(event.get("item"), dict) else {}
-        if event.get("type") == "conversation.item.create" and item.get("type") == "function_call_output":
-            first_output.setdefault(str(item.get("call_id")), t)
-        elif event.get("type") == "response.create":
-            creates.append(t)
+    from benchmarks.sim_host import batch_times
+
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value, 3)
+
     rows: list[list[Any]] = []
-    for event, t0 in zip(call.sent, call.sent_at or []):
-        if event.get("type") != "response.done" or event["response"].get("status") != "completed":
-            continue
-        ids = [o["call_id"] for o in event["response"].get("output", []) if o.get("type") == "function_call"]
-        if not ids:
-            continue
-        got = [first_output[i] for i in ids if i in first_output]
-        create = None
-        if len(got) == len(ids):
-            after = [c for c in creates if c >= max(got)]
-            create = round((after[0] - t0) * 1000, 3) if after else None
-        for i in ids:
-            out = round((first_output[i] - t0) * 1000, 3) if i in first_output else None
-            rows.append([t0 + to_monotonic, i, out, create])
+    for batch in batch_times(call):
+        for i, out in batch.outputs:
+            rows.append([batch.t0 + to_monotonic, i, ms(out), ms(batch.create_ms)])
     return rows
 
 

@@ -54,6 +54,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -99,14 +100,18 @@ def make_scenario(args: argparse.Namespace, rng: random.Random) -> Scenario:
     raise SystemExit(f"unknown workload {args.workload!r}")
 
 
-def analyse(call: SimCall) -> dict[str, Any]:
-    """Round trips of one call from its stamped records.
+@dataclass(frozen=True)
+class BatchTimes:
+    """One completed ``response.done`` carrying function calls (sent at ``t0``)."""
 
-    For every *completed* ``response.done`` carrying function calls (time t0):
-    ``output_ms`` = first ``function_call_output`` for each call id − t0;
-    ``create_ms`` = the first ``response.create`` received at or after the
-    batch's last output − t0.
-    """
+    t0: float
+    outputs: list[tuple[str, float | None]]   # per tool call id: first output − t0 (ms), None: never
+    create_ms: float | None                   # the first response.create at or after the last output − t0
+    all_answered: bool                        # every tool call of the batch got an output
+
+
+def batch_times(call: SimCall) -> list[BatchTimes]:
+    """The round-trip times of every tool batch of ``call``, from its stamped records."""
     first_output: dict[str, float] = {}
     creates: list[float] = []
     for event, t in zip(call.received, call.received_at or []):
@@ -116,25 +121,41 @@ def analyse(call: SimCall) -> dict[str, Any]:
             first_output.setdefault(str(item.get("call_id")), t)
         elif kind == "response.create":
             creates.append(t)
-    outputs: list[tuple[str, float]] = []
-    create_ms: list[float] = []
-    create_at: list[float] = []
-    missing_create = 0
+    batches: list[BatchTimes] = []
     for event, t0 in zip(call.sent, call.sent_at or []):
         if event.get("type") != "response.done" or event["response"].get("status") != "completed":
             continue
         ids = [o["call_id"] for o in event["response"].get("output", []) if o.get("type") == "function_call"]
         if not ids:
             continue
-        got = [first_output[i] for i in ids if i in first_output]
-        for i in ids:
-            if i in first_output:
-                outputs.append((i, (first_output[i] - t0) * 1000))
-        if len(got) == len(ids):
-            after = [c for c in creates if c >= max(got)]
-            if after:
-                create_ms.append((after[0] - t0) * 1000)
-                create_at.append(t0)
+        outputs = [(i, (first_output[i] - t0) * 1000 if i in first_output else None) for i in ids]
+        answered = all(i in first_output for i in ids)
+        create_ms = None
+        if answered:
+            after = [c for c in creates if c >= max(first_output[i] for i in ids)]
+            create_ms = (after[0] - t0) * 1000 if after else None
+        batches.append(BatchTimes(t0, outputs, create_ms, answered))
+    return batches
+
+
+def analyse(call: SimCall) -> dict[str, Any]:
+    """Round trips of one call from its stamped records.
+
+    For every *completed* ``response.done`` carrying function calls (time t0):
+    ``output_ms`` = first ``function_call_output`` for each call id − t0;
+    ``create_ms`` = the first ``response.create`` received at or after the
+    batch's last output − t0.
+    """
+    outputs: list[tuple[str, float]] = []
+    create_ms: list[float] = []
+    create_at: list[float] = []
+    missing_create = 0
+    for batch in batch_times(call):
+        outputs.extend((i, ms) for i, ms in batch.outputs if ms is not None)
+        if batch.all_answered:
+            if batch.create_ms is not None:
+                create_ms.append(batch.create_ms)
+                create_at.append(batch.t0)
             else:
                 missing_create += 1
     duplicates = sum(len(v) - 1 for v in call.outputs.values() if len(v) > 1)

@@ -170,9 +170,10 @@ def instruction_section(link: Resolution | None, selection: Reference | None) ->
             lines.append("The current selection is that same item.")
         else:
             lines.append(f"The current selection is {_describe(selection)}.")
-        lines.append(f"When the user says \"{_THIS[selection.kind]}\" they mean the current selection; \"the one "
-                     "from the link\" means the original link. Tools that take a day or an entity use the "
-                     "current selection when you leave that argument out.")
+        link_words = " \"The one from the link\" means the original link." if link is not None else ""
+        lines.append(f"When the user says \"{_THIS[selection.kind]}\" they mean the current selection.{link_words} "
+                     "Tools that take a day or an entity use the current selection when you leave that argument "
+                     "out.")
     if not lines:
         return ""
     lines.append("Call journal.select only when the user asks to switch to another item; reading another item "

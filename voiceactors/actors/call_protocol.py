@@ -719,10 +719,10 @@ class CallProtocol:
 
     def _on_connected(self) -> None:
         self.connected = True
+        self._context_connected()   # first: a due session.update precedes the outputs
         for call in self.calls.values():
             self._queue_output(call)
         self._maybe_follow_up()
-        self._context_connected()
 
     def _on_drop(self) -> None:
         """The socket is gone. Unconfirmed outputs will be written again; a

@@ -48,6 +48,8 @@ class ToolSpec:
     reusable: bool = False
     # argument -> selection kind: an argument the model leaves out is taken
     # from the call's current selection of that kind (select_tool.fill_from_selection)
+    # before validation; the manifest lists it as optional, the schema keeps
+    # it required (so without a selection the answer is what it always was)
     selection_defaults: Mapping[str, str] = field(default_factory=dict)
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
@@ -92,7 +94,7 @@ def _specs() -> list[ToolSpec]:
             parameters=_object({
                 "day": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$", "format": "date",
                         "description": "The day, YYYY-MM-DD. Leave it out for the selected day."},
-            }),
+            }, ("day",)),
             effect=READ,
             handler=journal_tools.get_day,
             errors={"day": "invalid day"},
@@ -128,7 +130,7 @@ def _specs() -> list[ToolSpec]:
                 "entity_slug": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
                                 "description": "The entity id (e.g. \"alice_johnson\") or its name. Leave it "
                                                "out for the selected entity."},
-            }),
+            }, ("entity_slug",)),
             effect=READ,
             handler=entity_tools.get,
             selection_defaults={"entity_slug": "entity"},
@@ -145,7 +147,7 @@ def _specs() -> list[ToolSpec]:
                 "days": {"type": ["integer", "null"], "minimum": 1, "maximum": 365,
                          "description": "How many days back to look (1-365, default 7)."},
                 "facet": _FACET,
-            }),
+            }, ("entity_slug",)),
             effect=READ,
             handler=entity_tools.recent_with,
             errors={"days": "invalid days"},
@@ -270,10 +272,19 @@ def manifest(style: str = "dotted", registry: Mapping[str, ToolSpec] | None = No
             "type": "function",
             "name": spec.name if style == "dotted" else spec.underscore_name,
             "description": spec.description,
-            "parameters": spec.parameters,
+            "parameters": _model_parameters(spec),
         }
         for spec in registry.values()
     ]
+
+
+def _model_parameters(spec: ToolSpec) -> dict[str, Any]:
+    """The schema the model sees: arguments the current selection can fill
+    are optional there."""
+    if not spec.selection_defaults:
+        return spec.parameters
+    required = [name for name in spec.parameters.get("required", ()) if name not in spec.selection_defaults]
+    return {**spec.parameters, "required": required}
 
 
 # --- arguments ------------------------------------------------------------

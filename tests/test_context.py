@@ -40,6 +40,7 @@ BASE = "You are sol."
     ({"kind": "entity", "id": "  "}, "context.id is required"),
     ({"kind": "entity", "id": 7}, "context.id is invalid"),
     ({"kind": "entity", "id": "../etc"}, "context.id is invalid"),
+    ({"kind": "entity", "id": " romeo_montague"}, "context.id is invalid"),
     ({"kind": "entity", "id": "romeo montague"}, "context.id is invalid"),
     ({"kind": "day", "id": "2026-02-30"}, "context.id is invalid"),
     ({"kind": "day", "id": "20260304"}, "context.id is invalid"),
@@ -53,11 +54,18 @@ def test_invalid_shapes_have_a_clear_message(value, message):
 
 def test_valid_shapes():
     assert context.parse({"kind": "day", "id": "2026-03-04"}) == ("day", "2026-03-04")
-    assert context.parse({"id": " romeo_montague ", "kind": "entity"}) == ("entity", "romeo_montague")
+    assert context.parse({"id": "romeo_montague", "kind": "entity"}) == ("entity", "romeo_montague")
+    # ".." passes the shape but never leaves the journal: the lookup refuses it
+    assert context.parse({"kind": "facet", "id": "a..b"}) == ("facet", "a..b")
     assert context.parse({"kind": "commitment", "id": "93478d83ac54dfd6"})[0] == "commitment"
 
 
 # ------------------------------------------------------------ verification
+
+def test_dots_never_leave_the_journal(fixture_journal):
+    assert verify(fixture_journal, "facet", "a..b") == Unverified("facet", "not_found")
+    assert verify(fixture_journal, "entity", "..") == Unverified("entity", "not_found")
+
 
 def test_each_kind_verified_on_the_fixture_journal(fixture_journal):
     assert verify(fixture_journal, "entity", "romeo_montague") == Reference(

@@ -40,6 +40,11 @@ UNREADABLE = "unreadable"
 TIMEOUT = "timeout"
 
 _KIND_WORDS = {"day": "the day", "entity": "", "commitment": "the commitment", "facet": "the journal area"}
+#: How the tools use a selection of each kind (tools.md § The current selection).
+_USE = {"day": "journal.get_day reads this day when you leave out its day.",
+        "entity": "entities.get and entities.recent_with use this entity when you leave out entity_slug.",
+        "commitment": "To close it, pass its id to commitments.complete (only when the user asks).",
+        "facet": "Pass it as facet to journal.search or commitments.list when the user asks about this area."}
 _THIS = {"day": "this day", "entity": "this person (or company, project)", "commitment": "this commitment",
          "facet": "this area"}
 
@@ -113,7 +118,6 @@ def parse(value: Any) -> tuple[str, str]:
         raise ContextError("context.id is required")
     if not isinstance(ident, str):
         raise ContextError("context.id is invalid")
-    ident = ident.strip()
     if kind == "day":
         if not DAY_RE.fullmatch(ident):
             raise ContextError("context.id is invalid")
@@ -121,7 +125,7 @@ def parse(value: Any) -> tuple[str, str]:
             _dt.date.fromisoformat(ident)
         except ValueError:
             raise ContextError("context.id is invalid") from None
-    elif not ID_RE.fullmatch(ident) or ".." in ident:
+    elif not ID_RE.fullmatch(ident):   # (a ".." never leaves the journal: the lookup refuses it)
         raise ContextError("context.id is invalid")
     return kind, ident
 
@@ -172,8 +176,7 @@ def instruction_section(link: Resolution | None, selection: Reference | None) ->
             lines.append(f"The current selection is {_describe(selection)}.")
         link_words = " \"The one from the link\" means the original link." if link is not None else ""
         lines.append(f"When the user says \"{_THIS[selection.kind]}\" they mean the current selection.{link_words} "
-                     "Tools that take a day or an entity use the current selection when you leave that argument "
-                     "out.")
+                     + _USE[selection.kind])
     if not lines:
         return ""
     lines.append("Call journal.select only when the user asks to switch to another item; reading another item "

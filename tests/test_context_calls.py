@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from calls_support import DAY, assert_clean_protocol, received_types, rig, steady
+from calls_support import DAY, Gate, assert_clean_protocol, gated_registry, received_types, rig, steady
 from voiceactors.actors.call_context import LinkedContext
 from voiceactors.context import Reference
 from voiceactors.http import create_app
@@ -104,6 +104,59 @@ async def test_a_failed_select_changes_nothing(tmp_path, autojump_clock):
     assert len(of_type(sc, "session.update")) == 1      # the handover's only
     assert actor.protocol.context is not None
     assert actor.protocol.context.selection == DANIEL and actor.protocol.context.link == DANIEL
+
+
+def barge_in_during(tool_call: dict) -> Any:
+    return steady([
+        {"user_turn": {"text": "Switch to Bluefin."}},
+        {"response": {"text": "Switching.", "tool_calls": [tool_call], "hold_s": 2.0}},
+        {"barge_in": {"after_ms": 300, "text": "No, wait."}},
+        {"response": {"text": "Okay."}},
+        {"wait_outputs": {"response_create": False}},
+        {"sleep": 1.0},
+        {"close": 1000},
+    ])
+
+
+async def test_barge_in_during_a_select_leaves_the_selection_consistent(tmp_path, autojump_clock):
+    """The select's lookup is still running when the user barges in: it is
+    cancelled, the model is told so, and the selection stays the link."""
+    bluefin = Reference("entity", "bluefin_capital", "Bluefin Capital", entity_type="Company")
+    gate = Gate({"selected": bluefin.view()})
+    select_call = {"name": "journal.select", "arguments": {"kind": "entity", "id": "bluefin_capital"}}
+    async with rig(tmp_path, registry=gated_registry("journal.select", gate)) as r:
+        try:
+            actor, sc = await r.run_call("rtc_select_barge", barge_in_during(select_call),
+                                         context=LinkedContext(BASE, DANIEL))
+        finally:
+            gate.release.set()
+    assert_clean_protocol(sc, creates=0)
+    [call_id] = sc.tool_calls
+    assert json.loads(sc.outputs[call_id][0]) == {"error": "cancelled"}
+    assert actor.protocol.context is not None
+    assert actor.protocol.context.selection == DANIEL and actor.protocol.context.link == DANIEL
+    assert len(of_type(sc, "session.update")) == 1          # the handover's only
+    assert "Bluefin" not in sc.session["instructions"]
+
+
+async def test_a_select_that_answers_before_the_barge_in_lands_is_applied_and_said(tmp_path, autojump_clock):
+    """The real lookup usually beats the barge-in: the output says it changed,
+    so it did, and the session's instructions say so too (no response.create:
+    the user's turn owns the floor)."""
+    select_call = {"name": "journal.select", "arguments": {"kind": "entity", "id": "bluefin_capital"}}
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_select_barge2", barge_in_during(select_call),
+                                     context=LinkedContext(BASE, DANIEL))
+    assert_clean_protocol(sc, creates=0)
+    [call_id] = sc.tool_calls
+    told = json.loads(sc.outputs[call_id][0])
+    ctx = actor.protocol.context
+    assert ctx is not None and ctx.link == DANIEL
+    if "selected" in told:     # answered first: applied, and the service's instructions follow
+        assert ctx.selection is not None and ctx.selection.id == "bluefin_capital"
+        assert '"Bluefin Capital"' in sc.session["instructions"]
+    else:                      # cancelled first: nothing changed
+        assert told == {"error": "cancelled"} and ctx.selection == DANIEL
 
 
 async def test_first_greeting_once_after_the_handover_and_not_after_a_reconnect(tmp_path, autojump_clock):

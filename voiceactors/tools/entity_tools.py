@@ -19,9 +19,6 @@ RECENT_WITH_MAX = 10     # spoken-friendly cap on interactions
 TOP_FACETS = 3
 
 
-SLUG_REQUIRED = {"error": "invalid arguments: entity_slug is required (no entity is selected)"}
-
-
 def _iso(day: str) -> str:
     return f"{day[:4]}-{day[4:6]}-{day[6:]}" if len(day) == 8 and day.isdigit() else ""
 
@@ -86,8 +83,6 @@ def _ranked_facets(views: list[entities.FacetView]) -> list[str]:
 def get(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The entity's profile. ``tags`` are the facets it appears in, most
     relevant first; ``recent_context`` the newest distinct observations."""
-    if not str(args.get("entity_slug") or "").strip():   # left out, and no entity selected
-        return dict(SLUG_REQUIRED)
     entity = entities.get_entity(ctx.journal, str(args.get("entity_slug", "")).strip())
     if entity is None:
         return {"error": "not found"}
@@ -161,8 +156,6 @@ def recent_with(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     days = 7 if days is None else days
     if isinstance(days, bool) or not isinstance(days, (int, float)) or not 1 <= days <= 365:
         return {"error": "invalid days"}
-    if not str(args.get("entity_slug") or "").strip():   # left out, and no entity selected
-        return dict(SLUG_REQUIRED)
     entity = entities.get_entity(ctx.journal, str(args.get("entity_slug", "")).strip())
     if entity is None:
         return {"error": "not found"}

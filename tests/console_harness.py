@@ -96,6 +96,8 @@ def sim_report(sim: Simulator) -> dict[str, Any]:
             "errors_sent": [e.get("error", {}).get("code") for e in call.errors_sent],
             "violations": [str(v) for v in call.violations],
             "closed": call.closed, "hangups": sim.hangups.count(call_id),
+            "received_types": [e.get("type") for e in call.received],
+            "session_instructions": call.session.get("instructions"),
         }
     return {"calls": calls}
 

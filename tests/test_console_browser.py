@@ -302,6 +302,28 @@ def test_the_demo_call_from_start_to_end(harness, page):
     assert page.problems(allow_network=("status of 404",)) == []
 
 
+def test_the_console_opens_with_a_context_from_its_url(harness, page):
+    needs_webrtc(harness)
+    page.goto(url(harness, "main", "/?entity=daniel_park"),
+              ready="document.body && document.body.dataset.ready === '1'")
+    page.click("#start")
+    page.wait_for("!document.getElementById('about').hidden", 20, "the verified context")
+    assert page.text("#about") == "about: Daniel Park"       # the name the server verified
+    wait_state(page, "live", 20)
+    call_id = page.js("document.body.dataset.callId")
+    deadline = time.monotonic() + 15
+    while "response.create" not in harness.send("Harness.simulator")["calls"][call_id]["received_types"]:
+        assert time.monotonic() < deadline, "the server never asked for the first greeting"
+        time.sleep(0.2)
+    report = harness.send("Harness.simulator")["calls"][call_id]
+    # the call joined with the link (session.update) and asked for the greeting once
+    assert report["received_types"].count("session.update") == 1
+    assert '"Daniel Park"' in report["session_instructions"]
+    page.click("#hangup")
+    wait_state(page, "ended", 5)
+    assert page.problems() == []
+
+
 def test_hang_up_from_the_page(harness, page):
     needs_webrtc(harness)
     open_console(page, harness)

@@ -1,6 +1,6 @@
 """End to end: create_app + the Realtime simulator on loopback.
 
-Session mint carries the instruction and the nine tools; connect starts a
+Session mint carries the instruction and the ten tools; connect starts a
 call actor that joins the simulator's call; a tool call flows back; status
 counts the call; the client feed streams over SSE; shutdown leaves no task
 behind; and no key ever reaches the log stream.
@@ -58,7 +58,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
         runtime = voice_state(app).runtime
         assert runtime is not None and len(runtime.nursery.child_tasks) == 3
 
-        # session mint: the instruction and the nine tools
+        # session mint: the instruction and the ten tools
         response = await client.post("/api/voice/session")
         assert response.status_code == 200
         body = await response.get_json()
@@ -69,7 +69,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
         assert session["type"] == "realtime" and session["model"] == "gpt-realtime"
         assert session["tool_choice"] == "auto" and session["output_modalities"] == ["audio"]
         assert sorted(t["name"] for t in session["tools"]) == sorted(REGISTRY)
-        assert len(session["tools"]) == 9
+        assert len(session["tools"]) == 10
         refreshed = await (await client.post("/api/voice/refresh-brain")).get_json()
         assert session["instructions"].startswith(refreshed["instruction_preview"])
         assert "sol" in session["instructions"]

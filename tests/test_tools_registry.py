@@ -10,11 +10,11 @@ from voiceactors.tools import REGISTRY, ArgumentError, lookup, manifest, prepare
 
 NAMES = [
     "journal.get_day", "journal.search", "entities.get", "entities.recent_with", "commitments.list",
-    "commitments.complete", "calendar.today", "briefing.get", "observer.start_listening",
+    "commitments.complete", "calendar.today", "briefing.get", "observer.start_listening", "journal.select",
 ]
 
 
-def test_nine_tools_only_complete_writes():
+def test_ten_tools_only_complete_writes():
     assert list(REGISTRY) == NAMES
     assert [n for n, s in REGISTRY.items() if s.effect == "write"] == ["commitments.complete"]
     for spec in REGISTRY.values():

@@ -214,6 +214,10 @@ class Settings:
         50, CALLS, "at start-up, calls that were live when the server died (a call record whose last block has "
         "no `end`, changed within `call_max_duration_s`) are rejoined, newest first, at most this many; `0`: "
         "none (docs/calls.md § Crash recovery)", env="VOICEACTORS_REJOIN_MAX_CALLS", unit="calls", minimum=0)
+    context_timeout_s: float = setting(
+        10.0, CALLS, "a linked `context` (`/session`, `/connect`) must be verified against the journal within "
+        "this long in all; past it the call starts as a generic conversation (docs/api.md § Linked context)",
+        env="VOICEACTORS_CONTEXT_TIMEOUT", unit="s", positive=True)
 
     # --- brain ---
     brain_ready_wait_s: float = setting(

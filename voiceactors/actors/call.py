@@ -32,6 +32,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
+from voiceactors.actors.call_context import CallContext, LinkedContext
 from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
@@ -101,7 +102,8 @@ class CallActor:
     client feed events (None: no feed). ``hangup`` POSTs the Realtime hangup
     at an idle timeout or the maximum duration. ``recovered`` (a rejoin after
     a crash, see ``recovery.py``): the tool calls the crashed run left
-    unanswered; this run answers them once its sideband is up.
+    unanswered; this run answers them once its sideband is up. ``context``:
+    the call's linked context and first greeting (``call_context.py``).
 
     Read-only views for callers and tests: ``calls``, ``batches``, ``active``
     and ``epoch`` (the protocol's), ``end_reason``, ``ended_at``,
@@ -110,7 +112,7 @@ class CallActor:
 
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
-                 recovered: list[PendingCall] | None = None) -> None:
+                 recovered: list[PendingCall] | None = None, context: LinkedContext | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -119,7 +121,8 @@ class CallActor:
         self._hangup_enabled = hangup
         self.log = get_logger(actor="call", call_id=call_id)
         self._rng = random.Random(call_id)
-        self.protocol = CallProtocol(call_id, effect_of=_tool_effect)
+        self.protocol = CallProtocol(call_id, effect_of=_tool_effect,
+                                     context=CallContext(context) if context is not None else None)
         # connection state
         self._outbox: trio.MemorySendChannel[Send] | None = None
         self._conn_done = trio.Event()
@@ -497,7 +500,8 @@ class CallActor:
         self._tools_idle = trio.Event()
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
-                              arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send)
+                              arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send,
+                              selection=self.protocol.context.selection if self.protocol.context else None)
         pending: ToolRequest | None
         try:
             # handed over in this turn when the inbox has room: the executor

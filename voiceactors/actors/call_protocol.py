@@ -41,6 +41,7 @@ from voiceactors.actors.call_state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, Batch, BatchStatus, CreateResult, CreateSent, FollowUp, Origin,
     ToolCall, ToolCallState, ToolOutcome,
 )
+from voiceactors.actors.call_context import CallContext
 from voiceactors.realtime import events as rt
 
 
@@ -257,8 +258,9 @@ class CallProtocol:
     """
 
     def __init__(self, call_id: str, *, effect_of: Callable[[str], str | None] = lambda name: None,
-                 started: float = 0.0) -> None:
+                 started: float = 0.0, context: CallContext | None = None) -> None:
         self.call_id = call_id
+        self.context = context                      # linked context, selection, greeting (call_context.py)
         self.started = started
         self._effect_of = effect_of
         self.epoch = 0
@@ -628,6 +630,7 @@ class CallProtocol:
         if call.state == ToolCallState.RUNNING:
             call.output = result.output
             call.state = ToolCallState.READY
+            self._context_tool_finished(call, result)
             self._queue_output(call)
         self._log("debug", "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                   current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
@@ -716,6 +719,7 @@ class CallProtocol:
 
     def _on_connected(self) -> None:
         self.connected = True
+        self._context_connected()   # first: a due session.update precedes the outputs
         for call in self.calls.values():
             self._queue_output(call)
         self._maybe_follow_up()
@@ -797,3 +801,40 @@ class CallProtocol:
         if not call.recorded:
             call.recorded = True
             self._record("tool_call", **call.record_fields())
+
+    # ----------------------------------------------------- linked context
+    # The rules are CallContext's (call_context.py); these hooks only turn
+    # its answers into effects.
+
+    def _context_connected(self) -> None:
+        if self.context is None:
+            return
+        quiet = not self.active and self.create_inflight is None and not self.batches and self.turn == 0
+        events, dropped = self.context.on_connected(quiet=quiet)
+        for event in events:
+            if event["event_id"] == self.context.greeting_event_id:
+                # ours like any response.create: its response.created is ours,
+                # and no other create of ours goes out before it
+                create = CreateSent(event["event_id"], self.epoch, [], round(self._now - self.started, 3))
+                self.creates[create.event_id] = create
+                self.create_inflight = create.event_id
+                self._log("info", "call.greeting", event_id=create.event_id, epoch=self.epoch)
+            self._emit(Send(event))
+        if dropped is not None:
+            self._log("info", "call.greeting_dropped", why=dropped, epoch=self.epoch)
+
+    def _context_tool_finished(self, call: ToolCall, result: ToolFinished) -> None:
+        """A ``journal.select`` output the model gets: apply the selection,
+        send the new instructions before the output, tell the client."""
+        if self.context is None:
+            return
+        chosen = self.context.on_tool_finished(call.name, result.output, result.outcome)
+        if chosen is None:
+            return
+        views = self.context.views()
+        self._record("selection", tool_call_id=call.tool_call_id, **views)
+        self._log("info", "call.selection", kind=chosen.kind, epoch=self.epoch)
+        self._emit(Publish("selection", {"tool_call_id": call.tool_call_id, **views}))
+        update = self.context.take_update() if self.connected else None
+        if update is not None:
+            self._emit(Send(update))

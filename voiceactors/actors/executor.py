@@ -66,6 +66,7 @@ from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
 from voiceactors.settings import Settings
 from voiceactors.tools.context import ToolContext
+from voiceactors.tools.select_tool import fill_from_selection
 from voiceactors.tools.registry import (
     REGISTRY,
     WRITE,
@@ -248,7 +249,10 @@ class ToolExecutor:
         """Look the tool up and parse the arguments, once per request."""
         spec = lookup(req.name, self.registry)
         try:
-            args: dict[str, Any] | None = parse_arguments(req.arguments)
+            parsed = parse_arguments(req.arguments)
+            if spec is not None and req.selection is not None:
+                parsed = fill_from_selection(spec, parsed, req.selection)   # "this day / this person"
+            args: dict[str, Any] | None = parsed
             args_error = None
         except ArgumentError as exc:
             args, args_error = None, exc.error

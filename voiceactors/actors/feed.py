@@ -145,6 +145,12 @@ class CallFeed:
     def transcript(self, *, role: str, text: str, item_id: str | None = None) -> None:
         self.publish({"type": "transcript", "role": role, "text": text, "item_id": item_id})
 
+    def selection(self, *, tool_call_id: str, selection: dict[str, Any] | None,
+                  link: dict[str, Any] | None) -> None:
+        """The call's current selection changed (``journal.select``); ``link``
+        is the original link, unchanged."""
+        self.publish({"type": "selection", "tool_call_id": tool_call_id, "selection": selection, "link": link})
+
     def client_events(self, events: Iterable[dict[str, Any]], *, tool: str, tool_call_id: str) -> None:
         """Route a tool result's client events: nav hints to this call's queue,
         observer actions to the global queue, both to the subscribers."""

@@ -26,6 +26,9 @@ class ToolRequest:
     epoch: int            # the call's epoch when the tool call was issued
     turn: int             # the user turn it belongs to (per-turn bounds)
     reply: trio.MemorySendChannel[ToolResult] = field(repr=False, compare=False)
+    # the call's current selection (a ``context.Reference``, or None): fills
+    # the arguments a tool takes from it when the model left them out
+    selection: Any = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class Connect:
 
     call_id: str
     reply: trio.MemorySendChannel[ConnectOutcome] = field(repr=False, compare=False)
+    # the call's linked context (``actors.call_context.LinkedContext``), used
+    # only when this Connect starts the actor
+    context: Any = None
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ class CallSupervisor:
 
     def _handle(self, message: SupervisorMessage, nursery: trio.Nursery) -> None:
         if isinstance(message, Connect):
-            _reply(message.reply, self._connect(message.call_id, nursery))
+            _reply(message.reply, self._connect(message.call_id, nursery, context=message.context))
         elif isinstance(message, CountCalls):
             _reply(message.reply, len(self.calls))
         elif isinstance(message, Subscribe):
@@ -105,7 +105,7 @@ class CallSupervisor:
             self._connect(call.call_id, nursery, recovered=call.pending)
 
     def _connect(self, call_id: str, nursery: trio.Nursery, *,
-                 recovered: list[PendingCall] | None = None) -> ConnectOutcome:
+                 recovered: list[PendingCall] | None = None, context: Any = None) -> ConnectOutcome:
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
@@ -113,7 +113,7 @@ class CallSupervisor:
             return ConnectOutcome.AT_CAPACITY
         feed = self.hub.open(call_id)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
-                          recovered=recovered)
+                          recovered=recovered, context=context)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")

@@ -46,6 +46,35 @@
     constructor(kind, words) { super(words); this.kind = kind; }
   }
 
+  // --- linked context (docs/console.md § Opening with a context) -------------------
+
+  // The page's URL may name what the call is about: /?entity=romeo_montague,
+  // /?day=2026-03-04, /?commitment=<id>, /?facet=work (the first of these).
+  const CONTEXT_KINDS = ["entity", "day", "commitment", "facet"];
+
+  function linkedContext() {
+    const params = new URLSearchParams(window.location.search);
+    for (const kind of CONTEXT_KINDS) {
+      const id = params.get(kind);
+      if (id) return { kind, id };
+    }
+    return null;
+  }
+
+  // What the server verified (never what the URL said): the current
+  // selection, and the original link when the selection moved away from it.
+  function showAbout(selection, link) {
+    const node = $("about");
+    node.hidden = !selection && !link;
+    if (node.hidden) return;
+    const name = (ref) => (ref && ref.verified ? ref.name : null);
+    let words = name(selection) ? `about: ${name(selection)}` : "the linked item could not be found";
+    if (link && name(link) && selection && name(selection) && link.id !== selection.id) {
+      words += ` (opened from ${name(link)})`;
+    }
+    node.textContent = words;
+  }
+
   // --- conversation (spoken order, by item) -------------------------------------
 
   function itemNode(itemId, role, previousId) {
@@ -122,6 +151,9 @@
       case "transcript":
         // the data channel usually got there first; this fills what it missed
         setWords(event.item_id, event.role, event.text, { final: !itemHasWords(event.item_id) });
+        break;
+      case "selection":
+        showAbout(event.selection, event.link);
         break;
       case "call.ended":
         endCall(`ended: ${reason(event.reason)}`, event.reason);
@@ -267,8 +299,10 @@
     call = { ended: false, pc: null, channel: null, source: null, stopMeter: null, stream: null, callId: null };
     const mine = call;
     try {
-      const session = await api("POST", "/api/voice/session", {});
+      const linked = linkedContext();
+      const session = await api("POST", "/api/voice/session", linked ? { context: linked } : {});
       if (mine.ended) return;
+      showAbout(session.context, session.context);
       setState("connecting", "opening the microphone…");
       mine.stream = await microphone();
       if (mine.ended) return stopTracks(mine);   // hung up while the microphone opened
@@ -297,7 +331,9 @@
       // reason) follows within moments — wait briefly for it.
       channel.addEventListener("close", () => setTimeout(() => endCall("ended: the call was closed", null, mine), FEED_END_GRACE_MS));
       setState("connecting", "handing the call to the voice server…");
-      await api("POST", "/api/voice/connect", { call_id: mine.callId });
+      // with a context, the assistant speaks first and names what the server verified
+      await api("POST", "/api/voice/connect",
+        linked ? { call_id: mine.callId, context: linked, greeting: "first" } : { call_id: mine.callId });
       if (mine.ended) return;
       mine.source = follow(mine.callId);
       $("live").hidden = false;
@@ -333,6 +369,7 @@
 
   function resetView() {
     for (const id of ["conversation", "tools", "nav-hints", "observer"]) $(id).replaceChildren();
+    showAbout(null, null);
     delete document.body.dataset.callId;
     delete document.body.dataset.endReason;
   }

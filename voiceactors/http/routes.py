@@ -23,6 +23,8 @@ from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, Connec
                                          Message, RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions,
                                          ask)
 from voiceactors.http import errors as E
+from voiceactors.http import linked
+from voiceactors.actors.call_context import LinkedContext
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
@@ -182,9 +184,10 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
 async def create_session() -> Any:
     voice = state()
     settings = voice.settings
-    await _json_object(required=False)
+    requested = linked.body_context(await _json_object(required=False))
     key = await _openai_key(settings)
-    instruction = await _instruction(settings, _runtime())
+    link = await linked.verified(requested, settings)
+    instruction = linked.instruction(await _instruction(settings, _runtime()), link)
     model = await _read_config(config.voice_model, settings)
     started = trio.current_time()
     try:
@@ -197,20 +200,34 @@ async def create_session() -> Any:
                    duration_ms=round((trio.current_time() - started) * 1000, 1))
         raise ApiError(500, E.SESSION_UNAVAILABLE) from None
     _log.info("http.session_minted", model=model, duration_ms=round((trio.current_time() - started) * 1000, 1))
-    return jsonify({"ephemeral_key": value})
+    return jsonify({"ephemeral_key": value, **linked.context_view(link)})
 
 
 # --- POST /api/voice/connect --------------------------------------------------
+
+async def _base_instruction(runtime: Runtime) -> str | None:
+    """The brain's current instruction for a new call's ``session.update``s
+    (selection, linked context); None when there is none yet (never waits)."""
+    try:
+        brain: BrainState = await _ask(runtime.brain, GetBrain, QUICK_ASK_S)
+    except (trio.TooSlowError, ApiError):
+        return None
+    return brain.instruction if brain.ready else None
+
 
 @bp.post("/connect")
 async def connect() -> Any:
     settings = state().settings
     body = await _json_object(required=True)
     call_id = _call_id(body.get("call_id"))
+    greeting, requested = linked.body_greeting(body), linked.body_context(body)
     await _openai_key(settings)
     runtime = _runtime()
+    link = await linked.verified(requested, settings)
+    call_context = LinkedContext(await _base_instruction(runtime), link, greeting)
     try:
-        answer = await _ask(runtime.calls, lambda r: Connect(call_id, r), settings.connect_timeout_s + QUICK_ASK_S)
+        answer = await _ask(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
+                            settings.connect_timeout_s + QUICK_ASK_S)
     except trio.TooSlowError:
         _log.error("http.connect_timed_out", call_id=call_id)
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
@@ -219,7 +236,7 @@ async def connect() -> Any:
     if answer != ConnectOutcome.CONNECTED:
         _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
-    return jsonify({"status": "connected"})
+    return jsonify({"status": "connected", **linked.context_view(link)})
 
 
 # --- POST /api/voice/refresh-brain -------------------------------------------

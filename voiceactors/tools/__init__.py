@@ -1,4 +1,5 @@
-"""The voice tools: a registry of nine tools over the journal, each a plain
+"""The voice tools: a registry of ten tools (nine over the journal and
+``journal.select``), each a plain
 synchronous handler ``handler(ctx, args) -> dict`` that the ToolExecutor runs
 in a worker thread. See ``docs/tools.md``."""
 

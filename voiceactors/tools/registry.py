@@ -1,4 +1,5 @@
-"""The nine voice tools: names, descriptions, argument schemas, effects, handlers.
+"""The voice tools (the nine over the journal, and ``journal.select``): names,
+descriptions, argument schemas, effects, handlers.
 
 One mechanism validates arguments for every tool: a JSON Schema (Draft 2020-12)
 per tool, compiled once. ``prepare`` turns the model's raw argument string into
@@ -17,7 +18,7 @@ from typing import Any, Callable, Mapping
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
 
-from voiceactors.tools import commitment_tools, entity_tools, journal_tools, today_tools
+from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
 from voiceactors.tools.context import ToolContext
 
 Handler = Callable[[ToolContext, dict[str, Any]], dict[str, Any]]
@@ -45,6 +46,11 @@ class ToolSpec:
     # the answer depends only on the journal, today and the arguments (never on
     # the call), so the executor may hand a fresh one to another call
     reusable: bool = False
+    # argument -> selection kind: an argument the model leaves out is taken
+    # from the call's current selection of that kind (select_tool.fill_from_selection)
+    # before validation; the manifest lists it as optional, the schema keeps
+    # it required (so without a selection the answer is what it always was)
+    selection_defaults: Mapping[str, str] = field(default_factory=dict)
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,11 +93,12 @@ def _specs() -> list[ToolSpec]:
             ),
             parameters=_object({
                 "day": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$", "format": "date",
-                        "description": "The day, YYYY-MM-DD."},
+                        "description": "The day, YYYY-MM-DD. Leave it out for the selected day."},
             }, ("day",)),
             effect=READ,
             handler=journal_tools.get_day,
             errors={"day": "invalid day"},
+            selection_defaults={"day": "day"},
         ),
         ToolSpec(
             name="journal.search",
@@ -121,10 +128,12 @@ def _specs() -> list[ToolSpec]:
             ),
             parameters=_object({
                 "entity_slug": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
-                                "description": "The entity id (e.g. \"alice_johnson\") or its name."},
+                                "description": "The entity id (e.g. \"alice_johnson\") or its name. Leave it "
+                                               "out for the selected entity."},
             }, ("entity_slug",)),
             effect=READ,
             handler=entity_tools.get,
+            selection_defaults={"entity_slug": "entity"},
         ),
         ToolSpec(
             name="entities.recent_with",
@@ -134,7 +143,7 @@ def _specs() -> list[ToolSpec]:
             ),
             parameters=_object({
                 "entity_slug": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
-                                "description": "The entity id or its name."},
+                                "description": "The entity id or its name. Leave it out for the selected entity."},
                 "days": {"type": ["integer", "null"], "minimum": 1, "maximum": 365,
                          "description": "How many days back to look (1-365, default 7)."},
                 "facet": _FACET,
@@ -142,6 +151,7 @@ def _specs() -> list[ToolSpec]:
             effect=READ,
             handler=entity_tools.recent_with,
             errors={"days": "invalid days"},
+            selection_defaults={"entity_slug": "entity"},
         ),
         ToolSpec(
             name="commitments.list",
@@ -209,6 +219,22 @@ def _specs() -> list[ToolSpec]:
             handler=today_tools.start_listening,
             errors={"mode": "invalid mode"},
         ),
+        ToolSpec(
+            name="journal.select",
+            description=(
+                "Switch what this conversation is about to another day, entity, commitment or journal area, "
+                "when the user asks to (\"let's talk about Alice\", \"go to March 4\"). Verifies it first; "
+                "the original link stays. Do not call it just to read or compare another item."
+            ),
+            parameters=_object({
+                "kind": {"enum": ["day", "entity", "commitment", "facet"],
+                         "description": "day, entity, commitment or facet."},
+                "id": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
+                       "description": "A day YYYY-MM-DD, an entity id or name, a commitment id, or a facet name."},
+            }, ("kind", "id")),
+            effect=READ,
+            handler=select_tool.select,
+        ),
     ]
 
 
@@ -246,10 +272,19 @@ def manifest(style: str = "dotted", registry: Mapping[str, ToolSpec] | None = No
             "type": "function",
             "name": spec.name if style == "dotted" else spec.underscore_name,
             "description": spec.description,
-            "parameters": spec.parameters,
+            "parameters": _model_parameters(spec),
         }
         for spec in registry.values()
     ]
+
+
+def _model_parameters(spec: ToolSpec) -> dict[str, Any]:
+    """The schema the model sees: arguments the current selection can fill
+    are optional there."""
+    if not spec.selection_defaults:
+        return spec.parameters
+    required = [name for name in spec.parameters.get("required", ()) if name not in spec.selection_defaults]
+    return {**spec.parameters, "required": required}
 
 
 # --- arguments ------------------------------------------------------------

@@ -25,7 +25,8 @@ _COMMANDS = {
 
 
 # settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
-SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts")
+SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
+               "daily_budget_usd")
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:

@@ -825,7 +825,8 @@ class CallProtocol:
             self._log("warning", "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
                       budget_usd=meter.budget_usd)
         farewell = self.creates.get(meter.farewell_event_id or "")
-        if farewell is not None and farewell.response_id == rid and meter.farewell_done(self._now):
+        if (farewell is not None and farewell.response_id == rid and farewell.result == CreateResult.SENT
+                and meter.farewell_done(self._now)):
             self._emit(WakeAt(self.budget_wake))
         if meter.budget_reached_now(self._now):
             cost = meter.usage.cost_usd

@@ -244,3 +244,17 @@ async def test_calls_spend_the_daily_budget_and_it_survives_a_restart(make_sampl
             response = await test_app.test_client().post("/api/voice/session")
             assert response.status_code == 503
         nursery.cancel_scope.cancel()
+
+
+def test_budgets_from_flags_and_environment_off_by_default():
+    from voiceactors.cli import build_parser
+    from voiceactors.server import settings_from_args
+    assert (Settings.from_env({}).call_budget_usd, Settings.from_env({}).daily_budget_usd) == (0.0, 0.0)
+    args = build_parser().parse_args(["serve", "--journal", "j", "--call-budget-usd", "0.5",
+                                      "--daily-budget-usd", "20"])
+    settings = settings_from_args(args)
+    assert (settings.call_budget_usd, settings.daily_budget_usd) == (0.5, 20.0)
+    env = Settings.from_env({"VOICEACTORS_CALL_BUDGET_USD": "0.25", "VOICEACTORS_DAILY_BUDGET_USD": "3"})
+    assert (env.call_budget_usd, env.daily_budget_usd) == (0.25, 3.0)
+    with pytest.raises(Exception, match="call_budget_usd"):
+        Settings.from_env({"VOICEACTORS_CALL_BUDGET_USD": "-1"}).validate()

@@ -35,15 +35,17 @@ from voiceactors.actors import write_log
 from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
-    CountUsage, Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine,
+    Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine,
     PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
+from voiceactors.actors.call_protocol import CountUsage
 from voiceactors.actors.call_usage import meter_for
 from voiceactors.actors.feed import CallFeed
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
 from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
-from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
+from voiceactors.config import ConfigUnreadable
+from voiceactors.config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.sideband import (

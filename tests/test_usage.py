@@ -284,3 +284,24 @@ def test_the_table_totals_priced_calls_and_says_when_there_are_none(tmp_path):
     text = render_table([{"call_id": "rtc_a", "started_at": None, "duration_s": 1.0, "ended": None,
                           "tool_calls": 2, "tool_failures": 1, "total_tokens": 7, "cost_usd": 0.5}])
     assert "2 (1 failed)" in text and "live or crashed" in text and text.endswith("1 call, 7 tokens, $0.5000\n")
+
+
+def test_a_response_done_with_malformed_usage_still_reaches_the_protocol():
+    """Validated with the SDK's models, a usage count that is not a number
+    would fail the whole response.done (and with it the batch's follow-up):
+    the event is kept, its usage handed on raw for the meter to judge."""
+    body = {"type": "response.done", "event_id": "ev",
+            "response": {"id": "r1", "status": "completed", "output": [],
+                         "usage": {"input_tokens": "many", "output_token_details": {"audio_tokens": 5},
+                                   "input_token_details": {"audio_tokens": [1]}}}}
+    event = parse_server_event(json.dumps(body))
+    assert event is not None and event.response.id == "r1" and event.response.status == "completed"
+    p = _proto()
+    effects = p.handle(Received(event), 1.0)
+    (log,) = [e for e in effects if isinstance(e, Log) and e.event == "usage.malformed"]
+    assert log.fields["fields"] == ["input_token_details.audio_tokens"]
+    (line,) = [e.fields for e in effects if isinstance(e, RecordLine) and e.kind == "usage"]
+    assert line["tokens"]["audio_out"] == 5
+    # anything else malformed in the event still fails it as before
+    bad = {**body, "response": {**body["response"], "status": 7}}
+    assert parse_server_event(json.dumps(bad)) is None

@@ -365,14 +365,15 @@ class CallProtocol:
     def closing_lines(self) -> list[RecordLine]:
         """The record lines written at the end: every ``response.create`` and
         the ``tool_call`` line of each call not settled yet."""
-        lines = [RecordLine("usage_total", self.meter.totals())] if self.meter.usage.responses else []
-        lines += [RecordLine("response_create", {
+        lines = [RecordLine("response_create", {
             "t": create.t, "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
             "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
         }) for create in self.creates.values()]
         for call in self.calls.values():
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
+        if self.meter.usage.responses:    # the call's usage totals (call_usage.py)
+            lines.append(RecordLine("usage_total", self.meter.totals()))
         return lines
 
     # ------------------------------------------------------------ helpers

@@ -315,6 +315,44 @@ async def test_openai_backend_over_loopback(journal):
     assert user["role"] == "user" and user["content"] == "Current journal context:\n" + render_text(snapshot)
 
 
+def _brain_tokens(model: str, kind: str) -> float:
+    from voiceactors import metrics
+    return metrics.METRICS.tokens.labels(source="brain", model=model, kind=kind)._value.get()
+
+
+def _brain_cost(model: str) -> float:
+    from voiceactors import metrics
+    return metrics.METRICS.cost.labels(source="brain", model=model)._value.get()
+
+
+async def test_the_openai_runs_usage_is_counted_and_priced_from_the_table(journal, log_stream):
+    answer = _completion("<voice_instruction>Hi.</voice_instruction>")
+    answer["usage"] = {"prompt_tokens": 900, "completion_tokens": 120, "total_tokens": 1020,
+                       "prompt_tokens_details": {"cached_tokens": 600}}
+    before = {k: _brain_tokens("gpt-5-mini", k) for k in ("text_in", "cached_in", "text_out")}
+    cost_before = _brain_cost("gpt-5-mini")
+    async with trio.open_nursery() as nursery:
+        base_url = await _serve(nursery, _chat_app([(200, answer)], []))
+        settings = _settings(journal, openai_base_url=base_url, openai_api_key_env="sk-test-key-000",
+                             prices=("gpt-5-mini=0.25/2/0/0/0.025",))
+        await OpenAITextBackend(settings).generate(gather(journal, TODAY), None)
+        nursery.cancel_scope.cancel()
+    after = {k: _brain_tokens("gpt-5-mini", k) - before[k] for k in before}
+    assert after == {"text_in": 300, "cached_in": 600, "text_out": 120}
+    # 300*0.25 + 600*0.025 + 120*2 = 330 per million
+    assert _brain_cost("gpt-5-mini") - cost_before == pytest.approx(0.00033)
+    assert '"event": "brain.usage"' in log_stream.getvalue()
+
+
+async def test_the_claude_runs_usage_and_reported_cost_are_counted(journal, fake_claude):
+    before = {k: _brain_tokens("haiku", k) for k in ("text_in", "cached_in", "text_out")}
+    cost_before = _brain_cost("haiku")
+    await ClaudeBackend(_settings(journal, claude_command=str(fake_claude))).generate(gather(journal, TODAY), None)
+    after = {k: _brain_tokens("haiku", k) - before[k] for k in before}
+    assert after == {"text_in": 1500, "cached_in": 4000, "text_out": 250}
+    assert _brain_cost("haiku") - cost_before == pytest.approx(0.0123)   # as the CLI reported it
+
+
 async def test_openai_backend_uses_the_configured_model_through_the_actor(journal):
     seen: list[dict[str, Any]] = []
     answers = [(200, _completion("<voice_instruction>Hello from the model.</voice_instruction>"))]

@@ -198,7 +198,8 @@ async def test_call_record_content_and_no_secrets(tmp_path, autojump_clock):
     assert KEY not in text and "Bearer" not in text   # no key
     # argument values only where a restart needs them (a read's tool_started
     # line); the words themselves are also in the user's transcript line
-    assert {line["kind"] for line in record if "budget" in json.dumps(line)} == {"tool_started", "transcript"}
+    assert {line["kind"] for line in record if "budget" in json.dumps(list(line.values()))} == \
+        {"tool_started", "transcript"}
     started = [line for line in record if line["kind"] == "tool_started"]
     assert all(line["effect"] == "read" and "arguments" in line for line in started) and len(started) == 3
     kinds = [line["kind"] for line in record]

@@ -296,7 +296,9 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
         assert garbled.get("unreadable") is True
         assert finished == {"call_id": "rtc_done", "started_at": finished["started_at"], "duration_s": 6.5,
                             "ended": "closed_by_service", "tool_calls": 3, "tool_failures": 2, "responses": 2,
-                            "barge_ins": 1, "reconnects": 1, "runs": 1}
+                            "barge_ins": 1, "reconnects": 1, "runs": 1, "model": None,
+                            "tokens": {"text_in": 0, "text_out": 0, "audio_in": 0, "audio_out": 0, "cached_in": 0},
+                            "total_tokens": 0, "cost_usd": 0.0}
         assert [c["call_id"] for c in (await (await client.get("/api/voice/calls?limit=1")).get_json())["calls"]] \
             == ["rtc_live"]
         for bad in ("0", "201", "x", "-1"):

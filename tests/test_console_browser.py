@@ -238,6 +238,8 @@ RECORD = [
      "epoch": 2, "turn": 2, "duration_ms": 180.0, "outcome": "ok"},
     {"kind": "tool_call", "t": 2.9, "tool_call_id": "call_3", "tool": "calendar.today", "response_id": "resp_3",
      "epoch": 2, "turn": 2, "duration_ms": 10000.0, "outcome": "timeout"},
+    {"kind": "usage", "t": 0.61, "response_id": "resp_1", "model": "gpt-realtime", "cost_usd": 0.0125,
+     "tokens": {"text_in": 10, "text_out": 20, "audio_in": 300, "audio_out": 100, "cached_in": 70}},
     {"kind": "end", "t": 14.0, "reason": "closed_by_service", "duration_s": 14.0, "epoch": 2, "reconnects": 1,
      "tool_calls": 3, "responses": 3},
 ]
@@ -249,12 +251,16 @@ def test_call_history_lists_a_call_and_draws_its_timeline(harness, page):
     row = page.js("[...document.querySelector('tr[data-call-id=\"rtc_seeded_1\"]').cells].map(c => c.textContent)")
     assert row[1] == "rtc_seeded_1" and row[2] == "14.0 s" and "closed" in row[3]
     assert row[4] == "3 (1 failed)" and row[5] == "1" and row[6] == "1"
+    assert row[7] == "500" and row[8] == "$0.0125"
     page.screenshot(harness.screens / "history.png")
     page.click("tr[data-call-id='rtc_seeded_1'] a")
     page.wait_for("location.pathname === '/calls/rtc_seeded_1' && document.getElementById('timeline').complete"
                   " && document.getElementById('timeline').naturalWidth > 0", 10, "the timeline picture")
     assert page.texts("#transcript .text") == ["What's on today?", "Standup at 9:30, then the launch review."]
     assert "barge-ins1" in page.text("#call-summary").replace(" ", "")
+    summary = page.text("#call-summary")
+    assert "500: text 10 in / 20 out, audio 300 in / 100 out, cached 70" in summary
+    assert "$0.0125 (gpt-realtime)" in summary
     page.screenshot(harness.screens / "call-timeline.png")
     assert page.problems() == []
 
@@ -299,6 +305,9 @@ def test_the_demo_call_from_start_to_end(harness, page):
     record = page.wait_for(f"fetch('/api/voice/calls/{call_id}').then(r => r.ok ? r.json() : null)"
                            ".then(d => d && d.call.ended ? d.call : null)", 15, "the call's record")
     assert record["tool_calls"] == len(report["tool_calls"]) and record["barge_ins"] >= 1, record
+    # the feed's usage events: the call's tokens and cost as the record totals them
+    assert page.text("#call-usage") == f"· {record['total_tokens']} tokens · ${record['cost_usd']:.4f}"
+    assert record["total_tokens"] > 0
     assert page.problems(allow_network=("status of 404",)) == []
 
 

@@ -35,6 +35,7 @@ def test_demo_exits_zero_and_tells_what_happened():
         assert f"tool ◀ {tool}" in out
     assert "cancelled (turn_detected)" in out          # the barge-in
     assert "protocol errors caused: 0" in out
+    assert "usage: " in out and "the call so far" in out          # the feed's usage events, narrated
     assert "OK — every tool call was answered exactly once" in out
     assert "sk-demo" not in out + done.stderr
 

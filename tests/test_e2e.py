@@ -80,7 +80,9 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
         assert response.status_code == 200 and await response.get_json() == {"status": "connected"}
         status = await (await client.get("/api/voice/status")).get_json()
         assert status == {"brain_ready": True, "brain_age_seconds": status["brain_age_seconds"],
-                          "openai_configured": True, "active_sessions": 1}
+                          "openai_configured": True, "active_sessions": 1,
+                          "daily_cost_usd": status["daily_cost_usd"], "daily_budget_usd": None,
+                          "budget_spent": False}
         assert isinstance(status["brain_age_seconds"], int)
         # connecting the same live call again does not start a second actor
         assert (await client.post("/api/voice/connect", json={"call_id": "rtc_e2e_1"})).status_code == 200

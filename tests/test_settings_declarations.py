@@ -37,7 +37,8 @@ EXISTING_ENV = {
     "max_requests_in_flight": ("VOICEACTORS_MAX_REQUESTS_IN_FLIGHT",),
 }
 EXISTING_FLAGS = {"journal": "--journal", "state_dir": "--state-dir", "host": "--host", "port": "--port",
-                  "log_format": "--log-format", "allowed_hosts": "--allowed-host", "demo": "--demo"}
+                  "log_format": "--log-format", "allowed_hosts": "--allowed-host", "demo": "--demo",
+                  "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd"}
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -21,17 +22,25 @@ _COMMANDS = {
     "simulate": "voiceactors.simulator.cli:cli_simulate",
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
+    "calls": "voiceactors.calls_report:cli_calls",
 }
 
 
 # settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
-SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts")
+SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
+               "daily_budget_usd")
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
     # the flags, their help and defaults come from the settings' declarations
     settings.add_flags(p, SERVE_FLAGS)
     p.add_argument("--today", help="pin today to YYYY-MM-DD (default: the local date; $VOICEACTORS_TODAY)")
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 200:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 200")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--journal", required=True)
     index.add_argument("--state-dir", help="state folder (default .state)")
     index.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    calls = sub.add_parser("calls", help="recent calls from the call records: duration, tool calls, tokens, cost")
+    calls.add_argument("--state-dir", default=os.environ.get("VOICEACTORS_STATE_DIR") or ".state",
+                       help="state folder (default .state; $VOICEACTORS_STATE_DIR)")
+    calls.add_argument("--limit", type=_limit, default=20, metavar="N",
+                       help="how many of the newest calls (1-200, default 20)")
+    calls.add_argument("--json", action="store_true", help='print {"calls": [...]} as GET /api/voice/calls does')
 
     journal = sub.add_parser("journal", help="journal utilities")
     jsub = journal.add_subparsers(dest="journal_command", required=True)

@@ -169,6 +169,12 @@ def _narrate(printer: Printer, event: dict[str, Any]) -> None:
         printer(f"    tool ▶ {event.get('tool')}  ({event.get('tool_call_id')})")
     elif kind in ("tool.finished", "tool.failed"):
         printer(f"    tool ◀ {event.get('tool')}  {event.get('outcome')}  {event.get('duration_ms', '?')} ms")
+    elif kind == "usage":
+        call = event.get("call") or {}
+        cost = call.get("cost_usd")
+        total = sum((call.get("tokens") or {}).values())
+        printer(f"    usage: {sum((event.get('tokens') or {}).values())} tokens; the call so far {total} tokens, "
+                + (f"${cost:.4f}" if isinstance(cost, (int, float)) else "cost unknown"))
     elif kind == "call.ended":
         printer(f"    call ended: {event.get('reason')}")
     else:

@@ -8,6 +8,7 @@ functions record into the process's default ``METRICS``; actors call those::
     metrics.call_started(); metrics.call_ended()
     metrics.tool_finished("journal.get_day", "ok", 0.012)
     metrics.reconnect()
+    metrics.usage("gpt-realtime", {"audio_in": 120}, 0.00384)
     metrics.brain_refreshed("ok", refreshed_at=trio.current_time())
     metrics.http_request("/api/voice/session", 200)
     body, content_type = metrics.render()
@@ -31,6 +32,7 @@ TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 2
 # the actors' own share of a round trip: sub-millisecond when all is well
 TURN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MAX_TOOL_LABELS = 64   # unknown tool names come from the model: bound the label set
+MAX_MODEL_LABELS = 16  # model names come from the journal config: bound them too
 _OTHER = "other"
 
 
@@ -70,7 +72,12 @@ class Metrics:
         self.openai_clients = Counter(f"{PREFIX}_openai_clients_created",
                                       "OpenAI SDK clients built for minting (one per key and base URL).",
                                       registry=r)
+        self.tokens = Counter(f"{PREFIX}_tokens", "Model tokens, by source (call, brain), model and kind.",
+                              ["source", "model", "kind"], registry=r)
+        self.cost = Counter(f"{PREFIX}_cost_usd", "What the model tokens cost in US dollars (priced models only), "
+                            "by source and model.", ["source", "model"], registry=r)
         self._tools: set[str] = set()
+        self._models: set[str] = set()
         self._lock = threading.Lock()   # tool label set: recorded from worker threads too
         self._refreshed_at: float | None = None
         self._last_age = math.nan
@@ -115,6 +122,26 @@ class Metrics:
         child = self._gc_children.get(generation)
         if child is not None:
             child.observe(max(0.0, seconds))
+
+    # --- usage --------------------------------------------------------------
+    def _model_label(self, model: str) -> str:
+        model = str(model)[:64]
+        with self._lock:
+            if model in self._models:
+                return model
+            if len(self._models) >= MAX_MODEL_LABELS:
+                return _OTHER
+            self._models.add(model)
+            return model
+
+    def count_usage(self, source: str, model: str, tokens: dict[str, int], cost_usd: float | None) -> None:
+        """One model call's tokens by kind and, when priced, its cost."""
+        label = self._model_label(model)
+        for kind, count in tokens.items():
+            if count > 0:
+                self.tokens.labels(source=source, model=label, kind=str(kind)[:32]).inc(count)
+        if cost_usd is not None and cost_usd > 0:
+            self.cost.labels(source=source, model=label).inc(cost_usd)
 
     # --- brain --------------------------------------------------------------
     def brain_refreshed(self, outcome: str, refreshed_at: float | None = None) -> None:
@@ -183,6 +210,10 @@ def tool_turnaround(seconds: float) -> None:
 
 def gc_pause(generation: int, seconds: float) -> None:
     METRICS.gc_pause(generation, seconds)
+
+
+def usage(model: str, tokens: dict[str, int], cost_usd: float | None, *, source: str = "call") -> None:
+    METRICS.count_usage(source, model, tokens, cost_usd)
 
 
 def brain_refreshed(outcome: str, refreshed_at: float | None = None) -> None:

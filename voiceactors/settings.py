@@ -53,6 +53,7 @@ class Spec:
     normalize: Callable[[str], str] | None = None   # applied to a value read from the environment
     doc_default: str | None = None      # the default as the doc table shows it, when str() is not it
     short: str | None = None            # the flag's help, when the first clause of ``help`` is too long
+    check: Callable[[Any], str | None] | None = None   # a value's problem beyond the checks above (None: fine)
 
 
 def setting(default: Any, group: str, help: str, *, env: str | tuple[str, ...] = (),
@@ -83,7 +84,19 @@ def is_loopback_host(host: str) -> bool:
 
 SERVER, TOOLS, CALLS, BRAIN, HTTP = ("Server", "Tools (ToolExecutor)", "Calls (CallSupervisor / CallActor)",
                                      "Brain", "HTTP")
-GROUPS = (SERVER, TOOLS, CALLS, BRAIN, HTTP)
+USAGE = "Usage and budgets"
+GROUPS = (SERVER, TOOLS, CALLS, BRAIN, HTTP, USAGE)
+
+#: gpt-realtime's prices (USD per million tokens: text in, text out, audio in,
+#: audio out, cached in) as published on openai.com/api/pricing on 2025-08-28,
+#: the model's general availability (cached text and cached audio input are
+#: both $0.40).
+DEFAULT_PRICES = ("gpt-realtime=4/16/32/64/0.4",)
+
+
+def _price_table_problem(value: Any) -> str | None:
+    from voiceactors.usage import price_table_problem
+    return price_table_problem(value)
 
 
 @dataclass(frozen=True)
@@ -270,6 +283,24 @@ class Settings:
         12 * 3600.0, HTTP, "how long a console sign-in (its cookie) lasts", env="VOICEACTORS_CONSOLE_SESSION_TTL",
         unit="s", positive=True, doc_default="43200 (12 h)")
 
+    # --- usage and budgets ---
+    prices: tuple[str, ...] = setting(
+        DEFAULT_PRICES, USAGE, "the price table: entries `<model>=<text in>/<text out>/<audio in>/<audio out>/"
+        "<cached in>`, US dollars per million tokens; the default is gpt-realtime's as published on "
+        "openai.com/api/pricing on 2025-08-28. A model without an entry still counts tokens; its cost is "
+        "unknown (and a budget cannot stop it). The environment variable is comma-separated and replaces the "
+        "whole table (docs/operations.md § Usage and cost)", env="VOICEACTORS_PRICES",
+        doc_default="gpt-realtime=4/16/32/64/0.4", check=_price_table_problem)
+    call_budget_usd: float = setting(
+        0.0, USAGE, "one call's budget: a call whose cost reaches it is asked to say goodbye in one sentence, "
+        "then hung up (`budget_spent`); `0` = no budget", env="VOICEACTORS_CALL_BUDGET_USD",
+        flag="--call-budget-usd", metavar="USD", unit="USD", minimum=0, short="one call's budget in US dollars")
+    daily_budget_usd: float = setting(
+        0.0, USAGE, "the whole server's budget for one day (the clock seam's day): once the day's calls cost "
+        "this much, `POST /api/voice/session` answers 503 `voice unavailable — budget spent` until the next "
+        "day; `0` = no budget", env="VOICEACTORS_DAILY_BUDGET_USD", flag="--daily-budget-usd", metavar="USD",
+        unit="USD", minimum=0, short="the server's budget for one day in US dollars")
+
     @property
     def loopback(self) -> bool:
         """True when the listen address is a loopback address. Decided by the
@@ -356,6 +387,8 @@ def _from_env(item: Declared, env: Mapping[str, str]) -> Any:
 
 def _check(item: Declared, value: Any) -> str | None:
     spec = item.spec
+    if spec.check is not None and (problem := spec.check(value)):
+        return f"{item.label}: {problem}"
     if spec.choices and value not in spec.choices:
         return f"{item.label} must be one of {', '.join(spec.choices)}, not {value!r}"
     if item.type not in (int, float):

@@ -40,10 +40,13 @@ from voiceactors.actors.call_protocol import (
     PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
+from voiceactors.actors.call_protocol import CountUsage
+from voiceactors.actors.call_usage import meter_for
 from voiceactors.actors.feed import CallFeed
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
 from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
 from voiceactors.config import ConfigUnreadable
+from voiceactors.config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.sideband import (
@@ -56,9 +59,9 @@ from voiceactors.tools.registry import lookup
 __all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "CallActor", "EndReason", "backoff_delay"]
 
 #: Ends reached with the socket still up: pending tool calls are answered first.
-SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN})
+SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET})
 #: Ends after which the call itself is hung up (the browser is gone, or we stop serving it).
-HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX})
+HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.BUDGET})
 #: Close codes of a broken connection (protocol error, bad data, message too
 #: big): such a drop always counts toward the reconnect limit.
 BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
@@ -69,6 +72,8 @@ HEALTHY_AFTER_S = 30.0
 SEND_TIMEOUT_S = 10.0
 
 ApiKey = str | None | Callable[[], str | None]
+#: The call's Realtime model (for its prices), or a provider read when the call starts.
+ModelName = str | Callable[[], str]
 
 
 def _is_cancel(exc: BaseException) -> bool:
@@ -112,7 +117,8 @@ class CallActor:
 
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
-                 recovered: list[PendingCall] | None = None, context: LinkedContext | None = None) -> None:
+                 recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
+                 model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -144,6 +150,9 @@ class CallActor:
         self.ended_at: float | None = None     # when the end was decided (before the bounded close)
         self.record: CallRecord | None = None
         self.recovered = recovered
+        # usage: the model priced, and who adds each response's cost to the day's total
+        self._model = model
+        self._on_cost = on_cost
 
     # views of the protocol's state
     @property
@@ -232,6 +241,10 @@ class CallActor:
             elif isinstance(effect, WakeAt):
                 if self._watch_scope is not None:  # the watch sleeps until its old wake time
                     self._watch_scope.deadline = min(self._watch_scope.deadline, effect.at)
+            elif isinstance(effect, CountUsage):
+                metrics.usage(effect.model, effect.tokens, effect.cost_usd)
+                if self._on_cost is not None and effect.cost_usd:
+                    self._on_cost(effect.cost_usd)
             elif isinstance(effect, EndCall):
                 if not self._conn_done.is_set():
                     self.ended_at = trio.current_time()
@@ -246,6 +259,7 @@ class CallActor:
         self.started = trio.current_time()
         self.protocol.started = self.started
         self.deadline = self.started + self.settings.call_max_duration_s
+        await self._start_meter()
         rejoin = self.recovered is not None
         fields: dict[str, Any] = {}
         if self.recovered is not None:
@@ -412,7 +426,8 @@ class CallActor:
         idle = self.settings.call_idle_timeout_s
         while True:
             wake = min(self._last_event + idle, self.deadline,
-                       self.protocol.retry_at if self.protocol.retry_at is not None else math.inf)
+                       self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
+                       self.protocol.budget_wake)
             with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason
@@ -590,6 +605,18 @@ class CallActor:
             self.log.info("call.hangup", status=response.status_code)
         except httpx.HTTPError as exc:
             self.log.warning("call.hangup_failed", error=type(exc).__name__)
+
+    async def _start_meter(self) -> None:
+        """The call's usage meter: its model's prices and the call budget. An
+        unreadable config prices the call as the default model."""
+        model = self._model
+        if callable(model):
+            try:
+                model = await storage.run_sync(model)
+            except Exception as exc:  # noqa: BLE001 - the call goes on; only its prices are a guess
+                self.log.warning("call.model_unreadable", error=type(exc).__name__)
+                model = DEFAULT_VOICE_MODEL
+        self.protocol.meter = meter_for(model, self.settings.prices, self.settings.call_budget_usd)
 
     async def _key(self) -> str | None:
         if callable(self._api_key):

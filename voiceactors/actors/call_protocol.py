@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable
 
+from voiceactors.actors.call_usage import FAREWELL, BudgetState, CallMeter
 from voiceactors.actors.call_state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, Batch, BatchStatus, CreateResult, CreateSent, FollowUp, Origin,
     ToolCall, ToolCallState, ToolOutcome,
@@ -58,6 +59,7 @@ class EndReason(StrEnum):
     UNAUTHORIZED = "unauthorized"         # 401/403 at the handshake, or an invalid_api_key error
     QUOTA = "insufficient_quota"          # the service's insufficient_quota error
     SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
+    BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (call_usage.py)
     ERROR = "error"                       # a bug: logged with its traceback
 
 
@@ -245,7 +247,17 @@ class EndCall:
     reason: EndReason
 
 
-Effect = Send | StartTool | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
+@dataclass(frozen=True)
+class CountUsage:
+    """One response's tokens and cost: the metrics and the day's total."""
+
+    model: str
+    tokens: dict[str, int]
+    cost_usd: float | None
+
+
+Effect = (Send | StartTool | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
+          | CountUsage)
 
 
 class CallProtocol:
@@ -279,6 +291,8 @@ class CallProtocol:
         self.log_budget = rt.LogBudget()            # peer-triggered log lines (skipped frames, errors)
         self._now = started
         self._effects: list[Effect] = []
+        self.meter = CallMeter()                    # usage, cost, budget (the shell sets model and prices)
+        self._budget_ended = False
 
     # ----------------------------------------------------------- the API
 
@@ -306,6 +320,7 @@ class CallProtocol:
                 if self.retry_at is not None and now >= self.retry_at:
                     self.retry_at = None
                     self._maybe_follow_up()
+                self._budget_timer(now)
             case Recovered():
                 self._on_recovered(message)
             case WrittenAtClose(tool_call_id=tool_call_id):
@@ -359,6 +374,8 @@ class CallProtocol:
         for call in self.calls.values():
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
+        if self.meter.usage.responses:    # the call's usage totals (call_usage.py)
+            lines.append(RecordLine("usage_total", self.meter.totals()))
         return lines
 
     # ------------------------------------------------------------ helpers
@@ -507,6 +524,7 @@ class CallProtocol:
                   epoch=batch.epoch, tool_calls=len(batch.calls))
         self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
+        self._count_usage(rid, getattr(response, "usage", None))
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
         self._maybe_follow_up()
@@ -761,6 +779,9 @@ class CallProtocol:
             return
         if self.retry_at is not None:
             return
+        if self.meter.state != BudgetState.UNDER:
+            self._farewell()    # past the budget: the farewell is the only create left
+            return
         due = []
         for batch in self.batches.values():
             if batch.follow_up is not None or not batch.calls or batch.status not in ENDED_OK:
@@ -782,6 +803,81 @@ class CallProtocol:
             batch.follow_up = FollowUp.OURS
         self._log("info", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
         self._emit(Send(event))
+
+    # ---------------------------------------------------- usage and budget
+
+    @property
+    def budget_wake(self) -> float:
+        """When the budget's course wants a ``Timer`` (math.inf: never)."""
+        end = self.meter.end_at
+        return end if end is not None and not self._budget_ended else math.inf
+
+    def _count_usage(self, rid: str, usage: Any) -> None:
+        """A response.done's usage: record, feed, metrics; then the budget."""
+        meter = self.meter
+        if usage is None:     # nothing reported (the service always reports; an old peer may not)
+            return
+        entry, malformed = meter.count(rid, usage)
+        if malformed and self.log_budget.allow():
+            self._log("warning", "usage.malformed", response_id=rt.clip(rid, PEER_STRING_MAX),
+                      fields=[rt.clip(f, PEER_STRING_MAX) for f in malformed[:8]])
+        line = meter.line(entry)
+        self._record("usage", **line)
+        self._emit(Publish("usage", {**line, "call": meter.totals()}))
+        self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
+        if meter.budgeted and meter.prices is None and not meter.unpriced_logged:
+            meter.unpriced_logged = True
+            self._log("warning", "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
+                      budget_usd=meter.budget_usd)
+        farewell = self.creates.get(meter.farewell_event_id or "")
+        if (farewell is not None and farewell.response_id == rid and farewell.result == CreateResult.SENT
+                and meter.farewell_done(self._now)):
+            self._emit(WakeAt(self.budget_wake))
+        if meter.budget_reached_now(self._now):
+            cost = meter.usage.cost_usd
+            self._log("info", "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._record("budget", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._emit(WakeAt(self.budget_wake))
+
+    def _farewell(self) -> None:
+        """Past the budget: ask the model, once, to say goodbye (after every
+        finished batch's outputs are written; a refused or lost farewell is
+        asked again)."""
+        meter = self.meter
+        if meter.state == BudgetState.FAREWELL:
+            sent = self.creates.get(meter.farewell_event_id or "")
+            if sent is None or sent.result == CreateResult.SENT:
+                return
+            meter.state = BudgetState.REACHED
+        if meter.state != BudgetState.REACHED:
+            return
+        due = []
+        for batch in self.batches.values():
+            if batch.follow_up is not None or not batch.calls or batch.status not in ENDED_OK:
+                continue
+            if batch.epoch < self.epoch:
+                batch.follow_up = FollowUp.SUPERSEDED
+                continue
+            if not all(self.calls[c].state in ANSWERED and self.calls[c].state not in UNSENT for c in batch.calls):
+                return    # outputs first: the conversation stays consistent
+            due.append(batch)
+        event = rt.response_create(FAREWELL)
+        create = CreateSent(event["event_id"], self.epoch, [b.response_id for b in due],
+                            round(self._now - self.started, 3))
+        self.creates[create.event_id] = create
+        self.create_inflight = create.event_id
+        for batch in due:
+            batch.follow_up = FollowUp.OURS
+        meter.state = BudgetState.FAREWELL
+        meter.farewell_event_id = create.event_id
+        self._log("info", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
+                  why="budget_spent")
+        self._emit(Send(event))
+
+    def _budget_timer(self, now: float) -> None:
+        if not self._budget_ended and self.meter.due(now):
+            self._budget_ended = True
+            self._emit(EndCall(EndReason.BUDGET))
 
     # ------------------------------------------------------------- record
 

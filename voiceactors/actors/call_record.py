@@ -43,6 +43,12 @@ clock):
   ``synthetic``, ``state``, ``overhead_ms``.
 * ``transcript`` — ``role`` (``user``|``assistant``), ``item_id``, ``text``:
   one final utterance, as the service transcribed it.
+* ``usage`` — one per ``response.done`` that carries usage: ``response_id``,
+  ``model``, ``tokens`` (by kind, ``usage.TOKEN_KINDS``), ``cost_usd`` (None:
+  the model has no prices).
+* ``budget`` — the call's cost reached its budget: ``budget_usd``, ``cost_usd``.
+* ``usage_total`` — at the end (when any response carried usage): ``model``,
+  ``responses``, ``tokens``, ``cost_usd``, ``budget_usd``.
 * ``end`` — ``reason``, ``duration_s``, ``epoch``, ``reconnects``,
   ``tool_calls``, ``responses``, ``close_code``, ``feed_dropped``.
 

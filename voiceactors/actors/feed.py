@@ -9,6 +9,9 @@ What a browser may see about its call, as small dicts with a ``"type"``:
   carried (``_nav_target`` / ``_observer_action`` of a handler).
 * ``transcript`` — ``role`` ``user`` or ``assistant`` and the final ``text``
   of one utterance.
+* ``usage`` — after each response: its ``tokens`` by kind and ``cost_usd``
+  (None when the model has no prices), the ``model``, and the call's totals
+  so far (``call``).
 * ``call.ended`` — the last event of a feed, with the end ``reason``.
 
 Publishing never waits: every subscriber has a bounded buffer and a
@@ -150,6 +153,11 @@ class CallFeed:
         """The call's current selection changed (``journal.select``); ``link``
         is the original link, unchanged."""
         self.publish({"type": "selection", "tool_call_id": tool_call_id, "selection": selection, "link": link})
+    def usage(self, *, response_id: str, model: str, tokens: dict[str, int], cost_usd: float | None,
+              call: dict[str, Any]) -> None:
+        """One response's tokens and cost, and the call's totals so far (``call``)."""
+        self.publish({"type": "usage", "response_id": response_id, "model": model, "tokens": tokens,
+                      "cost_usd": cost_usd, "call": call})
 
     def client_events(self, events: Iterable[dict[str, Any]], *, tool: str, tool_call_id: str) -> None:
         """Route a tool result's client events: nav hints to this call's queue,

@@ -116,7 +116,14 @@ class TakeObserverActions:
     reply: trio.MemorySendChannel[list[dict[str, Any]]] = field(repr=False, compare=False)
 
 
-SupervisorMessage: TypeAlias = Connect | CountCalls | Subscribe | TakeNavHints | TakeObserverActions
+@dataclass(frozen=True)
+class GetDailyUsage:
+    """The day's cost against the daily budget. Reply: a ``daily_usage.DailyState``."""
+
+    reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
+
+
+SupervisorMessage: TypeAlias = Connect | CountCalls | Subscribe | TakeNavHints | TakeObserverActions | GetDailyUsage
 """What the CallSupervisor's inbox carries."""
 
 

@@ -11,7 +11,10 @@ cannot delay another's Connect):
   None when the call is not live, or a ``SubscribeRefusal`` (a string) at a
   subscriber cap (``feed.TOO_MANY_FOR_CALL`` / ``feed.TOO_MANY``);
 * ``TakeNavHints(call_id)`` / ``TakeObserverActions`` — the polling queues,
-  consumed.
+  consumed;
+* ``GetDailyUsage`` — the day's cost against the daily budget
+  (``daily_usage.DailyState``; the supervisor owns the ``DailyUsage`` its
+  calls add to, and its writer task).
 
 At start-up, before serving the inbox, the supervisor rejoins the calls that
 were live when the previous server died (``recovery.find_crashed``: a call
@@ -37,9 +40,10 @@ from voiceactors import config, metrics, storage
 from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
+from voiceactors.actors.daily_usage import DailyUsage
 from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, Subscribe, SupervisorMessage,
-                                         TakeNavHints, TakeObserverActions, drain)
+from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
+                                         SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -61,19 +65,26 @@ class CallSupervisor:
                            max_per_call=settings.feed_max_subscribers_per_call,
                            max_total=settings.feed_max_subscribers)
         self.calls: dict[str, CallActor] = {}
+        self.daily = DailyUsage(settings.state_dir, settings.daily_budget_usd)
+        self._model = lambda: config.voice_model(settings)
         self.ended: list[tuple[str, str]] = []   # (call_id, reason), most recent last; bounded
         self.log = get_logger(actor="supervisor")
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until cancelled (or the inbox is closed; then wait
         for the live calls to end)."""
-        async with trio.open_nursery() as nursery:
-            # before reporting started: no Connect can race the rejoin
-            await self._rejoin_crashed(nursery)
-            task_status.started()
-            async with self._receive:
-                async for message in drain(self._receive):
-                    self._handle(message, nursery)
+        await storage.run_sync(self.daily.load)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.daily.run_writer)
+                # before reporting started: no Connect can race the rejoin
+                await self._rejoin_crashed(nursery)
+                task_status.started()
+                async with self._receive:
+                    async for message in drain(self._receive):
+                        self._handle(message, nursery)
+        finally:
+            await self.daily.final_write()
 
     def _handle(self, message: SupervisorMessage, nursery: trio.Nursery) -> None:
         if isinstance(message, Connect):
@@ -86,6 +97,8 @@ class CallSupervisor:
             _reply(message.reply, self.hub.take_nav_hints(message.call_id))
         elif isinstance(message, TakeObserverActions):
             _reply(message.reply, self.hub.take_observer_actions())
+        elif isinstance(message, GetDailyUsage):
+            _reply(message.reply, self.daily.state())
         else:
             self.log.error("supervisor.unknown_message", kind=type(message).__name__)
 
@@ -113,7 +126,7 @@ class CallSupervisor:
             return ConnectOutcome.AT_CAPACITY
         feed = self.hub.open(call_id)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
-                          recovered=recovered, context=context)
+                          recovered=recovered, context=context, model=self._model, on_cost=self.daily.add)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")

@@ -28,6 +28,7 @@ import trio
 
 from voiceactors import config
 from voiceactors.brain import BrainError
+from voiceactors.brain import usage as brain_usage
 from voiceactors.brain.context import ContextSnapshot
 from voiceactors.brain.prompt import extract_instruction, render_prompt
 from voiceactors.brain.session_file import valid_session_id
@@ -65,6 +66,13 @@ def parse_output(stdout: bytes) -> tuple[str, str | None]:
     return result, session_id if valid_session_id(session_id) else None
 
 
+def _json_or_none(stdout: bytes) -> Any:
+    try:
+        return json.loads(stdout.decode("utf-8", errors="replace"))
+    except ValueError:
+        return None
+
+
 async def _terminate(process: trio.Process) -> None:
     """How a cancelled run ends its process: SIGTERM, then SIGKILL if it
     lingers (``run_process`` then waits for it to be reaped)."""
@@ -97,6 +105,7 @@ class ClaudeBackend:
         if done.returncode != 0:
             raise ClaudeProcessError(f"claude exited with status {done.returncode}")
         result, new_session = parse_output(done.stdout)
+        brain_usage.record(self.settings, NAME, model, *brain_usage.claude_tokens(_json_or_none(done.stdout)))
         return extract_instruction(result), new_session or session_id
 
     async def generate(self, snapshot: ContextSnapshot, session_id: str | None) -> tuple[str, str | None]:

@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from voiceactors import config
 from voiceactors.brain import BrainError
+from voiceactors.brain import usage as brain_usage
 from voiceactors.brain.context import ContextSnapshot, render_text
 from voiceactors.brain.prompt import extract_instruction, render_prompt
 from voiceactors.openai_clients import OpenAIClients
@@ -63,6 +64,7 @@ class OpenAITextBackend:
             raise BrainError(f"openai request failed (status {exc.status_code})") from None
         except openai.OpenAIError as exc:
             raise BrainError(f"openai request failed ({type(exc).__name__})") from None
+        brain_usage.record(self.settings, NAME, model, brain_usage.openai_tokens(getattr(answer, "usage", None)))
         choices = getattr(answer, "choices", None) or []
         content = choices[0].message.content if choices and choices[0].message else None
         if not isinstance(content, str):

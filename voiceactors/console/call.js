@@ -2,7 +2,7 @@
 "use strict";
 
 (async () => {
-  const { api, el, duration, when, reason } = VA;
+  const { api, el, duration, when, reason, money } = VA;
   const $ = (id) => document.getElementById(id);
   const callId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop() || "");
   $("call-title").textContent = `Call ${callId}`;
@@ -15,10 +15,16 @@
     return;
   }
   const c = detail.call;
+  const tokenWords = (s) => {
+    const t = s.tokens || {};
+    return `${s.total_tokens ?? 0}: text ${t.text_in ?? 0} in / ${t.text_out ?? 0} out, ` +
+      `audio ${t.audio_in ?? 0} in / ${t.audio_out ?? 0} out, cached ${t.cached_in ?? 0}`;
+  };
   $("call-status").hidden = true;
   const rows = [["started", when(c.started_at)], ["duration", duration(c.duration_s)], ["ended", reason(c.ended)],
     ["tool calls", c.tool_failures ? `${c.tool_calls} (${c.tool_failures} failed)` : c.tool_calls],
-    ["responses", c.responses], ["barge-ins", c.barge_ins], ["reconnects", c.reconnects]];
+    ["responses", c.responses], ["barge-ins", c.barge_ins], ["reconnects", c.reconnects],
+    ["tokens", tokenWords(c)], ["cost", money(c.cost_usd) + (c.model ? ` (${c.model})` : "")]];
   $("call-summary").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   $("call-summary").hidden = false;
   const img = $("timeline");

@@ -2,7 +2,7 @@
 "use strict";
 
 (async () => {
-  const { api, el, duration, when, reason } = VA;
+  const { api, el, duration, when, reason, money } = VA;
   const status = document.getElementById("calls-status");
   const table = document.getElementById("calls");
   let calls;
@@ -27,7 +27,9 @@
       el("td", {}, c.unreadable ? "record unreadable" : reason(c.ended)),
       el("td", { class: "num" }, c.tool_failures ? `${c.tool_calls} (${c.tool_failures} failed)` : c.tool_calls),
       el("td", { class: "num" }, c.barge_ins),
-      el("td", { class: "num" }, c.reconnects)));
+      el("td", { class: "num" }, c.reconnects),
+      el("td", { class: "num" }, c.total_tokens ?? 0),
+      el("td", { class: "num" }, money(c.cost_usd))));
   }
   table.hidden = false;
 })();

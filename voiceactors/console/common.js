@@ -8,6 +8,8 @@ const VA = (() => {
       "No OpenAI key is configured on the server. Set OPENAI_API_KEY (or voice.openai_api_key in the journal config), then retry.",
     "voice unavailable — brain not ready":
       "The assistant is still reading your journal (brain not ready). Retry in a moment.",
+    "voice unavailable — budget spent":
+      "Today's spending limit for voice calls is reached (budget spent). Voice is back tomorrow.",
     "voice at capacity":
       "The voice server is at capacity: too many calls are live. Retry when one has ended.",
     "voice session unavailable":
@@ -89,6 +91,7 @@ const VA = (() => {
     reconnect_exhausted: "the connection to the service was lost",
     no_api_key: "the server has no OpenAI key",
     shutdown: "the server shut down",
+    budget_spent: "the call reached its spending limit",
     error: "the server hit an error",
   };
   function reason(text) {
@@ -96,5 +99,11 @@ const VA = (() => {
     return REASONS[text] ? `${REASONS[text]} (${text})` : text.replace(/_/g, " ");
   }
 
-  return { api, ApiFailure, el, duration, when, reason };
+  // A cost in US dollars (null: the model has no prices).
+  function money(usd) {
+    if (usd === null || usd === undefined) return "unknown";
+    return `$${Number(usd).toFixed(4)}`;
+  }
+
+  return { api, ApiFailure, el, duration, when, reason, money };
 })();

@@ -8,7 +8,7 @@
 "use strict";
 
 (() => {
-  const { api, ApiFailure, el, reason } = VA;
+  const { api, ApiFailure, el, reason, money } = VA;
   const $ = (id) => document.getElementById(id);
   const CHANNEL_OPEN_TIMEOUT_MS = 15000;
   const FEED_END_GRACE_MS = 1500;
@@ -155,6 +155,13 @@
       case "selection":
         showAbout(event.selection, event.link);
         break;
+      case "usage": {
+        // after each response: the call's tokens and cost so far
+        const total = Object.values(event.call.tokens || {}).reduce((a, b) => a + b, 0);
+        $("call-usage").textContent = `· ${total} tokens · ${money(event.call.cost_usd)}`;
+        $("call-usage").hidden = false;
+        break;
+      }
       case "call.ended":
         endCall(`ended: ${reason(event.reason)}`, event.reason);
         break;
@@ -294,6 +301,7 @@
 
   async function start() {
     clearError();
+    $("call-usage").hidden = true;
     resetView();
     setState("connecting", "getting a session…");
     call = { ended: false, pc: null, channel: null, source: null, stopMeter: null, stream: null, callId: null };

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from voiceactors.actors.call_record import read_record, record_path
+from voiceactors.usage import Tokens, round_usd
 
 DEFAULT_LIST = 50
 MAX_LIST = 200
@@ -93,7 +94,23 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "barge_ins": sum(1 for r in responses if r.get("status") == "cancelled"),
         "reconnects": sum(1 for line in lines if line.get("kind") == "reconnect"),
         "runs": max(1, len(starts)),
+        **usage_summary(lines),
     }
+
+
+def usage_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """A call's tokens and cost from its ``usage`` lines (every run's):
+    ``model`` (the last one named), ``tokens`` by kind, ``total_tokens``,
+    ``cost_usd`` (None when some response's model had no prices)."""
+    usage = [line for line in lines if line.get("kind") == "usage"]
+    tokens = Tokens()
+    cost: float | None = 0.0
+    for line in usage:
+        tokens.add(Tokens.from_dict(line.get("tokens")))
+        line_cost = _number(line.get("cost_usd"))
+        cost = None if cost is None or line_cost is None else cost + line_cost
+    model = next((line.get("model") for line in reversed(usage) if isinstance(line.get("model"), str)), None)
+    return {"model": model, "tokens": tokens.as_dict(), "total_tokens": tokens.total, "cost_usd": round_usd(cost)}
 
 
 def settled_and_pending_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,10 +144,14 @@ def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any
 
 
 def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
-    """``{"call": summary, "lines": [...], "transcript": [...]}`` for one call.
+    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
+    (``usage``: one entry per response, from the ``usage`` lines).
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
     lines = load_lines(record_path(state_dir, call_id))
     transcript = [{"role": line.get("role"), "text": line.get("text"), "item_id": line.get("item_id"),
                    "t": line.get("t")}
                   for line in lines if line.get("kind") == "transcript" and isinstance(line.get("text"), str)]
-    return {"call": summarize(call_id, lines), "lines": lines, "transcript": transcript}
+    usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
+              "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
+             for line in lines if line.get("kind") == "usage"]
+    return {"call": summarize(call_id, lines), "lines": lines, "transcript": transcript, "usage": usage}

@@ -20,8 +20,8 @@ from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics
 from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
-                                         Message, RefreshBrain, Subscribe, TakeNavHints, TakeObserverActions,
-                                         ask)
+                                         GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
+                                         TakeObserverActions, ask)
 from voiceactors.http import errors as E
 from voiceactors.http import linked
 from voiceactors.actors.call_context import LinkedContext
@@ -180,12 +180,25 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     return value
 
 
+async def _refuse_when_budget_spent(runtime: Runtime) -> None:
+    """503 once the day's calls cost ``daily_budget_usd`` (until the clock seam's next day)."""
+    if runtime.settings.daily_budget_usd <= 0:
+        return
+    try:
+        daily = await _ask(runtime.calls, GetDailyUsage, QUICK_ASK_S)
+    except trio.TooSlowError:
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    if daily.spent:
+        raise ApiError(503, E.BUDGET_SPENT)
+
+
 @bp.post("/session")
 async def create_session() -> Any:
     voice = state()
     settings = voice.settings
     requested = linked.body_context(await _json_object(required=False))
     key = await _openai_key(settings)
+    await _refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
     instruction = linked.instruction(await _instruction(settings, _runtime()), link)
     model = await _read_config(config.voice_model, settings)
@@ -265,7 +278,9 @@ async def refresh_brain() -> Any:
 
 async def _status_fields(settings: Settings) -> dict[str, Any]:
     fields: dict[str, Any] = {"brain_ready": False, "brain_age_seconds": None,
-                              "openai_configured": False, "active_sessions": 0}
+                              "openai_configured": False, "active_sessions": 0,
+                              "daily_cost_usd": None, "daily_budget_usd": settings.daily_budget_usd or None,
+                              "budget_spent": False}
     # Each field on its own: one failing lookup must not blank the others.
     try:
         fields["openai_configured"] = bool(await run_sync(config.openai_api_key, settings))
@@ -285,6 +300,11 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
         fields["active_sessions"] = int(await ask(runtime.calls, CountCalls, timeout=QUICK_ASK_S))
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_calls_failed", error_type=type(error).__name__)
+    try:
+        daily = await ask(runtime.calls, GetDailyUsage, timeout=QUICK_ASK_S)
+        fields.update(daily_cost_usd=daily.cost_usd, budget_spent=daily.spent)
+    except Exception as error:  # noqa: BLE001
+        _log.error("http.status_usage_failed", error_type=type(error).__name__)
     return fields
 
 

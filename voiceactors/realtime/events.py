@@ -242,9 +242,34 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
             try:
                 return SERVER_EVENTS.validate(obj)
             except Exception as exc:  # never fatal: the service may be newer than our SDK
+                kept = _keep_despite_usage(obj, exc)
+                if kept is not None:
+                    return kept
                 reason = error_summary(exc)
     _skipped(budget, "warning", reason, type_ if isinstance(type_, str) else None)
     return None
+
+
+def _keep_despite_usage(obj: dict[str, Any], exc: Exception) -> BaseModel | None:
+    """A ``response.done`` whose only invalid fields are in its ``usage``: the
+    event validated without it, the usage put back raw (the call's meter
+    counts what it can and logs the rest). Losing the whole event would lose
+    the response's end, and with it the batch's follow-up. None otherwise."""
+    if obj.get("type") != "response.done" or not isinstance(exc, pydantic.ValidationError):
+        return None
+    response = obj.get("response")
+    if not isinstance(response, dict) or "usage" not in response:
+        return None
+    locs = [err.get("loc", ()) for err in exc.errors(include_input=False, include_url=False)]
+    if not locs or not all("response" in loc and "usage" in loc
+                           and list(loc).index("usage") == list(loc).index("response") + 1 for loc in locs):
+        return None
+    try:
+        event = SERVER_EVENTS.validate({**obj, "response": {**response, "usage": None}})
+    except Exception:  # noqa: BLE001 - something else is wrong too: skipped as before
+        return None
+    event.response.usage = response["usage"]   # type: ignore[attr-defined]  # no validation on assignment
+    return event
 
 
 def _skipped(budget: LogBudget | None, level: str, reason: str, type_: str | None) -> None:

@@ -27,6 +27,7 @@ from voiceactors.realtime.events import validate_server_event
 from voiceactors.simulator.client_events import parse_client_event
 from voiceactors.simulator.http import ReplayStream
 from voiceactors.simulator.scenario import Scenario
+from voiceactors.simulator.usage import ConversationTokens
 
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 
@@ -155,6 +156,7 @@ class SimCall:
         # channel's client events are recorded here too (and in ``received``)
         self.peer: Any = None
         self.channel_received: list[dict] = []
+        self.tokens = ConversationTokens()     # the context in tokens: every response.done's usage
         self._changed = trio.Event()
 
     # -- convenience views for tests
@@ -411,7 +413,8 @@ class CallSession:
             await self._close_partial_calls(resp)
         details = None if status == "completed" else {"type": status, "reason": reason}
         body = {"id": resp.id, "object": "realtime.response", "status": status,
-                "status_details": details, "output": resp.output}
+                "status_details": details, "output": resp.output,
+                "usage": self.call.tokens.response_usage(resp.output, self.call.session.get("instructions"))}
         await self.send({"type": "response.done", "response": body}, resp,
                         before=lambda: self._mark_finished(resp, status, reason))
 
@@ -592,6 +595,7 @@ class CallSession:
                 return
             self.call.answered.add(call_id)
             self.call._answered_since_create.append(call_id)
+            self.call.tokens.tool_output(item["output"])
             self.call.notify()
         await self.send({"type": "conversation.item.added", "item": item})
         await self.send({"type": "conversation.item.done", "item": item})
@@ -611,6 +615,7 @@ class CallSession:
             if call_id in call.tool_calls and call_id not in call.answered:
                 call.answered.add(call_id)
                 call._answered_since_create.append(call_id)
+                call.tokens.tool_output(output)
         else:
             call.lost_outputs.setdefault(call_id, []).append(output)
         self.log.info("simulator.drop", fault="output_" + str(fault))
@@ -730,6 +735,7 @@ class CallSession:
         return item_id
 
     async def _user_said(self, item_id: str, text: str) -> None:
+        self.call.tokens.user_said(text)
         await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": self._audio_ms(),
                          "item_id": item_id})
         await self.send({"type": "input_audio_buffer.committed", "item_id": item_id})

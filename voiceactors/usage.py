@@ -1,0 +1,235 @@
+"""Token usage and cost, with no I/O (sans-IO: no trio, no files).
+
+The Realtime service reports a ``usage`` object on every ``response.done``
+(``openai.types.realtime.RealtimeResponseUsage``)::
+
+    {"total_tokens", "input_tokens", "output_tokens",
+     "input_token_details": {"text_tokens", "audio_tokens", "image_tokens", "cached_tokens",
+                             "cached_tokens_details": {"text_tokens", "audio_tokens", "image_tokens"}},
+     "output_token_details": {"text_tokens", "audio_tokens"}}
+
+Cached tokens are a subset of the input tokens. ``read_usage`` turns one such
+object (an SDK model, a light read-only view or a plain dict: fields are read
+by name, a missing one is None) into ``Tokens``: the five kinds a price table
+prices, which add up to what is billed:
+
+* ``text_in`` — input text tokens not cached (``text_tokens`` − cached text),
+* ``audio_in`` — input audio tokens not cached (``audio_tokens`` − cached audio),
+* ``cached_in`` — cached input tokens (``cached_tokens``),
+* ``text_out``, ``audio_out`` — the output details.
+
+A field that is absent (or null) counts zero; a field that is present but not
+a non-negative whole number is malformed: it counts zero too and its name is
+returned, for the caller to log. Without ``cached_tokens_details`` the cached
+tokens are taken from the audio input first (a voice call's context is mostly
+audio), then from the text. Image input tokens (the voice server sends no
+images) are neither counted as a kind nor priced.
+
+``Prices`` are US dollars per million tokens per kind; ``parse_price_table``
+reads the ``prices`` setting. ``CallUsage`` keeps one call's usage per
+response and its totals; a model without prices counts tokens and has an
+unknown cost (None).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The priced kinds, in the order the price table lists them.
+TOKEN_KINDS = ("text_in", "text_out", "audio_in", "audio_out", "cached_in")
+MILLION = 1_000_000
+
+
+@dataclass(frozen=True)
+class Prices:
+    """US dollars per million tokens of each kind."""
+
+    text_in: float
+    text_out: float
+    audio_in: float
+    audio_out: float
+    cached_in: float
+
+
+@dataclass
+class Tokens:
+    """Token counts by kind (see the module docstring)."""
+
+    text_in: int = 0
+    text_out: int = 0
+    audio_in: int = 0
+    audio_out: int = 0
+    cached_in: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.text_in + self.text_out + self.audio_in + self.audio_out + self.cached_in
+
+    def add(self, other: "Tokens") -> None:
+        for kind in TOKEN_KINDS:
+            setattr(self, kind, getattr(self, kind) + getattr(other, kind))
+
+    def as_dict(self) -> dict[str, int]:
+        return {kind: getattr(self, kind) for kind in TOKEN_KINDS}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Tokens":
+        """From a record's ``tokens`` object; anything that is not a count is zero."""
+        tokens = cls()
+        if isinstance(data, dict):
+            for kind in TOKEN_KINDS:
+                value = data.get(kind)
+                if _is_count(value):
+                    setattr(tokens, kind, value)
+        return tokens
+
+
+def cost_usd(tokens: Tokens, prices: Prices | None) -> float | None:
+    """What ``tokens`` cost at ``prices`` in US dollars (None: no prices)."""
+    if prices is None:
+        return None
+    return sum(getattr(tokens, kind) * getattr(prices, kind) for kind in TOKEN_KINDS) / MILLION
+
+
+def round_usd(value: float | None) -> float | None:
+    """Dollars as records and APIs show them: to a millionth of a dollar."""
+    return None if value is None else round(value, 6)
+
+
+# --- reading the service's usage ---------------------------------------------------------
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _field(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+_SCALARS = (str, bytes, int, float, bool, list, tuple)
+
+
+class _Reader:
+    """Reads counts off one usage object, noting malformed fields."""
+
+    def __init__(self) -> None:
+        self.malformed: list[str] = []
+
+    def count(self, obj: Any, path: str) -> int:
+        value: Any = obj
+        walked: list[str] = []
+        for part in path.split("."):
+            if isinstance(value, _SCALARS):
+                # a detail object that is a number or a string: malformed, once
+                where = ".".join(walked) or "usage"
+                if where not in self.malformed:
+                    self.malformed.append(where)
+                return 0
+            walked.append(part)
+            value = _field(value, part)
+        if value is None:
+            return 0
+        if not _is_count(value):
+            self.malformed.append(path)
+            return 0
+        count: int = value
+        return count
+
+
+def read_usage(usage: Any) -> tuple[Tokens, list[str]]:
+    """The priced kinds of one ``response.done``'s ``usage`` and the names of
+    its malformed fields (counted zero). ``usage`` None: no tokens."""
+    reader = _Reader()
+    text = reader.count(usage, "input_token_details.text_tokens")
+    audio = reader.count(usage, "input_token_details.audio_tokens")
+    cached = reader.count(usage, "input_token_details.cached_tokens")
+    details = _field(_field(usage, "input_token_details"), "cached_tokens_details")
+    if details is not None:
+        cached_text = min(text, reader.count(usage, "input_token_details.cached_tokens_details.text_tokens"))
+        cached_audio = min(audio, reader.count(usage, "input_token_details.cached_tokens_details.audio_tokens"))
+    else:
+        cached_audio = min(audio, cached)
+        cached_text = min(text, cached - cached_audio)
+    tokens = Tokens(
+        text_in=text - cached_text,
+        audio_in=audio - cached_audio,
+        cached_in=cached,
+        text_out=reader.count(usage, "output_token_details.text_tokens"),
+        audio_out=reader.count(usage, "output_token_details.audio_tokens"),
+    )
+    return tokens, reader.malformed
+
+
+# --- the price table --------------------------------------------------------------------------
+
+class PriceTableError(ValueError):
+    """A ``prices`` entry that does not parse."""
+
+
+def parse_price_entry(entry: str) -> tuple[str, Prices]:
+    """``<model>=<text in>/<text out>/<audio in>/<audio out>/<cached in>``
+    (US dollars per million tokens)."""
+    model, sep, rest = entry.strip().partition("=")
+    parts = rest.split("/")
+    if not sep or not model.strip() or len(parts) != len(TOKEN_KINDS):
+        raise PriceTableError(f"price entry {entry!r} is not <model>=<text in>/<text out>/<audio in>/"
+                              "<audio out>/<cached in>")
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        raise PriceTableError(f"price entry {entry!r} has a price that is not a number") from None
+    if any(not math.isfinite(v) or v < 0 for v in values):
+        raise PriceTableError(f"price entry {entry!r} has a negative or infinite price")
+    return model.strip(), Prices(*values)
+
+
+def parse_price_table(entries: tuple[str, ...] | list[str]) -> dict[str, Prices]:
+    """The ``prices`` setting as model -> Prices (a later entry for the same model wins)."""
+    return dict(parse_price_entry(entry) for entry in entries if entry.strip())
+
+
+def price_table_problem(entries: Any) -> str | None:
+    """Why the ``prices`` setting is unusable (None: it is fine)."""
+    try:
+        parse_price_table(tuple(entries))
+    except PriceTableError as error:
+        return str(error)
+    return None
+
+
+# --- one call ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResponseUsage:
+    response_id: str
+    tokens: Tokens
+    cost_usd: float | None
+
+
+@dataclass
+class CallUsage:
+    """One call's usage: per response and in total, priced at ``prices``
+    (None: the model has no prices, the cost is unknown)."""
+
+    model: str
+    prices: Prices | None
+    responses: list[ResponseUsage] = field(default_factory=list)
+    total: Tokens = field(default_factory=Tokens)
+
+    @property
+    def cost_usd(self) -> float | None:
+        return cost_usd(self.total, self.prices)
+
+    def add(self, response_id: str, usage: Any) -> tuple[ResponseUsage, list[str]]:
+        """Count one response's ``usage``; the entry and its malformed fields."""
+        tokens, malformed = read_usage(usage)
+        entry = ResponseUsage(response_id, tokens, cost_usd(tokens, self.prices))
+        self.responses.append(entry)
+        self.total.add(tokens)
+        return entry, malformed

@@ -173,6 +173,16 @@ async def test_post_mcp_is_answered_there_not_redirected(journal, tmp_path):
     assert slash.status_code == 404 and slash.json() == {"error": "not found"}
 
 
+async def test_only_post_is_served(journal, tmp_path):
+    # a GET used to open an event stream the server held until the client left
+    async with served(settings_for(journal, tmp_path)) as base, httpx.AsyncClient(base_url=base, timeout=5) as http:
+        answers = [await http.request(method, "/mcp", headers={"Accept": "application/json, text/event-stream"})
+                   for method in ("GET", "DELETE", "PUT")]
+    for response in answers:
+        assert (response.status_code, response.json()) == (405, {"error": "method not allowed"})
+        assert response.headers["allow"] == "POST"
+
+
 async def test_off_loopback_the_token_is_required(journal, tmp_path):
     settings = settings_for(journal, tmp_path, host="0.0.0.0", api_token=TOKEN)
     async with served(settings) as base:

@@ -15,8 +15,10 @@ each answering ``{"error": "..."}`` with the app's strings:
 1. a declared body over ``body_limit``: 413 ``request body too large``;
 2. ``Host`` not one of ours: 421; an ``Origin`` not our own: 403
    (DNS rebinding, ``http/hosts.py``);
-3. a browser's ``Sec-Fetch-Site: cross-site``: 403; a POST not declared
-   JSON: 415;
+3. a browser's ``Sec-Fetch-Site: cross-site``: 403; any method but POST:
+   405 ``method not allowed`` (a stateless server has no stream to open
+   with GET and no session to end with DELETE; the SDK would hold a GET
+   open until the client left); a POST not declared JSON: 415;
 4. the bearer token where one is required (``http/auth.py``: off loopback,
    or whenever configured): 401 with ``WWW-Authenticate: Bearer``;
 5. the client's rate (``mcp_rate_limit_per_s``, one token per request, a
@@ -59,6 +61,7 @@ from voiceactors.mcp_server.tools import ExecutorInbox, ToolCaller
 from voiceactors.settings import Settings
 
 MCP_PATH = "/mcp"
+METHOD_NOT_ALLOWED = "method not allowed"     # the app's 405 message (http/errors.py)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -157,7 +160,9 @@ class McpEndpoint:
             raise Refusal(403, ORIGIN_NOT_ALLOWED)
         if (header(scope, b"sec-fetch-site") or "").strip().lower() == "cross-site":
             raise Refusal(403, CROSS_SITE)
-        if scope.get("method") == "POST" and not _declared_json(header(scope, b"content-type")):
+        if scope.get("method") != "POST":
+            raise Refusal(405, METHOD_NOT_ALLOWED, {"Allow": "POST"})
+        if not _declared_json(header(scope, b"content-type")):
             raise Refusal(415, NOT_JSON_CONTENT)
         if self.token_required and not auth.authorized(self.settings, header(scope, b"authorization")):
             raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})

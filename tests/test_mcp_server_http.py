@@ -4,7 +4,9 @@ the test writes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -14,9 +16,12 @@ from mcp.shared.exceptions import MCPError
 
 from conftest import SAMPLE_TODAY
 from mcp_server_support import MODES, POST_HEADERS, TOKEN, mcp_client, rpc, served
-from voiceactors import clock
+from voiceactors import clock, storage
+from voiceactors.actors import write_log
+from voiceactors.http import create_app, serving
 from voiceactors.journal import ledger
 from voiceactors.mcp_server.tools import CLIENT_EVENTS_META_KEY, IDEMPOTENCY_META_KEY
+from voiceactors.server import hypercorn_config
 from voiceactors.settings import Settings
 from voiceactors.tools import ToolContext
 from voiceactors.tools.registry import REGISTRY, WRITE
@@ -269,3 +274,51 @@ async def test_shutdown_with_a_client_connected_is_bounded(journal, tmp_path):
     with trio.fail_after(settings.shutdown_deadline_s + 10):
         async with served(settings) as base, mcp_client(base) as client:
             assert not (await client.call_tool("calendar.today", {})).is_error
+
+
+async def test_shutdown_with_a_write_in_flight_is_bounded_and_applies_nothing_twice(journal, tmp_path):
+    """A write waiting on a journal lock (another program holds it) when the
+    server is told to stop: the server still stops within its shutdown
+    deadline, the write records nothing (it never ran), and after a restart
+    the retry with the same key applies it, once."""
+    item_id = open_commitment(journal)
+    settings = settings_for(journal, tmp_path, journal_lock_timeout_s=2.0)
+    args = {"commitment_id": item_id, "resolution": "done"}
+    key = {IDEMPOTENCY_META_KEY: "close-in-flight"}
+    answers: list[object] = []
+    with contextlib.ExitStack() as held:
+        for day_file in sorted(journal.glob("facets/*/activities/*.jsonl")):
+            held.enter_context(storage.file_lock(day_file))
+        with trio.fail_after(settings.shutdown_deadline_s + 10):
+            app = create_app(settings)
+            config = hypercorn_config(settings.replace(port=0))
+            stop = trio.Event()
+            async with trio.open_nursery() as nursery:
+                [base] = await nursery.start(partial(serving.serve, app, config, max_connections=0,
+                                                     shutdown_trigger=stop.wait))
+
+                async def call() -> None:
+                    try:
+                        async with mcp_client(base) as client:
+                            answers.append(await client.call_tool("commitments.complete", args, meta=key))
+                    except BaseException as error:    # the server went away mid-call: that is allowed
+                        if isinstance(error, trio.Cancelled):
+                            raise
+                        answers.append(error)
+
+                nursery.start_soon(call)
+                lock = write_log.lock_path(settings.state_dir, "mcp:close-in-flight")
+                while not Path(f"{lock}.lock").exists():      # the write has started in the executor
+                    await trio.sleep(0.01)
+                stop.set()
+        assert write_log.load(settings.state_dir, "mcp:close-in-flight") is None
+        assert commitment_state(journal, item_id) == "open"
+    [answer] = answers
+    if not isinstance(answer, BaseException):
+        assert answer.is_error and answer.structured_content["error"].startswith("journal busy")
+    async with served(settings) as base, mcp_client(base) as client:
+        retried = await client.call_tool("commitments.complete", args, meta=key)
+        again = await client.call_tool("commitments.complete", {**args, "resolution": "dropped"}, meta=key)
+    assert retried.structured_content["commitment"]["state"] == "closed"
+    assert again.structured_content == retried.structured_content
+    assert commitment_state(journal, item_id) == "closed"

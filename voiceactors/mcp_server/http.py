@@ -143,8 +143,10 @@ class McpEndpoint:
         except Refusal as refusal:
             await _answer(send_with_headers, refusal)
         finally:
-            metrics.http_request(MCP_PATH, status)
-            _log.info("mcp.request", method=scope.get("method"), status=status, request_id=request_id,
+            # status None: no answer was sent (the request was cancelled, e.g. at shutdown)
+            if status:
+                metrics.http_request(MCP_PATH, status)
+            _log.info("mcp.request", method=scope.get("method"), status=status or None, request_id=request_id,
                       duration_ms=round((trio.current_time() - started) * 1000, 1))
 
     def _guard(self, scope: Scope) -> None:

@@ -315,3 +315,14 @@ async def test_shutdown_with_a_write_in_flight_is_bounded_and_applies_nothing_tw
     assert retried.structured_content["commitment"]["state"] == "closed"
     assert again.structured_content == retried.structured_content
     assert commitment_state(journal, item_id) == "closed"
+
+
+async def test_the_sdks_warnings_reach_our_log(journal, tmp_path, log_stream):
+    async with served(settings_for(journal, tmp_path)) as base, httpx.AsyncClient(base_url=base) as http:
+        notification = {"jsonrpc": "2.0", "method": "notifications/initialized", "params": {"_meta": "not an object"}}
+        response = await http.post("/mcp", json=notification, headers=POST_HEADERS)
+    assert response.status_code == 202
+    lines = [json.loads(line) for line in log_stream.getvalue().splitlines()]
+    [relayed] = [line for line in lines if line["event"] == "mcp.sdk_message"]
+    assert relayed["actor"] == "mcp" and relayed["level"] == "warning"
+    assert relayed["message"] == "dropped 'notifications/initialized': malformed params"

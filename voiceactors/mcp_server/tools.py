@@ -116,6 +116,10 @@ class ToolCaller:
     def list_tools(self) -> list[types.Tool]:
         return mcp_tools(self.registry)
 
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        spec = lookup(name, self.registry)
+        return spec.parameters if spec is not None else None
+
     async def call(self, name: str, arguments: Mapping[str, Any] | None,
                    meta: Mapping[str, Any] | None) -> types.CallToolResult:
         inbox = self.inbox()

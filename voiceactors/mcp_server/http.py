@@ -7,7 +7,8 @@ group must be running before a request arrives: ``McpEndpoint.running()``
 is entered inside the app's runtime (``http/app.py``), so the serving
 lifespan's bounded shutdown joins it, and it stops before the executor
 does. Until then, and after, requests answer 503 ``voice runtime
-unavailable``.
+unavailable``. A failure inside the SDK is kept there: logged, the manager
+replaced a second later, the runtime untouched.
 
 In front of the SDK, the guards of ``/api/voice/*``, in the app's order,
 each answering ``{"error": "..."}`` with the app's strings:
@@ -62,6 +63,7 @@ from voiceactors.settings import Settings
 
 MCP_PATH = "/mcp"
 METHOD_NOT_ALLOWED = "method not allowed"     # the app's 405 message (http/errors.py)
+RESTART_AFTER_S = 1.0      # after the SDK's task group failed, until the next one starts
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -108,17 +110,44 @@ class McpEndpoint:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Serve requests for the block (the SDK's task group runs inside it).
-        A manager runs once, so each block builds its own."""
-        manager = StreamableHTTPSessionManager(self.server, json_response=True, stateless=True,
-                                               max_request_body_size=self.settings.body_limit)
-        async with manager.run():
-            self._manager = manager
-            _log.info("mcp.serving", path=MCP_PATH, token_required=self.token_required)
+        """Serve requests for the block. The SDK's task group runs in a task
+        of the block's own nursery whose boundary turns a failure into a log
+        line: the block is the runtime's (``http/app.py``), and an error
+        escaping the SDK must not cancel the actors and their live calls."""
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._serve)
             try:
                 yield
             finally:
-                self._manager = None
+                nursery.cancel_scope.cancel()
+
+    async def _serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run session managers until cancelled: one after another, since a
+        manager runs once; after a failure (logged ``mcp.failed``) requests
+        answer 503 until the next one is up, ``RESTART_AFTER_S`` later."""
+        started = False
+        try:
+            while True:
+                manager = StreamableHTTPSessionManager(self.server, json_response=True, stateless=True,
+                                                       max_request_body_size=self.settings.body_limit)
+                try:
+                    async with manager.run():
+                        self._manager = manager
+                        _log.info("mcp.serving", path=MCP_PATH, token_required=self.token_required)
+                        if not started:
+                            started = True
+                            task_status.started()
+                        await trio.sleep_forever()
+                except Exception as error:  # noqa: BLE001 - logged; /mcp answers 503 meanwhile
+                    _log.error("mcp.failed", error_type=type(error).__name__, exc_info=error)
+                finally:
+                    self._manager = None
+                if not started:
+                    started = True
+                    task_status.started()
+                await trio.sleep(RESTART_AFTER_S)
+        finally:
+            self._manager = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = uuid.uuid4().hex

@@ -3,7 +3,9 @@ spawned as a child process by the SDK's own client."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from mcp.client.stdio import stdio_client
 
 from conftest import SAMPLE_TODAY
 from mcp_server_support import MODES
+from voiceactors import mcp_server
 from voiceactors.cli import main
 from voiceactors.journal import ledger
 from voiceactors.mcp_server.tools import IDEMPOTENCY_META_KEY
@@ -81,3 +84,16 @@ def test_mcp_without_a_journal_folder_is_a_usage_error(tmp_path, capsys):
     code = main(["mcp", "--journal", str(tmp_path / "missing"), "--state-dir", str(tmp_path / "state")])
     assert code == 2
     assert "journal folder not found" in capsys.readouterr().err
+
+
+def test_each_mcp_module_imports_first_on_its_own():
+    # the endpoint, as voiceactors.mcp_server.http, imported first used to fail:
+    # voiceactors.http's package init imported it back while it was half-initialised
+    modules = sorted(f"voiceactors.mcp_server.{path.stem}" for path in Path(mcp_server.__file__).parent.glob("*.py")
+                     if path.stem != "__init__") + ["voiceactors.http.mcp"]
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            continue
+        child = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=60)
+        assert child.returncode == 0, (module, child.stderr[-2000:])
+    assert importlib.util.find_spec("voiceactors.http.mcp") is not None

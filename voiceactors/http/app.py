@@ -31,7 +31,7 @@ from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
-from voiceactors.mcp_server.http import MCP_PATH, McpEndpoint
+from voiceactors.http.mcp import MCP_PATH, McpEndpoint
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings, shutdown_deadlines
 

@@ -137,7 +137,7 @@ async def _answer_busy(send: Any) -> None:
 class PathSwitch:
     """The app's ASGI entry (``app.asgi_app``): ``/mcp`` (exactly: a POST
     there is never redirected) goes to the MCP endpoint
-    (``voiceactors.mcp_server.http``), everything else — lifespan included —
+    (``voiceactors/http/mcp.py``), everything else — lifespan included —
     to Quart. ``/mcp`` requests count toward ``max_requests_in_flight`` like
     every other request."""
 

@@ -1,4 +1,5 @@
-"""``/mcp``: the journal's tools over MCP Streamable HTTP, on the voice server.
+"""``/mcp``: the journal's tools over MCP Streamable HTTP, on the voice server (the
+protocol server itself is ``voiceactors.mcp_server``).
 
 The SDK's ``StreamableHTTPSessionManager`` serves the protocol, stateless
 (no ``Mcp-Session-Id``: every POST stands alone, so nothing is kept per

@@ -19,7 +19,7 @@ What differs from a voice call:
   write without a key gets a fresh id: it is applied once per request, and
   a client that retries such a request may apply it twice. The JSON-RPC
   request id is not used: it is unique only within one client's session
-  (the SDK numbers from 0 in every session, and stateless HTTP has no
+  (the SDK numbers from 1 in every session, and stateless HTTP has no
   session), so two clients' first writes would share it.
 - *The answer.* The executor's JSON output becomes the result's
   ``structuredContent`` and its one text block; an output that is an error

@@ -23,12 +23,15 @@ _COMMANDS = {
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
     "calls": "voiceactors.calls_report:cli_calls",
+    "mcp": "voiceactors.mcp_server.stdio:cli_mcp",
 }
 
 
 # settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
 SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
                "daily_budget_usd")
+# settings with a flag on `mcp` (stdio: no address to listen on)
+MCP_FLAGS = ("journal", "state_dir", "log_format")
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:
@@ -53,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
     _add_serve_flags(demo)
+
+    mcp = sub.add_parser("mcp", help="serve the journal's tools over MCP on stdin/stdout (for desktop assistants)")
+    settings.add_flags(mcp, MCP_FLAGS)
+    mcp.add_argument("--today", help="pin today to YYYY-MM-DD (default: the local date; $VOICEACTORS_TODAY)")
 
     simulate = sub.add_parser("simulate", help="run the local OpenAI Realtime simulator")
     simulate.add_argument("--host", default="127.0.0.1")

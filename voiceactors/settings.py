@@ -261,6 +261,13 @@ class Settings:
     rate_limit_per_s: float = setting(
         0.5, HTTP, "the bucket's refill per second; an empty bucket answers 429 `too many requests` with "
         "`Retry-After`; `0` = no limit", env="VOICEACTORS_RATE_LIMIT_PER_S", unit="requests/s", minimum=0)
+    mcp_rate_limit_burst: int = setting(
+        60, HTTP, "`/mcp` (the journal's tools over MCP): requests one client address may send at once",
+        env="VOICEACTORS_MCP_RATE_LIMIT_BURST", unit="requests", positive=True)
+    mcp_rate_limit_per_s: float = setting(
+        10.0, HTTP, "`/mcp`'s bucket refill per second (it stands in for the voice calls' per-turn bound); an "
+        "empty bucket answers 429 `too many requests` with `Retry-After`; `0` = no limit",
+        env="VOICEACTORS_MCP_RATE_LIMIT_PER_S", unit="requests/s", minimum=0)
     rate_limit_clients: int = setting(
         4096, HTTP, "client buckets kept (least recently used dropped first)", env="VOICEACTORS_RATE_LIMIT_CLIENTS",
         unit="clients", positive=True)

@@ -26,11 +26,12 @@ from quart_trio import QuartTrio
 
 from voiceactors import metrics
 from voiceactors.http import auth, errors, hosts, ratelimit
-from voiceactors.http.asgi import ClosingHTTPConnection
+from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch
 from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
+from voiceactors.http.mcp import MCP_PATH, McpEndpoint
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings, shutdown_deadlines
 
@@ -45,13 +46,14 @@ _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 _log = get_logger(actor="http")
 
 
-async def _host_runtime(voice: VoiceState, stop: trio.Event, done: trio.Event, *,
+async def _host_runtime(voice: VoiceState, mcp: McpEndpoint, stop: trio.Event, done: trio.Event, *,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Own the runtime for as long as the app serves. A runtime that fails to
     start or crashes is logged and leaves ``voice.runtime`` None, so routes
-    answer "voice runtime unavailable" instead of the server dying."""
+    answer "voice runtime unavailable" instead of the server dying. ``/mcp``
+    serves inside the runtime: it stops first, before the executor it feeds."""
     try:
-        async with open_runtime(voice.settings, brain_backend=voice.brain_backend) as runtime:
+        async with open_runtime(voice.settings, brain_backend=voice.brain_backend) as runtime, mcp.running():
             voice.runtime = runtime
             task_status.started()
             await stop.wait()
@@ -64,12 +66,12 @@ async def _host_runtime(voice: VoiceState, stop: trio.Event, done: trio.Event, *
     # (nursery.start then raises RuntimeError in the caller, handled there).
 
 
-def _install_lifespan(app: QuartTrio, voice: VoiceState) -> None:
+def _install_lifespan(app: QuartTrio, voice: VoiceState, mcp: McpEndpoint) -> None:
     @app.while_serving
     async def _runtime_lifespan() -> Any:
         stop, done = trio.Event(), trio.Event()
         try:
-            await app.nursery.start(_host_runtime, voice, stop, done)
+            await app.nursery.start(_host_runtime, voice, mcp, stop, done)
         except RuntimeError:
             _log.error("http.runtime_not_started")
         yield
@@ -154,7 +156,9 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)
     app.register_blueprint(console_bp)
-    _install_lifespan(app, voice)
+    mcp = McpEndpoint(settings, lambda: voice.runtime.tools if voice.runtime is not None else None)
+    app.asgi_app = PathSwitch(app, app.asgi_app, MCP_PATH, mcp)  # type: ignore[method-assign]
+    _install_lifespan(app, voice, mcp)
     return app
 
 

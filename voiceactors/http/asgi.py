@@ -132,3 +132,29 @@ async def _answer_busy(send: Any) -> None:
         (b"content-type", b"application/json"), (b"content-length", str(len(_BUSY_BODY)).encode()),
         (b"connection", b"close"), (b"retry-after", b"1"), (b"cache-control", b"no-store")]})
     await send({"type": "http.response.body", "body": _BUSY_BODY, "more_body": False})
+
+
+class PathSwitch:
+    """The app's ASGI entry (``app.asgi_app``): ``/mcp`` (exactly: a POST
+    there is never redirected) goes to the MCP endpoint
+    (``voiceactors/http/mcp.py``), everything else — lifespan included —
+    to Quart. ``/mcp`` requests count toward ``max_requests_in_flight`` like
+    every other request."""
+
+    def __init__(self, app: Any, quart: Any, path: str, endpoint: Any) -> None:
+        self.app, self.quart, self.path, self.endpoint = app, quart, path, endpoint
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("path") != self.path:
+            await self.quart(scope, receive, send)
+            return
+        app = self.app
+        cap = getattr(app, "max_requests_in_flight", 0)
+        if cap and app.requests_in_flight >= cap:
+            await _answer_busy(send)
+            return
+        app.requests_in_flight += 1
+        try:
+            await self.endpoint(scope, receive, send)
+        finally:
+            app.requests_in_flight -= 1

@@ -51,6 +51,9 @@ class ToolSpec:
     # before validation; the manifest lists it as optional, the schema keeps
     # it required (so without a selection the answer is what it always was)
     selection_defaults: Mapping[str, str] = field(default_factory=dict)
+    # only meaningful inside a voice call (it changes the call's selection):
+    # not offered where there is no call (the journal's MCP server)
+    call_scoped: bool = False
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -234,11 +237,15 @@ def _specs() -> list[ToolSpec]:
             }, ("kind", "id")),
             effect=READ,
             handler=select_tool.select,
+            call_scoped=True,
         ),
     ]
 
 
 REGISTRY: dict[str, ToolSpec] = {spec.name: spec for spec in _specs()}
+#: The tools that stand on the journal alone (every one but the call-scoped
+#: ``journal.select``): what the journal's MCP server offers.
+JOURNAL_TOOLS: dict[str, ToolSpec] = {name: spec for name, spec in REGISTRY.items() if not spec.call_scoped}
 
 
 def make_registry(specs: list[ToolSpec]) -> dict[str, ToolSpec]:

@@ -24,12 +24,14 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
 from voiceactors.logs import get_logger
+from voiceactors.realtime.event_view import EventView, fits
 
 __all__ = [
     "EventUnion",
     "SERVER_EVENTS",
     "new_event_id",
     "parse_server_event",
+    "read_server_event",
     "validate_server_event",
     "decode_frame",
     "error_summary",
@@ -237,6 +239,39 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
             _skipped(budget, "info", "unknown type", type_)
             return None
         elif only is not None and type_ not in only:
+            return None
+        else:
+            try:
+                return SERVER_EVENTS.validate(obj)
+            except Exception as exc:  # never fatal: the service may be newer than our SDK
+                reason = error_summary(exc)
+    _skipped(budget, "warning", reason, type_ if isinstance(type_, str) else None)
+    return None
+
+
+def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget | None = None) -> Any:
+    """``parse_server_event`` for the call actor: the same skips and log
+    lines, but an acted-on event that has what the protocol reads
+    (``event_view.SHAPES``) comes back as an ``EventView`` of its
+    ``json.loads`` result, without the SDK models. One that does not fit is
+    validated by them (returned as the model when they accept it, skipped
+    with the reason when not). ``only`` must be a subset of ``SHAPES``."""
+    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) else None
+    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):
+        return None
+    obj, reason = decode_frame(raw)
+    type_ = obj.get("type") if isinstance(obj, dict) else None
+    if reason is None:
+        if not isinstance(obj, dict):
+            reason = "not an object"
+        elif not isinstance(type_, str):
+            reason = "no type"
+        elif type_ in only and fits(obj):
+            return EventView(obj)
+        elif not SERVER_EVENTS.known(type_):
+            _skipped(budget, "info", "unknown type", type_)
+            return None
+        elif type_ not in only:
             return None
         else:
             try:

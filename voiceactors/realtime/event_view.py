@@ -9,19 +9,25 @@ views for its objects). Handlers written against the SDK models work on
 both, as long as they read fields by attribute and treat a missing field as
 None.
 
-``SHAPES`` is the part of each acted-on event the protocol reads: the
-objects it descends into (which must be objects), the strings it uses
-(which must be strings, or absent) and the keys it files things under
-(which must be present). A frame that does not fit is left to the SDK
-models (``events.read_server_event``): they coerce what they can, and what
-they refuse is skipped with its reason, as before.
+Whether a frame is well-formed is still the SDK models' word, checked
+without building them: ``compile_checks`` turns each model's fields into
+plain checks of the decoded JSON (required fields present, JSON types
+exact, literals in their sets, item unions by their ``type``), at least as
+strict as the models. A frame that fails them is left to the models
+(``events.read_server_event``): they coerce what they can (a ``"1"`` for an
+int), and what they refuse is skipped with its reason, as before.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import types
+import typing
+from collections.abc import Hashable
+from typing import Annotated, Any, Callable, Literal, Union
 
-__all__ = ["EventView", "SHAPES", "fits"]
+from pydantic import BaseModel
+
+__all__ = ["Check", "EventView", "compile_checks"]
 
 
 class EventView:
@@ -60,61 +66,139 @@ class EventView:
         return dict(self._fields)
 
 
-#: A string the protocol files things under: it must be present.
-KEY = "key"
-#: A string the protocol reads: absent, null or a string.
-TEXT = "text"
+Check = Callable[[Any], bool]
+#: A compiled field: a tuple of exact JSON types, a frozenset of literal
+#: values, or a ``Check``.
+Spec = tuple[type, ...] | frozenset[Any] | Check
 
-_ITEM: dict[str, Any] = {"type": TEXT, "id": TEXT, "call_id": TEXT, "name": TEXT, "arguments": TEXT,
-                         "status": TEXT, "role": TEXT}
-_RESPONSE: dict[str, Any] = {"id": TEXT, "status": TEXT, "output": [_ITEM]}
-_TRANSCRIPT: dict[str, Any] = {"transcript": TEXT, "item_id": TEXT}
-
-#: What the protocol reads of each event it acts on (``call_protocol.HANDLED_EVENTS``):
-#: a dict is an object that must be there, ``[shape]`` a list of such objects
-#: (absent or null allowed).
-SHAPES: dict[str, dict[str, Any]] = {
-    "response.created": {"response": _RESPONSE},
-    "response.done": {"response": _RESPONSE},
-    "response.output_item.added": {"response_id": KEY, "item": _ITEM},
-    "response.output_item.done": {"response_id": KEY, "item": _ITEM},
-    "response.function_call_arguments.done": {"response_id": KEY, "call_id": TEXT, "name": TEXT,
-                                              "item_id": TEXT, "arguments": TEXT},
-    "input_audio_buffer.speech_started": {},
-    "conversation.item.added": {"item": _ITEM},
-    "conversation.item.created": {"item": _ITEM},
-    "conversation.item.done": {"item": _ITEM},
-    "error": {"error": {"event_id": TEXT, "code": TEXT, "type": TEXT}},
-    "conversation.item.input_audio_transcription.completed": _TRANSCRIPT,
-    "response.output_audio_transcript.done": _TRANSCRIPT,
-    "response.output_text.done": {"text": TEXT, "item_id": TEXT},
-}
+_HASHABLE = (str, int, bool, type(None), float)
+_NONE = type(None)
+_SCALARS: dict[Any, tuple[type, ...]] = {str: (str,), int: (int,), float: (float, int), bool: (bool,),
+                                         _NONE: (_NONE,)}
 
 
-def _fits(obj: dict[str, Any], shape: dict[str, Any]) -> bool:
-    for name, want in shape.items():
-        value = obj.get(name)
-        if want is TEXT:
-            if value is not None and type(value) is not str:
-                return False
-        elif want is KEY:
-            if type(value) is not str:
-                return False
-        elif type(want) is dict:
-            if type(value) is not dict or not _fits(value, want):
-                return False
-        elif value is not None:   # [shape]
-            if type(value) is not list:
-                return False
-            for element in value:
-                if type(element) is not dict or not _fits(element, want[0]):
-                    return False
+def _never(_value: Any) -> bool:
+    return False
+
+
+def _anything(_value: Any) -> bool:
     return True
 
 
-def fits(obj: dict[str, Any]) -> bool:
-    """Whether a decoded event of a type in ``SHAPES`` has what the protocol
-    reads in the form it reads it (False for a type not in ``SHAPES``)."""
-    type_ = obj.get("type")
-    shape = SHAPES.get(type_) if type(type_) is str else None
-    return shape is not None and _fits(obj, shape)
+def _fits(value: Any, spec: Spec) -> bool:
+    cls = spec.__class__
+    if cls is tuple:
+        return type(value) in spec   # type: ignore[operator]
+    if cls is frozenset:
+        return type(value) in _HASHABLE and value in spec   # type: ignore[operator]
+    return spec(value)   # type: ignore[operator]
+
+
+class _Compiler:
+    """Turns SDK model annotations into plain checks of decoded JSON that
+    are at least as strict as the models (JSON types exactly: no coercion);
+    an annotation it does not know checks False, so such a frame goes to
+    the SDK models."""
+
+    def __init__(self) -> None:
+        self._models: dict[type[BaseModel], Check] = {}
+
+    def annotation(self, ann: Any) -> Spec:
+        if ann is Any or ann is object:
+            return _anything
+        scalar = _SCALARS.get(ann) if isinstance(ann, Hashable) else None
+        if scalar is not None:
+            return scalar
+        origin, args = typing.get_origin(ann), typing.get_args(ann)
+        if origin is Annotated:
+            return self.annotation(args[0])
+        if origin is Literal:
+            return frozenset(args)
+        if origin is Union or origin is types.UnionType:
+            return self._union(args)
+        if origin is list:
+            element = self.annotation(args[0]) if args else _anything
+            return lambda v: type(v) is list and all(_fits(x, element) for x in v)
+        if origin is dict:
+            item = self.annotation(args[1]) if len(args) == 2 else _anything
+            return lambda v: type(v) is dict and all(type(k) is str and _fits(x, item) for k, x in v.items())
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            return self.model(ann)
+        return _never
+
+    def _union(self, members: tuple[Any, ...]) -> Spec:
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        others = [self.annotation(m) for m in members if m not in models]
+        if not models and all(o.__class__ is tuple for o in others):
+            return tuple(t for o in others for t in o)   # type: ignore[union-attr]
+        if not models and all(o.__class__ in (tuple, frozenset) for o in others):
+            values = {v for o in others if o.__class__ is frozenset for v in o}   # type: ignore[union-attr]
+            if all(o == (_NONE,) for o in others if o.__class__ is tuple):
+                return frozenset(values | {None})
+        by_type: dict[Any, Check] = {}
+        untyped: list[Check] = []
+        for model in models:
+            values_ = _type_values(model)
+            if values_ is None or any(v in by_type for v in values_):
+                untyped.append(self.model(model))
+            else:
+                by_type.update({v: self.model(model) for v in values_})
+
+        def check(value: Any) -> bool:
+            for other in others:
+                if _fits(value, other):
+                    return True
+            if type(value) is not dict:
+                return False
+            kind = value.get("type")
+            typed = by_type.get(kind) if type(kind) is str else None
+            if typed is not None and typed(value):
+                return True
+            return any(c(value) for c in untyped)
+        return check
+
+    def model(self, model: type[BaseModel]) -> Check:
+        known = self._models.get(model)
+        if known is not None:
+            return known
+        fields: dict[str, Spec] = {}
+        required: set[str] = set()
+
+        def check(value: Any) -> bool:
+            if type(value) is not dict or not value.keys() >= required:
+                return False
+            for name, item in value.items():
+                spec = fields.get(name)
+                if spec is None:
+                    continue      # extra fields are allowed, as in the models
+                cls = spec.__class__
+                if cls is tuple:
+                    if type(item) not in spec:   # type: ignore[operator]
+                        return False
+                elif cls is frozenset:
+                    if type(item) not in _HASHABLE or item not in spec:   # type: ignore[operator]
+                        return False
+                elif not spec(item):   # type: ignore[operator]
+                    return False
+            return True
+
+        self._models[model] = check      # before the fields: a model may contain itself
+        for name, info in model.model_fields.items():
+            key = info.alias or name
+            fields[key] = self.annotation(info.annotation)
+            if info.is_required():
+                required.add(key)
+        return check
+
+
+def _type_values(model: type[BaseModel]) -> tuple[Any, ...] | None:
+    info = model.model_fields.get("type")
+    if info is None or typing.get_origin(info.annotation) is not Literal:
+        return None
+    return typing.get_args(info.annotation)
+
+
+def compile_checks(models: dict[str, type[BaseModel]]) -> dict[str, Check]:
+    """One check per event type, from its SDK model."""
+    compiler = _Compiler()
+    return {type_: compiler.model(model) for type_, model in models.items()}

@@ -24,7 +24,7 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
 from voiceactors.logs import get_logger
-from voiceactors.realtime.event_view import EventView, fits
+from voiceactors.realtime.event_view import Check, EventView, compile_checks
 
 __all__ = [
     "EventUnion",
@@ -249,13 +249,17 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
     return None
 
 
+#: Plain checks of decoded events, from the SDK models (``event_view.compile_checks``).
+SERVER_CHECKS: dict[str, Check] = compile_checks(SERVER_EVENTS.by_type)
+
+
 def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget | None = None) -> Any:
     """``parse_server_event`` for the call actor: the same skips and log
-    lines, but an acted-on event that has what the protocol reads
-    (``event_view.SHAPES``) comes back as an ``EventView`` of its
-    ``json.loads`` result, without the SDK models. One that does not fit is
-    validated by them (returned as the model when they accept it, skipped
-    with the reason when not). ``only`` must be a subset of ``SHAPES``."""
+    lines, but an acted-on event that passes its check (``SERVER_CHECKS``,
+    as strict as the SDK model) comes back as an ``EventView`` of its
+    ``json.loads`` result, without building the model. One that does not
+    pass is validated by the models (returned as the model when they
+    accept it, skipped with the reason when not)."""
     leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) else None
     if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):
         return None
@@ -266,7 +270,7 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
             reason = "not an object"
         elif not isinstance(type_, str):
             reason = "no type"
-        elif type_ in only and fits(obj):
+        elif type_ in only and (check := SERVER_CHECKS.get(type_)) is not None and check(obj):
             return EventView(obj)
         elif not SERVER_EVENTS.known(type_):
             _skipped(budget, "info", "unknown type", type_)

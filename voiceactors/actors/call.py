@@ -303,14 +303,14 @@ class CallActor:
         """Write one frame; False when the connection ended (it is told)."""
         data = json.dumps(out.event, ensure_ascii=False)
         try:
-            # Shielded: a frame cancelled half-way would corrupt the stream.
-            with trio.CancelScope(shield=True):
-                with trio.fail_after(SEND_TIMEOUT_S):
-                    await ws_frames.send_now(ws, data)
+            # Shielded: a frame cancelled half-way would corrupt the stream;
+            # only its own deadline ends it (one scope for both: a write is hot)
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
+                await ws_frames.send_now(ws, data)
         except ConnectionClosed as exc:
             self._end_connection(close_code(exc))
             return False
-        except trio.TooSlowError:
+        if scope.cancelled_caught:
             self.log.warning("call.send_stuck", epoch=self.epoch)
             self._end_connection(None)
             return False

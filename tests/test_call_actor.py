@@ -6,10 +6,14 @@ Reconnects, end conditions and the call record: ``test_call_lifecycle.py``.
 
 from __future__ import annotations
 
+import io
 import json
 
+import structlog
 import trio
 from structlog.testing import capture_logs
+
+from voiceactors import logs
 
 from calls_support import (
     ACTIVE, Gate, assert_clean_protocol, assert_valid_client_events, gated_registry, received_types,
@@ -54,6 +58,23 @@ async def test_a_read_starts_on_its_prefetch_and_runs_once(tmp_path, autojump_cl
     assert call.prefetch is not None and call.adopted
     assert [line["tool_call_id"] for line in logs if line["event"] == "tool.run"] == [call_id]
     assert len(sc.outputs[call_id]) == 1 and call.state == "confirmed"
+
+
+async def test_a_call_logs_its_start_and_end_at_info_and_nothing_per_event(tmp_path, autojump_clock):
+    """At the default level a call's own lines are its connect and its end;
+    the per-round ones (response.create, call.epoch, ...) are debug."""
+    buffer = io.StringIO()
+    logs.configure("json", "info", stream=buffer)
+    try:
+        async with rig(tmp_path) as r:
+            actor, sc = await r.run_call("rtc_quiet", steady("single_tool"))
+    finally:
+        structlog.reset_defaults()
+    assert_clean_protocol(sc, creates=1)
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines() if line.startswith("{")]
+    ours = [line["event"] for line in lines if line.get("actor") == "call"]
+    assert ours == ["call.connected", "call.socket_closed", "call.recorded", "call.ended"]
+    assert all(line["call_id"] == "rtc_quiet" for line in lines if line.get("actor") == "call")
 
 
 async def test_parallel_tools_three_outputs_then_exactly_one_create(tmp_path, autojump_clock):

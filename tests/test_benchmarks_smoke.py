@@ -98,3 +98,8 @@ def test_floods_every_phase_accounts_for_every_request(bench):
     assert sse["held"] == sse["statuses"].get("200", 0)
     files = phases["connect"]["call_files_after"]
     assert 0 <= files["bogus"] <= phases["connect"]["flood"]["sent"]
+
+
+def test_round_cpu_tiny(bench):
+    data = _main(bench, "benchmarks.round_cpu", "--rounds", "5", "--window", "2")
+    assert data["view"] and data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28

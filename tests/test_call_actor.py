@@ -6,9 +6,14 @@ Reconnects, end conditions and the call record: ``test_call_lifecycle.py``.
 
 from __future__ import annotations
 
+import io
 import json
 
+import structlog
 import trio
+from structlog.testing import capture_logs
+
+from voiceactors import logs
 
 from calls_support import (
     ACTIVE, Gate, assert_clean_protocol, assert_valid_client_events, gated_registry, received_types,
@@ -38,6 +43,38 @@ async def test_single_tool_one_output_then_one_response_create(tmp_path, autojum
     assert json.loads(sc.outputs[call_id][0])["date"] == "2026-03-27"   # the real tool ran on the journal
     assert [r.origin for r in sc.responses] == ["scenario", "client"]
     assert actor.calls[call_id].state == "confirmed"
+
+
+async def test_a_read_starts_on_its_prefetch_and_runs_once(tmp_path, autojump_clock):
+    """The simulator sends function_call_arguments.done before the item's
+    done: the read is prefetched there, the call starts on that very run
+    (no second run at the executor), and its output goes out once."""
+    with capture_logs() as logs:
+        async with rig(tmp_path) as r:
+            actor, sc = await r.run_call("rtc_prefetch", steady("single_tool"))
+    assert_clean_protocol(sc, creates=1)
+    (call_id,) = sc.tool_calls
+    call = actor.calls[call_id]
+    assert call.prefetch is not None and call.adopted
+    assert [line["tool_call_id"] for line in logs if line["event"] == "tool.run"] == [call_id]
+    assert len(sc.outputs[call_id]) == 1 and call.state == "confirmed"
+
+
+async def test_a_call_logs_its_start_and_end_at_info_and_nothing_per_event(tmp_path, autojump_clock):
+    """At the default level a call's own lines are its connect and its end;
+    the per-round ones (response.create, call.epoch, ...) are debug."""
+    buffer = io.StringIO()
+    logs.configure("json", "info", stream=buffer)
+    try:
+        async with rig(tmp_path) as r:
+            actor, sc = await r.run_call("rtc_quiet", steady("single_tool"))
+    finally:
+        structlog.reset_defaults()
+    assert_clean_protocol(sc, creates=1)
+    lines = [json.loads(line) for line in buffer.getvalue().splitlines() if line.startswith("{")]
+    ours = [line["event"] for line in lines if line.get("actor") == "call"]
+    assert ours == ["call.connected", "call.socket_closed", "call.recorded", "call.ended"]
+    assert all(line["call_id"] == "rtc_quiet" for line in lines if line.get("actor") == "call")
 
 
 async def test_parallel_tools_three_outputs_then_exactly_one_create(tmp_path, autojump_clock):

@@ -140,6 +140,9 @@ async def test_kill_9_mid_call_then_a_fresh_server_answers_the_pending_call_once
             assert len(sc.outputs["call_r"]) == 1               # the settled read is not answered again
             assert sc.violations == []
             assert [e["call_id"] for e in second.events("supervisor.rejoin")] == [CALL]
+            # the service's echo of the output may still be on its way when the
+            # simulator's script moves on: stop once the call settled it
+            await _wait_for_line(record, "tool_call", "call_w")
             second.proc.terminate()
             with trio.fail_after(20):
                 assert await second.proc.wait() == 0

@@ -6,6 +6,7 @@ loopback sockets: test_call_actor.py, test_call_resend.py, test_call_lifecycle.p
 from __future__ import annotations
 
 import json
+import re
 import math
 import subprocess
 import sys
@@ -15,11 +16,12 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from voiceactors.actors.call_protocol import (
-    ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, CallProtocol, CancelOlderReads, Connected, Disconnected,
-    Dropped, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine, Send, StartTool, Timer,
-    ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+    ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected,
+    Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
+    Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
-from voiceactors.realtime.events import parse_server_event
+from voiceactors.realtime.event_view import EventView
+from voiceactors.realtime.events import parse_server_event, read_server_event
 
 SYNTHETIC = json.dumps({"error": "cancelled: the user interrupted"})
 WRITES = {"commitments.add"}
@@ -28,6 +30,14 @@ WRITES = {"commitments.add"}
 # ---------------------------------------------------------------- events
 
 def event(obj: dict) -> Any:
+    """The event as the call actor's reader hands it over: an ``EventView``
+    (``sdk_event`` gives the SDK model of the same frame)."""
+    parsed = read_server_event(json.dumps({"event_id": "ev", **obj}), HANDLED_EVENTS)
+    assert isinstance(parsed, EventView), obj
+    return parsed
+
+
+def sdk_event(obj: dict) -> Any:
     parsed = parse_server_event(json.dumps({"event_id": "ev", **obj}))
     assert parsed is not None, obj
     return parsed
@@ -778,3 +788,216 @@ def test_any_order_with_drops_never_resends_a_confirmed_output(script):
     for c, count in confirmed_before.items():
         assert len(w.outputs(c)) == count          # nothing sent after the service had it
     assert all(w.outputs(c) or w.state(c) == "confirmed" for c in w.p.calls)
+
+
+# ------------------------------------------- the reader's events and logs
+
+def test_views_and_sdk_models_give_the_same_effects():
+    """The reader hands the protocol ``EventView``s; the SDK models of the
+    same frames must lead to the very same effects (event ids aside)."""
+    script = [speech(), created("r1"), item_added("r1", "c1"), args_done("r1", "c1", '{"q": 1}'),
+              item_done("r1", "c1", arguments='{"q": 1}'), item_done("r1", "c2", "commitments.add"),
+              {"type": "conversation.item.input_audio_transcription.completed", "item_id": "u1",
+               "content_index": 0, "transcript": "hi", "usage": {"type": "duration", "seconds": 1.0}},
+              done("r1"), error("some_code", "evt_nobody"), confirmed("c1"), typed_turn(), created("r2"),
+              done("r2", status="cancelled")]
+
+    def run(make: Any) -> str:
+        w = Wire()
+        for obj in script:
+            w.feed(Received(make(obj)))
+            if "c1" in w.p.calls and w.state("c1") == "running":
+                w.finish("c1", prefetch=True)
+            if "c2" in w.p.calls and w.state("c2") == "running":
+                w.finish("c2")
+            w.write()
+        return re.sub(r"evt_[0-9a-f]{20}", "evt_", repr(w.effects))
+
+    assert run(event) == run(sdk_event)
+
+
+def test_per_round_log_lines_are_debug_and_skipped_when_debug_is_off():
+    w = Wire()
+    w.server(speech())
+    one_tool_turn(w)
+    w.finish("c1")
+    w.write()
+    levels = {e.event: e.level for e in w.of(Log)}
+    assert levels["response.create"] == "debug" and levels["call.epoch"] == "debug"
+    quiet = CallProtocol("rtc_quiet", effect_of=lambda name: "read", debug_logs=False)
+    effects = quiet.handle(Connected(), 0.0)
+    for obj in (speech(), created("r1"), item_done("r1", "c1"), done("r1")):
+        effects += quiet.handle(Received(event(obj)), 0.0)
+    effects += quiet.handle(ToolFinished("c1", "calendar.today", "{}", "ok", 1.0), 0.0)
+    effects += quiet.handle(Written(next(e for e in effects if isinstance(e, Send))), 0.0)
+    assert [e for e in effects if isinstance(e, Log) and e.level == "debug"] == []
+    assert any(isinstance(e, Send) and e.event["type"] == "response.create" for e in effects)
+
+
+# ------------------------------------------------ reads prefetched early
+
+def test_a_read_is_prefetched_at_arguments_done_and_its_answer_goes_out_at_the_start():
+    w = Wire()
+    w.server(created("r1"), item_added("r1", "c1"))
+    out = w.server(args_done("r1", "c1", '{"q": 1}'))
+    assert w.of(Prefetch) == [Prefetch("c1", "calendar.today", '{"q": 1}', 0, 0)]
+    assert w.started() == [] and w.p.tools_running()
+    assert w.finish("c1", prefetch=True) == []         # held: the arguments may still be partial
+    assert w.outputs() == [] and w.of(Publish) == [] and not w.p.tools_running()
+    out = w.server(item_done("r1", "c1", arguments='{"q": 1}'))
+    (start,) = [e for e in out if isinstance(e, StartTool)]
+    assert start.prefetched and start.arguments == '{"q": 1}'
+    assert [e.tool_call_id for e in out if isinstance(e, Send)] == ["c1"]    # in the same step
+    assert [p.kind for p in w.of(Publish)] == ["tool_started", "tool_done"]
+    w.write()
+    w.server(done("r1"))
+    w.write()
+    assert len(w.creates()) == 1 and len(w.outputs("c1")) == 1
+    assert len(w.records("tool_started")) == 1
+    w.now = 0.5
+    w.finish("c1", prefetch=True)                       # a duplicate answer: nothing new
+    assert len(w.outputs("c1")) == 1
+
+
+def test_a_prefetch_still_running_at_the_start_is_the_calls_run():
+    w = Wire()
+    w.server(created("r1"), args_done("r1", "c1", "{}"))
+    w.now = 1.0
+    w.server(item_done("r1", "c1"))
+    (start,) = w.of(StartTool)
+    assert start.prefetched and w.outputs() == []       # the shell starts nothing new
+    w.now = 1.25
+    w.finish("c1", prefetch=True, duration_ms=200.0)
+    (out,) = w.outputs("c1")
+    w.write()
+    assert w.p.calls["c1"].overhead_ms == pytest.approx(1050.0)   # from the prefetch's own start
+    w.server(done("r1"))
+    w.write()
+    assert len(w.creates()) == 1
+
+
+def test_a_write_is_never_prefetched():
+    w = Wire()
+    w.server(created("r1"), args_done("r1", "c1", '{"text": "x"}', name="commitments.add"))
+    assert w.of(Prefetch) == []
+    w.server(item_done("r1", "c1", "commitments.add", '{"text": "x"}'))
+    assert not w.of(StartTool)[0].prefetched
+
+
+def test_other_final_arguments_run_afresh_and_the_prefetch_answer_is_dropped():
+    w = Wire()
+    w.server(created("r1"), args_done("r1", "c1", '{"q": "par'))
+    w.server(item_done("r1", "c1", arguments='{"q": "partial"}'))
+    (start,) = w.of(StartTool)
+    assert not start.prefetched and start.arguments == '{"q": "partial"}'
+    assert w.finish("c1", output='{"stale": true}', prefetch=True) == []    # the prefetch's: dropped
+    assert w.p.tools_running()                                              # the real run goes on
+    w.finish("c1", output='{"fresh": true}')
+    (out,) = w.outputs("c1")
+    assert out.event["item"]["output"] == '{"fresh": true}'
+
+
+@pytest.mark.parametrize("answer", ["before_the_cancel", "after_the_cancel"])
+def test_a_cancelled_response_never_sends_its_prefetched_answer(answer):
+    w = Wire()
+    w.server(created("r1"), item_added("r1", "c1"), args_done("r1", "c1", '{"q": "par'))
+    if answer == "before_the_cancel":
+        w.finish("c1", output='{"leaked": true}', prefetch=True)
+    w.server(speech(), done("r1", status="cancelled",
+                            output=[fc_item("c1", arguments='{"q": "par', status="incomplete")]))
+    if answer == "after_the_cancel":
+        w.finish("c1", output='{"leaked": true}', prefetch=True)
+    w.write()
+    assert w.started() == []
+    (out,) = w.outputs("c1")
+    assert out.event["item"]["output"] == SYNTHETIC
+    assert w.creates() == [] and w.p.calls["c1"].state == "sent"
+
+
+def test_a_barge_in_cancels_a_running_prefetch_and_its_response_gets_no_create():
+    w = Wire()
+    w.server(created("r1"), args_done("r1", "c1", "{}"), speech())
+    assert w.of(CancelOlderReads) == [CancelOlderReads(1)]
+    w.server(item_done("r1", "c1"), done("r1"))          # the service finished it anyway
+    w.finish("c1", output='{"error": "cancelled"}', outcome="cancelled", prefetch=True)
+    w.write()
+    assert w.started() == []                              # an older epoch's call never starts
+    assert [o.event["item"]["output"] for o in w.outputs("c1")] == [SYNTHETIC]
+    assert w.creates() == []
+
+
+def test_a_drop_during_a_prefetch_abandons_the_call_once():
+    w = Wire()
+    w.server(created("r1"), args_done("r1", "c1", "{}"))
+    w.drop()
+    w.finish("c1", prefetch=True)
+    w.feed(Connected())
+    w.write()
+    assert [o.event["item"]["output"] for o in w.outputs("c1")] == [SYNTHETIC]
+    assert w.started() == []
+
+
+def test_a_prefetch_that_ended_without_an_answer_runs_again_at_the_start():
+    w = Wire()
+    w.server(created("r1"), args_done("r1", "c1", "{}"))
+    w.feed(ToolAbandoned("c1", executor_gone=True, prefetch=True))
+    assert not w.p.tools_running() and w.outputs() == []
+    w.server(item_done("r1", "c1"))
+    (start,) = w.of(StartTool)
+    assert not start.prefetched
+    w.finish("c1")
+    assert len(w.outputs("c1")) == 1
+
+
+# --------------------------------------- work per round does not grow
+
+def _lines_traced(fn: Any) -> int:
+    """Python lines run outside this test module while ``fn`` runs (the
+    protocol, the event reader, the helpers they call): a count of work,
+    not a time."""
+    count = 0
+
+    def tracer(frame: Any, what: str, _arg: Any) -> Any:
+        nonlocal count
+        if frame.f_code.co_filename == __file__:
+            return tracer
+        if what == "line":
+            count += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        fn()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+@pytest.mark.parametrize("barge_in", [True, False])
+def test_a_long_call_costs_no_more_per_round_than_a_short_one(barge_in):
+    """A tool round after 3,000 rounds runs the same protocol code as the
+    fifth: nothing per event walks the call's history."""
+    w = Wire()
+    rounds = iter(range(10_000))
+
+    def one_round() -> None:
+        n = next(rounds)
+        rid, tid = f"r{n}", f"c{n}"
+        if barge_in:
+            w.server(speech())
+        else:
+            w.server(typed_turn(f"msg_{n}"))
+        w.server(created(rid), item_added(rid, tid), args_done(rid, tid, "{}"), item_done(rid, tid), done(rid))
+        w.finish(tid, prefetch=True)
+        w.write()
+        w.server(confirmed(tid), created(f"{rid}_answer"), done(f"{rid}_answer"))
+        w.effects.clear()
+
+    for _ in range(5):
+        one_round()
+    early = [_lines_traced(one_round) for _ in range(3)]
+    for _ in range(3_000):
+        one_round()
+    late = [_lines_traced(one_round) for _ in range(3)]
+    assert len(w.p.calls) > 3_000
+    assert max(late) <= max(early), (early, late)

@@ -231,3 +231,133 @@ def test_leading_type_skip_errors():
     with capture_logs() as logs:   # acted-on type with a broken tail: reported as not JSON
         assert events.parse_server_event('{"type": "response.done", "response": {', only=only) is None
     assert [(x["event"], x["reason"], x["type"]) for x in logs] == [("realtime.event_skipped", "not JSON", None)]
+
+
+# --- the call actor's reader: EventView over json.loads, checks from the SDK models
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+from voiceactors.actors.call_protocol import HANDLED_EVENTS  # noqa: E402
+from voiceactors.realtime.event_view import EventView  # noqa: E402
+
+ACTED_ON = [
+    {"type": "response.created", "event_id": "e", "response": {"id": "r", "status": "in_progress", "output": []}},
+    {"type": "response.done", "event_id": "e", "response": {
+        "id": "r", "status": "completed", "object": "realtime.response",
+        "usage": {"total_tokens": 3, "input_tokens": 1, "output_tokens": 2},
+        "output": [{"type": "function_call", "id": "i", "call_id": "c", "name": "briefing.get", "arguments": "{}",
+                    "status": "completed"},
+                   {"type": "message", "id": "m", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_audio", "transcript": "hi"}]}]}},
+    {"type": "response.output_item.done", "event_id": "e", "response_id": "r", "output_index": 0,
+     "item": {"type": "function_call", "id": "i", "call_id": "c", "name": "n", "arguments": "{}", "status": "completed"}},
+    {"type": "response.function_call_arguments.done", "event_id": "e", "response_id": "r", "item_id": "i",
+     "output_index": 0, "call_id": "c", "name": "n", "arguments": "{}"},
+    {"type": "conversation.item.added", "event_id": "e", "previous_item_id": None,
+     "item": {"type": "function_call_output", "call_id": "c", "output": "{}"}},
+    {"type": "conversation.item.done", "event_id": "e",
+     "item": {"type": "message", "role": "user", "id": "u", "content": [{"type": "input_text", "text": "hi"}]}},
+    {"type": "error", "event_id": "e", "error": {"type": "invalid_request_error", "message": "m", "code": None,
+                                                 "event_id": "evt_x"}},
+    {"type": "input_audio_buffer.speech_started", "event_id": "e", "audio_start_ms": 1, "item_id": "u"},
+    {"type": "conversation.item.input_audio_transcription.completed", "event_id": "e", "item_id": "u",
+     "content_index": 0, "transcript": "hi", "usage": {"type": "duration", "seconds": 1.5}},
+    {"type": "response.output_text.done", "event_id": "e", "response_id": "r", "item_id": "m", "output_index": 0,
+     "content_index": 0, "text": "hi"},
+]
+
+
+def _same_reading(view, model, obj) -> None:
+    """Every field of ``obj`` reads the same from the view as from the model."""
+    for key, value in obj.items():
+        got, want = getattr(view, key), getattr(model, key)
+        if isinstance(value, dict):
+            _same_reading(got, want, value)
+        elif isinstance(value, list):
+            assert len(got) == len(want)
+            for g, w, v in zip(got, want, value):
+                if isinstance(v, dict):
+                    _same_reading(g, w, v)
+                else:
+                    assert g == w
+        else:
+            assert got == want, key
+
+
+@pytest.mark.parametrize("obj", ACTED_ON, ids=[o["type"] for o in ACTED_ON])
+def test_read_server_event_gives_a_view_that_reads_like_the_sdk_model(obj):
+    raw = json.dumps(obj)
+    view = events.read_server_event(raw, HANDLED_EVENTS)
+    assert isinstance(view, EventView)
+    _same_reading(view, events.parse_server_event(raw), obj)
+    assert view.no_such_field is None and getattr(view, "nothing", "x") is None   # missing reads None
+    with pytest.raises(AttributeError):
+        view.type = "other"
+    assert "hi" not in repr(view)                          # no payload in a repr (it may reach a log)
+
+
+def test_a_frame_the_checks_refuse_but_the_models_accept_is_the_model():
+    coerced = {"type": "input_audio_buffer.speech_started", "event_id": "e", "audio_start_ms": "5", "item_id": "u"}
+    parsed = events.read_server_event(json.dumps(coerced), HANDLED_EVENTS)
+    assert isinstance(parsed, InputAudioBufferSpeechStartedEvent) and parsed.audio_start_ms == 5
+
+
+def test_read_server_event_skips_like_parse_server_event():
+    bad = json.dumps({"type": "response.done", "event_id": "x", "response": "sk-secretvalue-123456"})
+    with capture_logs() as logs:
+        assert events.read_server_event(bad, HANDLED_EVENTS) is None
+        assert events.read_server_event('{"type": "response.output_text.delta", oops', HANDLED_EVENTS) is None
+        assert events.read_server_event(json.dumps({"type": "made.up"}), HANDLED_EVENTS) is None
+    assert [(x["event"], x["reason"].split(":")[0]) for x in logs] == [
+        ("realtime.event_skipped", "invalid fields"), ("realtime.event_skipped", "unknown type")]
+    assert "secretvalue" not in json.dumps(logs)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=5,
+)
+
+
+#: Values of the wrong JSON type for most fields (and a few the models coerce)
+NEAR_VALUES = [None, True, False, 0, 1, 1.5, "", "x", "5", "completed", [], {}, [1], ["x"], {"a": 1},
+               {"type": "function_call"}, {"type": "message"}]
+
+
+def _paths(obj, prefix=()):
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield prefix + (key,)
+            yield from _paths(value, prefix + (key,))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            yield prefix + (i,)
+            yield from _paths(value, prefix + (i,))
+
+
+@st.composite
+def mutated(draw):
+    obj = json.loads(json.dumps(draw(st.sampled_from(ACTED_ON))))
+    for _ in range(draw(st.integers(1, 2))):
+        paths = [p for p in _paths(obj) if p != ("type",)]
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent = obj
+        for step in path[:-1]:
+            parent = parent[step]
+        if draw(st.integers(0, 3)) == 0 and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = json.loads(json.dumps(draw(st.sampled_from(NEAR_VALUES) | json_values)))
+    return obj
+
+
+@hsettings(max_examples=800, deadline=None)
+@given(mutated())
+def test_the_compiled_checks_are_at_least_as_strict_as_the_sdk_models(obj):
+    """Whatever the checks let through as a view, the SDK models accept too."""
+    check = events.SERVER_CHECKS[obj["type"]]
+    if check(obj):
+        events.validate_server_event(obj)

@@ -8,11 +8,17 @@ time) and carries out the effects it returns. Nothing outside touches its
 state.
 
 Inside ``run`` it keeps a nursery for its tool tasks (they outlive a dropped
-socket), and per connection a reader task and ONE writer task: every event we
-send goes through the writer's memory channel, so frames never interleave.
-Every input is handled synchronously on the trio thread and its effects are
-carried out before the next await, so each input sees and leaves a
-consistent state.
+socket), and per connection a reader task and a writer task for
+backpressure. The reader takes every frame of one socket read at once
+(``realtime/ws_frames.py``) and hands each to the protocol in that one step.
+An event the protocol sends is written by the task whose step produced it
+(the reader, a tool task, the watch) right after that step, when no write is
+in progress and nothing is queued; otherwise it joins the writer's queue,
+behind what is there. One write at a time (``_write_lock``) and one order
+(``_step`` then the queue), so frames never interleave and go out in the
+order the protocol produced them. Every input is handled synchronously on
+the trio thread and its effects are carried out before the next await, so
+each input sees and leaves a consistent state.
 
 Cancellation (trio style): ``run`` is the only entry point; cancelling it is
 a graceful stop (see ``run``). No other method of the actor is meant to be
@@ -22,8 +28,10 @@ called from outside.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
+from collections import deque
 from urllib.parse import quote
 from typing import Any, Callable
 
@@ -36,7 +44,7 @@ from voiceactors.actors.call_context import CallContext, LinkedContext
 from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
-    Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine,
+    Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Prefetch, Publish, Recovered, RecordLine,
     PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
@@ -49,6 +57,7 @@ from voiceactors.config import ConfigUnreadable
 from voiceactors.config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
+from voiceactors.realtime import ws_frames
 from voiceactors.realtime.sideband import (
     CallGone, ConnectionClosed, SidebandBroken, SidebandRefused, SidebandUnavailable, close_code,
     is_clean_close, open_sideband,
@@ -125,12 +134,17 @@ class CallActor:
         self._api_key = api_key
         self.feed = feed
         self._hangup_enabled = hangup
-        self.log = get_logger(actor="call", call_id=call_id)
+        # bound once: a concrete logger, not the lazy proxy that binds at every line
+        self.log = get_logger(actor="call", call_id=call_id).bind()
         self._rng = random.Random(call_id)
-        self.protocol = CallProtocol(call_id, effect_of=_tool_effect,
+        self.protocol = CallProtocol(call_id, effect_of=_tool_effect, debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
         # connection state
-        self._outbox: trio.MemorySendChannel[Send] | None = None
+        self._ws: Any = None                       # the open sideband, while connected
+        self._outbox: trio.MemorySendChannel[Send] | None = None   # the writer's queue
+        self._queued = 0                           # sends in the writer's queue, not written yet
+        self._step: deque[Send] = deque()          # sends of the step just handled, not yet written or queued
+        self._write_lock = trio.Lock()             # one write at a time on this actor's socket
         self._conn_done = trio.Event()
         self._conn_reason: EndReason | None = None
         self._stop = trio.Event()                  # server shutdown requested
@@ -140,7 +154,7 @@ class CallActor:
         self._watch_scope: trio.CancelScope | None = None
         # tool tasks
         self._tools: trio.Nursery | None = None
-        self._tool_scopes: dict[str, trio.CancelScope] = {}
+        self._tool_scopes: dict[tuple[str, bool], trio.CancelScope] = {}   # (tool call id, prefetch)
         self._tools_idle = trio.Event()
         # lifetime
         self.started = 0.0
@@ -220,36 +234,104 @@ class CallActor:
         self._apply(self.protocol.handle(message, trio.current_time()))
 
     def _apply(self, effects: list[Effect]) -> None:
+        handlers = _EFFECT_HANDLERS
         for effect in effects:
-            if isinstance(effect, Send):
-                assert self._outbox is not None, "the protocol sends only while connected"
-                self._outbox.send_nowait(effect)
-            elif isinstance(effect, Log):
-                getattr(self.log, effect.level)(effect.event, **effect.fields)
-            elif isinstance(effect, RecordLine):
-                self.record_line(effect.kind, **effect.fields)
-            elif isinstance(effect, Publish):
-                if self.feed is not None:
-                    getattr(self.feed, effect.kind)(**effect.fields)
-            elif isinstance(effect, StartTool):
-                self._start_tool(effect)
-            elif isinstance(effect, Measure):
-                getattr(metrics, effect.name)(effect.seconds)
-            elif isinstance(effect, CancelOlderReads):
-                if self._tools is not None:
-                    self._tools.start_soon(self._tell_executor, CancelReads(self.call_id, effect.before_epoch))
-            elif isinstance(effect, WakeAt):
-                if self._watch_scope is not None:  # the watch sleeps until its old wake time
-                    self._watch_scope.deadline = min(self._watch_scope.deadline, effect.at)
-            elif isinstance(effect, CountUsage):
-                metrics.usage(effect.model, effect.tokens, effect.cost_usd)
-                if self._on_cost is not None and effect.cost_usd:
-                    self._on_cost(effect.cost_usd)
-            elif isinstance(effect, EndCall):
-                if not self._conn_done.is_set():
-                    self.ended_at = trio.current_time()
-                    self._conn_reason = effect.reason
-                    self._conn_done.set()
+            handlers[type(effect)](self, effect)
+
+    def _do_send(self, effect: Send) -> None:
+        assert self._outbox is not None, "the protocol sends only while connected"
+        self._step.append(effect)   # written (or queued) by the task that fed the input, after its step
+
+    def _do_log(self, effect: Log) -> None:
+        getattr(self.log, effect.level)(effect.event, **effect.fields)
+
+    def _do_record(self, effect: RecordLine) -> None:
+        self.record_line(effect.kind, **effect.fields)
+
+    def _do_publish(self, effect: Publish) -> None:
+        if self.feed is not None:
+            getattr(self.feed, effect.kind)(**effect.fields)
+
+    def _do_measure(self, effect: Measure) -> None:
+        getattr(metrics, effect.name)(effect.seconds)
+
+    def _do_cancel_older(self, effect: CancelOlderReads) -> None:
+        if self._tools is not None:
+            self._tools.start_soon(self._tell_executor, CancelReads(self.call_id, effect.before_epoch))
+
+    def _do_wake(self, effect: WakeAt) -> None:
+        if self._watch_scope is not None:  # the watch sleeps until its old wake time
+            self._watch_scope.deadline = min(self._watch_scope.deadline, effect.at)
+
+    def _do_end(self, effect: EndCall) -> None:
+        if not self._conn_done.is_set():
+            self.ended_at = trio.current_time()
+            self._conn_reason = effect.reason
+            self._conn_done.set()
+
+    def _do_count_usage(self, effect: CountUsage) -> None:
+        metrics.usage(effect.model, effect.tokens, effect.cost_usd)
+        if self._on_cost is not None and effect.cost_usd:
+            self._on_cost(effect.cost_usd)
+
+    def _do_start(self, effect: StartTool) -> None:
+        if not effect.prefetched:   # else its Prefetch's run is already at the executor
+            self._start_tool(effect)
+
+    def _do_prefetch(self, effect: Prefetch) -> None:
+        self._start_tool(effect, prefetch=True)
+
+    # ---------------------------------------------------------- writing
+
+    async def _write_step(self) -> None:
+        """Write the sends of the step just handled (``_step``) from this
+        task, when no write is in progress and the writer's queue is empty;
+        what cannot go out so joins the queue, behind what is there. A
+        ``Written`` may produce more sends (a ``response.create`` once the
+        last output is out): they go out in the same way, in this turn."""
+        step, ws = self._step, self._ws
+        while step and self._queued == 0 and not self._write_lock.locked() and ws is not None:
+            out = step.popleft()
+            self._write_lock.acquire_nowait()
+            try:
+                written = await self._write(ws, out)
+            finally:
+                self._write_lock.release()
+            if not written:
+                step.clear()      # the connection ended: Disconnected makes them ready again
+                return
+            if self._ws is ws:    # not after the protocol heard Disconnected
+                self._feed(Written(out))
+        self._queue_step()
+
+    def _queue_step(self) -> None:
+        """Hand what is left of ``_step`` to the writer task, in order."""
+        step = self._step
+        if not step:
+            return
+        if self._outbox is None:
+            step.clear()
+            return
+        while step:
+            self._outbox.send_nowait(step.popleft())
+            self._queued += 1
+
+    async def _write(self, ws: Any, out: Send) -> bool:
+        """Write one frame; False when the connection ended (it is told)."""
+        data = json.dumps(out.event, ensure_ascii=False)
+        try:
+            # Shielded: a frame cancelled half-way would corrupt the stream;
+            # only its own deadline ends it (one scope for both: a write is hot)
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
+                await ws_frames.send_now(ws, data)
+        except ConnectionClosed as exc:
+            self._end_connection(close_code(exc))
+            return False
+        if scope.cancelled_caught:
+            self.log.warning("call.send_stuck", epoch=self.epoch)
+            self._end_connection(None)
+            return False
+        return True
 
     # ------------------------------------------------------- connection
 
@@ -392,31 +474,46 @@ class CallActor:
         self._last_event = trio.current_time()
         if self._stop.is_set():
             self._request_stop()
-        self._outbox = send
+        ws_frames.hand_off_at_once(ws)
+        self._outbox, self._ws, self._queued = send, ws, 0
+        self._step.clear()
         try:
             self._feed(Connected())
+            self._queue_step()       # the outputs a reconnect writes again: the writer's
             async with trio.open_nursery() as conn:
                 conn.start_soon(self._reader, ws)
                 conn.start_soon(self._writer, ws, receive)
                 reason = await self._watch()
                 conn.cancel_scope.cancel()
+            await self._detach()
         except BaseException:
             # cancelled (server stopping) or a bug: the socket is still up, so
             # answer what is pending and close it cleanly before unwinding
-            self._outbox = None
+            await self._detach()
             self._feed(Disconnected())
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + self.settings.close_deadline_s
                 await self._finish_on_socket(ws, EndReason.SHUTDOWN, scope.deadline)
             raise
         finally:
-            self._outbox = None
+            self._outbox, self._ws = None, None
             send.close()
         self._feed(Disconnected())
         if reason in SOCKET_UP_ENDS:
             with trio.move_on_after(self.settings.close_deadline_s) as scope:
                 await self._finish_on_socket(ws, reason, scope.deadline)
         return reason
+
+    async def _detach(self) -> None:
+        """End this connection's writing before the protocol hears
+        ``Disconnected``: wait for a write of a tool task in progress (it
+        reports ``Written`` first), then stop writing on this socket."""
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(SEND_TIMEOUT_S + 1):
+                await self._write_lock.acquire()
+                self._write_lock.release()
+        self._outbox, self._ws, self._queued = None, None, 0
+        self._step.clear()
 
     async def _watch(self) -> EndReason | None:
         """Wait for the connection to end, the idle timeout, the maximum
@@ -440,51 +537,53 @@ class CallActor:
                 self.log.info("call.idle", idle_s=idle, epoch=self.epoch)
                 return EndReason.IDLE
             self._feed(Timer())
+            await self._write_step()
 
     async def _reader(self, ws: Any) -> None:
-        """Read frames until the socket closes, feeding each to the protocol.
-        Cancelled by ``_serve`` when the connection ends (between frames:
-        ``get_message`` is the only await, and a frame is handled in full
-        before the next one is awaited)."""
+        """Read until the socket closes: every frame of one socket read is
+        handed to the protocol in one step (``ws_frames.get_messages``), then
+        what that step sends is written (``_write_step``). Cancelled by
+        ``_serve`` when the connection ends (between reads: the frames of a
+        read are handled in full before the next is awaited)."""
+        protocol, only, budget = self.protocol, HANDLED_EVENTS, self.protocol.log_budget
         try:
             while True:
-                raw = await ws.get_message()
-                self._last_event = trio.current_time()
-                event = rt.parse_server_event(raw, only=HANDLED_EVENTS, budget=self.protocol.log_budget)
-                if event is None:
-                    self.protocol.skipped_frame()
-                    continue
-                self._conn_events += 1
-                try:
-                    effects = self.protocol.handle(Received(event), self._last_event)
-                except Exception:  # one bad event must not end the call
-                    self._apply(self.protocol.take_effects())
-                    self.log.exception("call.event_failed", type=getattr(event, "type", None), epoch=self.epoch)
-                else:
-                    self._apply(effects)
+                frames = await ws_frames.get_messages(ws)
+                now = self._last_event = trio.current_time()
+                for raw in frames:
+                    event = rt.read_server_event(raw, only, budget)
+                    if event is None:
+                        protocol.skipped_frame()
+                        continue
+                    self._conn_events += 1
+                    try:
+                        effects = protocol.handle_event(event, now)
+                    except Exception:  # one bad event must not end the call
+                        self._apply(protocol.take_effects())
+                        self.log.exception("call.event_failed", type=getattr(event, "type", None), epoch=self.epoch)
+                    else:
+                        self._apply(effects)
+                    if self._conn_done.is_set():
+                        break      # the call ends (a fatal error): not another frame
+                if self._step:
+                    await self._write_step()
         except ConnectionClosed as exc:
             self._end_connection(close_code(exc))
 
     async def _writer(self, ws: Any, receive: trio.MemoryReceiveChannel[Send]) -> None:
-        """Write the protocol's ``Send`` effects in order, reporting each as
+        """Write the sends that could not go out from their own step (a write
+        was in progress, or others were queued), in order, reporting each as
         ``Written``. Cancellation waits for a frame being written (each write
         is shielded and bounded by ``SEND_TIMEOUT_S``); what it did not write
         stays ``queued`` until ``Disconnected`` makes it ready again."""
         async for out in receive:
-            data = json.dumps(out.event, ensure_ascii=False)
-            try:
-                # Shielded: a frame cancelled half-way would corrupt the stream.
-                with trio.CancelScope(shield=True):
-                    with trio.fail_after(SEND_TIMEOUT_S):
-                        await ws.send_message(data)
-            except ConnectionClosed as exc:
-                self._end_connection(close_code(exc))
-                return
-            except trio.TooSlowError:
-                self.log.warning("call.send_stuck", epoch=self.epoch)
-                self._end_connection(None)
+            async with self._write_lock:
+                written = await self._write(ws, out)
+            self._queued -= 1
+            if not written:
                 return
             self._feed(Written(out))
+            await self._write_step()
 
     def _end_connection(self, code: int | None) -> None:
         if self._conn_done.is_set():
@@ -503,15 +602,15 @@ class CallActor:
 
     # -------------------------------------------------------------- tools
 
-    def _start_tool(self, start: StartTool) -> None:
-        """Hand one tool call to the executor and start the task that waits
-        for its answer."""
+    def _start_tool(self, start: StartTool | Prefetch, prefetch: bool = False) -> None:
+        """Hand one tool call (or a read's prefetch) to the executor and start
+        the task that waits for its answer."""
         assert self._tools is not None, "tools start only inside run"
         # Shielded: the actor's own cancellation (shutdown) must not cut a tool
         # call short before _settle_tools gave a started write time to report;
         # the actor cancels this scope itself when it gives up waiting.
         scope = trio.CancelScope(shield=True)
-        self._tool_scopes[start.tool_call_id] = scope
+        self._tool_scopes[(start.tool_call_id, prefetch)] = scope
         self._tools_idle = trio.Event()
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
@@ -525,10 +624,10 @@ class CallActor:
             pending = None
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pending = request   # the task sends it (waits for room, or finds the executor gone)
-        self._tools.start_soon(self._run_tool, start, scope, pending, receive)
+        self._tools.start_soon(self._run_tool, start, scope, pending, receive, prefetch)
 
-    async def _run_tool(self, start: StartTool, scope: trio.CancelScope, pending: ToolRequest | None,
-                        receive: trio.MemoryReceiveChannel[ToolResult]) -> None:
+    async def _run_tool(self, start: StartTool | Prefetch, scope: trio.CancelScope, pending: ToolRequest | None,
+                        receive: trio.MemoryReceiveChannel[ToolResult], prefetch: bool) -> None:
         """Wait for one tool call's answer and report it to the protocol.
         Runs in ``scope`` (shielded; only the actor cancels it): a cancelled
         or failed wait is reported as ``ToolAbandoned``."""
@@ -544,14 +643,16 @@ class CallActor:
                     gone = True
                     self.log.error("tool.executor_gone", tool=start.name, tool_call_id=rt.clip(start.tool_call_id, PEER_STRING_MAX))
         finally:
-            self._tool_scopes.pop(start.tool_call_id, None)
+            self._tool_scopes.pop((start.tool_call_id, prefetch), None)
             if result is not None:
                 self._feed(ToolFinished(start.tool_call_id, result.tool, result.output, result.outcome,
-                                        result.duration_ms, result.client_events))
+                                        result.duration_ms, result.client_events, prefetch=prefetch))
             else:
-                self._feed(ToolAbandoned(start.tool_call_id, executor_gone=gone))
+                self._feed(ToolAbandoned(start.tool_call_id, executor_gone=gone, prefetch=prefetch))
             if not self.protocol.tools_running():
                 self._tools_idle.set()
+            if self._step:
+                await self._write_step()   # the output, from this task's own step
 
     async def _settle_tools(self, deadline: float) -> None:
         """Stop the reads of this call and give started writes until
@@ -661,3 +762,25 @@ class CallActor:
                         output, outcome = recorded["output"], ToolOutcome.REPLAYED
             self._feed(Recovered(pending.tool_call_id, pending.tool, pending.response_id, pending.arguments,
                                  output, outcome))
+
+
+def _debug_enabled(log: Any) -> bool:
+    """Whether ``log`` writes debug lines (the protocol makes no debug ``Log``
+    effects otherwise)."""
+    is_enabled_for = getattr(log, "is_enabled_for", None)
+    return bool(is_enabled_for(logging.DEBUG)) if callable(is_enabled_for) else True
+
+
+_EFFECT_HANDLERS: dict[type, Callable[[CallActor, Any], None]] = {
+    Send: CallActor._do_send,
+    Log: CallActor._do_log,
+    RecordLine: CallActor._do_record,
+    Publish: CallActor._do_publish,
+    StartTool: CallActor._do_start,
+    Prefetch: CallActor._do_prefetch,
+    Measure: CallActor._do_measure,
+    CancelOlderReads: CallActor._do_cancel_older,
+    WakeAt: CallActor._do_wake,
+    EndCall: CallActor._do_end,
+    CountUsage: CallActor._do_count_usage,
+}

@@ -88,12 +88,12 @@ BLIND_RETRIES = 3
 
 # ------------------------------------------------------------------ inputs
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Connected:
     """A socket is up and its writer takes events: pending outputs go out."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Received:
     """One frame from the service: its parsed event, or None for a frame the
     reader skipped (it still counts in the event sequence)."""
@@ -101,14 +101,14 @@ class Received:
     event: Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Written:
     """The writer wrote this ``Send`` on the socket."""
 
     send: "Send"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ToolFinished:
     """The executor answered a tool call (a ``ToolResult``'s fields)."""
 
@@ -118,33 +118,35 @@ class ToolFinished:
     outcome: str
     duration_ms: float = 0.0
     client_events: tuple[dict[str, Any], ...] = ()
+    prefetch: bool = False     # the answer of a ``Prefetch`` run (not of a ``StartTool``)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ToolAbandoned:
     """A tool task ended without a result: cancelled by the actor, or the
     executor was gone (``executor_gone``)."""
 
     tool_call_id: str
     executor_gone: bool = False
+    prefetch: bool = False     # a ``Prefetch`` run ended without a result
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Disconnected:
     """The connection's writer is gone: what it did not write is ready again."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dropped:
     """The socket is gone and a reconnect follows (see ``CallProtocol._on_drop``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Timer:
     """The wake-up time the protocol asked for (``WakeAt``) may have come."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recovered:
     """A tool call a crashed run left pending (a rejoin, ``recovery.py``).
     ``output`` None: run it again (a read with its arguments); else answer it
@@ -158,7 +160,7 @@ class Recovered:
     outcome: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WrittenAtClose:
     """The bounded close wrote this tool call's output itself (``closing_outputs``)."""
 
@@ -172,7 +174,7 @@ CallInput = (Connected | Received | Written | ToolFinished | ToolAbandoned | Dis
 
 # ----------------------------------------------------------------- effects
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     """One event for the connection's writer; ``tool_call_id`` marks a
     function_call_output (the writer reports it back with ``Written``)."""
@@ -181,10 +183,27 @@ class Send:
     tool_call_id: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StartTool:
     """Run one tool call at the executor; report back with ``ToolFinished``
-    or ``ToolAbandoned``."""
+    or ``ToolAbandoned``. ``prefetched``: the call starts on the run its
+    ``Prefetch`` began (same arguments): the shell starts nothing."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+    epoch: int
+    turn: int
+    prefetched: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """Run a read whose arguments are done but not yet known complete
+    (``response.function_call_arguments.done``): report back with
+    ``ToolFinished``/``ToolAbandoned`` carrying ``prefetch=True``. Its answer
+    is used only if the call then starts with the same arguments (rule 2);
+    otherwise it is dropped."""
 
     tool_call_id: str
     name: str
@@ -193,21 +212,21 @@ class StartTool:
     turn: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CancelOlderReads:
     """Tell the executor to cancel this call's reads issued before ``before_epoch``."""
 
     before_epoch: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WakeAt:
     """Feed ``Timer`` at ``at`` (or sooner; the protocol checks the time itself)."""
 
     at: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RecordLine:
     """A line for the call record."""
 
@@ -215,7 +234,7 @@ class RecordLine:
     fields: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Publish:
     """A client feed event: ``CallFeed.<kind>(**fields)``."""
 
@@ -223,7 +242,7 @@ class Publish:
     fields: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Measure:
     """A metric observation: ``metrics.<name>(seconds)``."""
 
@@ -231,7 +250,7 @@ class Measure:
     seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Log:
     """A structured log line of the call actor."""
 
@@ -240,7 +259,7 @@ class Log:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndCall:
     """The call cannot go on (a fatal service error)."""
 
@@ -256,7 +275,7 @@ class CountUsage:
     cost_usd: float | None
 
 
-Effect = (Send | StartTool | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
+Effect = (Send | StartTool | Prefetch | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
           | CountUsage)
 
 
@@ -266,15 +285,21 @@ class CallProtocol:
     ``effect_of(name)`` says whether a tool is a ``read`` or a ``write`` (None
     when unknown): the ``tool_started`` record line keeps a read's arguments.
     ``started`` is the time the call started (record times are relative to it).
-    Not thread-safe; one owner feeds it.
+    ``debug_logs`` False: no ``Log`` effects at debug level are made (the
+    shell's logger would drop them). Not thread-safe; one owner feeds it.
+
+    Per-event work does not grow with the call's history: the checks that
+    look for batches to decide walk only the batches still undecided
+    (``_undecided``), and the tool runs in flight are a set (``_running``).
     """
 
     def __init__(self, call_id: str, *, effect_of: Callable[[str], str | None] = lambda name: None,
-                 started: float = 0.0, context: CallContext | None = None) -> None:
+                 started: float = 0.0, context: CallContext | None = None, debug_logs: bool = True) -> None:
         self.call_id = call_id
         self.context = context                      # linked context, selection, greeting (call_context.py)
         self.started = started
         self._effect_of = effect_of
+        self.debug_logs = debug_logs
         self.epoch = 0
         self.turn = 0
         self._speech_turn = False
@@ -293,43 +318,60 @@ class CallProtocol:
         self._effects: list[Effect] = []
         self.meter = CallMeter()                    # usage, cost, budget (the shell sets model and prices)
         self._budget_ended = False
+        self._running: set[str] = set()             # tool call ids with a StartTool run in flight
+        self._prefetching: set[str] = set()         # ... with a Prefetch run in flight
+        # batches with tool calls whose follow_up may still be None (pruned
+        # lazily once decided; re-added when a follow_up goes back to None)
+        self._undecided: dict[str, Batch] = {}
 
     # ----------------------------------------------------------- the API
 
     def handle(self, message: CallInput, now: float) -> list[Effect]:
         """Apply one input at time ``now``; return the effects, in order."""
         self._now = now
-        match message:
-            case Received(event=event):
-                self.seq += 1
-                if event is not None:
-                    self._on_event(event)
-            case Written(send=send):
-                self._on_written(send)
-            case ToolFinished():
-                self._on_tool_finished(message)
-            case ToolAbandoned():
-                self._on_tool_abandoned(message)
-            case Connected():
-                self._on_connected()
-            case Disconnected():
-                self._on_disconnected()
-            case Dropped():
-                self._on_drop()
-            case Timer():
-                if self.retry_at is not None and now >= self.retry_at:
-                    self.retry_at = None
-                    self._maybe_follow_up()
-                self._budget_timer(now)
-            case Recovered():
-                self._on_recovered(message)
-            case WrittenAtClose(tool_call_id=tool_call_id):
-                call = self.calls[tool_call_id]
-                call.sends += 1
-                call.state = ToolCallState.SENT
-            case _:
-                raise TypeError(f"not a CallInput: {message!r}")
+        handler = _INPUT_HANDLERS.get(type(message))
+        if handler is None:
+            raise TypeError(f"not a CallInput: {message!r}")
+        handler(self, message)
         return self.take_effects()
+
+    def handle_event(self, event: Any, now: float) -> list[Effect]:
+        """The same as ``handle(Received(event), now)`` without building the
+        input: the reader's path for every frame it acts on."""
+        self._now = now
+        self.seq += 1
+        if event is not None:
+            self._on_event(event)
+        effects, self._effects = self._effects, []
+        return effects
+
+    def _in_received(self, message: Received) -> None:
+        self.seq += 1
+        if message.event is not None:
+            self._on_event(message.event)
+
+    def _in_written(self, message: Written) -> None:
+        self._on_written(message.send)
+
+    def _in_connected(self, _message: Connected) -> None:
+        self._on_connected()
+
+    def _in_disconnected(self, _message: Disconnected) -> None:
+        self._on_disconnected()
+
+    def _in_dropped(self, _message: Dropped) -> None:
+        self._on_drop()
+
+    def _in_timer(self, _message: Timer) -> None:
+        if self.retry_at is not None and self._now >= self.retry_at:
+            self.retry_at = None
+            self._maybe_follow_up()
+        self._budget_timer(self._now)
+
+    def _in_written_at_close(self, message: WrittenAtClose) -> None:
+        call = self.calls[message.tool_call_id]
+        call.sends += 1
+        call.state = ToolCallState.SENT
 
     def skipped_frame(self) -> None:
         """The same as ``handle(Received(None), now)``, which has no effects:
@@ -343,7 +385,8 @@ class CallProtocol:
         return effects
 
     def tools_running(self) -> bool:
-        return any(c.state == ToolCallState.RUNNING for c in self.calls.values())
+        """Whether a tool run (started or prefetched) has not reported back."""
+        return bool(self._running or self._prefetching)
 
     def closing_outputs(self, now: float) -> list[Send]:
         """The end of a call with its socket up: answer every unanswered tool
@@ -380,10 +423,23 @@ class CallProtocol:
 
     # ------------------------------------------------------------ helpers
 
+    def _undecided_batches(self) -> list[Batch]:
+        """The batches with tool calls and no follow_up yet, in the order
+        they were created (drops the decided ones from ``_undecided``)."""
+        undecided = self._undecided
+        decided = [rid for rid, batch in undecided.items() if batch.follow_up is not None]
+        for rid in decided:
+            del undecided[rid]
+        if len(undecided) < 2:
+            return list(undecided.values())
+        return sorted(undecided.values(), key=lambda b: b.ordinal)
+
     def _emit(self, effect: Effect) -> None:
         self._effects.append(effect)
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
+        if level == "debug" and not self.debug_logs:
+            return
         # a tool call id is the peer's string: clipped in logs like the others
         # (outputs and records keep it whole)
         if isinstance(fields.get("tool_call_id"), str):
@@ -422,7 +478,7 @@ class CallProtocol:
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
         if batch is None:  # first seen without its response.created (e.g. after a reconnect)
-            batch = Batch(response_id, self.epoch, Origin.MODEL, self.seq)
+            batch = Batch(response_id, self.epoch, Origin.MODEL, self.seq, ordinal=len(self.batches))
             self.batches[response_id] = batch
         return batch
 
@@ -447,15 +503,15 @@ class CallProtocol:
         """A response the model started after every output of a finished batch
         was confirmed has those outputs in its context: it carries the
         conversation forward, so that batch needs no response.create of ours."""
-        for batch in self.batches.values():
-            if batch is started or batch.follow_up is not None or not batch.calls:
+        for batch in self._undecided_batches():
+            if batch is started:
                 continue
             if batch.status not in ENDED_OK or batch.epoch != self.epoch or started.epoch != self.epoch:
                 continue
             seqs = [self.calls[c].confirmed_seq for c in batch.calls]
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
-                self._log("info", "response.follow_up_by_model", response_id=batch.response_id,
+                self._log("debug", "response.follow_up_by_model", response_id=batch.response_id,
                           by=started.response_id, epoch=self.epoch)
 
     def _tool_call(self, response_id: str, tool_call_id: str | None, name: str | None,
@@ -472,6 +528,7 @@ class CallProtocol:
                             self._now - self.started, item_id=item_id)
             self.calls[tool_call_id] = call
             batch.calls.append(tool_call_id)
+            self._undecided[response_id] = batch
         elif name and not call.name:
             call.name = name
         return call
@@ -494,6 +551,25 @@ class CallProtocol:
         call = self._tool_call(event.response_id, event.call_id, event.name, event.item_id)
         if call is not None and call.state == ToolCallState.SEEN and not call.complete:
             call.arguments = event.arguments
+            self._maybe_prefetch(call)
+
+    def _maybe_prefetch(self, call: ToolCall) -> None:
+        """Run a read on arguments that are done but not yet known complete,
+        so its answer may be there when the call starts. Only a read (no
+        effect to undo), once per call, while its response is active and its
+        epoch current; the answer is used only if the call then starts with
+        these very arguments (``_maybe_start``), else it is dropped."""
+        if call.prefetch is not None or call.recovered or not call.name or call.arguments is None:
+            return
+        batch = self.batches[call.response_id]
+        if batch.status is not None or batch.epoch < self.epoch or self._effect_of(call.name) != "read":
+            return
+        call.prefetch = call.arguments
+        call.prefetching = True
+        call.started_t = self._now
+        self._prefetching.add(call.tool_call_id)
+        self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
+        self._log("debug", "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
 
     def _on_response_done(self, response: Any) -> None:
         rid = response.id or f"resp_unknown_{self.seq}"
@@ -582,6 +658,7 @@ class CallProtocol:
             create.result = CreateResult.REJECTED_ACTIVE
             for batch in ours:
                 batch.follow_up = None
+                self._undecided[batch.response_id] = batch
             for rid in self.active:
                 self._carried_forward_by(self.batches[rid])
             if not self.active and self._blind_retries < BLIND_RETRIES:
@@ -611,10 +688,10 @@ class CallProtocol:
 
     def _advance_epoch(self, why: str) -> None:
         self.epoch += 1
-        for batch in self.batches.values():
-            if batch.follow_up is None and batch.calls and batch.epoch < self.epoch:
+        for batch in self._undecided_batches():
+            if batch.epoch < self.epoch:
                 batch.follow_up = FollowUp.SUPERSEDED
-        self._log("info", "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
+        self._log("debug", "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
         if self.tools_running():
             self._emit(CancelOlderReads(self.epoch))
 
@@ -631,16 +708,43 @@ class CallProtocol:
         call.state = ToolCallState.RUNNING
         if not call.recovered:
             call.turn = self.turn
-        call.started_t = self._now
+        # the prefetch's run is this call's run when it ran on these arguments
+        # and has not ended without an answer
+        prefetched = (call.prefetch is not None and call.prefetch == call.arguments
+                      and (call.prefetching or call.held is not None))
+        if prefetched:
+            call.adopted = True    # started_t stays the prefetch's start: the run began then
+        else:
+            call.held = None
+            call.started_t = self._now
+            self._running.add(call.tool_call_id)
         self._record_started(call)
-        self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn))
+        self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
+                             prefetched=prefetched))
         self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                   turn=call.turn)
         self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
                                             "epoch": call.epoch}))
+        if prefetched and call.held is not None:
+            held, call.held = call.held, None
+            call.ran_early = True
+            call.started_t = self._now     # the answer was there: the overhead counts from here
+            self._finish(call, held)
 
     def _on_tool_finished(self, result: ToolFinished) -> None:
         call = self.calls[result.tool_call_id]
+        if result.prefetch and not call.adopted:
+            self._prefetching.discard(call.tool_call_id)
+            call.prefetching = False
+            if call.state == ToolCallState.SEEN:
+                call.held = result     # kept for the call's start (used if its arguments match)
+            return                     # else dropped: abandoned, or started on other arguments
+        if call.adopted:
+            self._prefetching.discard(call.tool_call_id)
+        self._running.discard(call.tool_call_id)
+        self._finish(call, result)
+
+    def _finish(self, call: ToolCall, result: ToolFinished) -> None:
         call.duration_ms = result.duration_ms
         call.outcome = result.outcome
         if result.tool and result.tool != call.name:
@@ -661,6 +765,15 @@ class CallProtocol:
 
     def _on_tool_abandoned(self, message: ToolAbandoned) -> None:
         call = self.calls[message.tool_call_id]
+        if message.prefetch and not call.adopted:
+            # a prefetch that ended without an answer: the call starts (or
+            # not) by the rules, on a run of its own
+            self._prefetching.discard(call.tool_call_id)
+            call.prefetching = False
+            return
+        if call.adopted:
+            self._prefetching.discard(call.tool_call_id)
+        self._running.discard(call.tool_call_id)
         if call.state == ToolCallState.RUNNING:
             call.outcome = ToolOutcome.FAILED if message.executor_gone else ToolOutcome.CANCELLED
             self._abandon(call)
@@ -682,6 +795,7 @@ class CallProtocol:
                         recovered=True, complete=True, arguments=pending.arguments)
         self.calls[call.tool_call_id] = call
         batch.calls.append(call.tool_call_id)
+        self._undecided[batch.response_id] = batch
         if pending.output is None:
             self._maybe_start(call)
             return
@@ -711,7 +825,8 @@ class CallProtocol:
         if call.sends == 1 and not call.synthetic and call.started_t is not None and call.duration_ms is not None:
             # what the actors add around the tool: the hops to the executor
             # and back and the writer's turn (the executor times the rest)
-            overhead = max(0.0, (self._now - call.started_t) * 1000 - call.duration_ms)
+            spent = 0.0 if call.ran_early else call.duration_ms
+            overhead = max(0.0, (self._now - call.started_t) * 1000 - spent)
             call.overhead_ms = round(overhead, 2)
             self._emit(Measure("tool_overhead", overhead / 1000))
         if call.state == ToolCallState.QUEUED:
@@ -757,6 +872,7 @@ class CallProtocol:
             for rid in create.batches:
                 if self.batches[rid].follow_up == FollowUp.OURS:
                     self.batches[rid].follow_up = None
+                    self._undecided[rid] = self.batches[rid]
             self.create_inflight = None
         for rid in list(self.active):
             batch = self.batches[rid]
@@ -783,8 +899,8 @@ class CallProtocol:
             self._farewell()    # past the budget: the farewell is the only create left
             return
         due = []
-        for batch in self.batches.values():
-            if batch.follow_up is not None or not batch.calls or batch.status not in ENDED_OK:
+        for batch in self._undecided_batches():
+            if batch.status not in ENDED_OK:
                 continue
             if batch.epoch < self.epoch:
                 batch.follow_up = FollowUp.SUPERSEDED
@@ -801,7 +917,7 @@ class CallProtocol:
         self.create_inflight = create.event_id
         for batch in due:
             batch.follow_up = FollowUp.OURS
-        self._log("info", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
+        self._log("debug", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
         self._emit(Send(event))
 
     # ---------------------------------------------------- usage and budget
@@ -934,3 +1050,17 @@ class CallProtocol:
         update = self.context.take_update() if self.connected else None
         if update is not None:
             self._emit(Send(update))
+
+
+_INPUT_HANDLERS: dict[type, Callable[[CallProtocol, Any], None]] = {
+    Received: CallProtocol._in_received,
+    Written: CallProtocol._in_written,
+    ToolFinished: CallProtocol._on_tool_finished,
+    ToolAbandoned: CallProtocol._on_tool_abandoned,
+    Connected: CallProtocol._in_connected,
+    Disconnected: CallProtocol._in_disconnected,
+    Dropped: CallProtocol._in_dropped,
+    Timer: CallProtocol._in_timer,
+    Recovered: CallProtocol._on_recovered,
+    WrittenAtClose: CallProtocol._in_written_at_close,
+}

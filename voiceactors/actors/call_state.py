@@ -126,6 +126,12 @@ class ToolCall:
     overhead_ms: float | None = None  # first write − start − the executor's own duration
     recovered: bool = False           # taken over from a run that crashed (recovery.py)
     recorded: bool = False            # its ``tool_call`` record line is written
+    # a read run before its arguments were known complete (``Prefetch``)
+    prefetch: str | None = None       # the arguments it was prefetched with
+    prefetching: bool = False         # that run is still at the executor
+    held: Any = None                  # its result (a ``ToolFinished``), kept until the call starts
+    adopted: bool = False             # the call started on the prefetch's run
+    ran_early: bool = False           # the prefetch had answered when the call started
 
     def abandon(self) -> None:
         """Answer with the synthetic cancelled output (only if not answered yet)."""
@@ -157,6 +163,7 @@ class Batch:
     calls: list[str] = field(default_factory=list)
     follow_up: FollowUp | None = None
     done_t: float | None = None       # trio time its response.done was read
+    ordinal: int = 0                  # its place in the order batches were first seen
 
 
 @dataclass

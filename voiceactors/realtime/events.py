@@ -24,12 +24,14 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
 from voiceactors.logs import get_logger
+from voiceactors.realtime.event_view import Check, EventView, compile_checks
 
 __all__ = [
     "EventUnion",
     "SERVER_EVENTS",
     "new_event_id",
     "parse_server_event",
+    "read_server_event",
     "validate_server_event",
     "decode_frame",
     "error_summary",
@@ -270,6 +272,46 @@ def _keep_despite_usage(obj: dict[str, Any], exc: Exception) -> BaseModel | None
         return None
     event.response.usage = response["usage"]   # type: ignore[attr-defined]  # no validation on assignment
     return event
+
+
+#: Plain checks of decoded events, from the SDK models (``event_view.compile_checks``).
+SERVER_CHECKS: dict[str, Check] = compile_checks(SERVER_EVENTS.by_type)
+
+
+def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget | None = None) -> Any:
+    """``parse_server_event`` for the call actor: the same skips and log
+    lines, but an acted-on event that passes its check (``SERVER_CHECKS``,
+    as strict as the SDK model) comes back as an ``EventView`` of its
+    ``json.loads`` result, without building the model. One that does not
+    pass is validated by the models (returned as the model when they
+    accept it, skipped with the reason when not)."""
+    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) else None
+    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):
+        return None
+    obj, reason = decode_frame(raw)
+    type_ = obj.get("type") if isinstance(obj, dict) else None
+    if reason is None:
+        if not isinstance(obj, dict):
+            reason = "not an object"
+        elif not isinstance(type_, str):
+            reason = "no type"
+        elif type_ in only and (check := SERVER_CHECKS.get(type_)) is not None and check(obj):
+            return EventView(obj)
+        elif not SERVER_EVENTS.known(type_):
+            _skipped(budget, "info", "unknown type", type_)
+            return None
+        elif type_ not in only:
+            return None
+        else:
+            try:
+                return SERVER_EVENTS.validate(obj)
+            except Exception as exc:  # never fatal: the service may be newer than our SDK
+                kept = _keep_despite_usage(obj, exc)
+                if kept is not None:
+                    return kept
+                reason = error_summary(exc)
+    _skipped(budget, "warning", reason, type_ if isinstance(type_, str) else None)
+    return None
 
 
 def _skipped(budget: LogBudget | None, level: str, reason: str, type_: str | None) -> None:

@@ -1,0 +1,185 @@
+"""The seam into trio-websocket's internals (voiceactors/realtime/ws_frames.py),
+over real loopback sockets: a hand-written websocket peer (raw TCP, frames
+built here) so the test decides exactly which frames share one TCP write."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from importlib.metadata import version
+
+import pytest
+import trio
+import trio.testing
+import trio_websocket
+
+from voiceactors.realtime import ws_frames
+
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def text_frame(text: str) -> bytes:
+    """One unmasked (server-to-client) text frame."""
+    payload = text.encode()
+    if len(payload) < 126:
+        return bytes([0x81, len(payload)]) + payload
+    return bytes([0x81, 126]) + struct.pack("!H", len(payload)) + payload
+
+
+def read_client_frame(data: bytes) -> tuple[str, bytes] | None:
+    """(text, rest) of the first masked client frame in ``data``, or None."""
+    if len(data) < 2:
+        return None
+    size, at = data[1] & 0x7F, 2
+    if size == 126:
+        size, at = struct.unpack("!H", data[2:4])[0], 4
+    if len(data) < at + 4 + size:
+        return None
+    mask, body = data[at:at + 4], data[at + 4:at + 4 + size]
+    return bytes(b ^ mask[i % 4] for i, b in enumerate(body)).decode(), data[at + 4 + size:]
+
+
+class Peer:
+    """A websocket server on 127.0.0.1 that answers the handshake and then
+    writes what the test gives it in single TCP writes."""
+
+    def __init__(self) -> None:
+        self.stream: trio.SocketStream | None = None
+        self.ready = trio.Event()
+        self.port = 0
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        stream = await listeners[0].accept()
+        request = b""
+        while b"\r\n\r\n" not in request:
+            request += await stream.receive_some(4096)
+        key = next(line.split(b":", 1)[1].strip() for line in request.split(b"\r\n")
+                   if line.lower().startswith(b"sec-websocket-key"))
+        accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
+        await stream.send_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+                              b"Connection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+        self.stream = stream
+        self.ready.set()
+        await trio.sleep_forever()
+
+    async def write(self, *texts: str) -> None:
+        assert self.stream is not None
+        await self.stream.send_all(b"".join(text_frame(t) for t in texts))
+
+    async def read_texts(self, n: int) -> list[str]:
+        assert self.stream is not None
+        data, texts = b"", []
+        while len(texts) < n:
+            data += await self.stream.receive_some(65536)
+            while (frame := read_client_frame(data)) is not None:
+                texts.append(frame[0])
+                data = frame[1]
+        return texts
+
+
+async def connected(nursery: trio.Nursery, queue_size: int = 64):
+    peer = Peer()
+    await nursery.start(peer.serve)
+    ws = await trio_websocket.connect_websocket(nursery, "127.0.0.1", peer.port, "/", use_ssl=False,
+                                                message_queue_size=queue_size)
+    await peer.ready.wait()
+    return peer, ws
+
+
+def test_trio_websocket_is_the_pinned_version():
+    # the seam reads private attributes: a new version must be checked first
+    assert version("trio-websocket") == "0.12.2"
+
+
+async def test_the_frames_of_one_socket_read_come_in_one_step():
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        ws_frames.hand_off_at_once(ws)
+        texts = [f'{{"n": {i}}}' for i in range(8)]
+        async with trio.open_nursery() as inner:
+            got: list[list[str | bytes]] = []
+
+            async def read() -> None:
+                got.append(await ws_frames.get_messages(ws))
+
+            inner.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()     # our reader waits in get_messages
+            await peer.write(*texts)                       # eight frames, one TCP write
+        assert got == [texts]                               # all eight, in order, in one call
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_the_hand_off_a_read_gives_one_frame_per_step():
+    # what the seam is for: trio-websocket's own hand-off yields between messages
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        got: list[list[str | bytes]] = []
+
+        async def read() -> None:
+            got.append(await ws_frames.get_messages(ws))
+
+        async with trio.open_nursery() as inner:
+            inner.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            await peer.write('{"n": 0}', '{"n": 1}', '{"n": 2}')
+        assert len(got[0]) < 3
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_queue_still_holds_the_reader_back_and_loses_nothing():
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery, queue_size=2)
+        ws_frames.hand_off_at_once(ws)
+        texts = [f'{{"n": {i}}}' for i in range(7)]
+        await peer.write(*texts)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ws._recv_channel.statistics().current_buffer_used == 2   # the reader task waits for room
+        got: list[str | bytes] = []
+        while len(got) < len(texts):
+            got += await ws_frames.get_messages(ws)
+        assert got == texts
+        nursery.cancel_scope.cancel()
+
+
+async def test_send_now_writes_in_order_and_waits_behind_a_write_in_progress():
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        await ws_frames.send_now(ws, "first")
+        await ws._stream_lock.acquire()            # another write holds the socket
+        done = trio.Event()
+
+        async def second() -> None:
+            await ws_frames.send_now(ws, "second")
+            done.set()
+
+        nursery.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not done.is_set()                    # it waits its turn, no interleaving
+        ws._stream_lock.release()
+        await done.wait()
+        assert await peer.read_texts(2) == ["first", "second"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_send_now_on_a_closed_connection_raises_connection_closed():
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        assert peer.stream is not None
+        await peer.stream.aclose()
+        with pytest.raises(trio_websocket.ConnectionClosed):
+            for _ in range(50):     # the first writes may still reach the kernel's buffer
+                await ws_frames.send_now(ws, "x" * 1000)
+                await trio.sleep(0)
+        nursery.cancel_scope.cancel()
+
+
+def test_check_seam_names_what_is_missing():
+    class NotAConnection:
+        _send_channel = _recv_channel = None
+
+    with pytest.raises(RuntimeError, match="_stream_lock"):
+        ws_frames.check_seam(NotAConnection())

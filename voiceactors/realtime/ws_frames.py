@@ -1,0 +1,113 @@
+"""A whole socket read in one step, and a write with no scheduler pass
+first: the one place we reach into trio-websocket's internals.
+
+Why: trio-websocket's reader task hands each message to a memory channel
+with ``await send(...)`` (a schedule point per message) and ``get_message``
+returns one message per call, so the k frames of one socket read cost k
+passes of the scheduler over every runnable task for its reader task and k
+more for ours. Its ``_send`` takes a lock whose uncontended ``acquire`` is a
+schedule point too, so a frame's bytes leave one pass after the write was
+asked for. Under load (hundreds of calls) each pass waits behind every
+runnable task: that queueing was most of the round trip. The public API
+has neither a batch read nor an immediate write, so this module adds them:
+
+* ``hand_off_at_once(ws)`` wraps the send side of the connection's message
+  channel so the reader task puts a message in at once when the channel has
+  room (``send_nowait``), and waits (``send``) only when it is full: its
+  backpressure (``message_queue_size``) is unchanged;
+* ``get_messages(ws)`` waits for one message, then takes every message
+  already queued (``receive_nowait``): all the frames of a socket read;
+* ``send_now(ws, text)`` writes a text frame at once when no other write
+  holds the connection's send lock (it holds the lock while writing, so
+  frames never interleave), else waits its turn through ``send_message``.
+
+It reads ``_send_channel``, ``_recv_channel``, ``_stream_lock``,
+``_wsproto``, ``_stream`` and ``_close_reason`` and calls
+``_abort_web_socket`` of ``trio_websocket.WebSocketConnection``:
+trio-websocket is pinned exactly in ``pyproject.toml`` (0.12.2, the version
+this was checked against), ``check_seam`` refuses a connection without them,
+and ``tests/test_ws_frames.py`` checks the seam over real loopback sockets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed
+from wsproto.events import TextMessage
+
+__all__ = ["SEAM_ATTRIBUTES", "check_seam", "get_messages", "hand_off_at_once", "send_now"]
+
+#: The private attributes of ``WebSocketConnection`` this module uses.
+SEAM_ATTRIBUTES = ("_send_channel", "_recv_channel", "_stream_lock", "_wsproto", "_stream", "_close_reason",
+                   "_abort_web_socket")
+
+
+def check_seam(ws: Any) -> None:
+    """Raise ``RuntimeError`` naming what is missing when ``ws`` lacks an
+    attribute this module uses (a trio-websocket other than the pinned one)."""
+    missing = [name for name in SEAM_ATTRIBUTES if not hasattr(ws, name)]
+    if missing:
+        raise RuntimeError(f"trio-websocket internals changed (missing {', '.join(missing)}): "
+                           "see voiceactors/realtime/ws_frames.py")
+
+
+class _SendAtOnce:
+    """The send side of the message channel, without a schedule point when
+    the channel has room. Everything but ``send`` goes to the channel."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: trio.MemorySendChannel[Any]) -> None:
+        self._inner = inner
+
+    async def send(self, value: Any) -> None:
+        try:
+            self._inner.send_nowait(value)
+        except trio.WouldBlock:
+            await self._inner.send(value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def hand_off_at_once(ws: Any) -> None:
+    """Make the connection's reader task queue every message of a socket
+    read without yielding between them (idempotent)."""
+    check_seam(ws)
+    if not isinstance(ws._send_channel, _SendAtOnce):
+        ws._send_channel = _SendAtOnce(ws._send_channel)
+
+
+async def get_messages(ws: Any) -> list[str | bytes]:
+    """The next message (waiting for it) and every message queued behind it.
+    Raises ``ConnectionClosed`` like ``get_message`` when none is left."""
+    batch: list[str | bytes] = [await ws.get_message()]
+    channel = ws._recv_channel
+    while True:
+        try:
+            batch.append(channel.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+            return batch   # a closed channel: the next get_messages raises ConnectionClosed
+
+
+async def send_now(ws: Any, text: str) -> None:
+    """Write one text frame. When no write holds the send lock, the frame is
+    made and its bytes handed to the socket before the first schedule point;
+    otherwise it waits its turn (``send_message``). Raises ``ConnectionClosed``
+    like ``send_message``."""
+    lock = ws._stream_lock
+    if lock.locked() or ws._close_reason is not None:
+        await ws.send_message(text)
+        return
+    lock.acquire_nowait()
+    try:
+        data = ws._wsproto.send(TextMessage(data=text))
+        try:
+            await ws._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await ws._abort_web_socket()
+            raise ConnectionClosed(ws._close_reason) from None
+    finally:
+        lock.release()

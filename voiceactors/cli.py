@@ -25,7 +25,7 @@ _COMMANDS = {
 
 
 # settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
-SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts")
+SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "record_events")
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:

@@ -33,6 +33,7 @@ import trio
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import CallRecord
+from voiceactors.actors.event_capture import EventCapture
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Publish, Received, Recovered, RecordLine,
@@ -140,6 +141,7 @@ class CallActor:
         self.end_reason: EndReason | None = None
         self.ended_at: float | None = None     # when the end was decided (before the bounded close)
         self.record: CallRecord | None = None
+        self.capture: EventCapture | None = None    # setting record_events: the raw server events
         self.recovered = recovered
 
     # views of the protocol's state
@@ -249,8 +251,11 @@ class CallActor:
             fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, **fields)
+        self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
         async with trio.open_nursery() as recorder:
             await recorder.start(self.record.run)
+            if self.capture is not None:
+                await recorder.start(self.capture.run)
             try:
                 return await self._serve_recorded()
             finally:
@@ -428,6 +433,8 @@ class CallActor:
         Cancelled by ``_serve`` when the connection ends (between frames:
         ``get_message`` is the only await, and a frame is handled in full
         before the next one is awaited)."""
+        if self.capture is not None:
+            ws = self.capture.watch(ws)   # record_events: every frame read is captured too
         try:
             while True:
                 raw = await ws.get_message()

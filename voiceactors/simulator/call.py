@@ -581,6 +581,9 @@ class CallSession:
         if model is None:
             await self.send_error(error or "Invalid event", "invalid_event", event_id)
             return
+        if self.call.replay is not None:
+            await self.call.replay.on_client_event(self, obj, event_id)
+            return
         handler = getattr(self, "_on_" + obj["type"].replace(".", "_"), None)
         if handler is not None:
             await handler(obj, event_id)
@@ -697,6 +700,9 @@ class CallSession:
 
     async def _player(self) -> None:
         call = self.call
+        if call.replay is not None:
+            await call.replay.play(self)   # a captured call instead of the scenario
+            return
         if call.peer is not None and call.step_index == 0:
             # a browser call: play nothing before its data channel can carry it
             with trio.move_on_after(PEER_OPEN_WAIT_S):

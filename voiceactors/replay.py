@@ -193,7 +193,8 @@ def _journal(given: str | None, today: str) -> Iterator[Path]:
         yield write_sample_journal(Path(tmp) / "journal", days=14, today=clock.parse_day(today), seed=0)
 
 
-def run(args: argparse.Namespace, out: Any = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: Any = None) -> int:
+    out = out or sys.stdout
     capture = Path(args.file)
     expect = Path(args.expect) if args.expect else expectation_path(capture)
     expected: dict[str, Any] | None = None

@@ -240,7 +240,8 @@ class ReplayDriver:
 
     async def on_client_event(self, session: Any, obj: dict[str, Any], event_id: str | None) -> None:
         type_ = obj.get("type")
-        item = obj.get("item") if isinstance(obj.get("item"), dict) else {}
+        raw_item = obj.get("item")
+        item: dict[str, Any] = raw_item if isinstance(raw_item, dict) else {}
         if type_ == "conversation.item.create" and item.get("type") == "function_call_output":
             await self._on_output(session, str(item.get("call_id")), str(item.get("output")), event_id)
         elif type_ == "response.create":

@@ -54,8 +54,6 @@ MAX_CAPTURE_CHARS = 8 * 1024 * 1024
 #: What the reader handed over is written within this long.
 FLUSH_S = 0.5
 
-_log = get_logger(actor="capture")
-
 
 def capture_path(state_dir: Path, call_id: str) -> Path:
     """``<state_dir>/captures/<name>.jsonl``, ``name`` as the call record's."""
@@ -84,6 +82,7 @@ class EventCapture:
         self.audio_dropped = 0
         self.connections = 0
         self.failed: str | None = None
+        self.log = get_logger(actor="call", call_id=call_id)
         self._pending: list[tuple[str, float, Any]] = []
         self._truncated = False
         self._head_written = False
@@ -146,7 +145,7 @@ class EventCapture:
             await storage.run_sync(self._write, pending, end, cancellable=False)
         except OSError as exc:
             if self.failed is None:
-                _log.warning("capture.write_failed", error=type(exc).__name__)
+                self.log.warning("call.capture_failed", error=type(exc).__name__, path=str(self.path))
             self.failed = str(exc)
 
     def _write(self, pending: list[tuple[str, float, Any]], end: dict[str, Any] | None) -> None:

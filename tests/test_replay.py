@@ -41,7 +41,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 def test_a_captured_call_replays_with_nothing_different(name, journal, capsys):
     expected = json.loads((REPLAYS / f"{name}.expected.json").read_text())["sent"]
     assert expected["outputs"] and expected["stalls"] == [] and expected["protocol_errors"] == []
-    code, out = run(capsys, str(REPLAYS / f"{name}.jsonl"), "--journal", str(journal), "--speed", "4")
+    code, out = run(capsys, str(REPLAYS / f"{name}.jsonl"), "--journal", str(journal), "--speed", "4", "--timeout", "60")
     assert code == 0, out
     assert f"OK — {name}.jsonl: what we sent matches the recording" in out
 
@@ -51,7 +51,7 @@ def test_a_changed_tool_output_is_found_and_named(journal, capsys):
     text = activities.read_text()
     assert "Standup with the billing team" in text
     activities.write_text(text.replace("Standup with the billing team", "Standup with the payments team"))
-    code, out = run(capsys, str(REPLAYS / "parallel_batch.jsonl"), "--journal", str(journal), "--speed", "4")
+    code, out = run(capsys, str(REPLAYS / "parallel_batch.jsonl"), "--journal", str(journal), "--speed", "4", "--timeout", "60")
     assert code == 1, out
     (calendar_id,) = [cid for cid, o in json.loads((REPLAYS / "parallel_batch.expected.json").read_text())
                       ["sent"]["outputs"].items() if o["tool"] == "calendar.today"]

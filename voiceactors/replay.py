@@ -43,6 +43,7 @@ import trio
 from voiceactors import clock
 from voiceactors.actors.event_capture import capture_path, read_capture
 from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.brain import make_backend
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
@@ -75,7 +76,9 @@ async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str) -> N
     """Start the runtime, connect ``call_id``, wait until the simulator has
     ended it and the actor has written its record."""
     sim_call = sim.calls[call_id]
-    async with open_runtime(settings) as rt:
+    # the sideband never asks the brain; the local one keeps a journal's claude
+    # or openai backend from running (or writing its session file) for a replay
+    async with open_runtime(settings, brain_backend=make_backend(settings, "local")) as rt:
         await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
         with trio.move_on_after(CALL_DEADLINE_S):
             await sim_call.wait_until(lambda c: c.closed and c.connection is None)

@@ -8,7 +8,7 @@ import json
 
 import trio
 
-from calls_support import rig
+from calls_support import rig, steady
 from voiceactors.actors.event_capture import EventCapture, capture_path, read_capture
 
 SECRET_KEY = "sk-proj-capturetest0123456789"
@@ -17,7 +17,7 @@ EPHEMERAL = "ek_capturetest0123456789abcdef"
 
 async def test_a_call_is_captured_event_by_event_with_its_connections(tmp_path, autojump_clock):
     async with rig(tmp_path, record_events=True) as r:
-        actor, sim_call = await r.run_call("rtc_cap", "drop_and_resume")
+        actor, sim_call = await r.run_call("rtc_cap", steady("drop_and_resume"))
     path = capture_path(r.settings.state_dir, "rtc_cap")
     (block,) = read_capture(path)
     head, *lines = block
@@ -79,7 +79,7 @@ async def test_a_capture_that_cannot_be_written_does_not_touch_the_call(tmp_path
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / "captures").write_text("a file where the folder should be")
     async with rig(tmp_path, record_events=True) as r:
-        actor, sim_call = await r.run_call("rtc_nodisk", "single_tool")
+        actor, sim_call = await r.run_call("rtc_nodisk", steady("single_tool"))
     assert actor.end_reason == "closed_by_service" and sim_call.response_creates == 1
     assert actor.capture is not None and actor.capture.failed
     assert [line["kind"] for line in r.record("rtc_nodisk")][-1] == "end"
@@ -87,5 +87,5 @@ async def test_a_capture_that_cannot_be_written_does_not_touch_the_call(tmp_path
 
 async def test_off_by_default_nothing_is_captured(tmp_path, autojump_clock):
     async with rig(tmp_path) as r:
-        actor, _ = await r.run_call("rtc_plain", "single_tool")
+        actor, _ = await r.run_call("rtc_plain", steady("single_tool"))
     assert actor.capture is None and not (r.settings.state_dir / "captures").exists()

@@ -81,6 +81,9 @@ def test_the_tool_captures_a_scenario_and_holds_the_server_to_it(tmp_path, journ
     assert len(expectation["sent"]["response_creates"]) == 1
     code, out = run(capsys, str(capture), "--journal", str(journal))
     assert code == 0, out
+    # an update keeps the expectation's day (the tools' outputs depend on it)
+    code, out = run(capsys, str(capture), "--journal", str(journal), "--update")
+    assert code == 0 and json.loads((tmp_path / "quick.expected.json").read_text())["today"] == "2026-03-27"
     # an expectation edited by hand is held against the server too
     expectation["sent"]["response_creates"] = []
     (tmp_path / "quick.expected.json").write_text(json.dumps(expectation))

@@ -201,15 +201,17 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     capture = Path(args.file)
     expect = Path(args.expect) if args.expect else expectation_path(capture)
     expected: dict[str, Any] | None = None
-    if expect.exists() and not args.update:
+    if expect.exists():
         try:
             expected = load_expectation(expect)
         except ValueError as error:
-            print(f"voiceactors replay: {error}", file=sys.stderr)
-            return 2
+            if not args.update:
+                print(f"voiceactors replay: {error}", file=sys.stderr)
+                return 2
     elif not args.update and not args.capture:
         print(f"voiceactors replay: no expectation at {expect}: run with --update to write one", file=sys.stderr)
         return 2
+    # an update keeps the expectation's day unless told otherwise
     today = args.today or (expected or {}).get("today") or clock.today().isoformat()
     clock.pin(today)
     try:
@@ -226,8 +228,9 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
         clock.pin(None)
     if args.update or expected is None:
         write_expectation(expect, actual, today)
+        answered = sum(1 for create in actual["response_creates"] if "answered_by" in create)
         print(f"wrote the expectation {expect} ({len(actual['outputs'])} tool outputs, "
-              f"{actual['response_creates_answered']} response.create answered)", file=out)
+              f"{answered} response.create answered)", file=out)
         return 0
     differences = compare(expected["sent"], actual)
     if not differences:

@@ -273,13 +273,11 @@ class ReplayDriver:
 
     def result(self) -> dict[str, Any]:
         unechoed = sorted(self._held.outputs)
-        created = sum(1 for c in self.creates if "answered_by" in c)
         return {
             "outputs": {call_id: {"tool": self.known_calls.get(call_id, ""), "outputs": outputs}
                         for call_id, outputs in sorted(self.accepted.items())},
             "unechoed_outputs": unechoed,
             "response_creates": self.creates + [{"result": "unanswered"}] * len(self._held.creates),
-            "response_creates_answered": created,
             "protocol_errors": list(self.errors),
             "other_client_events": list(self.others),
             "stalls": list(self.stalls),

@@ -12,11 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
+import trio
+import trio_websocket
 
 from voiceactors import replay
 from voiceactors.cli import build_parser
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.simulator.replay import ReplayScript
+from voiceactors.realtime import events as rt
+from voiceactors.simulator import Simulator
+from voiceactors.simulator.replay import ReplayDriver, ReplayScript
 
 REPLAYS = Path(__file__).parent / "replays"
 DAY = dt.date(2026, 3, 27)
@@ -121,3 +125,63 @@ def test_a_response_after_our_outputs_waits_for_our_create_one_after_a_user_turn
                                                   {"kind": "connect", "t": 3}, {"kind": "close", "t": 4, "code": 1000}])
     assert [(s.kind, s.code) for s in dropped.steps] == [
         ("connect", None), ("drop", None), ("connect", None), ("drop", None), ("connect", None), ("close", 1000)]
+
+
+async def _recv(ws) -> dict:
+    return json.loads(await ws.get_message())
+
+
+async def _until(ws, type_: str) -> dict:
+    while True:
+        event = await _recv(ws)
+        if event["type"] == type_:
+            return event
+
+
+async def test_the_replay_answers_our_events_live_and_echoes_our_output(autojump_clock):
+    """The driver over a real socket: our early response.create is refused
+    while the recorded response is active, our output opens the echo's gate
+    and is echoed (not the recorded one), a second output is a duplicate,
+    and our response.create opens the gate of the response that answered it."""
+    call = {"type": "function_call", "id": "i1", "call_id": "c1", "name": "calendar.today", "arguments": "{}",
+            "status": "completed"}
+    recorded_echo = {"id": "o1", "type": "function_call_output", "call_id": "c1", "output": "RECORDED"}
+    block = _block(
+        {"type": "response.created", "response": {"id": "r1", "status": "in_progress"}},
+        {"type": "response.output_item.done", "response_id": "r1", "output_index": 0, "item": call},
+        {"type": "response.done", "response": {"id": "r1", "status": "completed", "output": [call]}},
+        {"type": "conversation.item.added", "previous_item_id": "i1", "item": recorded_echo},
+        {"type": "conversation.item.done", "previous_item_id": "i1", "item": recorded_echo},
+        {"type": "response.created", "response": {"id": "r2", "status": "in_progress"}},
+        {"type": "response.done", "response": {"id": "r2", "status": "completed", "output": []}},
+    ) + [{"kind": "close", "t": 9.0, "code": 1000}]
+    driver = ReplayDriver(ReplayScript.from_block(block), timeout_s=30)
+    sim = Simulator(None, api_key=None, validate_sent=False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        sim.add_call("rtc_x").replay = driver
+        url = sim.base_url.replace("http://", "ws://") + "/realtime?call_id=rtc_x"
+        async with trio_websocket.open_websocket_url(url, extra_headers=[("Authorization", "Bearer sk-x")]) as ws:
+            await _until(ws, "response.created")
+            early = rt.response_create()
+            await ws.send_message(json.dumps(early))
+            refusal = await _until(ws, "error")
+            assert refusal["error"]["code"] == "conversation_already_has_active_response"
+            assert refusal["error"]["event_id"] == early["event_id"]
+            await _until(ws, "response.done")
+            await ws.send_message(json.dumps(rt.function_call_output("c1", "OURS")))
+            echo = await _until(ws, "conversation.item.added")
+            assert echo["item"]["output"] == "OURS" and echo["item"]["id"] == "o1"
+            assert (await _recv(ws))["item"]["output"] == "OURS"          # its .done carries ours too
+            again = rt.function_call_output("c1", "AGAIN")
+            await ws.send_message(json.dumps(again))
+            assert (await _until(ws, "error"))["error"]["code"] == "duplicate_tool_call_output"
+            await ws.send_message(json.dumps(rt.response_create()))
+            assert (await _until(ws, "response.created"))["response"]["id"] == "r2"
+            await _until(ws, "response.done")
+        nursery.cancel_scope.cancel()
+    result = driver.result()
+    assert result["outputs"] == {"c1": {"tool": "calendar.today", "outputs": ["OURS"]}}
+    assert result["response_creates"] == [{"result": "rejected_active"}, {"answered_by": "r2"}]
+    assert result["protocol_errors"] == ["conversation_already_has_active_response", "duplicate_tool_call_output"]
+    assert result["stalls"] == []

@@ -40,7 +40,7 @@ from typing import Any, Iterator
 
 import trio
 
-from voiceactors import clock
+from voiceactors import clock, logs
 from voiceactors.actors.event_capture import capture_path, read_capture
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
@@ -244,4 +244,7 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
 
 
 def cli_replay(args: argparse.Namespace) -> int:
+    """``voiceactors replay``: the report on stdout; only warnings and worse
+    are logged (stderr), the call's own lines would drown it."""
+    logs.configure("console", "warning")
     return run(args)

@@ -584,7 +584,7 @@ def test_transcripts_become_a_record_line_and_a_feed_event():
     w = Wire()
     w.server({"type": "response.output_audio_transcript.done", "response_id": "r1", "item_id": "a1",
               "output_index": 0, "content_index": 0, "transcript": "it is sunny"})
-    assert w.records("transcript") == [{"role": "assistant", "item_id": "a1", "text": "it is sunny"}]
+    assert w.records("transcript") == [{"role": "assistant", "item_id": "a1", "text": "it is sunny", "order": 1.0}]
     assert w.of(Publish)[-1] == Publish("transcript", {"role": "assistant", "text": "it is sunny", "item_id": "a1"})
 
 

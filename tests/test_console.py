@@ -309,9 +309,10 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
         assert detail["call"] == finished
         assert [line["kind"] for line in detail["lines"]][0] == "start"
         assert detail["transcript"] == [
-            {"role": "user", "text": "What's on today?", "item_id": "item_1", "t": detail["transcript"][0]["t"]},
+            {"role": "user", "text": "What's on today?", "item_id": "item_1", "t": detail["transcript"][0]["t"],
+             "cut_short": False},
             {"role": "assistant", "text": "Three meetings <and> a launch.", "item_id": "item_2",
-             "t": detail["transcript"][1]["t"]}]
+             "t": detail["transcript"][1]["t"], "cut_short": False}]
         live_detail = await (await client.get("/api/voice/calls/rtc_live")).get_json()
         assert [line["kind"] for line in live_detail["lines"]] == ["start", "future_kind", "tool_call", "tool_started"]
 

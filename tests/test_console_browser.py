@@ -221,12 +221,16 @@ def test_sign_in_keeps_the_token_out_of_the_page(harness, page):
 RECORD = [
     {"kind": "start", "t": 0.0, "call_id": "rtc_seeded_1", "at": "2026-03-27T09:15:00+00:00"},
     {"kind": "connect", "t": 0.01, "attempt": 1},
-    {"kind": "transcript", "t": 0.4, "role": "user", "item_id": "item_u1", "text": "What's on today?"},
     {"kind": "response", "t": 0.61, "response_id": "resp_1", "status": "completed", "epoch": 1, "origin": "model",
      "tool_calls": ["call_1"]},
     {"kind": "response", "t": 1.4, "response_id": "resp_2", "status": "completed", "epoch": 1, "origin": "ours",
      "tool_calls": []},
-    {"kind": "transcript", "t": 1.5, "role": "assistant", "item_id": "item_a1", "text": "Standup at 9:30, then the launch review."},
+    {"kind": "transcript", "t": 1.5, "role": "assistant", "item_id": "item_a1", "text": "Standup at 9:30, then the launch review.",
+     "order": 2.0},
+    # the user's transcription came late (after the reply); its order puts it first
+    {"kind": "transcript", "t": 1.6, "role": "user", "item_id": "item_u1", "text": "What's on today?", "order": 1.0},
+    {"kind": "transcript", "t": 2.9, "role": "assistant", "item_id": "item_a2", "text": "Let me search for", "order": 4.0},
+    {"kind": "transcript_cut", "t": 3.3, "item_id": "item_a2"},
     {"kind": "reconnect", "t": 2.0, "attempt": 1, "delay_s": 0.5, "close_code": 1006},
     {"kind": "response", "t": 3.3, "response_id": "resp_3", "status": "cancelled", "epoch": 2, "origin": "model",
      "tool_calls": ["call_2", "call_3"]},
@@ -256,7 +260,9 @@ def test_call_history_lists_a_call_and_draws_its_timeline(harness, page):
     page.click("tr[data-call-id='rtc_seeded_1'] a")
     page.wait_for("location.pathname === '/calls/rtc_seeded_1' && document.getElementById('timeline').complete"
                   " && document.getElementById('timeline').naturalWidth > 0", 10, "the timeline picture")
-    assert page.texts("#transcript .text") == ["What's on today?", "Standup at 9:30, then the launch review."]
+    assert page.texts("#transcript .text") == ["What's on today?", "Standup at 9:30, then the launch review.",
+                                               "Let me search for"]
+    assert page.texts("#transcript li.interrupted .text") == ["Let me search for"]
     assert "barge-ins1" in page.text("#call-summary").replace(" ", "")
     summary = page.text("#call-summary")
     assert "500: text 10 in / 20 out, audio 300 in / 100 out, cached 70" in summary

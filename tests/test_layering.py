@@ -3,7 +3,7 @@
 plus ``importlib.import_module("...")`` with a literal name):
 
 - the product never imports the simulator, directly or through another
-  module: only ``voiceactors.demo``, ``voiceactors.cli`` (lazily) and the
+  module: only ``voiceactors.demo``, ``voiceactors.replay``, ``voiceactors.cli`` (lazily) and the
   simulator itself (and tests and benchmarks, not checked here) may;
 - ``voiceactors.journal`` and ``voiceactors.tools`` reach none of
   ``voiceactors.actors``, ``voiceactors.http``, ``voiceactors.realtime``.
@@ -23,8 +23,8 @@ import voiceactors
 PACKAGE_DIR = Path(voiceactors.__file__).parent
 
 SIMULATOR = "voiceactors.simulator"
-#: May import the simulator: the demo plumbing, and the command line (lazily).
-SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli"}
+#: May import the simulator: the demo and replay plumbing, and the command line (lazily).
+SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli", "voiceactors.replay"}
 LAZY_ONLY = {"voiceactors.cli"}
 #: The journal and the tools are below the actors, the HTTP layer and the Realtime client.
 LOWER = ("voiceactors.journal", "voiceactors.tools")

@@ -35,10 +35,12 @@ EXISTING_ENV = {
     "rate_limit_burst": ("VOICEACTORS_RATE_LIMIT_BURST",), "rate_limit_per_s": ("VOICEACTORS_RATE_LIMIT_PER_S",),
     "keep_alive_timeout_s": ("VOICEACTORS_KEEP_ALIVE_TIMEOUT",),
     "max_requests_in_flight": ("VOICEACTORS_MAX_REQUESTS_IN_FLIGHT",),
+    "record_events": ("VOICEACTORS_RECORD_EVENTS",),
 }
 EXISTING_FLAGS = {"journal": "--journal", "state_dir": "--state-dir", "host": "--host", "port": "--port",
                   "log_format": "--log-format", "allowed_hosts": "--allowed-host", "demo": "--demo",
-                  "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd"}
+                  "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd",
+                  "record_events": "--record-events"}
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +106,8 @@ def test_every_environment_variable_is_read():
             text = str(value)
         elif item.type is Path:
             value, text = Path(f"/srv/{item.name}"), f"/srv/{item.name}"
+        elif item.type is bool:
+            value, text = (not item.default), ("0" if item.default else "1")
         elif item.type == tuple[str, ...]:
             value, text = ("a.example", "b.example:8443"), " a.example, b.example:8443 ,"
         elif item.spec.choices:
@@ -262,3 +266,13 @@ def test_demo_with_invalid_settings_exits_2(monkeypatch, capsys):
     monkeypatch.setenv("VOICEACTORS_LOG_LEVEL", "chatty")
     assert main(["demo", "--port", "0"]) == 2
     assert "log_level (VOICEACTORS_LOG_LEVEL) must be one of" in capsys.readouterr().err
+
+
+def test_a_flag_setting_reads_one_or_zero_from_the_environment():
+    assert Settings.from_env({"VOICEACTORS_RECORD_EVENTS": "1"}, journal=Path("j"), state_dir=Path("s")).record_events
+    for off in ("0", "false", "no", "off"):
+        assert not Settings.from_env({"VOICEACTORS_RECORD_EVENTS": off}, journal=Path("j"),
+                                     state_dir=Path("s")).record_events
+    assert not Settings.from_env({}, journal=Path("j"), state_dir=Path("s")).record_events
+    with pytest.raises(ValueError, match="VOICEACTORS_RECORD_EVENTS must be 1 or 0"):
+        Settings.from_env({"VOICEACTORS_RECORD_EVENTS": "maybe"})

@@ -20,6 +20,7 @@ _COMMANDS = {
     "serve-demo": "voiceactors.demo:cli_serve_demo",     # the server never imports the simulator
     "demo": "voiceactors.demo:cli_demo",
     "simulate": "voiceactors.simulator.cli:cli_simulate",
+    "replay": "voiceactors.replay:cli_replay",
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
     "calls": "voiceactors.calls_report:cli_calls",
@@ -29,7 +30,7 @@ _COMMANDS = {
 
 # settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
 SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
-               "daily_budget_usd")
+               "daily_budget_usd", "record_events")
 # settings with a flag on `mcp` (stdio: no address to listen on)
 MCP_FLAGS = ("journal", "state_dir", "log_format")
 
@@ -65,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--host", default="127.0.0.1")
     simulate.add_argument("--port", type=int, default=8766)
     simulate.add_argument("--scenario", help="scenario played on every joined call (name or file)")
+
+    replay = sub.add_parser("replay", help="play a captured call against this server; report what we sent that differs")
+    replay.add_argument("file", help="the capture (a <state_dir>/captures/<call id>.jsonl)")
+    replay.add_argument("--journal", help="the journal the tools read (default: a sample journal for --today)")
+    replay.add_argument("--today", help="pin today to YYYY-MM-DD (default: the expectation's, else today)")
+    replay.add_argument("--expect", help="the expectation file (default: FILE with .expected.json for .jsonl)")
+    replay.add_argument("--update", action="store_true", help="write the expectation from this run")
+    replay.add_argument("--capture", metavar="SCENARIO",
+                        help="first make FILE: run this simulator scenario (name or path) with record_events on")
+    replay.add_argument("--speed", type=float, default=1.0, help="divide the recorded gaps between events (default 1)")
+    replay.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds a gate waits for our output or response.create (default 10)")
 
     index = sub.add_parser("index", help="build or refresh the journal search index")
     index.add_argument("--journal", required=True)

@@ -223,6 +223,11 @@ class Settings:
         1000, CALLS, "`GET /api/voice/events` streams open in all; one more answers 503 "
         "`{\"error\": \"too many event streams\"}`", env="VOICEACTORS_FEED_MAX_SUBSCRIBERS", unit="streams",
         positive=True)
+    record_events: bool = setting(
+        False, CALLS, "capture every call's server events as received, with their receive times, into "
+        "`<state_dir>/captures/<call id>.jsonl` (secrets scrubbed, audio dropped, at most 8 MiB per run) for "
+        "`voiceactors replay` (docs/operations.md § Capture and replay)", env="VOICEACTORS_RECORD_EVENTS",
+        flag="--record-events", short="capture each call's server events for `voiceactors replay`")
     rejoin_max_calls: int = setting(
         50, CALLS, "at start-up, calls that were live when the server died (a call record whose last block has "
         "no `end`, changed within `call_max_duration_s`) are rejoined, newest first, at most this many; `0`: "
@@ -385,6 +390,13 @@ def _from_env(item: Declared, env: Mapping[str, str]) -> Any:
         except ValueError:
             kind = "a whole number" if item.type is int else "a number"
             raise ValueError(f"{name} must be {kind}, not {raw!r}") from None
+    if item.type is bool:
+        text = raw.strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise ValueError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), not {raw!r}")
     if item.type == tuple[str, ...]:
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if item.type is Path:

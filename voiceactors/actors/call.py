@@ -42,6 +42,7 @@ from voiceactors import metrics, storage
 from voiceactors.actors import write_log
 from voiceactors.actors.call_context import CallContext, LinkedContext
 from voiceactors.actors.call_record import CallRecord
+from voiceactors.actors.event_capture import EventCapture
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Prefetch, Publish, Recovered, RecordLine,
@@ -163,6 +164,7 @@ class CallActor:
         self.end_reason: EndReason | None = None
         self.ended_at: float | None = None     # when the end was decided (before the bounded close)
         self.record: CallRecord | None = None
+        self.capture: EventCapture | None = None    # setting record_events: the raw server events
         self.recovered = recovered
         # usage: the model priced, and who adds each response's cost to the day's total
         self._model = model
@@ -348,8 +350,11 @@ class CallActor:
             fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, **fields)
+        self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
         async with trio.open_nursery() as recorder:
             await recorder.start(self.record.run)
+            if self.capture is not None:
+                await recorder.start(self.capture.run)
             try:
                 return await self._serve_recorded()
             finally:
@@ -544,12 +549,19 @@ class CallActor:
         handed to the protocol in one step (``ws_frames.get_messages``), then
         what that step sends is written (``_write_step``). Cancelled by
         ``_serve`` when the connection ends (between reads: the frames of a
-        read are handled in full before the next is awaited)."""
+        read are handled in full before the next is awaited). With ``record_events``
+        every frame read is captured too (``event_capture.py``)."""
         protocol, only, budget = self.protocol, HANDLED_EVENTS, self.protocol.log_budget
+        capture = self.capture
+        if capture is not None:
+            capture.connected(trio.current_time())
         try:
             while True:
                 frames = await ws_frames.get_messages(ws)
                 now = self._last_event = trio.current_time()
+                if capture is not None:
+                    for raw in frames:
+                        capture.frame(raw, now)
                 for raw in frames:
                     event = rt.read_server_event(raw, only, budget)
                     if event is None:
@@ -568,6 +580,8 @@ class CallActor:
                 if self._step:
                     await self._write_step()
         except ConnectionClosed as exc:
+            if capture is not None:
+                capture.closed(close_code(exc), trio.current_time())
             self._end_connection(close_code(exc))
 
     async def _writer(self, ws: Any, receive: trio.MemoryReceiveChannel[Send]) -> None:

@@ -43,6 +43,7 @@ from voiceactors.actors.call_state import (
     ToolCall, ToolCallState, ToolOutcome,
 )
 from voiceactors.actors.call_context import CallContext
+from voiceactors.actors.transcript_order import TranscriptOrder
 from voiceactors.realtime import events as rt
 
 
@@ -314,6 +315,7 @@ class CallProtocol:
         self.seq = 0                                # server frames received
         self.connected = False                      # a writer takes Send effects
         self.log_budget = rt.LogBudget()            # peer-triggered log lines (skipped frames, errors)
+        self.spoken = TranscriptOrder()             # the transcripts' spoken order, cut-short replies
         self._now = started
         self._effects: list[Effect] = []
         self.meter = CallMeter()                    # usage, cost, budget (the shell sets model and prices)
@@ -454,6 +456,8 @@ class CallProtocol:
     def _on_event(self, event: Any) -> None:
         """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
         kind = event.type
+        for item_id in self.spoken.observe(event):
+            self._record("transcript_cut", item_id=item_id)
         if kind == "response.created":
             self._on_response_created(event.response)
         elif kind in ("response.output_item.added", "response.output_item.done"):
@@ -681,7 +685,7 @@ class CallProtocol:
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
         if not text:
             return
-        self._record("transcript", role=role, item_id=item_id, text=text)
+        self._record("transcript", role=role, item_id=item_id, text=text, **self.spoken.place_transcript(item_id))
         self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
 
     # ------------------------------------------------------------- epochs

@@ -42,7 +42,12 @@ clock):
   ``output_bytes``, ``sends``, ``delivered`` (confirmed by the service),
   ``synthetic``, ``state``, ``overhead_ms``.
 * ``transcript`` — ``role`` (``user``|``assistant``), ``item_id``, ``text``:
-  one final utterance, as the service transcribed it.
+  one final utterance, as the service transcribed it; ``order`` (its place
+  in the conversation: sort a run's transcripts by it for the spoken order,
+  ``transcript_order.py``) and ``cut_short: true`` when its response had
+  already ended cancelled.
+* ``transcript_cut`` — ``item_id``: the reply of an earlier ``transcript``
+  line was cut short (its response ended cancelled, e.g. a barge-in).
 * ``usage`` — one per ``response.done`` that carries usage: ``response_id``,
   ``model``, ``tokens`` (by kind, ``usage.TOKEN_KINDS``), ``cost_usd`` (None:
   the model has no prices).

@@ -31,10 +31,14 @@
   img.src = `/api/voice/calls/${encodeURIComponent(callId)}/timeline.svg`;
   img.hidden = false;
   const list = $("transcript");
+  // the server sends the turns in spoken order (not the order the transcripts arrived)
   for (const line of detail.transcript) {
-    list.append(el("li", { class: "turn", dataset: { role: line.role || "", itemId: line.item_id || "" } },
+    const turn = el("li", { class: line.cut_short ? "turn interrupted" : "turn",
+                            dataset: { role: line.role || "", itemId: line.item_id || "" } },
       el("span", { class: "who" }, line.role === "user" ? "you" : line.role || "?"),
-      el("span", { class: "text" }, line.text)));
+      el("span", { class: "text" }, line.text));
+    if (line.cut_short) turn.append(el("span", { class: "barge" }, "cut short (barge-in)"));
+    list.append(turn);
   }
   $("transcript-empty").hidden = detail.transcript.length > 0;
 })();

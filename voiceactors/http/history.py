@@ -148,10 +148,37 @@ def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
     (``usage``: one entry per response, from the ``usage`` lines).
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
     lines = load_lines(record_path(state_dir, call_id))
-    transcript = [{"role": line.get("role"), "text": line.get("text"), "item_id": line.get("item_id"),
-                   "t": line.get("t")}
-                  for line in lines if line.get("kind") == "transcript" and isinstance(line.get("text"), str)]
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
              for line in lines if line.get("kind") == "usage"]
-    return {"call": summarize(call_id, lines), "lines": lines, "transcript": transcript, "usage": usage}
+    return {"call": summarize(call_id, lines), "lines": lines, "transcript": spoken_transcript(lines),
+            "usage": usage}
+
+
+def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The record's transcripts in spoken order: run by run (blocks), and
+    within a run by each line's ``order`` (the conversation's item order,
+    ``actors/transcript_order.py``); lines without one (older records) keep
+    their place in the file. ``cut_short``: the reply was cut off (its line
+    says so, or a ``transcript_cut`` line of its run names its item)."""
+    entries: list[tuple[tuple[int, float, int], dict[str, Any]]] = []
+    cut: set[tuple[int, Any]] = set()
+    block = 0
+    for index, line in enumerate(lines):
+        kind = line.get("kind")
+        if kind == "start":
+            block += 1
+        elif kind == "transcript_cut":
+            cut.add((block, line.get("item_id")))
+        elif kind == "transcript" and isinstance(line.get("text"), str):
+            order = _number(line.get("order"))
+            entry = {"role": line.get("role"), "text": line.get("text"), "item_id": line.get("item_id"),
+                     "t": line.get("t"), "cut_short": line.get("cut_short") is True, "_block": block}
+            entries.append(((block, order if order is not None else float(index), index), entry))
+    entries.sort(key=lambda pair: pair[0])
+    out = []
+    for _, entry in entries:
+        if (entry.pop("_block"), entry["item_id"]) in cut:
+            entry["cut_short"] = True
+        out.append(entry)
+    return out

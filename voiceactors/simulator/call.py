@@ -35,6 +35,7 @@ DEFAULT_REPLY = "Okay."
 PEER_OPEN_WAIT_S = 10.0   # how long a browser call's scenario waits for its data channel
 DROP_FLUSH_S = 1.0   # how long a drop waits for queued events to go out
 SEND_BUFFER = 64 * 1024   # unwritten characters beyond which send waits for the writer
+_ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.done"})   # they name the item before
 
 
 def _id(prefix: str, nbytes: int = 10) -> str:
@@ -158,6 +159,20 @@ class SimCall:
         self.channel_received: list[dict] = []
         self.tokens = ConversationTokens()     # the context in tokens: every response.done's usage
         self._changed = trio.Event()
+        self._item_before: dict[str, str | None] = {}   # the conversation's order: item id -> the one before
+        self._last_item: str | None = None
+        # a replay (``simulator/replay.py``) plays a captured call instead of the scenario
+        self.replay: Any = None
+
+    def item_before(self, item_id: str | None) -> str | None:
+        """The ``previous_item_id`` of ``item_id``: the item before it in the
+        conversation (items are appended in the order they are first sent)."""
+        if not item_id:
+            return self._last_item
+        if item_id not in self._item_before:
+            self._item_before[item_id] = self._last_item
+            self._last_item = item_id
+        return self._item_before[item_id]
 
     # -- convenience views for tests
 
@@ -304,6 +319,8 @@ class CallSession:
             return
         if before is not None:
             before()
+        if event["type"] in _ITEM_EVENTS and "previous_item_id" not in event:
+            event["previous_item_id"] = self.call.item_before(event["item"].get("id"))
         self.call.sent.append(event)
         if self.call.sent_at is not None:
             self.call.sent_at.append(trio.current_time())
@@ -567,6 +584,9 @@ class CallSession:
         if model is None:
             await self.send_error(error or "Invalid event", "invalid_event", event_id)
             return
+        if self.call.replay is not None:
+            await self.call.replay.on_client_event(self, obj, event_id)
+            return
         handler = getattr(self, "_on_" + obj["type"].replace(".", "_"), None)
         if handler is not None:
             await handler(obj, event_id)
@@ -685,6 +705,9 @@ class CallSession:
 
     async def _player(self) -> None:
         call = self.call
+        if call.replay is not None:
+            await call.replay.play(self)   # a captured call instead of the scenario
+            return
         if call.peer is not None and call.step_index == 0:
             # a browser call: play nothing before its data channel can carry it
             with trio.move_on_after(PEER_OPEN_WAIT_S):
@@ -722,7 +745,7 @@ class CallSession:
     async def _step_user_turn(self, spec: dict) -> None:
         item_id = await self._speech_started()
         await trio.sleep(spec.get("duration_ms", 600) / 1000)
-        await self._user_said(item_id, spec.get("text", ""))
+        await self._user_said(item_id, spec.get("text", ""), spec.get("transcript_delay_ms", 0))
 
     def _audio_ms(self) -> int:
         return int(trio.current_time() * 1000) % 2_000_000_000
@@ -734,7 +757,7 @@ class CallSession:
                          "item_id": item_id})
         return item_id
 
-    async def _user_said(self, item_id: str, text: str) -> None:
+    async def _user_said(self, item_id: str, text: str, transcript_delay_ms: int = 0) -> None:
         self.call.tokens.user_said(text)
         await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": self._audio_ms(),
                          "item_id": item_id})
@@ -743,6 +766,17 @@ class CallSession:
                 "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}
         await self.send({"type": "conversation.item.added", "item": item})
         await self.send({"type": "conversation.item.done", "item": item})
+        if transcript_delay_ms:
+            # the service transcribes on the side: the text may come after the reply it prompted
+            self._spawn(self._late_transcript, item_id, text, transcript_delay_ms)
+        else:
+            await self._transcribed(item_id, text)
+
+    async def _late_transcript(self, item_id: str, text: str, delay_ms: int) -> None:
+        await trio.sleep(delay_ms / 1000)
+        await self._transcribed(item_id, text)
+
+    async def _transcribed(self, item_id: str, text: str) -> None:
         if text:
             await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id,
                              "content_index": 0, "delta": text})
@@ -803,7 +837,7 @@ class CallSession:
             await self.finish(resp, "cancelled", "turn_detected")
         if spec.get("text"):
             await trio.sleep(0.4)
-            await self._user_said(item_id, spec["text"])
+            await self._user_said(item_id, spec["text"], spec.get("transcript_delay_ms", 0))
 
     async def _step_model_response_first(self, spec: dict) -> None:
         if spec.get("when", "now") == "outputs_answered":

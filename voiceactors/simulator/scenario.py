@@ -47,7 +47,8 @@ _RESPONSE = {
 STEP_SCHEMAS: dict[str, dict[str, Any]] = {
     "user_turn": {
         "type": "object", "additionalProperties": False,
-        "properties": {"text": {"type": "string"}, "duration_ms": {"type": "integer", "minimum": 0}},
+        "properties": {"text": {"type": "string"}, "duration_ms": {"type": "integer", "minimum": 0},
+                       "transcript_delay_ms": {"type": "integer", "minimum": 0}},
     },
     "response": _RESPONSE,
     "wait_outputs": {
@@ -56,7 +57,8 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "barge_in": {
         "type": "object", "additionalProperties": False,
-        "properties": {"after_ms": {"type": "integer", "minimum": 0}, "text": {"type": "string"}},
+        "properties": {"after_ms": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
+                       "transcript_delay_ms": {"type": "integer", "minimum": 0}},
     },
     "model_response_first": {
         "type": "object", "additionalProperties": False,

@@ -1,0 +1,250 @@
+"""``voiceactors replay``: a captured call, played against the current server.
+
+``voiceactors replay FILE`` reads a capture (``actors/event_capture.py``,
+setting ``record_events``), starts the Realtime simulator playing it
+(``simulator/replay.py``: our events drive the replay) and this version's
+runtime (executor, supervisor, call actor) on a journal, lets the call run
+to its end, and compares what we sent — normalised — with the capture's
+*expectation* ``FILE`` with ``.expected.json`` for ``.jsonl``. It prints
+every difference (each output by tool call id and tool, with a diff of its
+content; the ``response.create``s and what answered them; protocol errors
+our events caused; other client events; stalls) and exits 0 only when there
+is none; 1 when something differs; 2 for a capture or expectation it cannot
+read (or none yet: ``--update`` writes it).
+
+``--update`` writes the expectation from this run (review it: it is what
+the suite will hold the server to). ``--capture SCENARIO`` first makes FILE:
+it runs a simulator scenario against the server with ``record_events`` on
+and copies the call's capture there (then ``--update`` applies as given).
+
+The journal: ``--journal DIR`` (used as it is; the replay writes only its
+own temporary state dir), else a sample journal (``journal sample``: 14
+days, seed 0) for the day ``--today`` (default: the expectation's ``today``,
+else today), so a replay is reproducible.
+
+This module is plumbing like ``demo.py`` (it may import the simulator; the
+server never imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import trio
+
+from voiceactors import clock, logs
+from voiceactors.actors.event_capture import capture_path, read_capture
+from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.brain import make_backend
+from voiceactors.runtime import open_runtime
+from voiceactors.settings import Settings
+from voiceactors.simulator import Simulator
+from voiceactors.simulator.replay import ReplayDriver, ReplayScript
+
+__all__ = ["EXPECTATION_VERSION", "capture_scenario", "cli_replay", "compare", "expectation_path",
+           "replay_capture"]
+
+EXPECTATION_VERSION = 1
+REPLAY_KEY = "sk-replay-voiceactors-simulator"
+CALL_DEADLINE_S = 300.0
+#: The normalised fields compared, in the order differences are reported.
+COMPARED = ("outputs", "unechoed_outputs", "response_creates", "protocol_errors", "other_client_events",
+            "stalls", "truncated")
+DIFF_LINES = 40
+
+
+def expectation_path(capture: Path) -> Path:
+    name = capture.name[:-len(".jsonl")] if capture.name.endswith(".jsonl") else capture.name
+    return capture.with_name(name + ".expected.json")
+
+
+def _settings(journal: Path, state_dir: Path, base_url: str, **changes: Any) -> Settings:
+    # the defaults, not the environment: a replay is the same wherever it runs
+    return Settings(journal=journal, state_dir=state_dir, openai_base_url=base_url,
+                    openai_api_key_env=REPLAY_KEY, **changes)
+
+
+async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str) -> None:
+    """Start the runtime, connect ``call_id``, wait until the simulator has
+    ended it and the actor has written its record."""
+    sim_call = sim.calls[call_id]
+    # the sideband never asks the brain; the local one keeps a journal's claude
+    # or openai backend from running (or writing its session file) for a replay
+    async with open_runtime(settings, brain_backend=make_backend(settings, "local")) as rt:
+        await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
+        with trio.move_on_after(CALL_DEADLINE_S):
+            await sim_call.wait_until(lambda c: c.closed and c.connection is None)
+        with trio.move_on_after(settings.close_deadline_s + 5):
+            while await ask(rt.calls, CountCalls, timeout=5):
+                await trio.sleep(0.05)
+
+
+async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
+                         timeout_s: float = 10.0, block: int = -1) -> dict[str, Any]:
+    """Replay one block of ``capture`` (the last: the latest actor run)
+    against this version's runtime on ``journal``; returns what we sent,
+    normalised (``ReplayDriver.result``). Raises ValueError for a file that
+    is not a capture."""
+    blocks = read_capture(capture)
+    script = ReplayScript.from_block(blocks[block])
+    driver = ReplayDriver(script, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
+    sim = Simulator(None, api_key=None, validate_sent=False)   # recorded events go out as recorded
+    with tempfile.TemporaryDirectory(prefix="voiceactors-replay-") as tmp:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            sim.add_call(script.call_id).replay = driver
+            await _serve_one_call(_settings(journal, Path(tmp) / "state", sim.base_url), sim, script.call_id)
+            nursery.cancel_scope.cancel()
+    result = driver.result()
+    if not driver.finished.is_set():
+        result["stalls"].append(f"the replay did not finish within {CALL_DEADLINE_S:g} s")
+    return result
+
+
+async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None) -> Path:
+    """Run ``scenario`` on the simulator against the server with
+    ``record_events`` on; copy the call's capture to ``out``."""
+    name = scenario if isinstance(scenario, str) else "inline"
+    call_id = call_id or "rtc_capture_" + "".join(ch if ch.isalnum() else "_" for ch in Path(name).stem)
+    sim = Simulator(scenario, api_key=None)
+    with tempfile.TemporaryDirectory(prefix="voiceactors-capture-") as tmp:
+        state = Path(tmp) / "state"
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            sim.add_call(call_id)
+            await _serve_one_call(_settings(journal, state, sim.base_url, record_events=True), sim, call_id)
+            nursery.cancel_scope.cancel()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(capture_path(state, call_id), out)
+    return out
+
+
+# --- the expectation ------------------------------------------------------------
+
+def _pretty(output: str) -> list[str]:
+    try:
+        return json.dumps(json.loads(output), indent=1, sort_keys=True, ensure_ascii=False).splitlines()
+    except ValueError:
+        return output.splitlines() or [""]
+
+
+def _output_differences(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    found = []
+    for call_id in sorted(set(expected) | set(actual)):
+        want, got = expected.get(call_id), actual.get(call_id)
+        tool = (want or got or {}).get("tool") or "?"
+        if got is None:
+            found.append(f"output for tool call {call_id} ({tool}): the recording has one, we sent none")
+        elif want is None:
+            found.append(f"output for tool call {call_id} ({tool}): we sent one, the recording has none")
+        elif want != got:
+            lines = [f"output for tool call {call_id} ({tool}) differs:"]
+            a, b = want.get("outputs", []), got.get("outputs", [])
+            if len(a) != len(b):
+                lines.append(f"  {len(a)} output(s) recorded, {len(b)} sent")
+            for old, new in zip(a, b):
+                diff = list(difflib.unified_diff(_pretty(old), _pretty(new), "recorded", "sent", lineterm="", n=1))
+                lines.extend("  " + line for line in diff[:DIFF_LINES])
+                if len(diff) > DIFF_LINES:
+                    lines.append(f"  … {len(diff) - DIFF_LINES} more diff lines")
+            found.append("\n".join(lines))
+    return found
+
+
+def compare(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """Every difference between an expectation's ``sent`` and a replay's result."""
+    found = _output_differences(expected.get("outputs", {}), actual.get("outputs", {}))
+    for key in COMPARED[1:]:
+        if expected.get(key) != actual.get(key):
+            found.append(f"{key.replace('_', ' ')}: recorded {json.dumps(expected.get(key))}, "
+                         f"sent {json.dumps(actual.get(key))}")
+    return found
+
+
+def load_expectation(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or data.get("version") != EXPECTATION_VERSION or not isinstance(data.get("sent"), dict):
+        raise ValueError(f"{path}: not a replay expectation (version {EXPECTATION_VERSION})")
+    return data
+
+
+def write_expectation(path: Path, actual: dict[str, Any], today: str) -> None:
+    body = {"version": EXPECTATION_VERSION, "today": today, "sent": actual}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)   # atomic: a reader sees the old or the new expectation
+
+
+# --- the command ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def _journal(given: str | None, today: str) -> Iterator[Path]:
+    if given:
+        yield Path(given)
+        return
+    from voiceactors.journal.sample import write_sample_journal
+
+    with tempfile.TemporaryDirectory(prefix="voiceactors-replay-journal-") as tmp:
+        yield write_sample_journal(Path(tmp) / "journal", days=14, today=clock.parse_day(today), seed=0)
+
+
+def run(args: argparse.Namespace, out: Any = None) -> int:
+    out = out or sys.stdout
+    capture = Path(args.file)
+    expect = Path(args.expect) if args.expect else expectation_path(capture)
+    expected: dict[str, Any] | None = None
+    if expect.exists():
+        try:
+            expected = load_expectation(expect)
+        except ValueError as error:
+            if not args.update:
+                print(f"voiceactors replay: {error}", file=sys.stderr)
+                return 2
+    elif not args.update and not args.capture:
+        print(f"voiceactors replay: no expectation at {expect}: run with --update to write one", file=sys.stderr)
+        return 2
+    # an update keeps the expectation's day unless told otherwise
+    today = args.today or (expected or {}).get("today") or clock.today().isoformat()
+    clock.pin(today)
+    try:
+        with _journal(args.journal, today) as journal:
+            if args.capture:
+                trio.run(capture_scenario, args.capture, capture, journal)
+                print(f"captured scenario {args.capture} into {capture}", file=out)
+            try:
+                actual = trio.run(lambda: replay_capture(capture, journal, speed=args.speed, timeout_s=args.timeout))
+            except (OSError, ValueError) as error:
+                print(f"voiceactors replay: {error}", file=sys.stderr)
+                return 2
+    finally:
+        clock.pin(None)
+    if args.update or expected is None:
+        write_expectation(expect, actual, today)
+        answered = sum(1 for create in actual["response_creates"] if "answered_by" in create)
+        print(f"wrote the expectation {expect} ({len(actual['outputs'])} tool outputs, "
+              f"{answered} response.create answered)", file=out)
+        return 0
+    differences = compare(expected["sent"], actual)
+    if not differences:
+        print(f"OK — {capture.name}: what we sent matches the recording "
+              f"({len(actual['outputs'])} tool outputs, {len(actual['response_creates'])} response.create)", file=out)
+        return 0
+    print(f"DIFFERS — {capture.name}: {len(differences)} difference(s) from the recording", file=out)
+    for difference in differences:
+        print(f"- {difference}", file=out)
+    return 1
+
+
+def cli_replay(args: argparse.Namespace) -> int:
+    """``voiceactors replay``: the report on stdout; only warnings and worse
+    are logged (stderr), the call's own lines would drown it."""
+    logs.configure("console", "warning")
+    return run(args)

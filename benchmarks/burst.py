@@ -43,7 +43,7 @@ quiet, at most ``--settle-max-s``):
   phase's CPU per call) / rounds done: the rounds' cost by subtraction.
   ``gross`` (CPU / rounds, connects included) is reported too.
 
-A ``warm`` phase (5 calls, 2 rounds) runs first and is not reported:
+A ``warm`` phase (``--warm-calls`` (5) calls, 2 rounds) runs first and is not reported:
 first-use costs (imports, the tool's first read) stay out of the numbers.
 
 Other modes:
@@ -129,20 +129,20 @@ class Phase:
 
 def phases_for(mode: str, args: argparse.Namespace, calls: int | None = None) -> list[Phase]:
     think = (float(args.think_ms[0]), float(args.think_ms[1]))
-    warm = Phase("warm", 5, 2, spread_s=0.2, think_ms=think)
+    warm = [Phase("warm", args.warm_calls, 2, spread_s=0.2, think_ms=think)] if args.warm_calls else []
     if mode == "burst":
-        return [warm, Phase("connect", args.calls, 0, args.spread, think_ms=think, hold_s=args.hold_s),
+        return [*warm, Phase("connect", args.calls, 0, args.spread, think_ms=think, hold_s=args.hold_s),
                 Phase("burst", args.calls, args.rounds, args.spread, think_ms=think)]
     if mode == "one":
-        return [warm, Phase("one", 1, args.rounds if args.rounds_given else 50, 0.0, think_ms=think)]
+        return [*warm, Phase("one", 1, args.rounds if args.rounds_given else 50, 0.0, think_ms=think)]
     if mode == "long":
         think = think if args.think_given else (0.0, 0.0)
         n = args.short_calls
-        return [warm, Phase("connect", n, 0, 0.0, sequential=True, think_ms=think, hold_s=0.0),
+        return [*warm, Phase("connect", n, 0, 0.0, sequential=True, think_ms=think, hold_s=0.0),
                 Phase("short", n, 5, 0.0, sequential=True, think_ms=think),
                 Phase("long", 1, args.long_rounds, 0.0, think_ms=think)]
     if mode == "sweep":
-        return [warm, Phase("burst", calls or args.calls, args.rounds, args.spread, think_ms=think)]
+        return [*warm, Phase("burst", calls or args.calls, args.rounds, args.spread, think_ms=think)]
     raise SystemExit(f"unknown mode {mode!r}")
 
 
@@ -497,6 +497,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="tool rounds per call (burst, sweep: 20; one: 50)")
     p.add_argument("--think-ms", type=float, nargs=2, metavar=("MIN", "MAX"),
                    help="think time between a call's rounds (default 50 250; long: 0 0)")
+    p.add_argument("--warm-calls", type=int, default=5, help="calls of the unreported warm-up phase (0: none)")
     p.add_argument("--hold-s", type=float, default=0.5, help="how long the connect phase's calls stay open")
     p.add_argument("--long-rounds", type=int, default=3000)
     p.add_argument("--short-calls", type=int, default=20, help="long mode: 5-round calls, one after another")

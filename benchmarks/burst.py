@@ -467,6 +467,11 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
                 out["ours_vs_nothing_output_p50"] = round(o["p50"] / n["p50"], 2)
                 print(f"ours / nothing output p50: {out['ours_vs_nothing_output_p50']}x "
                       f"(ours p99 {o['p99']:.1f} ms)", flush=True)
+            key = "server_ms_per_round_net" if "connect" in by_peer["ours"] else "server_ms_per_round_gross"
+            mine, floor = by_peer["ours"][main_phase].get(key), by_peer["nothing"][main_phase].get(key)
+            if mine is not None and floor is not None:   # what our code costs beyond reading the frames
+                out["ours_minus_nothing_ms_per_round"] = round(mine - floor, 3)
+                print(f"ours - nothing CPU per round ({key}): {out['ours_minus_nothing_ms_per_round']} ms", flush=True)
         return out
     steps = []
     for n in args.steps:
@@ -486,6 +491,44 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
         print(f"burst capacity {peer}: {out['capacity'][peer]} calls (steps tried "
               f"{[s['calls'] for s in steps if s['peer'] == peer]})", flush=True)
     return out
+
+
+def code_label(repo: Path | None) -> str:
+    """The short commit of the server's checkout (``+dirty`` when it has
+    uncommitted changes); "" when it is not a git checkout."""
+    import subprocess
+
+    where = str(repo or Path(__file__).resolve().parent.parent)
+    try:
+        rev = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return rev + ("+dirty" if rev and dirty else "")
+
+
+def markdown_rows(out: dict[str, Any]) -> list[str]:
+    """One table row per reported phase (docs/benchmarks.md § 7)."""
+    def ms(s: dict[str, Any]) -> str:
+        return f"{s['p50']:.1f} / {s['p99']:.1f}" if s.get("n") else ""
+
+    rows = []
+    results = out["results"] if "results" in out else [s["result"] for s in out.get("steps", [])]
+    for r in results:
+        code = out["code"] if r["peer"] == "ours" else "do-nothing"
+        for name, p in r["phases"].items():
+            if name == "warm":
+                continue
+            cpu = p.get("cpu") or {}
+            per = (f"{p['server_ms_per_connect']}" if "server_ms_per_connect" in p else
+                   f"{p.get('server_ms_per_round_net', '')} ({p.get('server_ms_per_round_gross', '')})")
+            rows.append(f"| {out['machine']['when_utc']} (load {out['machine']['loadavg_1m']}) | {code} | {name} | "
+                        f"{p['phase']['calls']} | {p['rounds_done']} | {ms(p['output_ms'])} | {ms(p['create_ms'])} | "
+                        f"{ms(p['join_ms'])} | {per} | {cpu.get('server', {}).get('core_pct', '')} % | "
+                        f"{cpu.get('sim', {}).get('core_pct', '')} % |")
+    return rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -527,7 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# machine: {facts}", flush=True)
     out = run_mode(args)
     out.update(machine=facts, machine_after=machine_facts(), argv=sys.argv,
-               server_repo=str(_peer_repo() or ""))
+               server_repo=str(_peer_repo() or ""), code=code_label(_peer_repo()))
+    out["markdown"] = markdown_rows(out)
+    print("\n".join(out["markdown"]), flush=True)
     if args.json:
         write_json(Path(args.json), out)
     return 0

@@ -43,6 +43,11 @@ quiet, at most ``--settle-max-s``):
   phase's CPU per call) / rounds done: the rounds' cost by subtraction.
   ``gross`` (CPU / rounds, connects included) is reported too.
 
+Both take out the idle server's own CPU over the window (its timers:
+measured for ``--idle-s`` (2) seconds with no call before the phases,
+``idle_core_pct``). psutil counts CPU in 10 ms ticks: a phase needs
+seconds of CPU for a tenth-of-a-millisecond resolution per round.
+
 A ``warm`` phase (``--warm-calls`` (5) calls, 2 rounds) runs first and is not reported:
 first-use costs (imports, the tool's first read) stay out of the numbers.
 
@@ -338,6 +343,16 @@ def quiet(server: Proc, *, below_core_pct: float = 5.0, max_s: float = 5.0) -> f
     return round(time.monotonic() - t0, 2)
 
 
+def idle_core_pct(server: Proc, seconds: float) -> float:
+    """The server's CPU with no call, as % of a core, over ``seconds``: its
+    timers' cost, taken out of the per-round numbers (psutil counts 10 ms ticks)."""
+    if seconds <= 0:
+        return 0.0
+    c0 = server.cpu_s()
+    time.sleep(seconds)
+    return round(100 * (server.cpu_s() - c0) / seconds, 2)
+
+
 def start_server(peer: str, sim_port: int, port: int, run_dir: Path) -> Proc:
     if peer == "nothing":
         server = spawn("nothing", "benchmarks.peers.nothing", [
@@ -376,6 +391,7 @@ def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: st
         port = free_loopback_port()
         server = start_server(peer, sim_port, port, run_dir)
         quiet(server)
+        result["idle_core_pct"] = idle_core_pct(server, args.idle_s)
         for phase in phases:
             window = CpuWindow({"server": server, "sim": sim})
             window.start()
@@ -398,25 +414,30 @@ def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: st
     result["server_stderr_tail"] = server.tail(400) if server else ""
     result["phases"] = {name: {**report, "cpu": windows.get(name)} for name, report in sim_result["phases"].items()}
     result["coalesce_writes"] = sim_result["coalesce_writes"]
-    add_cpu_per_unit(result["phases"])
+    add_cpu_per_unit(result["phases"], result["idle_core_pct"])
     if not args.keep:
         shutil.rmtree(run_dir / "state", ignore_errors=True)
     return result
 
 
-def add_cpu_per_unit(phases: dict[str, Any]) -> None:
+def add_cpu_per_unit(phases: dict[str, Any], idle_core_pct: float = 0.0) -> None:
     """Server CPU ms per call for phases without rounds (``connect``); per
     round for the others: ``gross`` (all of the window) and ``net`` (minus
-    the calls' connects, at the connect phase's cost per call)."""
+    the calls' connects, at the connect phase's cost per call). Both take
+    out what the idle server spends over the window (``idle_core_pct``)."""
+    def busy_ms(p: dict[str, Any]) -> float:
+        cpu = p["cpu"]
+        return 1000 * max(0.0, cpu["server"]["cpu_s"] - idle_core_pct / 100 * cpu["wall_s"])
+
     connect = phases.get("connect")
     per_connect = None
     if connect and connect.get("cpu") and connect["phase"]["calls"]:
-        per_connect = 1000 * connect["cpu"]["server"]["cpu_s"] / connect["phase"]["calls"]
+        per_connect = busy_ms(connect) / connect["phase"]["calls"]
         connect["server_ms_per_connect"] = round(per_connect, 2)
     for name, p in phases.items():
         if name == "connect" or not p.get("cpu") or not p["rounds_done"]:
             continue
-        cpu_ms = 1000 * p["cpu"]["server"]["cpu_s"]
+        cpu_ms = busy_ms(p)
         p["server_ms_per_round_gross"] = round(cpu_ms / p["rounds_done"], 3)
         if per_connect is not None:
             p["server_ms_per_round_net"] = round((cpu_ms - per_connect * p["phase"]["calls"]) / p["rounds_done"], 3)
@@ -551,6 +572,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait", type=float, default=10.0, help="wait_outputs bound per round (s)")
     p.add_argument("--settle-max-s", type=float, default=5.0)
+    p.add_argument("--idle-s", type=float, default=2.0, help="seconds the idle server's CPU is measured (0: not)")
     p.add_argument("--keep", action="store_true", help="keep the server's state directory")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)

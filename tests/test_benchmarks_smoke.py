@@ -102,10 +102,12 @@ def test_floods_every_phase_accounts_for_every_request(bench):
 
 def test_burst_ours_and_the_do_nothing_server_answer_every_round(bench):
     data = _main(bench, "benchmarks.burst", "--calls", "3", "--rounds", "2", "--spread", "0.2",
-                 "--think-ms", "10", "20", "--hold-s", "0.1", "--settle-max-s", "1", "--warm-calls", "1")
+                 "--think-ms", "10", "20", "--hold-s", "0.1", "--settle-max-s", "1", "--warm-calls", "1",
+                 "--idle-s", "0.2")
     assert [r["peer"] for r in data["results"]] == ["ours", "nothing"]
     for r in data["results"]:
-        assert r["coalesce_writes"] is False and set(r["phases"]) == {"warm", "connect", "burst"}
+        assert r["idle_core_pct"] >= 0 and r["coalesce_writes"] is False
+        assert set(r["phases"]) == {"warm", "connect", "burst"}
         connect, burst = r["phases"]["connect"], r["phases"]["burst"]
         assert connect["join_statuses"] == {"200": 3} and connect["closed"] == 3 and connect["rounds_done"] == 0
         assert connect["server_ms_per_connect"] >= 0   # psutil counts in 10 ms ticks: 3 connects may read 0
@@ -117,14 +119,15 @@ def test_burst_ours_and_the_do_nothing_server_answer_every_round(bench):
 
 def test_burst_long_mode_and_sweep(bench):
     data = _main(bench, "benchmarks.burst", "--mode", "long", "--long-rounds", "12", "--short-calls", "2",
-                 "--settle-max-s", "1", "--warm-calls", "0")
+                 "--settle-max-s", "1", "--warm-calls", "0", "--idle-s", "0")
     (r,) = data["results"]
     short, long_ = r["phases"]["short"], r["phases"]["long"]
     assert r["phases"]["connect"]["phase"]["sequential"] and r["phases"]["connect"]["join_statuses"] == {"200": 2}
     assert short["rounds_done"] == 10 and long_["rounds_done"] == 12 and long_["unanswered"] == 0
     assert long_["phase"]["think_ms"] == [0.0, 0.0] and "server_ms_per_round_net" in long_
     data = _main(bench, "benchmarks.burst", "--mode", "sweep", "--peers", "nothing", "--steps", "2",
-                 "--rounds", "2", "--spread", "0.1", "--settle-max-s", "1", "--warm-calls", "0")
+                 "--rounds", "2", "--spread", "0.1", "--settle-max-s", "1", "--warm-calls", "0",
+                 "--idle-s", "0")
     (step,) = data["steps"]
     assert step["calls"] == 2 and step["result"]["phases"]["burst"]["rounds_done"] == 4
     assert data["capacity"]["nothing"] in (0, 2) and step["passed"] == (data["capacity"]["nothing"] == 2)

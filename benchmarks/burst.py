@@ -536,7 +536,7 @@ def markdown_rows(out: dict[str, Any]) -> list[str]:
         return f"{s['p50']:.1f} / {s['p99']:.1f}" if s.get("n") else ""
 
     rows = []
-    results = out["results"] if "results" in out else [s["result"] for s in out.get("steps", [])]
+    results = [s["result"] for s in out["steps"]] if "steps" in out else out["results"]
     for r in results:
         code = out["code"] if r["peer"] == "ours" else "do-nothing"
         for name, p in r["phases"].items():

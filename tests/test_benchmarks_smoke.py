@@ -130,4 +130,5 @@ def test_burst_long_mode_and_sweep(bench):
                  "--idle-s", "0")
     (step,) = data["steps"]
     assert step["calls"] == 2 and step["result"]["phases"]["burst"]["rounds_done"] == 4
+    assert len(data["markdown"]) == 1 and "| burst | 2 | 4 |" in data["markdown"][0]
     assert data["capacity"]["nothing"] in (0, 2) and step["passed"] == (data["capacity"]["nothing"] == 2)

@@ -73,6 +73,7 @@ Run::
     .venv/bin/python -m benchmarks.burst --mode one --json B-one.json
     .venv/bin/python -m benchmarks.burst --mode long --json B-long.json
     .venv/bin/python -m benchmarks.burst --mode sweep --steps 50 100 150 200 --json B-sweep.json
+    .venv/bin/python -m benchmarks.burst --peers ours --py-spy 5      # + where the server's CPU goes
     git worktree add /tmp/before 4237744 && \\
       BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.burst --json B-before.json
 
@@ -343,6 +344,30 @@ def quiet(server: Proc, *, below_core_pct: float = 5.0, max_s: float = 5.0) -> f
     return round(time.monotonic() - t0, 2)
 
 
+def profile_start(server: Proc, phase: Phase, args: argparse.Namespace, run_dir: Path) -> Any:
+    """With ``--py-spy SECONDS``: sample the server under test for that long
+    from the start of the mode's main phase (``server.pyspy.txt``)."""
+    if not args.py_spy or phase.name not in ("burst", "one", "long"):
+        return None
+    from benchmarks.roundtrip import _start_py_spy
+
+    spy = _start_py_spy(server.popen.pid, args.py_spy, run_dir)
+    return spy
+
+
+def profile_finish(spy: Any, seconds: float, run_dir: Path) -> str:
+    import subprocess
+
+    from benchmarks.profile_summary import summarise
+
+    try:
+        spy.wait(timeout=seconds + 30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+    raw = run_dir / "peer.pyspy.txt"     # the name roundtrip's sampler writes
+    return summarise(raw.read_text(errors="replace")) if raw.exists() else "no profile"
+
+
 def idle_core_pct(server: Proc, seconds: float) -> float:
     """The server's CPU with no call, as % of a core, over ``seconds``: its
     timers' cost, taken out of the per-round numbers (psutil counts 10 ms ticks)."""
@@ -396,9 +421,12 @@ def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: st
             window = CpuWindow({"server": server, "sim": sim})
             window.start()
             sim.send(f"JOIN {phase.name} {port} 127.0.0.1:{port}")
+            spy = profile_start(server, phase, args, run_dir)
             sim.expect(f"PHASE_DONE {phase.name}", phase.budget_s(args.wait) + 30)
             settled = quiet(server, max_s=args.settle_max_s)
             windows[phase.name] = {**window.stop(), "settle_s": settled}
+            if spy is not None:
+                result["profile"] = profile_finish(spy, args.py_spy, run_dir)
         sim.send("STOP")
         sim.expect("DONE", 60)
         sim_result = json.loads(sim_out.read_text())
@@ -480,6 +508,8 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
             for name, p in r["phases"].items():
                 if name != "warm":
                     print(phase_line(peer, name, p), flush=True)
+            if r.get("profile"):
+                print(f"{peer} profile:\n{r['profile']}", flush=True)
         by_peer = {r["peer"]: r["phases"] for r in out["results"]}
         main_phase = {"burst": "burst", "one": "one", "long": "long"}[args.mode]
         if "ours" in by_peer and "nothing" in by_peer:
@@ -573,6 +603,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--wait", type=float, default=10.0, help="wait_outputs bound per round (s)")
     p.add_argument("--settle-max-s", type=float, default=5.0)
     p.add_argument("--idle-s", type=float, default=2.0, help="seconds the idle server's CPU is measured (0: not)")
+    p.add_argument("--py-spy", type=float, metavar="SECONDS",
+                   help="sample the server with py-spy this long from the main phase's start (summary in the JSON)")
     p.add_argument("--keep", action="store_true", help="keep the server's state directory")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)

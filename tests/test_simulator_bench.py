@@ -118,7 +118,7 @@ async def _raw_call(sim: Simulator, call_id: str) -> tuple[int, int, int]:
     conn = WSConnection(ConnectionType.CLIENT)
     await stream.send_all(conn.send(Request(host=f"127.0.0.1:{sim.port}", target=f"/v1/realtime?call_id={call_id}",
                                             extra_headers=AUTH)))
-    frames, after_handshake, text = 0, 0, ""
+    frames, after_handshake, text, nodelay = 0, 0, "", 0
     with trio.fail_after(10):
         while True:
             data = await stream.receive_some(65536)
@@ -128,6 +128,10 @@ async def _raw_call(sim: Simulator, call_id: str) -> tuple[int, int, int]:
             for event in conn.events():
                 if isinstance(event, AcceptConnection):
                     after_handshake = _data_segments_in(stream.socket)
+                    with trio.fail_after(5):
+                        await sim.calls[call_id].wait_until(lambda c: c.connection is not None)
+                    server_side = sim.calls[call_id].connection.stream.inner   # the simulator's TCP stream
+                    nodelay = server_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 elif isinstance(event, TextMessage):
                     assert event.message_finished   # never a message split over frames
                     frames += 1
@@ -144,8 +148,8 @@ async def _raw_call(sim: Simulator, call_id: str) -> tuple[int, int, int]:
                 elif isinstance(event, CloseConnection):
                     await stream.send_all(conn.send(event.response()))
     total = _data_segments_in(stream.socket)
-    assert stream.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     await stream.aclose()
+    assert nodelay                                # the simulator's side writes without Nagle's delay
     return frames, total - after_handshake, total
 
 

@@ -103,3 +103,37 @@ def test_floods_every_phase_accounts_for_every_request(bench):
 def test_round_cpu_tiny(bench):
     data = _main(bench, "benchmarks.round_cpu", "--rounds", "5", "--window", "2")
     assert data["view"] and data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28
+
+
+def test_burst_ours_and_the_do_nothing_server_answer_every_round(bench):
+    data = _main(bench, "benchmarks.burst", "--calls", "3", "--rounds", "2", "--spread", "0.2",
+                 "--think-ms", "10", "20", "--hold-s", "0.1", "--settle-max-s", "1", "--warm-calls", "1",
+                 "--idle-s", "0.2")
+    assert [r["peer"] for r in data["results"]] == ["ours", "nothing"]
+    for r in data["results"]:
+        assert r["idle_core_pct"] >= 0 and r["coalesce_writes"] is False
+        assert set(r["phases"]) == {"warm", "connect", "burst"}
+        connect, burst = r["phases"]["connect"], r["phases"]["burst"]
+        assert connect["join_statuses"] == {"200": 3} and connect["closed"] == 3 and connect["rounds_done"] == 0
+        assert connect["server_ms_per_connect"] >= 0   # psutil counts in 10 ms ticks: 3 connects may read 0
+        assert burst["rounds_done"] == 6 and burst["output_ms"]["n"] == 6 and burst["create_ms"]["n"] == 6
+        assert burst["errors"] == 0 and burst["violations"] == 0 and burst["unanswered"] == 0
+        assert len(burst["per_call_output_p99_ms"]) == 3 and "server_ms_per_round_net" in burst
+    assert data["ours_vs_nothing_output_p50"] > 0
+
+
+def test_burst_long_mode_and_sweep(bench):
+    data = _main(bench, "benchmarks.burst", "--mode", "long", "--long-rounds", "12", "--short-calls", "2",
+                 "--settle-max-s", "1", "--warm-calls", "0", "--idle-s", "0")
+    (r,) = data["results"]
+    short, long_ = r["phases"]["short"], r["phases"]["long"]
+    assert r["phases"]["connect"]["phase"]["sequential"] and r["phases"]["connect"]["join_statuses"] == {"200": 2}
+    assert short["rounds_done"] == 10 and long_["rounds_done"] == 12 and long_["unanswered"] == 0
+    assert long_["phase"]["think_ms"] == [0.0, 0.0] and "server_ms_per_round_net" in long_
+    data = _main(bench, "benchmarks.burst", "--mode", "sweep", "--peers", "nothing", "--steps", "2",
+                 "--rounds", "2", "--spread", "0.1", "--settle-max-s", "1", "--warm-calls", "0",
+                 "--idle-s", "0")
+    (step,) = data["steps"]
+    assert step["calls"] == 2 and step["result"]["phases"]["burst"]["rounds_done"] == 4
+    assert len(data["markdown"]) == 1 and "| burst | 2 | 4 |" in data["markdown"][0]
+    assert data["capacity"]["nothing"] in (0, 2) and step["passed"] == (data["capacity"]["nothing"] == 2)

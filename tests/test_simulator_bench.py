@@ -88,3 +88,85 @@ async def test_validate_sent_can_be_turned_off(nursery, validate):
             with trio.fail_after(5):
                 assert json.loads(await ws.get_message()) == bogus
             assert call.sent == [bogus]
+
+
+# -- coalesce_writes=False: one frame per event, one socket write per frame
+
+def _data_segments_in(sock) -> int:
+    """Linux ``tcp_info.tcpi_data_segs_in``: TCP segments with data this
+    socket has received (offset 152 of ``struct tcp_info``, Linux >= 4.6)."""
+    import socket
+    import struct
+
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
+    if len(info) < 156:
+        pytest.skip("this kernel's tcp_info has no data_segs_in")
+    return struct.unpack_from("I", info, 152)[0]
+
+
+async def _raw_call(sim: Simulator, call_id: str) -> tuple[int, int, int]:
+    """A websocket client by hand (wsproto over a trio TCP stream) that
+    answers the scenario's tool call and the close. Returns (text frames
+    received, data segments received after the handshake's answer, segments
+    in all)."""
+    import socket
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, CloseConnection, Message, Request, TextMessage
+
+    stream = await trio.open_tcp_stream("127.0.0.1", sim.port)
+    conn = WSConnection(ConnectionType.CLIENT)
+    await stream.send_all(conn.send(Request(host=f"127.0.0.1:{sim.port}", target=f"/v1/realtime?call_id={call_id}",
+                                            extra_headers=AUTH)))
+    frames, after_handshake, text, nodelay = 0, 0, "", 0
+    with trio.fail_after(10):
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            conn.receive_data(data)
+            for event in conn.events():
+                if isinstance(event, AcceptConnection):
+                    after_handshake = _data_segments_in(stream.socket)
+                    with trio.fail_after(5):
+                        await sim.calls[call_id].wait_until(lambda c: c.connection is not None)
+                    server_side = sim.calls[call_id].connection.stream.inner   # the simulator's TCP stream
+                    nodelay = server_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                elif isinstance(event, TextMessage):
+                    assert event.message_finished   # never a message split over frames
+                    frames += 1
+                    text += event.data
+                    if event.message_finished:
+                        message, text = json.loads(text), ""
+                        if message["type"] == "response.done":
+                            for item in message["response"]["output"]:
+                                if item["type"] == "function_call":
+                                    reply = {"type": "conversation.item.create", "item": {
+                                        "type": "function_call_output", "call_id": item["call_id"], "output": "{}"}}
+                                    await stream.send_all(conn.send(Message(data=json.dumps(reply))))
+                                    await stream.send_all(conn.send(Message(data='{"type": "response.create"}')))
+                elif isinstance(event, CloseConnection):
+                    await stream.send_all(conn.send(event.response()))
+    total = _data_segments_in(stream.socket)
+    await stream.aclose()
+    assert nodelay                                # the simulator's side writes without Nagle's delay
+    return frames, total - after_handshake, total
+
+
+@pytest.mark.skipif(not hasattr(__import__("socket"), "TCP_INFO"), reason="needs Linux TCP_INFO")
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_coalesce_writes_off_sends_each_event_in_its_own_segment(nursery, coalesce):
+    sim = await _start(nursery, coalesce_writes=coalesce)
+    call = sim.add_call("rtc_1", [
+        {"user_turn": {"text": "What is on today?", "duration_ms": 0}},
+        {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+        {"wait_outputs": {"timeout_s": 5}},
+        {"response": {"text": "Two meetings and a walk in the afternoon."}},
+        {"close": 1000}])
+    frames, segments, _ = await _raw_call(sim, "rtc_1")
+    events = len(call.sent)
+    assert frames == events and events > 30   # one text frame per event either way
+    if coalesce:
+        assert segments < events / 2              # bursts of events share a write (and a segment)
+    else:
+        assert segments >= frames                 # every frame its own write, so its own segment

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -202,15 +203,24 @@ class SimCall:
             await self._changed.wait()
 
 
+def _no_delay(stream: trio.abc.Stream) -> None:
+    """TCP_NODELAY on a TCP stream (trio sets it by default; said here
+    because one frame per segment depends on it)."""
+    if isinstance(stream, trio.SocketStream):
+        stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+
+
 class CallSession:
     """One accepted sideband websocket on a ``SimCall``."""
 
     def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario, *,
-                 validate_sent: bool = True, stream: ReplayStream | None = None) -> None:
+                 validate_sent: bool = True, stream: ReplayStream | None = None,
+                 coalesce_writes: bool = True) -> None:
         self.call = call
         self.ws = ws
         self.stream = stream                   # ws's own stream: corked while a batch is written
         self.validate_sent = validate_sent
+        self.coalesce_writes = coalesce_writes  # False: each event its own frame in its own socket write
         self.steps = scenario.steps
         self.log = get_logger(actor="simulator", call_id=call.call_id)
         self._outbox: list[str | bytes] = []   # encoded messages the writer has not taken yet
@@ -238,6 +248,8 @@ class CallSession:
         if call.started_at is None:
             call.started_at = trio.current_time()
         call.notify()
+        if not self.coalesce_writes and self.stream is not None:
+            _no_delay(self.stream.inner)
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
@@ -293,6 +305,9 @@ class CallSession:
     # which takes everything queued at once and writes it with one syscall
     # (the stream is corked meanwhile). A burst of events from one step
     # then costs one write and one wake-up of the peer instead of one each.
+    # With ``coalesce_writes=False`` (the burst benchmark) every event goes
+    # out in its own ``send_all`` on a TCP_NODELAY socket instead, as the
+    # real service streams them: the peer pays per frame and per wake-up.
 
     async def send(self, event: dict, resp: _Active | None = None,
                    before: Callable[[], None] | None = None) -> None:
@@ -368,7 +383,7 @@ class CallSession:
                 self._scope.cancel()
 
     async def _write(self, batch: list[str | bytes]) -> None:
-        stream = self.stream
+        stream = self.stream if self.coalesce_writes else None
         if stream is not None:
             stream.cork()
         try:

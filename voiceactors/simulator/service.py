@@ -136,12 +136,17 @@ class Simulator:
     For benchmarks: ``validate_sent=False`` skips validating every sent event
     against the SDK's models (most of the simulator's own CPU per event; keep
     it on in tests, where it catches simulator bugs); ``timestamps=True``
-    records ``SimCall.sent_at`` / ``received_at``."""
+    records ``SimCall.sent_at`` / ``received_at``; ``coalesce_writes=False``
+    sends every server event as its own websocket frame in its own socket
+    write on a TCP_NODELAY socket (the default writes everything queued for
+    a connection in one write: cheaper for the simulator, kinder to the
+    peer than the real service)."""
 
     def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
                  gone_status: int = 404, host: str = "127.0.0.1", validate_sent: bool = True,
-                 timestamps: bool = False, speech: bool = True) -> None:
+                 timestamps: bool = False, speech: bool = True, coalesce_writes: bool = True) -> None:
         self.scenario = as_scenario(scenario)
+        self.coalesce_writes = coalesce_writes
         self.speech = speech                           # a browser call's replies spoken by espeak-ng, when installed
         self.validate_sent = validate_sent
         self.timestamps = timestamps
@@ -494,7 +499,8 @@ class Simulator:
             return
         assert call is not None
         ws = await request.accept()
-        session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream)
+        session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream,
+                              coalesce_writes=self.coalesce_writes)
         log.info("simulator.connection", outcome="accepted", connection=call.connections + 1,
                  scenario=call.scenario.name, step=call.step_index)
         await session.run()

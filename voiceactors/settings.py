@@ -53,6 +53,7 @@ class Spec:
     normalize: Callable[[str], str] | None = None   # applied to a value read from the environment
     doc_default: str | None = None      # the default as the doc table shows it, when str() is not it
     short: str | None = None            # the flag's help, when the first clause of ``help`` is too long
+    check: Callable[[Any], str | None] | None = None   # a value's own rule: the problem, or None
 
 
 def setting(default: Any, group: str, help: str, *, env: str | tuple[str, ...] = (),
@@ -64,6 +65,12 @@ def setting(default: Any, group: str, help: str, *, env: str | tuple[str, ...] =
     if required:
         return field(metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def _mcp_sources_problem(value: Any) -> str | None:
+    from voiceactors.tools.mcp_sources import settings_problem   # tools import settings: keep it lazy
+    problem = settings_problem(value)
+    return f"mcp_sources (VOICEACTORS_MCP_SOURCES): {problem}" if problem else None
 
 
 def is_loopback_host(host: str) -> bool:
@@ -167,6 +174,18 @@ class Settings:
         5.0, TOOLS, "how long a write waits for a journal day file's lock (held by solstone or another writer) "
         "before answering `journal busy: …`, nothing changed (docs/tools.md, docs/journal-format.md)",
         env="VOICEACTORS_JOURNAL_LOCK_TIMEOUT", unit="s", positive=True)
+    mcp_sources: str | None = setting(
+        None, TOOLS, "MCP tool sources as a JSON list, `[{\"name\": \"crm\", \"url\": \"http://host/mcp\", "
+        "\"token_env\": \"CRM_TOKEN\"}]` (optional `timeout_s`); when unset, the journal's `voice.mcp_sources`. "
+        "Names are slugs without `.` or `_` and not a journal tool family (docs/mcp.md)",
+        env="VOICEACTORS_MCP_SOURCES", flag="--mcp-sources", metavar="JSON", doc_default="unset (the journal's)",
+        short="MCP tool sources as a JSON list (docs/mcp.md)", check=_mcp_sources_problem)
+    mcp_discovery_ttl_s: float = setting(
+        300.0, TOOLS, "how often each MCP source's tools are listed again (a source down or refused is retried "
+        "then)", env="VOICEACTORS_MCP_DISCOVERY_TTL", unit="s", positive=True)
+    mcp_timeout_s: float = setting(
+        10.0, TOOLS, "an MCP source's request time limit when its entry has no `timeout_s`",
+        env="VOICEACTORS_MCP_TIMEOUT", unit="s", positive=True)
 
     # --- calls (CallSupervisor / CallActor) ---
     max_calls: int = setting(
@@ -352,6 +371,8 @@ def _from_env(item: Declared, env: Mapping[str, str]) -> Any:
 
 def _check(item: Declared, value: Any) -> str | None:
     spec = item.spec
+    if spec.check is not None:
+        return spec.check(value)
     if spec.choices and value not in spec.choices:
         return f"{item.label} must be one of {', '.join(spec.choices)}, not {value!r}"
     if item.type not in (int, float):

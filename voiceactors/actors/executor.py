@@ -55,12 +55,12 @@ import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import trio
 
 from voiceactors import metrics, storage
-from voiceactors.actors import write_log
+from voiceactors.actors import mcp_execution, write_log
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
@@ -77,6 +77,9 @@ from voiceactors.tools.registry import (
     parse_arguments,
     validate,
 )
+
+if TYPE_CHECKING:
+    from voiceactors.actors.mcp_hub import McpHub
 
 _log = get_logger(actor="tools")
 
@@ -205,11 +208,13 @@ class _Flight:
 
 class ToolExecutor:
     """See the module docstring. ``registry`` is replaceable (tests register
-    their own tools); ``on_result`` observes every reply (metrics)."""
+    their own tools); ``on_result`` observes every reply (metrics);
+    ``remote`` holds the tools of MCP sources (``mcp_hub.py``; None: ours only)."""
 
     def __init__(self, settings: Settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
-                 on_result: Callable[[ToolResult], None] = observe_result):
+                 on_result: Callable[[ToolResult], None] = observe_result, remote: McpHub | None = None):
         self.settings = settings
+        self.remote = remote
         self.ctx = ctx
         self.registry = registry
         self.on_result = on_result
@@ -247,6 +252,8 @@ class ToolExecutor:
     def _resolve(self, req: ToolRequest) -> _Resolved:
         """Look the tool up and parse the arguments, once per request."""
         spec = lookup(req.name, self.registry)
+        if spec is None and self.remote is not None:
+            spec = self.remote.lookup(req.call_id, req.name)
         try:
             args: dict[str, Any] | None = parse_arguments(req.arguments)
             args_error = None
@@ -392,6 +399,8 @@ class ToolExecutor:
         invalid = validate(spec, res.args)
         if invalid is not None:
             return _error(invalid, "invalid")
+        if spec.remote is not None:
+            return await self._remote(req, spec, res.args)
         if res.is_write:
             return await self._write(req, spec, res.args)
         return await self._read(spec, res.args)
@@ -461,6 +470,17 @@ class ToolExecutor:
             return self._replayed(record)
         return _Run(output=record["output"], outcome=record["outcome"],
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
+
+    async def _remote(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
+        """A tool of an MCP source: ``mcp_execution`` has its rules; the caps are ours."""
+        assert self.remote is not None
+
+        def render(body: dict[str, Any]) -> str:
+            return cap_output(_dumps(body), self.settings.tool_output_cap) or _dumps(OUTPUT_TOO_LARGE)
+
+        done = await mcp_execution.run(self.remote, self.ctx.state_dir, req, spec, args, render)
+        return _Run(output=done.output, outcome=done.outcome, budgeted=done.budgeted,
+                    truncated=done.output.startswith('{"truncated":true'))
 
     def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Worker thread: check, apply and record under the write log lock."""

@@ -45,6 +45,8 @@ class ToolSpec:
     # the answer depends only on the journal, today and the arguments (never on
     # the call), so the executor may hand a fresh one to another call
     reusable: bool = False
+    # a tool of an MCP source: its ``mcp_discovery.RemoteTool`` (None: ours, run by ``handler``)
+    remote: Any = None
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

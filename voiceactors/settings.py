@@ -178,7 +178,7 @@ class Settings:
         None, TOOLS, "MCP tool sources as a JSON list, `[{\"name\": \"crm\", \"url\": \"http://host/mcp\", "
         "\"token_env\": \"CRM_TOKEN\"}]` (optional `timeout_s`); when unset, the journal's `voice.mcp_sources`. "
         "Names are slugs without `.` or `_` and not a journal tool family (docs/mcp.md)",
-        env="VOICEACTORS_MCP_SOURCES", flag="--mcp-sources", metavar="JSON", doc_default="unset (the journal's)",
+        env="VOICEACTORS_MCP_SOURCES", doc_default="unset (the journal's)",
         short="MCP tool sources as a JSON list (docs/mcp.md)", check=_mcp_sources_problem)
     mcp_discovery_ttl_s: float = setting(
         300.0, TOOLS, "how often each MCP source's tools are listed again (a source down or refused is retried "

@@ -42,6 +42,7 @@ from voiceactors.tools.registry import ToolSpec
 
 CALLS_KEPT = 1024           # calls whose credentials are kept, oldest evicted
 SWEEP_S = 60.0
+START_WAIT_S = 2.0          # how long the start waits for the first discovery round
 
 _log = get_logger(actor="mcp")
 
@@ -143,6 +144,10 @@ class McpHub:
             if self._sources:
                 nursery.start_soon(self._discovery_loop)
                 nursery.start_soon(self._sweep_loop)
+                # the first sessions should list the tools of sources that answer at once; a
+                # source that is slow or down does not hold up the start for longer than this
+                with trio.move_on_after(START_WAIT_S):
+                    await self._discovered.wait()
             else:
                 self._discovered.set()
             task_status.started()

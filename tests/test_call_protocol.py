@@ -778,3 +778,22 @@ def test_any_order_with_drops_never_resends_a_confirmed_output(script):
     for c, count in confirmed_before.items():
         assert len(w.outputs(c)) == count          # nothing sent after the service had it
     assert all(w.outputs(c) or w.state(c) == "confirmed" for c in w.p.calls)
+
+
+def test_an_expired_call_token_queues_the_output_then_ends_the_call():
+    """A source refused the call's own token (outcome auth_expired, docs/mcp.md):
+    the model still gets the output, then the call ends auth_expired."""
+    w = Wire()
+    one_tool_turn(w, name="crm.lookup")
+    out = w.finish("c1", '{"error": "authentication with crm expired; the conversation ends"}', "auth_expired")
+    assert out[-1] == EndCall(EndReason.AUTH_EXPIRED)
+    (output,) = w.outputs("c1")
+    assert "expired" in output.event["item"]["output"]
+    assert w.logs("call.auth_expired") == [{"tool": "crm.lookup", "tool_call_id": "c1"}]
+
+
+def test_other_outcomes_never_end_the_call():
+    for outcome in ("ok", "error", "timeout", "failed", "invalid", "rejected", "replayed"):
+        w = Wire()
+        one_tool_turn(w)
+        assert not [e for e in w.finish("c1", outcome=outcome) if isinstance(e, EndCall)], outcome

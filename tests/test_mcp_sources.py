@@ -410,3 +410,18 @@ async def _request(executor: ToolExecutor, call_id: str, tool_call_id: str, name
     await executor.inbox.send(_req(call_id, tool_call_id, name, arguments, send))
     with real_time_limit():
         return await receive.receive()
+
+
+async def test_call_token_refused_at_its_discovery_ends_the_call_at_its_first_tool(tmp_path):
+    server = crm_server()     # knows only the configured token
+    async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
+        hub._open_call("rtc_mcp_bad", {"crm": "stale-user-token"})
+        with real_time_limit():
+            while "crm" not in hub._calls["rtc_mcp_bad"].expired:
+                await trio.sleep(0.01)
+        requests = server.requests
+        actor, sc = await r.run_call("rtc_mcp_bad", one_tool("crm.motd", {}))
+    assert actor.end_reason == EndReason.AUTH_EXPIRED
+    (tool_call_id,) = sc.tool_calls
+    assert json.loads(sc.outputs[tool_call_id][0]) == {"error": "authentication with crm expired; the conversation ends"}
+    assert server.requests == requests and server.calls == []   # never sent, never the configured token instead

@@ -425,3 +425,33 @@ async def test_call_token_refused_at_its_discovery_ends_the_call_at_its_first_to
     (tool_call_id,) = sc.tool_calls
     assert json.loads(sc.outputs[tool_call_id][0]) == {"error": "authentication with crm expired; the conversation ends"}
     assert server.requests == requests and server.calls == []   # never sent, never the configured token instead
+
+
+async def test_a_rejoin_after_a_crash_answers_a_source_write_from_the_write_log(tmp_path, autojump_clock):
+    """A server killed while a source tool's write was out: the rejoined call
+    answers it from the write log (its intent), never running it again. The
+    call record knows no effect for a source tool (``effect: null``)."""
+    from calls_support import KEY, rig
+    from test_call_crash import RESUME, _crashed_block
+    from voiceactors.actors import mcp_execution
+    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.simulator import ToolCallRecord
+
+    state = tmp_path / "state"
+    intent = json.dumps({"error": "the outcome of this change is unknown (it was interrupted); it will not be repeated"})
+    mcp_execution._store(state, "call_mcp_w", {"tool": "crm.notes.add", "outcome": "unknown", "output": intent,
+                                               "pending": True})
+    _crashed_block(state, "rtc_mcp_rejoin",
+                   {"kind": "tool_started", "t": 1.0, "tool_call_id": "call_mcp_w", "tool": "crm.notes.add",
+                    "response_id": "resp_1", "epoch": 0, "turn": 1, "effect": None})
+    async with rig(tmp_path) as r:
+        sc = r.sim.add_call("rtc_mcp_rejoin", steady(RESUME))
+        sc.tool_calls["call_mcp_w"] = ToolCallRecord("call_mcp_w", "crm.notes.add", "{}", "resp_1", "item_w",
+                                                     complete=True)
+        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
+        with real_time_limit():
+            await r.nursery.start(sup.run)
+            await sc.wait_until(lambda c: c.closed)
+            while sup.calls:
+                await trio.sleep(0.01)
+    assert sc.outputs["call_mcp_w"] == [intent]

@@ -43,7 +43,9 @@ def forecast_for(city: str) -> Forecast:
 
 
 def build_server() -> MCPServer:
-    server = MCPServer("voiceactors-demo-weather")
+    # WARNING: MCPServer configures the root logger (logging.basicConfig); at INFO every
+    # HTTP request of the SDK would print beside our JSON lines
+    server = MCPServer("voiceactors-demo-weather", log_level="WARNING")
 
     @server.tool(description="Tomorrow's weather for a city: the sky and the high and low in °C.",
                  annotations=ToolAnnotations(read_only_hint=True))

@@ -455,3 +455,22 @@ async def test_a_rejoin_after_a_crash_answers_a_source_write_from_the_write_log(
             while sup.calls:
                 await trio.sleep(0.01)
     assert sc.outputs["call_mcp_w"] == [intent]
+
+
+async def test_source_tools_meet_the_turn_bounds_like_ours(tmp_path):
+    server = crm_server()
+    scenario = steady([
+        {"user_turn": {"text": "twice the same"}},
+        {"response": {"tool_calls": [{"name": "crm.motd", "arguments": {}}, {"name": "crm_motd", "arguments": {}},
+                                     {"name": "crm.explain", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Done."}},
+        {"sleep": 1.0},
+        {"close": 1000},
+    ])
+    async with mcp_rig(tmp_path, {"crm": server}, tool_calls_per_turn=2) as (r, hub):
+        actor, sc = await r.run_call("rtc_mcp_bounds", scenario)
+    assert_clean_protocol(sc, creates=1)
+    outcomes = sorted(c.outcome for c in actor.calls.values())
+    assert outcomes == ["ok", "rejected", "rejected"]       # one identical call, one over the bound
+    assert len(server.calls) == 1

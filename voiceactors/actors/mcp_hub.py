@@ -224,7 +224,11 @@ class McpHub:
                          error=listed.detail)
             return None
         metrics.mcp_request(source.name, "discovery", "ok", seconds)
-        specs, left_out = mcp_discovery.build_specs(source.name, listed, self.settings.tool_name_style)
+        try:
+            specs, left_out = mcp_discovery.build_specs(source.name, listed, self.settings.tool_name_style)
+        except Exception:   # a listing no rule foresaw must not take the hub (and the runtime) down
+            _log.exception("mcp.discovery_failed", source=source.name, token=token, kind="listing")
+            return None
         for name, why in left_out:
             _log.warning("mcp.tool_left_out", source=source.name, tool=name, why=why)
         _log.info("mcp.discovered", source=source.name, token=token, tools=len(specs), left_out=len(left_out),

@@ -465,3 +465,45 @@ async def test_source_tools_meet_the_turn_bounds_like_ours(tmp_path):
     outcomes = sorted(c.outcome for c in actor.calls.values())
     assert outcomes == ["ok", "rejected", "rejected"]       # one identical call, one over the bound
     assert len(server.calls) == 1
+
+
+async def test_barge_in_cancels_a_source_read(tmp_path):
+    """The read is cancelled on our side (the SDK sends notifications/cancelled;
+    a stateless server does not stop its handler for it, so that is not checked)."""
+    entered = trio.Event()
+
+    async def wait(args: dict[str, Any]) -> types.CallToolResult:
+        entered.set()
+        await trio.sleep_forever()
+        raise AssertionError
+
+    server = McpTestServer([ToolDef("wait", wait)])
+    scenario = steady([
+        {"user_turn": {"text": "Look it up in the crm."}},
+        {"response": {"text": "Looking.", "tool_calls": [{"name": "crm.wait", "arguments": {}}], "hold_s": 2.0}},
+        {"barge_in": {"after_ms": 300, "text": "Never mind."}},
+        {"response": {"text": "Sure."}},
+        {"wait_outputs": {"response_create": False}},
+        {"sleep": 1.0},
+        {"close": 1000},
+    ])
+    async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
+        actor, sc = await r.run_call("rtc_mcp_barge", scenario)
+    assert entered.is_set()
+    assert_clean_protocol(sc, creates=0)
+    (tool_call_id,) = sc.tool_calls
+    assert json.loads(sc.outputs[tool_call_id][0]) == {"error": "cancelled"}
+    assert actor.calls[tool_call_id].outcome == "cancelled"
+
+
+async def test_source_outputs_meet_the_output_cap(tmp_path):
+    async def big(args: dict[str, Any]) -> types.CallToolResult:
+        return text_result("x" * 5000)
+
+    server = McpTestServer([ToolDef("big", big)])
+    async with mcp_rig(tmp_path, {"crm": server}, tool_output_cap=300) as (r, hub):
+        actor, sc = await r.run_call("rtc_mcp_cap", one_tool("crm.big", {}))
+    assert_clean_protocol(sc, creates=1)
+    (tool_call_id,) = sc.tool_calls
+    output = sc.outputs[tool_call_id][0]
+    assert len(output) <= 300 and json.loads(output)["truncated"] is True

@@ -1001,3 +1001,22 @@ def test_a_long_call_costs_no_more_per_round_than_a_short_one(barge_in):
     late = [_lines_traced(one_round) for _ in range(3)]
     assert len(w.p.calls) > 3_000
     assert max(late) <= max(early), (early, late)
+
+
+def test_an_expired_call_token_queues_the_output_then_ends_the_call():
+    """A source refused the call's own token (outcome auth_expired, docs/mcp.md):
+    the model still gets the output, then the call ends auth_expired."""
+    w = Wire()
+    one_tool_turn(w, name="crm.lookup")
+    out = w.finish("c1", '{"error": "authentication with crm expired; the conversation ends"}', "auth_expired")
+    assert out[-1] == EndCall(EndReason.AUTH_EXPIRED)
+    (output,) = w.outputs("c1")
+    assert "expired" in output.event["item"]["output"]
+    assert w.logs("call.auth_expired") == [{"tool": "crm.lookup", "tool_call_id": "c1"}]
+
+
+def test_other_outcomes_never_end_the_call():
+    for outcome in ("ok", "error", "timeout", "failed", "invalid", "rejected", "replayed"):
+        w = Wire()
+        one_tool_turn(w)
+        assert not [e for e in w.finish("c1", outcome=outcome) if isinstance(e, EndCall)], outcome

@@ -31,8 +31,8 @@ def test_demo_exits_zero_and_tells_what_happened():
     out = done.stdout
     assert "POST /api/voice/session → 200" in out
     assert "POST /api/voice/connect → 200" in out
-    for tool in ("briefing.get", "calendar.today", "commitments.list", "journal.search"):
-        assert f"tool ◀ {tool}" in out
+    for tool in ("briefing.get", "calendar.today", "commitments.list", "journal.search", "weather.forecast"):
+        assert f"tool ◀ {tool}  ok" in out   # weather.forecast: the demo's MCP source
     assert "cancelled (turn_detected)" in out          # the barge-in
     assert "protocol errors caused: 0" in out
     assert "usage: " in out and "the call so far" in out          # the feed's usage events, narrated

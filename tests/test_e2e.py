@@ -56,7 +56,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
     async with app.test_app() as test_app:
         client = test_app.test_client()
         runtime = voice_state(app).runtime
-        assert runtime is not None and len(runtime.nursery.child_tasks) == 3
+        assert runtime is not None and len(runtime.nursery.child_tasks) == 4   # mcp hub, brain, executor, supervisor
 
         # session mint: the instruction and the ten tools
         response = await client.post("/api/voice/session")

@@ -210,6 +210,24 @@ async def test_per_turn_bound_and_duplicates(nursery, autojump_clock, journal, s
     assert (await Client(ex, "rtc_other").call("test.echo", {"i": 0})).outcome == "ok"
 
 
+async def test_calls_arriving_together_are_counted_in_arrival_order(nursery, autojump_clock, journal, state):
+    """The calls of one response reach the executor in the model's order,
+    often in one batch (the call actor hands a whole socket read over in one
+    step): the turn's duplicate check and bound follow that order, never the
+    order the executor's tasks happen to be scheduled in."""
+    ex = await start(nursery, settings_for(journal, state, tool_calls_per_turn=2),
+                     make_registry([spec("test.echo", echo)]), journal, state)
+    for n in range(20):   # trio may run a batch of new tasks in either order
+        replies = []
+        for tool_call_id, args in (("call_a", {"i": 0}), ("call_b", {"i": 0}), ("call_c", {"i": 1})):
+            send, receive = trio.open_memory_channel(1)
+            ex.inbox.send_nowait(ToolRequest(call_id=f"rtc_{n}", tool_call_id=tool_call_id, name="test.echo",
+                                             arguments=json.dumps(args), epoch=0, turn=0, reply=send))
+            replies.append(receive)
+        outcomes = [(await receive.receive()).outcome for receive in replies]
+        assert outcomes == ["ok", "rejected", "rejected"], (n, outcomes)
+
+
 def test_cap_output_is_valid_json_within_limit():
     text = json.dumps({"t": 'quote " and \\ backslash \n' * 500})
     out = cap_output(text, 1000)

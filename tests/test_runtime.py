@@ -41,7 +41,7 @@ def make_settings(journal: Path, tmp_path: Path, **changes) -> Settings:
 
 async def test_runtime_serves_the_actors_and_leaves_nothing_behind(journal, tmp_path):
     async with open_runtime(make_settings(journal, tmp_path)) as rt:
-        assert len(rt.nursery.child_tasks) == 3
+        assert len(rt.nursery.child_tasks) == 4   # mcp hub, brain, executor, supervisor
         brain = await ask(rt.brain, GetBrain, timeout=5)
         assert brain.ready is False and brain.age_s is None
         assert await ask(rt.calls, CountCalls, timeout=5) == 0

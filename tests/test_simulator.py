@@ -659,7 +659,7 @@ async def test_demo_scenario_plays_through(sim, autojump_clock):
 
 def test_shipped_scenarios_load():
     expected = {"single_tool", "parallel_tools", "barge_in_during_tool", "model_responds_first",
-                "transcript_noise", "clean_close", "drop_and_resume", "silence", "demo"}
+                "transcript_noise", "clean_close", "drop_and_resume", "silence", "demo", "demo_mcp"}
     assert expected <= set(scenario_names())
     for name in scenario_names():
         assert load_scenario(name).steps

@@ -344,11 +344,13 @@ async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser,
     said = [e["transcript"] for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
     assert said == ["Good morning. What does today look like?",
                     "What's on my calendar, what do I owe people, and what did I write about the launch?",
+                    "And what's the weather in Lisbon tomorrow?",     # the demo's MCP source (docs/mcp.md)
                     "Look up the offsite notes from last week.", "Never mind, that's all for now."]
     replies = [e["transcript"] for e in events if e["type"] == "response.output_audio_transcript.done"]
     assert "Good morning. Here is your briefing." in replies and replies[-1] == "Alright, talk soon."
     tools = [e["name"] for e in events if e["type"] == "response.function_call_arguments.done"]
-    assert tools == ["briefing.get", "calendar.today", "commitments.list", "journal.search", "journal.search"]
+    assert tools == ["briefing.get", "calendar.today", "commitments.list", "journal.search", "weather.forecast",
+                     "journal.search"]
     batches = [[o["name"] for o in e["response"]["output"] if o["type"] == "function_call"]
                for e in events if e["type"] == "response.done"]
     assert ["calendar.today", "commitments.list", "journal.search"] in batches       # the parallel batch
@@ -356,8 +358,10 @@ async def test_demo_scenario_plays_to_a_browser_call_through_our_server(browser,
                  if e["type"] == "response.done" and e["response"]["status"] == "cancelled"]
     assert cancelled == ["turn_detected"] and "output_audio_buffer.cleared" in [e["type"] for e in events]
     # the sideband rules held: every tool call answered once by our server, no error
-    assert len(call.tool_calls) == 5
+    assert len(call.tool_calls) == 6
     assert all(len(call.outputs.get(c, [])) == 1 for c in call.tool_calls)
+    forecast = next(c for c, t in call.tool_calls.items() if t.name == "weather.forecast")
+    assert json.loads(call.outputs[forecast][0])["source"] == "weather"
     assert call.errors_sent == [] and call.violations == []
     assert call.close_code == 1000
     # the replies were audible

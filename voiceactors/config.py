@@ -10,7 +10,8 @@ unset key.
 Journal keys (``config/journal.json``)::
 
     "voice": {"openai_api_key": null, "model": "gpt-realtime",
-              "brain_model": "haiku", "brain": "local"}
+              "brain_model": "haiku", "brain": "local",
+              "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}]}
 
 These functions do blocking file reads (one small JSON file); async callers
 that care may wrap them in ``voiceactors.storage.run_sync``.
@@ -105,3 +106,9 @@ def brain_backend(settings: Settings) -> str:
         _log.warning("config.unknown_brain_backend", value=value[:32], using=DEFAULT_BRAIN_BACKEND)
         return DEFAULT_BRAIN_BACKEND
     return value
+
+
+def mcp_sources_block(settings: Settings) -> Any:
+    """The journal's raw ``voice.mcp_sources`` (None when absent); checked by
+    ``tools.mcp_sources.parse_sources``. Raises ConfigUnreadable like the rest."""
+    return _voice(settings).get("mcp_sources")

@@ -37,10 +37,11 @@ from voiceactors import clock, logs
 from voiceactors.logs import get_logger
 from voiceactors.server import cli_serve, run_server, settings_from_args
 from voiceactors.settings import Settings
+from voiceactors.demo_mcp import open_demo_source
 from voiceactors.simulator import Simulator
 
 DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
-DEMO_SCENARIO = "demo"
+DEMO_SCENARIO = "demo_mcp"   # the "demo" call plus a tool of the demo's MCP source (demo_mcp.py)
 CALL_DEADLINE_S = 30.0      # the scenario itself takes about ten seconds
 HTTP_TIMEOUT_S = 15.0
 
@@ -82,8 +83,11 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
     sim = Simulator(scenario, api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.serve, 0)
-        yield DemoEnv(settings=settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY,
-                                                demo=True), simulator=sim)
+        settings = settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY, demo=True)
+        async with contextlib.AsyncExitStack() as stack:
+            if not settings.mcp_sources:   # the demo's own MCP source, unless the operator named theirs
+                settings = await stack.enter_async_context(open_demo_source(settings))
+            yield DemoEnv(settings=settings, simulator=sim)
         nursery.cancel_scope.cancel()
 
 

@@ -76,6 +76,12 @@ class Metrics:
                               ["source", "model", "kind"], registry=r)
         self.cost = Counter(f"{PREFIX}_cost_usd", "What the model tokens cost in US dollars (priced models only), "
                             "by source and model.", ["source", "model"], registry=r)
+        self.mcp_requests = Counter(f"{PREFIX}_mcp_requests", "MCP source requests, by source, operation "
+                                    "(call, discovery) and outcome.", ["source", "op", "outcome"], registry=r)
+        self.mcp_errors = Counter(f"{PREFIX}_mcp_errors", "MCP source requests that got no result or an "
+                                  "isError one, by source and kind.", ["source", "kind"], registry=r)
+        self.mcp_latency = Histogram(f"{PREFIX}_mcp_request_seconds", "MCP source request latency, by source "
+                                     "and operation.", ["source", "op"], buckets=TOOL_BUCKETS, registry=r)
         self._tools: set[str] = set()
         self._models: set[str] = set()
         self._lock = threading.Lock()   # tool label set: recorded from worker threads too
@@ -111,6 +117,14 @@ class Metrics:
         label = self._tool_label(tool)
         self.tool_calls.labels(tool=label, outcome=str(outcome)[:32]).inc()
         self.tool_latency.labels(tool=label).observe(max(0.0, float(seconds)))
+
+    def mcp_request(self, source: str, op: str, outcome: str, seconds: float) -> None:
+        """One request to an MCP source (source names are configured: a bounded set)."""
+        source, outcome = str(source)[:32], str(outcome)[:32]
+        self.mcp_requests.labels(source=source, op=op, outcome=outcome).inc()
+        if outcome != "ok":
+            self.mcp_errors.labels(source=source, kind=outcome).inc()
+        self.mcp_latency.labels(source=source, op=op).observe(max(0.0, float(seconds)))
 
     def observe_overhead(self, seconds: float) -> None:
         self.tool_overhead.observe(max(0.0, float(seconds)))
@@ -198,6 +212,10 @@ def reconnect() -> None:
 
 def tool_finished(tool: str, outcome: str, seconds: float) -> None:
     METRICS.tool_finished(tool, outcome, seconds)
+
+
+def mcp_request(source: str, op: str, outcome: str, seconds: float) -> None:
+    METRICS.mcp_request(source, op, outcome, seconds)
 
 
 def tool_overhead(seconds: float) -> None:

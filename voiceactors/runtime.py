@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
 from voiceactors.actors.messages import BrainMessage, ExecutorMessage, SupervisorMessage
+if TYPE_CHECKING:
+    from voiceactors.actors.mcp_hub import McpMessage
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -53,6 +55,7 @@ class Runtime:
     calls: trio.MemorySendChannel[SupervisorMessage]
     nursery: trio.Nursery = field(repr=False)
     actors: dict[str, Any] = field(default_factory=dict, repr=False)
+    mcp: trio.MemorySendChannel[McpMessage] | None = None    # the MCP sources' hub (docs/mcp.md)
 
 
 async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
@@ -70,10 +73,13 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     from voiceactors.actors.brain import BrainActor
     from voiceactors.actors.supervisor import CallSupervisor
     from voiceactors.actors.executor import ToolExecutor
+    from voiceactors.actors.mcp_hub import McpHub
     from voiceactors.tools.context import ToolContext
 
-    executor = ToolExecutor(settings, ToolContext.from_settings(settings))
+    mcp = McpHub(settings)
+    executor = ToolExecutor(settings, ToolContext.from_settings(settings), remote=mcp)
     return {
+        "mcp": mcp,
         "brain": BrainActor(settings, brain_backend),
         "tools": executor,
         "calls": CallSupervisor(settings, executor.inbox),
@@ -104,7 +110,7 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
     actors = _make_actors(settings, brain_backend)
     # Start order: brain and executor before the supervisor that feeds the
     # executor; stop order is the reverse.
-    order = ["brain", "tools", "calls"]
+    order = ["mcp", "brain", "tools", "calls"]
     hosted = {name: _Hosted(name) for name in order}
     started = trio.current_time()
     async with trio.open_nursery() as nursery:
@@ -113,7 +119,7 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
         _log.info("runtime.started", duration_ms=round((trio.current_time() - started) * 1000, 1))
         try:
             yield Runtime(settings=settings, brain=actors["brain"].inbox, tools=actors["tools"].inbox,
-                          calls=actors["calls"].inbox, nursery=nursery, actors=actors)
+                          calls=actors["calls"].inbox, nursery=nursery, actors=actors, mcp=actors["mcp"].inbox)
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)

@@ -67,6 +67,11 @@ def setting(default: Any, group: str, help: str, *, env: str | tuple[str, ...] =
     return field(default=default, metadata=metadata)
 
 
+def _mcp_sources_problem(value: Any) -> str | None:
+    from voiceactors.tools.mcp_sources import settings_problem   # tools import settings: keep it lazy
+    return settings_problem(value)
+
+
 def is_loopback_host(host: str) -> bool:
     """``host`` (a listen address) is loopback: an IP literal in 127.0.0.0/8 or
     ``::1`` (also IPv4-mapped), or the name ``localhost``. Any other name is
@@ -180,6 +185,18 @@ class Settings:
         5.0, TOOLS, "how long a write waits for a journal day file's lock (held by solstone or another writer) "
         "before answering `journal busy: …`, nothing changed (docs/tools.md, docs/journal-format.md)",
         env="VOICEACTORS_JOURNAL_LOCK_TIMEOUT", unit="s", positive=True)
+    mcp_sources: str | None = setting(
+        None, TOOLS, "MCP tool sources as a JSON list, `[{\"name\": \"crm\", \"url\": \"http://host/mcp\", "
+        "\"token_env\": \"CRM_TOKEN\"}]` (optional `timeout_s`); when unset, the journal's `voice.mcp_sources`. "
+        "Names are slugs without `.` or `_` and not a journal tool family (docs/mcp.md)",
+        env="VOICEACTORS_MCP_SOURCES", doc_default="unset (the journal's)",
+        short="MCP tool sources as a JSON list (docs/mcp.md)", check=_mcp_sources_problem)
+    mcp_discovery_ttl_s: float = setting(
+        300.0, TOOLS, "how often each MCP source's tools are listed again (a source down or refused is retried "
+        "then)", env="VOICEACTORS_MCP_DISCOVERY_TTL", unit="s", positive=True)
+    mcp_timeout_s: float = setting(
+        10.0, TOOLS, "an MCP source's request time limit when its entry has no `timeout_s`",
+        env="VOICEACTORS_MCP_TIMEOUT", unit="s", positive=True)
 
     # --- calls (CallSupervisor / CallActor) ---
     max_calls: int = setting(

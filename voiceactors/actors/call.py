@@ -69,9 +69,10 @@ from voiceactors.tools.registry import lookup
 __all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "CallActor", "EndReason", "backoff_delay"]
 
 #: Ends reached with the socket still up: pending tool calls are answered first.
-SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET})
+SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET,
+                            EndReason.AUTH_EXPIRED})
 #: Ends after which the call itself is hung up (the browser is gone, or we stop serving it).
-HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.BUDGET})
+HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.BUDGET, EndReason.AUTH_EXPIRED})
 #: Close codes of a broken connection (protocol error, bad data, message too
 #: big): such a drop always counts toward the reconnect limit.
 BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
@@ -770,7 +771,7 @@ class CallActor:
             outcome: str | None = None
             if not (pending.effect == "read" and pending.arguments is not None):
                 output, outcome = RESTARTED_OUTPUT, ToolOutcome.RESTARTED
-                if pending.effect == "write":
+                if pending.effect != "read":   # a write, or an MCP source's tool (its effect is not ours to know)
                     recorded = await storage.run_sync(write_log.load, self.settings.state_dir, pending.tool_call_id)
                     if recorded is not None:
                         output, outcome = recorded["output"], ToolOutcome.REPLAYED

@@ -61,6 +61,7 @@ class EndReason(StrEnum):
     QUOTA = "insufficient_quota"          # the service's insufficient_quota error
     SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
     BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (call_usage.py)
+    AUTH_EXPIRED = "auth_expired"         # an MCP source refused the call's own token (docs/mcp.md)
     ERROR = "error"                       # a bug: logged with its traceback
 
 
@@ -766,6 +767,15 @@ class CallProtocol:
             self._emit(Publish("client_events", {"events": result.client_events, "tool": call.name,
                                                  "tool_call_id": call.tool_call_id}))
         self._maybe_follow_up()
+        self._end_if_auth_expired(result)
+
+    def _end_if_auth_expired(self, result: ToolFinished) -> None:
+        """The call's own credentials for an MCP source were refused: the
+        user's authentication expired, so the call ends (its output, already
+        queued, tells the model why)."""
+        if result.outcome == ToolOutcome.AUTH_EXPIRED:
+            self._log("warning", "call.auth_expired", tool=result.tool, tool_call_id=result.tool_call_id)
+            self._emit(EndCall(EndReason.AUTH_EXPIRED))
 
     def _on_tool_abandoned(self, message: ToolAbandoned) -> None:
         call = self.calls[message.tool_call_id]

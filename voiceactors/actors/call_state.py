@@ -95,6 +95,7 @@ class ToolOutcome(StrEnum):
     FAILED = "failed"
     REPLAYED = "replayed"
     RESTARTED = "restarted"
+    AUTH_EXPIRED = "auth_expired"   # an MCP source refused the call's own token: the call ends
 
 
 UNANSWERED = frozenset({ToolCallState.SEEN, ToolCallState.RUNNING})

@@ -55,12 +55,12 @@ import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import trio
 
 from voiceactors import metrics, storage
-from voiceactors.actors import write_log
+from voiceactors.actors import mcp_execution, write_log
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
@@ -78,6 +78,9 @@ from voiceactors.tools.registry import (
     parse_arguments,
     validate,
 )
+
+if TYPE_CHECKING:
+    from voiceactors.actors.mcp_hub import McpHub
 
 _log = get_logger(actor="tools")
 
@@ -190,6 +193,9 @@ class _Resolved:
     args: dict[str, Any] | None          # None when they did not parse: see ``args_error``
     args_error: dict[str, Any] | None
     fresh_key: FreshKey | None           # set for a reusable read while reuse is on
+    # the turn's verdict, taken when the request arrived (``_admit``): None
+    # admitted, else the rejection; empty for a request not counted yet
+    admission: list[_Run | None] = field(default_factory=list)
 
     @property
     def is_write(self) -> bool:
@@ -206,11 +212,13 @@ class _Flight:
 
 class ToolExecutor:
     """See the module docstring. ``registry`` is replaceable (tests register
-    their own tools); ``on_result`` observes every reply (metrics)."""
+    their own tools); ``on_result`` observes every reply (metrics);
+    ``remote`` holds the tools of MCP sources (``mcp_hub.py``; None: ours only)."""
 
     def __init__(self, settings: Settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
-                 on_result: Callable[[ToolResult], None] = observe_result):
+                 on_result: Callable[[ToolResult], None] = observe_result, remote: McpHub | None = None):
         self.settings = settings
+        self.remote = remote
         self.ctx = ctx
         self.registry = registry
         self.on_result = on_result
@@ -237,6 +245,11 @@ class ToolExecutor:
                     if isinstance(message, ToolRequest):
                         resolved = self._resolve(message)
                         if not self._answer_shared(resolved):
+                            # counted here, in arrival order: the calls of one
+                            # response reach us in the model's order, and the
+                            # bound and duplicate check must not depend on how
+                            # the tasks below get scheduled
+                            resolved.admission.append(self._admit(resolved))
                             nursery.start_soon(self._serve, resolved, self._scope_for(resolved))
                     elif isinstance(message, CancelReads):
                         self._cancel_reads(message)
@@ -248,6 +261,8 @@ class ToolExecutor:
     def _resolve(self, req: ToolRequest) -> _Resolved:
         """Look the tool up and parse the arguments, once per request."""
         spec = lookup(req.name, self.registry)
+        if spec is None and self.remote is not None:
+            spec = self.remote.lookup(req.call_id, req.name)
         try:
             parsed = parse_arguments(req.arguments)
             if spec is not None and req.selection is not None:
@@ -386,7 +401,7 @@ class ToolExecutor:
             recorded = await storage.run_sync(write_log.load, self.ctx.state_dir, req.tool_call_id)
             if recorded is not None:
                 return self._replayed(recorded)
-        rejection = self._admit(res)
+        rejection = res.admission[0] if res.admission else self._admit(res)
         if rejection is not None:
             return rejection
         if spec is None:
@@ -396,6 +411,8 @@ class ToolExecutor:
         invalid = validate(spec, res.args)
         if invalid is not None:
             return _error(invalid, "invalid")
+        if spec.remote is not None:
+            return await self._remote(req, spec, res.args)
         if res.is_write:
             return await self._write(req, spec, res.args)
         return await self._read(spec, res.args)
@@ -465,6 +482,17 @@ class ToolExecutor:
             return self._replayed(record)
         return _Run(output=record["output"], outcome=record["outcome"],
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
+
+    async def _remote(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
+        """A tool of an MCP source: ``mcp_execution`` has its rules; the caps are ours."""
+        assert self.remote is not None
+
+        def render(body: dict[str, Any]) -> str:
+            return cap_output(_dumps(body), self.settings.tool_output_cap) or _dumps(OUTPUT_TOO_LARGE)
+
+        done = await mcp_execution.run(self.remote, self.ctx.state_dir, req, spec, args, render)
+        return _Run(output=done.output, outcome=done.outcome, budgeted=done.budgeted,
+                    truncated=done.output.startswith('{"truncated":true'))
 
     def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Worker thread: check, apply and record under the write log lock."""

@@ -36,6 +36,8 @@ RATE_LIMITED = "too many requests"
 CONFIG_UNREADABLE = "voice unavailable — could not read configuration"
 BUSY = "server busy"
 INTERNAL = "internal error"
+CREDENTIALS_INVALID = "credentials must be an object of source name to token"
+CREDENTIALS_UNKNOWN_SOURCE = "credentials name an unknown mcp source"
 
 # werkzeug's titles ("Not Found") lower-cased, for the statuses we expect to see.
 _STATUS_MESSAGES = {

@@ -25,6 +25,7 @@ from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, Connec
 from voiceactors.http import errors as E
 from voiceactors.http import linked
 from voiceactors.actors.call_context import LinkedContext
+from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
@@ -153,13 +154,15 @@ async def _instruction(settings: Settings, runtime: Runtime) -> str:
     return brain.instruction
 
 
-def session_config(settings: Settings, model: str, instruction: str) -> dict[str, Any]:
-    """The ``session`` of the client-secret request."""
+def session_config(settings: Settings, model: str, instruction: str,
+                   source_tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``session`` of the client-secret request; ``source_tools``: the
+    MCP sources' tools, after ours (``http/mcp_credentials.py``)."""
     return {
         "type": "realtime",
         "model": model,
         "instructions": instruction,
-        "tools": manifest(settings.tool_name_style),
+        "tools": manifest(settings.tool_name_style) + list(source_tools or ()),
         "tool_choice": "auto",
         "output_modalities": ["audio"],
     }
@@ -201,12 +204,13 @@ async def create_session() -> Any:
     await _refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
     instruction = linked.instruction(await _instruction(settings, _runtime()), link)
+    sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
     model = await _read_config(config.voice_model, settings)
     started = trio.current_time()
     try:
         assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
         value = await mint_client_secret(settings, voice.openai_clients, key,
-                                         session_config(settings, model, instruction))
+                                         session_config(settings, model, instruction, sources))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
         _log.error("http.session_mint_failed", error_type=type(error).__name__,
                    status=getattr(error, "status_code", None), detail=str(error)[:300],
@@ -234,10 +238,13 @@ async def connect() -> Any:
     body = await _json_object(required=True)
     call_id = _call_id(body.get("call_id"))
     greeting, requested = linked.body_greeting(body), linked.body_context(body)
+    credentials = mcp_credentials.credentials_of(body)
     await _openai_key(settings)
     runtime = _runtime()
     link = await linked.verified(requested, settings)
     call_context = LinkedContext(await _base_instruction(runtime), link, greeting)
+    if credentials is not None:
+        await mcp_credentials.open_call(runtime, call_id, credentials)
     try:
         answer = await _ask(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
                             settings.connect_timeout_s + QUICK_ASK_S)

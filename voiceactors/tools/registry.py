@@ -54,6 +54,8 @@ class ToolSpec:
     # only meaningful inside a voice call (it changes the call's selection):
     # not offered where there is no call (the journal's MCP server)
     call_scoped: bool = False
+    # a tool of an MCP source: its ``mcp_discovery.RemoteTool`` (None: ours, run by ``handler``)
+    remote: Any = None
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,159 @@
+"""Real MCP servers for the tests: the SDK's low-level ``Server`` over
+Streamable HTTP, served by hypercorn's trio worker on loopback, behind a
+bearer-token check, plus the rig that runs calls against them (our
+executor with an ``McpHub``, the Realtime simulator, a call actor).
+
+``McpTestServer`` records what reached it: every HTTP request (``requests``)
+and every tool call its handlers ran (``calls``). Its accepted tokens can be
+changed while it runs (a token revoked mid-conversation); ``redirect`` makes
+it answer every POST with a same-origin 307; ``stop()`` kills it.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import mcp.types as types
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from mcp.server.lowlevel import Server
+
+from calls_support import DAY, KEY, Rig
+from voiceactors.actors.executor import ToolExecutor
+from voiceactors.actors.feed import FeedHub
+from voiceactors.actors.mcp_hub import McpHub
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.settings import Settings
+from voiceactors.simulator import Simulator
+from voiceactors.tools import REGISTRY, ToolContext
+from voiceactors.tools.mcp_sources import McpSource
+
+Handler = Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]
+
+OBJECT = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+@dataclass
+class ToolDef:
+    name: str
+    handler: Handler
+    schema: dict[str, Any] = field(default_factory=lambda: dict(OBJECT))
+    read_only: bool = True
+    description: str = "a test tool"
+
+
+def text_result(text: str, *, is_error: bool = False, structured: Any = None) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=is_error,
+                                structured_content=structured)
+
+
+class McpTestServer:
+    def __init__(self, tools: list[ToolDef], *, tokens: set[str] | None = None, page_size: int = 100) -> None:
+        self.tools = {t.name: t for t in tools}
+        self.tokens = set(tokens or {"server-token"})
+        self.page_size = page_size
+        self.requests = 0
+        self.list_pages = 0
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.redirect = False
+        self.url = ""
+        self._scope = trio.CancelScope()
+        self._server = Server("test", on_list_tools=self._list, on_call_tool=self._call)
+        self._app: Any = None
+
+    async def _list(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        self.list_pages += 1
+        listed = [types.Tool(name=t.name, description=t.description, input_schema=t.schema,
+                             annotations=types.ToolAnnotations(read_only_hint=t.read_only))
+                  for t in self.tools.values()]
+        start = int(params.cursor) if params is not None and params.cursor else 0
+        end = start + self.page_size
+        return types.ListToolsResult(tools=listed[start:end], next_cursor=str(end) if end < len(listed) else None)
+
+    async def _call(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        arguments = dict(params.arguments or {})
+        self.calls.append((params.name, arguments))
+        return await self.tools[params.name].handler(arguments)
+
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.requests += 1
+            headers = dict(scope["headers"])
+            token = headers.get(b"authorization", b"").decode()
+            if self.redirect and scope["method"] == "POST":
+                await _answer(send, 307, b"", [(b"location", b"/mcp-elsewhere")])
+                return
+            if not token.startswith("Bearer ") or token[7:] not in self.tokens:
+                await _answer(send, 401, b'{"error":"unauthorized"}', [(b"content-type", b"application/json")])
+                return
+        await self._app(scope, receive, send)
+
+    async def serve(self, port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        config = Config()
+        config.bind = [f"127.0.0.1:{port}"]
+        config.accesslog = None
+        config.errorlog = None
+        self._scope = trio.CancelScope()   # a new one each start: the server may be restarted
+        self._app = self._server.streamable_http_app(stateless_http=True, json_response=True)
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(serve, self._asgi, config)
+                self.url = binds[0] + "/mcp"
+                task_status.started(self.url)
+
+    def stop(self) -> None:
+        """Kill the server: open connections are dropped mid-request."""
+        self._scope.cancel()
+
+
+async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@asynccontextmanager
+async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dict[str, str] | None = None,
+                  scenario: Any = None, timeouts: dict[str, float] | None = None,
+                  **changes: Any) -> AsyncIterator[tuple[Rig, McpHub]]:
+    """The calls rig with MCP sources: each server started, one source per
+    entry (token env ``<NAME>_TOKEN``, ``server-token`` unless ``env`` says
+    otherwise), the hub's first discovery done."""
+    journal = tmp_path / "journal"
+    if not journal.exists():
+        write_sample_journal(journal, days=3, today=DAY)
+    base: dict[str, Any] = dict(journal=journal, state_dir=tmp_path / "state", tool_timeout_read_s=math.inf,
+                                tool_timeout_write_s=math.inf, call_idle_timeout_s=math.inf,
+                                call_max_duration_s=math.inf)
+    base.update(changes)
+    settings = Settings(**base)
+    sim = Simulator(scenario, api_key=KEY)
+    async with trio.open_nursery() as nursery:
+        sim_scope = trio.CancelScope()
+
+        async def serve_sim(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            with sim_scope:
+                await sim.serve(0, task_status=task_status)
+
+        await nursery.start(serve_sim)
+        settings = settings.replace(openai_base_url=sim.base_url)
+        sources = []
+        tokens = dict(env or {})
+        for name, server in servers.items():
+            url = await nursery.start(server.serve)
+            env_name = f"{name.upper().replace('-', '_')}_TOKEN"
+            tokens.setdefault(env_name, "server-token")
+            sources.append(McpSource(name, url, env_name, (timeouts or {}).get(name)))
+        hub = McpHub(settings, tuple(sources), env=tokens)
+        await nursery.start(hub.run)
+        await hub.wait_discovered()
+        ctx = ToolContext(journal=journal, state_dir=settings.state_dir, today=lambda: DAY)
+        executor = ToolExecutor(settings, ctx, REGISTRY, remote=hub)
+        await nursery.start(executor.run)
+        yield (Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
+                   nursery, sim_scope), hub)
+        nursery.cancel_scope.cancel()

@@ -19,15 +19,15 @@ time (measured before the connects), divided by the calls:
 * ``end_ms`` — one call's end: the close, the record's last write, the
   actor's removal, the log lines.
 
-``--profile`` runs the server under ``cProfile`` (the trio thread only;
-worker threads are not profiled) and prints the top functions by own time
-for the connect window's process; CPU numbers of a profiled run are not
-comparable with an unprofiled one.
+``--py-spy`` samples the server with py-spy over the connects (raw
+collapsed stacks into the run folder, ``server.pyspy.txt``; summarise with
+``benchmarks.profile_summary``); CPU numbers of a sampled run are not
+comparable with an unsampled one.
 
 Run::
 
     .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 3
-    .venv/bin/python -m benchmarks.connect_cost --calls 200 --profile
+    .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 1 --py-spy
     .venv/bin/python -m benchmarks.connect_cost --server-repo /tmp/before    # another checkout's server
 
 Bounded: every wait has a timeout; every process is a child on loopback.
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import pstats
 import shutil
 import signal
 import sys
@@ -47,6 +46,7 @@ from typing import Any
 
 from benchmarks.common import BENCH_KEY, BENCH_TODAY, Proc, free_loopback_port, machine_facts, sample_journal, spawn, work_dir
 from benchmarks.floods import http_call, wait_ready
+from benchmarks.roundtrip import _start_py_spy
 
 PREFIX = "rtc_conn"
 
@@ -95,12 +95,8 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
                "VOICEACTORS_LOG_LEVEL": args.log_level}
         serve = ["serve", "--journal", str(journal), "--state-dir", str(run_dir / "state"), "--host", "127.0.0.1",
                  "--port", str(port), "--today", BENCH_TODAY.isoformat()]
-        if args.profile:
-            server = spawn("server", "cProfile", ["-o", str(run_dir / "server.prof"), "-m", "voiceactors.cli", *serve],
-                           workdir=run_dir, env=env, repo=Path(args.server_repo) if args.server_repo else None)
-        else:
-            server = spawn("server", "voiceactors.cli", serve, workdir=run_dir, env=env,
-                           repo=Path(args.server_repo) if args.server_repo else None)
+        server = spawn("server", "voiceactors.cli", serve, workdir=run_dir, env=env,
+                       repo=Path(args.server_repo) if args.server_repo else None)
         wait_ready(server, port, host)
         quiet(server)
         t0, c0 = time.monotonic(), server.cpu_s()
@@ -109,6 +105,7 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
         result["idle_core_pct"] = round(100 * idle_core, 1)
 
         lines_before = len(server.stderr_path.read_text(errors="replace").splitlines())
+        spy = _start_py_spy(server.popen.pid, args.calls / args.rate + 1, run_dir) if args.py_spy else None
         t0, c0 = time.monotonic(), server.cpu_s()
         statuses: dict[str, int] = {}
         for n in range(args.calls):
@@ -136,17 +133,16 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
         log = server.stderr_path.read_text(errors="replace").splitlines()
         result["log_lines_per_call"] = round((len(log) - lines_before) / args.calls, 2)
         result["log_events"] = _events(log[lines_before:])
-        server.popen.send_signal(signal.SIGINT if args.profile else signal.SIGTERM)
+        if spy is not None:
+            spy.wait(30)
+            result["py_spy"] = str(run_dir / "peer.pyspy.txt")
+        server.popen.send_signal(signal.SIGTERM)
         result["server_rc"] = server.wait(60)
     finally:
         for proc in (server, sim):
             if proc is not None and proc.popen.poll() is None:
                 proc.popen.terminate()
                 proc.wait(10)
-    if args.profile and (run_dir / "server.prof").exists():
-        stats = pstats.Stats(str(run_dir / "server.prof"))
-        stats.sort_stats("tottime").print_stats(args.profile_top)
-        result["profile"] = str(run_dir / "server.prof")
     if not args.keep:
         shutil.rmtree(run_dir / "state", ignore_errors=True)
     return result
@@ -170,8 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--idle-s", type=float, default=2.0)
     p.add_argument("--log-level", default="info")
-    p.add_argument("--profile", action="store_true")
-    p.add_argument("--profile-top", type=int, default=40)
+    p.add_argument("--py-spy", action="store_true", help="sample the server over the connects")
     p.add_argument("--server-repo", default=None)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json", default=None)
@@ -189,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               f"(raw {r['connect']['per_call_raw_ms']}, {r['connect']['statuses']}), "
               f"end {r['end']['per_call_ms']} ms CPU/call (raw {r['end']['per_call_raw_ms']}), "
               f"idle {r['idle_core_pct']} % of a core, log lines/call {r['log_lines_per_call']}, "
-              f"records with end {r['end']['records_with_end']}/{args.calls}", flush=True)
+              f"records with end {r['end']['records_with_end']}/{args.calls}"
+              + (f", py-spy {r['py_spy']}" if r.get("py_spy") else ""), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine_facts(), "args": vars(args), "runs": runs},
                                               indent=1, default=str))

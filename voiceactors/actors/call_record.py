@@ -143,9 +143,15 @@ class RecordWriter:
     async def run(self) -> None:
         while True:
             await self._until_due()
-            batch = list(self._waiting)      # every waiting record rides along: one hop for all
+            waiting = list(self._waiting)    # every waiting record rides along: one hop for all
             self._waiting.clear()
-            blocks = [record._take() for record in batch]
+            batch, blocks = [], []
+            for record in waiting:
+                try:
+                    blocks.append(record._take())
+                    batch.append(record)
+                except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
+                    record._written(0, f"{type(exc).__name__}: {exc}")
             try:
                 errors = await storage.run_sync(_append_all, blocks, cancellable=False)
             except Exception as exc:  # noqa: BLE001 - a system task must not die: every record hears of it

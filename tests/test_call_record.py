@@ -100,3 +100,33 @@ async def test_one_writer_groups_every_call_and_one_file_failing_stays_its_own(t
         assert await broken.close() is True and broken.failed is not None   # told, never hung
     for record in records:
         assert [x["kind"] for x in read_record(record.path)] == ["start", "tool_started", "end"]
+
+
+def _writer_tasks() -> int:
+    """Live tasks named like the record writer, by a walk from the root task."""
+    count, stack = 0, [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        count += task.name == "call-record-writer"
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+async def test_the_writer_retires_with_the_last_record_and_a_new_one_starts(tmp_path):
+    from voiceactors.actors.call_record import shared_writer
+
+    first = CallRecord("rtc_first", tmp_path)
+    writer = shared_writer()
+    assert _writer_tasks() == 1
+    first.opened()
+    first.add("end", reason="closed_by_service")
+    assert await first.close() is True
+    await trio.sleep(0.05)
+    assert _writer_tasks() == 0                 # no task outlives the calls (the soak counts them)
+    second = CallRecord("rtc_second", tmp_path)
+    assert second._writer is not writer and _writer_tasks() == 1
+    second.opened()
+    second.add("end", reason="closed_by_service")
+    assert await second.close() is True
+    assert [x["kind"] for x in read_record(second.path)] == ["start", "end"]

@@ -2,9 +2,9 @@
 
 ``<state_dir>/calls/<call_id>.jsonl``, written AS THE CALL GOES by ONE
 background writer shared by every call of the process (``RecordWriter``, a
-trio system task started with the first record of a run) with
-``storage.append_lines``: the ``start`` line, each ``tool_started`` and each
-``tool_call`` line are flushed at once (a kill -9 must find them), the other
+trio system task started with the first record of a run and retired once
+every record has closed) with ``storage.append_lines``: the ``start`` line,
+each ``tool_started`` and each ``tool_call`` line are flushed at once (a kill -9 must find them), the other
 lines ride along with the next flush or within ``BATCH_S``. Each pass of the
 writer takes every record with lines waiting and writes them all in one
 worker thread (one append and one fsync per file), so a burst of calls, or a
@@ -126,13 +126,24 @@ class RecordWriter:
     """The one writer of every call record of a trio run (see the module
     docstring). ``want(record, urgent)`` asks for a record's waiting lines
     to be written: at once when urgent, else within ``BATCH_S``; ``passes``
-    counts the thread hops."""
+    counts the thread hops. It lives while records do: once every record
+    has closed and nothing waits, it retires, and the next record starts a
+    new one (so no task outlives the calls)."""
 
     def __init__(self) -> None:
         self._waiting: dict[CallRecord, float] = {}   # record -> when it is due (insertion order)
         self._wake = trio.Event()
         self._sleep_until = math.inf
+        self._records = 0                               # records made and not yet closed
         self.passes = 0
+
+    def join(self) -> None:
+        self._records += 1
+
+    def leave(self) -> None:
+        self._records -= 1
+        if self._records <= 0:
+            self._wake.set()           # maybe time to retire
 
     def want(self, record: CallRecord, *, urgent: bool) -> None:
         due = -math.inf if urgent else trio.current_time() + BATCH_S
@@ -141,8 +152,7 @@ class RecordWriter:
             self._wake.set()
 
     async def run(self) -> None:
-        while True:
-            await self._until_due()
+        while await self._until_due():
             waiting = list(self._waiting)    # every waiting record rides along: one hop for all
             self._waiting.clear()
             batch, blocks = [], []
@@ -160,11 +170,16 @@ class RecordWriter:
             for record, (_path, lines, _check), error in zip(batch, blocks, errors):
                 record._written(len(lines), error)
 
-    async def _until_due(self) -> None:
+    async def _until_due(self) -> bool:
+        """Wait until a record is due (True), or retire (False)."""
         while True:
+            if not self._waiting and self._records <= 0:
+                if _WRITER.get(None) is self:
+                    _WRITER.set(None)  # in the same step as the check: a new record starts a new writer
+                return False
             due = min(self._waiting.values(), default=math.inf)
             if due <= trio.current_time():
-                return
+                return True
             self._sleep_until = due
             self._wake = trio.Event()
             with trio.move_on_at(due):
@@ -172,19 +187,19 @@ class RecordWriter:
             self._sleep_until = math.inf
 
 
-_WRITER: trio.lowlevel.RunVar[RecordWriter] = trio.lowlevel.RunVar("voiceactors_record_writer")
+_WRITER: trio.lowlevel.RunVar[RecordWriter | None] = trio.lowlevel.RunVar("voiceactors_record_writer")
 
 
 def shared_writer() -> RecordWriter:
     """This trio run's record writer, started on first use (a system task:
-    it lives as long as the run, so no call's nursery has to hold it)."""
-    try:
-        return _WRITER.get()
-    except LookupError:
+    no call's nursery has to hold it; it retires when the last record has
+    closed)."""
+    writer = _WRITER.get(None)
+    if writer is None:
         writer = RecordWriter()
         _WRITER.set(writer)
         trio.lowlevel.spawn_system_task(writer.run, name="call-record-writer")
-        return writer
+    return writer
 
 
 class CallRecord:
@@ -206,6 +221,8 @@ class CallRecord:
         self._open = write_now
         self._pass_done = trio.Event()
         self._writer = shared_writer()
+        self._writer.join()
+        self._closed = False
         self.flushes = 0
         self.failed: str | None = None
         self.lines.append({"kind": "start", "t": 0.0, "call_id": call_id,
@@ -257,16 +274,22 @@ class CallRecord:
         # Shielded like any write of ours: the last flush (the ``end`` line)
         # is not cut short by the caller's deadline once it is under way.
         with trio.CancelScope(shield=True):
-            if not self._open and await storage.run_sync(self.path.exists, cancellable=False):
+            # a stat of our own state directory: cheap enough for the trio thread (no hop)
+            if not self._open and self.path.exists():
                 self._open = True   # never connected, but the id has a history: the run belongs in it
-            tried = False
-            while self._open and self._flushed < len(self.lines):
-                if tried and self.failed is not None:
-                    break              # the disk refuses: the caller logs ``failed``
-                tried = True
-                done = self._pass_done
-                self._writer.want(self, urgent=True)
-                await done.wait()
+            try:
+                tried = False
+                while self._open and self._flushed < len(self.lines):
+                    if tried and self.failed is not None:
+                        break              # the disk refuses: the caller logs ``failed``
+                    tried = True
+                    done = self._pass_done
+                    self._writer.want(self, urgent=True)
+                    await done.wait()
+            finally:
+                if not self._closed:
+                    self._closed = True
+                    self._writer.leave()
         return self._open
 
 

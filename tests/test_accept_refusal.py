@@ -122,6 +122,19 @@ async def test_a_watched_client_that_sends_nothing_goes_to_hypercorn_after_the_p
     assert trio.current_time() - started >= PEEK_S
 
 
+class BrokenRefusal(Refusal):
+    def answer(self, address: str, data: bytes) -> bytes | None:
+        raise RuntimeError("a bug in the refusal")
+
+
+async def test_a_refusal_that_raises_lets_hypercorn_serve_and_is_logged(log_stream):
+    request = b"POST /no HTTP/1.1\r\n\r\n"
+    got, served = await _one_connection(BrokenRefusal(), [request], read=len(request))
+    assert got == b"served" and served == [request]        # the server goes on; the request too
+    lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.startswith("{")]
+    assert [x["event"] for x in lines if x.get("level") == "error"] == ["server.refusal_failed"]
+
+
 @pytest.mark.parametrize("data, expected", [
     (b"POST /api/voice/session HTTP/1.1\r\nHost: h\r\nContent-Length: 0\r\n\r\n", ("POST", "/api/voice/session")),
     (b"POST /api/voice/connect?x=1 HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", ("POST", "/api/voice/connect")),

@@ -147,12 +147,23 @@ def _peer_address(stream: SlotStream) -> str | None:
     return str(peer[0]) if isinstance(peer, tuple) and peer else None
 
 
+def _asks(ask: Callable[..., Any], *args: Any) -> Any:
+    """A refusal's answer; a bug in it (an exception) is logged and reads as
+    "not refused": hypercorn serves the connection (an exception here would
+    end ``trio.serve_listeners``, and the server with it)."""
+    try:
+        return ask(*args)
+    except Exception:  # noqa: BLE001
+        _log.exception("server.refusal_failed")
+        return None
+
+
 async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], refusal: AcceptRefusal | None,
                            stream: SlotStream) -> None:
     """One accepted connection: refused from its first read when ``refusal``
     answers it, else served by ``serve_http`` (hypercorn's ``TCPServer``)."""
     address = _peer_address(stream) if refusal is not None else None
-    if refusal is not None and address is not None and refusal.watching(address):
+    if refusal is not None and address is not None and _asks(refusal.watching, address):
         data: bytes | bytearray | None = None
         with trio.move_on_after(PEEK_S):
             try:
@@ -163,7 +174,7 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
             await stream.aclose()
             return
         if data:
-            answer = refusal.answer(address, bytes(data))
+            answer = _asks(refusal.answer, address, bytes(data))
             if answer is not None:
                 try:
                     await stream.send_all(answer)

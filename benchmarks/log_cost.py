@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import structlog
+
 from voiceactors import logs, metrics
 
 
@@ -62,15 +64,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        with open(Path(tmp) / "server.log", "w", encoding="utf-8") as stream:
-            logs.configure("json", "info", stream=stream)
-            table = kinds()
-            for name, fn in table.items():
-                _time(fn, 200)            # warm up (a cached logger is built on first use)
-                runs = [_time(fn, args.lines) for _ in range(args.repeats)]
-                print(f"{name:16s} best {min(runs):6.2f} µs  median {statistics.median(runs):6.2f} µs  "
-                      f"runs {' '.join(f'{r:.2f}' for r in runs)}", flush=True)
+    saved = structlog.get_config()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(Path(tmp) / "server.log", "w", encoding="utf-8") as stream:
+                logs.configure("json", "info", stream=stream)
+                table = kinds()
+                for name, fn in table.items():
+                    _time(fn, 200)            # warm up (a logger is built on first use)
+                    runs = [_time(fn, args.lines) for _ in range(args.repeats)]
+                    print(f"{name:16s} best {min(runs):6.2f} µs  median {statistics.median(runs):6.2f} µs  "
+                          f"runs {' '.join(f'{r:.2f}' for r in runs)}", flush=True)
+    finally:
+        structlog.configure(**saved)          # the file is gone: logging goes back where it was
     return 0
 
 

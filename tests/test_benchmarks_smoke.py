@@ -137,3 +137,26 @@ def test_burst_long_mode_and_sweep(bench):
     assert step["calls"] == 2 and step["result"]["phases"]["burst"]["rounds_done"] == 4
     assert len(data["markdown"]) == 1 and "| burst | 2 | 4 |" in data["markdown"][0]
     assert data["capacity"]["nothing"] in (0, 2) and step["passed"] == (data["capacity"]["nothing"] == 2)
+
+
+def test_connect_cost_counts_every_call_and_its_lines(bench):
+    r = _main(bench, "benchmarks.connect_cost", "--calls", "5", "--rate", "50", "--repeats", "1", "--idle-s", "0.5")
+    run = r["runs"][0]
+    assert run["connect"]["statuses"] == {"200": 5} and run["end"]["records_with_end"] == 5
+    assert run["log_events"].get("call.connected") == 5 and run["log_events"].get("call.ended") == 5
+    assert run["server_rc"] == 0
+
+
+def test_refusal_cost_refuses_what_it_sends(bench):
+    r = _main(bench, "benchmarks.refusal_cost", "--requests", "30", "--repeats", "1", "--idle-s", "0.5")
+    run = r["runs"][0]
+    assert sum(run["statuses"].values()) == 30 and run["statuses"].get("429", 0) >= 28   # a token may refill
+    assert run["server_rc"] == 0
+
+
+def test_log_cost_times_every_kind(bench, capsys):
+    from benchmarks import log_cost
+
+    assert log_cost.main(["--lines", "50", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == ["info", "info_bound_call", "debug_filtered", "metrics"]

@@ -71,3 +71,62 @@ def test_read_record_splits_on_newlines_only(tmp_path):
     path = record_path(tmp_path, "rtc_sep")
     append_block(path, [json.dumps({"kind": "transcript", "text": "a\u2028b\u0085c"}, ensure_ascii=False)])
     assert read_record(path) == [{"kind": "transcript", "text": "a\u2028b\u0085c"}]
+
+
+async def test_one_writer_groups_every_call_and_one_file_failing_stays_its_own(tmp_path):
+    # real time: 51 appends in a worker thread outlast autojump's virtual polling
+    from voiceactors.actors.call_record import shared_writer
+
+    async with trio.open_nursery() as nursery:
+        records = [CallRecord(f"rtc_burst_{n}", tmp_path) for n in range(50)]
+        broken = CallRecord("rtc_broken", tmp_path)
+        broken.path.parent.mkdir(parents=True, exist_ok=True)
+        broken.path.mkdir()                        # a directory where the file goes: its appends fail
+        for record in (*records, broken):
+            await nursery.start(record.run)
+        writer = shared_writer()
+        assert all(r._writer is writer for r in records)    # one writer for the whole run
+        before = writer.passes
+        for record in (*records, broken):          # 51 calls connect at once
+            record.opened()
+            record.add("tool_started", tool_call_id="call_1")
+        await _until(lambda: all(r.flushes == 1 for r in records) and broken.failed is not None)
+        assert writer.passes - before <= 2         # grouped: not one thread hop per call
+        for record in records:
+            assert [x["kind"] for x in read_record(record.path)] == ["start", "tool_started"]
+        for record in records:
+            record.add("end", reason="closed_by_service")
+            assert await record.close() is True
+        assert await broken.close() is True and broken.failed is not None   # told, never hung
+    for record in records:
+        assert [x["kind"] for x in read_record(record.path)] == ["start", "tool_started", "end"]
+
+
+def _writer_tasks() -> int:
+    """Live tasks named like the record writer, by a walk from the root task."""
+    count, stack = 0, [trio.lowlevel.current_root_task()]
+    while stack:
+        task = stack.pop()
+        count += task.name == "call-record-writer"
+        for nursery in task.child_nurseries:
+            stack.extend(nursery.child_tasks)
+    return count
+
+
+async def test_the_writer_retires_with_the_last_record_and_a_new_one_starts(tmp_path):
+    from voiceactors.actors.call_record import shared_writer
+
+    first = CallRecord("rtc_first", tmp_path)
+    writer = shared_writer()
+    assert _writer_tasks() == 1
+    first.opened()
+    first.add("end", reason="closed_by_service")
+    assert await first.close() is True
+    await trio.sleep(0.05)
+    assert _writer_tasks() == 0                 # no task outlives the calls (the soak counts them)
+    second = CallRecord("rtc_second", tmp_path)
+    assert second._writer is not writer and _writer_tasks() == 1
+    second.opened()
+    second.add("end", reason="closed_by_service")
+    assert await second.close() is True
+    assert [x["kind"] for x in read_record(second.path)] == ["start", "end"]

@@ -107,3 +107,86 @@ def test_a_config_folder_that_is_a_file_means_no_config(tmp_path):
     root.mkdir()
     (root / "config").write_text("not a folder")                 # journal.json cannot exist under it
     assert config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-env-key-456"
+
+
+# --- kept in memory, re-read on change (issue 14: no worker thread for the key) ------------
+
+def _rewrite_in_place(path: Path, text: str, mtime_ns: int) -> None:
+    """New content of the same size, same inode, and the old mtime put back:
+    the one change a stat stamp cannot see."""
+    with open(path, "r+", encoding="utf-8") as handle:
+        handle.write(text)
+    import os
+    os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def test_an_unchanged_file_is_not_read_again(tmp_path):
+    import os
+    import time
+    root = _journal(tmp_path, {"openai_api_key": "sk-cached-key-AAAA"})
+    path = root / "config" / "journal.json"
+    old = time.time_ns() - 3600 * 10**9            # an hour ago: past the racy window
+    os.utime(path, ns=(old, old))
+    settings = _settings(root)
+    assert config.openai_api_key(settings) == "sk-cached-key-AAAA"
+    _rewrite_in_place(path, path.read_text().replace("AAAA", "BBBB"), old)
+    assert config.openai_api_key(settings) == "sk-cached-key-AAAA"   # the stamp says unchanged: not read
+    os.utime(path, ns=(old + 1, old + 1))                             # any change of the stamp
+    assert config.openai_api_key(settings) == "sk-cached-key-BBBB"
+
+
+def test_a_file_changed_moments_ago_is_read_again_even_with_the_same_stamp(tmp_path):
+    import os
+    import time
+    root = _journal(tmp_path, {"openai_api_key": "sk-racy-key-AAAA"})
+    path = root / "config" / "journal.json"
+    now = time.time_ns()                           # within RACY_S: a same-tick edit could hide
+    os.utime(path, ns=(now, now))
+    settings = _settings(root)
+    assert config.openai_api_key(settings) == "sk-racy-key-AAAA"
+    _rewrite_in_place(path, path.read_text().replace("AAAA", "BBBB"), now)
+    assert config.openai_api_key(settings) == "sk-racy-key-BBBB"
+
+
+def test_a_config_that_goes_away_or_turns_unreadable_is_seen_at_once(tmp_path):
+    import os
+    import time
+    root = _journal(tmp_path, {"openai_api_key": "sk-gone-key-AAAA"})
+    path = root / "config" / "journal.json"
+    old = time.time_ns() - 3600 * 10**9
+    os.utime(path, ns=(old, old))
+    settings = _settings(root, "sk-env-key-456")
+    assert config.openai_api_key(settings) == "sk-gone-key-AAAA"
+    path.unlink()
+    assert config.openai_api_key(settings) == "sk-env-key-456"
+    path.mkdir()                                   # exists, cannot be read as a file: EISDIR
+    with pytest.raises(config.ConfigUnreadable):
+        config.openai_api_key(settings)
+
+
+async def test_routes_read_the_key_without_a_worker_thread(tmp_path):
+    # Every worker-thread slot taken (a hung disk under the reads): the key
+    # lookups of /status and /connect still answer at once.
+    import trio
+    from voiceactors import storage
+    from voiceactors.http import create_app
+
+    root = _journal(tmp_path, {})
+    app = create_app(_settings(root).replace(rate_limit_per_s=0))
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        limiter = storage.limiter()      # process-wide: earlier tests' abandoned threads may hold some
+        holders: list[object] = []
+        while limiter.available_tokens > 0:
+            holders.append(object())
+            limiter.acquire_on_behalf_of_nowait(holders[-1])
+        try:
+            with trio.fail_after(5):
+                status = await client.get("/api/voice/status")
+                connect = await client.post("/api/voice/connect", json={"call_id": "rtc_no_key"})
+        finally:
+            for holder in holders:
+                limiter.release_on_behalf_of(holder)
+    assert status.status_code == 200 and (await status.get_json())["openai_configured"] is False
+    assert connect.status_code == 503
+    assert await connect.get_json() == {"error": "voice unavailable — openai key not configured"}

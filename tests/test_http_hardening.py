@@ -458,8 +458,9 @@ FD_LIMIT = 160
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts the child's descriptors in /proc")
 def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     """A server child with ``RLIMIT_NOFILE`` = 160, the key only in the journal
-    config, and idle connections holding every descriptor: ``/connect`` answers
-    "could not read configuration" (it answered "key not configured"), trio's
+    config, and idle connections holding every descriptor: after an edit of
+    the config, ``/connect`` answers "could not read configuration" (it
+    answered "key not configured"), trio's
     accept retries are one rate-limited line (not a traceback ten times a
     second), and once the idle clients go the server serves again."""
     import os
@@ -497,6 +498,11 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
         for _ in range(5):                   # a few more wait in the backlog: accept fails with EMFILE
             held.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         time.sleep(1.5)
+        # The voice block is kept in memory while its file is unchanged (a
+        # stat needs no descriptor): an edit made now must be read, and that
+        # read is the one that fails.
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()),
+                                           "voice": {"openai_api_key": KEY + "-edited"}}))
         body = json.dumps({"call_id": "rtc_emfile"}).encode()
         asker.sendall(f"POST /api/voice/connect HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
                       f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)

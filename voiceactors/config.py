@@ -1,11 +1,19 @@
 """The voice configuration: the journal's ``voice`` block first, then env.
 
-Read at call time, never cached: an edit of ``config/journal.json`` (a new key,
-another model) takes effect on the next request without a restart. A missing
-OpenAI key is not an error here; callers that need one answer 503. A config
-file that exists but cannot be read (EMFILE, EACCES, EIO) is not "missing":
+Kept in memory and re-read on change: every lookup stats
+``config/journal.json`` and parses it again only when its stamp
+(``st_mtime_ns``, ``st_size``, ``st_ino``) differs from the one it was read
+at, so an edit (a new key, another model) takes effect on the next request
+without a restart, and a lookup that finds the file unchanged costs one
+``stat`` — cheap enough for the trio thread, so no route or actor needs a
+worker thread for the key. A file changed within ``RACY_S`` of being read
+is read again at the next lookup (a file-system timestamp tick can hide an
+edit of the same size; git's "racily clean" rule). A missing OpenAI key is
+not an error here; callers that need one answer 503. A config file that
+exists but cannot be read (EMFILE, EACCES, EIO) is not "missing":
 ``ConfigUnreadable`` is raised, so no caller mistakes an I/O error for an
-unset key.
+unset key (a cached block stays good while the file is unchanged: a stat
+needs no descriptor).
 
 Journal keys (``config/journal.json``)::
 
@@ -13,12 +21,16 @@ Journal keys (``config/journal.json``)::
               "brain_model": "haiku", "brain": "local",
               "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}]}
 
-These functions do blocking file reads (one small JSON file); async callers
-that care may wrap them in ``voiceactors.storage.run_sync``.
+These functions may read one small JSON file (when it changed); they are
+called on the trio thread. A journal on a file system whose ``stat`` can hang
+(a dead network mount) would hold the trio thread: keep the journal local.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 from voiceactors.journal.config import config_path
@@ -32,6 +44,15 @@ DEFAULT_BRAIN_BACKEND = "local"
 BRAIN_BACKENDS = ("local", "claude", "openai")
 
 _log = get_logger(actor="config")
+
+#: A file whose mtime is this close to the moment it was read may change again
+#: within the same timestamp tick, unseen by its stamp: it is not trusted.
+RACY_S = 2.0
+
+Stamp = tuple[int, int, int]     # (st_mtime_ns, st_size, st_ino)
+_cache: dict[str, tuple[Stamp, dict[str, Any]]] = {}   # config path -> (stamp, voice block)
+_cache_lock = threading.Lock()
+_CACHE_MAX = 64                  # journals a process reads (tests use many)
 
 
 class ConfigUnreadable(OSError):
@@ -50,9 +71,40 @@ def _load(settings: Settings) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _stamp(path: str) -> Stamp | None:
+    """The file's stamp; None when it does not exist. ConfigUnreadable when
+    even the stat fails (EACCES on a folder, EIO)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        raise ConfigUnreadable(f"could not read {os.path.basename(path)}: "
+                               f"{error.strerror or type(error).__name__}") from error
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
 def _voice(settings: Settings) -> dict[str, Any]:
+    """The ``voice`` block (the same dict while the file is unchanged: read-only)."""
+    path = str(config_path(settings.journal))
+    stamp = _stamp(path)
+    if stamp is None:
+        return {}
+    with _cache_lock:
+        hit = _cache.get(path)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
     block = _load(settings).get("voice")
-    return block if isinstance(block, dict) else {}
+    voice = block if isinstance(block, dict) else {}
+    racy = time.time_ns() - stamp[0] < RACY_S * 1e9
+    with _cache_lock:
+        if racy:
+            _cache.pop(path, None)
+        else:
+            if len(_cache) >= _CACHE_MAX:
+                _cache.pop(next(iter(_cache)))
+            _cache[path] = (stamp, voice)
+    return voice
 
 
 def _text(value: Any) -> str | None:

@@ -15,6 +15,7 @@ cannot leak one. A field that only mentions the word (``token_required``,
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -30,6 +31,8 @@ _SECRET_FIELDS = frozenset({
 _SECRET_SUFFIXES = ("_api_key", "_token", "_secret", "_password")
 _SECRET_VALUE = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|ek_[A-Za-z0-9_\-]{4,}|Bearer\s+\S+)")
 _extra_secrets: set[str] = set()
+_FIELD_VERDICTS: dict[str, bool] = {}   # field name -> is_secret_field, for the names code logs
+_FIELD_VERDICTS_MAX = 4096               # nested dicts may carry arbitrary keys: bound the cache
 
 
 def register_secret(value: str | None) -> None:
@@ -44,18 +47,40 @@ def is_secret_field(name: Any) -> bool:
     return key in _SECRET_FIELDS or key.endswith(_SECRET_SUFFIXES)
 
 
+def _secret_field(name: Any) -> bool:
+    """``is_secret_field``, remembered per name (a line's field names repeat)."""
+    verdict = _FIELD_VERDICTS.get(name) if type(name) is str else None
+    if verdict is None:
+        verdict = is_secret_field(name)
+        if type(name) is str and len(_FIELD_VERDICTS) < _FIELD_VERDICTS_MAX:
+            _FIELD_VERDICTS[name] = verdict
+    return verdict
+
+
 def _scrub_field(name: Any, value: Any) -> Any:
-    if is_secret_field(name) and value is not None and not isinstance(value, bool):
+    if value is not None and not isinstance(value, bool) and _secret_field(name):
         return "[redacted]"
     return scrub(value)
 
 
+def _scrub_text(value: str) -> str:
+    for secret in _extra_secrets:
+        if secret in value:
+            value = value.replace(secret, "[redacted]")
+    if "sk-" in value or "ek_" in value or "Bearer" in value:   # each pattern holds one of these
+        value = _SECRET_VALUE.sub("[redacted]", value)
+    return value
+
+
+_PLAIN = frozenset({int, float, bool, type(None)})
+
+
 def scrub(value: Any) -> Any:
-    if isinstance(value, str):
-        for secret in _extra_secrets:
-            if secret in value:
-                value = value.replace(secret, "[redacted]")
-        return _SECRET_VALUE.sub("[redacted]", value)
+    kind = type(value)
+    if kind in _PLAIN:          # the most common field values: nothing to hide
+        return value
+    if kind is str or isinstance(value, str):
+        return _scrub_text(value)
     if isinstance(value, dict):
         return {k: _scrub_field(k, v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -64,9 +89,27 @@ def scrub(value: Any) -> Any:
 
 
 def _scrub_processor(_logger: Any, _name: str,
-                     event_dict: MutableMapping[str, Any]) -> dict[str, Any]:
-    scrubbed: dict[str, Any] = scrub(event_dict)
-    return scrubbed
+                     event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """``scrub`` of the line's own fields, in place and inlined: it runs for
+    every line, so the common cases (a number, a flag, a plain string under
+    a harmless name) cost a dict lookup and a type test each."""
+    verdicts = _FIELD_VERDICTS
+    for name, value in event_dict.items():
+        kind = type(value)
+        secret = verdicts.get(name)
+        if secret is None:
+            secret = _secret_field(name)
+        if secret and value is not None and kind is not bool:
+            event_dict[name] = "[redacted]"
+        elif kind in _PLAIN:
+            continue
+        elif kind is str:
+            scrubbed = _scrub_text(value)
+            if scrubbed is not value:
+                event_dict[name] = scrubbed
+        else:
+            event_dict[name] = scrub(value)
+    return event_dict
 
 
 class _CurrentStderr:
@@ -81,15 +124,28 @@ class _CurrentStderr:
 
 
 _CURRENT_STDERR = _CurrentStderr()
+# One encoder for every line: ``json.dumps(..., default=str)`` builds a new one per call.
+_ENCODER = json.JSONEncoder(default=str)
+
+
+def _serialize(obj: Any, **_ignored: Any) -> str:
+    return _ENCODER.encode(obj)
 
 
 def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
-    """Configure structlog once per process. ``fmt`` is ``json`` or ``console``."""
+    """Configure structlog once per process. ``fmt`` is ``json`` or ``console``.
+
+    Cheap by construction (docs/benchmarks.md, "connect and log cost"): the
+    level is filtered by the bound logger's class, so a dropped ``debug``
+    line runs no processor; the scrubber skips numbers and flags and tests
+    strings for a key's prefix before the pattern; one JSON encoder renders
+    every line; each line is one ``write`` (``WriteLogger``: text and
+    newline together) and one flush."""
     renderer: Any
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=False)
     else:
-        renderer = structlog.processors.JSONRenderer(sort_keys=False, default=str)
+        renderer = structlog.processors.JSONRenderer(serializer=_serialize)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -100,16 +156,70 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        # _CurrentStderr is file-like only as far as print() needs (write, flush)
-        logger_factory=structlog.PrintLoggerFactory(file=stream or cast(TextIO, _CURRENT_STDERR)),
+        # _CurrentStderr is file-like only as far as a write logger needs (write, flush)
+        logger_factory=structlog.WriteLoggerFactory(file=stream or cast(TextIO, _CURRENT_STDERR)),
         cache_logger_on_first_use=False,
     )
+
+
+class _LevelMethod:
+    """``logger.info`` etc. of an ``ActorLogger``: the built logger's method."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, owner: "ActorLogger | None", _kind: Any = None) -> Any:
+        if owner is None:
+            return self
+        return getattr(owner._current(), self.name)
+
+
+class ActorLogger:
+    """A logger bound once (``get_logger``), built on first use and kept.
+
+    structlog's own lazy proxy builds a new bound logger at every call (about
+    3 µs, even for a dropped ``debug`` line); structlog's
+    ``cache_logger_on_first_use`` keeps the first one forever, so a later
+    ``configure`` (or ``structlog.testing.capture_logs``) would never reach a
+    module-level logger. This keeps the built logger until the configured
+    processors change (both of those install a new list), then builds anew."""
+
+    __slots__ = ("_bound", "_logger", "_processors")
+
+    def __init__(self, bound: dict[str, Any]) -> None:
+        self._bound = bound
+        self._logger: Any = None
+        self._processors: Any = None
+
+    def _current(self) -> Any:
+        processors = structlog.get_config()["processors"]
+        logger = self._logger
+        if logger is None or processors is not self._processors:
+            logger = structlog.get_logger().bind(**self._bound)
+            self._logger, self._processors = logger, processors
+        return logger
+
+    def bind(self, **values: Any) -> Any:
+        return self._current().bind(**values)
+
+    # the level methods: each a descriptor handing out the built logger's own
+    # method, so a call's fields are packed once (a dropped ``debug`` costs
+    # what structlog's own no-op costs, plus this lookup)
+    debug = _LevelMethod("debug")
+    info = _LevelMethod("info")
+    warning = _LevelMethod("warning")
+    error = _LevelMethod("error")
+    exception = _LevelMethod("exception")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._current(), name)
 
 
 def get_logger(**bound: Any) -> Any:
     """A logger with ``bound`` fields on every line (e.g. ``actor="brain"``).
 
-    It is a lazy proxy: each call uses the configuration current at that
-    moment, so a module-level logger created at import, before ``configure``
-    runs, still renders (and scrubs) as configured."""
-    return structlog.get_logger(**bound)
+    Lazy (an ``ActorLogger``): built at first use with the configuration of
+    that moment and rebuilt when the configuration changes, so a module-level
+    logger created at import, before ``configure`` runs, still renders (and
+    scrubs) as configured."""
+    return ActorLogger(bound)

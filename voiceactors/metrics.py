@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +35,7 @@ TURN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 MAX_TOOL_LABELS = 64   # unknown tool names come from the model: bound the label set
 MAX_MODEL_LABELS = 16  # model names come from the journal config: bound them too
 _OTHER = "other"
+CHILDREN_KEPT = 1024   # labelled children remembered per family (beyond: looked up each time)
 
 
 class Metrics:
@@ -84,6 +86,10 @@ class Metrics:
                                      "and operation.", ["source", "op"], buckets=TOOL_BUCKETS, registry=r)
         self._tools: set[str] = set()
         self._models: set[str] = set()
+        # labelled children by their labels: ``labels()`` takes a lock and
+        # validates every call (a few µs of the trio thread per tool call)
+        self._tool_children: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._http_children: dict[tuple[str, int], Any] = {}
         self._lock = threading.Lock()   # tool label set: recorded from worker threads too
         self._refreshed_at: float | None = None
         self._last_age = math.nan
@@ -114,9 +120,15 @@ class Metrics:
             return tool
 
     def tool_finished(self, tool: str, outcome: str, seconds: float) -> None:
-        label = self._tool_label(tool)
-        self.tool_calls.labels(tool=label, outcome=str(outcome)[:32]).inc()
-        self.tool_latency.labels(tool=label).observe(max(0.0, float(seconds)))
+        children = self._tool_children.get((tool, outcome))
+        if children is None:
+            label = self._tool_label(tool)
+            children = (self.tool_calls.labels(tool=label, outcome=str(outcome)[:32]),
+                        self.tool_latency.labels(tool=label))
+            if len(self._tool_children) < CHILDREN_KEPT:   # names come from the model: bounded
+                self._tool_children[(tool, outcome)] = children
+        children[0].inc()
+        children[1].observe(max(0.0, float(seconds)))
 
     def mcp_request(self, source: str, op: str, outcome: str, seconds: float) -> None:
         """One request to an MCP source (source names are configured: a bounded set)."""
@@ -184,7 +196,12 @@ class Metrics:
     def http_request(self, route: str, status: int) -> None:
         """``route`` is the route's rule (``/api/voice/session``), never the
         raw path, so the label set stays bounded."""
-        self.http_requests.labels(route=str(route)[:128], status=str(int(status))).inc()
+        child = self._http_children.get((route, status))
+        if child is None:
+            child = self.http_requests.labels(route=str(route)[:128], status=str(int(status)))
+            if len(self._http_children) < CHILDREN_KEPT:
+                self._http_children[(route, status)] = child
+        child.inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -606,7 +606,7 @@ class CallActor:
         code = int(code) if code is not None else None  # an IntEnum from trio-websocket
         self._close_code = code
         self._conn_reason = EndReason.CLOSED if is_clean_close(code) else None
-        self.log.info("call.socket_closed", close_code=code, epoch=self.epoch)
+        self.log.debug("call.socket_closed", close_code=code, epoch=self.epoch)
         self._conn_done.set()
 
     async def _tell_executor(self, message: Any) -> None:
@@ -736,7 +736,7 @@ class CallActor:
 
     async def _key(self) -> str | None:
         if callable(self._api_key):
-            return await storage.run_sync(self._api_key)  # may read the journal config
+            return self._api_key()  # the journal config is kept in memory (config.py): no thread hop
         return self._api_key
 
     def record_line(self, kind: str, **fields: Any) -> None:
@@ -757,9 +757,9 @@ class CallActor:
         if record.failed is not None:
             self.log.error("call.record_failed", error=record.failed)
         elif written:
-            self.log.info("call.recorded", path=str(record.path), flushes=record.flushes)
+            self.log.debug("call.recorded", path=str(record.path), flushes=record.flushes)
         else:
-            self.log.info("call.not_recorded", why="never connected")
+            self.log.debug("call.not_recorded", why="never connected")
 
     async def _seed_recovered(self) -> None:
         """A rejoin: hand the protocol the tool calls the crashed run left

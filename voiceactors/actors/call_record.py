@@ -1,14 +1,19 @@
 """The call record: what one CallActor run did, as JSON lines.
 
-``<state_dir>/calls/<call_id>.jsonl``, written AS THE CALL GOES by a
-background writer (``CallRecord.run``) with ``storage.append_lines``: the
-``start`` line, each ``tool_started`` and each ``tool_call`` line are flushed
-at once (a kill -9 must find them), the other lines ride along with the next
-flush or within ``BATCH_S``. Lines added while a flush is in progress go
-out together in the next one, so a busy call groups its fsyncs. Nothing is
-written for a call whose sideband never connected (a bogus ``/connect``
-leaves no file), unless the call id already has a record (a rejoin, or a
-later actor that finds the call gone): then the run's block is its history.
+``<state_dir>/calls/<call_id>.jsonl``, written AS THE CALL GOES by ONE
+background writer shared by every call of the process (``RecordWriter``, a
+trio system task started with the first record of a run and retired once
+every record has closed) with ``storage.append_lines``: the ``start`` line,
+each ``tool_started`` and each ``tool_call`` line are flushed at once (a kill -9 must find them), the other
+lines ride along with the next flush or within ``BATCH_S``. Each pass of the
+writer takes every record with lines waiting and writes them all in one
+worker thread (one append and one fsync per file), so a burst of calls, or a
+busy call, groups its fsyncs and costs the trio thread one thread hop per
+pass instead of one per flush of each call. Lines added while a pass is in
+progress go out in the next one. Nothing is written for a call whose
+sideband never connected (a bogus ``/connect`` leaves no file), unless the
+call id already has a record (a rejoin, or a later actor that finds the call
+gone): then the run's block is its history.
 
 Every flush starts on a fresh line: if the file does not end in ``\\n`` (a
 torn last line left by a crash), the block begins with one. ``read_record``
@@ -64,6 +69,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -105,16 +111,111 @@ def _ends_torn(path: Path) -> bool:
         return False
 
 
-def append_block(path: Path, lines: list[str]) -> None:
-    """Append ``lines`` (one write, one fsync), starting on a fresh line."""
-    if _ends_torn(path):
+def append_block(path: Path, lines: list[str], *, check_torn: bool = True) -> None:
+    """Append ``lines`` (one write, one fsync), starting on a fresh line
+    (``check_torn=False``: the caller knows the file ends in one: its own
+    last append did)."""
+    if check_torn and _ends_torn(path):
         lines = ["", *lines]   # append_lines turns "" into the missing "\n"
     storage.append_lines(path, lines)
 
 
+def _append_all(blocks: list[tuple[Path, list[str], bool]]) -> list[str | None]:
+    """Each block appended to its file (in a worker thread); per block None
+    or the error that kept it off the disk (one file's failure is its own)."""
+    errors: list[str | None] = []
+    for path, lines, check_torn in blocks:
+        try:
+            append_block(path, lines, check_torn=check_torn)
+            errors.append(None)
+        except OSError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+class RecordWriter:
+    """The one writer of every call record of a trio run (see the module
+    docstring). ``want(record, urgent)`` asks for a record's waiting lines
+    to be written: at once when urgent, else within ``BATCH_S``; ``passes``
+    counts the thread hops. It lives while records do: once every record
+    has closed and nothing waits, it retires, and the next record starts a
+    new one (so no task outlives the calls)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[CallRecord, float] = {}   # record -> when it is due (insertion order)
+        self._wake = trio.Event()
+        self._sleep_until = math.inf
+        self._records = 0                               # records made and not yet closed
+        self.passes = 0
+
+    def join(self) -> None:
+        self._records += 1
+
+    def leave(self) -> None:
+        self._records -= 1
+        if self._records <= 0:
+            self._wake.set()           # maybe time to retire
+
+    def want(self, record: CallRecord, *, urgent: bool) -> None:
+        due = -math.inf if urgent else trio.current_time() + BATCH_S
+        self._waiting[record] = min(due, self._waiting.get(record, math.inf))
+        if due < self._sleep_until:
+            self._wake.set()
+
+    async def run(self) -> None:
+        while await self._until_due():
+            waiting = list(self._waiting)    # every waiting record rides along: one hop for all
+            self._waiting.clear()
+            batch, blocks = [], []
+            for record in waiting:
+                try:
+                    blocks.append(record._take())
+                    batch.append(record)
+                except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
+                    record._written(0, f"{type(exc).__name__}: {exc}")
+            try:
+                errors = await storage.run_sync(_append_all, blocks, cancellable=False)
+            except Exception as exc:  # noqa: BLE001 - a system task must not die: every record hears of it
+                errors = [f"{type(exc).__name__}: {exc}"] * len(batch)
+            self.passes += 1
+            for record, (_path, lines, _check), error in zip(batch, blocks, errors):
+                record._written(len(lines), error)
+
+    async def _until_due(self) -> bool:
+        """Wait until a record is due (True), or retire (False)."""
+        while True:
+            if not self._waiting and self._records <= 0:
+                if _WRITER.get(None) is self:
+                    _WRITER.set(None)  # in the same step as the check: a new record starts a new writer
+                return False
+            due = min(self._waiting.values(), default=math.inf)
+            if due <= trio.current_time():
+                return True
+            self._sleep_until = due
+            self._wake = trio.Event()
+            with trio.move_on_at(due):
+                await self._wake.wait()
+            self._sleep_until = math.inf
+
+
+_WRITER: trio.lowlevel.RunVar[RecordWriter | None] = trio.lowlevel.RunVar("voiceactors_record_writer")
+
+
+def shared_writer() -> RecordWriter:
+    """This trio run's record writer, started on first use (a system task:
+    no call's nursery has to hold it; it retires when the last record has
+    closed)."""
+    writer = _WRITER.get(None)
+    if writer is None:
+        writer = RecordWriter()
+        _WRITER.set(writer)
+        trio.lowlevel.spawn_system_task(writer.run, name="call-record-writer")
+    return writer
+
+
 class CallRecord:
-    """The record of one actor run. ``add`` never blocks; ``run`` (a task of
-    the actor) writes; ``close`` flushes the rest and stops ``run``.
+    """The record of one actor run. ``add`` never blocks; the run's shared
+    ``RecordWriter`` writes; ``close`` flushes the rest.
 
     ``write_now``: write from the start (a rejoin: the file exists); otherwise
     nothing is written until ``opened()`` (the first connect)."""
@@ -126,83 +227,80 @@ class CallRecord:
         self.started = trio.current_time() if started is None else started
         self.lines: list[dict[str, Any]] = []      # every line of this run, in order
         self._flushed = 0                           # how many of ``lines`` are on disk
+        self._taken = 0                             # how many a pass under way is writing
+        self._fresh_line = False                    # our own append ended the file with "\n"
         self._open = write_now
-        self._closing = False
-        self._wake = trio.Event()
-        self._urgent = trio.Event()
-        self._done = trio.Event()
+        self._pass_done = trio.Event()
+        self._writer = shared_writer()
+        self._writer.join()
+        self._closed = False
         self.flushes = 0
         self.failed: str | None = None
         self.lines.append({"kind": "start", "t": 0.0, "call_id": call_id,
                            "at": clock.now_utc().isoformat(timespec="seconds"), **start_fields})
         if write_now:
-            self._signal(urgent=True)
+            self._writer.want(self, urgent=True)
 
     def add(self, kind: str, **fields: Any) -> None:
         self.lines.append({"kind": kind, "t": round(trio.current_time() - self.started, 3), **fields})
         if self._open:
-            self._signal(urgent=kind in URGENT_KINDS)
+            self._writer.want(self, urgent=kind in URGENT_KINDS)
 
     def opened(self) -> None:
         """The call connected: from now on the record is written."""
         if not self._open:
             self._open = True
-            self._signal(urgent=True)
-
-    def _signal(self, *, urgent: bool) -> None:
-        self._wake.set()
-        if urgent:
-            self._urgent.set()
+            self._writer.want(self, urgent=True)
 
     def render(self, lines: list[dict[str, Any]]) -> list[str]:
         return [json.dumps(line, ensure_ascii=False, default=str) for line in lines]
 
-    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write lines as they come until ``close``. Each append runs in a
-        worker thread and is not cancellable once started (a half-written
-        block is worse than a late one); the caller bounds ``close``."""
-        task_status.started()
-        try:
-            while True:
-                await self._wake.wait()
-                if not self._urgent.is_set() and not self._closing:
-                    with trio.move_on_after(BATCH_S):
-                        await self._urgent.wait()
-                self._wake = trio.Event()
-                self._urgent = trio.Event()
-                ok = await self._flush()
-                if self._closing and (not ok or not self._open or self._flushed == len(self.lines)):
-                    return   # done, or the disk refuses: the caller logs ``failed``
-        finally:
-            self._done.set()
+    def _take(self) -> tuple[Path, list[str], bool]:
+        """The writer takes the lines not yet on disk (rendered on the trio thread)."""
+        batch = self.lines[self._flushed:] if self._open else []
+        self._taken = len(batch)
+        return self.path, self.render(batch), not self._fresh_line
 
-    async def _flush(self) -> bool:
-        if not self._open or self._flushed == len(self.lines):
-            return True
-        batch = self.lines[self._flushed:]
-        try:
-            await storage.run_sync(append_block, self.path, self.render(batch), cancellable=False)
-        except OSError as exc:
-            self.failed = str(exc)   # the lines stay in memory; the next flush tries again
-            return False
-        self.failed = None
-        self._flushed += len(batch)
-        self.flushes += 1
-        return True
+    def _written(self, count: int, error: str | None) -> None:
+        self._taken = 0
+        if error is not None:
+            self.failed = error       # the lines stay in memory; the next flush tries again
+        elif count:
+            self.failed = None
+            self._flushed += count
+            self._fresh_line = True
+            self.flushes += 1
+        self._pass_done.set()
+        self._pass_done = trio.Event()
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Kept for the actor's task layout: the writing is the shared
+        writer's (``RecordWriter``), so this only reports started."""
+        task_status.started()
 
     async def close(self) -> bool:
-        """Flush everything and stop the writer; True when something was
-        written (False: the call never connected, nothing on disk)."""
-        self._closing = True
+        """Flush everything; True when something was written (False: the
+        call never connected, nothing on disk). One write is tried here
+        (whatever failed before); if it fails, ``failed`` tells the caller."""
         # Shielded like any write of ours: the last flush (the ``end`` line)
         # is not cut short by the caller's deadline once it is under way.
         with trio.CancelScope(shield=True):
-            if not self._open and await storage.run_sync(self.path.exists, cancellable=False):
+            # a stat of our own state directory: cheap enough for the trio thread (no hop)
+            if not self._open and self.path.exists():
                 self._open = True   # never connected, but the id has a history: the run belongs in it
-            self._signal(urgent=True)
-            await self._done.wait()
-            if self._open and self._flushed < len(self.lines) and self.failed is None:
-                await self._flush()   # the writer was cancelled (the actor's own deadline)
+            try:
+                tried = False
+                while self._open and self._flushed < len(self.lines):
+                    if tried and self.failed is not None:
+                        break              # the disk refuses: the caller logs ``failed``
+                    tried = True
+                    done = self._pass_done
+                    self._writer.want(self, urgent=True)
+                    await done.wait()
+            finally:
+                if not self._closed:
+                    self._closed = True
+                    self._writer.leave()
         return self._open
 
 

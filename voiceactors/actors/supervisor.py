@@ -130,7 +130,7 @@ class CallSupervisor:
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")
-        self.log.info("supervisor.call_started", call_id=call_id, live=len(self.calls))
+        self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
 
     async def _run_call(self, actor: CallActor) -> None:
@@ -147,7 +147,7 @@ class CallSupervisor:
             self.ended.append((actor.call_id, actor.end_reason or reason))
             del self.ended[:-100]
             metrics.set_live_calls(len(self.calls))
-            self.log.info("supervisor.call_removed", call_id=actor.call_id, live=len(self.calls))
+            self.log.debug("supervisor.call_removed", call_id=actor.call_id, live=len(self.calls))
 
 
 def _reply(reply: trio.MemorySendChannel[Any], value: Any) -> None:

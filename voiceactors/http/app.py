@@ -26,7 +26,7 @@ from quart_trio import QuartTrio
 
 from voiceactors import metrics
 from voiceactors.http import auth, errors, hosts, ratelimit
-from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch
+from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
@@ -118,6 +118,12 @@ class VoiceApp(QuartTrio):
     asgi_http_class = ClosingHTTPConnection
     requests_in_flight = 0
     max_requests_in_flight = 0          # 0: no cap (set from the settings)
+
+    def accept_refusal(self) -> RateLimitRefusal | None:
+        """What ``serving.serve`` asks at accept: the early 429 from a
+        connection's first read (None when the rate limits are off)."""
+        limiter = self.extensions.get("voiceactors_rate_limiter")
+        return RateLimitRefusal(self, limiter) if limiter is not None and limiter.enabled else None
 
 
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:

@@ -19,6 +19,10 @@ nursery itself when done, as quart-trio's handler does). A disconnect before
 that still cancels the handler, so a client that goes away mid-request (an
 event stream) still ends it.
 
+It also gives the refusal served below hypercorn (``RateLimitRefusal``,
+asked by ``serving.py`` at accept): a client whose bucket is empty gets the
+same early 429 from its connection's first read, without hypercorn or Quart.
+
 It also caps the requests in flight (``app.max_requests_in_flight``): past
 it a request is answered ``503 {"error": "server busy"}`` with
 ``Connection: close`` before the app sees it. With connections now closed
@@ -28,8 +32,10 @@ bounds what the server holds open for clients that are doing something.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import math
+import time
 import uuid
 from typing import Any
 
@@ -39,7 +45,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 
 from voiceactors import metrics
 from voiceactors.http.errors import BUSY, RATE_LIMITED
-from voiceactors.http.ratelimit import bucket_key, retry_after
+from voiceactors.http.ratelimit import RATE_LIMITED_POSTS, bucket_key, retry_after
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="http")
@@ -64,7 +70,7 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
             return
         wait = _rate_limit_wait(app, self.scope)
         if wait > 0:
-            app.extensions.setdefault("voiceactors_refusal_log", _RefusalLog()).refused()
+            refusal_log(app).refused()
             await _answer_rate_limited(send, wait)
             return
 
@@ -117,12 +123,96 @@ class _RefusalLog:
             self.count, self.logged_at = 0, now
 
 
+def refusal_log(app: Any) -> "_RefusalLog":
+    """The app's ``http.rate_limited`` summary (one for both early refusals)."""
+    log: _RefusalLog = app.extensions.setdefault("voiceactors_refusal_log", _RefusalLog())
+    return log
+
+
+def _rate_limited_headers(wait: float) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(_RATE_LIMITED_BODY)).encode()),
+            (b"connection", b"close"), (b"retry-after", retry_after(wait).encode()), (b"cache-control", b"no-store"),
+            (b"x-request-id", uuid.uuid4().hex.encode())]
+
+
+class RateLimitRefusal:
+    """The early 429 from a connection's first read (``serving.AcceptRefusal``).
+
+    ``watching``: the address has an empty bucket for one of the
+    rate-limited POSTs (four dictionary lookups; no bucket changes).
+    ``answer``: the first read holds one whole request — request line,
+    headers, and exactly the body its ``Content-Length`` declares (no
+    ``Transfer-Encoding``, nothing pipelined after it) — that is a POST to a
+    rate-limited path whose bucket for this address is still empty: the 429
+    the ASGI layer would send (same body and headers, plus ``date``),
+    counted in the same ``http.rate_limited`` summary and metric. Anything
+    else is None, and the request takes the usual way (where the ASGI layer's
+    early 429 and the app's own limit still apply)."""
+
+    def __init__(self, app: Any, limiter: Any) -> None:
+        self._app = app
+        self._limiter = limiter
+
+    def watching(self, address: str) -> bool:
+        limiter = self._limiter
+        return any(limiter.wait_for((path, address)) > 0 for path in RATE_LIMITED_POSTS)
+
+    def answer(self, address: str, data: bytes) -> bytes | None:
+        request = whole_request(data)
+        if request is None:
+            return None
+        method, path = request
+        key = bucket_key({"method": method, "path": path, "client": (address, 0)})
+        wait = self._limiter.wait_for(key) if key is not None else 0.0
+        if wait <= 0:
+            return None
+        refusal_log(self._app).refused()
+        metrics.http_request("rate_limited", 429)
+        head = [b"HTTP/1.1 429 ", *(name + b": " + value for name, value in _rate_limited_headers(wait)),
+                b"date: " + _http_date().encode()]
+        return b"\r\n".join(head) + b"\r\n\r\n" + _RATE_LIMITED_BODY
+
+
+def whole_request(data: bytes) -> tuple[str, str] | None:
+    """``(method, path)`` when ``data`` is exactly one whole HTTP/1.x request
+    with a ``Content-Length`` body (or none), else None."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    lines = data[:end].split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return None
+    length: int | None = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        name = name.strip().lower()
+        if not colon or name == b"transfer-encoding":
+            return None
+        if name == b"content-length":
+            if length is not None or not value.strip().isdigit():
+                return None                  # duplicated or not a number: hypercorn decides
+            length = int(value.strip())
+    if len(data) - end - 4 != (length or 0):
+        return None                          # body not all here, or more than one request
+    return parts[0].decode("latin-1"), parts[1].decode("latin-1").split("?", 1)[0]
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _http_date() -> str:
+    """The ``date`` header's value, made once a second."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
+    return _date_cache[1]
+
+
 async def _answer_rate_limited(send: Any, wait: float) -> None:
     metrics.http_request("rate_limited", 429)
-    await send({"type": "http.response.start", "status": 429, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(_RATE_LIMITED_BODY)).encode()),
-        (b"connection", b"close"), (b"retry-after", retry_after(wait).encode()), (b"cache-control", b"no-store"),
-        (b"x-request-id", uuid.uuid4().hex.encode())]})
+    await send({"type": "http.response.start", "status": 429, "headers": _rate_limited_headers(wait)})
     await send({"type": "http.response.body", "body": _RATE_LIMITED_BODY, "more_body": False})
 
 

@@ -31,7 +31,6 @@ from voiceactors.openai_clients import OpenAIClients
 from voiceactors.logs import get_logger
 from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings
-from voiceactors.storage import run_sync
 from voiceactors.tools.registry import manifest
 
 CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -97,18 +96,19 @@ def _call_id(value: Any) -> str:
     return value.strip()
 
 
-async def _read_config(read: Any, settings: Settings) -> Any:
-    """A journal-config value; an unreadable config (EMFILE, EACCES, EIO) is
+def _read_config(read: Any, settings: Settings) -> Any:
+    """A journal-config value (kept in memory by ``config``, re-read on
+    change: no worker thread); an unreadable config (EMFILE, EACCES, EIO) is
     503 "could not read configuration", never "not configured"."""
     try:
-        return await run_sync(read, settings)
+        return read(settings)
     except config.ConfigUnreadable as error:
         _log.error("http.config_unreadable", error=str(error)[:200])
         raise ApiError(503, E.CONFIG_UNREADABLE) from None
 
 
-async def _openai_key(settings: Settings) -> str:
-    key: str | None = await _read_config(config.openai_api_key, settings)
+def _openai_key(settings: Settings) -> str:
+    key: str | None = _read_config(config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
     return key
@@ -200,12 +200,12 @@ async def create_session() -> Any:
     voice = state()
     settings = voice.settings
     requested = linked.body_context(await _json_object(required=False))
-    key = await _openai_key(settings)
+    key = _openai_key(settings)
     await _refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
     instruction = linked.instruction(await _instruction(settings, _runtime()), link)
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
-    model = await _read_config(config.voice_model, settings)
+    model = _read_config(config.voice_model, settings)
     started = trio.current_time()
     try:
         assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
@@ -239,7 +239,7 @@ async def connect() -> Any:
     call_id = _call_id(body.get("call_id"))
     greeting, requested = linked.body_greeting(body), linked.body_context(body)
     credentials = mcp_credentials.credentials_of(body)
-    await _openai_key(settings)
+    _openai_key(settings)
     runtime = _runtime()
     link = await linked.verified(requested, settings)
     call_context = LinkedContext(await _base_instruction(runtime), link, greeting)
@@ -290,7 +290,7 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
                               "budget_spent": False}
     # Each field on its own: one failing lookup must not blank the others.
     try:
-        fields["openai_configured"] = bool(await run_sync(config.openai_api_key, settings))
+        fields["openai_configured"] = bool(config.openai_api_key(settings))
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
     runtime = state().runtime

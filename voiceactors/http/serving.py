@@ -12,6 +12,17 @@ listener of ours, ``CappedListener``: its ``accept`` first waits for one of
 closed. Past the cap, new clients wait in the kernel's listen backlog (they
 hold no descriptor of ours) and are served in turn once others leave.
 
+It also refuses, below hypercorn, what can be refused from a connection's
+first bytes (``AcceptRefusal``, given by the app: a rate-limited client's
+POST whose bucket is empty, ``asgi.RateLimitRefusal``): a connection from
+an address the refusal is ``watching`` is read once before hypercorn sees
+it; a whole request that the refusal ``answer``s gets those bytes and is
+closed, without h11, hypercorn's connection setup or the ASGI app (each of
+those cost the trio thread about a millisecond per refused request under a
+flood, docs/benchmarks.md § 5). Everything else — a client not watched,
+another request, a request not whole in that first read, nothing sent
+within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
+
 This is the only module that touches hypercorn's internals (``Lifespan``,
 ``TCPServer``, ``WorkerContext``); ``pyproject.toml`` pins the hypercorn
 range it was written against, and ``tests/test_connection_cap.py`` tests
@@ -22,7 +33,7 @@ the server always has.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 import trio
 from hypercorn.config import Config
@@ -36,17 +47,37 @@ from voiceactors.logs import get_logger
 
 _log = get_logger(actor="server")
 
+PEEK_S = 1.0          # how long a watched client's first bytes are awaited before hypercorn takes over
+PEEK_BYTES = 2**16    # hypercorn's own read size
+
+
+class AcceptRefusal(Protocol):
+    """What ``serve`` asks before hypercorn sees a connection."""
+
+    def watching(self, address: str) -> bool:
+        """Whether a connection from ``address`` is worth reading first (cheap: runs per accept)."""
+
+    def answer(self, address: str, data: bytes) -> bytes | None:
+        """The whole response for a connection whose first read was ``data``,
+        or None to let hypercorn serve it."""
+
 
 class SlotStream(trio.abc.HalfCloseableStream):
-    """An accepted socket stream holding one connection slot until it is closed.
+    """An accepted socket stream holding one connection slot (if capped)
+    until it is closed, with the bytes a refusal read put back in front.
 
     It offers what hypercorn's ``TCPServer`` uses of a ``trio.SocketStream``
     (``socket``, send, receive, ``send_eof``) and, on purpose, no
     ``do_handshake``: that is how ``TCPServer`` tells a plain stream from TLS."""
 
-    def __init__(self, stream: trio.SocketStream, slots: trio.Semaphore) -> None:
+    def __init__(self, stream: trio.SocketStream, slots: trio.Semaphore | None) -> None:
         self._stream = stream
         self._slots: trio.Semaphore | None = slots
+        self._unread = b""
+
+    def put_back(self, data: bytes) -> None:
+        """``data`` is what the next ``receive_some`` returns (before the socket's own bytes)."""
+        self._unread = data + self._unread
 
     @property
     def socket(self) -> Any:
@@ -59,6 +90,11 @@ class SlotStream(trio.abc.HalfCloseableStream):
         await self._stream.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._unread:
+            await trio.lowlevel.checkpoint()
+            size = len(self._unread) if max_bytes is None else max_bytes
+            data, self._unread = self._unread[:size], self._unread[size:]
+            return data
         return await self._stream.receive_some(max_bytes)
 
     async def send_eof(self) -> None:
@@ -74,15 +110,18 @@ class SlotStream(trio.abc.HalfCloseableStream):
 
 
 class CappedListener(trio.abc.Listener[SlotStream]):
-    """``listener``'s connections, at most as many open at once as ``slots`` has."""
+    """``listener``'s connections, at most as many open at once as ``slots``
+    has (None: no cap, the streams are only wrapped)."""
 
-    def __init__(self, listener: trio.SocketListener, slots: trio.Semaphore, *, cap: int) -> None:
+    def __init__(self, listener: trio.SocketListener, slots: trio.Semaphore | None, *, cap: int) -> None:
         self._listener = listener
         self._slots = slots
         self._cap = cap
         self._full = False
 
     async def accept(self) -> SlotStream:
+        if self._slots is None:
+            return SlotStream(await self._listener.accept(), None)
         if self._slots.value == 0 and not self._full:
             self._full = True
             _log.warning("server.connections_at_cap", max_connections=self._cap)
@@ -100,6 +139,54 @@ class CappedListener(trio.abc.Listener[SlotStream]):
         await self._listener.aclose()
 
 
+def _peer_address(stream: SlotStream) -> str | None:
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else None
+
+
+def _asks(ask: Callable[..., Any], *args: Any) -> Any:
+    """A refusal's answer; a bug in it (an exception) is logged and reads as
+    "not refused": hypercorn serves the connection (an exception here would
+    end ``trio.serve_listeners``, and the server with it)."""
+    try:
+        return ask(*args)
+    except Exception:  # noqa: BLE001
+        _log.exception("server.refusal_failed")
+        return None
+
+
+async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], refusal: AcceptRefusal | None,
+                           stream: SlotStream) -> None:
+    """One accepted connection: refused from its first read when ``refusal``
+    answers it, else served by ``serve_http`` (hypercorn's ``TCPServer``)."""
+    address = _peer_address(stream) if refusal is not None else None
+    if refusal is not None and address is not None and _asks(refusal.watching, address):
+        data: bytes | bytearray | None = None
+        with trio.move_on_after(PEEK_S):
+            try:
+                data = await stream.receive_some(PEEK_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+        if data is not None and not data:        # closed (or reset) before a byte: nothing to serve
+            await stream.aclose()
+            return
+        if data:
+            answer = _asks(refusal.answer, address, bytes(data))
+            if answer is not None:
+                try:
+                    await stream.send_all(answer)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                finally:
+                    await stream.aclose()
+                return
+            stream.put_back(bytes(data))
+    await serve_http(stream)
+
+
 async def serve(app: Any, config: Config, *, max_connections: int,
                 shutdown_trigger: Callable[[], Awaitable[None]],
                 task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -107,7 +194,9 @@ async def serve(app: Any, config: Config, *, max_connections: int,
     does (lifespan startup, accept, graceful shutdown when ``shutdown_trigger``
     returns: in-flight connections get ``config.graceful_timeout``, then the
     lifespan shuts down), with at most ``max_connections`` connections open
-    at once (0: no cap). ``task_status.started`` gets the bound URLs."""
+    at once (0: no cap). ``task_status.started`` gets the bound URLs. An app
+    with an ``accept_refusal()`` method gives the ``AcceptRefusal`` asked
+    before hypercorn sees a connection (None: none)."""
     if config.ssl_enabled:
         raise ValueError("TLS is not served by voiceactors: terminate it in front of the server")
     asgi = wrap_app(app, config.wsgi_max_body_size, "asgi")
@@ -115,6 +204,8 @@ async def serve(app: Any, config: Config, *, max_connections: int,
     lifespan = Lifespan(asgi, config, lifespan_state)
     context = WorkerContext(None)
     slots = trio.Semaphore(max_connections) if max_connections > 0 else None
+    make_refusal = getattr(app, "accept_refusal", None)
+    refusal: AcceptRefusal | None = make_refusal() if callable(make_refusal) else None
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -125,10 +216,11 @@ async def serve(app: Any, config: Config, *, max_connections: int,
             for sock in config.create_sockets().insecure_sockets:
                 sock.listen(config.backlog)
                 listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                listeners.append(listener if slots is None else CappedListener(listener, slots, cap=max_connections))
+                listeners.append(CappedListener(listener, slots, cap=max_connections))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             task_status.started(binds)
-            handler = partial(TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy()))
+            serve_http = partial(TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy()))
+            handler = partial(serve_connection, serve_http, refusal)
             try:
                 async with trio.open_nursery() as accepting:
                     accepting.start_soon(partial(trio.serve_listeners, handler, listeners,

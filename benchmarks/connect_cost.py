@@ -1,0 +1,196 @@
+"""CPU per connect and per call end, on the server (issue 14, "a cheap connect").
+
+What it measures: a real ``voiceactors serve`` process (the 14-day sample
+journal, the Realtime simulator standing in for OpenAI, both on loopback,
+the server's logs at ``info`` to a file as an operator would run it) and
+``--calls`` call ids the simulator knows with no script (the ``idle``
+workload of ``benchmarks.sim_host``: the calls hold their sideband open).
+The driver sends ``POST /api/voice/connect`` for each id at ``--rate`` per
+second (one connection each), waits until the simulator has a sideband for
+every call and the server is quiet again, then tells the simulator to end
+every call (close 1000) and waits until the server has written every call
+record. For each of the two windows it reports the server's CPU seconds
+(user + system, all threads, psutil) minus its idle CPU over the same wall
+time (measured before the connects), divided by the calls:
+
+* ``connect_ms`` — one ``/connect`` through the sideband being up: the
+  route, the supervisor, the actor's start, the key, the websocket
+  handshake, the call record's first write, the log lines;
+* ``end_ms`` — one call's end: the close, the record's last write, the
+  actor's removal, the log lines.
+
+``--py-spy`` samples the server with py-spy over the connects (raw
+collapsed stacks into the run folder, ``server.pyspy.txt``; summarise with
+``benchmarks.profile_summary``); CPU numbers of a sampled run are not
+comparable with an unsampled one.
+
+Run::
+
+    .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 3
+    .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 1 --py-spy
+    .venv/bin/python -m benchmarks.connect_cost --server-repo /tmp/before    # another checkout's server
+
+Bounded: every wait has a timeout; every process is a child on loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BENCH_KEY, BENCH_TODAY, Proc, free_loopback_port, machine_facts, sample_journal, spawn, work_dir
+from benchmarks.floods import http_call, wait_ready
+from benchmarks.roundtrip import _start_py_spy
+
+PREFIX = "rtc_conn"
+
+
+def quiet(server: Proc, *, below_core_pct: float = 8.0, period: float = 0.5, bound_s: float = 30.0) -> float:
+    """Wait until the server uses less than ``below_core_pct`` of a core over
+    ``period`` (at most ``bound_s``); the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound_s:
+        c0 = server.cpu_s()
+        time.sleep(period)
+        if 100 * (server.cpu_s() - c0) / period < below_core_pct:
+            break
+    return round(time.monotonic() - t0, 2)
+
+
+def count_records(state_dir: Path, with_end: bool) -> int:
+    n = 0
+    for path in (state_dir / "calls").glob(f"{PREFIX}-*.jsonl"):
+        text = path.read_text(errors="replace")
+        n += 1 if (not with_end or '"kind": "end"' in text or '"kind":"end"' in text) else 0
+    return n
+
+
+def window(server: Proc, idle_core: float, calls: int, t0: float, c0: float) -> dict[str, Any]:
+    wall = time.monotonic() - t0
+    cpu = server.cpu_s() - c0
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+            "per_call_ms": round(1000 * (cpu - idle_core * wall) / calls, 2),
+            "per_call_raw_ms": round(1000 * cpu / calls, 2)}
+
+
+def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, Any]:
+    run_dir = work_dir() / "runs" / f"connect-{repeat}-{int(time.time() * 1000)}"
+    sim = spawn("sim", "benchmarks.sim_host", [
+        "--calls", str(args.calls), "--prefix", PREFIX, "--workload", "idle", "--timeout", "600",
+        "--out", str(run_dir / "sim.json")], workdir=run_dir)
+    server = None
+    result: dict[str, Any] = {"repeat": repeat}
+    try:
+        sim_port = int(sim.expect("PORT", 60))
+        port = free_loopback_port()
+        host = f"127.0.0.1:{port}"
+        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{sim_port}/v1", "OPENAI_API_KEY": BENCH_KEY,
+               "VOICEACTORS_API_TOKEN": "", "VOICEACTORS_RATE_LIMIT_PER_S": "0",
+               "VOICEACTORS_LOG_LEVEL": args.log_level}
+        serve = ["serve", "--journal", str(journal), "--state-dir", str(run_dir / "state"), "--host", "127.0.0.1",
+                 "--port", str(port), "--today", BENCH_TODAY.isoformat()]
+        server = spawn("server", "voiceactors.cli", serve, workdir=run_dir, env=env,
+                       repo=Path(args.server_repo) if args.server_repo else None)
+        wait_ready(server, port, host)
+        quiet(server)
+        t0, c0 = time.monotonic(), server.cpu_s()
+        time.sleep(args.idle_s)
+        idle_core = (server.cpu_s() - c0) / (time.monotonic() - t0)
+        result["idle_core_pct"] = round(100 * idle_core, 1)
+
+        lines_before = len(server.stderr_path.read_text(errors="replace").splitlines())
+        spy = _start_py_spy(server.popen.pid, args.calls / args.rate + 1, run_dir) if args.py_spy else None
+        t0, c0 = time.monotonic(), server.cpu_s()
+        statuses: dict[str, int] = {}
+        for n in range(args.calls):
+            due = t0 + n / args.rate
+            time.sleep(max(0.0, due - time.monotonic()))
+            status, _ = http_call(port, "POST", "/api/voice/connect", host, {"call_id": f"{PREFIX}-{n}"})
+            statuses[str(status)] = statuses.get(str(status), 0) + 1
+        sim.expect("CONNECTED", 60)
+        deadline = time.monotonic() + 30
+        while count_records(run_dir / "state", with_end=False) < args.calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        quiet(server)
+        result["connect"] = window(server, idle_core, args.calls, t0, c0)
+        result["connect"]["statuses"] = statuses
+
+        t0, c0 = time.monotonic(), server.cpu_s()
+        sim.send("STOP")
+        sim.expect("DONE", 60)
+        deadline = time.monotonic() + 30
+        while count_records(run_dir / "state", with_end=True) < args.calls and time.monotonic() < deadline:
+            time.sleep(0.05)
+        quiet(server)
+        result["end"] = window(server, idle_core, args.calls, t0, c0)
+        result["end"]["records_with_end"] = count_records(run_dir / "state", with_end=True)
+        log = server.stderr_path.read_text(errors="replace").splitlines()
+        result["log_lines_per_call"] = round((len(log) - lines_before) / args.calls, 2)
+        result["log_events"] = _events(log[lines_before:])
+        if spy is not None:
+            spy.wait(30)
+            result["py_spy"] = str(run_dir / "peer.pyspy.txt")
+        server.popen.send_signal(signal.SIGTERM)
+        result["server_rc"] = server.wait(60)
+    finally:
+        for proc in (server, sim):
+            if proc is not None and proc.popen.poll() is None:
+                proc.popen.terminate()
+                proc.wait(10)
+    if not args.keep:
+        shutil.rmtree(run_dir / "state", ignore_errors=True)
+    return result
+
+
+def _events(lines: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for line in lines:
+        try:
+            event = str(json.loads(line).get("event"))
+        except (ValueError, AttributeError):
+            event = "<not json>"
+        counts[event] = counts.get(event, 0) + 1
+    return counts
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="CPU per connect and per call end")
+    p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--rate", type=float, default=50.0, help="connects per second")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--idle-s", type=float, default=2.0)
+    p.add_argument("--log-level", default="info")
+    p.add_argument("--py-spy", action="store_true", help="sample the server over the connects")
+    p.add_argument("--server-repo", default=None)
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    journal = sample_journal(14)
+    runs = []
+    for repeat in range(1, args.repeats + 1):
+        r = run_once(args, journal, repeat)
+        runs.append(r)
+        print(f"repeat {repeat}: connect {r['connect']['per_call_ms']} ms CPU/call "
+              f"(raw {r['connect']['per_call_raw_ms']}, {r['connect']['statuses']}), "
+              f"end {r['end']['per_call_ms']} ms CPU/call (raw {r['end']['per_call_raw_ms']}), "
+              f"idle {r['idle_core_pct']} % of a core, log lines/call {r['log_lines_per_call']}, "
+              f"records with end {r['end']['records_with_end']}/{args.calls}"
+              + (f", py-spy {r['py_spy']}" if r.get("py_spy") else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine_facts(), "args": vars(args), "runs": runs},
+                                              indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,7 @@ import json
 import re
 import math
 import subprocess
+import gc
 import sys
 from typing import Any
 
@@ -965,11 +966,17 @@ def _lines_traced(fn: Any) -> int:
             count += 1
         return tracer
 
+    # no collection inside: a finalizer of an earlier test's garbage (Python
+    # code) would count as this round's work
+    enabled = gc.isenabled()
+    gc.disable()
     sys.settrace(tracer)
     try:
         fn()
     finally:
         sys.settrace(None)
+        if enabled:
+            gc.enable()
     return count
 
 

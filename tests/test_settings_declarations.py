@@ -38,7 +38,8 @@ EXISTING_ENV = {
 }
 EXISTING_FLAGS = {"journal": "--journal", "state_dir": "--state-dir", "host": "--host", "port": "--port",
                   "log_format": "--log-format", "allowed_hosts": "--allowed-host", "demo": "--demo",
-                  "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd"}
+                  "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd",
+                  "redis_url": "--redis"}
 
 
 @pytest.fixture(autouse=True)

@@ -65,6 +65,7 @@ class ConnectOutcome(StrEnum):
 
     CONNECTED = "connected"       # the call's actor is live (started now, or already)
     AT_CAPACITY = "at_capacity"   # ``settings.max_calls`` live calls already
+    REGISTRY_DOWN = "registry_down"   # the shared registry (Redis) did not answer: nothing started
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ async def test_one_lease_per_call_released_only_by_its_holder(redis_server):
         await a.release(first)
         second = await b.acquire("rtc_1")
         assert second is not None and second.fence > first.fence and second.previous is None
-        assert await a.renew(first) is False                 # a's old token renews nothing
-        assert await b.renew(second) is True
+        assert await a.renew(first) is None                  # a's old token renews nothing
+        assert await b.renew(second) == second
         nursery.cancel_scope.cancel()
 
 
@@ -47,7 +47,7 @@ async def test_an_unreleased_lease_expires_and_the_next_holder_learns_whose_it_w
         assert await b.orphans() == [("rtc_2", dead.token)]
         taken = await b.acquire("rtc_2")
         assert taken is not None and taken.previous == dead.token and taken.fence > dead.fence
-        assert await a.renew(dead) is False
+        assert await a.renew(dead) is None                  # b holds it now: a's is lost
         await b.release(taken)
         assert await b.orphans() == []                      # released cleanly: nothing to take over
         nursery.cancel_scope.cancel()
@@ -135,4 +135,29 @@ async def test_a_holder_that_cannot_renew_gives_up_before_its_lease_expires(redi
             await keep_lease(a, lease2, close_deadline_s=0.1)
             raise AssertionError("a renewable lease was given up")
         assert await b.acquire("rtc_8") is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_lease_nobody_holds_any_more_is_taken_again_with_a_new_token(redis_server):
+    async with trio.open_nursery() as nursery:
+        a, b = await _two(redis_server, nursery, ttl=0.5)
+        lease = await a.acquire("rtc_9")
+        assert lease is not None
+        await trio.sleep(0.7)                               # expired, nobody took it
+        again = await a.renew(lease)
+        assert again is not None and again.fence > lease.fence and a.lease_of("rtc_9") == again
+        assert (await a.claim_write("rtc_9", "call_y")).state == WriteClaim.CLAIMED   # the new token is the fence
+        redis_server.stop()                                  # a restart without persistence
+        redis_server.start()
+        with trio.fail_after(10):
+            while True:
+                try:
+                    third = await a.renew(again)
+                    break
+                except RegistryDown:
+                    await trio.sleep(0.05)
+        assert third is not None and third.fence > again.fence
+        assert await b.acquire("rtc_9") is None             # still one holder
+        await a.release(third)
+        assert a.lease_of("rtc_9") is None and await b.acquire("rtc_9") is not None
         nursery.cancel_scope.cancel()

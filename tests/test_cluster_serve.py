@@ -210,3 +210,35 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
             nursery.cancel_scope.cancel()
     finally:
         _stop_all(a)
+
+
+async def test_redis_restarted_without_its_data_mid_call_the_holder_keeps_the_call(tmp_path, redis_server):
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    sim = Simulator(None, api_key=KEY)
+    sc = sim.add_call(CALL, [{"sleep": 120}])
+    a = b = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            a = ClusterServer(journal, tmp_path / "state_a", sim, redis_server)
+            b = ClusterServer(journal, tmp_path / "state_b", sim, redis_server)
+            url_a, url_b = await a.start(nursery), await b.start(nursery)
+            async with httpx.AsyncClient(base_url=url_a, timeout=10) as client:
+                assert (await client.post("/api/voice/connect", json={"call_id": CALL})).status_code == 200
+            with trio.fail_after(10):
+                await sc.wait_until(lambda c: c.connection is not None)
+            redis_server.stop()                       # every lease, the fence counter, the calls: gone
+            redis_server.start()
+            with trio.fail_after(TTL_S * 3):
+                while not a.events("registry.lease_reacquired"):
+                    await trio.sleep(0.05)
+            await trio.sleep(TTL_S)                   # renewed since, under the new token
+            async with httpx.AsyncClient(base_url=url_b, timeout=10) as client:
+                answer = await client.post("/api/voice/connect", json={"call_id": CALL})
+            assert answer.status_code == 200 and answer.json()["status"] == "connected"
+            assert b.events("supervisor.call_held_elsewhere") and not b.events("supervisor.call_started")
+            assert not a.events("supervisor.lease_lost")
+            assert sc.connections == 1 and sc.connection is not None and not sc.closed
+            nursery.cancel_scope.cancel()
+    finally:
+        _stop_all(a, b)

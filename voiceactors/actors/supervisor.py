@@ -237,7 +237,8 @@ class CallSupervisor:
                 self.log.error("supervisor.lease_lost", call_id=actor.call_id, why=why, fence=lease.fence)
                 inner.cancel_scope.cancel()         # the actor's graceful stop (bounded)
         finally:
-            await release_quietly(self.registry, lease, self.settings.connect_timeout_s)
+            current = self.registry.lease_of(actor.call_id) or lease     # renewed with a new token, maybe
+            await release_quietly(self.registry, current, self.settings.connect_timeout_s)
         return actor.end_reason or EndReason.ERROR
 
     async def _take_over_orphans(self, nursery: trio.Nursery) -> None:

@@ -26,7 +26,8 @@ def stop_margin(ttl_s: float, close_deadline_s: float) -> float:
 
 async def keep_lease(registry: CallRegistry, lease: Lease, close_deadline_s: float) -> str:
     """Renew ``lease`` until it is lost; the reason (``lost`` or
-    ``unrenewable``)."""
+    ``unrenewable``). A lease nobody held any more is taken again with a new
+    token (``registry.lease_of`` then has it)."""
     ttl = registry.ttl_s
     margin = stop_margin(ttl, close_deadline_s)
     stop_at = lease.acquired_at + ttl - margin
@@ -41,8 +42,9 @@ async def keep_lease(registry: CallRegistry, lease: Lease, close_deadline_s: flo
         except RegistryDown:
             next_renewal = now + ttl / 12       # try again soon, until stop_at
             continue
-        if not renewed:
+        if renewed is None:
             return "lost"
+        lease = renewed
         stop_at = now + ttl - margin
         next_renewal = now + ttl / 3
 

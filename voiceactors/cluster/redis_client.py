@@ -72,13 +72,16 @@ redis.call('HSET', KEYS[3], ARGV[3], token)
 return {1, token, previous}
 """
 
-#: KEYS: lease. ARGV: token, ttl_ms. 1: renewed; 0: not ours any more.
+#: KEYS: lease. ARGV: token, ttl_ms. 1: renewed; 0: another token holds it;
+#: -1: nobody does (it expired, or Redis restarted without its data).
 RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
-return 0
+if held then return 0 end
+return -1
 """
 
 #: KEYS: lease, calls, pending. ARGV: token, call_id. Deletes only what is ours.

@@ -77,7 +77,7 @@ class CallRegistry(Protocol):
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
     async def acquire(self, call_id: str) -> Lease | None: ...
-    async def renew(self, lease: Lease) -> bool: ...
+    async def renew(self, lease: Lease) -> Lease | None: ...
     async def release(self, lease: Lease) -> None: ...
     def lease_of(self, call_id: str) -> Lease | None: ...
     async def claim_write(self, call_id: str, tool_call_id: str) -> ClaimAnswer: ...
@@ -107,8 +107,8 @@ class LocalRegistry:
         lease = self._held[call_id] = Lease(call_id, "local:0", trio.current_time())
         return lease
 
-    async def renew(self, lease: Lease) -> bool:
-        return True
+    async def renew(self, lease: Lease) -> Lease | None:
+        return lease
 
     async def release(self, lease: Lease) -> None:
         self._held.pop(lease.call_id, None)
@@ -211,17 +211,30 @@ class RedisRegistry:
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
         return lease
 
-    async def renew(self, lease: Lease) -> bool:
-        renewed = await self._script(rc.RENEW, [rc.lease_key(lease.call_id)],
-                                     [lease.token, round(self.ttl_s * 1000)])
-        if int(renewed) != 1:
-            self._held.pop(lease.call_id, None)
-            return False
-        return True
+    async def renew(self, lease: Lease) -> Lease | None:
+        """``lease`` renewed; a new lease when nobody held the key any more
+        (it expired before a renewal reached it, or Redis restarted without
+        its data: no other process holds the call, so this one may, with a
+        new fencing token); None when another token holds it."""
+        renewed = int(await self._script(rc.RENEW, [rc.lease_key(lease.call_id)],
+                                         [lease.token, round(self.ttl_s * 1000)]))
+        if renewed == 1:
+            return lease
+        if renewed == -1:
+            again = await self.acquire(lease.call_id)
+            if again is not None:
+                _log.warning("registry.lease_reacquired", call_id=lease.call_id, fence=again.fence)
+                return again
+        self._forget_held(lease)
+        return None
+
+    def _forget_held(self, lease: Lease) -> None:
+        held = self._held.get(lease.call_id)
+        if held is not None and held.token == lease.token:
+            del self._held[lease.call_id]
 
     async def release(self, lease: Lease) -> None:
-        if self._held.get(lease.call_id) == lease:
-            del self._held[lease.call_id]
+        self._forget_held(lease)
         await self._script(rc.RELEASE, [rc.lease_key(lease.call_id), rc.CALLS_KEY, rc.pending_key(lease.call_id)],
                            [lease.token, lease.call_id])
 

@@ -85,3 +85,26 @@ async def test_a_write_with_redis_gone_answers_an_error_and_applies_nothing(tmp_
         assert answer.outcome == "busy" and json.loads(answer.output) == SHARED_LOG_DOWN
         assert item_file(journal, item).read_bytes() == before
         nursery.cancel_scope.cancel()
+
+
+async def test_an_mcp_write_holds_no_lease_and_is_still_applied_once_across_processes(tmp_path, redis_server):
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    [item] = ledger.list_items(journal, state="open", top=1)
+    arguments = json.dumps({"commitment_id": item.id, "resolution": "done"})
+    async with trio.open_nursery() as nursery:
+        a = RedisRegistry(redis_server.url, 2.0, node="a")
+        b = RedisRegistry(redis_server.url, 2.0, node="b")
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        executors = [await _executor(nursery, journal, tmp_path / "state_a", a),
+                     await _executor(nursery, journal, tmp_path / "state_b", b)]
+        answers = []
+        for executor, mcp_call in zip(executors, ("mcp-1", "mcp-2")):   # no lease: an MCP client's call ids
+            with trio.fail_after(20):
+                answers.append(await ask(executor.inbox, lambda reply: ToolRequest(
+                    call_id=mcp_call, tool_call_id="mcp-key-1", name="commitments.complete",
+                    arguments=arguments, epoch=0, turn=0, reply=reply, fenced_by_call=False), timeout=math.inf))
+        assert [x.outcome for x in answers] == ["ok", "replayed"], [x.output for x in answers]
+        assert answers[1].output == answers[0].output
+        assert len(ledger_close_edits(item_file(journal, item), item.id)) == 1
+        nursery.cancel_scope.cancel()

@@ -494,7 +494,7 @@ class ToolExecutor:
         it is ours to apply, else the answer instead of applying."""
         assert self.cluster is not None
         try:
-            answer = await self.cluster.claim_write(req.call_id, req.tool_call_id)
+            answer = await self.cluster.claim_write(req.call_id if req.fenced_by_call else None, req.tool_call_id)
         except RegistryDown:
             _log.error("tool.shared_log_down", call_id=req.call_id, tool_call_id=req.tool_call_id)
             return _error(SHARED_LOG_DOWN, "busy")

@@ -29,6 +29,9 @@ class ToolRequest:
     # the call's current selection (a ``context.Reference``, or None): fills
     # the arguments a tool takes from it when the model left them out
     selection: Any = None
+    # a voice call's request: with --redis its writes are fenced by the call's
+    # lease. False: no call holds it (an MCP client's), claimed unfenced
+    fenced_by_call: bool = True
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ PREFIX = "voiceactors:"
 FENCE_KEY = PREFIX + "fence"
 CALLS_KEY = PREFIX + "calls"
 APPLYING = "applying:"
+UNFENCED = "*"          # a claim's token for a write of no call (an MCP client's)
 T = TypeVar("T")
 
 
@@ -97,12 +98,13 @@ end
 return 0
 """
 
-#: KEYS: lease, write. ARGV: token, ttl_s. Check the write log and the fence,
-#: then claim, in one step: {'claimed', ''}, {'taken', value}, {'stale', ''}.
+#: KEYS: lease, write. ARGV: token ('*': no fence), ttl_s. Check the write log
+#: and the fence, then claim, in one step: {'claimed', ''}, {'taken', value},
+#: {'stale', ''}.
 CLAIM_WRITE = """
 local done = redis.call('GET', KEYS[2])
 if done then return {'taken', done} end
-if ARGV[1] == '' or redis.call('GET', KEYS[1]) ~= ARGV[1] then return {'stale', ''} end
+if ARGV[1] == '' or (ARGV[1] ~= '*' and redis.call('GET', KEYS[1]) ~= ARGV[1]) then return {'stale', ''} end
 redis.call('SET', KEYS[2], 'applying:' .. ARGV[1], 'EX', ARGV[2])
 return {'claimed', ''}
 """

@@ -80,7 +80,7 @@ class CallRegistry(Protocol):
     async def renew(self, lease: Lease) -> Lease | None: ...
     async def release(self, lease: Lease) -> None: ...
     def lease_of(self, call_id: str) -> Lease | None: ...
-    async def claim_write(self, call_id: str, tool_call_id: str) -> ClaimAnswer: ...
+    async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
     async def orphans(self) -> list[tuple[str, str]]: ...
@@ -116,7 +116,7 @@ class LocalRegistry:
     def lease_of(self, call_id: str) -> Lease | None:
         return self._held.get(call_id)
 
-    async def claim_write(self, call_id: str, tool_call_id: str) -> ClaimAnswer:
+    async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
         return ClaimAnswer(WriteClaim.CLAIMED)
 
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None:
@@ -243,10 +243,16 @@ class RedisRegistry:
 
     # --- the shared write log --------------------------------------------------
 
-    async def claim_write(self, call_id: str, tool_call_id: str) -> ClaimAnswer:
-        lease = self._held.get(call_id)
-        token = lease.token if lease is not None else ""     # no lease here: a record answers, nothing claims
-        state, value = await self._script(rc.CLAIM_WRITE, [rc.lease_key(call_id), rc.write_key(tool_call_id)],
+    async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
+        """Claim ``tool_call_id`` for the holder of ``call_id``'s lease (None:
+        a request of no call, claimed unfenced)."""
+        if call_id is None:
+            token, lease_key = rc.UNFENCED, rc.lease_key("")
+        else:
+            lease = self._held.get(call_id)
+            token = lease.token if lease is not None else ""   # no lease here: a record answers, nothing claims
+            lease_key = rc.lease_key(call_id)
+        state, value = await self._script(rc.CLAIM_WRITE, [lease_key, rc.write_key(tool_call_id)],
                                           [token, WRITE_RECORD_TTL_S])
         if state == WriteClaim.CLAIMED:
             return ClaimAnswer(WriteClaim.CLAIMED)

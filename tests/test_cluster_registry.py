@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import trio
 
 from redis_support import RedisServer, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster.leases import keep_lease, stop_margin
 from voiceactors.cluster.registry import RedisRegistry, RegistryDown, WriteClaim
+from voiceactors.settings import InvalidSettings, Settings
 
 TTL = 1.0
 
@@ -161,3 +163,11 @@ async def test_a_lease_nobody_holds_any_more_is_taken_again_with_a_new_token(red
         await a.release(third)
         assert a.lease_of("rtc_9") is None and await b.acquire("rtc_9") is not None
         nursery.cancel_scope.cancel()
+
+
+def test_a_redis_url_of_another_scheme_is_refused_without_echoing_it(tmp_path):
+    settings = Settings(journal=tmp_path, state_dir=tmp_path / "state", redis_url="http://user:s3cret@host:6379")
+    with pytest.raises(InvalidSettings) as refused:
+        settings.validate()
+    assert "redis_url" in str(refused.value) and "s3cret" not in str(refused.value)
+    Settings(journal=tmp_path, state_dir=tmp_path / "state", redis_url="redis://127.0.0.1:6379/0").validate()

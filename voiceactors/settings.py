@@ -95,6 +95,15 @@ GROUPS = (SERVER, TOOLS, CALLS, BRAIN, HTTP, USAGE, CLUSTER)
 DEFAULT_PRICES = ("gpt-realtime=4/16/32/64/0.4",)
 
 
+def _redis_url_problem(value: Any) -> str | None:
+    """The URL's scheme only: the rest may hold a password, never echoed."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        return "must be a redis://, rediss:// or unix:// URL"
+    return None
+
+
 def _price_table_problem(value: Any) -> str | None:
     from voiceactors.usage import price_table_problem
     return price_table_problem(value)
@@ -232,7 +241,7 @@ class Settings:
         None, CLUSTER, "a Redis server shared by several `voiceactors serve` processes: each call's actor runs "
         "on the one process holding its lease, tool writes are claimed there once (docs/operations.md "
         "§ Scaling out). Unset: one process, everything in memory. Never logged (it may hold a password)",
-        env="VOICEACTORS_REDIS_URL", flag="--redis", metavar="URL",
+        env="VOICEACTORS_REDIS_URL", flag="--redis", metavar="URL", check=_redis_url_problem,
         short="a shared Redis (redis://host:port/db) coordinating several server processes")
     redis_lease_ttl_s: float = setting(
         10.0, CLUSTER, "a call's lease in Redis lives this long unless its holder renews it (every third of "

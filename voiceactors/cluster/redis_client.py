@@ -109,14 +109,20 @@ redis.call('SET', KEYS[2], 'applying:' .. ARGV[1], 'EX', ARGV[2])
 return {'claimed', ''}
 """
 
-#: KEYS: calls, lease. ARGV: call_id, token seen by the scan. Forget a dead
-#: holder's entry once nobody holds the lease (a call that ended cleanly).
-FORGET = """
-if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  return 1
+#: KEYS: calls. ARGV: the lease keys' prefix. The ``calls`` entries whose
+#: lease key is gone, flat ``{call_id, token, ...}``: one round trip for the
+#: whole scan. (It reads lease keys it was not given, so it needs one Redis,
+#: not Redis Cluster.)
+ORPHANS = """
+local found = {}
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  if redis.call('EXISTS', ARGV[1] .. entries[i]) == 0 then
+    found[#found + 1] = entries[i]
+    found[#found + 1] = entries[i + 1]
+  end
 end
-return 0
+return found
 """
 
 ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)

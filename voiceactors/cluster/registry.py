@@ -85,7 +85,6 @@ class CallRegistry(Protocol):
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
     async def orphans(self) -> list[tuple[str, str]]: ...
     async def pending_of(self, call_id: str) -> list[PendingCall]: ...
-    async def forget(self, call_id: str, token: str) -> None: ...
     def health(self) -> dict[str, Any] | None: ...
 
 
@@ -130,9 +129,6 @@ class LocalRegistry:
 
     async def pending_of(self, call_id: str) -> list[PendingCall]:
         return []
-
-    async def forget(self, call_id: str, token: str) -> None:
-        return None
 
     def health(self) -> dict[str, Any] | None:
         return None
@@ -301,14 +297,9 @@ class RedisRegistry:
     async def orphans(self) -> list[tuple[str, str]]:
         """``(call_id, token)`` of the calls whose lease is gone but whose
         holder never released them (it died, or lost Redis)."""
-        entries = await self._request(self._redis.hgetall(rc.CALLS_KEY))
-        found = []
-        for call_id, token in dict(entries).items():
-            if call_id in self._held:
-                continue
-            if not await self._request(self._redis.exists([rc.lease_key(call_id)])):
-                found.append((str(call_id), str(token)))
-        return found
+        flat = list(await self._script(rc.ORPHANS, [rc.CALLS_KEY], [rc.lease_key("")]))
+        pairs = zip(flat[0::2], flat[1::2])
+        return [(str(call_id), str(token)) for call_id, token in pairs if call_id not in self._held]
 
     async def pending_of(self, call_id: str) -> list[PendingCall]:
         entries = await self._request(self._redis.hgetall(rc.pending_key(call_id)))
@@ -323,9 +314,6 @@ class RedisRegistry:
                                        str(line.get("response_id") or ""), line.get("effect"),
                                        arguments if isinstance(arguments, str) else None))
         return pending
-
-    async def forget(self, call_id: str, token: str) -> None:
-        await self._script(rc.FORGET, [rc.CALLS_KEY, rc.lease_key(call_id)], [call_id, token])
 
 
 def make_registry(settings: Any) -> CallRegistry:

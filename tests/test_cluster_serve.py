@@ -6,8 +6,10 @@ its own state folder, both on one journal.
 * kill -9 of the holder mid-call: the other process takes the call over
   within the lease TTL plus a reconnect and answers the pending tool calls
   exactly once, no write applied twice (the fixture's ledger checked);
-* Redis gone: new connects answer 503 with a clear error, ``/status`` says
-  so, the server keeps running, and connects work again when Redis returns.
+* Redis gone: a call in progress stops before its lease can expire, new
+  connects answer 503 with a clear error, ``/status`` says so, the server
+  keeps running, and connects work again when Redis returns;
+* Redis restarted without its data mid-call: the holder keeps the call.
 """
 
 from __future__ import annotations
@@ -176,6 +178,7 @@ async def test_kill_9_of_the_holder_the_other_process_takes_the_call_over(tmp_pa
 async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_path, redis_server):
     journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
     sim = Simulator(None, api_key=KEY)
+    live = sim.add_call("rtc_live", [{"sleep": 120}])
     sim.add_call("rtc_after", [{"sleep": 120}])
     a = None
     try:
@@ -183,7 +186,21 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
             await nursery.start(sim.serve, 0)
             a = ClusterServer(journal, tmp_path / "state_a", sim, redis_server)
             url = await a.start(nursery)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                assert (await client.post("/api/voice/connect", json={"call_id": "rtc_live"})).status_code == 200
+            with trio.fail_after(10):
+                await live.wait_until(lambda c: c.connection is not None)
             redis_server.stop()
+            gone = trio.current_time()
+            # the call in progress stops itself before its lease (renewed at most a third of a TTL ago) could expire
+            with trio.fail_after(TTL_S + 5):
+                while not a.events("supervisor.lease_lost"):
+                    await trio.sleep(0.02)
+            assert trio.current_time() - gone < TTL_S
+            [lost] = a.events("supervisor.lease_lost")
+            assert lost["call_id"] == "rtc_live" and lost["why"] == "unrenewable"
+            with trio.fail_after(10):
+                await live.wait_until(lambda c: c.connection is None)
             async with httpx.AsyncClient(base_url=url, timeout=10) as client:
                 with trio.fail_after(10):
                     refused = await client.post("/api/voice/connect", json={"call_id": "rtc_during"})
@@ -192,6 +209,7 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
                 status = await client.get("/api/voice/status")
                 assert status.status_code == 200
                 assert status.json()["cluster"] == {"backend": "redis", "reachable": False, "leases_held": 0}
+                assert status.json()["active_sessions"] == 0
                 assert a.proc.poll() is None                       # still serving
                 redis_server.start()                               # back, empty
                 with trio.fail_after(10):

@@ -177,7 +177,6 @@ class CallSupervisor:
             metrics.set_live_calls(len(self.calls))
             self.log.info("supervisor.call_removed", call_id=actor.call_id, live=len(self.calls))
 
-
     # --- the shared registry (--redis) -----------------------------------------
 
     async def _connect_shared(self, message: Connect, nursery: trio.Nursery) -> None:
@@ -193,12 +192,15 @@ class CallSupervisor:
         if len(self.calls) >= self.settings.max_calls:
             return self._connect(call_id, nursery)      # answers at_capacity (and logs it)
         asking = self._acquiring[call_id] = trio.Event()
+        lease = None
         try:
             lease = await self.registry.acquire(call_id)
             if lease is not None and lease.previous is not None and recovered is None:
                 recovered = await self._taken_over(lease)
         except RegistryDown as exc:
             self.log.error("supervisor.registry_down", call_id=call_id, error=str(exc)[:120])
+            if lease is not None:       # won, but the takeover's reads failed: let another try
+                nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.REGISTRY_DOWN
         finally:
             del self._acquiring[call_id]
@@ -219,8 +221,12 @@ class CallSupervisor:
             answer = await self.registry.claim_write(lease.call_id, call.tool_call_id)
             if answer.record is not None:
                 record = answer.record
-                await storage.run_sync(write_log.apply_once, self.settings.state_dir, call.tool_call_id,
-                                       lambda: record)
+                try:
+                    await storage.run_sync(write_log.apply_once, self.settings.state_dir, call.tool_call_id,
+                                           lambda: record)
+                except OSError as exc:   # then the new actor answers it with the restart error
+                    self.log.error("supervisor.take_over_record_failed", call_id=lease.call_id,
+                                   tool_call_id=call.tool_call_id, error=type(exc).__name__)
         self.log.info("supervisor.take_over", call_id=lease.call_id, fence=lease.fence, pending=len(pending))
         return pending
 

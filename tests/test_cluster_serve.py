@@ -107,11 +107,12 @@ def crash_scenario(item_id: str) -> list:
     ]
 
 
-async def _pending_mirrored(url: str, call_id: str, tool_call_id: str) -> None:
-    """Wait until the holder's mirror of its record has the tool call."""
+async def _mirrored(url: str, call_id: str, pending: set[str]) -> None:
+    """Wait until the holder's mirror of its record has exactly these
+    unsettled tool calls (its writer runs a moment after the record's lines)."""
     with trio.fail_after(10):
         async with rc.client(url) as redis:
-            while tool_call_id not in await redis.hgetall(rc.pending_key(call_id)):
+            while set(await redis.hgetall(rc.pending_key(call_id))) != pending:
                 await trio.sleep(0.05)
 
 
@@ -139,7 +140,7 @@ async def test_kill_9_of_the_holder_the_other_process_takes_the_call_over(tmp_pa
                 record_a = record_path(tmp_path / "state_a", CALL)
                 await _wait_for_line(record_a, "tool_started", "call_w")
                 await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
-                await _pending_mirrored(redis_server.url, CALL, "call_w")
+                await _mirrored(redis_server.url, CALL, {"call_w"})
                 a.proc.kill()                                            # SIGKILL mid-call
                 killed = trio.current_time()
                 with trio.fail_after(10):

@@ -40,7 +40,7 @@ EXISTING_ENV = {
 EXISTING_FLAGS = {"journal": "--journal", "state_dir": "--state-dir", "host": "--host", "port": "--port",
                   "log_format": "--log-format", "allowed_hosts": "--allowed-host", "demo": "--demo",
                   "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd",
-                  "record_events": "--record-events"}
+                  "record_events": "--record-events", "redis_url": "--redis"}
 
 
 @pytest.fixture(autouse=True)

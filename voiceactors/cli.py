@@ -28,7 +28,7 @@ _COMMANDS = {
 }
 
 
-# settings with a flag on `serve` and `demo` (`--demo` is serve's alone)
+# settings with a flag on `serve` and `demo` (`--demo` and `--redis` are serve's alone)
 SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
                "daily_budget_usd", "record_events")
 # settings with a flag on `mcp` (stdio: no address to listen on)
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the voice server")
     _add_serve_flags(serve)
-    settings.add_flags(serve, ("demo",))
+    settings.add_flags(serve, ("demo", "redis_url"))
 
     demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
     _add_serve_flags(demo)

@@ -76,14 +76,16 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     from voiceactors.actors.mcp_hub import McpHub
     from voiceactors.tools.context import ToolContext
 
+    from voiceactors.cluster.registry import make_registry
+
+    registry = make_registry(settings)
+    shared = registry if registry.shared else None     # no Redis: the actors as they always were
     mcp = McpHub(settings)
-    executor = ToolExecutor(settings, ToolContext.from_settings(settings), remote=mcp)
-    return {
-        "mcp": mcp,
-        "brain": BrainActor(settings, brain_backend),
-        "tools": executor,
-        "calls": CallSupervisor(settings, executor.inbox),
-    }
+    executor = ToolExecutor(settings, ToolContext.from_settings(settings), remote=mcp, cluster=shared)
+    actors: dict[str, Any] = {"registry": shared} if shared is not None else {}
+    actors.update(mcp=mcp, brain=BrainActor(settings, brain_backend), tools=executor,
+                  calls=CallSupervisor(settings, executor.inbox, registry=shared))
+    return actors
 
 
 async def _stop(hosted: list[_Hosted], deadline_s: float) -> None:
@@ -108,9 +110,11 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
     chooses from the journal's ``voice.brain`` setting).
     """
     actors = _make_actors(settings, brain_backend)
-    # Start order: brain and executor before the supervisor that feeds the
-    # executor; stop order is the reverse.
-    order = ["mcp", "brain", "tools", "calls"]
+    # Start order: the cluster registry (with --redis), the MCP sources,
+    # brain and executor before the supervisor that feeds the executor; stop
+    # order is the reverse (the supervisor releases its leases before the
+    # registry goes).
+    order = [name for name in ("registry", "mcp", "brain", "tools", "calls") if name in actors]
     hosted = {name: _Hosted(name) for name in order}
     started = trio.current_time()
     async with trio.open_nursery() as nursery:

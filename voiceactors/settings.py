@@ -90,13 +90,23 @@ def is_loopback_host(host: str) -> bool:
 SERVER, TOOLS, CALLS, BRAIN, HTTP = ("Server", "Tools (ToolExecutor)", "Calls (CallSupervisor / CallActor)",
                                      "Brain", "HTTP")
 USAGE = "Usage and budgets"
-GROUPS = (SERVER, TOOLS, CALLS, BRAIN, HTTP, USAGE)
+CLUSTER = "Scaling out (Redis)"
+GROUPS = (SERVER, TOOLS, CALLS, BRAIN, HTTP, USAGE, CLUSTER)
 
 #: gpt-realtime's prices (USD per million tokens: text in, text out, audio in,
 #: audio out, cached in) as published on openai.com/api/pricing on 2025-08-28,
 #: the model's general availability (cached text and cached audio input are
 #: both $0.40).
 DEFAULT_PRICES = ("gpt-realtime=4/16/32/64/0.4",)
+
+
+def _redis_url_problem(value: Any) -> str | None:
+    """The URL's scheme only: the rest may hold a password, never echoed."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+        return "must be a redis://, rediss:// or unix:// URL"
+    return None
 
 
 def _price_table_problem(value: Any) -> str | None:
@@ -249,6 +259,17 @@ class Settings:
         50, CALLS, "at start-up, calls that were live when the server died (a call record whose last block has "
         "no `end`, changed within `call_max_duration_s`) are rejoined, newest first, at most this many; `0`: "
         "none (docs/calls.md § Crash recovery)", env="VOICEACTORS_REJOIN_MAX_CALLS", unit="calls", minimum=0)
+    redis_url: str | None = setting(
+        None, CLUSTER, "a Redis server shared by several `voiceactors serve` processes: each call's actor runs "
+        "on the one process holding its lease, tool writes are claimed there once (docs/operations.md "
+        "§ Scaling out). Unset: one process, everything in memory. Never logged (it may hold a password)",
+        env="VOICEACTORS_REDIS_URL", flag="--redis", metavar="URL", check=_redis_url_problem,
+        short="a shared Redis (redis://host:port/db) coordinating several server processes")
+    redis_lease_ttl_s: float = setting(
+        10.0, CLUSTER, "a call's lease in Redis lives this long unless its holder renews it (every third of "
+        "it); a holder that cannot renew stops the call before the lease can expire, and another process "
+        "may take a dead holder's call over once it has", env="VOICEACTORS_REDIS_LEASE_TTL", unit="s",
+        minimum=0.5)
     context_timeout_s: float = setting(
         10.0, CALLS, "a linked `context` (`/session`, `/connect`) must be verified against the journal within "
         "this long in all; past it the call starts as a generic conversation (docs/api.md § Linked context)",

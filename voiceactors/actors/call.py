@@ -129,7 +129,8 @@ class CallActor:
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
                  recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
-                 model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None) -> None:
+                 model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
+                 on_record: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -170,6 +171,8 @@ class CallActor:
         # usage: the model priced, and who adds each response's cost to the day's total
         self._model = model
         self._on_cost = on_cost
+        # the cluster registry's mirror of the record's tool lines (a takeover answers from it)
+        self._on_record = on_record
 
     # views of the protocol's state
     @property
@@ -742,6 +745,8 @@ class CallActor:
     def record_line(self, kind: str, **fields: Any) -> None:
         if self.record is not None:
             self.record.add(kind, **fields)
+        if self._on_record is not None:
+            self._on_record(self.call_id, {"kind": kind, **fields})
 
     async def _write_record(self, reason: str) -> None:
         record = self.record

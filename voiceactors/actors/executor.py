@@ -61,6 +61,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import mcp_execution, write_log
+from voiceactors.cluster.registry import CallRegistry, RegistryDown, WriteClaim
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
@@ -94,6 +95,10 @@ DUPLICATE_CALL = {"error": "duplicate call: this tool was already called with th
 TURN_OUTPUT_FULL = {"error": "turn output limit reached; answer with what you have"}
 OUTPUT_TOO_LARGE = {"error": "output too large"}
 JOURNAL_BUSY = {"error": "journal busy: another program holds the file; nothing was changed, try again"}
+# the shared write log's refusals (--redis; docs/operations.md § Scaling out)
+SHARED_LOG_DOWN = {"error": "shared write log unreachable; nothing was changed, try again"}
+NOT_HOLDER = {"error": "this server no longer holds the call; nothing was changed"}
+WRITE_ELSEWHERE = {"error": "another server started this write and its outcome is unknown; it is not applied again"}
 
 PEER_ID_LOG_MAX = 64        # peer-sent ids and names are clipped in log lines
 TOOL_NAME_LOG_MAX = 128
@@ -216,9 +221,12 @@ class ToolExecutor:
     ``remote`` holds the tools of MCP sources (``mcp_hub.py``; None: ours only)."""
 
     def __init__(self, settings: Settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
-                 on_result: Callable[[ToolResult], None] = observe_result, remote: McpHub | None = None):
+                 on_result: Callable[[ToolResult], None] = observe_result, remote: McpHub | None = None,
+                 cluster: CallRegistry | None = None):
         self.settings = settings
         self.remote = remote
+        # with --redis: the shared write log (a write is claimed there, fenced, before it applies)
+        self.cluster = cluster
         self.ctx = ctx
         self.registry = registry
         self.on_result = on_result
@@ -464,7 +472,12 @@ class ToolExecutor:
             # Started: only our own deadline reaches inside. On it the thread
             # is left to finish; it records the real outcome itself.
             with trio.CancelScope(shield=True, deadline=deadline) as running:
+                refused = await self._claim_shared(req) if self.cluster is not None else None
+                if refused is not None:
+                    return refused
                 record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args)
+                if self.cluster is not None and not replayed:
+                    await self._record_shared(req, record)
         except storage.LockTimeout as exc:
             # nothing applied, nothing recorded: a retry with the same id tries again
             _log.warning("tool.write_lock_busy", call_id=req.call_id, tool=spec.name,
@@ -503,6 +516,35 @@ class ToolExecutor:
                     "output": run.output, "client_events": list(run.client_events)}
 
         return write_log.apply_once(self.ctx.state_dir, req.tool_call_id, apply)
+
+    async def _claim_shared(self, req: ToolRequest) -> _Run | None:
+        """Claim the write in the shared log (one Lua step: not recorded, not
+        claimed, and this process holds the call's current lease); None when
+        it is ours to apply, else the answer instead of applying."""
+        assert self.cluster is not None
+        try:
+            answer = await self.cluster.claim_write(req.call_id if req.fenced_by_call else None, req.tool_call_id)
+        except RegistryDown:
+            _log.error("tool.shared_log_down", call_id=req.call_id, tool_call_id=req.tool_call_id)
+            return _error(SHARED_LOG_DOWN, "busy")
+        if answer.state == WriteClaim.CLAIMED:
+            return None
+        if answer.state == WriteClaim.STALE:
+            _log.error("tool.write_fenced", call_id=req.call_id, tool_call_id=req.tool_call_id)
+            return _error(NOT_HOLDER, "rejected")
+        if answer.record is not None:
+            return self._replayed(answer.record)
+        return _error(WRITE_ELSEWHERE, "restarted")
+
+    async def _record_shared(self, req: ToolRequest, record: dict[str, Any]) -> None:
+        """The applied write's record into the shared log (the local file has
+        it already); a Redis that fails here leaves the claim, so another
+        process answers the unknown-outcome error, never a second apply."""
+        assert self.cluster is not None
+        try:
+            await self.cluster.record_write(req.tool_call_id, record)
+        except RegistryDown:
+            _log.error("tool.shared_record_failed", call_id=req.call_id, tool_call_id=req.tool_call_id)
 
     @staticmethod
     def _replayed(record: dict[str, Any]) -> _Run:

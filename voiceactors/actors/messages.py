@@ -29,6 +29,9 @@ class ToolRequest:
     # the call's current selection (a ``context.Reference``, or None): fills
     # the arguments a tool takes from it when the model left them out
     selection: Any = None
+    # a voice call's request: with --redis its writes are fenced by the call's
+    # lease. False: no call holds it (an MCP client's), claimed unfenced
+    fenced_by_call: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class ConnectOutcome(StrEnum):
 
     CONNECTED = "connected"       # the call's actor is live (started now, or already)
     AT_CAPACITY = "at_capacity"   # ``settings.max_calls`` live calls already
+    REGISTRY_DOWN = "registry_down"   # the shared registry (Redis) did not answer: nothing started
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,15 @@ each new actor answers the tool calls the crashed run left pending. This
 happens before ``run`` reports started, so no Connect races it (a Connect
 for such a call finds it live).
 
+With a shared registry (``--redis``, ``voiceactors.cluster``) a Connect
+runs in its own task: the call's actor starts only if this process wins the
+call's lease; a call held by another process answers "connected" without an
+actor here; a Redis that does not answer gives "registry_down". The actor's
+lease is renewed while it runs (``cluster.leases.keep_lease``), and the actor
+is stopped when the lease cannot be kept. Every third of a lease the
+supervisor takes over the calls whose holder died (their lease expired
+unreleased), answering their pending tool calls from the shared mirror.
+
 An actor leaves the registry when its ``run`` returns (after its call record
 is written); a later Connect with the same id starts a new actor, which ends
 at once with ``call_gone`` if the service really ended the call.
@@ -37,11 +46,14 @@ from typing import Any, Callable
 import trio
 
 from voiceactors import config, metrics, storage
+from voiceactors.actors import write_log
 from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.daily_usage import DailyUsage
 from voiceactors.actors.feed import FeedHub
+from voiceactors.cluster.leases import keep_lease, release_quietly
+from voiceactors.cluster.registry import CallRegistry, Lease, LocalRegistry, RegistryDown
 from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
@@ -55,7 +67,8 @@ class CallSupervisor:
     journal's voice block, then ``OPENAI_API_KEY``) or a fixed key."""
 
     def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
-                 api_key: str | None | Callable[[], str | None] = None, *, hangup: bool = True) -> None:
+                 api_key: str | None | Callable[[], str | None] = None, *, hangup: bool = True,
+                 registry: CallRegistry | None = None) -> None:
         self.settings = settings
         self._executor = executor_inbox
         self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
@@ -69,6 +82,8 @@ class CallSupervisor:
         self._model = lambda: config.voice_model(settings)
         self.ended: list[tuple[str, str]] = []   # (call_id, reason), most recent last; bounded
         self.log = get_logger(actor="supervisor")
+        self.registry: CallRegistry = registry if registry is not None else LocalRegistry()
+        self._acquiring: dict[str, trio.Event] = {}   # shared registry: a lease being asked for
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until cancelled (or the inbox is closed; then wait
@@ -79,6 +94,8 @@ class CallSupervisor:
                 nursery.start_soon(self.daily.run_writer)
                 # before reporting started: no Connect can race the rejoin
                 await self._rejoin_crashed(nursery)
+                if self.registry.shared:
+                    nursery.start_soon(self._take_over_orphans, nursery)
                 task_status.started()
                 async with self._receive:
                     async for message in drain(self._receive):
@@ -87,7 +104,9 @@ class CallSupervisor:
             await self.daily.final_write()
 
     def _handle(self, message: SupervisorMessage, nursery: trio.Nursery) -> None:
-        if isinstance(message, Connect):
+        if isinstance(message, Connect) and self.registry.shared:
+            nursery.start_soon(self._connect_shared, message, nursery)
+        elif isinstance(message, Connect):
             _reply(message.reply, self._connect(message.call_id, nursery, context=message.context))
         elif isinstance(message, CountCalls):
             _reply(message.reply, len(self.calls))
@@ -115,28 +134,37 @@ class CallSupervisor:
             return
         for call in crashed:
             self.log.info("supervisor.rejoin", call_id=call.call_id, pending=len(call.pending))
-            self._connect(call.call_id, nursery, recovered=call.pending)
+            if self.registry.shared:    # only if no other process took it over meanwhile
+                await self._lease_and_connect(call.call_id, nursery, recovered=call.pending)
+            else:
+                self._connect(call.call_id, nursery, recovered=call.pending)
 
-    def _connect(self, call_id: str, nursery: trio.Nursery, *,
-                 recovered: list[PendingCall] | None = None, context: Any = None) -> ConnectOutcome:
+    def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None,
+                 context: Any = None, lease: Lease | None = None) -> ConnectOutcome:
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
             self.log.warning("supervisor.at_capacity", call_id=call_id, live=len(self.calls))
+            if lease is not None:
+                nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.AT_CAPACITY
         feed = self.hub.open(call_id)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
-                          recovered=recovered, context=context, model=self._model, on_cost=self.daily.add)
+                          recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
+                          on_record=self.registry.note_record if lease is not None else None)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
-        nursery.start_soon(self._run_call, actor, name=f"call:{call_id}")
+        nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
 
-    async def _run_call(self, actor: CallActor) -> None:
+    async def _run_call(self, actor: CallActor, lease: Lease | None = None) -> None:
         reason = EndReason.ERROR
         try:
-            reason = await actor.run()
+            if lease is None:
+                reason = await actor.run()
+            else:
+                reason = await self._run_leased(actor, lease)
         except Exception:  # run() already logs and swallows its errors; belt and braces
             self.log.exception("supervisor.call_crashed", call_id=actor.call_id)
         finally:
@@ -148,6 +176,88 @@ class CallSupervisor:
             del self.ended[:-100]
             metrics.set_live_calls(len(self.calls))
             self.log.debug("supervisor.call_removed", call_id=actor.call_id, live=len(self.calls))
+
+    # --- the shared registry (--redis) -----------------------------------------
+
+    async def _connect_shared(self, message: Connect, nursery: trio.Nursery) -> None:
+        _reply(message.reply, await self._lease_and_connect(message.call_id, nursery, context=message.context))
+
+    async def _lease_and_connect(self, call_id: str, nursery: trio.Nursery, *,
+                                 recovered: list[PendingCall] | None = None, context: Any = None) -> ConnectOutcome:
+        """Start the call's actor if this process wins its lease."""
+        while call_id in self._acquiring:     # a duplicate Connect here waits for the first one
+            await self._acquiring[call_id].wait()
+        if call_id in self.calls:
+            return ConnectOutcome.CONNECTED
+        if len(self.calls) >= self.settings.max_calls:
+            return self._connect(call_id, nursery)      # answers at_capacity (and logs it)
+        asking = self._acquiring[call_id] = trio.Event()
+        lease = None
+        try:
+            lease = await self.registry.acquire(call_id)
+            if lease is not None and lease.previous is not None and recovered is None:
+                recovered = await self._taken_over(lease)
+        except RegistryDown as exc:
+            self.log.error("supervisor.registry_down", call_id=call_id, error=str(exc)[:120])
+            if lease is not None:       # won, but the takeover's reads failed: let another try
+                nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
+            return ConnectOutcome.REGISTRY_DOWN
+        finally:
+            del self._acquiring[call_id]
+            asking.set()
+        if lease is None:
+            self.log.info("supervisor.call_held_elsewhere", call_id=call_id)
+            return ConnectOutcome.CONNECTED
+        return self._connect(call_id, nursery, recovered=recovered, context=context, lease=lease)
+
+    async def _taken_over(self, lease: Lease) -> list[PendingCall]:
+        """A dead holder's call: its unsettled tool calls (the shared mirror),
+        with the shared write log's records copied into ours so the new
+        actor answers an applied write from it."""
+        pending = await self.registry.pending_of(lease.call_id)
+        for call in pending:
+            if call.effect != "write":
+                continue
+            answer = await self.registry.claim_write(lease.call_id, call.tool_call_id)
+            if answer.record is not None:
+                record = answer.record
+                try:
+                    await storage.run_sync(write_log.apply_once, self.settings.state_dir, call.tool_call_id,
+                                           lambda: record)
+                except OSError as exc:   # then the new actor answers it with the restart error
+                    self.log.error("supervisor.take_over_record_failed", call_id=lease.call_id,
+                                   tool_call_id=call.tool_call_id, error=type(exc).__name__)
+        self.log.info("supervisor.take_over", call_id=lease.call_id, fence=lease.fence, pending=len(pending))
+        return pending
+
+    async def _run_leased(self, actor: CallActor, lease: Lease) -> EndReason:
+        """Run the actor while its lease is kept; stop it when it is not."""
+        try:
+            async with trio.open_nursery() as inner:
+                async def serve() -> None:
+                    await actor.run()
+                    inner.cancel_scope.cancel()     # ended by itself: stop renewing
+
+                inner.start_soon(serve)
+                why = await keep_lease(self.registry, lease, self.settings.close_deadline_s)
+                self.log.error("supervisor.lease_lost", call_id=actor.call_id, why=why, fence=lease.fence)
+                inner.cancel_scope.cancel()         # the actor's graceful stop (bounded)
+        finally:
+            current = self.registry.lease_of(actor.call_id) or lease     # renewed with a new token, maybe
+            await release_quietly(self.registry, current, self.settings.connect_timeout_s)
+        return actor.end_reason or EndReason.ERROR
+
+    async def _take_over_orphans(self, nursery: trio.Nursery) -> None:
+        """Every third of a lease: start the calls whose holder died."""
+        while True:
+            await trio.sleep(self.registry.ttl_s / 3)
+            try:
+                orphans = await self.registry.orphans()
+            except RegistryDown:
+                continue
+            for call_id, _token in orphans:
+                if call_id not in self.calls and len(self.calls) < self.settings.max_calls:
+                    await self._lease_and_connect(call_id, nursery)
 
 
 def _reply(reply: trio.MemorySendChannel[Any], value: Any) -> None:

@@ -253,6 +253,8 @@ async def connect() -> Any:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     if answer == ConnectOutcome.AT_CAPACITY:
         raise ApiError(503, E.AT_CAPACITY)
+    if answer == ConnectOutcome.REGISTRY_DOWN:
+        raise ApiError(503, E.REGISTRY_DOWN)
     if answer != ConnectOutcome.CONNECTED:
         _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
         raise ApiError(500, E.RUNTIME_UNAVAILABLE)
@@ -307,6 +309,10 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
         fields["active_sessions"] = int(await ask(runtime.calls, CountCalls, timeout=QUICK_ASK_S))
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_calls_failed", error_type=type(error).__name__)
+    registry = runtime.actors.get("registry")
+    health = registry.health() if registry is not None else None
+    if health is not None:      # only with --redis: the single-process shape is unchanged
+        fields["cluster"] = health
     try:
         daily = await ask(runtime.calls, GetDailyUsage, timeout=QUICK_ASK_S)
         fields.update(daily_cost_usd=daily.cost_usd, budget_spent=daily.spent)

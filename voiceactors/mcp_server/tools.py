@@ -137,7 +137,7 @@ class ToolCaller:
 
         def request(reply: trio.MemorySendChannel[ToolResult]) -> ToolRequest:
             return ToolRequest(call_id=call_id, tool_call_id=tool_call_id, name=name, arguments=raw,
-                               epoch=0, turn=0, reply=reply)
+                               epoch=0, turn=0, reply=reply, fenced_by_call=False)
 
         try:
             result: ToolResult = await ask(inbox, request, timeout=reply_timeout(self.settings))

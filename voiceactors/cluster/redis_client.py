@@ -1,0 +1,152 @@
+"""The Redis side of the cluster registry: keys, Lua scripts, one client.
+
+Redis 7.0 (Debian's) has no ``SET ... IFEQ``, so every compare-and-set or
+compare-and-delete is a Lua script: Redis runs a script as one step, so no
+other client's command lands between its check and its change.
+
+Keys (``PREFIX`` first):
+
+* ``lease:<call_id>`` — the holder's token ``<node>:<fence>``, with a TTL
+  (``PX``): set only when absent, renewed and deleted only by that token.
+* ``fence`` — the fencing counter. The first lease after Redis lost its data
+  (a restart without persistence) seeds it from Redis's clock in milliseconds,
+  so a token never repeats one issued before the restart.
+* ``calls`` — a hash ``call_id -> token`` of the calls leased now or whose
+  holder died (the lease expired, the entry stays): what a takeover scans.
+* ``pending:<call_id>`` — a hash ``tool_call_id -> JSON`` of the call's tool
+  calls started and not yet settled (its holder's call record, mirrored).
+* ``write:<sha256(tool_call_id)>`` — the shared write log: ``applying:<token>``
+  while a write runs, then its record's JSON.
+
+All blocking time is bounded by the caller (``trio.fail_after``); the client's
+own errors surface as ``RegistryDown``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Awaitable, TypeVar
+
+import coredis
+import coredis.exceptions
+
+PREFIX = "voiceactors:"
+FENCE_KEY = PREFIX + "fence"
+CALLS_KEY = PREFIX + "calls"
+APPLYING = "applying:"
+UNFENCED = "*"          # a claim's token for a write of no call (an MCP client's)
+T = TypeVar("T")
+
+
+def lease_key(call_id: str) -> str:
+    return f"{PREFIX}lease:{call_id}"
+
+
+def pending_key(call_id: str) -> str:
+    return f"{PREFIX}pending:{call_id}"
+
+
+def write_key(tool_call_id: str) -> str:
+    return PREFIX + "write:" + hashlib.sha256(tool_call_id.encode("utf-8")).hexdigest()
+
+
+class RegistryDown(Exception):
+    """Redis did not answer in time (down, unreachable, refused)."""
+
+
+#: KEYS: lease, fence, calls. ARGV: node, ttl_ms, call_id.
+#: Returns {1, token, previous} when won (previous: the ``calls`` entry of a
+#: holder that never released the call, '' when none), {0, holder's token}
+#: when held.
+ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held then return {0, held} end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  local now = redis.call('TIME')
+  redis.call('SET', KEYS[2], string.format('%d', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)))
+end
+local fence = redis.call('INCR', KEYS[2])
+local token = ARGV[1] .. ':' .. string.format('%d', fence)
+redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+local previous = redis.call('HGET', KEYS[3], ARGV[3]) or ''
+redis.call('HSET', KEYS[3], ARGV[3], token)
+return {1, token, previous}
+"""
+
+#: KEYS: lease. ARGV: token, ttl_ms. 1: renewed; 0: another token holds it;
+#: -1: nobody does (it expired, or Redis restarted without its data).
+RENEW = """
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if held then return 0 end
+return -1
+"""
+
+#: KEYS: lease, calls, pending. ARGV: token, call_id. Deletes only what is ours.
+RELEASE = """
+if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
+  redis.call('HDEL', KEYS[2], ARGV[2])
+  redis.call('DEL', KEYS[3])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+#: KEYS: lease, write. ARGV: token ('*': no fence), ttl_s. Check the write log
+#: and the fence, then claim, in one step: {'claimed', ''}, {'taken', value},
+#: {'stale', ''}.
+CLAIM_WRITE = """
+local done = redis.call('GET', KEYS[2])
+if done then return {'taken', done} end
+if ARGV[1] == '' or (ARGV[1] ~= '*' and redis.call('GET', KEYS[1]) ~= ARGV[1]) then return {'stale', ''} end
+redis.call('SET', KEYS[2], 'applying:' .. ARGV[1], 'EX', ARGV[2])
+return {'claimed', ''}
+"""
+
+#: KEYS: calls. ARGV: the lease keys' prefix. The ``calls`` entries whose
+#: lease key is gone, flat ``{call_id, token, ...}``: one round trip for the
+#: whole scan. (It reads lease keys it was not given, so it needs one Redis,
+#: not Redis Cluster.)
+ORPHANS = """
+local found = {}
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  if redis.call('EXISTS', ARGV[1] .. entries[i]) == 0 then
+    found[#found + 1] = entries[i]
+    found[#found + 1] = entries[i + 1]
+  end
+end
+return found
+"""
+
+ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)
+
+
+def client(url: str) -> Any:
+    """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``); use it
+    inside ``async with``, which holds its connection pool."""
+    return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0)
+
+
+async def guarded(request: Awaitable[T]) -> T:
+    """Await one Redis request; its failure (also an ``ExceptionGroup`` of
+    them, as a refused connection can raise) becomes ``RegistryDown``."""
+    try:
+        return await request
+    except ERRORS as exc:
+        raise RegistryDown(type(exc).__name__) from exc
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(ERRORS)
+        if rest is not None or matched is None:
+            raise
+        raise RegistryDown(type(matched.exceptions[0]).__name__) from group
+
+
+async def run_script(redis: Any, script: str, keys: list[str], args: list[Any]) -> Any:
+    return await guarded(redis.eval(script, keys=keys, args=[str(a) for a in args]))

@@ -1,0 +1,323 @@
+"""The call registry: which process runs each call's actor, and its lease.
+
+One interface, two backends. The supervisor asks ``acquire`` before it
+starts a call's actor and ``release`` when the actor ends; it renews the
+lease every third of ``ttl_s`` while the actor runs. The executor asks
+``claim_write`` before it applies a write and ``record_write`` after.
+
+* ``LocalRegistry`` (no Redis configured): every call is this process's;
+  ``shared`` is False and the supervisor keeps its synchronous Connect, so a
+  single process behaves exactly as it did before the registry existed.
+* ``RedisRegistry`` (``--redis URL``): a lease per call in Redis (set when
+  absent with a TTL, renewed and deleted only by its token, see
+  ``redis_client``), a fencing token per lease, the shared write log, and the
+  mirror of each call's unsettled tool calls that a takeover answers from.
+
+A lease alone is not mutual exclusion (a paused holder may act after it
+expired): the write log refuses a claim whose token is not the call's current
+lease in the same Lua step that claims, so a stale holder cannot apply a
+write. Its sideband sends are not fenced yet (docs/operations.md § Scaling out).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import trio
+
+from voiceactors.actors.recovery import PendingCall
+from voiceactors.cluster import redis_client as rc
+from voiceactors.cluster.redis_client import RegistryDown
+from voiceactors.logs import get_logger
+
+__all__ = ["CallRegistry", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegistry", "RegistryDown",
+           "WriteClaim", "make_registry"]
+
+WRITE_RECORD_TTL_S = 7 * 24 * 3600     # a tool call id is never retried a week later
+OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for short leases)
+
+_log = get_logger(actor="registry")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A call held by one process: ``token`` is ``<node>:<fence>``."""
+
+    call_id: str
+    token: str
+    acquired_at: float = 0.0               # trio time just before the acquiring request was sent
+    previous: str | None = None            # a dead holder's token: this lease takes its call over
+
+    @property
+    def fence(self) -> int:
+        return int(self.token.rsplit(":", 1)[1])
+
+
+class WriteClaim(StrEnum):
+    CLAIMED = "claimed"     # apply it now (nobody else has, nobody else will)
+    TAKEN = "taken"         # another run claimed it: its record, or None while unknown
+    STALE = "stale"         # this process's lease of the call is gone: apply nothing
+
+
+@dataclass(frozen=True)
+class ClaimAnswer:
+    state: WriteClaim
+    record: dict[str, Any] | None = None
+
+
+class CallRegistry(Protocol):
+    shared: bool
+    ttl_s: float
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None: ...
+    async def acquire(self, call_id: str) -> Lease | None: ...
+    async def renew(self, lease: Lease) -> Lease | None: ...
+    async def release(self, lease: Lease) -> None: ...
+    def lease_of(self, call_id: str) -> Lease | None: ...
+    async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
+    async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
+    def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
+    async def orphans(self) -> list[tuple[str, str]]: ...
+    async def pending_of(self, call_id: str) -> list[PendingCall]: ...
+    def health(self) -> dict[str, Any] | None: ...
+
+
+class LocalRegistry:
+    """One process: every call is ours, writes are claimed by the file write
+    log alone (``write_log.apply_once``)."""
+
+    shared = False
+    ttl_s = float("inf")
+
+    def __init__(self) -> None:
+        self._held: dict[str, Lease] = {}
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def acquire(self, call_id: str) -> Lease | None:
+        lease = self._held[call_id] = Lease(call_id, "local:0", trio.current_time())
+        return lease
+
+    async def renew(self, lease: Lease) -> Lease | None:
+        return lease
+
+    async def release(self, lease: Lease) -> None:
+        self._held.pop(lease.call_id, None)
+
+    def lease_of(self, call_id: str) -> Lease | None:
+        return self._held.get(call_id)
+
+    async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
+        return ClaimAnswer(WriteClaim.CLAIMED)
+
+    async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None:
+        return None
+
+    def note_record(self, call_id: str, line: dict[str, Any]) -> None:
+        return None
+
+    async def orphans(self) -> list[tuple[str, str]]:
+        return []
+
+    async def pending_of(self, call_id: str) -> list[PendingCall]:
+        return []
+
+    def health(self) -> dict[str, Any] | None:
+        return None
+
+
+def _node_id() -> str:
+    """This process in a token: host, pid and a random part (a pid is reused)."""
+    return f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"
+
+
+class RedisRegistry:
+    """Leases, fencing and the shared write log in one Redis. The URL is
+    never logged (it may carry a password)."""
+
+    shared = True
+
+    def __init__(self, url: str, ttl_s: float, *, node: str | None = None) -> None:
+        self.ttl_s = ttl_s
+        self.node = node or _node_id()
+        self.op_timeout_s = min(OP_TIMEOUT_MAX_S, ttl_s / 4)
+        self._redis = rc.client(url)
+        self._held: dict[str, Lease] = {}
+        self._reachable: bool | None = None
+        self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
+
+    # --- running -------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hold the client's connection pool; check Redis every third of a
+        lease (``health``) and mirror call records' tool lines."""
+        async with self._redis, trio.open_nursery() as nursery:
+            nursery.start_soon(self._mirror_writer)
+            await self._ping()
+            _log.info("registry.started", node=self.node, reachable=self._reachable, ttl_s=self.ttl_s)
+            task_status.started()
+            while True:
+                await trio.sleep(self.ttl_s / 3)
+                await self._ping()
+
+    async def _ping(self) -> None:
+        try:
+            await self._request(self._redis.ping())
+        except RegistryDown:
+            pass
+
+    async def _request(self, request: Any) -> Any:
+        """One request, bounded by ``op_timeout_s``; tracks reachability."""
+        was = self._reachable
+        try:
+            with trio.fail_after(self.op_timeout_s):
+                answer = await rc.guarded(request)
+        except (RegistryDown, trio.TooSlowError) as exc:
+            if was is not False:
+                _log.error("registry.unreachable", node=self.node, error=type(exc).__name__)
+            self._reachable = False
+            raise RegistryDown(str(exc) or type(exc).__name__) from None
+        if was is False:
+            _log.info("registry.reachable", node=self.node)
+        self._reachable = True
+        return answer
+
+    async def _script(self, script: str, keys: list[str], args: list[Any]) -> Any:
+        return await self._request(self._redis.eval(script, keys=keys, args=[str(a) for a in args]))
+
+    def health(self) -> dict[str, Any] | None:
+        return {"backend": "redis", "reachable": bool(self._reachable), "leases_held": len(self._held)}
+
+    # --- leases --------------------------------------------------------------
+
+    async def acquire(self, call_id: str) -> Lease | None:
+        sent = trio.current_time()
+        answer = await self._script(rc.ACQUIRE, [rc.lease_key(call_id), rc.FENCE_KEY, rc.CALLS_KEY],
+                                    [self.node, round(self.ttl_s * 1000), call_id])
+        if int(answer[0]) != 1:
+            return None
+        lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
+        return lease
+
+    async def renew(self, lease: Lease) -> Lease | None:
+        """``lease`` renewed; a new lease when nobody held the key any more
+        (it expired before a renewal reached it, or Redis restarted without
+        its data: no other process holds the call, so this one may, with a
+        new fencing token); None when another token holds it."""
+        renewed = int(await self._script(rc.RENEW, [rc.lease_key(lease.call_id)],
+                                         [lease.token, round(self.ttl_s * 1000)]))
+        if renewed == 1:
+            return lease
+        if renewed == -1:
+            again = await self.acquire(lease.call_id)
+            if again is not None:
+                _log.warning("registry.lease_reacquired", call_id=lease.call_id, fence=again.fence)
+                return again
+        self._forget_held(lease)
+        return None
+
+    def _forget_held(self, lease: Lease) -> None:
+        held = self._held.get(lease.call_id)
+        if held is not None and held.token == lease.token:
+            del self._held[lease.call_id]
+
+    async def release(self, lease: Lease) -> None:
+        self._forget_held(lease)
+        await self._script(rc.RELEASE, [rc.lease_key(lease.call_id), rc.CALLS_KEY, rc.pending_key(lease.call_id)],
+                           [lease.token, lease.call_id])
+
+    def lease_of(self, call_id: str) -> Lease | None:
+        return self._held.get(call_id)
+
+    # --- the shared write log --------------------------------------------------
+
+    async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
+        """Claim ``tool_call_id`` for the holder of ``call_id``'s lease (None:
+        a request of no call, claimed unfenced)."""
+        if call_id is None:
+            token, lease_key = rc.UNFENCED, rc.lease_key("")
+        else:
+            lease = self._held.get(call_id)
+            token = lease.token if lease is not None else ""   # no lease here: a record answers, nothing claims
+            lease_key = rc.lease_key(call_id)
+        state, value = await self._script(rc.CLAIM_WRITE, [lease_key, rc.write_key(tool_call_id)],
+                                          [token, WRITE_RECORD_TTL_S])
+        if state == WriteClaim.CLAIMED:
+            return ClaimAnswer(WriteClaim.CLAIMED)
+        if state == WriteClaim.STALE:
+            return ClaimAnswer(WriteClaim.STALE)
+        record = None
+        if isinstance(value, str) and not value.startswith(rc.APPLYING):
+            try:
+                loaded = json.loads(value)
+            except ValueError:
+                loaded = None
+            record = loaded if isinstance(loaded, dict) and isinstance(loaded.get("output"), str) else None
+        return ClaimAnswer(WriteClaim.TAKEN, record)
+
+    async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None:
+        text = json.dumps(record, ensure_ascii=False, sort_keys=True)
+        await self._request(self._redis.set(rc.write_key(tool_call_id), text, ex=WRITE_RECORD_TTL_S))
+
+    # --- takeover ----------------------------------------------------------------
+
+    def note_record(self, call_id: str, line: dict[str, Any]) -> None:
+        """A call record line of a call held here: its tool lines are mirrored
+        (``pending:<call_id>``) in order by one writer task. Never blocks; a
+        full queue drops the line (logged: a takeover then misses it)."""
+        if line.get("kind") not in ("tool_started", "tool_call"):
+            return
+        try:
+            self._mirror_send.send_nowait((call_id, line))
+        except trio.WouldBlock:
+            _log.warning("registry.mirror_dropped", call_id=call_id, kind=line.get("kind"))
+
+    async def _mirror_writer(self) -> None:
+        async for call_id, line in self._mirror_receive:
+            tool_call_id = line.get("tool_call_id")
+            if not isinstance(tool_call_id, str) or call_id not in self._held:
+                continue
+            key = rc.pending_key(call_id)
+            try:
+                if line["kind"] == "tool_started":
+                    await self._request(self._redis.hset(key, {tool_call_id: json.dumps(line)}))
+                else:
+                    await self._request(self._redis.hdel(key, [tool_call_id]))
+            except RegistryDown:
+                _log.warning("registry.mirror_failed", call_id=call_id, kind=line["kind"])
+
+    async def orphans(self) -> list[tuple[str, str]]:
+        """``(call_id, token)`` of the calls whose lease is gone but whose
+        holder never released them (it died, or lost Redis)."""
+        flat = list(await self._script(rc.ORPHANS, [rc.CALLS_KEY], [rc.lease_key("")]))
+        pairs = zip(flat[0::2], flat[1::2])
+        return [(str(call_id), str(token)) for call_id, token in pairs if call_id not in self._held]
+
+    async def pending_of(self, call_id: str) -> list[PendingCall]:
+        entries = await self._request(self._redis.hgetall(rc.pending_key(call_id)))
+        pending = []
+        for tool_call_id, text in dict(entries).items():
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            arguments = line.get("arguments")
+            pending.append(PendingCall(str(tool_call_id), str(line.get("tool") or ""),
+                                       str(line.get("response_id") or ""), line.get("effect"),
+                                       arguments if isinstance(arguments, str) else None))
+        return pending
+
+
+def make_registry(settings: Any) -> CallRegistry:
+    url = getattr(settings, "redis_url", None)
+    if url:
+        return RedisRegistry(url, settings.redis_lease_ttl_s)
+    return LocalRegistry()

@@ -44,6 +44,8 @@ class ClusterServer(Server):
         super().__init__(journal, state, sim)
         self.args += ["--redis", redis.url]
         self.env["VOICEACTORS_REDIS_LEASE_TTL"] = str(TTL_S)
+        # the tests count actors by supervisor.call_started, a debug line
+        self.env["VOICEACTORS_LOG_LEVEL"] = "debug"
 
 
 def _stop_all(*servers: Server | None) -> None:

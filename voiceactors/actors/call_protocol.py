@@ -912,27 +912,41 @@ class CallProtocol:
         if self.meter.state != BudgetState.UNDER:
             self._farewell()    # past the budget: the farewell is the only create left
             return
-        due = []
+        due = [batch for batch in self._finished_batches() if self._outputs_written(batch)]
+        if not due:
+            return
+        event = rt.response_create()
+        create = self._create_for(event, due)
+        self._log("debug", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
+        self._emit(Send(event))
+
+    def _finished_batches(self) -> list[Batch]:
+        """The ended batches of the current epoch still waiting for a
+        follow-up, in the order they were created; an older epoch's are
+        marked superseded on the way."""
+        finished = []
         for batch in self._undecided_batches():
             if batch.status not in ENDED_OK:
                 continue
             if batch.epoch < self.epoch:
                 batch.follow_up = FollowUp.SUPERSEDED
                 continue
-            states = [self.calls[c].state for c in batch.calls]
-            if all(s in ANSWERED and s not in UNSENT for s in states):
-                due.append(batch)
-        if not due:
-            return
-        event = rt.response_create()
+            finished.append(batch)
+        return finished
+
+    def _outputs_written(self, batch: Batch) -> bool:
+        return all(self.calls[c].state in ANSWERED and self.calls[c].state not in UNSENT for c in batch.calls)
+
+    def _create_for(self, event: dict[str, Any], due: list[Batch]) -> CreateSent:
+        """Register ``event`` (a response.create about to be sent) as ours,
+        carrying ``due`` forward."""
         create = CreateSent(event["event_id"], self.epoch, [b.response_id for b in due],
                             round(self._now - self.started, 3))
         self.creates[create.event_id] = create
         self.create_inflight = create.event_id
         for batch in due:
             batch.follow_up = FollowUp.OURS
-        self._log("debug", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
-        self._emit(Send(event))
+        return create
 
     # ---------------------------------------------------- usage and budget
 
@@ -981,23 +995,11 @@ class CallProtocol:
             meter.state = BudgetState.REACHED
         if meter.state != BudgetState.REACHED:
             return
-        due = []
-        for batch in self.batches.values():
-            if batch.follow_up is not None or not batch.calls or batch.status not in ENDED_OK:
-                continue
-            if batch.epoch < self.epoch:
-                batch.follow_up = FollowUp.SUPERSEDED
-                continue
-            if not all(self.calls[c].state in ANSWERED and self.calls[c].state not in UNSENT for c in batch.calls):
-                return    # outputs first: the conversation stays consistent
-            due.append(batch)
+        due = self._finished_batches()
+        if not all(self._outputs_written(batch) for batch in due):
+            return    # outputs first: the conversation stays consistent
         event = rt.response_create(FAREWELL)
-        create = CreateSent(event["event_id"], self.epoch, [b.response_id for b in due],
-                            round(self._now - self.started, 3))
-        self.creates[create.event_id] = create
-        self.create_inflight = create.event_id
-        for batch in due:
-            batch.follow_up = FollowUp.OURS
+        create = self._create_for(event, due)
         meter.state = BudgetState.FAREWELL
         meter.farewell_event_id = create.event_id
         self._log("info", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
@@ -1041,9 +1043,7 @@ class CallProtocol:
             if event["event_id"] == self.context.greeting_event_id:
                 # ours like any response.create: its response.created is ours,
                 # and no other create of ours goes out before it
-                create = CreateSent(event["event_id"], self.epoch, [], round(self._now - self.started, 3))
-                self.creates[create.event_id] = create
-                self.create_inflight = create.event_id
+                create = self._create_for(event, [])
                 self._log("info", "call.greeting", event_id=create.event_id, epoch=self.epoch)
             self._emit(Send(event))
         if dropped is not None:

@@ -224,32 +224,8 @@ def parse_server_event(raw: str | bytes, only: Container[str] | None = None,
     validated from Python objects: pydantic's own JSON parsing of the SDK's
     item unions measured 1.3–1.7× slower.)
     """
-    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) and only is not None else None
-    # leading is None whenever only is (no narrowing test on this hot path)
-    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):  # type: ignore[operator]
-        return None
-    obj, reason = decode_frame(raw)
-    type_ = obj.get("type") if isinstance(obj, dict) else None
-    if reason is None:
-        if not isinstance(obj, dict):
-            reason = "not an object"
-        elif not isinstance(type_, str):
-            reason = "no type"
-        elif not SERVER_EVENTS.known(type_):
-            _skipped(budget, "info", "unknown type", type_)
-            return None
-        elif only is not None and type_ not in only:
-            return None
-        else:
-            try:
-                return SERVER_EVENTS.validate(obj)
-            except Exception as exc:  # never fatal: the service may be newer than our SDK
-                kept = _keep_despite_usage(obj, exc)
-                if kept is not None:
-                    return kept
-                reason = error_summary(exc)
-    _skipped(budget, "warning", reason, type_ if isinstance(type_, str) else None)
-    return None
+    model: BaseModel | None = _parse(raw, only, budget, checks=None)
+    return model
 
 
 def _keep_despite_usage(obj: dict[str, Any], exc: Exception) -> BaseModel | None:
@@ -285,8 +261,16 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
     ``json.loads`` result, without building the model. One that does not
     pass is validated by the models (returned as the model when they
     accept it, skipped with the reason when not)."""
-    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) else None
-    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):
+    return _parse(raw, only, budget, checks=SERVER_CHECKS)
+
+
+def _parse(raw: str | bytes, only: Container[str] | None, budget: LogBudget | None,
+           checks: dict[str, Check] | None) -> Any:
+    """Both readers' one path (see ``parse_server_event``); with ``checks``,
+    an acted-on event that passes its check comes back as an ``EventView``."""
+    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) and only is not None else None
+    # leading is None whenever only is (no narrowing test on this hot path)
+    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):  # type: ignore[operator]
         return None
     obj, reason = decode_frame(raw)
     type_ = obj.get("type") if isinstance(obj, dict) else None
@@ -295,12 +279,13 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
             reason = "not an object"
         elif not isinstance(type_, str):
             reason = "no type"
-        elif type_ in only and (check := SERVER_CHECKS.get(type_)) is not None and check(obj):
+        elif (checks is not None and only is not None and type_ in only
+              and (check := checks.get(type_)) is not None and check(obj)):
             return EventView(obj)
         elif not SERVER_EVENTS.known(type_):
             _skipped(budget, "info", "unknown type", type_)
             return None
-        elif type_ not in only:
+        elif only is not None and type_ not in only:
             return None
         else:
             try:

@@ -100,7 +100,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    BENCH_KEY, BENCH_TODAY, CpuWindow, Proc, fmt, free_loopback_port, machine_facts, percentile,
+    BENCH_KEY, CpuWindow, Proc, fmt, free_loopback_port, machine_facts, percentile,
     sample_journal, spawn, summary, work_dir, write_json,
 )
 
@@ -385,16 +385,10 @@ def start_server(peer: str, sim_port: int, port: int, run_dir: Path) -> Proc:
             workdir=run_dir)
         server.expect("STARTED", 30)
         return server
-    from benchmarks.floods import wait_ready
+    from benchmarks.floods import serve_against_sim
 
-    env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{sim_port}/v1", "OPENAI_API_KEY": BENCH_KEY,
-           "VOICEACTORS_API_TOKEN": "", "VOICEACTORS_RATE_LIMIT_PER_S": "0"}
-    server = spawn("server", "voiceactors.cli", [
-        "serve", "--journal", str(sample_journal(14)), "--state-dir", str(run_dir / "state"),
-        "--host", "127.0.0.1", "--port", str(port), "--today", BENCH_TODAY.isoformat()],
-        workdir=run_dir, env=env, repo=_peer_repo())
-    wait_ready(server, port, f"127.0.0.1:{port}")
-    return server
+    return serve_against_sim(sim_port, port, sample_journal(14), run_dir,
+                             env={"VOICEACTORS_RATE_LIMIT_PER_S": "0"}, repo=_peer_repo())
 
 
 def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: str) -> dict[str, Any]:

@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BENCH_KEY, BENCH_TODAY, Proc, free_loopback_port, machine_facts, sample_journal, spawn, work_dir
-from benchmarks.floods import http_call, wait_ready
+from benchmarks.common import Proc, free_loopback_port, machine_facts, sample_journal, spawn, work_dir
+from benchmarks.floods import http_call, serve_against_sim
 from benchmarks.roundtrip import _start_py_spy
 
 PREFIX = "rtc_conn"
@@ -90,14 +90,9 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
         sim_port = int(sim.expect("PORT", 60))
         port = free_loopback_port()
         host = f"127.0.0.1:{port}"
-        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{sim_port}/v1", "OPENAI_API_KEY": BENCH_KEY,
-               "VOICEACTORS_API_TOKEN": "", "VOICEACTORS_RATE_LIMIT_PER_S": "0",
-               "VOICEACTORS_LOG_LEVEL": args.log_level}
-        serve = ["serve", "--journal", str(journal), "--state-dir", str(run_dir / "state"), "--host", "127.0.0.1",
-                 "--port", str(port), "--today", BENCH_TODAY.isoformat()]
-        server = spawn("server", "voiceactors.cli", serve, workdir=run_dir, env=env,
-                       repo=Path(args.server_repo) if args.server_repo else None)
-        wait_ready(server, port, host)
+        server = serve_against_sim(sim_port, port, journal, run_dir,
+                                   env={"VOICEACTORS_RATE_LIMIT_PER_S": "0", "VOICEACTORS_LOG_LEVEL": args.log_level},
+                                   repo=Path(args.server_repo) if args.server_repo else None)
         quiet(server)
         t0, c0 = time.monotonic(), server.cpu_s()
         time.sleep(args.idle_s)

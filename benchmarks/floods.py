@@ -237,7 +237,7 @@ async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
     from voiceactors.simulator import Simulator
     from voiceactors.simulator.scenario import Scenario
 
-    from benchmarks.sim_host import _stdin_lines, aggregate, analyse, roundtrip_steps
+    from benchmarks.sim_host import _stdin_lines, aggregate, analyse, end_open_calls, roundtrip_steps
 
     rng = random.Random(args.seed)
     to_monotonic = time.monotonic() - trio.current_time()   # both clocks are CLOCK_MONOTONIC
@@ -269,11 +269,7 @@ async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
                         break
                 live.cancel_scope.cancel()
         timed_out = bound.cancelled_caught
-        with trio.move_on_after(5):
-            async with trio.open_nursery() as enders:
-                for cid in ids:
-                    if not sim.calls[cid].closed:
-                        enders.start_soon(sim.end_call, cid, 1000)
+        await end_open_calls(sim, ids)
         await trio.sleep(0.2)
         nursery.cancel_scope.cancel()
     per_call = {cid: analyse(sim.calls[cid]) for cid in ids}
@@ -517,6 +513,20 @@ def wait_ready(server: Proc, port: int, host_header: str, timeout: float = 60.0)
     raise RuntimeError(f"server not ready within {timeout:.0f}s (last: {last}); stderr: {server.tail()}")
 
 
+def serve_against_sim(sim_port: int, port: int, journal: Path, run_dir: Path, *, host_header: str | None = None,
+                      env: dict[str, str] | None = None, repo: Path | None = None) -> Proc:
+    """A ``voiceactors serve`` on 127.0.0.1:``port`` whose OpenAI is the
+    simulator on ``sim_port`` (no API token; ``env`` adds to that), started
+    from ``repo`` (None: this checkout) and ready (``wait_ready``)."""
+    server = spawn("server", "voiceactors.cli", [
+        "serve", "--journal", str(journal), "--state-dir", str(run_dir / "state"), "--host", "127.0.0.1",
+        "--port", str(port), "--today", BENCH_TODAY.isoformat()], workdir=run_dir,
+        env={"OPENAI_BASE_URL": f"http://127.0.0.1:{sim_port}/v1", "OPENAI_API_KEY": BENCH_KEY,
+             "VOICEACTORS_API_TOKEN": "", **(env or {})}, repo=repo)
+    wait_ready(server, port, host_header or f"127.0.0.1:{port}")
+    return server
+
+
 def connect_live(port: int, host_header: str, call_id: str, bound_s: float = 30.0) -> tuple[int, Any]:
     """``/connect`` for a live call; a 429 (a per-client rate limit) is
     retried after a second, within ``bound_s``."""
@@ -692,13 +702,9 @@ def run_repeat(repeat: int, args: argparse.Namespace, journal: Path, watch: Load
         sim_port = int(sim.expect("PORT", 60))
         port = free_loopback_port()
         host_header = args.host_header.format(port=port)
-        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{sim_port}/v1", "OPENAI_API_KEY": BENCH_KEY,
-               "VOICEACTORS_API_TOKEN": "", **dict(kv.split("=", 1) for kv in args.server_env)}
-        server = spawn("server", "voiceactors.cli", [
-            "serve", "--journal", str(journal), "--state-dir", str(run_dir / "state"), "--host", "127.0.0.1",
-            "--port", str(port), "--today", BENCH_TODAY.isoformat()], workdir=run_dir, env=env,
-            repo=Path(args.server_repo) if args.server_repo else None)
-        wait_ready(server, port, host_header)
+        server = serve_against_sim(sim_port, port, journal, run_dir, host_header=host_header,
+                                   env=dict(kv.split("=", 1) for kv in args.server_env),
+                                   repo=Path(args.server_repo) if args.server_repo else None)
         connects = collections.Counter()
         for n in range(args.calls):
             status, body = connect_live(port, host_header, f"{PREFIX}-{n}")

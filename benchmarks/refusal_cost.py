@@ -33,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BENCH_KEY, BENCH_TODAY, free_loopback_port, machine_facts, sample_journal, spawn, work_dir
+from benchmarks.common import free_loopback_port, machine_facts, sample_journal, spawn, work_dir
 from benchmarks.connect_cost import quiet
-from benchmarks.floods import http_call, request_bytes, wait_ready
+from benchmarks.floods import http_call, request_bytes, serve_against_sim
 
 
 def refused_once(port: int, raw: bytes) -> str:
@@ -61,13 +61,8 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
         sim_port = int(sim.expect("PORT", 60))
         port = free_loopback_port()
         host = f"127.0.0.1:{port}"
-        env = {"OPENAI_BASE_URL": f"http://127.0.0.1:{sim_port}/v1", "OPENAI_API_KEY": BENCH_KEY,
-               "VOICEACTORS_API_TOKEN": ""}
-        server = spawn("server", "voiceactors.cli", [
-            "serve", "--journal", str(journal), "--state-dir", str(run_dir / "state"), "--host", "127.0.0.1",
-            "--port", str(port), "--today", BENCH_TODAY.isoformat()], workdir=run_dir, env=env,
-            repo=Path(args.server_repo) if args.server_repo else None)
-        wait_ready(server, port, host)
+        server = serve_against_sim(sim_port, port, journal, run_dir,
+                                   repo=Path(args.server_repo) if args.server_repo else None)
         raw = request_bytes("POST", "/api/voice/session", host)
         burst = [http_call(port, "POST", "/api/voice/session", host)[0] for _ in range(args.burst)]
         result["burst"] = {str(s): burst.count(s) for s in set(burst)}

@@ -223,6 +223,16 @@ async def _stdin_lines(send: trio.MemorySendChannel[str]) -> None:
             await send.send(line.strip())
 
 
+async def end_open_calls(sim: Simulator, ids: list[str], bound_s: float = 5.0) -> None:
+    """Close (1000) every call of ``ids`` still open, concurrently (a close
+    waits for the peer's reply), within ``bound_s``."""
+    with trio.move_on_after(bound_s):
+        async with trio.open_nursery() as enders:
+            for cid in ids:
+                if not sim.calls[cid].closed:
+                    enders.start_soon(sim.end_call, cid, 1000)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     sim = Simulator(None, api_key=BENCH_KEY, validate_sent=args.validate, timestamps=True)
@@ -258,11 +268,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 waiters.start_soon(all_closed)
                 waiters.start_soon(stop_command)
         timed_out = bound.cancelled_caught
-        with trio.move_on_after(5):
-            async with trio.open_nursery() as enders:   # concurrently: a close waits for the peer's reply
-                for cid in ids:
-                    if not sim.calls[cid].closed:
-                        enders.start_soon(sim.end_call, cid, 1000)
+        await end_open_calls(sim, ids)
         await trio.sleep(0.2)
         nursery.cancel_scope.cancel()
     per_call = {cid: analyse(sim.calls[cid]) for cid in ids}

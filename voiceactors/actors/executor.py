@@ -198,9 +198,6 @@ class _Resolved:
     args: dict[str, Any] | None          # None when they did not parse: see ``args_error``
     args_error: dict[str, Any] | None
     fresh_key: FreshKey | None           # set for a reusable read while reuse is on
-    # the turn's verdict, taken when the request arrived (``_admit``): None
-    # admitted, else the rejection; empty for a request not counted yet
-    admission: list[_Run | None] = field(default_factory=list)
 
     @property
     def is_write(self) -> bool:
@@ -252,13 +249,13 @@ class ToolExecutor:
                 async for message in drain(self._receive):
                     if isinstance(message, ToolRequest):
                         resolved = self._resolve(message)
-                        if not self._answer_shared(resolved):
-                            # counted here, in arrival order: the calls of one
-                            # response reach us in the model's order, and the
-                            # bound and duplicate check must not depend on how
-                            # the tasks below get scheduled
-                            resolved.admission.append(self._admit(resolved))
-                            nursery.start_soon(self._serve, resolved, self._scope_for(resolved))
+                        # counted here, in arrival order: the calls of one
+                        # response reach us in the model's order, and the
+                        # bound and duplicate check must not depend on how
+                        # the tasks that serve them get scheduled
+                        admission = self._admit(resolved)
+                        if not self._answer_shared(resolved, admission):
+                            nursery.start_soon(self._serve, resolved, self._scope_for(resolved), admission)
                     elif isinstance(message, CancelReads):
                         self._cancel_reads(message)
                     else:
@@ -311,7 +308,7 @@ class ToolExecutor:
 
     # --- reusable reads ---------------------------------------------------------
 
-    def _answer_shared(self, res: _Resolved) -> bool:
+    def _answer_shared(self, res: _Resolved, rejection: _Run | None) -> bool:
         """Answer ``req`` from a kept answer if there is a fresh one, or wait
         for the run of the same read already in flight if it started less
         than ``tool_reuse_s`` ago (the turn bounds apply either way).
@@ -328,9 +325,8 @@ class ToolExecutor:
         kept = self._fresh.get(key)
         flight = self._flights.get(key)
         if kept is not None and now - kept[0] < self.settings.tool_reuse_s:
-            self._answer(res, self._admit(res) or kept[1], now, reused=True)
+            self._answer(res, rejection or kept[1], now, reused=True)
         elif flight is not None and now - flight.started < self.settings.tool_reuse_s:
-            rejection = self._admit(res)
             if rejection is not None:
                 self._answer(res, rejection, now)
             else:
@@ -359,7 +355,7 @@ class ToolExecutor:
                 self._answer(waiter, run, arrived, reused=True)
             else:
                 assert self._nursery is not None
-                self._nursery.start_soon(self._serve, waiter, self._scope_for(waiter))
+                self._nursery.start_soon(self._serve, waiter, self._scope_for(waiter), None)   # admitted to wait
 
     def _keep(self, key: FreshKey | None, run: _Run, started: float) -> None:
         if key is None or run.outcome != "ok":
@@ -371,7 +367,7 @@ class ToolExecutor:
 
     # --- one request ------------------------------------------------------------
 
-    async def _serve(self, res: _Resolved, scope: trio.CancelScope) -> None:
+    async def _serve(self, res: _Resolved, scope: trio.CancelScope, rejection: _Run | None) -> None:
         started = trio.current_time()
         writes_before = self._writes_applied
         req, key = res.req, res.fresh_key
@@ -383,7 +379,7 @@ class ToolExecutor:
         shared = False   # its answer holds for the requests that waited for it
         try:
             with scope:
-                run = await self._handle(res)
+                run = await self._handle(res, rejection)
             if scope.cancelled_caught:
                 run = _error(CANCELLED, "cancelled")
             elif run is not None and writes_before == self._writes_applied and run.outcome in ("ok", "error"):
@@ -403,13 +399,14 @@ class ToolExecutor:
                 self._land(key, run, shared)
             self._answer(res, run or _error(FAILED, "failed"), started)
 
-    async def _handle(self, res: _Resolved) -> _Run:
+    async def _handle(self, res: _Resolved, rejection: _Run | None) -> _Run:
+        """Run one request; ``rejection`` is the turn's verdict taken at its
+        arrival (``_admit``; None: admitted)."""
         req, spec = res.req, res.spec
         if res.is_write:
             recorded = await storage.run_sync(write_log.load, self.ctx.state_dir, req.tool_call_id)
             if recorded is not None:
                 return self._replayed(recorded)
-        rejection = res.admission[0] if res.admission else self._admit(res)
         if rejection is not None:
             return rejection
         if spec is None:

@@ -219,7 +219,7 @@ async def test_schema_invalid_arguments_are_refused_before_any_request(tmp_path)
     assert_clean_protocol(sc, creates=1)
     (tool_call_id,) = sc.tool_calls
     error = json.loads(sc.outputs[tool_call_id][0])["error"]
-    assert error.startswith("invalid arguments: request ") and "500" not in error   # never echoes the value
+    assert error.startswith("invalid arguments: request.filters.limit ") and "500" not in error   # never echoes the value
     assert server.calls == [] and server.requests == requests_before
 
 

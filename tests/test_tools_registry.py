@@ -7,6 +7,7 @@ import json
 import pytest
 
 from voiceactors.tools import REGISTRY, ArgumentError, lookup, manifest, prepare
+from voiceactors.tools.registry import ToolSpec
 
 NAMES = [
     "journal.get_day", "journal.search", "entities.get", "entities.recent_with", "commitments.list",
@@ -86,3 +87,30 @@ def test_valid_arguments_pass_unchanged():
         "query": "x", "facet": None, "days": 30, "limit": 5}
     assert prepare(REGISTRY["calendar.today"], "") == {}       # empty string means no arguments
     assert prepare(REGISTRY["commitments.list"], '{"state": null}') == {"state": None}
+
+
+NESTED = ToolSpec(
+    name="src.nested", description="a remote tool with a nested schema", effect="read",
+    handler=lambda ctx, args: {},
+    parameters={"type": "object", "additionalProperties": False, "required": ["where"],
+                "properties": {
+                    "where": {"type": "object", "additionalProperties": False, "required": ["city"],
+                              "properties": {"city": {"type": "string", "minLength": 1},
+                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}}},
+                    "tags": {"type": "array", "items": {"type": "string"}}}})
+
+
+@pytest.mark.parametrize("raw,reason", [
+    ('{"where": {"city": "Oslo", "SECRET": 1}}', "unexpected property in where (allowed: city, days)"),
+    ('{"where": {}}', "where.city is required"),
+    ('{"where": {"city": "Oslo", "days": 9}}', "where.days must be between 1 and 7"),
+    ('{"where": {"city": "SECRET", "days": "3"}}', "where.days must be integer"),
+    ('{"where": {"city": ""}}', "where.city must not be empty"),
+    ('{"where": {"city": "Oslo"}, "tags": ["a", 5]}', "tags[1] must be string"),
+    ('{"where": "SECRET"}', "where must be object"),
+])
+def test_nested_schema_errors_name_the_nested_field(raw, reason):
+    with pytest.raises(ArgumentError) as info:
+        prepare(NESTED, raw)
+    assert info.value.error == {"error": f"invalid arguments: {reason}"}
+    assert "SECRET" not in info.value.error["error"]

@@ -347,19 +347,30 @@ def _properties(error: ValidationError, args: dict[str, Any]) -> list[str]:
     return []
 
 
+def _field_name(path: Any) -> str:
+    """``where.city`` / ``tags[1]``: where in the arguments the error is (names, never values)."""
+    name = ""
+    for step in path:
+        name += f"[{step}]" if isinstance(step, int) else (f".{step}" if name else str(step))
+    return name or "arguments"
+
+
 def _reason(error: ValidationError, spec: ToolSpec) -> str:
-    props = spec.parameters.get("properties", {})
+    where = _field_name(error.path)
+    schema = error.schema
     if error.validator == "additionalProperties":
-        if not props:
+        props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        if not error.path and not props:
             return "this tool takes no arguments"
-        return f"unexpected property (allowed: {', '.join(props)})"
+        place = f" in {where}" if error.path else ""
+        return f"unexpected property{place} (allowed: {', '.join(props)})"
     if error.validator == "required":
         missing = [p for p in error.validator_value if p not in error.instance]
-        return f"{', '.join(missing)} is required"
+        prefix = f"{where}." if error.path else ""
+        return f"{', '.join(prefix + p for p in missing)} is required"
     if error.validator == "type" and not error.path:
         return "arguments must be a JSON object"
-    name = str(error.path[0]) if error.path else "arguments"
-    schema = error.schema
+    name = where
     if error.validator == "type":
         kinds = schema.get("type")
         kinds = kinds if isinstance(kinds, list) else [kinds]

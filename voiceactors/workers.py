@@ -38,6 +38,7 @@ it served is one too: every worker would); 130 a second signal.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -103,6 +104,18 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 # --- the private Redis ------------------------------------------------------------------
 
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None   # loaded before any fork
+
+
+def _stop_with_parent() -> None:
+    """In the forked child before exec: SIGTERM when the parent dies (a
+    kill -9 of the parent must not leave its redis-server running). Only a
+    preloaded libc call: nothing that could wait for a lock another thread held."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 @dataclass
 class PrivateRedis:
     """A ``redis-server`` of the parent's on a unix socket, no persistence."""
@@ -124,7 +137,8 @@ class PrivateRedis:
         self.proc = await trio.lowlevel.open_process(
             [self.binary, "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            preexec_fn=_stop_with_parent)
         with trio.move_on_after(REDIS_READY_S):
             while not await self._pong():
                 if self.proc.poll() is not None:
@@ -231,17 +245,21 @@ class Parent:
         return proc.returncode if proc.returncode is not None else -1
 
     async def _read_stdout(self, worker: Worker, proc: trio.Process) -> None:
-        """A worker prints one line once serving; anything else it prints goes on."""
+        """A worker prints one line once serving (the parent prints its own
+        for all); anything else it prints goes on to the parent's stdout."""
         assert proc.stdout is not None
+        pending = b""
         async with proc.stdout:
             async for chunk in proc.stdout:
-                if not worker.serving and b"console is at" in chunk:
-                    worker.serving = True
-                    worker.first_served.set()
-                    _log.info("workers.worker_serving", worker=worker.index, pid=proc.pid, run=worker.runs)
-                    continue
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.flush()
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if not worker.serving and b"console is at" in line:
+                        worker.serving = True
+                        worker.first_served.set()
+                        _log.info("workers.worker_serving", worker=worker.index, pid=proc.pid, run=worker.runs)
+                        continue
+                    sys.stdout.buffer.write(line + b"\n")
+                    sys.stdout.flush()
 
     async def keep_redis(self) -> None:
         """The private Redis, started again if it dies (it comes back empty)."""

@@ -118,11 +118,15 @@ def _stop_with_parent() -> None:
 
 @dataclass
 class PrivateRedis:
-    """A ``redis-server`` of the parent's on a unix socket, no persistence."""
+    """A ``redis-server`` of the parent's on a unix socket, no persistence.
+
+    Started with ``subprocess.Popen`` on the trio thread, not trio's
+    ``open_process``: that forks from a worker thread, and the parent-death
+    signal fires when the *thread* that forked exits (trio's idle threads do)."""
 
     binary: str
     folder: Path
-    proc: trio.Process | None = None
+    proc: subprocess.Popen[bytes] | None = None
 
     @property
     def socket_path(self) -> Path:
@@ -134,7 +138,7 @@ class PrivateRedis:
 
     async def start(self) -> None:
         self.socket_path.unlink(missing_ok=True)
-        self.proc = await trio.lowlevel.open_process(
+        self.proc = subprocess.Popen(
             [self.binary, "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -145,10 +149,18 @@ class PrivateRedis:
                     break
                 await trio.sleep(0.01)
             else:
-                _log.info("workers.redis_started", pid=self.proc.pid)
+                _log.info("workers.redis_started", pid=self.proc.pid, socket=str(self.socket_path))
                 return
         await self.stop()
         raise StartRefused(f"the private redis-server did not answer within {REDIS_READY_S:g} s", 1)
+
+    async def wait(self) -> int:
+        """Its exit code, once it has exited."""
+        assert self.proc is not None
+        proc = self.proc
+        while proc.poll() is None:
+            await trio.sleep(0.2)       # a Popen has no trio wait; a poll is cheap and this is rare
+        return proc.returncode
 
     async def _pong(self) -> bool:
         try:
@@ -162,14 +174,15 @@ class PrivateRedis:
 
     async def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.returncode is not None:
+        if proc is None or proc.poll() is not None:
             return
         proc.terminate()
         with trio.move_on_after(5):
-            await proc.wait()
+            while proc.poll() is None:
+                await trio.sleep(0.01)
             return
         proc.kill()
-        await proc.wait()
+        await trio.to_thread.run_sync(proc.wait)
 
 
 def private_redis_folder(root: Path) -> Path:
@@ -265,8 +278,7 @@ class Parent:
         """The private Redis, started again if it dies (it comes back empty)."""
         assert self.redis is not None
         while not self.stopping:
-            assert self.redis.proc is not None
-            returncode = await self.redis.proc.wait()
+            returncode = await self.redis.wait()
             if self.stopping:
                 return
             _log.error("workers.redis_exited", returncode=returncode)

@@ -250,6 +250,8 @@ class Parent:
                                                 stdout=subprocess.PIPE)
         worker.proc = proc
         _log.info("workers.worker_started", worker=worker.index, pid=proc.pid, run=worker.runs)
+        if self.stopping:       # the stop began while it was being started: it gets the same signal
+            proc.terminate()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._read_stdout, worker, proc)
             await proc.wait()

@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure("console", "warning")     # the in-process simulator's lines: only its warnings
     print(f"# machine: {machine_facts()}", flush=True)
     runs = []
+    work_dir().mkdir(parents=True, exist_ok=True)
     for repeat in range(1, args.repeats + 1):
         with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
             with throwaway_redis(Path(tmp) / "redis") as (redis_url, _):

@@ -35,6 +35,7 @@ class WorkersServer(Server):
 
     def __init__(self, journal: Path, state: Path, sim: Simulator, workers: int) -> None:
         super().__init__(journal, state, sim)
+        self.session = False        # start_new_session: the test can signal its process group (a Ctrl-C)
         self.args += ["--workers", str(workers)]
         self.env["VOICEACTORS_REDIS_LEASE_TTL"] = str(TTL_S)
         self.env["VOICEACTORS_LOG_LEVEL"] = "debug"
@@ -43,7 +44,8 @@ class WorkersServer(Server):
 
     async def start(self, nursery: trio.Nursery) -> str:
         self.proc = await trio.lowlevel.open_process(self.args, stderr=-1, stdout=-3, env=self.env,
-                                                     cwd=Path(__file__).resolve().parents[1])
+                                                     cwd=Path(__file__).resolve().parents[1],
+                                                     start_new_session=self.session)
         nursery.start_soon(self._read_log)
         with trio.fail_after(60):
             while not self.events("workers.serving"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
 
@@ -185,6 +186,36 @@ async def test_kill_9_of_the_parent_stops_its_workers_and_its_redis(tmp_path):
             nursery.cancel_scope.cancel()
     finally:
         stop_all(parent)
+
+
+async def test_ctrl_c_at_the_terminal_stops_every_worker_gracefully(tmp_path):
+    """SIGINT to the whole process group, as a terminal sends it: the workers
+    are in their own sessions, so each gets one SIGTERM from the parent and
+    shuts down gracefully (a second signal would have cut that short, 130)."""
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    sim = Simulator(None, api_key=KEY)
+    live = sim.add_call("rtc_ctrl_c", [{"sleep": 120}])
+    parent = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            parent = WorkersServer(journal, tmp_path / "state", sim, workers=2)
+            parent.session = True
+            url = await parent.start(nursery)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                assert (await client.post("/api/voice/connect", json={"call_id": "rtc_ctrl_c"})).status_code == 200
+            with trio.fail_after(20):
+                await live.wait_until(lambda c: c.connection is not None)
+            children = parent.pids()
+            os.killpg(parent.proc.pid, signal.SIGINT)
+            with trio.fail_after(60):
+                assert await parent.proc.wait() == 0
+            await _wait_gone(children, 5)
+            nursery.cancel_scope.cancel()
+    finally:
+        stop_all(parent)
+    assert [x["returncode"] for x in parent.events("workers.worker_stopped")] == [0, 0]
+    assert live.closed or live.connection is None          # the call was closed, not left hanging
 
 
 def test_without_redis_server_or_redis_workers_refuse_at_start(tmp_path):

@@ -142,7 +142,7 @@ class PrivateRedis:
             [self.binary, "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=_stop_with_parent)
+            start_new_session=True, preexec_fn=_stop_with_parent)     # no Ctrl-C of its own: stopped last
         with trio.move_on_after(REDIS_READY_S):
             while not await self._pong():
                 if self.proc.poll() is not None:
@@ -246,8 +246,11 @@ class Parent:
     async def _run_once(self, worker: Worker) -> int:
         worker.serving = False
         worker.runs += 1
+        # its own session: a Ctrl-C at the terminal (SIGINT to the process group) reaches the parent
+        # alone, which stops the workers with one SIGTERM each (a second signal would cut a worker's
+        # graceful shutdown short)
         proc = await trio.lowlevel.open_process(worker.argv, env=worker.env, stdin=subprocess.PIPE,
-                                                stdout=subprocess.PIPE)
+                                                stdout=subprocess.PIPE, start_new_session=True)
         worker.proc = proc
         _log.info("workers.worker_started", worker=worker.index, pid=proc.pid, run=worker.runs)
         if self.stopping:       # the stop began while it was being started: it gets the same signal

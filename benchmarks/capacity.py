@@ -14,6 +14,15 @@ What it measures:
   calls joined and settled − RSS before joining) / calls. ``--idle-peers``
   adds the same measurement for the other peers.
 
+* **workers** (``--workers N``, issue 18) — the same step-up against a whole
+  ``voiceactors serve --workers N`` (the ``served`` peer: HTTP connects, one
+  TCP connection each, so the kernel spreads them over the workers) and, at
+  each step just before it, against one ``voiceactors serve`` process in the
+  same harness; each series stops at its first failing step. Reported: the
+  most calls at create p99 ≤ ``--target-ms`` for both and their ratio (the
+  issue's target is ≥ 1.8×). CPU is the whole process tree's (parent,
+  workers, private redis-server).
+
 The simulator runs in its own process, so on this 2-core machine the two
 processes share the cores: a step where the simulator itself is near a full
 core measures the harness as much as the server (its CPU is printed).
@@ -24,11 +33,13 @@ Run::
     .venv/bin/python -m benchmarks.capacity --steps 250 500 --rounds 5 --idle 500 1000
     .venv/bin/python -m benchmarks.capacity --steps 100 --rate-hz 0     # tool traffic only
     .venv/bin/python -m benchmarks.capacity --gap 5 --rate-hz 0 --peer floor --idle   # the harness's limit
+    .venv/bin/python -m benchmarks.capacity --workers 2 --idle --steps 250 500 750 1000 1250 1500
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,6 +72,44 @@ def step_up(steps: list[int], *, rounds: int, gap: float, rate_hz: float, target
     return out
 
 
+def _served(workers: int, n: int, **kw: Any) -> dict[str, Any]:
+    os.environ["BENCH_SERVE_WORKERS"] = str(workers)     # read by the served peer (spawn passes the env on)
+    try:
+        r = run_sideband("served", n, tag=f"cap-w{workers}", **kw)
+    finally:
+        os.environ.pop("BENCH_SERVE_WORKERS", None)
+    r["workers"] = workers
+    return r
+
+
+def step_up_workers(steps: list[int], workers: int, *, rounds: int, gap: float, rate_hz: float,
+                    target_ms: float, log_level: str) -> list[dict[str, Any]]:
+    """At each step one ``serve`` process, then ``serve --workers N``; a series
+    that failed a step runs no further steps."""
+    out: list[dict[str, Any]] = []
+    going = {1: True, workers: True}
+    for n in steps:
+        for w in (1, workers):
+            if not going[w]:
+                continue
+            r = _served(w, n, rounds=rounds, gap=gap, rate_hz=rate_hz, log_level=log_level)
+            p99 = r["create_ms"]["p99"]
+            complete = r["calls_connected"] == n and r["missing_create"] == 0 and not r["timed_out"]
+            r["passed"] = bool(complete and p99 == p99 and p99 <= target_ms)
+            going[w] = r["passed"]
+            out.append(r)
+            print(f"workers={w} " + report_line(r) + f" | {'PASS' if r['passed'] else 'FAIL'} "
+                  f"(create p99 {p99:.1f} ms)", flush=True)
+        if not any(going.values()):
+            break
+    return out
+
+
+def _capacity(steps: list[dict[str, Any]]) -> int:
+    passed = [s["calls"] for s in steps if s["passed"]]
+    return max(passed) if passed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, nargs="*", default=[250, 500, 1000, 1500])
@@ -73,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=int, nargs="*", default=[1000])
     p.add_argument("--idle-peers", nargs="*", default=["ours"])
     p.add_argument("--settle", type=float, default=3.0, help="seconds idle calls settle before RSS is read")
+    p.add_argument("--workers", type=int, default=0,
+                   help="step up `serve --workers N` and one `serve` process, interleaved (0: the runtime peer)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     facts = machine_facts()
@@ -84,6 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             idle.append(m)
             print(f"idle {peer:>8} calls={n:<5} {m['kib_per_call']} KiB/call "
                   f"(RSS {m['rss_before_mib']} -> {m['rss_joined_mib']} MiB, joined in {m['join_s']} s)", flush=True)
+    if args.workers > 1:
+        steps = step_up_workers(args.steps, args.workers, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
+                                target_ms=args.target_ms, log_level=args.log_level)
+        one = _capacity([s for s in steps if s["workers"] == 1])
+        many = _capacity([s for s in steps if s["workers"] == args.workers])
+        print(f"capacity: one serve process {one} calls, --workers {args.workers} {many} calls at create p99 <= "
+              f"{args.target_ms} ms (ratio {many / one if one else float('nan'):.2f}; "
+              f"steps tried: {[(s['workers'], s['calls']) for s in steps]})", flush=True)
+        if args.json:
+            write_json(Path(args.json), {"machine": facts, "argv": sys.argv, "idle": idle, "steps": steps})
+        return 0
     steps = step_up(args.steps, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
                     target_ms=args.target_ms, log_level=args.log_level, peer=args.peer) if args.steps else []
     passed = [s["calls"] for s in steps if s["passed"]]

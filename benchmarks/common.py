@@ -80,6 +80,15 @@ class Proc:
     popen: subprocess.Popen
     stderr_path: Path
     lines: "queue.Queue[str | None]" = field(default_factory=queue.Queue)
+    tree: bool = False      # CPU and RSS of the process and every process under it (a serve and its workers)
+
+    def _processes(self) -> list[psutil.Process]:
+        if not self.tree:
+            return [self.ps]
+        try:
+            return [self.ps, *self.ps.children(recursive=True)]
+        except psutil.Error:
+            return [self.ps]
 
     def __post_init__(self) -> None:
         self.ps = psutil.Process(self.popen.pid)
@@ -124,18 +133,27 @@ class Proc:
             pass
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds so far (all threads)."""
-        try:
-            t = self.ps.cpu_times()
-            return t.user + t.system
-        except psutil.Error:
-            return math.nan
+        """User + system CPU seconds so far (all threads; with ``tree``, of
+        every process under it still running: one that exited is not counted)."""
+        total = 0.0
+        for ps in self._processes():
+            try:
+                t = ps.cpu_times()
+            except psutil.Error:
+                if ps is self.ps:
+                    return math.nan
+                continue
+            total += t.user + t.system
+        return total
 
     def rss(self) -> int:
-        try:
-            return self.ps.memory_info().rss
-        except psutil.Error:
-            return 0
+        total = 0
+        for ps in self._processes():
+            try:
+                total += ps.memory_info().rss
+            except psutil.Error:
+                continue
+        return total
 
     def wait(self, timeout: float) -> int | None:
         """Wait for exit; terminate then kill when it overstays. Returns the exit code."""

@@ -19,6 +19,14 @@ time (measured before the connects), divided by the calls:
 * ``end_ms`` — one call's end: the close, the record's last write, the
   actor's removal, the log lines.
 
+``--registry`` runs each repeat twice, interleaved (the order alternates):
+without Redis and with ``--redis`` on a throwaway ``redis-server`` (unix
+socket, no persistence) of the driver's, and reports for both the CPU per
+connect, the ``/connect`` latency (the driver's round trip: the route
+answers once the call's lease is taken and its actor started) and, with
+Redis, ``redis_server_ms`` (redis-server's own CPU per connect): the
+registry's cost per connect is the difference (issue 18).
+
 ``--py-spy`` samples the server with py-spy over the connects (raw
 collapsed stacks into the run folder, ``server.pyspy.txt``; summarise with
 ``benchmarks.profile_summary``); CPU numbers of a sampled run are not
@@ -29,6 +37,7 @@ Run::
     .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 3
     .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 1 --py-spy
     .venv/bin/python -m benchmarks.connect_cost --server-repo /tmp/before    # another checkout's server
+    .venv/bin/python -m benchmarks.connect_cost --calls 200 --repeats 5 --registry  # with --redis vs without
 
 Bounded: every wait has a timeout; every process is a child on loopback.
 """
@@ -36,15 +45,19 @@ Bounded: every wait has a timeout; every process is a child on loopback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from benchmarks.common import Proc, free_loopback_port, machine_facts, sample_journal, spawn, work_dir
+import psutil
+
+from benchmarks.common import Proc, free_loopback_port, machine_facts, sample_journal, spawn, summary, work_dir
 from benchmarks.floods import http_call, serve_against_sim
 from benchmarks.roundtrip import _start_py_spy
 
@@ -79,19 +92,50 @@ def window(server: Proc, idle_core: float, calls: int, t0: float, c0: float) -> 
             "per_call_raw_ms": round(1000 * cpu / calls, 2)}
 
 
-def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, Any]:
+@contextlib.contextmanager
+def throwaway_redis(folder: Path) -> Iterator[tuple[str, psutil.Process]]:
+    """A ``redis-server`` on a unix socket in ``folder``, no persistence: its URL and process."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sock = folder / "redis.sock"
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
+                             "--save", "", "--appendonly", "no", "--dir", str(folder)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.01)
+        yield f"unix://{sock}", psutil.Process(proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _cpu(ps: psutil.Process | None) -> float:
+    if ps is None:
+        return 0.0
+    t = ps.cpu_times()
+    return t.user + t.system
+
+
+def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[str, psutil.Process] | None = None
+             ) -> dict[str, Any]:
     run_dir = work_dir() / "runs" / f"connect-{repeat}-{int(time.time() * 1000)}"
     sim = spawn("sim", "benchmarks.sim_host", [
         "--calls", str(args.calls), "--prefix", PREFIX, "--workload", "idle", "--timeout", "600",
         "--out", str(run_dir / "sim.json")], workdir=run_dir)
     server = None
-    result: dict[str, Any] = {"repeat": repeat}
+    result: dict[str, Any] = {"repeat": repeat, "redis": redis is not None}
+    redis_ps = redis[1] if redis is not None else None
     try:
         sim_port = int(sim.expect("PORT", 60))
         port = free_loopback_port()
         host = f"127.0.0.1:{port}"
-        server = serve_against_sim(sim_port, port, journal, run_dir,
-                                   env={"VOICEACTORS_RATE_LIMIT_PER_S": "0", "VOICEACTORS_LOG_LEVEL": args.log_level},
+        env = {"VOICEACTORS_RATE_LIMIT_PER_S": "0", "VOICEACTORS_LOG_LEVEL": args.log_level}
+        if redis is not None:
+            env["VOICEACTORS_REDIS_URL"] = redis[0]
+        server = serve_against_sim(sim_port, port, journal, run_dir, env=env,
                                    repo=Path(args.server_repo) if args.server_repo else None)
         quiet(server)
         t0, c0 = time.monotonic(), server.cpu_s()
@@ -101,12 +145,15 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
 
         lines_before = len(server.stderr_path.read_text(errors="replace").splitlines())
         spy = _start_py_spy(server.popen.pid, args.calls / args.rate + 1, run_dir) if args.py_spy else None
-        t0, c0 = time.monotonic(), server.cpu_s()
+        t0, c0, r0 = time.monotonic(), server.cpu_s(), _cpu(redis_ps)
         statuses: dict[str, int] = {}
+        latencies: list[float] = []
         for n in range(args.calls):
             due = t0 + n / args.rate
             time.sleep(max(0.0, due - time.monotonic()))
+            sent = time.perf_counter()
             status, _ = http_call(port, "POST", "/api/voice/connect", host, {"call_id": f"{PREFIX}-{n}"})
+            latencies.append((time.perf_counter() - sent) * 1000)
             statuses[str(status)] = statuses.get(str(status), 0) + 1
         sim.expect("CONNECTED", 60)
         deadline = time.monotonic() + 30
@@ -115,6 +162,9 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int) -> dict[str, 
         quiet(server)
         result["connect"] = window(server, idle_core, args.calls, t0, c0)
         result["connect"]["statuses"] = statuses
+        result["connect"]["latency_ms"] = summary(latencies)
+        if redis_ps is not None:
+            result["connect"]["redis_server_ms"] = round(1000 * (_cpu(redis_ps) - r0) / args.calls, 3)
 
         t0, c0 = time.monotonic(), server.cpu_s()
         sim.send("STOP")
@@ -164,15 +214,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--py-spy", action="store_true", help="sample the server over the connects")
     p.add_argument("--server-repo", default=None)
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--registry", action="store_true", help="each repeat without and with --redis, interleaved")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
+
+
+def _line(r: dict[str, Any]) -> str:
+    c = r["connect"]
+    lat = c.get("latency_ms") or {}
+    return (f"connect {c['per_call_ms']} ms CPU/call (raw {c['per_call_raw_ms']}, {c['statuses']})"
+            + (f", redis-server {c['redis_server_ms']} ms CPU/call" if "redis_server_ms" in c else "")
+            + (f", latency p50 {lat['p50']:.2f} p99 {lat['p99']:.2f} ms" if lat.get("n") else "")
+            + f", end {r['end']['per_call_ms']} ms CPU/call (raw {r['end']['per_call_raw_ms']}), "
+            f"idle {r['idle_core_pct']} % of a core, log lines/call {r['log_lines_per_call']}, "
+            f"records with end {r['end']['records_with_end']}")
+
+
+def registry_pairs(args: argparse.Namespace, journal: Path) -> list[dict[str, Any]]:
+    """Each repeat: one run without Redis and one with, the order alternating."""
+    runs = []
+    for repeat in range(1, args.repeats + 1):
+        for with_redis in ((False, True) if repeat % 2 else (True, False)):
+            if with_redis:
+                with throwaway_redis(work_dir() / "runs" / f"redis-{repeat}-{int(time.time() * 1000)}") as redis:
+                    r = run_once(args, journal, repeat, redis)
+            else:
+                r = run_once(args, journal, repeat)
+            runs.append(r)
+            print(f"repeat {repeat} {'redis   ' if with_redis else 'no redis'}: {_line(r)}", flush=True)
+    for with_redis in (False, True):
+        mine = [r for r in runs if r["redis"] is with_redis]
+        cpu = sorted(r["connect"]["per_call_ms"] for r in mine)
+        p50 = sorted(r["connect"]["latency_ms"]["p50"] for r in mine)
+        print(f"{'redis   ' if with_redis else 'no redis'}: connect CPU/call median {cpu[len(cpu) // 2]} ms, "
+              f"latency p50 median {p50[len(p50) // 2]:.2f} ms over {len(mine)} runs", flush=True)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     journal = sample_journal(14)
     runs = []
-    for repeat in range(1, args.repeats + 1):
+    if args.registry:
+        runs = registry_pairs(args, journal)
+    for repeat in range(1, 0 if args.registry else args.repeats + 1):
         r = run_once(args, journal, repeat)
         runs.append(r)
         print(f"repeat {repeat}: connect {r['connect']['per_call_ms']} ms CPU/call "

@@ -59,10 +59,14 @@ from voiceactors import storage
 
 PEERS = {
     "ours": "benchmarks.peers.ours",
+    "served": "benchmarks.peers.served",     # a whole `voiceactors serve` (BENCH_SERVE_WORKERS=N: --workers N)
     "baseline": "benchmarks.peers.baseline_asyncio",
     "agents": "benchmarks.peers.agents_sdk",
     "floor": "benchmarks.peers.floor",
 }
+
+
+TREE_PEERS = frozenset({"served"})     # measured with every process under them
 
 
 def server_timings(state_dir: Path) -> dict[str, Any]:
@@ -160,7 +164,8 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
             "--calls", str(calls), "--journal", str(journal), "--state-dir", str(run_dir / "state"),
             "--log", str(log_path), "--log-level", log_level, "--max-seconds", str(timeout + 10)],
             workdir=run_dir, repo=_peer_repo())
-        peer_proc.expect("STARTED", 60)
+        peer_proc.tree = peer in TREE_PEERS
+        peer_proc.expect("STARTED", 120)
         time.sleep(0.5)
         rss_before = peer_proc.rss()
         window = CpuWindow({"peer": peer_proc, "sim": sim})

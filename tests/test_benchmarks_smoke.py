@@ -160,3 +160,31 @@ def test_log_cost_times_every_kind(bench, capsys):
     assert log_cost.main(["--lines", "50", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert [line.split()[0] for line in out.splitlines()] == ["info", "info_bound_call", "debug_filtered", "metrics"]
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
+def test_capacity_workers_steps_up_serve_workers_and_one_serve(bench):
+    data = _main(bench, "benchmarks.capacity", "--workers", "2", "--idle", "--steps", "4", "--rounds", "1",
+                 "--gap", "0.3", "--rate-hz", "0", "--target-ms", "10000")
+    assert [(s["workers"], s["calls"]) for s in data["steps"]] == [(1, 4), (2, 4)]
+    for step in data["steps"]:
+        assert step["calls_connected"] == 4 and step["missing_create"] == 0 and step["passed"], step
+        assert step["cpu"]["peer"]["cpu_s"] > 0          # the serve's process tree, not the peer alone
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
+def test_connect_cost_registry_pairs_with_and_without_redis(bench):
+    r = _main(bench, "benchmarks.connect_cost", "--calls", "3", "--rate", "50", "--repeats", "1", "--idle-s", "0.3",
+              "--registry")
+    assert [run["redis"] for run in r["runs"]] == [False, True]
+    for run in r["runs"]:
+        assert run["connect"]["statuses"] == {"200": 3} and run["connect"]["latency_ms"]["n"] == 3
+    assert "redis_server_ms" in r["runs"][1]["connect"]
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
+def test_takeover_answers_the_pending_write_once_from_the_taker(bench):
+    r = _main(bench, "benchmarks.takeover", "--repeats", "1", "--ttl", "1")
+    (run,) = r["runs"]
+    assert run["outputs_call_w"] == 1 and run["connections"] == 2 and run["violations"] == 0
+    assert run["takeover_s"] > 0 and run["take_over_logged_s"] is not None

@@ -1,11 +1,11 @@
-"""Two ``voiceactors serve`` processes sharing one Redis (issue 18's first
-slice), as real child processes on loopback against our simulator, each with
-its own state folder, both on one journal.
+"""Two and three ``voiceactors serve`` processes sharing one Redis (issue
+18), as real child processes on loopback against our simulator, each with
+its own state folder, all on one journal.
 
-* duplicate connects on both processes start one actor (one sideband);
-* kill -9 of the holder mid-call: the other process takes the call over
-  within the lease TTL plus a reconnect and answers the pending tool calls
-  exactly once, no write applied twice (the fixture's ledger checked);
+* duplicate connects on every process start one actor (one sideband);
+* kill -9 of the holder mid-call: exactly one other process takes the call
+  over within the lease TTL plus a reconnect and answers the pending tool
+  calls exactly once, no write applied twice (the fixture's ledger checked);
 * Redis gone: a call in progress stops before its lease can expire, new
   connects answer 503 with a clear error, ``/status`` says so, the server
   keeps running, and connects work again when Redis returns;
@@ -15,56 +15,39 @@ its own state folder, both on one journal.
 from __future__ import annotations
 
 import fcntl
-from pathlib import Path
 
 import httpx
 import pytest
 import trio
 
 from calls_support import DAY, KEY
-from redis_support import REDIS_SERVER, RedisServer, redis_server  # noqa: F401  (the fixture)
-from test_call_crash import Server, _wait_for_line
+from cluster_support import TTL_S, ClusterServer, mirrored, started_calls, stop_all, takers
+from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
+from test_call_crash import _wait_for_line, crash_scenario
 from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.recovery import RESTARTED_OUTPUT
-from voiceactors.cluster import redis_client as rc
 from voiceactors.http import errors as E
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 
-TTL_S = 2.0
 CALL = "rtc_cluster"
 
 
-class ClusterServer(Server):
-    def __init__(self, journal: Path, state: Path, sim: Simulator, redis: RedisServer) -> None:
-        super().__init__(journal, state, sim)
-        self.args += ["--redis", redis.url]
-        self.env["VOICEACTORS_REDIS_LEASE_TTL"] = str(TTL_S)
-        # the tests count actors by supervisor.call_started, a debug line
-        self.env["VOICEACTORS_LOG_LEVEL"] = "debug"
-
-
-def _stop_all(*servers: Server | None) -> None:
-    for server in servers:
-        if server is not None and server.proc is not None and server.proc.poll() is None:
-            server.proc.kill()
-
-
-async def test_duplicate_connects_on_two_processes_start_one_actor(tmp_path, redis_server):
+@pytest.mark.parametrize("processes", [2, 3])
+async def test_duplicate_connects_on_several_processes_start_one_actor(tmp_path, redis_server, processes):
     journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
     sim = Simulator(None, api_key=KEY)
     sc = sim.add_call(CALL, [{"sleep": 120}])
-    a = b = None
+    servers: list[ClusterServer] = []
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
-            a = ClusterServer(journal, tmp_path / "state_a", sim, redis_server)
-            b = ClusterServer(journal, tmp_path / "state_b", sim, redis_server)
-            urls = [await a.start(nursery), await b.start(nursery)]
+            servers = [ClusterServer(journal, tmp_path / f"state_{i}", sim, redis_server) for i in range(processes)]
+            urls = [await server.start(nursery) for server in servers]
             answers: list[httpx.Response] = []
 
             async def connect(url: str) -> None:
@@ -74,75 +57,55 @@ async def test_duplicate_connects_on_two_processes_start_one_actor(tmp_path, red
             async with trio.open_nursery() as racers:      # at once, on both, twice each
                 for url in urls * 2:
                     racers.start_soon(connect, url)
-            assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
+            assert [r.status_code for r in answers] == [200] * 2 * processes, [r.text for r in answers]
             assert all(r.json()["status"] == "connected" for r in answers)
             with trio.fail_after(10):
                 await sc.wait_until(lambda c: c.connection is not None)
-            started = a.events("supervisor.call_started") + b.events("supervisor.call_started")
-            assert len(started) == 1
-            holder, other = (a, b) if a.events("supervisor.call_started") else (b, a)
-            assert other.events("supervisor.call_held_elsewhere")
-            assert not other.events("supervisor.take_over")
+            assert started_calls(*servers) == [CALL]
+            [holder] = [s for s in servers if s.events("supervisor.call_started")]
+            others = [s for s in servers if s is not holder]
+            assert all(other.events("supervisor.call_held_elsewhere") for other in others)
+            assert not takers(*servers)
             await trio.sleep(TTL_S * 1.5)                 # renewals keep it: still one actor
             async with httpx.AsyncClient(base_url=urls[0], timeout=10) as client:
                 status = (await client.get("/api/voice/status")).json()
             assert status["cluster"]["backend"] == "redis" and status["cluster"]["reachable"] is True
-            assert len(a.events("supervisor.call_started") + b.events("supervisor.call_started")) == 1
+            assert started_calls(*servers) == [CALL] and not takers(*servers)
             assert sc.connections == 1 and [h["call_id"] for h in sim.handshakes] == [CALL]
             assert not holder.events("supervisor.lease_lost")
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(*servers)
 
 
-def crash_scenario(item_id: str) -> list:
-    return [
-        {"user_turn": {"text": "close that and what is on today"}},
-        {"response": {"tool_calls": [
-            {"name": "commitments.complete", "call_id": "call_w",
-             "arguments": {"commitment_id": item_id, "resolution": "done"}},
-            {"name": "calendar.today", "call_id": "call_r", "arguments": {}},
-        ]}},
-        {"wait_outputs": {"timeout_s": 120}},
-        {"response": {"text": "Done."}},
-        {"sleep": 120},
-    ]
-
-
-async def _mirrored(url: str, call_id: str, pending: set[str]) -> None:
-    """Wait until the holder's mirror of its record has exactly these
-    unsettled tool calls (its writer runs a moment after the record's lines)."""
-    with trio.fail_after(10):
-        async with rc.client(url) as redis:
-            while set(await redis.hgetall(rc.pending_key(call_id))) != pending:
-                await trio.sleep(0.05)
-
-
-async def test_kill_9_of_the_holder_the_other_process_takes_the_call_over(tmp_path, redis_server):
+@pytest.mark.parametrize("processes", [2, 3])
+async def test_kill_9_of_the_holder_exactly_one_other_process_takes_the_call_over(tmp_path, redis_server,
+                                                                                   processes):
     journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
     item = open_item(journal)
     day_file = item_file(journal, item)
     before = day_file.read_bytes()
     sim = Simulator(None, api_key=KEY)
     sc = sim.add_call(CALL, crash_scenario(item.id))
-    a = b = None
+    servers: list[ClusterServer] = []
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
-            a = ClusterServer(journal, tmp_path / "state_a", sim, redis_server)
-            b = ClusterServer(journal, tmp_path / "state_b", sim, redis_server)
+            servers = [ClusterServer(journal, tmp_path / f"state_{i}", sim, redis_server) for i in range(processes)]
+            a, others = servers[0], servers[1:]
             url_a = await a.start(nursery)
-            await b.start(nursery)
+            for other in others:
+                await other.start(nursery)
             lock = open(f"{day_file}.lock", "a+b")
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)      # the write waits for it on a
             try:
                 async with httpx.AsyncClient(base_url=url_a, timeout=10) as client:
                     response = await client.post("/api/voice/connect", json={"call_id": CALL})
                     assert response.status_code == 200, response.text
-                record_a = record_path(tmp_path / "state_a", CALL)
+                record_a = record_path(tmp_path / "state_0", CALL)
                 await _wait_for_line(record_a, "tool_started", "call_w")
                 await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
-                await _mirrored(redis_server.url, CALL, {"call_w"})
+                await mirrored(redis_server.url, CALL, {"call_w"})
                 a.proc.kill()                                            # SIGKILL mid-call
                 killed = trio.current_time()
                 with trio.fail_after(10):
@@ -150,7 +113,7 @@ async def test_kill_9_of_the_holder_the_other_process_takes_the_call_over(tmp_pa
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
                 lock.close()
-            # nobody calls /connect again: b finds the expired lease itself
+            # nobody calls /connect again: another process finds the expired lease itself
             with trio.fail_after(TTL_S + 10):
                 await sc.wait_until(lambda c: "call_w" in c.outputs and c.step_index >= 4)
             taken_after = trio.current_time() - killed
@@ -158,23 +121,28 @@ async def test_kill_9_of_the_holder_the_other_process_takes_the_call_over(tmp_pa
             assert sc.outputs["call_w"] == [RESTARTED_OUTPUT]  # once, honestly: it never applied
             assert len(sc.outputs["call_r"]) == 1               # the settled read is not answered again
             assert sc.violations == [] and sc.connections == 2
-            [take_over] = b.events("supervisor.take_over")
+            await trio.sleep(TTL_S)                             # a second taker would have come by now
+            [take_over] = takers(*others)
             assert take_over["call_id"] == CALL and take_over["pending"] == 1
-            record_b = record_path(tmp_path / "state_b", CALL)
+            [b] = [other for other in others if other.events("supervisor.take_over")]
+            record_b = record_path(tmp_path / f"state_{servers.index(b)}", CALL)
             await _wait_for_line(record_b, "tool_call", "call_w")
-            b.proc.terminate()
+            assert sc.outputs["call_w"] == [RESTARTED_OUTPUT] and sc.connections == 2
+            for other in others:
+                other.proc.terminate()
             with trio.fail_after(20):
-                assert await b.proc.wait() == 0
+                for other in others:
+                    assert await other.proc.wait() == 0
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(*servers)
     lines = read_record(record_b)
     assert lines[0]["kind"] == "start" and lines[0]["rejoined"] is True and lines[0]["recovered"] == ["call_w"]
     [settled] = [x for x in lines if x["kind"] == "tool_call"]
     assert settled["tool_call_id"] == "call_w" and settled["outcome"] == "restarted"
     # the write never applied anywhere: never twice
-    assert write_log.load(tmp_path / "state_a", "call_w") is None
-    assert write_log.load(tmp_path / "state_b", "call_w") is None
+    for i in range(processes):
+        assert write_log.load(tmp_path / f"state_{i}", "call_w") is None
     assert ledger_close_edits(day_file, item.id) == [] and day_file.read_bytes() == before
 
 
@@ -230,7 +198,7 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
                 assert await a.proc.wait() == 0
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a)
+        stop_all(a)
 
 
 async def test_redis_restarted_without_its_data_mid_call_the_holder_keeps_the_call(tmp_path, redis_server):
@@ -262,4 +230,4 @@ async def test_redis_restarted_without_its_data_mid_call_the_holder_keeps_the_ca
             assert sc.connections == 1 and sc.connection is not None and not sc.closed
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)

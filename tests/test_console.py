@@ -359,3 +359,30 @@ def test_a_second_run_continues_the_timeline_and_an_open_one_is_marked():
     assert "new run" in svg and "no end recorded" in svg
     assert "entity.get · epoch 1" in svg and "pending · no duration" in svg
     ET.fromstring(svg)
+
+
+def test_the_history_of_serve_workers_shows_every_workers_calls_and_joins_a_taken_over_call(tmp_path):
+    """``serve --workers``: each worker writes ``<root>/workers/<i>/calls``; a
+    call taken over by another worker has a record in both folders."""
+    root = tmp_path / "state"
+    w0, w1 = root / "workers" / "0", root / "workers" / "1"
+    write_raw(w0, "rtc_only0", [{"kind": "start", "t": 0}, {"kind": "end", "t": 1, "reason": "hangup",
+                                                                "duration_s": 1.0}], mtime=1000)
+    write_raw(w0, "rtc_moved", [{"kind": "start", "t": 0, "at": "2026-03-10T10:00:00+00:00"},
+                                {"kind": "tool_started", "t": 0.5, "tool_call_id": "call_w"}], mtime=1001)
+    write_raw(w1, "rtc_moved", [{"kind": "start", "t": 0, "at": "2026-03-10T10:00:05+00:00", "rejoined": True},
+                                {"kind": "tool_call", "t": 0.1, "tool_call_id": "call_w", "outcome": "restarted"},
+                                {"kind": "end", "t": 2, "reason": "hangup", "duration_s": 2.0}], mtime=1002)
+    listed = history.list_calls(root)
+    assert [c["call_id"] for c in listed] == ["rtc_moved", "rtc_only0"]
+    moved = listed[0]
+    assert moved["runs"] == 2 and moved["started_at"] == "2026-03-10T10:00:00+00:00"
+    assert moved["tool_calls"] == 1 and moved["tool_failures"] == 1    # the taker settled the dead run's call
+    detail = history.call_detail(root, "rtc_moved")
+    assert [line["kind"] for line in detail["lines"]] == ["start", "tool_started", "start", "tool_call", "end"]
+    # a worker's console reads its parent's folder; a plain server its own
+    worker = Settings(journal=tmp_path, state_dir=w1, worker_index=1)
+    assert history.history_root(worker) == root
+    assert history.history_root(Settings(journal=tmp_path, state_dir=w1)) == w1
+    with pytest.raises(FileNotFoundError):
+        history.call_detail(root, "rtc_nowhere")

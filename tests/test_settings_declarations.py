@@ -40,7 +40,7 @@ EXISTING_ENV = {
 EXISTING_FLAGS = {"journal": "--journal", "state_dir": "--state-dir", "host": "--host", "port": "--port",
                   "log_format": "--log-format", "allowed_hosts": "--allowed-host", "demo": "--demo",
                   "call_budget_usd": "--call-budget-usd", "daily_budget_usd": "--daily-budget-usd",
-                  "record_events": "--record-events", "redis_url": "--redis"}
+                  "record_events": "--record-events", "redis_url": "--redis", "workers": "--workers"}
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +101,8 @@ def test_every_environment_variable_is_read():
             continue
         if item.type is int:
             value, text = item.default + 3, str(item.default + 3)
+        elif item.type == int | None:
+            value, text = 3, " 3 "
         elif item.type is float:
             value = item.default + 1.5
             text = str(value)

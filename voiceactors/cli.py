@@ -28,7 +28,7 @@ _COMMANDS = {
 }
 
 
-# settings with a flag on `serve` and `demo` (`--demo` and `--redis` are serve's alone)
+# settings with a flag on `serve` and `demo` (`--demo`, `--redis` and `--workers` are serve's alone)
 SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
                "daily_budget_usd", "record_events")
 # settings with a flag on `mcp` (stdio: no address to listen on)
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the voice server")
     _add_serve_flags(serve)
-    settings.add_flags(serve, ("demo", "redis_url"))
+    settings.add_flags(serve, ("demo", "redis_url", "workers"))
 
     demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
     _add_serve_flags(demo)
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)   # `serve --workers` starts its workers with these
     from voiceactors import logs
 
     # Logs go to stderr as JSON lines (console for people); stdout stays for command output.

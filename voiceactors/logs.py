@@ -132,6 +132,22 @@ def _serialize(obj: Any, **_ignored: Any) -> str:
     return _ENCODER.encode(obj)
 
 
+_PROCESS_FIELDS: dict[str, Any] = {}    # on every line of this process (a worker's ``worker`` index)
+
+
+def set_process_fields(**fields: Any) -> None:
+    """Fields every later line of this process carries (``worker=2`` in a
+    ``serve --workers`` worker): one dict, not a context variable, so lines
+    from threads and every trio task carry them too."""
+    _PROCESS_FIELDS.update(fields)
+
+
+def _process_fields(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key, value in _PROCESS_FIELDS.items():
+        event.setdefault(key, value)
+    return event
+
+
 def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog once per process. ``fmt`` is ``json`` or ``console``.
 
@@ -149,6 +165,7 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _process_fields,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

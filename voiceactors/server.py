@@ -132,6 +132,11 @@ def hypercorn_config(settings: Settings) -> HypercornConfig:
     config.shutdown_timeout = shutdown_deadlines(settings).hypercorn_s   # the chain's outermost link
     config.h11_max_incomplete_size = 16 * 1024
     config.keep_alive_timeout = settings.keep_alive_timeout_s
+    if settings.worker_index is not None:
+        # A `serve --workers` worker shares its port with its siblings (the kernel spreads connections
+        # over them): hypercorn's Config.create_sockets sets SO_REUSEPORT when `workers` > 1, its sign
+        # that processes share the binds. We never run hypercorn's own process pool (http/serving.py).
+        config.workers = 2
     return config
 
 
@@ -252,12 +257,35 @@ async def _serve_main(settings: Settings, backend: Backend | None) -> None:
     # between "serving" and hypercorn calling its trigger used to kill the
     # process with the default action instead of shutting it down.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        signalled = partial(_first_signal, signals)
+        signalled: Callable[[], Awaitable[None]] = partial(_first_signal, signals)
+        if settings.worker_index is not None:
+            signalled = partial(_first_of, signalled, _parent_gone)
         if backend is None:
             await _serve_announced(settings, signalled)
             return
         async with backend(settings) as served:
             await _serve_announced(served, signalled)
+
+
+async def _parent_gone() -> None:
+    """Return when a ``serve --workers`` worker's parent is gone: its stdin
+    is a pipe from the parent, which never writes, so end of file means the
+    parent exited (even by kill -9) and the worker shuts down as on SIGTERM."""
+    stream = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    async with stream:
+        while await stream.receive_some(4096):
+            pass
+    _log.info("server.shutdown_signal", signal="parent_gone")
+
+
+async def _first_of(*waits: Callable[[], Awaitable[None]]) -> None:
+    """Return when the first of ``waits`` returns (the others are cancelled)."""
+    async with trio.open_nursery() as nursery:
+        for wait in waits:
+            async def run(wait: Callable[[], Awaitable[None]] = wait) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+            nursery.start_soon(run)
 
 
 # --- the command -----------------------------------------------------------------
@@ -295,6 +323,12 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
         print(f"voiceactors: journal folder not found: {settings.journal} "
               "(--journal, VOICEACTORS_JOURNAL or SOLSTONE_JOURNAL)", file=sys.stderr)
         return EXIT_USAGE
+    if settings.workers > 1 and settings.worker_index is None:
+        from voiceactors import workers     # the parent of the worker processes: it serves nothing itself
+
+        return workers.cli_serve_workers(args, settings)
+    if settings.worker_index is not None:
+        logs.set_process_fields(worker=settings.worker_index)
     gc_policy.watch_pauses(metrics.gc_pause)
     try:
         with (folders or contextlib.nullcontext)(settings) as ready, state_dir_lock(ready.state_dir):

@@ -270,6 +270,16 @@ class Settings:
         "it); a holder that cannot renew stops the call before the lease can expire, and another process "
         "may take a dead holder's call over once it has", env="VOICEACTORS_REDIS_LEASE_TTL", unit="s",
         minimum=0.5)
+    workers: int = setting(
+        1, CLUSTER, "`serve` runs this many server processes on the one port (`SO_REUSEPORT`), each with its "
+        "own state folder `<state_dir>/workers/<i>/`, supervised by a parent process that restarts one that "
+        "dies; without `--redis` the parent starts a private `redis-server` for them (docs/operations.md "
+        "§ Scaling out). `1`: one process, as before", env="VOICEACTORS_WORKERS", flag="--workers",
+        metavar="N", minimum=1, maximum=64, short="server processes on the one port")
+    worker_index: int | None = setting(
+        None, CLUSTER, "set by `serve --workers N` for each worker process it starts (`0` … `N-1`); not for "
+        "operators. Its logs carry `worker`, its call history shows every worker's calls",
+        env="VOICEACTORS_WORKER_INDEX", minimum=0, doc_default="unset")
     context_timeout_s: float = setting(
         10.0, CALLS, "a linked `context` (`/session`, `/connect`) must be verified against the journal within "
         "this long in all; past it the call starts as a generic conversation (docs/api.md § Linked context)",
@@ -419,14 +429,14 @@ def _from_env(item: Declared, env: Mapping[str, str]) -> Any:
         return item.default
     if item.spec.normalize is not None:
         raw = item.spec.normalize(raw)
-    if item.type is int or item.type is float:
+    if item.type is int or item.type is float or item.type == int | None:
         text = raw.strip()
         if not text:
             return item.default
         try:
-            return item.type(text)
+            return (float if item.type is float else int)(text)
         except ValueError:
-            kind = "a whole number" if item.type is int else "a number"
+            kind = "a whole number" if item.type is not float else "a number"
             raise ValueError(f"{name} must be {kind}, not {raw!r}") from None
     if item.type is bool:
         text = raw.strip().lower()
@@ -448,7 +458,7 @@ def _check(item: Declared, value: Any) -> str | None:
         return f"{item.label}: {problem}"
     if spec.choices and value not in spec.choices:
         return f"{item.label} must be one of {', '.join(spec.choices)}, not {value!r}"
-    if item.type not in (int, float):
+    if item.type not in (int, float, int | None) or value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return f"{item.label} must be a number, not {value!r}"

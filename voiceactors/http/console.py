@@ -171,7 +171,7 @@ def _limit() -> int:
 @console_bp.get("/api/voice/calls")
 async def list_calls() -> Any:
     limit = _limit()
-    calls = await run_sync(history.list_calls, state().settings.state_dir, limit)
+    calls = await run_sync(history.list_calls, history.history_root(state().settings), limit)
     return jsonify({"calls": calls})
 
 
@@ -179,7 +179,7 @@ async def _detail(call_id: str) -> dict[str, Any]:
     if not CALL_ID_RE.fullmatch(call_id):
         raise ApiError(400, E.CALL_ID_INVALID)
     try:
-        return await run_sync(history.call_detail, state().settings.state_dir, call_id)
+        return await run_sync(history.call_detail, history.history_root(state().settings), call_id)
     except FileNotFoundError:
         raise ApiError(404, E.CALL_NOT_FOUND) from None
     except (history.RecordUnreadable, OSError) as error:

@@ -28,23 +28,51 @@ class RecordUnreadable(Exception):
 @dataclass(frozen=True)
 class RecordFile:
     call_id: str
-    path: Path
-    mtime: float
+    paths: tuple[Path, ...]     # the call's record in each state folder that has one, oldest first
+    mtime: float                # the newest of them
+
+
+WORKERS_FOLDER = "workers"      # ``serve --workers N``: <state_dir>/workers/<i>/ is worker i's state folder
+
+
+def history_root(settings: Any) -> Path:
+    """The state folder whose calls the history shows: a ``serve --workers``
+    worker's is its parent's (``<root>/workers/<i>`` → ``<root>``), so every
+    worker's console shows every worker's calls."""
+    state_dir = Path(settings.state_dir)
+    if getattr(settings, "worker_index", None) is not None and state_dir.parent.name == WORKERS_FOLDER:
+        return state_dir.parent.parent
+    return state_dir
+
+
+def state_folders(state_dir: Path) -> list[Path]:
+    """``state_dir`` and its workers' state folders (``workers/<i>/``), if any."""
+    root = Path(state_dir)
+    try:
+        workers = sorted(p for p in (root / WORKERS_FOLDER).iterdir() if p.is_dir())
+    except OSError:
+        workers = []
+    return [root, *workers]
 
 
 def list_record_files(state_dir: Path, limit: int = DEFAULT_LIST) -> list[RecordFile]:
-    """The newest ``limit`` record files under ``<state_dir>/calls``."""
-    folder = Path(state_dir) / "calls"
-    found: list[RecordFile] = []
-    try:
-        entries = list(folder.glob("*.jsonl"))
-    except OSError:
-        return []
-    for path in entries:
+    """The newest ``limit`` calls' record files under ``<state_dir>/calls``
+    and each worker's ``<state_dir>/workers/<i>/calls``. A call taken over by
+    another worker has a record in both folders: one entry, its files in the
+    order they were last written (the dead holder's first)."""
+    by_call: dict[str, list[tuple[float, Path]]] = {}
+    for folder in state_folders(state_dir):
         try:
-            found.append(RecordFile(path.stem, path, path.stat().st_mtime))
+            entries = list((folder / "calls").glob("*.jsonl"))
         except OSError:
-            continue        # removed between the listing and the stat
+            continue
+        for path in entries:
+            try:
+                by_call.setdefault(path.stem, []).append((path.stat().st_mtime, path))
+            except OSError:
+                continue        # removed between the listing and the stat
+    found = [RecordFile(call_id, tuple(p for _, p in sorted(files)), max(m for m, _ in files))
+             for call_id, files in by_call.items()]
     found.sort(key=lambda f: (f.mtime, f.call_id), reverse=True)
     return found[: max(0, limit)]
 
@@ -61,6 +89,11 @@ def load_lines(path: Path) -> list[dict[str, Any]]:
     if not lines and path.stat().st_size > 0:
         raise RecordUnreadable("no record line")    # a reader that skips torn lines found nothing whole
     return lines
+
+
+def load_call_lines(paths: tuple[Path, ...]) -> list[dict[str, Any]]:
+    """The lines of one call's records, file after file (each holds whole runs)."""
+    return [line for path in paths for line in load_lines(path)]
 
 
 def _number(value: Any) -> float | None:
@@ -136,7 +169,7 @@ def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any
     out = []
     for record in list_record_files(state_dir, limit):
         try:
-            out.append(summarize(record.call_id, load_lines(record.path)))
+            out.append(summarize(record.call_id, load_call_lines(record.paths)))
         except (OSError, RecordUnreadable):
             out.append({**summarize(record.call_id, []), "ended": None, "duration_s": None,
                         "unreadable": True})
@@ -147,7 +180,11 @@ def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
     """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
     (``usage``: one entry per response, from the ``usage`` lines).
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
-    lines = load_lines(record_path(state_dir, call_id))
+    found = [record_path(folder, call_id) for folder in state_folders(state_dir)]
+    paths = sorted((p for p in found if p.exists()), key=lambda p: p.stat().st_mtime)
+    if not paths:
+        raise FileNotFoundError(found[0])
+    lines = load_call_lines(tuple(paths))
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
              for line in lines if line.get("kind") == "usage"]

@@ -1,0 +1,105 @@
+"""Peer: a whole ``voiceactors serve`` (HTTP in front, ``--workers N`` when
+``BENCH_SERVE_WORKERS`` is above 1, ``--redis`` when ``BENCH_SERVE_REDIS`` is
+a URL) joined by ``POST /api/voice/connect`` for every call id, each on its
+own TCP connection (so the kernel's ``SO_REUSEPORT`` hash spreads them over
+the workers as it would spread separate clients).
+
+The driver measures this process and every process under it (the serve
+parent, its workers, its private redis-server): ``TREE_PEERS`` in
+``benchmarks.roundtrip``. The server's JSON log lines go to ``--log``. Same
+stdin/stdout protocol as the other peers (``benchmarks.peers``): STARTED once
+serving, GO, JOINED once every connect was answered, then it stops the
+server (SIGTERM, then waits for it) when stdin closes or ``--max-seconds``
+passes.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from benchmarks.peers.args import call_ids, peer_parser
+
+CONNECT_PARALLEL = 8
+
+
+def _connect(port: int, call_id: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/api/voice/connect", json.dumps({"call_id": call_id}),
+                     {"Content-Type": "application/json", "Connection": "close"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _serve_command(args, workers: int) -> list[str]:
+    command = [sys.executable, "-m", "voiceactors.cli", "serve", "--journal", args.journal,
+               "--state-dir", args.state_dir, "--host", "127.0.0.1", "--port", "0"]
+    if workers > 1:
+        command += ["--workers", str(workers)]
+    redis = os.environ.get("BENCH_SERVE_REDIS")
+    if redis:
+        command += ["--redis", redis]
+    return command
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = peer_parser("voiceactors serve peer (HTTP, optional --workers)").parse_args(argv)
+    workers = int(os.environ.get("BENCH_SERVE_WORKERS", "1"))
+    ids = call_ids(args.prefix, args.calls)
+    env = {**os.environ, "OPENAI_BASE_URL": args.base_url, "OPENAI_API_KEY": args.api_key,
+           "VOICEACTORS_API_TOKEN": "", "VOICEACTORS_LOG_LEVEL": args.log_level,
+           "VOICEACTORS_MAX_CALLS": str(max(1000, args.calls + 16)), "VOICEACTORS_CALL_IDLE_TIMEOUT": "3600",
+           "VOICEACTORS_RATE_LIMIT_PER_S": "0"}
+    log = open(args.log, "w")
+    server = subprocess.Popen(_serve_command(args, workers), env=env, stdout=subprocess.PIPE, stderr=log,
+                              stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert server.stdout is not None
+        port = None
+        deadline = time.monotonic() + 90
+        while port is None and time.monotonic() < deadline:
+            line = server.stdout.readline()
+            if not line:
+                raise SystemExit(f"served: the server exited ({server.poll()}) before serving")
+            found = re.search(r"console is at http://127\.0\.0\.1:(\d+)/", line)
+            port = int(found.group(1)) if found else None
+        if port is None:
+            raise SystemExit("served: the server did not serve within 90 s")
+        print("STARTED", flush=True)
+        sys.stdin.readline()   # GO
+        with ThreadPoolExecutor(CONNECT_PARALLEL) as pool:
+            statuses = list(pool.map(lambda cid: _connect(port, cid), ids))
+        refused = [s for s in statuses if s != 200]
+        if refused:
+            print(f"served: {len(refused)} connects answered {sorted(set(refused))}", file=sys.stderr, flush=True)
+        print("JOINED", flush=True)
+        ends = time.monotonic() + args.max_seconds
+        while time.monotonic() < ends:         # until the driver closes stdin (or sends STOP)
+            line = sys.stdin.readline()
+            if not line or line.strip() == "STOP":
+                break
+    finally:
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(25)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait(10)
+        log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    # the driver's terminate must still stop the server (the finally above), not orphan it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    sys.exit(run())

@@ -270,6 +270,10 @@ class Settings:
         "it); a holder that cannot renew stops the call before the lease can expire, and another process "
         "may take a dead holder's call over once it has", env="VOICEACTORS_REDIS_LEASE_TTL", unit="s",
         minimum=0.5)
+    feed_stream_max_len: int = setting(
+        1000, CLUSTER, "with `--redis`, a call's feed events kept in its Redis stream (`XADD ... MAXLEN ~`): a "
+        "client resuming with `Last-Event-ID` on any process gets what it missed within this many",
+        env="VOICEACTORS_FEED_STREAM_MAX_LEN", unit="events", positive=True)
     context_timeout_s: float = setting(
         10.0, CALLS, "a linked `context` (`/session`, `/connect`) must be verified against the journal within "
         "this long in all; past it the call starts as a generic conversation (docs/api.md § Linked context)",

@@ -8,17 +8,19 @@ sink, and readers of the stream as another process would read it.
 * a holder with a lower fence (taken over) cannot append; the new one can;
 * nav hints and observer actions go to the shared queues and are taken once;
 * ``call.ended`` gives the stream its short expiry;
-* Redis down: the writer keeps the events and writes them when it is back.
+* Redis down: the writer keeps the events and writes them when it is back;
+* remote streams are capped as the holder's are.
 """
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from redis_support import RedisServer, needs_redis, redis_server  # noqa: F401  (the fixture)
 from voiceactors.actors.feed import FeedHub
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.shared_feed import SharedFeed
+from voiceactors.cluster.shared_feed import SharedFeed, StreamRefusal
 
 pytestmark = needs_redis
 
@@ -154,3 +156,17 @@ async def test_redis_down_the_writer_keeps_the_events_and_writes_them_when_it_is
         assert [(e["id"], e["text"]) for e in got] == [("8-2", "while Redis is down")]
         assert shared.dropped == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_remote_streams_are_capped_per_call_and_in_all(redis_server):
+    shared = _shared(redis_server)             # max_per_call=2, max_total=3
+    for call_id in ("rtc_a", "rtc_a", "rtc_b"):
+        shared.check_reader(call_id)
+        shared.open_reader(call_id)
+    with pytest.raises(StreamRefusal, match="^too many event streams for this call$"):
+        shared.check_reader("rtc_a")
+    with pytest.raises(StreamRefusal, match="^too many event streams$"):
+        shared.check_reader("rtc_c")
+    shared.close_reader("rtc_a")               # a closed stream frees its slot
+    shared.check_reader("rtc_a")
+    shared.check_reader("rtc_c")

@@ -246,6 +246,11 @@ async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
             await there.saw(_is("transcript", role="assistant", text="First."))
             redis_server.stop()
             await there.saw(_is("feed.interrupted"), timeout_s=10)
+            unreachable = {"error": "voice unavailable — shared feed unreachable"}
+            for path, params in (("/api/voice/nav-hints", {"call_id": CALL}), ("/api/voice/observer-actions", {}),
+                                 ("/api/voice/events", {"call_id": CALL})):   # a new stream of a call held on a
+                answer = await _get(url_b, path, **params)
+                assert (answer.status_code, answer.json()) == (503, unreachable), path
             await here.saw(second)                         # the holder's own client: its feed goes on
             assert not any(e.get("text") == "Second." for e in there.events)
             redis_server.start()                           # back, without its data

@@ -198,14 +198,19 @@ class SharedFeed:
             return False
         return not await self._request(self._redis.hexists(rc.CALLS_KEY, call_id))
 
-    def open_reader(self, call_id: str) -> None:
-        """Count one remote stream of ``call_id``; ``StreamRefusal`` at a cap."""
+    def check_reader(self, call_id: str) -> None:
+        """``StreamRefusal`` when one more remote stream of ``call_id`` would
+        pass a cap (the route asks before it answers 200)."""
         from voiceactors.actors.messages import SubscribeRefusal
 
         if self._readers.get(call_id, 0) >= self.max_per_call:
             raise StreamRefusal(SubscribeRefusal.TOO_MANY_FOR_CALL)
         if sum(self._readers.values()) >= self.max_total:
             raise StreamRefusal(SubscribeRefusal.TOO_MANY)
+
+    def open_reader(self, call_id: str) -> None:
+        """Count one remote stream, from its first step to ``close_reader``
+        (a response whose body never started holds no slot)."""
         self._readers[call_id] = self._readers.get(call_id, 0) + 1
 
     def close_reader(self, call_id: str) -> None:

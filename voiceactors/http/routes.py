@@ -471,7 +471,7 @@ async def _remote_events(shared: Any, call_id: str, after: str | None, local: An
     if not known:
         raise ApiError(404, E.CALL_NOT_FOUND)
     try:
-        shared.open_reader(call_id)
+        shared.check_reader(call_id)
     except StreamRefusal as refusal:
         raise ApiError(503, str(refusal)) from None
     return _stream_response(_remote_sse(shared, call_id, start, stopping))
@@ -516,6 +516,7 @@ async def _remote_sse(shared: Any, call_id: str, after: str, stopping: trio.Even
     stream stays open; ``feed.resumed`` when it answers again, then what it
     missed. (No cancel scope is held across a ``yield``.)"""
     last, down = after, False
+    shared.open_reader(call_id)
     try:
         yield b": connected\n\n"
         while not stopping.is_set():

@@ -170,3 +170,28 @@ async def test_remote_streams_are_capped_per_call_and_in_all(redis_server):
     shared.close_reader("rtc_a")               # a closed stream frees its slot
     shared.check_reader("rtc_a")
     shared.check_reader("rtc_c")
+
+
+async def test_many_blocked_remote_reads_do_not_hold_up_the_holders_writes(redis_server):
+    """More blocked XREADs than coredis's default pool (64): the writer and
+    the takes have a pool of their own, so the event still goes out at once."""
+    shared = SharedFeed(redis_server.url, max_len=100, retention_s=30.0, max_items=8, max_duration_s=3600.0,
+                        max_per_call=100, max_total=100)
+    got: list[list[dict]] = []
+
+    async def blocked_reader() -> None:
+        got.append(await shared.read(CALL, "0-0", 8.0))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shared.run)
+        for _ in range(70):
+            nursery.start_soon(blocked_reader)
+        await trio.sleep(0.5)                      # all of them blocked in XREAD
+        feed = _hub(shared).open(CALL, epoch=2)
+        feed.transcript(role="user", text="hello")
+        with trio.fail_after(3):                    # well before their 8 s block ends
+            while len(got) < 70:
+                await trio.sleep(0.05)
+        assert all([e["id"] for e in batch] == ["2-1"] for batch in got)
+        assert await shared.take_nav_hints(CALL) == []
+        nursery.cancel_scope.cancel()

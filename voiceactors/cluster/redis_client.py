@@ -190,10 +190,13 @@ return live
 ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)
 
 
-def client(url: str) -> Any:
+def client(url: str, *, max_connections: int | None = None) -> Any:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``); use it
-    inside ``async with``, which holds its connection pool."""
-    return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0)
+    inside ``async with``, which holds its connection pool (``max_connections``:
+    its size, coredis's default 64 when None; a blocked ``XREAD`` holds one)."""
+    if max_connections is None:
+        return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0)
+    return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0, max_connections=max_connections)
 
 
 async def guarded(request: Awaitable[T]) -> T:

@@ -77,6 +77,9 @@ class SharedFeed:
         self.max_per_call = max_per_call
         self.max_total = max_total
         self._redis = rc.client(url)
+        # the remote streams' blocked XREADs hold a connection each: their own
+        # pool, so they never make the writer or a take wait for a connection
+        self._blocking = rc.client(url, max_connections=max_total + 1)
         self._waiting: collections.deque[_Append] = collections.deque()
         self._wake = trio.Event()
         self.dropped = 0
@@ -85,7 +88,7 @@ class SharedFeed:
     # --- running -------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self._redis:
+        async with self._redis, self._blocking:
             task_status.started()
             try:
                 await self._write_forever()
@@ -122,18 +125,23 @@ class SharedFeed:
 
     async def _write_forever(self) -> None:
         delay = RETRY_MIN_S
+        failing = False
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
             try:
                 await self._flush()
-                delay = RETRY_MIN_S
             except RegistryDown as exc:
-                _log.warning("shared_feed.write_failed", error=str(exc)[:80], waiting=len(self._waiting),
-                             retry_s=delay)
+                if not failing:     # once per outage, not once per retry
+                    _log.warning("shared_feed.write_failed", error=str(exc)[:80], waiting=len(self._waiting))
+                failing = True
                 await trio.sleep(delay)
                 delay = min(RETRY_MAX_S, delay * 2)
                 self._wake.set()
+                continue
+            if failing:
+                _log.info("shared_feed.write_resumed", dropped=self.dropped)
+            failing, delay = False, RETRY_MIN_S
 
     async def _flush(self) -> None:
         """Write the waiting events in order; RegistryDown leaves the first
@@ -176,7 +184,7 @@ class SharedFeed:
         """The events after ``after``, oldest first, waiting up to ``block_s``
         for one; ``[]`` when none came."""
         key = rc.feed_key(call_id)
-        answer = await self._request(self._redis.xread({key: after}, count=READ_BATCH,
+        answer = await self._request(self._blocking.xread({key: after}, count=READ_BATCH,
                                                        block=max(1, round(block_s * 1000))),
                                      timeout_s=block_s + OP_TIMEOUT_S)
         events = []

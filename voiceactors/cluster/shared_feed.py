@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from voiceactors.actors.messages import SubscribeRefusal
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
@@ -209,8 +210,6 @@ class SharedFeed:
     def check_reader(self, call_id: str) -> None:
         """``StreamRefusal`` when one more remote stream of ``call_id`` would
         pass a cap (the route asks before it answers 200)."""
-        from voiceactors.actors.messages import SubscribeRefusal
-
         if self._readers.get(call_id, 0) >= self.max_per_call:
             raise StreamRefusal(SubscribeRefusal.TOO_MANY_FOR_CALL)
         if sum(self._readers.values()) >= self.max_total:

@@ -23,6 +23,7 @@ from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, Connec
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
 from voiceactors.cluster.redis_client import RegistryDown
+from voiceactors.cluster.shared_feed import EVENT_ID_RE, StreamRefusal
 from voiceactors.http import errors as E
 from voiceactors.http import linked
 from voiceactors.actors.call_context import LinkedContext
@@ -415,8 +416,6 @@ def _last_event_id() -> str | None:
     value = request.headers.get("Last-Event-ID")
     if value is None or not value.strip():
         return None
-    from voiceactors.cluster.shared_feed import EVENT_ID_RE
-
     if not EVENT_ID_RE.fullmatch(value.strip()):
         raise ApiError(400, E.LAST_EVENT_ID_INVALID)
     return value.strip()
@@ -437,7 +436,6 @@ async def events() -> Any:
     runtime = _runtime()
     shared = _shared_feed()
     after = _last_event_id() if shared is not None else None   # one process: no resume, as before
-    feed = None
     try:
         feed = await _ask(runtime.calls, lambda r: Subscribe(call_id, r), QUICK_ASK_S)
     except trio.TooSlowError:
@@ -455,8 +453,6 @@ async def _remote_events(shared: Any, call_id: str, after: str | None, local: An
     """The call's Redis stream: a call held by another process, or a resume
     (``Last-Event-ID``) on any. A resume on the holder while Redis does not
     answer falls back to its memory, from now."""
-    from voiceactors.cluster.shared_feed import StreamRefusal
-
     try:
         known = await shared.call_known(call_id, after)
         start = after if after is not None else await shared.last_id(call_id)

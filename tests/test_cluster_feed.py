@@ -14,6 +14,8 @@ sink, and readers of the stream as another process would read it.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
@@ -194,4 +196,26 @@ async def test_many_blocked_remote_reads_do_not_hold_up_the_holders_writes(redis
                 await trio.sleep(0.05)
         assert all([e["id"] for e in batch] == ["2-1"] for batch in got)
         assert await shared.take_nav_hints(CALL) == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_append_redis_applied_already_is_not_applied_twice(redis_server):
+    """A write whose answer was lost (cancelled, timed out) is retried: its
+    id is in the stream already, so neither the event nor its nav hint lands
+    twice."""
+    shared = _shared(redis_server)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shared.run)
+        feed = _hub(shared).open(CALL, epoch=4)
+        hint = {"target": "today", "tool": "calendar.today", "call_id": CALL}
+        event = {"call_id": CALL, "type": "nav.hint", "tool": "calendar.today", "tool_call_id": "c1",
+                 "target": "today", "id": "4-1"}
+        async with rc.client(redis_server.url) as redis:     # the first try, applied by Redis
+            await redis.eval(rc.FEED_APPEND, keys=[rc.feed_key(CALL), rc.nav_hints_key(CALL)],
+                             args=["4-1", json.dumps(event), "100", "60000", json.dumps(hint), "8", "30000"])
+        feed.client_events([{"type": "nav_hint", "target": "today"}], tool="calendar.today", tool_call_id="c1")
+        feed.transcript(role="user", text="after")
+        got = await _read_all(shared, CALL, "0-0", 2)
+        assert [(e["id"], e["type"]) for e in got] == [("4-1", "nav.hint"), ("4-2", "transcript")]
+        assert await shared.take_nav_hints(CALL) == [hint]
         nursery.cancel_scope.cancel()

@@ -145,10 +145,11 @@ class SharedFeed:
             failing, delay = False, RETRY_MIN_S
 
     async def _flush(self) -> None:
-        """Write the waiting events in order; RegistryDown leaves the first
-        unwritten one at the head."""
+        """Write the waiting events in order. An event whose write failed or
+        was cancelled goes back to the head (a retry of one Redis applied is
+        refused as stale: its id is there already, so it never lands twice)."""
         while self._waiting:
-            entry = self._waiting[0]
+            entry = self._waiting.popleft()
             try:
                 await self._request(self._redis.eval(
                     rc.FEED_APPEND, keys=[rc.feed_key(entry.call_id), entry.queue_key or rc.feed_key(entry.call_id)],
@@ -156,10 +157,14 @@ class SharedFeed:
                           str(self.max_items), str(self.retention_ms)]))
             except RegistryDown as exc:
                 if not _is_stale_id(exc):
+                    self._waiting.appendleft(entry)
                     raise
-                # the stream holds a later id: another holder took the call over
+                # the stream holds this id or a later one: written already, or
+                # another holder took the call over
                 _log.warning("shared_feed.stale_append", call_id=entry.call_id, event_id=entry.event_id)
-            self._waiting.popleft()
+            except BaseException:
+                self._waiting.appendleft(entry)
+                raise
 
     def _ttl_ms(self, entry: _Append) -> int:
         return self.retention_ms if entry.ended else self.live_ttl_ms

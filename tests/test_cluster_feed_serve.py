@@ -251,6 +251,12 @@ async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
                                  ("/api/voice/events", {"call_id": CALL})):   # a new stream of a call held on a
                 answer = await _get(url_b, path, **params)
                 assert (answer.status_code, answer.json()) == (503, unreachable), path
+            # a resume on the holder falls back to its memory (from now) rather than failing
+            async with httpx.AsyncClient(base_url=url_a, timeout=httpx.Timeout(10, read=None)) as client:
+                async with client.stream("GET", "/api/voice/events", params={"call_id": CALL},
+                                         headers={"Last-Event-ID": here.ids[-1]}) as resumed:
+                    assert resumed.status_code == 200
+            assert a.events("http.feed_resume_from_memory")
             await here.saw(second)                         # the holder's own client: its feed goes on
             assert not any(e.get("text") == "Second." for e in there.events)
             redis_server.start()                           # back, without its data

@@ -8,6 +8,9 @@ serve`` processes sharing one real ``redis-server``, against our simulator.
 * the call's nav hint and observer action are taken once, on the process
   that does not hold the call;
 * ``active_sessions`` counts both processes' calls;
+* kill -9 of the holder: the other process takes the call over and its
+  events follow in the same stream, with later ids; the dead holder's client
+  resumes on the survivor without loss or duplicate;
 * Redis down while a remote client watches: the holder's own client keeps
   its feed, the remote one gets ``feed.interrupted`` and, when Redis is back,
   ``feed.resumed`` and what it missed; neither server stops.
@@ -268,6 +271,53 @@ async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
             feed_events = [e for e in there.events if "id" in e]
             assert feed_events == [e for e in here.events]
             assert a.proc.poll() is None and b.proc.poll() is None
+            assert sc.violations == []
+            nursery.cancel_scope.cancel()
+    finally:
+        _stop_all(a, b)
+
+
+async def test_the_feed_follows_a_call_taken_over_after_its_holder_died(tmp_path, redis_server):
+    sim = Simulator(None, api_key=KEY)
+    sc = sim.add_call(CALL, [
+        {"sleep": 3.0},
+        {"user_turn": {"text": "one"}},
+        {"response": {"text": "First."}},
+        {"sleep": 10.0},                              # the holder is killed here; the other takes the call over
+        {"user_turn": {"text": "two"}},
+        {"response": {"text": "Second."}},
+        {"sleep": 120},
+    ])
+    a = b = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            a, b = _servers(tmp_path, sim, redis_server)
+            url_a, url_b = await a.start(nursery), await b.start(nursery)
+            await _connect(url_a, CALL)
+            first, second = (_is("transcript", role="assistant", text=t) for t in ("First.", "Second."))
+            on_holder, there = Watcher(url_a, CALL), Watcher(url_b, CALL)
+            nursery.start_soon(on_holder.run, first)
+            nursery.start_soon(there.run, second)
+            with trio.fail_after(10):
+                await on_holder.connected.wait()
+                await there.connected.wait()
+            await on_holder.done.wait()
+            await there.saw(first)
+            a.proc.kill()                                     # kill -9 of the holder
+            with trio.fail_after(10):
+                assert await a.proc.wait() == -9
+            with trio.fail_after(20):
+                while not b.events("supervisor.take_over"):
+                    await trio.sleep(0.05)
+            # the killed holder's client comes back on the process that took the call over
+            moved = Watcher(url_b, CALL, last_id=on_holder.ids[-1])
+            nursery.start_soon(moved.run, second)
+            await there.saw(second, timeout_s=30)
+            await moved.saw(second, timeout_s=10)
+            assert on_holder.events + moved.events == there.events     # nothing lost, nothing twice
+            epochs = [int(e["id"].split("-")[0]) for e in there.events]
+            assert epochs == sorted(epochs) and epochs[-1] > epochs[0]   # the new holder's ids are later
             assert sc.violations == []
             nursery.cancel_scope.cancel()
     finally:

@@ -103,6 +103,19 @@ def _scenario() -> list:
     ]
 
 
+def _two_turns(gap_s: float) -> list:
+    """"First." then, ``gap_s`` later, "Second."; then a quiet call."""
+    return [
+        {"sleep": 3.0},                              # the watchers connect before the first event
+        {"user_turn": {"text": "one"}},
+        {"response": {"text": "First."}},
+        {"sleep": gap_s},
+        {"user_turn": {"text": "two"}},
+        {"response": {"text": "Second."}},
+        {"sleep": 120},
+    ]
+
+
 async def _connect(url: str, call_id: str) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=10) as client:
         response = await client.post("/api/voice/connect", json={"call_id": call_id})
@@ -222,15 +235,7 @@ async def test_active_sessions_counts_both_processes_calls(tmp_path, redis_serve
 
 async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
     sim = Simulator(None, api_key=KEY)
-    sc = sim.add_call(CALL, [
-        {"sleep": 3.0},
-        {"user_turn": {"text": "one"}},
-        {"response": {"text": "First."}},
-        {"sleep": 3.0},                               # Redis goes away here
-        {"user_turn": {"text": "two"}},
-        {"response": {"text": "Second."}},
-        {"sleep": 120},
-    ])
+    sc = sim.add_call(CALL, _two_turns(3.0))        # Redis goes away between them
     # a long lease: the call outlives the outage on its holder (a short one would stop it, as it must)
     a = b = None
     try:
@@ -279,15 +284,7 @@ async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
 
 async def test_the_feed_follows_a_call_taken_over_after_its_holder_died(tmp_path, redis_server):
     sim = Simulator(None, api_key=KEY)
-    sc = sim.add_call(CALL, [
-        {"sleep": 3.0},
-        {"user_turn": {"text": "one"}},
-        {"response": {"text": "First."}},
-        {"sleep": 10.0},                              # the holder is killed here; the other takes the call over
-        {"user_turn": {"text": "two"}},
-        {"response": {"text": "Second."}},
-        {"sleep": 120},
-    ])
+    sc = sim.add_call(CALL, _two_turns(10.0))       # the holder is killed between them; the other takes over
     a = b = None
     try:
         async with trio.open_nursery() as nursery:

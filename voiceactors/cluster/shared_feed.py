@@ -195,11 +195,8 @@ class SharedFeed:
                                      timeout_s=block_s + OP_TIMEOUT_S)
         events = []
         for entry in (answer or {}).get(key, ()):
-            try:
-                event = json.loads(entry.field_values["e"])
-            except (KeyError, ValueError):
-                continue
-            if isinstance(event, dict):
+            event = _json_object(entry.field_values.get("e"))
+            if event is not None:
                 event["id"] = str(entry.identifier)
                 events.append(event)
         return events
@@ -236,15 +233,7 @@ class SharedFeed:
 
     async def _take(self, key: str) -> list[dict[str, Any]]:
         raw = await self._request(self._redis.eval(rc.QUEUE_TAKE, keys=[key], args=[str(self.retention_ms)]))
-        items = []
-        for text in raw or ():
-            try:
-                item = json.loads(text)
-            except ValueError:
-                continue
-            if isinstance(item, dict):
-                items.append(item)
-        return items
+        return [item for item in map(_json_object, raw or ()) if item is not None]
 
     async def take_nav_hints(self, call_id: str) -> list[dict[str, Any]]:
         return await self._take(rc.nav_hints_key(call_id))
@@ -256,6 +245,16 @@ class SharedFeed:
         """Calls holding a live lease now, on every process."""
         return int(await self._request(self._redis.eval(rc.LIVE_CALLS, keys=[rc.CALLS_KEY],
                                                         args=[rc.lease_key("")])))
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """``text`` as a JSON object; None for anything else (never written by
+    us: skipped rather than failing a reader)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _is_stale_id(exc: RegistryDown) -> bool:

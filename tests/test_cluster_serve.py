@@ -179,7 +179,8 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
                 assert refused.json() == {"error": E.REGISTRY_DOWN}
                 status = await client.get("/api/voice/status")
                 assert status.status_code == 200
-                assert status.json()["cluster"] == {"backend": "redis", "reachable": False, "leases_held": 0}
+                assert status.json()["cluster"] == {"backend": "redis", "reachable": False, "leases_held": 0,
+                                                  "active_sessions_here": 0}
                 assert status.json()["active_sessions"] == 0
                 assert a.proc.poll() is None                       # still serving
                 redis_server.start()                               # back, empty

@@ -85,7 +85,19 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     actors: dict[str, Any] = {"registry": shared} if shared is not None else {}
     actors.update(mcp=mcp, brain=BrainActor(settings, brain_backend), tools=executor,
                   calls=CallSupervisor(settings, executor.inbox, registry=shared))
+    if shared is not None:
+        actors["feed"] = _shared_feed(settings)
+        actors["calls"].hub.sink = actors["feed"]
     return actors
+
+
+def _shared_feed(settings: Settings) -> Any:
+    from voiceactors.cluster.shared_feed import SharedFeed
+
+    return SharedFeed(settings.redis_url or "", max_len=settings.feed_stream_max_len,
+                      retention_s=settings.feed_retention_s, max_items=settings.feed_max_items,
+                      max_duration_s=settings.call_max_duration_s,
+                      max_per_call=settings.feed_max_subscribers_per_call, max_total=settings.feed_max_subscribers)
 
 
 async def _stop(hosted: list[_Hosted], deadline_s: float) -> None:
@@ -110,11 +122,11 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
     chooses from the journal's ``voice.brain`` setting).
     """
     actors = _make_actors(settings, brain_backend)
-    # Start order: the cluster registry (with --redis), the MCP sources,
+    # Start order: the cluster registry and shared feed (with --redis), the MCP sources,
     # brain and executor before the supervisor that feeds the executor; stop
     # order is the reverse (the supervisor releases its leases before the
     # registry goes).
-    order = [name for name in ("registry", "mcp", "brain", "tools", "calls") if name in actors]
+    order = [name for name in ("registry", "feed", "mcp", "brain", "tools", "calls") if name in actors]
     hosted = {name: _Hosted(name) for name in order}
     started = trio.current_time()
     async with trio.open_nursery() as nursery:

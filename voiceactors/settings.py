@@ -280,6 +280,10 @@ class Settings:
         None, CLUSTER, "set by `serve --workers N` for each worker process it starts (`0` … `N-1`); not for "
         "operators. Its logs carry `worker`, its call history shows every worker's calls",
         env="VOICEACTORS_WORKER_INDEX", minimum=0, doc_default="unset")
+    feed_stream_max_len: int = setting(
+        1000, CLUSTER, "with `--redis`, a call's feed events kept in its Redis stream (`XADD ... MAXLEN ~`): a "
+        "client resuming with `Last-Event-ID` on any process gets what it missed within this many",
+        env="VOICEACTORS_FEED_STREAM_MAX_LEN", unit="events", positive=True)
     context_timeout_s: float = setting(
         10.0, CALLS, "a linked `context` (`/session`, `/connect`) must be verified against the journal within "
         "this long in all; past it the call starts as a generic conversation (docs/api.md § Linked context)",

@@ -16,7 +16,14 @@ What a browser may see about its call, as small dicts with a ``"type"``:
 
 Publishing never waits: every subscriber has a bounded buffer and a
 subscriber that falls behind loses events (counted in ``CallFeed.dropped``)
-rather than slowing the call down. The hub is owned by the CallSupervisor;
+rather than slowing the call down.
+
+With ``--redis`` the hub has a ``sink`` (``cluster.shared_feed.SharedFeed``)
+and a call's feed an ``epoch`` (its lease's fence): every event then carries
+an ``id``, ``<epoch>-<seq>``, and goes to the sink too, which writes it to
+the call's Redis stream for clients on other processes; nav hints and
+observer actions go to the sink's shared queues instead of the local ones.
+The hub is owned by the CallSupervisor;
 a CallActor only publishes into its own ``CallFeed``. Everything here is
 synchronous and runs on the trio thread, so no locks are needed.
 """
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import trio
 
@@ -77,6 +84,12 @@ class RetainedQueue:
         return len(self._items)
 
 
+class FeedSink(Protocol):
+    """Where a shared feed's events go as well (never blocks)."""
+
+    def append(self, call_id: str, event: dict[str, Any], queued: tuple[str, dict[str, Any]] | None) -> None: ...
+
+
 def split_client_event(event: dict[str, Any]) -> tuple[str, Any] | None:
     """``("nav", target)`` or ``("observer", action)`` for one
     ``ToolResult.client_events`` entry (``{"type": "nav_hint", "target"}`` /
@@ -96,9 +109,11 @@ class CallFeed:
     ``publish`` never blocks and never raises for a slow or gone subscriber.
     """
 
-    def __init__(self, call_id: str, hub: FeedHub) -> None:
+    def __init__(self, call_id: str, hub: FeedHub, epoch: int | None = None) -> None:
         self.call_id = call_id
         self._hub = hub
+        self.epoch = epoch if hub.sink is not None else None
+        self._seq = 0
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self.nav_hints = RetainedQueue(hub.retention_s, hub.max_items)
         self.closed = False
@@ -125,8 +140,14 @@ class CallFeed:
         self._subscribers = [s for s in self._subscribers if s.statistics().open_receive_channels > 0]
         return len(self._subscribers)
 
-    def publish(self, event: dict[str, Any]) -> None:
+    def publish(self, event: dict[str, Any], queued: tuple[str, dict[str, Any]] | None = None) -> None:
+        """``queued``: the nav hint / observer action the event carries,
+        for the shared queues (the local ones are filled by the caller)."""
         event = {"call_id": self.call_id, **event}
+        if self.epoch is not None and self._hub.sink is not None:
+            self._seq += 1
+            event["id"] = f"{self.epoch}-{self._seq}"
+            self._hub.sink.append(self.call_id, event, queued)
         for send in list(self._subscribers):
             try:
                 send.send_nowait(event)
@@ -168,13 +189,19 @@ class CallFeed:
                 _log.warning("feed.client_event_unknown", call_id=self.call_id, tool=tool)
                 continue
             kind, payload = split
+            shared = self.epoch is not None     # the sink's queues, not the local ones
             if kind == "nav":
-                self.nav_hints.put({"target": payload, "tool": tool, "call_id": self.call_id})
-                self.publish({"type": "nav.hint", "tool": tool, "tool_call_id": tool_call_id, "target": payload})
+                hint = {"target": payload, "tool": tool, "call_id": self.call_id}
+                if not shared:
+                    self.nav_hints.put(hint)
+                self.publish({"type": "nav.hint", "tool": tool, "tool_call_id": tool_call_id, "target": payload},
+                             ("nav", hint) if shared else None)
             else:
-                self._hub.observer_actions.put({"call_id": self.call_id, "tool": tool, "action": payload})
+                action = {"call_id": self.call_id, "tool": tool, "action": payload}
+                if not shared:
+                    self._hub.observer_actions.put(action)
                 self.publish({"type": "observer.action", "tool": tool, "tool_call_id": tool_call_id,
-                              "action": payload})
+                              "action": payload}, ("observer", action) if shared else None)
 
     def close(self, reason: str) -> None:
         """End the feed: publish ``call.ended`` and close every subscriber."""
@@ -202,13 +229,15 @@ class FeedHub:
         self.max_per_call = max_per_call
         self.max_total = max_total
         self.observer_actions = RetainedQueue(retention_s, max_items)
+        self.sink: FeedSink | None = None      # --redis: the shared feed (set before any call opens)
         self._live: dict[str, CallFeed] = {}
         self._ended: collections.OrderedDict[str, CallFeed] = collections.OrderedDict()
 
-    def open(self, call_id: str) -> CallFeed:
+    def open(self, call_id: str, epoch: int | None = None) -> CallFeed:
         """The feed of a call that is starting (a new one, even if an ended
-        feed of the same id is still retained: its hints move over)."""
-        feed = CallFeed(call_id, self)
+        feed of the same id is still retained: its hints move over).
+        ``epoch``: the call's lease fence, with a sink (event ids)."""
+        feed = CallFeed(call_id, self, epoch)
         old = self._ended.pop(call_id, None)
         if old is not None:
             for hint in old.nav_hints.take():

@@ -148,7 +148,7 @@ class CallSupervisor:
             if lease is not None:
                 nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.AT_CAPACITY
-        feed = self.hub.open(call_id)
+        feed = self.hub.open(call_id, lease.fence if lease is not None else None)   # the fence: event ids
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None)

@@ -17,6 +17,16 @@ Keys (``PREFIX`` first):
   calls started and not yet settled (its holder's call record, mirrored).
 * ``write:<sha256(tool_call_id)>`` — the shared write log: ``applying:<token>``
   while a write runs, then its record's JSON.
+* ``feed:<call_id>`` — the call's client feed, a stream capped with ``MAXLEN ~``
+  (``feed_stream_max_len``): one entry per feed event, field ``e`` its JSON,
+  the entry id the event's own id ``<fence>-<seq>`` (so a holder whose lease
+  was taken over, with a lower fence, cannot append). It expires
+  ``feed_retention_s`` after ``call.ended``, and at the latest
+  ``call_max_duration_s`` plus that after its last entry.
+* ``navhints:<call_id>`` — the call's nav hints not taken yet, a list of
+  ``<ms>|<json>`` (Redis time of the push), capped at ``feed_max_items``;
+  ``observer_actions`` — the same for every call's observer actions. A take
+  reads and deletes the list in one script, so a hint is taken once.
 
 All blocking time is bounded by the caller (``trio.fail_after``); the client's
 own errors surface as ``RegistryDown``.
@@ -33,6 +43,7 @@ import coredis.exceptions
 PREFIX = "voiceactors:"
 FENCE_KEY = PREFIX + "fence"
 CALLS_KEY = PREFIX + "calls"
+OBSERVER_ACTIONS_KEY = PREFIX + "observer_actions"
 APPLYING = "applying:"
 UNFENCED = "*"          # a claim's token for a write of no call (an MCP client's)
 T = TypeVar("T")
@@ -44,6 +55,14 @@ def lease_key(call_id: str) -> str:
 
 def pending_key(call_id: str) -> str:
     return f"{PREFIX}pending:{call_id}"
+
+
+def feed_key(call_id: str) -> str:
+    return f"{PREFIX}feed:{call_id}"
+
+
+def nav_hints_key(call_id: str) -> str:
+    return f"{PREFIX}navhints:{call_id}"
 
 
 def write_key(tool_call_id: str) -> str:
@@ -125,13 +144,59 @@ end
 return found
 """
 
+#: KEYS: feed stream, the list of a polling queue ('' for none). ARGV: entry
+#: id, event JSON, max_len, stream ttl_ms, queue item JSON ('' for none),
+#: max_items, retention_ms. The XADD first: an id at or below the stream's
+#: last one (a stale holder's) fails the script before anything changed.
+FEED_APPEND = """
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], ARGV[1], 'e', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if ARGV[5] ~= '' then
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  redis.call('RPUSH', KEYS[2], string.format('%d', ms) .. '|' .. ARGV[5])
+  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
+  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+end
+return 1
+"""
+
+#: KEYS: a polling queue's list. ARGV: retention_ms. Its items younger than
+#: the retention, oldest first; the list is gone afterwards (taken once).
+QUEUE_TAKE = """
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+local now = redis.call('TIME')
+local cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - tonumber(ARGV[1])
+local out = {}
+for _, item in ipairs(items) do
+  local sep = string.find(item, '|', 1, true)
+  if sep and tonumber(string.sub(item, 1, sep - 1)) > cutoff then out[#out + 1] = string.sub(item, sep + 1) end
+end
+return out
+"""
+
+#: KEYS: calls. ARGV: the lease keys' prefix. How many calls hold a live
+#: lease now, on any process (one Redis, as ``ORPHANS``).
+LIVE_CALLS = """
+local live = 0
+local entries = redis.call('HKEYS', KEYS[1])
+for i = 1, #entries do
+  if redis.call('EXISTS', ARGV[1] .. entries[i]) == 1 then live = live + 1 end
+end
+return live
+"""
+
 ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)
 
 
-def client(url: str) -> Any:
+def client(url: str, *, max_connections: int | None = None) -> Any:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``); use it
-    inside ``async with``, which holds its connection pool."""
-    return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0)
+    inside ``async with``, which holds its connection pool (``max_connections``:
+    its size, coredis's default 64 when None; a blocked ``XREAD`` holds one)."""
+    if max_connections is None:
+        return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0)
+    return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0, max_connections=max_connections)
 
 
 async def guarded(request: Awaitable[T]) -> T:

@@ -22,6 +22,8 @@ from voiceactors import config, metrics
 from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
+from voiceactors.cluster.redis_client import RegistryDown
+from voiceactors.cluster.shared_feed import EVENT_ID_RE, StreamRefusal
 from voiceactors.http import errors as E
 from voiceactors.http import linked
 from voiceactors.actors.call_context import LinkedContext
@@ -37,6 +39,7 @@ CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 PREVIEW_CHARS = 200
 QUICK_ASK_S = 5.0        # an actor answering a query (state, counts) replies at once
 SSE_KEEPALIVE_S = 15.0   # a comment line this often keeps proxies (nginx: 60 s idle) from closing a quiet stream
+FEED_RETRY_S = 1.0       # a remote stream asks Redis again this often while it does not answer
 
 _log = get_logger(actor="http")
 
@@ -312,13 +315,26 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
     registry = runtime.actors.get("registry")
     health = registry.health() if registry is not None else None
     if health is not None:      # only with --redis: the single-process shape is unchanged
-        fields["cluster"] = health
+        fields["cluster"] = {**health, "active_sessions_here": fields["active_sessions"]}
+        fields["active_sessions"] = await _cluster_sessions(runtime, fields["active_sessions"])
     try:
         daily = await ask(runtime.calls, GetDailyUsage, timeout=QUICK_ASK_S)
         fields.update(daily_cost_usd=daily.cost_usd, budget_spent=daily.spent)
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_usage_failed", error_type=type(error).__name__)
     return fields
+
+
+async def _cluster_sessions(runtime: Runtime, here: int) -> int:
+    """Live calls on every process (live leases); this process's own count
+    when Redis does not answer (``cluster.reachable`` is false then)."""
+    shared = runtime.actors.get("feed")
+    if shared is None:
+        return here
+    try:
+        return int(await shared.live_calls())
+    except RegistryDown:
+        return here
 
 
 @bp.get("/status")
@@ -361,6 +377,13 @@ async def _next_event(feed: Any, stopping: trio.Event, wait_s: float) -> Any:
     return result
 
 
+def _sse_event(event: dict[str, Any]) -> bytes:
+    """One event's lines; with ``--redis`` its ``id`` is the SSE id too."""
+    data = f"data: {json.dumps(event, ensure_ascii=False, default=str)}\n\n"
+    event_id = event.get("id")
+    return (f"id: {event_id}\n{data}" if event_id is not None else data).encode("utf-8")
+
+
 async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[bytes]:
     """Server-Sent Events from a feed channel until the call's feed ends or
     the server begins to stop. A comment line keeps idle connections open.
@@ -375,7 +398,7 @@ async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[b
             if event is None:
                 break
             if event is not _NOTHING:
-                yield f"data: {json.dumps(event, ensure_ascii=False, default=str)}\n\n".encode("utf-8")
+                yield _sse_event(event)
                 last_sent = trio.current_time()
             elif not stopping.is_set() and trio.current_time() - last_sent >= SSE_KEEPALIVE_S:
                 yield b": keepalive\n\n"
@@ -383,29 +406,163 @@ async def _sse(feed: Any, stopping: trio.Event, call_id: str) -> AsyncIterator[b
     _log.info("http.feed_stream_closed", call_id=call_id)
 
 
-@bp.get("/events")
-async def events() -> Any:
-    call_id = _query_call_id()
-    voice = state()
-    runtime = _runtime()
-    try:
-        feed = await _ask(runtime.calls, lambda r: Subscribe(call_id, r), QUICK_ASK_S)
-    except trio.TooSlowError:
-        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
-    if feed is None:
-        raise ApiError(404, E.CALL_NOT_FOUND)
-    if isinstance(feed, str):   # a subscriber cap (feed.TOO_MANY_FOR_CALL / TOO_MANY)
-        raise ApiError(503, feed)
-    response = Response(_sse(feed, voice.stopping, call_id), status=200, mimetype="text/event-stream")
+def _shared_feed() -> Any:
+    """The shared feed (``cluster.shared_feed.SharedFeed``) with ``--redis``, else None."""
+    runtime = state().runtime
+    return runtime.actors.get("feed") if runtime is not None else None
+
+
+def _last_event_id() -> str | None:
+    value = request.headers.get("Last-Event-ID")
+    if value is None or not value.strip():
+        return None
+    if not EVENT_ID_RE.fullmatch(value.strip()):
+        raise ApiError(400, E.LAST_EVENT_ID_INVALID)
+    return value.strip()
+
+
+def _stream_response(body: AsyncIterator[bytes]) -> Any:
+    response = Response(body, status=200, mimetype="text/event-stream")
     response.headers["Cache-Control"] = "no-store"
     response.headers["X-Accel-Buffering"] = "no"
     response.timeout = None   # a stream lives as long as the call
     return response
 
 
+@bp.get("/events")
+async def events() -> Any:
+    call_id = _query_call_id()
+    voice = state()
+    runtime = _runtime()
+    shared = _shared_feed()
+    after = _last_event_id() if shared is not None else None   # one process: no resume, as before
+    try:
+        feed = await _ask(runtime.calls, lambda r: Subscribe(call_id, r), QUICK_ASK_S)
+    except trio.TooSlowError:
+        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    if isinstance(feed, str):   # a subscriber cap (feed.TOO_MANY_FOR_CALL / TOO_MANY)
+        raise ApiError(503, feed)
+    if feed is not None and after is None:      # held here: from memory, the same ids as the stream's
+        return _stream_response(_sse(feed, voice.stopping, call_id))
+    if shared is None:
+        raise ApiError(404, E.CALL_NOT_FOUND)
+    return await _remote_events(shared, call_id, after, feed, voice.stopping)
+
+
+async def _remote_events(shared: Any, call_id: str, after: str | None, local: Any, stopping: trio.Event) -> Any:
+    """The call's Redis stream: a call held by another process, or a resume
+    (``Last-Event-ID``) on any. A resume on the holder while Redis does not
+    answer falls back to its memory, from now."""
+    try:
+        known = await shared.call_known(call_id, after)
+        start = after if after is not None else await shared.last_id(call_id)
+    except RegistryDown:
+        if local is not None:
+            _log.warning("http.feed_resume_from_memory", call_id=call_id)
+            return _stream_response(_sse(local, stopping, call_id))
+        raise ApiError(503, E.FEED_UNREACHABLE) from None
+    if local is not None:
+        local.close()           # the stream path serves this client
+        known = True
+    if not known:
+        raise ApiError(404, E.CALL_NOT_FOUND)
+    try:
+        shared.check_reader(call_id)
+    except StreamRefusal as refusal:
+        raise ApiError(503, str(refusal)) from None
+    return _stream_response(_remote_sse(shared, call_id, start, stopping))
+
+
+async def _next_entries(shared: Any, call_id: str, after: str, stopping: trio.Event) -> list[dict[str, Any]] | None:
+    """The stream's next events after ``after`` (``[]`` after a keepalive
+    period without one); None when the server begins to stop; raises
+    ``RegistryDown``."""
+    result: list[dict[str, Any]] | None = None
+    failed: RegistryDown | None = None
+    async with trio.open_nursery() as race:
+
+        async def read() -> None:
+            nonlocal result, failed
+            try:
+                result = await shared.read(call_id, after, SSE_KEEPALIVE_S)
+            except RegistryDown as exc:
+                failed = exc
+            race.cancel_scope.cancel()
+
+        async def stop() -> None:
+            await stopping.wait()
+            race.cancel_scope.cancel()
+
+        race.start_soon(read)
+        race.start_soon(stop)
+    if failed is not None:
+        raise failed
+    return result
+
+
+async def _pause(stopping: trio.Event, seconds: float) -> None:
+    with trio.move_on_after(seconds):
+        await stopping.wait()
+
+
+async def _remote_sse(shared: Any, call_id: str, after: str, stopping: trio.Event) -> AsyncIterator[bytes]:
+    """Server-Sent Events from the call's Redis stream, from ``after``, until
+    ``call.ended``, the server stops, or the call is gone without one. While
+    Redis does not answer the client gets one ``feed.interrupted`` and the
+    stream stays open; ``feed.resumed`` when it answers again, then what it
+    missed. (No cancel scope is held across a ``yield``.)"""
+    last, down = after, False
+    shared.open_reader(call_id)
+    try:
+        yield b": connected\n\n"
+        while not stopping.is_set():
+            try:
+                events = await _next_entries(shared, call_id, last, stopping)
+            except RegistryDown:
+                if not down:
+                    down = True
+                    _log.warning("http.feed_interrupted", call_id=call_id)
+                    yield _sse_event({"call_id": call_id, "type": "feed.interrupted"})
+                await _pause(stopping, FEED_RETRY_S)
+                continue
+            if events is None:
+                break
+            if down:
+                down = False
+                _log.info("http.feed_resumed", call_id=call_id)
+                yield _sse_event({"call_id": call_id, "type": "feed.resumed"})
+            if not events:
+                yield b": keepalive\n\n"
+                if await _gone_quietly(shared, call_id):
+                    break
+                continue
+            for event in events:
+                yield _sse_event(event)
+                last = event["id"]
+                if event.get("type") == "call.ended":
+                    return
+    finally:
+        shared.close_reader(call_id)
+        _log.info("http.feed_stream_closed", call_id=call_id, remote=True)
+
+
+async def _gone_quietly(shared: Any, call_id: str) -> bool:
+    try:
+        return bool(await shared.call_gone(call_id))
+    except RegistryDown:
+        return False
+
+
 @bp.get("/nav-hints")
 async def nav_hints() -> Any:
     call_id = _query_call_id()
+    shared = _shared_feed()
+    if shared is not None:      # the shared queue: taken once, whichever process holds the call
+        try:
+            hints = await shared.take_nav_hints(call_id)
+        except RegistryDown:
+            raise ApiError(503, E.FEED_UNREACHABLE) from None
+        return jsonify({"hints": hints, "consumed": True})
     try:
         hints = await _ask(_runtime().calls, lambda r: TakeNavHints(call_id, r), QUICK_ASK_S)
     except trio.TooSlowError:
@@ -415,6 +572,13 @@ async def nav_hints() -> Any:
 
 @bp.get("/observer-actions")
 async def observer_actions() -> Any:
+    shared = _shared_feed()
+    if shared is not None:
+        try:
+            actions = await shared.take_observer_actions()
+        except RegistryDown:
+            raise ApiError(503, E.FEED_UNREACHABLE) from None
+        return jsonify({"actions": actions, "consumed": True})
     try:
         actions = await _ask(_runtime().calls, TakeObserverActions, QUICK_ASK_S)
     except trio.TooSlowError:

@@ -1,0 +1,262 @@
+"""The client feed across processes (``--redis``): a capped Redis stream per
+call, and the polling queues (nav hints, observer actions) as Redis lists.
+
+The holder of a call appends each feed event to ``feed:<call_id>``
+(``redis_client.FEED_APPEND``) from one writer task, in the order the call
+published them; ``append`` never blocks the call. The entry id *is* the
+event's id, ``<fence>-<seq>``: the fence of the holder's lease and the
+feed's own count. The holder knows the id the moment it publishes (its own
+SSE clients are served from memory with the same ids, no Redis round trip),
+a takeover's higher fence keeps ids growing, and Redis itself refuses an
+append at or below the stream's last id, so a holder whose call was taken
+over cannot add to the feed. Any process reads the stream with ``XREAD``
+from the last id a client saw (``Last-Event-ID``), so a client moving to
+another process resumes without loss or duplicate (within the cap).
+
+While Redis does not answer, the writer keeps the events queued (at most
+``WRITER_QUEUE``; past that the oldest waiting are dropped, logged) and
+retries: a short outage loses nothing.
+
+A nav hint or observer action is pushed in the same script as its feed
+event, so a client that saw the event finds the item; a take anywhere reads
+and deletes the list in one script, so each item is taken once.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from voiceactors.actors.messages import SubscribeRefusal
+from voiceactors.cluster import redis_client as rc
+from voiceactors.cluster.redis_client import RegistryDown
+from voiceactors.logs import get_logger
+
+__all__ = ["EVENT_ID_RE", "SharedFeed", "StreamRefusal"]
+
+#: An event id as the feed makes them (and as ``Last-Event-ID`` must be).
+EVENT_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
+WRITER_QUEUE = 4096          # events waiting for Redis, all calls together
+READ_BATCH = 100             # entries per XREAD
+RETRY_MIN_S, RETRY_MAX_S = 0.2, 2.0
+FLUSH_AT_STOP_S = 2.0        # a stopping server still writes what its calls published last
+OP_TIMEOUT_S = 2.0
+
+_log = get_logger(actor="shared_feed")
+
+
+@dataclass(frozen=True)
+class _Append:
+    call_id: str
+    event_id: str
+    event: str
+    queue_key: str           # '' when the event carries no polling-queue item
+    item: str
+    ended: bool              # ``call.ended``: the stream expires after the retention
+
+
+class StreamRefusal(Exception):
+    """A remote stream refused at a subscriber cap (the message is the
+    ``/events`` route's 503 error)."""
+
+
+class SharedFeed:
+    """The stream writer (holder side) and the readers (any process). The
+    URL is never logged. ``append`` is the ``FeedHub``'s sink."""
+
+    def __init__(self, url: str, *, max_len: int, retention_s: float, max_items: int,
+                 max_duration_s: float, max_per_call: int, max_total: int) -> None:
+        self.max_len = max_len
+        self.retention_ms = round(retention_s * 1000)
+        self.max_items = max_items
+        self.live_ttl_ms = round((max_duration_s + retention_s) * 1000)
+        self.max_per_call = max_per_call
+        self.max_total = max_total
+        self._redis = rc.client(url)
+        # the remote streams' blocked XREADs hold a connection each: their own
+        # pool, so they never make the writer or a take wait for a connection
+        self._blocking = rc.client(url, max_connections=max_total + 1)
+        self._waiting: collections.deque[_Append] = collections.deque()
+        self._wake = trio.Event()
+        self.dropped = 0
+        self._readers: dict[str, int] = {}
+
+    # --- running -------------------------------------------------------------
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with self._redis, self._blocking:
+            task_status.started()
+            try:
+                await self._write_forever()
+            finally:
+                with trio.move_on_after(FLUSH_AT_STOP_S, shield=True):
+                    await self._flush()
+                if self._waiting:
+                    _log.warning("shared_feed.unwritten_at_stop", events=len(self._waiting))
+
+    async def _request(self, request: Any, timeout_s: float = OP_TIMEOUT_S) -> Any:
+        try:
+            with trio.fail_after(timeout_s):
+                return await rc.guarded(request)
+        except trio.TooSlowError:
+            raise RegistryDown("TooSlowError") from None
+
+    # --- the holder's side -------------------------------------------------------
+
+    def append(self, call_id: str, event: dict[str, Any], queued: tuple[str, dict[str, Any]] | None) -> None:
+        """Queue one feed event (with its ``id``) of a call held here, and the
+        nav hint / observer action it carries (``("nav" | "observer", item)``)."""
+        queue_key, item = "", ""
+        if queued is not None:
+            kind, payload = queued
+            queue_key = rc.nav_hints_key(call_id) if kind == "nav" else rc.OBSERVER_ACTIONS_KEY
+            item = json.dumps(payload, ensure_ascii=False, default=str)
+        self._waiting.append(_Append(call_id, str(event["id"]), json.dumps(event, ensure_ascii=False, default=str),
+                                     queue_key, item, event.get("type") == "call.ended"))
+        if len(self._waiting) > WRITER_QUEUE:
+            lost = self._waiting.popleft()
+            self.dropped += 1
+            _log.warning("shared_feed.dropped", call_id=lost.call_id, event_id=lost.event_id)
+        self._wake.set()
+
+    async def _write_forever(self) -> None:
+        delay = RETRY_MIN_S
+        failing = False
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            try:
+                await self._flush()
+            except RegistryDown as exc:
+                if not failing:     # once per outage, not once per retry
+                    _log.warning("shared_feed.write_failed", error=str(exc)[:80], waiting=len(self._waiting))
+                failing = True
+                await trio.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
+                self._wake.set()
+                continue
+            if failing:
+                _log.info("shared_feed.write_resumed", dropped=self.dropped)
+            failing, delay = False, RETRY_MIN_S
+
+    async def _flush(self) -> None:
+        """Write the waiting events in order. An event whose write failed or
+        was cancelled goes back to the head (a retry of one Redis applied is
+        refused as stale: its id is there already, so it never lands twice)."""
+        while self._waiting:
+            entry = self._waiting.popleft()
+            try:
+                await self._request(self._redis.eval(
+                    rc.FEED_APPEND, keys=[rc.feed_key(entry.call_id), entry.queue_key or rc.feed_key(entry.call_id)],
+                    args=[entry.event_id, entry.event, str(self.max_len), str(self._ttl_ms(entry)), entry.item,
+                          str(self.max_items), str(self.retention_ms)]))
+            except RegistryDown as exc:
+                if not _is_stale_id(exc):
+                    self._waiting.appendleft(entry)
+                    raise
+                # the stream holds this id or a later one: written already, or
+                # another holder took the call over
+                _log.warning("shared_feed.stale_append", call_id=entry.call_id, event_id=entry.event_id)
+            except BaseException:
+                self._waiting.appendleft(entry)
+                raise
+
+    def _ttl_ms(self, entry: _Append) -> int:
+        return self.retention_ms if entry.ended else self.live_ttl_ms
+
+    # --- any process's side: the stream ------------------------------------------
+
+    async def call_known(self, call_id: str, after: str | None) -> bool:
+        """The call is live on some process, or (a resume) its stream still
+        holds events after ``after``."""
+        if int(await self._request(self._redis.exists([rc.lease_key(call_id)]))):
+            return True
+        if after is None:
+            return False
+        newer = await self._request(self._redis.xrange(rc.feed_key(call_id), "(" + after, "+", count=1))
+        return bool(newer)
+
+    async def last_id(self, call_id: str) -> str:
+        """The id of the stream's last entry ("0-0" when it has none)."""
+        entries = await self._request(self._redis.xrevrange(rc.feed_key(call_id), "+", "-", count=1))
+        return str(entries[0].identifier) if entries else "0-0"
+
+    async def read(self, call_id: str, after: str, block_s: float) -> list[dict[str, Any]]:
+        """The events after ``after``, oldest first, waiting up to ``block_s``
+        for one; ``[]`` when none came."""
+        key = rc.feed_key(call_id)
+        answer = await self._request(self._blocking.xread({key: after}, count=READ_BATCH,
+                                                       block=max(1, round(block_s * 1000))),
+                                     timeout_s=block_s + OP_TIMEOUT_S)
+        events = []
+        for entry in (answer or {}).get(key, ()):
+            event = _json_object(entry.field_values.get("e"))
+            if event is not None:
+                event["id"] = str(entry.identifier)
+                events.append(event)
+        return events
+
+    async def call_gone(self, call_id: str) -> bool:
+        """Neither a live lease nor a holder that never released it (a
+        takeover would continue its feed): nothing will append any more."""
+        live = int(await self._request(self._redis.exists([rc.lease_key(call_id)])))
+        if live:
+            return False
+        return not await self._request(self._redis.hexists(rc.CALLS_KEY, call_id))
+
+    def check_reader(self, call_id: str) -> None:
+        """``StreamRefusal`` when one more remote stream of ``call_id`` would
+        pass a cap (the route asks before it answers 200)."""
+        if self._readers.get(call_id, 0) >= self.max_per_call:
+            raise StreamRefusal(SubscribeRefusal.TOO_MANY_FOR_CALL)
+        if sum(self._readers.values()) >= self.max_total:
+            raise StreamRefusal(SubscribeRefusal.TOO_MANY)
+
+    def open_reader(self, call_id: str) -> None:
+        """Count one remote stream, from its first step to ``close_reader``
+        (a response whose body never started holds no slot)."""
+        self._readers[call_id] = self._readers.get(call_id, 0) + 1
+
+    def close_reader(self, call_id: str) -> None:
+        left = self._readers.get(call_id, 0) - 1
+        if left > 0:
+            self._readers[call_id] = left
+        else:
+            self._readers.pop(call_id, None)
+
+    # --- any process's side: the polling queues and the count ----------------------
+
+    async def _take(self, key: str) -> list[dict[str, Any]]:
+        raw = await self._request(self._redis.eval(rc.QUEUE_TAKE, keys=[key], args=[str(self.retention_ms)]))
+        return [item for item in map(_json_object, raw or ()) if item is not None]
+
+    async def take_nav_hints(self, call_id: str) -> list[dict[str, Any]]:
+        return await self._take(rc.nav_hints_key(call_id))
+
+    async def take_observer_actions(self) -> list[dict[str, Any]]:
+        return await self._take(rc.OBSERVER_ACTIONS_KEY)
+
+    async def live_calls(self) -> int:
+        """Calls holding a live lease now, on every process."""
+        return int(await self._request(self._redis.eval(rc.LIVE_CALLS, keys=[rc.CALLS_KEY],
+                                                        args=[rc.lease_key("")])))
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """``text`` as a JSON object; None for anything else (never written by
+    us: skipped rather than failing a reader)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _is_stale_id(exc: RegistryDown) -> bool:
+    cause = exc.__cause__
+    return cause is not None and "equal or smaller" in str(cause)

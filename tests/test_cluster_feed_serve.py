@@ -28,7 +28,7 @@ import trio
 
 from calls_support import DAY, KEY
 from redis_support import REDIS_SERVER, RedisServer, redis_server  # noqa: F401  (the fixture)
-from test_cluster_serve import ClusterServer, _stop_all
+from cluster_support import ClusterServer, stop_all
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 
@@ -206,7 +206,7 @@ async def test_the_feed_follows_a_call_from_either_process_and_resumes_on_the_ot
             assert bad.status_code == 400 and bad.json() == {"error": "Last-Event-ID is invalid"}
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)
 
 
 async def test_active_sessions_counts_both_processes_calls(tmp_path, redis_server):
@@ -230,7 +230,7 @@ async def test_active_sessions_counts_both_processes_calls(tmp_path, redis_serve
                 assert status["cluster"]["leases_held"] == 1
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)
 
 
 async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
@@ -279,7 +279,7 @@ async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
             assert sc.violations == []
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)
 
 
 async def test_the_feed_follows_a_call_taken_over_after_its_holder_died(tmp_path, redis_server):
@@ -318,4 +318,4 @@ async def test_the_feed_follows_a_call_taken_over_after_its_holder_died(tmp_path
             assert sc.violations == []
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)

@@ -94,6 +94,9 @@ URGENT_KINDS = frozenset({"start", "tool_started", "tool_call", "end"})
 BATCH_S = 1.0
 #: At most this many record files are kept open (fewer under a low ``RLIMIT_NOFILE``).
 MAX_OPEN_FILES = 256
+#: Write passes start at least this far apart: urgent lines of many calls
+#: ride in one worker-thread hop under load; a lone call's go out at once.
+PASS_GAP_S = 0.01
 
 
 def record_path(state_dir: Path, call_id: str) -> Path:
@@ -191,6 +194,7 @@ class RecordWriter:
         self._fsyncing = False
         # descriptors per record, touched only by the write pass (one at a time)
         self._fds: OrderedDict[CallRecord, int] = OrderedDict()
+        self._next_pass_at = -math.inf                  # PASS_GAP_S after the last pass began
         self.passes = 0
         self.fsync_passes = 0
 
@@ -211,7 +215,8 @@ class RecordWriter:
             self._fsync_wake.set()     # nothing live: what is left is fsynced now
 
     def want(self, record: CallRecord, *, urgent: bool) -> None:
-        due = -math.inf if urgent else trio.current_time() + BATCH_S
+        now = trio.current_time()
+        due = (-math.inf if self._next_pass_at <= now else self._next_pass_at) if urgent else now + BATCH_S
         self._waiting[record] = min(due, self._waiting.get(record, math.inf))
         if due < self._sleep_until:
             self._wake.set()
@@ -249,6 +254,7 @@ class RecordWriter:
                 jobs.append(job)
             except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
                 record._written(0, f"{type(exc).__name__}: {exc}")
+        self._next_pass_at = trio.current_time() + PASS_GAP_S
         try:
             await storage.run_sync(self._write_jobs, jobs, cancellable=False)
         except Exception as exc:  # noqa: BLE001 - a system task must not die: every record hears of it

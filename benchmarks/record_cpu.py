@@ -8,7 +8,8 @@ urgent: written at once), then a think time drawn from ``--think-ms``
 (seeded), then the next round; then the ``end`` line and ``close()``. No
 sockets, no protocol: the record's writes and fsyncs only, as the burst
 benchmark's calls make them (100 calls, 20 rounds, 50–250 ms think by
-default; ``--null``: the same calls with records that only keep their lines,
+default; ``--latency``: also how long each ``tool_started`` line took from
+``add`` to written, the window a kill -9 could lose it in; ``--null``: the same calls with records that only keep their lines,
 the harness's own floor). Reported: CPU ms per round (the total over rounds), the writer's
 passes, the wall time, and the files' total size (a check both versions
 wrote the same lines).
@@ -41,11 +42,22 @@ from typing import Any
 import trio
 
 
-async def _one_call(record: Any, rounds: int, tool_s: float, think: list[float]) -> None:
+async def _until_written(record: Any, waits: list[float]) -> None:
+    """``--latency``: how long the line just added took to be written (polled every ms)."""
+    t0, want = trio.current_time(), len(record.lines)
+    while record._flushed < want:
+        await trio.sleep(0.001)
+    waits.append(trio.current_time() - t0)
+
+
+async def _one_call(record: Any, rounds: int, tool_s: float, think: list[float],
+                    waits: list[float] | None = None) -> None:
     record.opened()
     for n in range(rounds):
         record.add("tool_started", tool_call_id=f"call_{n}", tool="briefing.get", response_id=f"resp_{n}",
                    epoch=1, turn=n + 1, effect="read", arguments="{}")
+        if waits is not None:
+            await _until_written(record, waits)
         await trio.sleep(tool_s)
         record.add("tool_call", tool_call_id=f"call_{n}", tool="briefing.get", response_id=f"resp_{n}",
                    epoch=1, turn=n + 1, duration_ms=1.0, outcome="ok", output_bytes=120, sends=1,
@@ -80,7 +92,7 @@ class _NoWriter:
 
 
 async def _run(state_dir: Path, calls: int, rounds: int, tool_s: float, think_ms: tuple[float, float],
-               seed: int, null: bool = False) -> dict[str, Any]:
+               seed: int, null: bool = False, latency: bool = False) -> dict[str, Any]:
     from voiceactors.actors.call_record import CallRecord, shared_writer
 
     rng = random.Random(seed)
@@ -89,14 +101,19 @@ async def _run(state_dir: Path, calls: int, rounds: int, tool_s: float, think_ms
     make: Any = NullRecord if null else CallRecord
     records = [make(f"rtc_bench_{i}", state_dir) for i in range(calls)]
     writer: Any = _NoWriter() if null else shared_writer()
+    waits: list[float] | None = [] if latency else None
     async with trio.open_nursery() as nursery:
         for record, think in zip(records, plans):
-            nursery.start_soon(_one_call, record, rounds, tool_s, think)
+            nursery.start_soon(_one_call, record, rounds, tool_s, think, waits)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     failed = [r.call_id for r in records if r.failed is not None]
     size = sum(r.path.stat().st_size for r in records)
-    return {"cpu_ms_per_round": round(cpu * 1000 / (calls * rounds), 4), "cpu_s": round(cpu, 3),
-            "wall_s": round(wall, 3), "passes": writer.passes, "bytes": size, "failed": failed}
+    out = {"cpu_ms_per_round": round(cpu * 1000 / (calls * rounds), 4), "cpu_s": round(cpu, 3),
+           "wall_s": round(wall, 3), "passes": writer.passes, "bytes": size, "failed": failed}
+    if waits:
+        waits.sort()
+        out["written_ms_p50_p99_max"] = [round(waits[int(q * (len(waits) - 1))] * 1000, 1) for q in (0.5, 0.99, 1.0)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--state-dir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--latency", action="store_true",
+                   help="also time each tool_started line from add to written (polled every ms: CPU not comparable)")
     p.add_argument("--null", action="store_true", help="the harness alone: records that write nothing until close")
     args = p.parse_args(argv)
     import voiceactors
@@ -118,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tempfile.mkdtemp(prefix="record-cpu-", dir=args.state_dir))
         try:
             result = trio.run(_run, base, args.calls, args.rounds, args.tool_ms / 1000,
-                              tuple(args.think_ms), args.seed + i, args.null)
+                              tuple(args.think_ms), args.seed + i, args.null, args.latency)
         finally:
             shutil.rmtree(base, ignore_errors=True)
         result["load_1m"] = os.getloadavg()[0]

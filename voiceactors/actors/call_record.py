@@ -3,14 +3,30 @@
 ``<state_dir>/calls/<call_id>.jsonl``, written AS THE CALL GOES by ONE
 background writer shared by every call of the process (``RecordWriter``, a
 trio system task started with the first record of a run and retired once
-every record has closed) with ``storage.append_lines``: the ``start`` line,
-each ``tool_started`` and each ``tool_call`` line are flushed at once (a kill -9 must find them), the other
-lines ride along with the next flush or within ``BATCH_S``. Each pass of the
-writer takes every record with lines waiting and writes them all in one
-worker thread (one append and one fsync per file), so a burst of calls, or a
-busy call, groups its fsyncs and costs the trio thread one thread hop per
-pass instead of one per flush of each call. Lines added while a pass is in
-progress go out in the next one. Nothing is written for a call whose
+every record has closed and every write is fsynced): the ``start`` line,
+each ``tool_started``, each ``tool_call`` and the ``end`` line are written
+at once (a kill -9 must find them), the other lines ride along with the
+next write or within ``BATCH_S``. Each write pass takes every record with
+lines waiting and appends them all in one worker thread, on a descriptor
+kept open per live record (at most ``MAX_OPEN_FILES``, least recently
+written closed first); passes start at least ``PASS_GAP_S`` apart, so a
+burst of calls, or a busy call, costs the trio thread one thread hop per
+pass instead of one per line. Lines added while a pass is in progress go
+out in the next one.
+
+Written means ``write()`` returned: the bytes are in the page cache, which
+is all crash recovery needs against a process crash (kill -9, OOM kill).
+Only a power loss or a kernel crash needs the fsync, and that is grouped:
+each file written since its last fsync is fsynced ``fsync_s``
+(``settings.call_record_fsync_s``, 1 s) after its first unsynced write, all
+files due in one worker-thread hop of their own (never in a call's path,
+never holding up a write pass); a new file's folder is fsynced with it. A
+record's ``close`` (the call's end) writes the rest, fsyncs the file and
+closes it before it returns; the end of the trio run (shutdown) fsyncs
+what is still unsynced. ``fsync_s=0`` is the old behaviour: every write
+pass fsyncs each file before its lines count as written. So a power loss
+can lose about the last ``fsync_s`` of a live call's lines, never a closed
+call's. Nothing is written for a call whose
 sideband never connected (a bogus ``/connect`` leaves no file), unless the
 call id already has a record (a rejoin, or a later actor that finds the call
 gone): then the run's block is its history.
@@ -147,6 +163,7 @@ class _Job:
     sync_dir: bool             # the file's name is not yet fsynced into its folder
     error: str | None = None
     created: bool = False      # this pass created the file
+    touched: bool = False      # a write was tried on an open descriptor (bytes may be unsynced)
     synced: bool = False       # the file (and, if it was new, its folder) is fsynced
 
 
@@ -272,7 +289,7 @@ class RecordWriter:
         if job.synced:
             self._unsynced.pop(job.path, None)
             self._unsynced_dirs.discard(job.path.parent)
-        elif job.count or job.error is not None:    # something may sit in the page cache only
+        elif job.touched:          # something may sit in the page cache only
             due = now + job.record.fsync_s
             if due < self._unsynced.get(job.path, math.inf):
                 self._unsynced[job.path] = due
@@ -306,6 +323,7 @@ class RecordWriter:
                 self._close_fd(next(iter(self._fds)))
         else:
             self._fds.move_to_end(job.record)
+        job.touched = True
         storage.write_all(fd, data)
         if job.sync:
             self._fsync(fd)

@@ -298,18 +298,25 @@ class RecordWriter:
 
     def _write_jobs(self, jobs: list[_Job]) -> None:
         """The worker thread's part of a pass: each job's block appended on
-        the record's kept descriptor (opened when it has none), fsynced only
-        when the job says so. One file's failure is its own."""
+        the record's kept descriptor (opened when it has none), then the
+        fsyncs the jobs ask for (every write of the pass is in the page
+        cache before the first fsync starts). One file's failure is its own."""
         for job in jobs:
             try:
-                self._write_job(job)
+                self._append(job)
             except OSError as exc:
                 job.error = str(exc)
                 self._close_fd(job.record)    # reopened (and checked for a torn line) next time
+        for job in jobs:
+            if job.sync and job.touched and job.error is None:
+                try:
+                    self._sync(job)
+                except OSError as exc:
+                    job.error = str(exc)
             if job.final:
                 self._close_fd(job.record)
 
-    def _write_job(self, job: _Job) -> None:
+    def _append(self, job: _Job) -> None:
         if not job.data and not job.final:
             return
         data = job.data
@@ -325,11 +332,16 @@ class RecordWriter:
             self._fds.move_to_end(job.record)
         job.touched = True
         storage.write_all(fd, data)
-        if job.sync:
+
+    def _sync(self, job: _Job) -> None:
+        fd = self._fds.get(job.record)
+        if fd is None:                   # closed meanwhile for a later job's open: by its path
+            self._fsync_by_path(job.path)
+        else:
             self._fsync(fd)
-            if job.created or job.sync_dir:
-                self._fsync_folder(job.path.parent)
-            job.synced = True
+        if job.created or job.sync_dir:
+            self._fsync_folder(job.path.parent)
+        job.synced = True
 
     def _close_fd(self, record: CallRecord) -> None:
         fd = self._fds.pop(record, None)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import trio
+from calls_support import rig, steady
+from structlog.testing import capture_logs
 
 from voiceactors.actors.call_record import CallRecord, RecordWriter, read_record, record_path
 from voiceactors.actors.recovery import find_crashed
@@ -236,3 +238,22 @@ def test_kill_9_after_a_line_was_reported_written_leaves_it_for_recovery(tmp_pat
     crashed = find_crashed(tmp_path, max_age_s=60, limit=10)
     assert [(c.call_id, [p.tool_call_id for p in c.pending]) for c in crashed] == [("rtc_killed", ["call_w"])]
     assert [x["kind"] for x in read_record(record_path(tmp_path, "rtc_killed"))] == ["start", "tool_started"]
+
+
+async def test_a_call_whose_record_cannot_be_written_still_runs_and_says_so(tmp_path, autojump_clock):
+    """Through the CallActor (simulator, real sockets): the record's file
+    refuses every write (ENOSPC); the call's tools are answered as usual, the
+    actor logs ``call.record_failed`` at the end, and the setting reaches the
+    record."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (a device whose every write fails with ENOSPC)")
+    async with rig(tmp_path, call_record_fsync_s=0.25) as r:
+        path = record_path(r.settings.state_dir, "rtc_nospace")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to("/dev/full")
+        with capture_logs() as logs:
+            actor, sc = await r.run_call("rtc_nospace", steady("parallel_tools"))
+    assert actor.record is not None and actor.record.fsync_s == 0.25
+    assert len(sc.tool_calls) == 3 and all(len(sc.outputs[c]) == 1 for c in sc.tool_calls)
+    failed = [line for line in logs if line["event"] == "call.record_failed"]
+    assert len(failed) == 1 and "No space left on device" in failed[0]["error"]

@@ -111,7 +111,8 @@ BATCH_S = 1.0
 #: At most this many record files are kept open (fewer under a low ``RLIMIT_NOFILE``).
 MAX_OPEN_FILES = 256
 #: Write passes start at least this far apart: urgent lines of many calls
-#: ride in one worker-thread hop under load; a lone call's go out at once.
+#: ride in one worker-thread hop under load; a lone call's go out at once,
+#: and so does a closing record's last pass (its close waits for it).
 PASS_GAP_S = 0.01
 
 
@@ -231,9 +232,14 @@ class RecordWriter:
             self._wake.set()           # maybe time to retire
             self._fsync_wake.set()     # nothing live: what is left is fsynced now
 
-    def want(self, record: CallRecord, *, urgent: bool) -> None:
+    def want(self, record: CallRecord, *, urgent: bool, at_once: bool = False) -> None:
+        """``at_once``: a pass now, whatever ``PASS_GAP_S`` says (a close
+        waits for it; a live call's lines do not wait for anything)."""
         now = trio.current_time()
-        due = (-math.inf if self._next_pass_at <= now else self._next_pass_at) if urgent else now + BATCH_S
+        if at_once or (urgent and self._next_pass_at <= now):
+            due = -math.inf
+        else:
+            due = self._next_pass_at if urgent else now + BATCH_S
         self._waiting[record] = min(due, self._waiting.get(record, math.inf))
         if due < self._sleep_until:
             self._wake.set()
@@ -549,7 +555,7 @@ class CallRecord:
                         break              # the disk refuses: the caller logs ``failed``
                     tried = True
                     done = self._pass_done
-                    self._writer.want(self, urgent=True)
+                    self._writer.want(self, urgent=True, at_once=True)
                     await done.wait()
             finally:
                 if not self._closed:

@@ -105,6 +105,15 @@ def test_round_cpu_tiny(bench):
     assert data["view"] and data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28
 
 
+def test_record_cpu_tiny(bench):
+    args = ("--calls", "3", "--rounds", "2", "--think-ms", "1", "2", "--repeats", "1", "--state-dir", str(bench))
+    for extra in ((), ("--latency",), ("--null",)):
+        data = _main(bench, "benchmarks.record_cpu", *args, *extra)
+        (run,) = data["runs"]
+        assert run["failed"] == [] and run["bytes"] > 0 and run["cpu_ms_per_round"] > 0
+        assert ("written_ms_p50_p99_max" in run) == (extra == ("--latency",))
+
+
 def test_burst_ours_and_the_do_nothing_server_answer_every_round(bench):
     data = _main(bench, "benchmarks.burst", "--calls", "3", "--rounds", "2", "--spread", "0.2",
                  "--think-ms", "10", "20", "--hold-s", "0.1", "--settle-max-s", "1", "--warm-calls", "1",

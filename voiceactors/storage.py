@@ -16,7 +16,9 @@
 * ``jsonl_lines`` — the one way to split JSONL text into lines: at ``"\\n"``
   only (``str.splitlines`` also splits at U+2028, U+2029, U+0085, ``\\v``,
   ``\\f`` and ``\\x1c``-``\\x1e``, which a JSON string may hold).
-* ``append_lines`` / ``append_line`` — append a block of lines, one fsync (call records).
+* ``append_lines`` / ``append_line`` — append a block of lines, one fsync;
+  ``open_append`` / ``write_all`` / ``lines_block`` — the call records'
+  appends on a descriptor kept open (fsynced on their own schedule).
 * ``run_sync`` — run blocking file/SQLite work in a worker thread under one
   shared ``CapacityLimiter`` so it never blocks the trio loop. Journal writes
   take ``write_limiter()`` instead, so a write stuck on a lock never holds a
@@ -386,3 +388,28 @@ def append_lines(path: Path, lines: list[str]) -> None:
         handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def lines_block(lines: list[str]) -> bytes:
+    """``lines`` as one appendable block, each ending in exactly one ``\n``."""
+    return "".join(line.rstrip("\n") + "\n" for line in lines).encode("utf-8")
+
+
+def open_append(path: Path) -> tuple[int, bool]:
+    """An ``O_APPEND`` descriptor on ``path`` (created, with its folder, when
+    missing) and whether this call created the file (its folder then needs
+    an fsync for the name to survive a power loss)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+    try:
+        return os.open(path, flags), False
+    except FileNotFoundError:
+        return os.open(path, flags | os.O_CREAT, 0o666), True
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (a short write is continued)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

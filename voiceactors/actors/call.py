@@ -353,7 +353,7 @@ class CallActor:
         if self.recovered is not None:
             fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
-                                 write_now=rejoin, **fields)
+                                 write_now=rejoin, fsync_s=self.settings.call_record_fsync_s, **fields)
         self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
         async with trio.open_nursery() as recorder:
             await recorder.start(self.record.run)

@@ -3,14 +3,30 @@
 ``<state_dir>/calls/<call_id>.jsonl``, written AS THE CALL GOES by ONE
 background writer shared by every call of the process (``RecordWriter``, a
 trio system task started with the first record of a run and retired once
-every record has closed) with ``storage.append_lines``: the ``start`` line,
-each ``tool_started`` and each ``tool_call`` line are flushed at once (a kill -9 must find them), the other
-lines ride along with the next flush or within ``BATCH_S``. Each pass of the
-writer takes every record with lines waiting and writes them all in one
-worker thread (one append and one fsync per file), so a burst of calls, or a
-busy call, groups its fsyncs and costs the trio thread one thread hop per
-pass instead of one per flush of each call. Lines added while a pass is in
-progress go out in the next one. Nothing is written for a call whose
+every record has closed and every write is fsynced): the ``start`` line,
+each ``tool_started``, each ``tool_call`` and the ``end`` line are written
+at once (a kill -9 must find them), the other lines ride along with the
+next write or within ``BATCH_S``. Each write pass takes every record with
+lines waiting and appends them all in one worker thread, on a descriptor
+kept open per live record (at most ``MAX_OPEN_FILES``, least recently
+written closed first); passes start at least ``PASS_GAP_S`` apart, so a
+burst of calls, or a busy call, costs the trio thread one thread hop per
+pass instead of one per line. Lines added while a pass is in progress go
+out in the next one.
+
+Written means ``write()`` returned: the bytes are in the page cache, which
+is all crash recovery needs against a process crash (kill -9, OOM kill).
+Only a power loss or a kernel crash needs the fsync, and that is grouped:
+each file written since its last fsync is fsynced ``fsync_s``
+(``settings.call_record_fsync_s``, 1 s) after its first unsynced write, all
+files due in one worker-thread hop of their own (never in a call's path,
+never holding up a write pass); a new file's folder is fsynced with it. A
+record's ``close`` (the call's end) writes the rest, fsyncs the file and
+closes it before it returns; the end of the trio run (shutdown) fsyncs
+what is still unsynced. ``fsync_s=0`` is the old behaviour: every write
+pass fsyncs each file before its lines count as written. So a power loss
+can lose about the last ``fsync_s`` of a live call's lines, never a closed
+call's. Nothing is written for a call whose
 sideband never connected (a bogus ``/connect`` leaves no file), unless the
 call id already has a record (a rejoin, or a later actor that finds the call
 gone): then the run's block is its history.
@@ -67,17 +83,24 @@ Never outputs, never keys; argument values only of reads, in ``tool_started``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
+import resource
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
 from voiceactors import clock, storage
+from voiceactors.logs import get_logger
+
+_log = get_logger(actor="call_record")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 
@@ -85,6 +108,12 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 URGENT_KINDS = frozenset({"start", "tool_started", "tool_call", "end"})
 #: Other lines wait at most this long for a flush.
 BATCH_S = 1.0
+#: At most this many record files are kept open (fewer under a low ``RLIMIT_NOFILE``).
+MAX_OPEN_FILES = 256
+#: Write passes start at least this far apart: urgent lines of many calls
+#: ride in one worker-thread hop under load; a lone call's go out at once,
+#: and so does a closing record's last pass (its close waits for it).
+PASS_GAP_S = 0.01
 
 
 def record_path(state_dir: Path, call_id: str) -> Path:
@@ -120,73 +149,279 @@ def append_block(path: Path, lines: list[str], *, check_torn: bool = True) -> No
     storage.append_lines(path, lines)
 
 
-def _append_all(blocks: list[tuple[Path, list[str], bool]]) -> list[str | None]:
-    """Each block appended to its file (in a worker thread); per block None
-    or the error that kept it off the disk (one file's failure is its own)."""
-    errors: list[str | None] = []
-    for path, lines, check_torn in blocks:
-        try:
-            append_block(path, lines, check_torn=check_torn)
-            errors.append(None)
-        except OSError as exc:
-            errors.append(str(exc))
-    return errors
+@dataclass
+class _Job:
+    """One record's share of a write pass: built on the trio thread, done in
+    the worker thread, read back on the trio thread."""
+
+    record: CallRecord
+    path: Path
+    data: bytes
+    count: int                 # lines in ``data``
+    check_torn: bool           # the file may not end in "\n" (not our own last append)
+    sync: bool                 # fsync before the record hears it is written
+    final: bool                # the record's close: fsync and close the descriptor
+    sync_dir: bool             # the file's name is not yet fsynced into its folder
+    error: str | None = None
+    created: bool = False      # this pass created the file
+    touched: bool = False      # a write was tried on an open descriptor (bytes may be unsynced)
+    synced: bool = False       # the file (and, if it was new, its folder) is fsynced
+
+
+def _max_open_files() -> int:
+    """Descriptors kept open for live records: a small share of the limit,
+    so records never starve the sockets of the calls they describe."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_FILES
+    return max(8, min(MAX_OPEN_FILES, soft // 8))
+
+
+def _default_fsync_s() -> float:
+    from voiceactors.settings import Settings   # the one declaration of the default
+    return float(Settings.__dataclass_fields__["call_record_fsync_s"].metadata["default"])
 
 
 class RecordWriter:
     """The one writer of every call record of a trio run (see the module
     docstring). ``want(record, urgent)`` asks for a record's waiting lines
     to be written: at once when urgent, else within ``BATCH_S``; ``passes``
-    counts the thread hops. It lives while records do: once every record
-    has closed and nothing waits, it retires, and the next record starts a
-    new one (so no task outlives the calls)."""
+    counts the write passes (thread hops), ``fsync_passes`` the grouped
+    fsync passes. It lives while records do: once every record has closed,
+    nothing waits and nothing is left to fsync, it retires, and the next
+    record starts it again (so no task outlives the calls).
 
-    def __init__(self) -> None:
+    ``fsync`` (``os.fsync`` unless given) is called with a descriptor for
+    every fsync the writer makes, files and folders alike: a seam for tests,
+    which pass a real function that counts. ``max_open`` bounds the
+    descriptors kept open (least recently written closed first)."""
+
+    def __init__(self, *, fsync: Callable[[int], None] = os.fsync, max_open: int | None = None) -> None:
+        self._fsync = fsync
+        self._max_open = _max_open_files() if max_open is None else max_open
         self._waiting: dict[CallRecord, float] = {}   # record -> when it is due (insertion order)
         self._wake = trio.Event()
         self._sleep_until = math.inf
         self._records = 0                               # records made and not yet closed
+        self._running = False
+        # the fsync schedule (trio thread): path -> when it is due; folders of new files
+        self._unsynced: dict[Path, float] = {}
+        self._unsynced_dirs: set[Path] = set()
+        self._fsync_wake = trio.Event()
+        self._fsync_sleep_until = math.inf
+        self._fsyncing = False
+        # descriptors per record, touched only by the write pass (one at a time)
+        self._fds: OrderedDict[CallRecord, int] = OrderedDict()
+        self._next_pass_at = -math.inf                  # PASS_GAP_S after the last pass began
         self.passes = 0
+        self.fsync_passes = 0
+
+    @property
+    def open_files(self) -> int:
+        return len(self._fds)
 
     def join(self) -> None:
         self._records += 1
+        if not self._running:
+            self._running = True
+            trio.lowlevel.spawn_system_task(self.run, name="call-record-writer")
 
     def leave(self) -> None:
         self._records -= 1
         if self._records <= 0:
             self._wake.set()           # maybe time to retire
+            self._fsync_wake.set()     # nothing live: what is left is fsynced now
 
-    def want(self, record: CallRecord, *, urgent: bool) -> None:
-        due = -math.inf if urgent else trio.current_time() + BATCH_S
+    def want(self, record: CallRecord, *, urgent: bool, at_once: bool = False) -> None:
+        """``at_once``: a pass now, whatever ``PASS_GAP_S`` says (a close
+        waits for it; a live call's lines do not wait for anything)."""
+        now = trio.current_time()
+        if at_once or (urgent and self._next_pass_at <= now):
+            due = -math.inf
+        else:
+            due = self._next_pass_at if urgent else now + BATCH_S
         self._waiting[record] = min(due, self._waiting.get(record, math.inf))
         if due < self._sleep_until:
             self._wake.set()
 
     async def run(self) -> None:
-        while await self._until_due():
-            waiting = list(self._waiting)    # every waiting record rides along: one hop for all
-            self._waiting.clear()
-            batch, blocks = [], []
-            for record in waiting:
-                try:
-                    blocks.append(record._take())
-                    batch.append(record)
-                except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
-                    record._written(0, f"{type(exc).__name__}: {exc}")
+        try:
+            while True:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._fsync_loop)
+                    while await self._until_due():
+                        await self._write_pass()
+                    nursery.cancel_scope.cancel()   # idle by the check: no fsync under way
+                if self._idle():                    # still, after the nursery's exit (a checkpoint)
+                    self._running = False
+                    if _WRITER.get(None) is self:
+                        _WRITER.set(None)  # in the same step as the check: a new record starts a new writer
+                    return
+        finally:
+            self._at_exit()
+
+    def _idle(self) -> bool:
+        return (not self._waiting and self._records <= 0 and not self._fsyncing
+                and not self._unsynced and not self._unsynced_dirs)
+
+    # --- writes ---------------------------------------------------------------------
+
+    async def _write_pass(self) -> None:
+        waiting = list(self._waiting)    # every waiting record rides along: one hop for all
+        self._waiting.clear()
+        jobs = []
+        for record in waiting:
             try:
-                errors = await storage.run_sync(_append_all, blocks, cancellable=False)
-            except Exception as exc:  # noqa: BLE001 - a system task must not die: every record hears of it
-                errors = [f"{type(exc).__name__}: {exc}"] * len(batch)
-            self.passes += 1
-            for record, (_path, lines, _check), error in zip(batch, blocks, errors):
-                record._written(len(lines), error)
+                job = record._take()
+                job.sync_dir = job.path.parent in self._unsynced_dirs
+                jobs.append(job)
+            except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
+                record._written(0, f"{type(exc).__name__}: {exc}")
+        self._next_pass_at = trio.current_time() + PASS_GAP_S
+        try:
+            await storage.run_sync(self._write_jobs, jobs, cancellable=False)
+        except Exception as exc:  # noqa: BLE001 - a system task must not die: every record hears of it
+            for job in jobs:
+                job.error = job.error or f"{type(exc).__name__}: {exc}"
+        self.passes += 1
+        now = trio.current_time()
+        for job in jobs:
+            self._schedule_fsync(job, now)
+            job.record._written(job.count, job.error, final=job.final and job.error is None)
+
+    def _schedule_fsync(self, job: _Job, now: float) -> None:
+        if job.created:
+            self._unsynced_dirs.add(job.path.parent)
+        if job.synced:
+            self._unsynced.pop(job.path, None)
+            self._unsynced_dirs.discard(job.path.parent)
+        elif job.touched:          # something may sit in the page cache only
+            due = now + job.record.fsync_s
+            if due < self._unsynced.get(job.path, math.inf):
+                self._unsynced[job.path] = due
+                if due < self._fsync_sleep_until:
+                    self._fsync_wake.set()
+
+    def _write_jobs(self, jobs: list[_Job]) -> None:
+        """The worker thread's part of a pass: each job's block appended on
+        the record's kept descriptor (opened when it has none), then the
+        fsyncs the jobs ask for (every write of the pass is in the page
+        cache before the first fsync starts). One file's failure is its own."""
+        for job in jobs:
+            try:
+                self._append(job)
+            except OSError as exc:
+                job.error = str(exc)
+                self._close_fd(job.record)    # reopened (and checked for a torn line) next time
+        for job in jobs:
+            if job.sync and job.touched and job.error is None:
+                try:
+                    self._sync(job)
+                except OSError as exc:
+                    job.error = str(exc)
+            if job.final:
+                self._close_fd(job.record)
+
+    def _append(self, job: _Job) -> None:
+        if not job.data and not job.final:
+            return
+        data = job.data
+        if job.check_torn and data and _ends_torn(job.path):
+            data = b"\n" + data
+        fd = self._fds.get(job.record)
+        if fd is None:
+            fd, job.created = storage.open_append(job.path)
+            self._fds[job.record] = fd
+            while len(self._fds) > self._max_open:    # the least recently written goes (its lines are written)
+                self._close_fd(next(iter(self._fds)))
+        else:
+            self._fds.move_to_end(job.record)
+        job.touched = True
+        storage.write_all(fd, data)
+
+    def _sync(self, job: _Job) -> None:
+        fd = self._fds.get(job.record)
+        if fd is None:                   # closed meanwhile for a later job's open: by its path
+            self._fsync_by_path(job.path)
+        else:
+            self._fsync(fd)
+        if job.created or job.sync_dir:
+            self._fsync_folder(job.path.parent)
+        job.synced = True
+
+    def _close_fd(self, record: CallRecord) -> None:
+        fd = self._fds.pop(record, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # --- fsyncs ---------------------------------------------------------------------
+
+    async def _fsync_loop(self) -> None:
+        """Fsync each file written since its last fsync once it is due
+        (``fsync_s`` after its first unsynced write), all due files in one
+        worker-thread hop; everything at once when no record is live."""
+        while True:
+            now = trio.current_time()
+            idle = self._records <= 0 and not self._waiting
+            due = [path for path, at in self._unsynced.items() if idle or at <= now]
+            if due or (idle and self._unsynced_dirs):
+                for path in due:
+                    del self._unsynced[path]
+                folders = {path.parent for path in due if path.parent in self._unsynced_dirs}
+                if idle:
+                    folders |= self._unsynced_dirs
+                self._unsynced_dirs -= folders
+                self._fsyncing = True
+                try:
+                    errors = await storage.run_sync(self._fsync_paths, due, sorted(folders), cancellable=False)
+                except Exception as exc:  # noqa: BLE001 - a system task must not die
+                    errors = [f"{type(exc).__name__}: {exc}"]
+                finally:
+                    self._fsyncing = False
+                self.fsync_passes += 1
+                for error in errors:
+                    _log.error("call.record_fsync_failed", error=error)
+                self._wake.set()               # the write loop may retire now
+                continue
+            self._fsync_sleep_until = min(self._unsynced.values(), default=math.inf)
+            self._fsync_wake = trio.Event()
+            with trio.move_on_at(self._fsync_sleep_until):
+                await self._fsync_wake.wait()
+            self._fsync_sleep_until = math.inf
+
+    def _fsync_paths(self, paths: list[Path], folders: list[Path]) -> list[str]:
+        """Fsync each file by its path (its own descriptor: the write pass
+        owns the kept ones), then each folder; the errors, one per failure."""
+        errors = []
+        for path in paths:
+            try:
+                self._fsync_by_path(path)
+            except OSError as exc:
+                errors.append(f"{path.name}: {exc}")
+        for folder in folders:
+            try:
+                self._fsync_folder(folder)
+            except OSError as exc:
+                errors.append(f"{folder.name}/: {exc}")
+        return errors
+
+    def _fsync_by_path(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _fsync_folder(self, folder: Path) -> None:
+        self._fsync_by_path(folder)
+
+    # --- lifetime -------------------------------------------------------------------
 
     async def _until_due(self) -> bool:
         """Wait until a record is due (True), or retire (False)."""
         while True:
-            if not self._waiting and self._records <= 0:
-                if _WRITER.get(None) is self:
-                    _WRITER.set(None)  # in the same step as the check: a new record starts a new writer
+            if self._idle():
                 return False
             due = min(self._waiting.values(), default=math.inf)
             if due <= trio.current_time():
@@ -197,19 +432,31 @@ class RecordWriter:
                 await self._wake.wait()
             self._sleep_until = math.inf
 
+    def _at_exit(self) -> None:
+        """The run is ending (its system tasks cancelled) or the writer
+        retired (then nothing is left): close every kept descriptor and,
+        blocking as the last act of the run, fsync what is still unsynced."""
+        self._running = False
+        for record in list(self._fds):
+            self._close_fd(record)
+        paths, folders = list(self._unsynced), sorted(self._unsynced_dirs)
+        self._unsynced.clear()
+        self._unsynced_dirs.clear()
+        for error in self._fsync_paths(paths, folders):
+            _log.error("call.record_fsync_failed", error=error)
+
 
 _WRITER: trio.lowlevel.RunVar[RecordWriter | None] = trio.lowlevel.RunVar("voiceactors_record_writer")
 
 
 def shared_writer() -> RecordWriter:
-    """This trio run's record writer, started on first use (a system task:
-    no call's nursery has to hold it; it retires when the last record has
-    closed)."""
+    """This trio run's record writer (its task starts with the first record
+    that joins it, a system task: no call's nursery has to hold it; it
+    retires when the last record has closed)."""
     writer = _WRITER.get(None)
     if writer is None:
         writer = RecordWriter()
         _WRITER.set(writer)
-        trio.lowlevel.spawn_system_task(writer.run, name="call-record-writer")
     return writer
 
 
@@ -221,7 +468,8 @@ class CallRecord:
     nothing is written until ``opened()`` (the first connect)."""
 
     def __init__(self, call_id: str, state_dir: Path, *, started: float | None = None,
-                 write_now: bool = False, **start_fields: Any) -> None:
+                 write_now: bool = False, fsync_s: float | None = None,
+                 writer: RecordWriter | None = None, **start_fields: Any) -> None:
         self.call_id = call_id
         self.path = record_path(state_dir, call_id)
         self.started = trio.current_time() if started is None else started
@@ -230,8 +478,12 @@ class CallRecord:
         self._taken = 0                             # how many a pass under way is writing
         self._fresh_line = False                    # our own append ended the file with "\n"
         self._open = write_now
+        self._closing = False                       # close() asked for the last pass
+        self._final = False                         # the last pass is done: written, fsynced, fd closed
+        #: how long a written line may wait for its fsync (``call_record_fsync_s``; 0: before it counts as written)
+        self.fsync_s = _default_fsync_s() if fsync_s is None else fsync_s
         self._pass_done = trio.Event()
-        self._writer = shared_writer()
+        self._writer = shared_writer() if writer is None else writer
         self._writer.join()
         self._closed = False
         self.flushes = 0
@@ -255,21 +507,26 @@ class CallRecord:
     def render(self, lines: list[dict[str, Any]]) -> list[str]:
         return [json.dumps(line, ensure_ascii=False, default=str) for line in lines]
 
-    def _take(self) -> tuple[Path, list[str], bool]:
+    def _take(self) -> _Job:
         """The writer takes the lines not yet on disk (rendered on the trio thread)."""
         batch = self.lines[self._flushed:] if self._open else []
         self._taken = len(batch)
-        return self.path, self.render(batch), not self._fresh_line
+        final = self._closing and self._open
+        return _Job(self, self.path, storage.lines_block(self.render(batch)), len(batch),
+                    check_torn=not self._fresh_line, sync=final or self.fsync_s <= 0, final=final,
+                    sync_dir=False)
 
-    def _written(self, count: int, error: str | None) -> None:
+    def _written(self, count: int, error: str | None, *, final: bool = False) -> None:
         self._taken = 0
         if error is not None:
             self.failed = error       # the lines stay in memory; the next flush tries again
+            self._fresh_line = False  # a short write may have left a torn line
         elif count:
             self.failed = None
             self._flushed += count
             self._fresh_line = True
             self.flushes += 1
+        self._final = self._final or final
         self._pass_done.set()
         self._pass_done = trio.Event()
 
@@ -279,9 +536,11 @@ class CallRecord:
         task_status.started()
 
     async def close(self) -> bool:
-        """Flush everything; True when something was written (False: the
-        call never connected, nothing on disk). One write is tried here
-        (whatever failed before); if it fails, ``failed`` tells the caller."""
+        """Flush everything and fsync it (whatever ``fsync_s``), close the
+        file; True when something was written (False: the call never
+        connected, nothing on disk). One write is tried here (whatever
+        failed before); if it fails, ``failed`` tells the caller (and what
+        did reach the file is still fsynced, in the background)."""
         # Shielded like any write of ours: the last flush (the ``end`` line)
         # is not cut short by the caller's deadline once it is under way.
         with trio.CancelScope(shield=True):
@@ -289,13 +548,14 @@ class CallRecord:
             if not self._open and self.path.exists():
                 self._open = True   # never connected, but the id has a history: the run belongs in it
             try:
+                self._closing = True       # the last pass writes the rest, fsyncs and closes the file
                 tried = False
-                while self._open and self._flushed < len(self.lines):
+                while self._open and not self._final:
                     if tried and self.failed is not None:
                         break              # the disk refuses: the caller logs ``failed``
                     tried = True
                     done = self._pass_done
-                    self._writer.want(self, urgent=True)
+                    self._writer.want(self, urgent=True, at_once=True)
                     await done.wait()
             finally:
                 if not self._closed:

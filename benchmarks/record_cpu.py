@@ -1,0 +1,154 @@
+"""CPU of the call records alone, per tool round, in one process (issue 14).
+
+What it measures: process CPU time (``time.process_time``: the trio thread
+and the worker threads the writer uses) of ``--calls`` call records living
+at once in one trio run, each doing ``--rounds`` tool rounds: a
+``tool_started`` line, ``--tool-ms`` later its ``tool_call`` line (both
+urgent: written at once), then a think time drawn from ``--think-ms``
+(seeded), then the next round; then the ``end`` line and ``close()``. No
+sockets, no protocol: the record's writes and fsyncs only, as the burst
+benchmark's calls make them (100 calls, 20 rounds, 50–250 ms think by
+default; ``--latency``: also how long each ``tool_started`` line took from
+``add`` to written, the window a kill -9 could lose it in; ``--null``: the same calls with records that only keep their lines,
+the harness's own floor). Reported: CPU ms per round (the total over rounds), the writer's
+passes, the wall time, and the files' total size (a check both versions
+wrote the same lines).
+
+It uses only APIs every version of ``CallRecord`` has (``CallRecord(call_id,
+state_dir)``, ``opened``, ``add``, ``close``), so the same script measures
+an older checkout::
+
+    .venv/bin/python -m benchmarks.record_cpu --repeats 3
+    git worktree add --detach /tmp/records-before main
+    PYTHONPATH=/tmp/records-before .venv/bin/python benchmarks/record_cpu.py --repeats 3
+
+``--state-dir`` puts the records on another file system (default: a fresh
+temp dir under ``$TMPDIR``); fsync's cost depends on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+
+async def _until_written(record: Any, waits: list[float]) -> None:
+    """``--latency``: how long the line just added took to be written (polled every ms)."""
+    t0, want = trio.current_time(), len(record.lines)
+    while record._flushed < want:
+        await trio.sleep(0.001)
+    waits.append(trio.current_time() - t0)
+
+
+async def _one_call(record: Any, rounds: int, tool_s: float, think: list[float],
+                    waits: list[float] | None = None) -> None:
+    record.opened()
+    for n in range(rounds):
+        record.add("tool_started", tool_call_id=f"call_{n}", tool="briefing.get", response_id=f"resp_{n}",
+                   epoch=1, turn=n + 1, effect="read", arguments="{}")
+        if waits is not None:
+            await _until_written(record, waits)
+        await trio.sleep(tool_s)
+        record.add("tool_call", tool_call_id=f"call_{n}", tool="briefing.get", response_id=f"resp_{n}",
+                   epoch=1, turn=n + 1, duration_ms=1.0, outcome="ok", output_bytes=120, sends=1,
+                   delivered=True, synthetic=False, state="delivered", overhead_ms=0.5)
+        await trio.sleep(think[n])
+    record.add("end", reason="closed_by_service", duration_s=1.0, epoch=1, reconnects=0, tool_calls=rounds,
+               responses=rounds, close_code=1000, feed_dropped=0)
+    await record.close()
+
+
+class NullRecord:
+    """The harness's floor (``--null``): the same calls, lines kept in memory, nothing written."""
+
+    def __init__(self, call_id: str, state_dir: Path) -> None:
+        self.call_id, self.failed = call_id, None
+        self.lines: list[str] = []
+        self.path = state_dir / f"{call_id}.null"
+
+    def opened(self) -> None:
+        pass
+
+    def add(self, kind: str, **fields: Any) -> None:
+        self.lines.append(json.dumps({"kind": kind, **fields}))
+
+    async def close(self) -> bool:
+        self.path.write_text("\n".join(self.lines) + "\n")
+        return True
+
+
+class _NoWriter:
+    passes = 0
+
+
+async def _run(state_dir: Path, calls: int, rounds: int, tool_s: float, think_ms: tuple[float, float],
+               seed: int, null: bool = False, latency: bool = False) -> dict[str, Any]:
+    from voiceactors.actors.call_record import CallRecord, shared_writer
+
+    rng = random.Random(seed)
+    plans = [[rng.uniform(*think_ms) / 1000 for _ in range(rounds)] for _ in range(calls)]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    make: Any = NullRecord if null else CallRecord
+    records = [make(f"rtc_bench_{i}", state_dir) for i in range(calls)]
+    writer: Any = _NoWriter() if null else shared_writer()
+    waits: list[float] | None = [] if latency else None
+    async with trio.open_nursery() as nursery:
+        for record, think in zip(records, plans):
+            nursery.start_soon(_one_call, record, rounds, tool_s, think, waits)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    failed = [r.call_id for r in records if r.failed is not None]
+    size = sum(r.path.stat().st_size for r in records)
+    out = {"cpu_ms_per_round": round(cpu * 1000 / (calls * rounds), 4), "cpu_s": round(cpu, 3),
+           "wall_s": round(wall, 3), "passes": writer.passes, "bytes": size, "failed": failed}
+    if waits:
+        waits.sort()
+        out["written_ms_p50_p99_max"] = [round(waits[int(q * (len(waits) - 1))] * 1000, 1) for q in (0.5, 0.99, 1.0)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--tool-ms", type=float, default=2.0)
+    p.add_argument("--think-ms", type=float, nargs=2, default=(50.0, 250.0), metavar=("MIN", "MAX"))
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--state-dir", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--latency", action="store_true",
+                   help="also time each tool_started line from add to written (polled every ms: CPU not comparable)")
+    p.add_argument("--null", action="store_true", help="the harness alone: records that write nothing until close")
+    args = p.parse_args(argv)
+    import voiceactors
+
+    runs = []
+    for i in range(args.repeats):
+        base = Path(tempfile.mkdtemp(prefix="record-cpu-", dir=args.state_dir))
+        try:
+            result = trio.run(_run, base, args.calls, args.rounds, args.tool_ms / 1000,
+                              tuple(args.think_ms), args.seed + i, args.null, args.latency)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        result["load_1m"] = os.getloadavg()[0]
+        result["when_utc"] = time.strftime("%H:%M:%S", time.gmtime())
+        runs.append(result)
+        print(json.dumps(result), flush=True)
+    summary = {"code": str(Path(voiceactors.__file__).parent.parent), "argv": sys.argv[1:], "runs": runs}
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

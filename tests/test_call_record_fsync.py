@@ -1,0 +1,259 @@
+"""The call record's fsyncs, grouped on a schedule (issue 14), on real files.
+
+A line counts as written once its ``write()`` returned (page cache: what a
+kill -9 leaves for crash recovery); each file is fsynced at most once per
+``fsync_s`` in the background, and always at the record's close and at the
+run's end. ``fsync_s=0`` keeps the fsync before the line counts as written.
+
+The writer's ``fsync`` seam gets a real function that records, for every
+fsync it is asked for, the file the descriptor names (``/proc/self/fd``) and
+its size then. It does not fsync: a real fsync takes real time, while
+``autojump_clock`` moves virtual time on as fast as it can meanwhile, so the
+schedule's counts would depend on the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from calls_support import rig, steady
+from structlog.testing import capture_logs
+
+from voiceactors.actors.call_record import CallRecord, RecordWriter, read_record, record_path
+from voiceactors.actors.recovery import find_crashed
+
+
+class FsyncLog:
+    """An fsync stand-in that remembers what it was asked to sync: ``(path, size)`` per call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self._lock = threading.Lock()     # the write and the fsync passes run in different threads
+
+    def __call__(self, fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        size = os.fstat(fd).st_size
+        with self._lock:
+            self.calls.append((target, size))
+
+    def of(self, path: Path) -> list[int]:
+        """The sizes ``path`` had at each of its fsyncs."""
+        with self._lock:
+            return [size for target, size in self.calls if target == str(path)]
+
+
+def _open_fds_under(folder: Path, *, appending_only: bool = False) -> int:
+    """Descriptors of this process on files under ``folder`` (``appending_only``:
+    the writer's kept ``O_APPEND`` ones, not an fsync pass's short-lived own)."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith(str(folder) + "/"):
+                continue
+            if appending_only:
+                flags = Path(f"/proc/self/fdinfo/{name}").read_text().split("flags:")[1].split()[0]
+                if not int(flags, 8) & os.O_APPEND:
+                    continue
+        except (OSError, IndexError):
+            continue
+        count += 1
+    return count
+
+
+async def _until(predicate, real_s: float = 20.0) -> None:
+    """Poll in small virtual steps, bounded in real time: autojump_clock
+    moves on while a worker thread writes, so virtual time is no bound."""
+    give_up = time.monotonic() + real_s
+    while not predicate():
+        if time.monotonic() > give_up:
+            raise AssertionError("condition not reached")
+        await trio.sleep(0.01)
+
+
+async def test_a_line_reported_written_is_in_the_file_before_any_fsync(tmp_path, autojump_clock):
+    fsyncs = FsyncLog()
+    writer = RecordWriter(fsync=fsyncs)
+    record = CallRecord("rtc_cache", tmp_path, fsync_s=3600, writer=writer)
+    record.opened()
+    record.add("tool_started", tool_call_id="call_1", tool="briefing.get", response_id="resp_1",
+               epoch=1, turn=1, effect="read", arguments="{}")
+    await _until(lambda: record.flushes >= 1 and record._flushed == len(record.lines))
+    assert fsyncs.of(record.path) == []                  # not fsynced (its schedule is an hour away)
+    # what crash recovery reads after a kill -9: the page cache has the lines
+    crashed = find_crashed(tmp_path, max_age_s=60, limit=10)
+    assert [c.call_id for c in crashed] == ["rtc_cache"]
+    assert [p.tool_call_id for p in crashed[0].pending] == ["call_1"]
+    record.add("end", reason="closed_by_service")
+    assert await record.close() is True
+    size = record.path.stat().st_size
+    assert max(fsyncs.of(record.path)) == size       # the close fsynced everything it wrote
+    assert any(target == str(record.path.parent) for target, _ in fsyncs.calls)   # and the new name's folder
+    assert _open_fds_under(tmp_path, appending_only=True) == 0   # and closed the file
+
+
+async def test_fsyncs_are_grouped_at_most_once_per_fsync_s_while_the_call_lives(tmp_path, autojump_clock):
+    fsyncs = FsyncLog()
+    writer = RecordWriter(fsync=fsyncs)
+    record = CallRecord("rtc_busy", tmp_path, fsync_s=1.0, writer=writer)
+    record.opened()
+    start = trio.current_time()
+    for i in range(300):                                 # a busy call: 300 urgent lines, each written
+        record.add("tool_call", tool_call_id=f"call_{i}")
+        await _until(lambda: record._flushed == len(record.lines))   # >= one 0.01 s poll each
+    elapsed = trio.current_time() - start
+    during = fsyncs.of(record.path)
+    assert record.flushes == 300 and elapsed >= 2.9
+    # the schedule ran while the call lived (not only at its close), at most once per fsync_s,
+    # and far fewer times than the flushes (with fsync_s=0 it is once per flush)
+    assert 1 <= len(during) <= elapsed / 1.0 + 1
+    assert len(during) * 4 <= record.flushes
+    assert during == sorted(during)                      # each one later in the file
+    record.add("end", reason="closed_by_service")
+    assert await record.close() is True
+    assert max(fsyncs.of(record.path)) == record.path.stat().st_size
+    assert len(read_record(record.path)) == record.flushes + 1
+
+
+async def test_fsync_s_zero_fsyncs_every_flush_before_it_counts_as_written(tmp_path, autojump_clock):
+    fsyncs = FsyncLog()
+    writer = RecordWriter(fsync=fsyncs)
+    record = CallRecord("rtc_strict", tmp_path, fsync_s=0, writer=writer)
+    record.opened()
+    for i in range(5):
+        record.add("tool_started", tool_call_id=f"call_{i}")
+        await _until(lambda: record._flushed == len(record.lines))
+        # reported written only once fsynced: the last fsync saw the whole file
+        assert max(fsyncs.of(record.path)) == record.path.stat().st_size
+    assert len(fsyncs.of(record.path)) == record.flushes
+    record.add("end", reason="closed_by_service")
+    assert await record.close() is True
+
+
+def test_the_end_of_the_run_fsyncs_and_closes_what_is_left(tmp_path):
+    """A record never closed (its run ends under it: the process's last act):
+    the writer's exit fsyncs its file and closes it."""
+    fsyncs = FsyncLog()
+
+    async def main() -> Path:
+        writer = RecordWriter(fsync=fsyncs)
+        record = CallRecord("rtc_left", tmp_path, fsync_s=3600, writer=writer)
+        record.opened()
+        record.add("tool_started", tool_call_id="call_1")
+        await _until(lambda: record._flushed == len(record.lines))
+        assert fsyncs.of(record.path) == [] and _open_fds_under(tmp_path, appending_only=True) == 1
+        return record.path      # main returns: trio cancels the writer's system task
+
+    path = trio.run(main)
+    assert fsyncs.of(path) == [path.stat().st_size]
+    assert _open_fds_under(tmp_path) == 0
+
+
+async def test_many_records_keep_at_most_max_open_files_open(tmp_path, autojump_clock):
+    fsyncs = FsyncLog()
+    writer = RecordWriter(fsync=fsyncs, max_open=2)
+    records = [CallRecord(f"rtc_fd_{n}", tmp_path, fsync_s=1.0, writer=writer) for n in range(5)]
+    for record in records:
+        record.opened()
+    for i in range(3):
+        for record in records:
+            record.add("tool_call", tool_call_id=f"call_{i}")
+        await _until(lambda: all(r._flushed == len(r.lines) for r in records))
+        assert writer.open_files <= 2 and _open_fds_under(tmp_path, appending_only=True) <= 2
+    # past fsync_s: every file is fsynced, the ones whose descriptor was closed by their path
+    await _until(lambda: all(fsyncs.of(r.path)[-1:] == [r.path.stat().st_size] for r in records))
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True
+        assert [x["kind"] for x in read_record(record.path)] == ["start", "tool_call", "tool_call", "tool_call", "end"]
+    assert _open_fds_under(tmp_path, appending_only=True) == 0
+
+
+async def test_a_write_error_on_an_open_file_is_reported_and_the_close_returns(tmp_path, autojump_clock):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (a device whose every write fails with ENOSPC)")
+    fsyncs = FsyncLog()
+    writer = RecordWriter(fsync=fsyncs)
+    full = CallRecord("rtc_full", tmp_path, fsync_s=1.0, writer=writer)
+    fine = CallRecord("rtc_fine", tmp_path, fsync_s=1.0, writer=writer)
+    full.path.parent.mkdir(parents=True, exist_ok=True)
+    full.path.symlink_to("/dev/full")                    # opens fine; every write: ENOSPC
+    for record in (full, fine):
+        record.opened()
+        record.add("tool_started", tool_call_id="call_1")
+    await _until(lambda: full.failed is not None and fine.flushes == 1)
+    assert "No space left on device" in full.failed
+    assert full._flushed == 0 and len(full.lines) == 2   # the lines stay in memory for the next try
+    for record in (full, fine):
+        record.add("end", reason="closed_by_service")
+    assert await full.close() is True and full.failed is not None   # told, never hung
+    assert await fine.close() is True and fine.failed is None
+    assert [x["kind"] for x in read_record(fine.path)] == ["start", "tool_started", "end"]
+    assert _open_fds_under(tmp_path, appending_only=True) == 0
+
+
+WRITER_CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import trio
+    from voiceactors.actors.call_record import CallRecord, RecordWriter
+
+    async def main():
+        fsyncs = []
+        writer = RecordWriter(fsync=fsyncs.append)      # an fsync that never reaches the disk
+        record = CallRecord("rtc_killed", Path(sys.argv[1]), fsync_s=3600, writer=writer)
+        record.opened()
+        record.add("tool_started", tool_call_id="call_w", tool="commitments.complete",
+                   response_id="resp_1", epoch=1, turn=1, effect="write")
+        while record._flushed < len(record.lines):
+            await trio.sleep(0.01)
+        print("written", len(fsyncs), flush=True)
+        await trio.sleep(3600)
+
+    trio.run(main)
+""")
+
+
+def test_kill_9_after_a_line_was_reported_written_leaves_it_for_recovery(tmp_path):
+    """A real process, killed once its record reported the line written and
+    before any fsync: the next process's recovery finds the pending call."""
+    child = subprocess.Popen([sys.executable, "-c", WRITER_CHILD, str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().split() == ["written", "0"]   # no fsync was made
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+    crashed = find_crashed(tmp_path, max_age_s=60, limit=10)
+    assert [(c.call_id, [p.tool_call_id for p in c.pending]) for c in crashed] == [("rtc_killed", ["call_w"])]
+    assert [x["kind"] for x in read_record(record_path(tmp_path, "rtc_killed"))] == ["start", "tool_started"]
+
+
+async def test_a_call_whose_record_cannot_be_written_still_runs_and_says_so(tmp_path, autojump_clock):
+    """Through the CallActor (simulator, real sockets): the record's file
+    refuses every write (ENOSPC); the call's tools are answered as usual, the
+    actor logs ``call.record_failed`` at the end, and the setting reaches the
+    record."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (a device whose every write fails with ENOSPC)")
+    async with rig(tmp_path, call_record_fsync_s=0.25) as r:
+        path = record_path(r.settings.state_dir, "rtc_nospace")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to("/dev/full")
+        with capture_logs() as logs:
+            actor, sc = await r.run_call("rtc_nospace", steady("parallel_tools"))
+    assert actor.record is not None and actor.record.fsync_s == 0.25
+    assert len(sc.tool_calls) == 3 and all(len(sc.outputs[c]) == 1 for c in sc.tool_calls)
+    failed = [line for line in logs if line["event"] == "call.record_failed"]
+    assert len(failed) == 1 and "No space left on device" in failed[0]["error"]

@@ -175,7 +175,7 @@ class BrainFlight:
             except RegistryDown:
                 return await _alone(generate)
             if won:
-                return await self._run_holding(token, digest, day, generate)
+                return await self._run_holding(token, floor, digest, day, generate)
             try:
                 newer = await self._wait_for_holder(floor)
             except RegistryDown:
@@ -196,9 +196,16 @@ class BrainFlight:
                 latest = await self.current()       # stored just before the lock went
                 return latest if latest is not None and latest.version > floor else None
 
-    async def _run_holding(self, token: str, digest: str, day: _dt.date, generate: Generate) -> Obtained:
+    async def _run_holding(self, token: str, floor: int, digest: str, day: _dt.date,
+                           generate: Generate) -> Obtained:
         stored = False
         try:
+            try:
+                latest = await self.current()
+            except RegistryDown:
+                latest = None
+            if latest is not None and latest.version > floor:
+                return _adopted(latest)     # stored by a holder that let the lock go just before we took it
             instruction, session_id = await generate()
             try:
                 version = int(await self._script(STORE, [LOCK_KEY, CURRENT_KEY, VERSION_KEY],

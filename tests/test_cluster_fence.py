@@ -17,6 +17,7 @@ process could win the lease.
 from __future__ import annotations
 
 import fcntl
+import json
 import signal
 
 import httpx
@@ -31,6 +32,7 @@ from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.recovery import RESTARTED_OUTPUT
+from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.fence import send_guard
 from voiceactors.cluster.registry import RedisRegistry
 from voiceactors.journal.sample import write_sample_journal
@@ -150,4 +152,28 @@ async def test_the_fence_never_allows_while_another_process_could_win_the_lease(
         # its late renewal finds another token: the fence closes for good
         assert await holder.renew(lease) is None
         assert fence.until == float("-inf") and holder.fence_of(CALL) is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_mirror_applies_a_burst_of_lines_in_order(redis_server):
+    holder = RedisRegistry(redis_server.url, 5.0, node="holder")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(holder.run)
+        for call_id in ("rtc_one", "rtc_two"):
+            assert await holder.acquire(call_id) is not None
+        # noted in one step, so the writer takes them as one batch: a start and its settle in it cancel out
+        for call_id in ("rtc_one", "rtc_two"):
+            for n in range(3):
+                holder.note_record(call_id, {"kind": "tool_started", "tool_call_id": f"call_{n}", "tool": "t"})
+            holder.note_record(call_id, {"kind": "tool_call", "tool_call_id": "call_1"})
+        holder.note_record("rtc_not_held", {"kind": "tool_started", "tool_call_id": "call_x", "tool": "t"})
+        async with rc.client(redis_server.url) as redis:
+            with trio.fail_after(5):
+                while len(await redis.hgetall(rc.pending_key("rtc_two"))) != 2:
+                    await trio.sleep(0.01)
+            for call_id in ("rtc_one", "rtc_two"):
+                pending = await redis.hgetall(rc.pending_key(call_id))
+                assert set(pending) == {"call_0", "call_2"}
+                assert json.loads(pending["call_0"])["tool"] == "t"
+            assert await redis.hgetall(rc.pending_key("rtc_not_held")) == {}
         nursery.cancel_scope.cancel()

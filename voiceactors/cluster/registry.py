@@ -301,18 +301,34 @@ class RedisRegistry:
             _log.warning("registry.mirror_dropped", call_id=call_id, kind=line.get("kind"))
 
     async def _mirror_writer(self) -> None:
-        async for call_id, line in self._mirror_receive:
-            tool_call_id = line.get("tool_call_id")
-            if not isinstance(tool_call_id, str) or call_id not in self._held:
+        """Write the queued tool lines in order, everything queued at once in
+        one Lua step (one round trip however many calls' lines wait)."""
+        receive = self._mirror_receive
+        async for first in receive:
+            batch = [first]
+            while True:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            keys: list[str] = []
+            args: list[str] = []
+            written: list[tuple[str, str]] = []
+            for call_id, line in batch:
+                tool_call_id = line.get("tool_call_id")
+                if not isinstance(tool_call_id, str) or call_id not in self._held:
+                    continue
+                keys.append(rc.pending_key(call_id))
+                started = line["kind"] == "tool_started"
+                args += ["set" if started else "del", tool_call_id, json.dumps(line) if started else ""]
+                written.append((call_id, line["kind"]))
+            if not keys:
                 continue
-            key = rc.pending_key(call_id)
             try:
-                if line["kind"] == "tool_started":
-                    await self._request(self._redis.hset(key, {tool_call_id: json.dumps(line)}))
-                else:
-                    await self._request(self._redis.hdel(key, [tool_call_id]))
+                await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
-                _log.warning("registry.mirror_failed", call_id=call_id, kind=line["kind"])
+                for call_id, kind in written:
+                    _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
 
     async def orphans(self) -> list[tuple[str, str]]:
         """``(call_id, token)`` of the calls whose lease is gone but whose

@@ -248,7 +248,7 @@ class BrainActor:
         self._failed_at = None
         self._log.info("brain.adopted", reason=reason, version=shared.version, age_s=round(shared.age_s, 3),
                        chars=len(shared.instruction))
-        metrics.brain_refreshed("ok", self.refreshed_at)
+        metrics.set_brain_refreshed_at(self.refreshed_at)     # no backend run here: not counted as one
 
     async def _run(self, reason: str) -> None:
         started = trio.current_time()

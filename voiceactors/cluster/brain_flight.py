@@ -46,6 +46,7 @@ LOCK_KEY = rc.PREFIX + "brain:lock"
 LOCK_MARGIN_S = 5.0         # the lock outlives a run bounded by brain_timeout_s by this much
 OP_TIMEOUT_S = 2.0          # one Redis request's bound
 WAIT_POLL_S = 0.1           # how often a waiter looks for the holder's result
+REFRESH_JOIN_S = 10.0       # an explicit refresh adopts a run this recent from the same journal state
 
 #: KEYS: lock, current, version. ARGV: token, instruction, digest, day.
 #: Stores the result only while ``token`` holds the lock, then deletes the
@@ -157,14 +158,16 @@ class BrainFlight:
     async def obtain(self, digest: str, day: _dt.date, *, refresh: bool, max_age_s: float,
                      generate: Generate) -> Obtained:
         """One brain run for this process (see the module docstring).
-        ``refresh``: an explicit refresh, which adopts only a version made
-        after it began. Backend errors propagate (the lock is released)."""
+        ``refresh``: an explicit refresh, which adopts a version made from
+        the same journal state only within ``REFRESH_JOIN_S`` (a refresh
+        asked of several processes at once runs once), else one made after
+        it began. Backend errors propagate (the lock is released)."""
         try:
             seen = await self.current()
         except RegistryDown:
             return await _alone(generate)
-        if (seen is not None and not refresh and seen.digest == digest and seen.day == day
-                and seen.age_s <= max_age_s):
+        if (seen is not None and seen.digest == digest and seen.day == day
+                and seen.age_s <= (min(max_age_s, REFRESH_JOIN_S) if refresh else max_age_s)):
             return _adopted(seen)
         floor = seen.version if seen is not None else 0
         while True:

@@ -175,7 +175,7 @@ class CallActor:
         self._on_cost = on_cost
         # the cluster registry's mirror of the record's tool lines (a takeover answers from it)
         self._on_record = on_record
-        # a leased call's deadline for every frame, hangup and reconnect (cluster/leases.py)
+        # a leased call's deadline for every frame, hangup and reconnect (cluster/fence.py)
         self._fence = fence
 
     # views of the protocol's state
@@ -332,15 +332,16 @@ class CallActor:
         fence = self._fence
         try:
             # Shielded: a frame cancelled half-way would corrupt the stream;
-            # only its own deadline ends it (one scope for both: a write is hot)
+            # only its own deadline ends it (one scope for both: a write is hot).
+            # A leased call's deadline bounds it too: no tail of a frame after it.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
                 if fence is None:
                     await ws_frames.send_now(ws, data)
-                elif not await ws_frames.send_before(ws, data, fence.until):
-                    self._fenced()
-                    return False
                 else:
-                    scope.deadline = min(scope.deadline, fence.until)   # a frame's tail, too
+                    scope.deadline = min(scope.deadline, fence.until)
+                    if not await ws_frames.send_before(ws, data, fence.until):
+                        self._fenced()
+                        return False
         except ConnectionClosed as exc:
             self._end_connection(close_code(exc))
             return False

@@ -177,6 +177,28 @@ async def test_send_now_on_a_closed_connection_raises_connection_closed():
         nursery.cancel_scope.cancel()
 
 
+async def test_send_before_reads_the_clock_after_waiting_for_a_write_in_progress(autojump_clock):
+    # the fence's seam (cluster/fence.py): a frame goes out only if its bytes reach
+    # the socket before the deadline, however long trio-websocket's own write held the lock
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        assert await ws_frames.send_before(ws, "in time", trio.current_time() + 1.0)
+        await ws._stream_lock.acquire()            # trio-websocket's own write (a pong, its close)
+        outcome: list[bool] = []
+
+        async def late() -> None:
+            outcome.append(await ws_frames.send_before(ws, "late", trio.current_time() + 1.0))
+
+        nursery.start_soon(late)
+        await trio.sleep(2.0)                       # the deadline passes while it waits for the lock
+        ws._stream_lock.release()
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcome == [False]                   # nothing written
+        await ws_frames.send_now(ws, "after")
+        assert await peer.read_texts(2) == ["in time", "after"]
+        nursery.cancel_scope.cancel()
+
+
 def test_check_seam_names_what_is_missing():
     class NotAConnection:
         _send_channel = _recv_channel = None

@@ -32,7 +32,7 @@ _COMMANDS = {
 SERVE_FLAGS = ("journal", "host", "port", "state_dir", "log_format", "allowed_hosts", "call_budget_usd",
                "daily_budget_usd", "record_events")
 # settings with a flag on `mcp` (stdio: no address to listen on)
-MCP_FLAGS = ("journal", "state_dir", "log_format")
+MCP_FLAGS = ("journal", "state_dir", "log_format", "redis_url")
 
 
 def _add_serve_flags(p: argparse.ArgumentParser) -> None:

@@ -76,6 +76,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     from voiceactors.actors.mcp_hub import McpHub
     from voiceactors.tools.context import ToolContext
 
+    from voiceactors.cluster.brain_flight import make_flight
     from voiceactors.cluster.registry import make_registry
 
     registry = make_registry(settings)
@@ -83,7 +84,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     mcp = McpHub(settings)
     executor = ToolExecutor(settings, ToolContext.from_settings(settings), remote=mcp, cluster=shared)
     actors: dict[str, Any] = {"registry": shared} if shared is not None else {}
-    actors.update(mcp=mcp, brain=BrainActor(settings, brain_backend), tools=executor,
+    actors.update(mcp=mcp, brain=BrainActor(settings, brain_backend, flight=make_flight(settings)), tools=executor,
                   calls=CallSupervisor(settings, executor.inbox, registry=shared))
     if shared is not None:
         actors["feed"] = _shared_feed(settings)

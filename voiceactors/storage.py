@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import json
@@ -167,10 +168,22 @@ def _keep_owner_and_mode(fd: int, old: os.stat_result) -> None:
     os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
 
+#: A fenced write's last check (``cluster/fence.py``): set around a leased
+#: call's write tool in its worker thread, asked right before
+#: ``atomic_write`` replaces the file; False leaves the file as it was.
+replace_guard: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar(
+    "replace_guard", default=None)
+
+
+class Fenced(Exception):
+    """A fenced write found its call's lease may be gone: nothing replaced."""
+
+
 def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` atomically and durably. An existing file's
     mode (and owner, where permitted) is kept; a new file gets ``new_mode``
-    less the umask (0600 by default, what ``tempfile.mkstemp`` gave before)."""
+    less the umask (0600 by default, what ``tempfile.mkstemp`` gave before).
+    ``Fenced`` (nothing replaced) when ``replace_guard`` says no."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = data.encode("utf-8") if isinstance(data, str) else data
@@ -187,6 +200,9 @@ def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> Non
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
+        guard = replace_guard.get()
+        if guard is not None and not guard():
+            raise Fenced(str(path))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

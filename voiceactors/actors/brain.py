@@ -31,6 +31,13 @@ by ``settings.brain_timeout_s``; on timeout the backend is cancelled (the
 Claude CLI process is killed). A failure leaves the previous
 instruction in place and is logged.
 
+Across processes (``--redis``, ``flight``: ``cluster/brain_flight.py``): a run
+first asks the cluster, so one process at a time runs its backend and the
+others adopt its result (``brain.adopted``, no backend run); every
+``FOLLOW_S`` the actor also adopts a newer version made elsewhere, so every
+process's calls get the same instruction. Redis not answering: the run is
+this process's own, as without Redis.
+
 Cancellation: cancelling ``run`` cancels a run in progress (the session file
 write is shielded) and closes every pending reply channel, so waiting
 callers see ``EndOfChannel`` rather than hang.
@@ -48,6 +55,8 @@ from voiceactors.actors.messages import AwaitReady, BrainMessage, BrainState, Ge
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
 from voiceactors.brain.context import gather
 from voiceactors.brain.session_file import load_session_id, save_session_id
+from voiceactors.cluster.brain_flight import BrainFlight, Obtained, Shared, snapshot_digest
+from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 from voiceactors.storage import run_sync
@@ -56,6 +65,8 @@ INBOX_SIZE = 64
 # After a failed run, automatic staleness refreshes wait this long before the
 # next try (the old instruction still serves); explicit refreshes never wait.
 STALE_RETRY_AFTER_S = 60.0
+# With a cluster brain: how often the actor looks for a newer version made elsewhere.
+FOLLOW_S = 1.0
 
 
 def _reply(channel: trio.MemorySendChannel[Any], value: Any) -> None:
@@ -72,9 +83,11 @@ def _gone(channel: trio.MemorySendChannel[Any]) -> bool:
 
 
 class BrainActor:
-    def __init__(self, settings: Settings, backend: Any = None) -> None:
+    def __init__(self, settings: Settings, backend: Any = None, flight: BrainFlight | None = None) -> None:
         self.settings = settings
         self.backend = backend            # None: chosen by config.brain_backend when run starts
+        self._flight = flight             # the cluster brain (--redis), else None
+        self.version: int | None = None   # the cluster's version of the instruction held
         self.inbox, self._receive = trio.open_memory_channel[BrainMessage](INBOX_SIZE)
         self.instruction: str | None = None
         self.refreshed_at: float | None = None
@@ -84,6 +97,7 @@ class BrainActor:
         self._running = False
         self._failed_at: float | None = None
         self._run_day: _dt.date | None = None
+        self._obtained: Obtained | None = None     # the last run's answer from the cluster
         self._ready_waiters: list[trio.MemorySendChannel[Any]] = []
         self._refresh_waiters: list[trio.MemorySendChannel[Any]] = []
         self._nursery: trio.Nursery | None = None
@@ -127,6 +141,9 @@ class BrainActor:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self._flight is not None:
+                    await nursery.start(self._flight.run)
+                    nursery.start_soon(self._follow_cluster, self._flight)
                 task_status.started()
                 async with self._receive:
                     async for message in self._receive:
@@ -186,27 +203,59 @@ class BrainActor:
         return str(getattr(self.backend, "name", type(self.backend).__name__))
 
     # --- one backend run --------------------------------------------------------
-    async def _generate(self) -> tuple[str, str | None]:
+    async def _generate(self, reason: str = "start") -> tuple[str, str | None]:
         timeout = self.settings.brain_timeout_s
         # The snapshot is local file reads (abandoned on cancel); the deadline
         # bounds the backend, the part that waits on a model or a process.
         day = clock.today()
         snapshot = await run_sync(gather, self.settings.journal, day)
-        try:
-            with trio.fail_after(timeout):
-                instruction, session_id = await self.backend.generate(snapshot, self.session_id)
-        except trio.TooSlowError:
-            raise BrainTimeout(f"brain backend timed out after {timeout:g}s") from None
-        if not isinstance(instruction, str) or not instruction.strip():
-            raise BrainError("brain backend returned an empty instruction")
+
+        async def backend_run() -> tuple[str, str | None]:
+            try:
+                with trio.fail_after(timeout):
+                    instruction, session_id = await self.backend.generate(snapshot, self.session_id)
+            except trio.TooSlowError:
+                raise BrainTimeout(f"brain backend timed out after {timeout:g}s") from None
+            if not isinstance(instruction, str) or not instruction.strip():
+                raise BrainError("brain backend returned an empty instruction")
+            return instruction.strip(), session_id
+
+        if self._flight is None:
+            result = await backend_run()
+        else:
+            self._obtained = await self._flight.obtain(
+                snapshot_digest(snapshot), day, refresh=reason == "refresh",
+                max_age_s=self.settings.brain_max_age_s, generate=backend_run)
+            result = self._obtained.instruction, self._obtained.session_id
         self._run_day = day
-        return instruction.strip(), session_id
+        return result
+
+    async def _follow_cluster(self, flight: BrainFlight) -> None:
+        """Adopt a newer version another process made (between runs)."""
+        while True:
+            await trio.sleep(FOLLOW_S)
+            try:
+                shared = await flight.current()
+            except RegistryDown:
+                continue
+            if (shared is not None and not self._running and (self.version is None or shared.version > self.version)
+                    and shared.day == clock.today()):
+                self._adopt(shared, "cluster")
+
+    def _adopt(self, shared: Shared, reason: str) -> None:
+        self.instruction, self.day, self.version = shared.instruction, shared.day, shared.version
+        self.refreshed_at = trio.current_time() - shared.age_s
+        self._failed_at = None
+        self._log.info("brain.adopted", reason=reason, version=shared.version, age_s=round(shared.age_s, 3),
+                       chars=len(shared.instruction))
+        metrics.set_brain_refreshed_at(self.refreshed_at)     # no backend run here: not counted as one
 
     async def _run(self, reason: str) -> None:
         started = trio.current_time()
         try:
             try:
-                instruction, session_id = await self._generate()
+                self._obtained = None
+                instruction, session_id = await self._generate(reason)
             except Exception as exc:  # any backend failure keeps the old instruction
                 self._failed(exc, reason, started)
                 return
@@ -227,16 +276,24 @@ class BrainActor:
             _reply(channel, exc)
 
     async def _succeeded(self, instruction: str, session_id: str | None, reason: str, started: float) -> None:
-        self.instruction = instruction
-        self.day = self._run_day
-        self.refreshed_at = trio.current_time()
-        self._failed_at = None
-        if session_id and session_id != self.session_id:
-            self.session_id = session_id
-            await self._persist(session_id)
-        self._log.info("brain.refreshed", outcome="ok", backend=self._backend_name(), reason=reason,
-                       duration_ms=round((trio.current_time() - started) * 1000, 1), chars=len(instruction))
-        metrics.brain_refreshed("ok", self.refreshed_at)
+        obtained = self._obtained
+        if obtained is not None and not obtained.ran:    # another process's run: no backend run here
+            assert self._run_day is not None
+            self._adopt(Shared(instruction, obtained.version or 0, "", self._run_day, obtained.age_s), reason)
+        else:
+            self.instruction = instruction
+            self.day = self._run_day
+            self.refreshed_at = trio.current_time()
+            self._failed_at = None
+            if obtained is not None:
+                self.version = obtained.version
+            if session_id and session_id != self.session_id:
+                self.session_id = session_id
+                await self._persist(session_id)
+            self._log.info("brain.refreshed", outcome="ok", backend=self._backend_name(), reason=reason,
+                           duration_ms=round((trio.current_time() - started) * 1000, 1), chars=len(instruction),
+                           **({"version": self.version} if obtained is not None else {}))
+            metrics.brain_refreshed("ok", self.refreshed_at)
         self._running = False
         state = self.state()
         waiters = self._ready_waiters + self._refresh_waiters

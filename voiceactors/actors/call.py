@@ -51,6 +51,7 @@ from voiceactors.actors.call_protocol import (
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
 from voiceactors.actors.call_protocol import CountUsage
 from voiceactors.actors.call_usage import meter_for
+from voiceactors.cluster.fence import SendFence
 from voiceactors.actors.feed import CallFeed
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
 from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
@@ -130,7 +131,8 @@ class CallActor:
                  api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
                  recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
                  model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
-                 on_record: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_record: Callable[[str, dict[str, Any]], None] | None = None,
+                 fence: SendFence | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -173,6 +175,8 @@ class CallActor:
         self._on_cost = on_cost
         # the cluster registry's mirror of the record's tool lines (a takeover answers from it)
         self._on_record = on_record
+        # a leased call's deadline for every frame, hangup and reconnect (cluster/fence.py)
+        self._fence = fence
 
     # views of the protocol's state
     @property
@@ -325,13 +329,24 @@ class CallActor:
     async def _write(self, ws: Any, out: Send) -> bool:
         """Write one frame; False when the connection ended (it is told)."""
         data = json.dumps(out.event, ensure_ascii=False)
+        fence = self._fence
         try:
             # Shielded: a frame cancelled half-way would corrupt the stream;
-            # only its own deadline ends it (one scope for both: a write is hot)
+            # only its own deadline ends it (one scope for both: a write is hot).
+            # A leased call's deadline bounds it too: no tail of a frame after it.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
-                await ws_frames.send_now(ws, data)
+                if fence is None:
+                    await ws_frames.send_now(ws, data)
+                else:
+                    scope.deadline = min(scope.deadline, fence.until)
+                    if not await ws_frames.send_before(ws, data, fence.until):
+                        self._fenced()
+                        return False
         except ConnectionClosed as exc:
             self._end_connection(close_code(exc))
+            return False
+        if scope.cancelled_caught and fence is not None and not fence.allows():
+            self._fenced()
             return False
         if scope.cancelled_caught:
             self.log.warning("call.send_stuck", epoch=self.epoch)
@@ -419,6 +434,8 @@ class CallActor:
                 return EndReason.SHUTDOWN
             if trio.current_time() >= self.deadline:
                 return EndReason.MAX
+            if self._fence is not None and not self._fence.allows():
+                return EndReason.SHUTDOWN       # the lease may be gone: no new sideband
             self._conn_events = 0
             opened_at = math.inf
             unreadable = False
@@ -603,6 +620,13 @@ class CallActor:
             self._feed(Written(out))
             await self._write_step()
 
+    def _fenced(self) -> None:
+        """The lease may have expired: send nothing more, end as a lost
+        lease does (``shutdown``, the socket closed, no hangup)."""
+        if not self._stop.is_set():
+            self.log.warning("call.send_fenced", epoch=self.epoch)
+        self._request_stop()
+
     def _end_connection(self, code: int | None) -> None:
         if self._conn_done.is_set():
             return
@@ -692,15 +716,21 @@ class CallActor:
             await self._settle_tools(trio.current_time() + (deadline - trio.current_time()) / 2)
             for scope in list(self._tool_scopes.values()):
                 scope.cancel()
+            fence = self._fence
             for out in self.protocol.closing_outputs(trio.current_time()):
                 try:
                     with trio.fail_after(SEND_TIMEOUT_S):
-                        await ws.send_message(json.dumps(out.event, ensure_ascii=False))
+                        data = json.dumps(out.event, ensure_ascii=False)
+                        if fence is None:
+                            await ws.send_message(data)
+                        elif not await ws_frames.send_before(ws, data, fence.until):
+                            self._fenced()
+                            break
                 except (ConnectionClosed, trio.TooSlowError):
                     break
                 assert out.tool_call_id is not None   # closing_outputs holds outputs only
                 self._feed(WrittenAtClose(out.tool_call_id))
-            if reason in HANGUP_ENDS and self._hangup_enabled:
+            if reason in HANGUP_ENDS and self._hangup_enabled and (self._fence is None or self._fence.allows()):
                 await self._hangup()
             try:
                 await ws.aclose(1000)

@@ -472,9 +472,15 @@ class ToolExecutor:
                 refused = await self._claim_shared(req) if self.cluster is not None else None
                 if refused is not None:
                     return refused
-                record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args)
+                record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
+                                                                   self._replace_guard(req))
                 if self.cluster is not None and not replayed:
                     await self._record_shared(req, record)
+        except storage.Fenced:
+            # the lease may have expired while the write waited (a paused holder):
+            # the journal file was left as it was, the shared claim stays unfinished
+            _log.error("tool.write_fenced", call_id=req.call_id, tool_call_id=req.tool_call_id)
+            return _error(NOT_HOLDER, "rejected")
         except storage.LockTimeout as exc:
             # nothing applied, nothing recorded: a retry with the same id tries again
             _log.warning("tool.write_lock_busy", call_id=req.call_id, tool=spec.name,
@@ -504,11 +510,37 @@ class ToolExecutor:
         return _Run(output=done.output, outcome=done.outcome, budgeted=done.budgeted,
                     truncated=done.output.startswith('{"truncated":true'))
 
-    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        """Worker thread: check, apply and record under the write log lock."""
+    def _replace_guard(self, req: ToolRequest) -> Callable[[], bool] | None:
+        """For a leased call's write: the check its journal replace makes
+        first (from the worker thread, on trio's clock: a process paused
+        past its lease finds the fence passed when it wakes)."""
+        if self.cluster is None or not req.fenced_by_call or req.call_id is None:
+            return None
+        fence = self.cluster.fence_of(req.call_id)
+        if fence is None:
+            return None
+        allows = fence.allows
+
+        def allowed() -> bool:
+            try:
+                return trio.from_thread.run_sync(allows)
+            except (RuntimeError, trio.RunFinishedError):    # trio is gone: act on nothing
+                return False
+
+        return allowed
+
+    def _apply_write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any],
+                     guard: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bool]:
+        """Worker thread: check, apply and record under the write log lock;
+        ``guard`` fences the tool's own journal replace (not our record)."""
 
         def apply() -> dict[str, Any]:
-            run = shape(spec.handler(self.ctx, args), self.settings.tool_output_cap)
+            token = storage.replace_guard.set(guard)
+            try:
+                result = spec.handler(self.ctx, args)
+            finally:
+                storage.replace_guard.reset(token)
+            run = shape(result, self.settings.tool_output_cap)
             return {"tool": spec.name, "call_id": req.call_id, "outcome": run.outcome,
                     "output": run.output, "client_events": list(run.client_events)}
 

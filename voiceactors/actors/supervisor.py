@@ -149,9 +149,10 @@ class CallSupervisor:
                 nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.AT_CAPACITY
         feed = self.hub.open(call_id, lease.fence if lease is not None else None)   # the fence: event ids
+        fence = self.registry.fence_of(call_id) if lease is not None else None
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
-                          on_record=self.registry.note_record if lease is not None else None)
+                          on_record=self.registry.note_record if lease is not None else None, fence=fence)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")

@@ -187,6 +187,16 @@ end
 return live
 """
 
+#: KEYS: one ``pending:<call_id>`` per line. ARGV: per line ``op`` ('set' or
+#: 'del'), ``tool_call_id``, the line's JSON ('' for 'del'). In order, one step.
+MIRROR = """
+for i = 1, #KEYS do
+  local op, field = ARGV[i * 3 - 2], ARGV[i * 3 - 1]
+  if op == 'set' then redis.call('HSET', KEYS[i], field, ARGV[i * 3]) else redis.call('HDEL', KEYS[i], field) end
+end
+return #KEYS
+"""
+
 ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)
 
 

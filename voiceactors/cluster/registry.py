@@ -16,7 +16,9 @@ lease every third of ``ttl_s`` while the actor runs. The executor asks
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
 lease in the same Lua step that claims, so a stale holder cannot apply a
-write. Its sideband sends are not fenced yet (docs/operations.md § Scaling out).
+write. What Redis cannot see (sideband frames, the hangup, a journal file's
+replace) the holder fences itself with each held call's ``SendFence``
+(``fence_of``, ``cluster/fence.py``), moved at every grant here.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import trio
 
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
+from voiceactors.cluster.fence import SendFence
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
 
@@ -80,6 +83,7 @@ class CallRegistry(Protocol):
     async def renew(self, lease: Lease) -> Lease | None: ...
     async def release(self, lease: Lease) -> None: ...
     def lease_of(self, call_id: str) -> Lease | None: ...
+    def fence_of(self, call_id: str) -> SendFence | None: ...
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
@@ -114,6 +118,9 @@ class LocalRegistry:
 
     def lease_of(self, call_id: str) -> Lease | None:
         return self._held.get(call_id)
+
+    def fence_of(self, call_id: str) -> SendFence | None:
+        return None         # one process: nobody else can hold the call
 
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
         return ClaimAnswer(WriteClaim.CLAIMED)
@@ -151,6 +158,7 @@ class RedisRegistry:
         self.op_timeout_s = min(OP_TIMEOUT_MAX_S, ttl_s / 4)
         self._redis = rc.client(url)
         self._held: dict[str, Lease] = {}
+        self._fences: dict[str, SendFence] = {}     # per held call, kept across a re-acquire
         self._reachable: bool | None = None
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
 
@@ -205,16 +213,22 @@ class RedisRegistry:
         if int(answer[0]) != 1:
             return None
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
+        self._fences.setdefault(call_id, SendFence()).granted(sent, self.ttl_s)
         return lease
 
     async def renew(self, lease: Lease) -> Lease | None:
         """``lease`` renewed; a new lease when nobody held the key any more
         (it expired before a renewal reached it, or Redis restarted without
         its data: no other process holds the call, so this one may, with a
-        new fencing token); None when another token holds it."""
+        new fencing token); None when another token holds it. The call's
+        fence moves from just before the request was sent."""
+        sent = trio.current_time()
         renewed = int(await self._script(rc.RENEW, [rc.lease_key(lease.call_id)],
                                          [lease.token, round(self.ttl_s * 1000)]))
         if renewed == 1:
+            fence = self._fences.get(lease.call_id)
+            if fence is not None and lease.call_id in self._held:
+                fence.granted(sent, self.ttl_s)
             return lease
         if renewed == -1:
             again = await self.acquire(lease.call_id)
@@ -228,6 +242,9 @@ class RedisRegistry:
         held = self._held.get(lease.call_id)
         if held is not None and held.token == lease.token:
             del self._held[lease.call_id]
+            fence = self._fences.pop(lease.call_id, None)
+            if fence is not None:
+                fence.close()
 
     async def release(self, lease: Lease) -> None:
         self._forget_held(lease)
@@ -236,6 +253,9 @@ class RedisRegistry:
 
     def lease_of(self, call_id: str) -> Lease | None:
         return self._held.get(call_id)
+
+    def fence_of(self, call_id: str) -> SendFence | None:
+        return self._fences.get(call_id) if call_id in self._held else None
 
     # --- the shared write log --------------------------------------------------
 
@@ -281,18 +301,34 @@ class RedisRegistry:
             _log.warning("registry.mirror_dropped", call_id=call_id, kind=line.get("kind"))
 
     async def _mirror_writer(self) -> None:
-        async for call_id, line in self._mirror_receive:
-            tool_call_id = line.get("tool_call_id")
-            if not isinstance(tool_call_id, str) or call_id not in self._held:
+        """Write the queued tool lines in order, everything queued at once in
+        one Lua step (one round trip however many calls' lines wait)."""
+        receive = self._mirror_receive
+        async for first in receive:
+            batch = [first]
+            while True:
+                try:
+                    batch.append(receive.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            keys: list[str] = []
+            args: list[str] = []
+            written: list[tuple[str, str]] = []
+            for call_id, line in batch:
+                tool_call_id = line.get("tool_call_id")
+                if not isinstance(tool_call_id, str) or call_id not in self._held:
+                    continue
+                keys.append(rc.pending_key(call_id))
+                started = line["kind"] == "tool_started"
+                args += ["set" if started else "del", tool_call_id, json.dumps(line) if started else ""]
+                written.append((call_id, line["kind"]))
+            if not keys:
                 continue
-            key = rc.pending_key(call_id)
             try:
-                if line["kind"] == "tool_started":
-                    await self._request(self._redis.hset(key, {tool_call_id: json.dumps(line)}))
-                else:
-                    await self._request(self._redis.hdel(key, [tool_call_id]))
+                await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
-                _log.warning("registry.mirror_failed", call_id=call_id, kind=line["kind"])
+                for call_id, kind in written:
+                    _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
 
     async def orphans(self) -> list[tuple[str, str]]:
         """``(call_id, token)`` of the calls whose lease is gone but whose

@@ -12,6 +12,13 @@ locks each tool call id across processes) and the search index (replaced
 atomically), so it may run beside a voice server on the same folders.
 There is no rate limit and no token: the assistant that started the process
 is its only client.
+
+With ``--redis URL`` (or ``VOICEACTORS_REDIS_URL``) its writes are claimed in
+the cluster's shared write log too, as the voice servers' are
+(``cluster/registry.py``): an idempotency key applied by any process of the
+cluster, this one or a server's ``/mcp``, is answered from its record and
+never applied again. A Redis that does not answer refuses writes with
+``shared write log unreachable``; reads go on.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import trio
 from mcp.server.stdio import stdio_server
 
 from voiceactors.actors.executor import ToolExecutor
+from voiceactors.cluster.registry import make_registry
 from voiceactors.logs import get_logger
 from voiceactors.mcp_server.server import build_server
 from voiceactors.mcp_server.tools import ToolCaller
@@ -40,9 +48,13 @@ async def serve_stdio(settings: Settings) -> None:
     """Serve the tools on stdin/stdout until stdin closes; then the executor
     answers what is in flight (started writes finish), within
     ``shutdown_deadline_s``."""
-    executor = ToolExecutor(settings, ToolContext.from_settings(settings))
+    registry = make_registry(settings)
+    shared = registry if registry.shared else None
+    executor = ToolExecutor(settings, ToolContext.from_settings(settings), cluster=shared)
     server = build_server(ToolCaller(settings, lambda: executor.inbox))
     async with trio.open_nursery() as nursery:
+        if shared is not None:
+            await nursery.start(shared.run)
         await nursery.start(executor.run)
         _log.info("mcp.serving", transport="stdio", journal=str(settings.journal))
         try:

@@ -37,7 +37,7 @@ import trio
 from trio_websocket import ConnectionClosed
 from wsproto.events import TextMessage
 
-__all__ = ["SEAM_ATTRIBUTES", "check_seam", "get_messages", "hand_off_at_once", "send_now"]
+__all__ = ["SEAM_ATTRIBUTES", "check_seam", "get_messages", "hand_off_at_once", "send_before", "send_now"]
 
 #: The private attributes of ``WebSocketConnection`` this module uses.
 SEAM_ATTRIBUTES = ("_send_channel", "_recv_channel", "_stream_lock", "_wsproto", "_stream", "_close_reason",
@@ -111,3 +111,21 @@ async def send_now(ws: Any, text: str) -> None:
             raise ConnectionClosed(ws._close_reason) from None
     finally:
         lock.release()
+
+
+async def send_before(ws: Any, text: str, until: float) -> bool:
+    """Write one text frame only if trio's clock is before ``until`` at the
+    moment its bytes go to the socket; False (nothing written) when it is
+    not. A write of trio-websocket's own (a pong, its close) holding the send
+    lock is waited for first, and the clock read after it: the read and the
+    bytes then share one step (``send_now``'s path with the lock free), so no
+    schedule point lets the deadline pass unseen between them. A frame too
+    big for the socket's buffer finishes later, bounded by the caller."""
+    lock = ws._stream_lock
+    while lock.locked():
+        async with lock:
+            pass
+    if trio.current_time() >= until:
+        return False
+    await send_now(ws, text)
+    return True

@@ -164,6 +164,13 @@ class SimCall:
         self._last_item: str | None = None
         # a replay (``simulator/replay.py``) plays a captured call instead of the scenario
         self.replay: Any = None
+        # Opt-in: a join while a sideband is open takes the call over (the
+        # service's rule for two sidebands is not documented; by default the
+        # second join is refused with 409). The old connection stays open but
+        # silent; what arrives on it is recorded in ``stale_received`` as
+        # ``(connection number, event)`` and never applied to the call.
+        self.supersede_sideband = False
+        self.stale_received: list[tuple[int, Any]] = []
 
     def item_before(self, item_id: str | None) -> str | None:
         """The ``previous_item_id`` of ``item_id``: the item before it in the
@@ -235,6 +242,9 @@ class CallSession:
         self._nursery: trio.Nursery | None = None
         self.peer_close: int | None = None
         self.ended_by: str | None = None       # "peer" | "close" | "drop"
+        self.number = 0                        # this call's nth connection
+        self.superseded = False                # a newer sideband took the call (``supersede``)
+        self._live_scope = trio.CancelScope()  # the writer and the player: what speaks on this socket
 
     # -- lifecycle
 
@@ -245,6 +255,7 @@ class CallSession:
         call = self.call
         call.connection = self
         call.connections += 1
+        self.number = call.connections
         if call.started_at is None:
             call.started_at = trio.current_time()
         call.notify()
@@ -254,18 +265,32 @@ class CallSession:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._writer)
+                    nursery.start_soon(self._live)
                     nursery.start_soon(self._reader)
-                    nursery.start_soon(self._player)
         finally:
-            call.connection = None
-            if call.active is not None:
-                # the service would finish it; nobody hears about it on this socket
-                self._mark_finished(call.active, "abandoned", None)
-            if call.claimed is not None:
-                self._mark_finished(call.claimed, "abandoned", None)
-                call.claimed = None
+            if not self.superseded:     # else the call is the newer connection's now
+                call.connection = None
+                if call.active is not None:
+                    # the service would finish it; nobody hears about it on this socket
+                    self._mark_finished(call.active, "abandoned", None)
+                if call.claimed is not None:
+                    self._mark_finished(call.claimed, "abandoned", None)
+                    call.claimed = None
             call.notify()
+
+    async def _live(self) -> None:
+        with self._live_scope:
+            async with trio.open_nursery() as live:
+                live.start_soon(self._writer)
+                live.start_soon(self._player)
+
+    def supersede(self) -> None:
+        """A newer sideband took the call: nothing more is sent here, what is
+        read here is only recorded (``SimCall.stale_received``)."""
+        self.superseded = True
+        self._dropping = True
+        self._live_scope.cancel()
+        self.log.info("simulator.superseded", connection=self.number)
 
     async def end(self, code: int = 1000) -> None:
         """Close the websocket cleanly with ``code`` and end the call (later
@@ -589,6 +614,10 @@ class CallSession:
                 obj = json.loads(raw)
             except ValueError:
                 obj = None
+        if self.superseded:
+            self.call.stale_received.append((self.number, obj if obj is not None else raw))
+            self.call.notify()
+            return
         if isinstance(obj, dict):
             self.call.received.append(obj)
             if self.call.received_at is not None:

@@ -483,7 +483,7 @@ class Simulator:
         if call.closed:
             code = "call_id_not_found" if call.gone_status == 404 else "call_ended"
             return call.gone_status, _error_body(f"Call '{call_id}' has ended.", code=code), call
-        if call.connection is not None:
+        if call.connection is not None and not call.supersede_sideband:
             return 409, _error_body("This call already has a sideband connection.", code="conflict"), call
         return 101, None, call
 
@@ -499,6 +499,8 @@ class Simulator:
             return
         assert call is not None
         ws = await request.accept()
+        if call.connection is not None and call.supersede_sideband:
+            call.connection.supersede()
         session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream,
                               coalesce_writes=self.coalesce_writes)
         log.info("simulator.connection", outcome="accepted", connection=call.connections + 1,

@@ -347,7 +347,7 @@ class CallActor:
         self.started = trio.current_time()
         self.protocol.started = self.started
         self.deadline = self.started + self.settings.call_max_duration_s
-        await self._start_meter()
+        self._start_meter()
         rejoin = self.recovered is not None
         fields: dict[str, Any] = {}
         if self.recovered is not None:
@@ -725,13 +725,16 @@ class CallActor:
         except httpx.HTTPError as exc:
             self.log.warning("call.hangup_failed", error=type(exc).__name__)
 
-    async def _start_meter(self) -> None:
+    def _start_meter(self) -> None:
         """The call's usage meter: its model's prices and the call budget. An
-        unreadable config prices the call as the default model."""
+        unreadable config prices the call as the default model. The provider
+        runs on the trio thread: the journal's voice block is kept in memory
+        (``config.py``), and a worker-thread hop here was a tenth of a
+        connect's CPU (docs/benchmarks.md § 13)."""
         model = self._model
         if callable(model):
             try:
-                model = await storage.run_sync(model)
+                model = model()
             except Exception as exc:  # noqa: BLE001 - the call goes on; only its prices are a guess
                 self.log.warning("call.model_unreadable", error=type(exc).__name__)
                 model = DEFAULT_VOICE_MODEL

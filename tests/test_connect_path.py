@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import threading
 
+import trio
+import trio.lowlevel
+
 from structlog.testing import capture_logs
 
 from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
@@ -41,3 +44,33 @@ async def test_an_unreadable_config_prices_the_call_as_the_default_model(tmp_pat
     assert actor.protocol.meter is not None and actor.protocol.meter.model == DEFAULT_VOICE_MODEL
     warned = [line for line in logs if line["event"] == "call.model_unreadable"]
     assert [line["error"] for line in warned] == ["ConfigUnreadable"]
+
+
+def _tasks_under(task: trio.lowlevel.Task) -> list[str]:
+    names: list[str] = []
+    for nursery in task.child_nurseries:
+        for child in nursery.child_tasks:
+            names.append(child.name)
+            names.extend(_tasks_under(child))
+    return names
+
+
+async def test_a_connected_quiet_call_runs_no_writer_task(tmp_path):
+    """Every write of a quiet call goes out from its own step: the writer
+    task (for backpressure) is not started, so a live call holds one task
+    fewer (its start, teardown and objects for every full collection)."""
+    async with rig(tmp_path) as r:
+        sim_call = r.sim.add_call("rtc_quiet", steady("silence"))
+        actor = r.actor("rtc_quiet")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(actor.run, name="quiet-call")
+            with trio.fail_after(10):
+                await sim_call.wait_until(lambda c: c.connections >= 1)
+                while actor._ws is None:
+                    await trio.sleep(0.01)
+            task = next(t for t in nursery.child_tasks if t.name == "quiet-call")
+            tasks = _tasks_under(task)
+            nursery.cancel_scope.cancel()
+    assert any(name.endswith("CallActor._reader") for name in tasks), tasks
+    assert not any(name.endswith("CallActor._writer") for name in tasks), tasks
+    assert actor.end_reason == "shutdown"

@@ -8,8 +8,8 @@ time) and carries out the effects it returns. Nothing outside touches its
 state.
 
 Inside ``run`` it keeps a nursery for its tool tasks (they outlive a dropped
-socket), and per connection a reader task and a writer task for
-backpressure. The reader takes every frame of one socket read at once
+socket), and per connection a reader task and, once a send must wait
+(backpressure), a writer task. The reader takes every frame of one socket read at once
 (``realtime/ws_frames.py``) and hands each to the protocol in that one step.
 An event the protocol sends is written by the task whose step produced it
 (the reader, a tool task, the watch) right after that step, when no write is
@@ -145,6 +145,7 @@ class CallActor:
         # connection state
         self._ws: Any = None                       # the open sideband, while connected
         self._outbox: trio.MemorySendChannel[Send] | None = None   # the writer's queue
+        self._start_writer: Callable[[], None] | None = None    # starts the writer at its first queued send
         self._queued = 0                           # sends in the writer's queue, not written yet
         self._step: deque[Send] = deque()          # sends of the step just handled, not yet written or queued
         self._write_lock = trio.Lock()             # one write at a time on this actor's socket
@@ -321,6 +322,16 @@ class CallActor:
         while step:
             self._outbox.send_nowait(step.popleft())
             self._queued += 1
+        self._writer_needed()
+
+    def _writer_needed(self) -> None:
+        """Start this connection's writer task when a send is first queued:
+        most connections never need one (every write goes out from its own
+        step), and a task per live call costs its start, its teardown and
+        the objects every full collection walks."""
+        start, self._start_writer = self._start_writer, None
+        if start is not None:
+            start()
 
     async def _write(self, ws: Any, out: Send) -> bool:
         """Write one frame; False when the connection ended (it is told)."""
@@ -491,7 +502,9 @@ class CallActor:
             self._queue_step()       # the outputs a reconnect writes again: the writer's
             async with trio.open_nursery() as conn:
                 conn.start_soon(self._reader, ws)
-                conn.start_soon(self._writer, ws, receive)
+                self._start_writer = lambda: conn.start_soon(self._writer, ws, receive)
+                if self._queued:
+                    self._writer_needed()
                 reason = await self._watch()
                 conn.cancel_scope.cancel()
             await self._detach()
@@ -505,7 +518,7 @@ class CallActor:
                 await self._finish_on_socket(ws, EndReason.SHUTDOWN, scope.deadline)
             raise
         finally:
-            self._outbox, self._ws = None, None
+            self._outbox, self._ws, self._start_writer = None, None, None
             send.close()
         self._feed(Disconnected())
         if reason in SOCKET_UP_ENDS:
@@ -517,6 +530,7 @@ class CallActor:
         """End this connection's writing before the protocol hears
         ``Disconnected``: wait for a write of a tool task in progress (it
         reports ``Written`` first), then stop writing on this socket."""
+        self._start_writer = None    # before any checkpoint: the connection's nursery is gone
         with trio.CancelScope(shield=True):
             with trio.move_on_after(SEND_TIMEOUT_S + 1):
                 await self._write_lock.acquire()

@@ -13,9 +13,11 @@ import trio.lowlevel
 
 from structlog.testing import capture_logs
 
+from voiceactors.actors.messages import Connect, ask
+from voiceactors.actors.supervisor import CallSupervisor
 from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
 
-from tests.calls_support import rig, steady
+from tests.calls_support import KEY, rig, steady
 
 
 async def test_the_model_is_read_on_the_trio_thread_and_prices_the_call(tmp_path):
@@ -74,3 +76,35 @@ async def test_a_connected_quiet_call_runs_no_writer_task(tmp_path):
     assert any(name.endswith("CallActor._reader") for name in tasks), tasks
     assert not any(name.endswith("CallActor._writer") for name in tasks), tasks
     assert actor.end_reason == "shutdown"
+
+
+async def test_a_supervised_call_runs_in_one_task_and_a_cancelled_supervisor_still_stops_it_cleanly(tmp_path):
+    """The supervisor runs a call in its ``call:<id>`` task itself (no guard
+    task per call, ``CallActor.run_shielded``); cancelling the supervisor
+    stops the call gracefully: record ``shutdown``, the socket closed 1000."""
+    async with rig(tmp_path) as r:
+        sim_call = r.sim.add_call("rtc_one_task", steady("silence"))
+        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
+        with capture_logs() as logs, trio.CancelScope() as sup_scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(sup.run)
+                assert await ask(sup.inbox, lambda reply: Connect("rtc_one_task", reply), timeout=5) == "connected"
+                with trio.fail_after(10):
+                    await sim_call.wait_until(lambda c: c.connections >= 1)
+                    while sup.calls["rtc_one_task"]._ws is None:
+                        await trio.sleep(0.01)
+                tasks = _tasks_under(trio.lowlevel.current_task())
+                call_task = [name for name in tasks if name == "call:rtc_one_task"]
+                assert call_task and not any(name.endswith("run.<locals>.shielded") for name in tasks), tasks
+                stopping_at = trio.current_time()
+                sup_scope.cancel()
+        assert sup_scope.cancelled_caught
+        assert trio.current_time() - stopping_at < r.settings.close_deadline_s
+        ends = [line for line in r.record("rtc_one_task") if line["kind"] == "end"]
+        assert [line["reason"] for line in ends] == ["shutdown"]
+        with trio.fail_after(5):
+            while not any(line["event"] == "simulator.connection_ended" for line in logs):
+                await trio.sleep(0.01)
+        ended = [line for line in logs if line["event"] == "simulator.connection_ended"]
+        assert [(line["ended_by"], int(line["peer_close"])) for line in ended] == [("peer", 1000)]
+        assert sup.calls == {}

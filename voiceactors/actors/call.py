@@ -169,6 +169,7 @@ class CallActor:
         self.record: CallRecord | None = None
         self.capture: EventCapture | None = None    # setting record_events: the raw server events
         self.recovered = recovered
+        self._body = trio.CancelScope(shield=True)   # run_shielded's scope; ``stop`` gives it its deadline
         # usage: the model priced, and who adds each response's cost to the day's total
         self._model = model
         self._on_cost = on_cost
@@ -225,6 +226,23 @@ class CallActor:
                 body.deadline = trio.current_time() + self.settings.close_deadline_s
                 raise
         return self.end_reason or EndReason.ERROR
+
+    async def run_shielded(self) -> EndReason:
+        """``run`` without its guard task, for an owner that stops its calls
+        itself (the supervisor): the call runs shielded in the caller's task,
+        so cancelling the caller does NOT stop it; ``stop`` does (the same
+        graceful stop as a cancelled ``run``, within ``close_deadline_s``).
+        One task per live call instead of two."""
+        with self._body:
+            await self._serve_call()
+        return self.end_reason or EndReason.ERROR
+
+    def stop(self) -> None:
+        """End a ``run_shielded`` call gracefully: as ``shutdown``, the
+        socket closed cleanly and the record written, within
+        ``close_deadline_s`` from now (then its shield's deadline cuts it)."""
+        self._request_stop()
+        self._body.deadline = min(self._body.deadline, trio.current_time() + self.settings.close_deadline_s)
 
     def _request_stop(self) -> None:
         """Server shutdown: end the call as ``shutdown`` with the socket up."""

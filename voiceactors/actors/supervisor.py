@@ -35,8 +35,9 @@ unreleased), answering their pending tool calls from the shared mirror.
 An actor leaves the registry when its ``run`` returns (after its call record
 is written); a later Connect with the same id starts a new actor, which ends
 at once with ``call_gone`` if the service really ended the call.
-Cancelling ``run`` cancels every actor; each closes within its own
-``close_deadline_s``.
+Cancelling ``run`` stops every actor (a local call runs shielded in its one
+task, ``CallActor.run_shielded``, and is told ``stop``; a leased one is
+cancelled); each closes within its own ``close_deadline_s``.
 """
 
 from __future__ import annotations
@@ -91,15 +92,19 @@ class CallSupervisor:
         await storage.run_sync(self.daily.load)
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.daily.run_writer)
-                # before reporting started: no Connect can race the rejoin
-                await self._rejoin_crashed(nursery)
-                if self.registry.shared:
-                    nursery.start_soon(self._take_over_orphans, nursery)
-                task_status.started()
-                async with self._receive:
-                    async for message in drain(self._receive):
-                        self._handle(message, nursery)
+                try:
+                    nursery.start_soon(self.daily.run_writer)
+                    # before reporting started: no Connect can race the rejoin
+                    await self._rejoin_crashed(nursery)
+                    if self.registry.shared:
+                        nursery.start_soon(self._take_over_orphans, nursery)
+                    task_status.started()
+                    async with self._receive:
+                        async for message in drain(self._receive):
+                            self._handle(message, nursery)
+                except BaseException:
+                    self._stop_calls()
+                    raise
         finally:
             await self.daily.final_write()
 
@@ -158,11 +163,19 @@ class CallSupervisor:
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
 
+    def _stop_calls(self) -> None:
+        """The supervisor is cancelled: stop every local call gracefully. They
+        run shielded (``CallActor.run_shielded``, no guard task per call), so
+        the cancellation itself does not reach them; each closes within its
+        ``close_deadline_s``. A leased call runs cancellable (``_run_leased``)."""
+        for actor in list(self.calls.values()):
+            actor.stop()
+
     async def _run_call(self, actor: CallActor, lease: Lease | None = None) -> None:
         reason = EndReason.ERROR
         try:
             if lease is None:
-                reason = await actor.run()
+                reason = await actor.run_shielded()
             else:
                 reason = await self._run_leased(actor, lease)
         except Exception:  # run() already logs and swallows its errors; belt and braces

@@ -42,7 +42,8 @@ cancelled); each closes within its own ``close_deadline_s``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -91,20 +92,16 @@ class CallSupervisor:
         for the live calls to end)."""
         await storage.run_sync(self.daily.load)
         try:
-            async with trio.open_nursery() as nursery:
-                try:
-                    nursery.start_soon(self.daily.run_writer)
-                    # before reporting started: no Connect can race the rejoin
-                    await self._rejoin_crashed(nursery)
-                    if self.registry.shared:
-                        nursery.start_soon(self._take_over_orphans, nursery)
-                    task_status.started()
-                    async with self._receive:
-                        async for message in drain(self._receive):
-                            self._handle(message, nursery)
-                except BaseException:
-                    self._stop_calls()
-                    raise
+            async with self._calls_nursery() as nursery:
+                nursery.start_soon(self.daily.run_writer)
+                # before reporting started: no Connect can race the rejoin
+                await self._rejoin_crashed(nursery)
+                if self.registry.shared:
+                    nursery.start_soon(self._take_over_orphans, nursery)
+                task_status.started()
+                async with self._receive:
+                    async for message in drain(self._receive):
+                        self._handle(message, nursery)
         finally:
             await self.daily.final_write()
 
@@ -163,13 +160,20 @@ class CallSupervisor:
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
 
-    def _stop_calls(self) -> None:
-        """The supervisor is cancelled: stop every local call gracefully. They
-        run shielded (``CallActor.run_shielded``, no guard task per call), so
-        the cancellation itself does not reach them; each closes within its
+    @asynccontextmanager
+    async def _calls_nursery(self) -> AsyncIterator[trio.Nursery]:
+        """The nursery of the calls. When the supervisor is cancelled (or
+        fails), every local call is told to stop gracefully: they run
+        shielded (``CallActor.run_shielded``, no guard task per call), so the
+        cancellation itself does not reach them; each closes within its
         ``close_deadline_s``. A leased call runs cancellable (``_run_leased``)."""
-        for actor in list(self.calls.values()):
-            actor.stop()
+        async with trio.open_nursery() as nursery:
+            try:
+                yield nursery
+            except BaseException:
+                for actor in list(self.calls.values()):
+                    actor.stop()
+                raise
 
     async def _run_call(self, actor: CallActor, lease: Lease | None = None) -> None:
         reason = EndReason.ERROR

@@ -1,8 +1,10 @@
 """The connect path stays cheap (issue 14, "the connect"; docs/benchmarks.md
-§ 13): a call's start does no worker-thread hop for its model, and the
-model read still prices the call (or falls back to the default with a
-warning when the journal config cannot be read). Real actors against the
-simulator on loopback."""
+§ 13): a call's start does no worker-thread hop for its model (and the
+model read still prices the call, or falls back to the default with a
+warning when the journal config cannot be read); a quiet call runs no
+writer task; a supervised call runs in one task and still stops cleanly
+when the supervisor is cancelled. Real actors against the simulator on
+loopback."""
 
 from __future__ import annotations
 
@@ -10,14 +12,12 @@ import threading
 
 import trio
 import trio.lowlevel
-
 from structlog.testing import capture_logs
 
+from calls_support import KEY, rig, steady
 from voiceactors.actors.messages import Connect, ask
 from voiceactors.actors.supervisor import CallSupervisor
 from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
-
-from tests.calls_support import KEY, rig, steady
 
 
 async def test_the_model_is_read_on_the_trio_thread_and_prices_the_call(tmp_path):

@@ -28,7 +28,8 @@ Redis, ``redis_server_ms`` (redis-server's own CPU per connect): the
 registry's cost per connect is the difference (issue 18).
 
 ``--py-spy`` samples the server with py-spy over the connects (raw
-collapsed stacks into the run folder, ``server.pyspy.txt``; summarise with
+collapsed stacks into the run folder, ``peer.pyspy.txt``) and over the
+first 4 s of the ends (``end.pyspy.txt``); summarise with
 ``benchmarks.profile_summary``); CPU numbers of a sampled run are not
 comparable with an unsampled one.
 
@@ -166,6 +167,9 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[
         if redis_ps is not None:
             result["connect"]["redis_server_ms"] = round(1000 * (_cpu(redis_ps) - r0) / args.calls, 3)
 
+        if spy is not None:   # the connects' samples are in; sample the ends into their own file
+            spy.wait(30)
+            spy = _start_py_spy(server.popen.pid, 4, run_dir, "end.pyspy.txt")
         t0, c0 = time.monotonic(), server.cpu_s()
         sim.send("STOP")
         sim.expect("DONE", 60)
@@ -180,7 +184,7 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[
         result["log_events"] = _events(log[lines_before:])
         if spy is not None:
             spy.wait(30)
-            result["py_spy"] = str(run_dir / "peer.pyspy.txt")
+            result["py_spy"] = f"{run_dir / 'peer.pyspy.txt'} (the ends: end.pyspy.txt)"
         server.popen.send_signal(signal.SIGTERM)
         result["server_rc"] = server.wait(60)
     finally:

@@ -117,10 +117,11 @@ def handler_ms(journal: Path, n: int = 40) -> dict[str, float]:
     return _HANDLER_MS[key]
 
 
-def _start_py_spy(pid: int, seconds: float, run_dir: Path) -> subprocess.Popen:
+def _start_py_spy(pid: int, seconds: float, run_dir: Path, name: str = "peer.pyspy.txt") -> subprocess.Popen:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    extra = os.environ.get("BENCH_PY_SPY_ARGS", "").split()   # e.g. --gil: only the thread holding the GIL
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
-                             "--nonblocking", "--format", "raw", "-o", str(run_dir / "peer.pyspy.txt")],
+                             "--nonblocking", "--format", "raw", *extra, "-o", str(run_dir / name)],
                             stdout=subprocess.DEVNULL, stderr=open(run_dir / "py-spy.stderr", "w"))
 
 

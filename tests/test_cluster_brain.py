@@ -21,7 +21,7 @@ import trio
 from calls_support import DAY, KEY
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_brain import CountingBackend
-from test_cluster_serve import ClusterServer, _stop_all
+from cluster_support import ClusterServer, stop_all
 from voiceactors import logs
 from voiceactors.actors.brain import BrainActor
 from voiceactors.actors.messages import AwaitReady, GetBrain, RefreshBrain, ask
@@ -208,4 +208,4 @@ async def test_two_serve_processes_refresh_once_and_serve_the_same_instruction(t
                 assert len(a.events("brain.adopted")) + len(b.events("brain.adopted")) >= 2
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)

@@ -27,7 +27,8 @@ import trio
 from calls_support import DAY, KEY
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line
-from test_cluster_serve import ClusterServer, _mirrored, _stop_all, crash_scenario
+from cluster_support import ClusterServer, mirrored, stop_all
+from test_call_crash import crash_scenario
 from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
@@ -73,7 +74,7 @@ async def test_a_paused_holder_sends_and_writes_nothing_after_the_takeover(tmp_p
                 record_a = record_path(tmp_path / "state_a", CALL)
                 await _wait_for_line(record_a, "tool_started", "call_w")
                 await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
-                await _mirrored(redis_server.url, CALL, {"call_w"})
+                await mirrored(redis_server.url, CALL, {"call_w"})
                 assert sc.connection is not None and sc.connection.number == 1
                 received_by_a = len(sc.received)
                 a.proc.send_signal(signal.SIGSTOP)
@@ -112,7 +113,7 @@ async def test_a_paused_holder_sends_and_writes_nothing_after_the_takeover(tmp_p
                 assert await a.proc.wait() == 0
             nursery.cancel_scope.cancel()
     finally:
-        _stop_all(a, b)
+        stop_all(a, b)
     # the write applied nowhere: the journal file as it was, no record of it on either side
     assert ledger_close_edits(day_file, item.id) == [] and day_file.read_bytes() == before
     assert write_log.load(tmp_path / "state_a", "call_w") is None

@@ -8,8 +8,8 @@ time) and carries out the effects it returns. Nothing outside touches its
 state.
 
 Inside ``run`` it keeps a nursery for its tool tasks (they outlive a dropped
-socket), and per connection a reader task and a writer task for
-backpressure. The reader takes every frame of one socket read at once
+socket), and per connection a reader task and, once a send must wait
+(backpressure), a writer task. The reader takes every frame of one socket read at once
 (``realtime/ws_frames.py``) and hands each to the protocol in that one step.
 An event the protocol sends is written by the task whose step produced it
 (the reader, a tool task, the watch) right after that step, when no write is
@@ -147,6 +147,7 @@ class CallActor:
         # connection state
         self._ws: Any = None                       # the open sideband, while connected
         self._outbox: trio.MemorySendChannel[Send] | None = None   # the writer's queue
+        self._start_writer: Callable[[], None] | None = None    # starts the writer at its first queued send
         self._queued = 0                           # sends in the writer's queue, not written yet
         self._step: deque[Send] = deque()          # sends of the step just handled, not yet written or queued
         self._write_lock = trio.Lock()             # one write at a time on this actor's socket
@@ -170,6 +171,7 @@ class CallActor:
         self.record: CallRecord | None = None
         self.capture: EventCapture | None = None    # setting record_events: the raw server events
         self.recovered = recovered
+        self._body = trio.CancelScope(shield=True)   # run_shielded's scope; ``stop`` gives it its deadline
         # usage: the model priced, and who adds each response's cost to the day's total
         self._model = model
         self._on_cost = on_cost
@@ -228,6 +230,23 @@ class CallActor:
                 body.deadline = trio.current_time() + self.settings.close_deadline_s
                 raise
         return self.end_reason or EndReason.ERROR
+
+    async def run_shielded(self) -> EndReason:
+        """``run`` without its guard task, for an owner that stops its calls
+        itself (the supervisor): the call runs shielded in the caller's task,
+        so cancelling the caller does NOT stop it; ``stop`` does (the same
+        graceful stop as a cancelled ``run``, within ``close_deadline_s``).
+        One task per live call instead of two."""
+        with self._body:
+            await self._serve_call()
+        return self.end_reason or EndReason.ERROR
+
+    def stop(self) -> None:
+        """End a ``run_shielded`` call gracefully: as ``shutdown``, the
+        socket closed cleanly and the record written, within
+        ``close_deadline_s`` from now (then its shield's deadline cuts it)."""
+        self._request_stop()
+        self._body.deadline = min(self._body.deadline, trio.current_time() + self.settings.close_deadline_s)
 
     def _request_stop(self) -> None:
         """Server shutdown: end the call as ``shutdown`` with the socket up."""
@@ -325,6 +344,16 @@ class CallActor:
         while step:
             self._outbox.send_nowait(step.popleft())
             self._queued += 1
+        self._writer_needed()
+
+    def _writer_needed(self) -> None:
+        """Start this connection's writer task when a send is first queued:
+        most connections never need one (every write goes out from its own
+        step), and a task per live call costs its start, its teardown and
+        the objects every full collection walks."""
+        start, self._start_writer = self._start_writer, None
+        if start is not None:
+            start()
 
     async def _write(self, ws: Any, out: Send) -> bool:
         """Write one frame; False when the connection ended (it is told)."""
@@ -362,7 +391,7 @@ class CallActor:
         self.started = trio.current_time()
         self.protocol.started = self.started
         self.deadline = self.started + self.settings.call_max_duration_s
-        await self._start_meter()
+        self._start_meter()
         rejoin = self.recovered is not None
         fields: dict[str, Any] = {}
         if self.recovered is not None:
@@ -508,7 +537,9 @@ class CallActor:
             self._queue_step()       # the outputs a reconnect writes again: the writer's
             async with trio.open_nursery() as conn:
                 conn.start_soon(self._reader, ws)
-                conn.start_soon(self._writer, ws, receive)
+                self._start_writer = lambda: conn.start_soon(self._writer, ws, receive)
+                if self._queued:
+                    self._writer_needed()
                 reason = await self._watch()
                 conn.cancel_scope.cancel()
             await self._detach()
@@ -522,7 +553,7 @@ class CallActor:
                 await self._finish_on_socket(ws, EndReason.SHUTDOWN, scope.deadline)
             raise
         finally:
-            self._outbox, self._ws = None, None
+            self._outbox, self._ws, self._start_writer = None, None, None
             send.close()
         self._feed(Disconnected())
         if reason in SOCKET_UP_ENDS:
@@ -534,6 +565,7 @@ class CallActor:
         """End this connection's writing before the protocol hears
         ``Disconnected``: wait for a write of a tool task in progress (it
         reports ``Written`` first), then stop writing on this socket."""
+        self._start_writer = None    # before any checkpoint: the connection's nursery is gone
         with trio.CancelScope(shield=True):
             with trio.move_on_after(SEND_TIMEOUT_S + 1):
                 await self._write_lock.acquire()
@@ -755,13 +787,16 @@ class CallActor:
         except httpx.HTTPError as exc:
             self.log.warning("call.hangup_failed", error=type(exc).__name__)
 
-    async def _start_meter(self) -> None:
+    def _start_meter(self) -> None:
         """The call's usage meter: its model's prices and the call budget. An
-        unreadable config prices the call as the default model."""
+        unreadable config prices the call as the default model. The provider
+        runs on the trio thread: the journal's voice block is kept in memory
+        (``config.py``), and a worker-thread hop here was a tenth of a
+        connect's CPU (docs/benchmarks.md § 13)."""
         model = self._model
         if callable(model):
             try:
-                model = await storage.run_sync(model)
+                model = model()
             except Exception as exc:  # noqa: BLE001 - the call goes on; only its prices are a guess
                 self.log.warning("call.model_unreadable", error=type(exc).__name__)
                 model = DEFAULT_VOICE_MODEL

@@ -35,13 +35,15 @@ unreleased), answering their pending tool calls from the shared mirror.
 An actor leaves the registry when its ``run`` returns (after its call record
 is written); a later Connect with the same id starts a new actor, which ends
 at once with ``call_gone`` if the service really ended the call.
-Cancelling ``run`` cancels every actor; each closes within its own
-``close_deadline_s``.
+Cancelling ``run`` stops every actor (a local call runs shielded in its one
+task, ``CallActor.run_shielded``, and is told ``stop``; a leased one is
+cancelled); each closes within its own ``close_deadline_s``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -90,7 +92,7 @@ class CallSupervisor:
         for the live calls to end)."""
         await storage.run_sync(self.daily.load)
         try:
-            async with trio.open_nursery() as nursery:
+            async with self._calls_nursery() as nursery:
                 nursery.start_soon(self.daily.run_writer)
                 # before reporting started: no Connect can race the rejoin
                 await self._rejoin_crashed(nursery)
@@ -159,11 +161,26 @@ class CallSupervisor:
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
 
+    @asynccontextmanager
+    async def _calls_nursery(self) -> AsyncIterator[trio.Nursery]:
+        """The nursery of the calls. When the supervisor is cancelled (or
+        fails), every local call is told to stop gracefully: they run
+        shielded (``CallActor.run_shielded``, no guard task per call), so the
+        cancellation itself does not reach them; each closes within its
+        ``close_deadline_s``. A leased call runs cancellable (``_run_leased``)."""
+        async with trio.open_nursery() as nursery:
+            try:
+                yield nursery
+            except BaseException:
+                for actor in list(self.calls.values()):
+                    actor.stop()
+                raise
+
     async def _run_call(self, actor: CallActor, lease: Lease | None = None) -> None:
         reason = EndReason.ERROR
         try:
             if lease is None:
-                reason = await actor.run()
+                reason = await actor.run_shielded()
             else:
                 reason = await self._run_leased(actor, lease)
         except Exception:  # run() already logs and swallows its errors; belt and braces

@@ -66,7 +66,7 @@ from voiceactors.realtime.sideband import (
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import lookup
 
-__all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "CallActor", "EndReason", "backoff_delay"]
+__all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "AnswerNow", "CallActor", "EndReason", "backoff_delay"]
 
 #: Ends reached with the socket still up: pending tool calls are answered first.
 SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET,
@@ -83,6 +83,8 @@ HEALTHY_AFTER_S = 30.0
 SEND_TIMEOUT_S = 10.0
 
 ApiKey = str | None | Callable[[], str | None]
+#: The executor's in-step answer to a request: its result, or None (send it to the inbox).
+AnswerNow = Callable[[ToolRequest], ToolResult | None]
 #: The call's Realtime model (for its prices), or a provider read when the call starts.
 ModelName = str | Callable[[], str]
 
@@ -130,10 +132,15 @@ class CallActor:
                  api_key: ApiKey, feed: CallFeed | None = None, *, hangup: bool = True,
                  recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
                  model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
-                 on_record: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+                 on_record: Callable[[str, dict[str, Any]], None] | None = None,
+                 answer_now: AnswerNow | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
+        # the executor's in-step answer (ToolExecutor.answer_now; None: every request goes to its inbox)
+        self._answer_now = answer_now
+        self._answered: deque[ToolFinished] = deque()   # answered in-step, fed after the step's effects
+        self.answered_in_step = 0                       # tool runs answered so (a view for tests)
         self._api_key = api_key
         self.feed = feed
         self._hangup_enabled = hangup
@@ -243,6 +250,9 @@ class CallActor:
         handlers = _EFFECT_HANDLERS
         for effect in effects:
             handlers[type(effect)](self, effect)
+        answered = self._answered
+        while answered:   # after the step's own effects, as a result from the executor would come
+            self._feed(answered.popleft())
 
     def _do_send(self, effect: Send) -> None:
         assert self._outbox is not None, "the protocol sends only while connected"
@@ -624,6 +634,22 @@ class CallActor:
         """Hand one tool call (or a read's prefetch) to the executor and start
         the task that waits for its answer."""
         assert self._tools is not None, "tools start only inside run"
+        selection = self.protocol.context.selection if self.protocol.context else None
+        if self._answer_now is not None and not self._tool_scopes:
+            # A fresh reusable read is answered by the executor in this step.
+            # Asked only while no request of this call is on its way (every
+            # run in flight has its scope): the executor counts the turn's
+            # calls in the order they arrive, and this one must not overtake.
+            answered = self._answer_now(ToolRequest(
+                call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
+                arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=_NO_REPLY,
+                selection=selection))
+            if answered is not None:
+                self.answered_in_step += 1
+                self._answered.append(ToolFinished(start.tool_call_id, answered.tool, answered.output,
+                                                   answered.outcome, answered.duration_ms,
+                                                   answered.client_events, prefetch=prefetch))
+                return
         # Shielded: the actor's own cancellation (shutdown) must not cut a tool
         # call short before _settle_tools gave a started write time to report;
         # the actor cancels this scope itself when it gives up waiting.
@@ -633,7 +659,7 @@ class CallActor:
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
                               arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send,
-                              selection=self.protocol.context.selection if self.protocol.context else None)
+                              selection=selection)
         pending: ToolRequest | None
         try:
             # handed over in this turn when the inbox has room: the executor
@@ -782,6 +808,12 @@ class CallActor:
                         output, outcome = recorded["output"], ToolOutcome.REPLAYED
             self._feed(Recovered(pending.tool_call_id, pending.tool, pending.response_id, pending.arguments,
                                  output, outcome))
+
+
+#: The reply channel of a request asked in-step (``answer_now`` never replies on it).
+_NO_REPLY, _no_reply_receive = trio.open_memory_channel[ToolResult](0)
+_NO_REPLY.close()
+_no_reply_receive.close()
 
 
 def _debug_enabled(log: Any) -> bool:

@@ -277,3 +277,73 @@ async def test_a_request_on_its_way_keeps_the_next_from_overtaking_it(tmp_path, 
     assert runs == ["briefing.get", "journal.search", "journal.search"]
     reused = {x["tool"]: x["reused"] for x in logs if x["event"] == "tool.run" and x["call_id"] == "rtc_step"}
     assert reused == {"journal.search": False, "briefing.get": True}   # refused from memory at the executor
+
+
+# ------------------------------------------------------------ the protocol
+
+def _protocol_round(answer_at_once: bool) -> tuple[list, list]:
+    """One response with two reads, through ``CallProtocol`` alone: each
+    answer fed right after the step that started it (as the in-step answer
+    comes) or only after the response's last frame (as the inbox's does).
+    Returns the sends (without event ids) and the record lines."""
+    from voiceactors.actors.call_protocol import (
+        CallProtocol, Connected, Prefetch, Received, RecordLine, Send, StartTool, ToolFinished, Written,
+    )
+    from voiceactors.actors.call_protocol import HANDLED_EVENTS
+    from voiceactors.realtime.events import read_server_event
+
+    p = CallProtocol("rtc_proto", effect_of=lambda name: "read")
+    sends: list[Send] = []
+    records: list[RecordLine] = []
+    waiting: list[ToolFinished] = []
+
+    def take(effects: list) -> None:
+        for e in effects:
+            if isinstance(e, Send):
+                sends.append(e)
+            elif isinstance(e, RecordLine):
+                records.append(e)
+            elif isinstance(e, (StartTool, Prefetch)) and not getattr(e, "prefetched", False):
+                answer = ToolFinished(e.tool_call_id, e.name, '{"ok": true}', "ok", 0.0,
+                                      prefetch=isinstance(e, Prefetch))
+                if answer_at_once:
+                    take(p.handle(answer, 0.0))
+                else:
+                    waiting.append(answer)
+
+    def server(obj: dict) -> None:
+        take(p.handle(Received(read_server_event(json.dumps({"event_id": "ev", **obj}), HANDLED_EVENTS)), 0.0))
+
+    def item(cid: str, status: str, arguments: str) -> dict:
+        return {"id": f"i_{cid}", "type": "function_call", "status": status, "name": "briefing.get",
+                "call_id": cid, "arguments": arguments}
+
+    take(p.handle(Connected(), 0.0))
+    server({"type": "response.created", "response": {"id": "r1", "status": "in_progress"}})
+    for cid in ("c1", "c2"):
+        server({"type": "response.output_item.added", "response_id": "r1", "output_index": 0,
+                "item": item(cid, "in_progress", "")})
+        server({"type": "response.function_call_arguments.done", "response_id": "r1", "output_index": 0,
+                "item_id": f"i_{cid}", "call_id": cid, "arguments": "{}", "name": "briefing.get"})
+        server({"type": "response.output_item.done", "response_id": "r1", "output_index": 0,
+                "item": item(cid, "completed", "{}")})
+    server({"type": "response.done", "response": {"id": "r1", "status": "completed", "output": []}})
+    for answer in waiting:
+        take(p.handle(answer, 0.0))
+    written = 0
+    while written < len(sends):
+        take(p.handle(Written(sends[written]), 0.0))
+        written += 1
+    return ([(s.tool_call_id, {k: v for k, v in s.event.items() if k != "event_id"}) for s in sends],
+            [(r.kind, r.fields) for r in records])
+
+
+def test_the_protocol_answers_an_in_step_answer_as_a_later_one():
+    """The same outputs in the same order, one response.create, the same
+    record lines, whether each read's answer comes in the step that started
+    it or after the response ended."""
+    at_once, later = _protocol_round(True), _protocol_round(False)
+    assert at_once == later
+    sends, records = at_once
+    assert [cid for cid, _ in sends] == ["c1", "c2", None]
+    assert [kind for kind, _ in records].count("tool_started") == 2

@@ -43,7 +43,7 @@ from voiceactors.actors.call_state import (
     ToolCall, ToolCallState, ToolOutcome,
 )
 from voiceactors.actors.call_context import CallContext
-from voiceactors.actors.transcript_order import TranscriptOrder
+from voiceactors.actors.transcript_order import OBSERVED_EVENTS as SPOKEN_ORDER_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 
 
@@ -457,8 +457,9 @@ class CallProtocol:
     def _on_event(self, event: Any) -> None:
         """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
         kind = event.type
-        for item_id in self.spoken.observe(event):
-            self._record("transcript_cut", item_id=item_id)
+        if kind in SPOKEN_ORDER_EVENTS:      # the rest (half the events acted on) it would ignore
+            for item_id in self.spoken.observe(event):
+                self._record("transcript_cut", item_id=item_id)
         if kind == "response.created":
             self._on_response_created(event.response)
         elif kind in ("response.output_item.added", "response.output_item.done"):

@@ -45,6 +45,7 @@ from voiceactors.actors.call_state import (
 from voiceactors.actors.call_context import CallContext
 from voiceactors.actors.transcript_order import OBSERVED_EVENTS as SPOKEN_ORDER_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
+from voiceactors.realtime.event_view import EventView
 
 
 class EndReason(StrEnum):
@@ -606,7 +607,10 @@ class CallProtocol:
                   epoch=batch.epoch, tool_calls=len(batch.calls))
         self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
-        self._count_usage(rid, getattr(response, "usage", None))
+        usage = getattr(response, "usage", None)
+        # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
+        # a view answers only through a dunder lookup); an SDK model as it is
+        self._count_usage(rid, usage.to_dict() if type(usage) is EventView else usage)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
         self._maybe_follow_up()

@@ -27,6 +27,7 @@ called from outside.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -493,7 +494,8 @@ class CallActor:
         self._last_event = trio.current_time()
         if self._stop.is_set():
             self._request_stop()
-        ws_frames.hand_off_at_once(ws)
+        # frames the reader would skip unread never wake it (all of them reach a capture)
+        ws_frames.hand_off_at_once(ws, skip=None if self.capture is not None else _SKIP_UNREAD)
         self._outbox, self._ws, self._queued = send, ws, 0
         self._step.clear()
         try:
@@ -541,7 +543,7 @@ class CallActor:
         scope (``_watch_scope``) whose deadline a ``WakeAt`` brings forward."""
         idle = self.settings.call_idle_timeout_s
         while True:
-            wake = min(self._last_event + idle, self.deadline,
+            wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
                        self.protocol.budget_wake)
             with trio.move_on_at(wake) as self._watch_scope:
@@ -551,12 +553,18 @@ class CallActor:
             if now >= self.deadline:
                 self.ended_at = now
                 return EndReason.MAX
-            if now >= self._last_event + idle:
+            if now >= self._last_heard() + idle:
                 self.ended_at = now
                 self.log.info("call.idle", idle_s=idle, epoch=self.epoch)
                 return EndReason.IDLE
             self._feed(Timer())
             await self._write_step()
+
+    def _last_heard(self) -> float:
+        """When the service last sent a frame: one the reader handled, or
+        one the hand-off skipped for it (``ws_frames.last_skipped_at``)."""
+        ws = self._ws
+        return max(self._last_event, ws_frames.last_skipped_at(ws)) if ws is not None else self._last_event
 
     async def _reader(self, ws: Any) -> None:
         """Read until the socket closes: every frame of one socket read is
@@ -573,6 +581,9 @@ class CallActor:
             while True:
                 frames = await ws_frames.get_messages(ws)
                 now = self._last_event = trio.current_time()
+                skipped = ws_frames.take_skipped(ws)
+                if skipped:
+                    protocol.skipped_frames(skipped)    # dropped unread by the hand-off, counted here
                 if capture is not None:
                     for raw in frames:
                         capture.frame(raw, now)
@@ -809,6 +820,9 @@ class CallActor:
             self._feed(Recovered(pending.tool_call_id, pending.tool, pending.response_id, pending.arguments,
                                  output, outcome))
 
+
+#: The frames the reader skips unread (``rt.skippable``): the hand-off drops them for it.
+_SKIP_UNREAD = functools.partial(rt.skippable, only=HANDLED_EVENTS)
 
 #: The reply channel of a request asked in-step (``answer_now`` never replies on it).
 _NO_REPLY, _no_reply_receive = trio.open_memory_channel[ToolResult](0)

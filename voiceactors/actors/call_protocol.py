@@ -383,6 +383,12 @@ class CallProtocol:
         traffic is deltas)."""
         self.seq += 1
 
+    def skipped_frames(self, count: int) -> None:
+        """``count`` skipped frames at once (the sideband's hand-off drops
+        them before the reader sees them, ``ws_frames.take_skipped``); like
+        ``skipped_frame``, only the event sequence moves."""
+        self.seq += count
+
     def take_effects(self) -> list[Effect]:
         """The effects not yet returned (after ``handle`` raised half-way)."""
         effects, self._effects = self._effects, []

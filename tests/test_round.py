@@ -1,4 +1,5 @@
-"""A fresh reusable read answered in the call's own step (issue 14).
+"""The round (issue 14): a fresh reusable read answered in the call's own
+step, and frames skipped before they wake the call's reader.
 
 ``ToolExecutor.answer_now`` answers a reusable read from its kept answer in
 the caller's step; the call actor asks it before sending a request to the
@@ -7,7 +8,10 @@ the executor on its own (same result, same log line, same turn count, the
 turn's output budget, nothing counted when it cannot answer), then whole calls
 against the simulator over loopback sockets (same outputs, same record lines,
 identical-call rejection, the turn bound, barge-in, a stale answer and a
-request still on its way both going through the inbox).
+request still on its way both going through the inbox), then the protocol
+alone. Last, the sideband's hand-off dropping the frames the reader would
+skip unread: the event sequence still counts them (the idle timeout's side:
+``test_call_lifecycle.test_max_duration_ends_a_busy_call``).
 """
 
 from __future__ import annotations
@@ -347,3 +351,26 @@ def test_the_protocol_answers_an_in_step_answer_as_a_later_one():
     sends, records = at_once
     assert [cid for cid, _ in sends] == ["c1", "c2", None]
     assert [kind for kind, _ in records].count("tool_started") == 2
+
+
+# ------------------------------------------------ frames skipped at the hand-off
+
+async def test_frames_skipped_at_the_hand_off_still_count_in_the_event_sequence(tmp_path, autojump_clock):
+    """Deltas never reach the call's reader (the hand-off drops them unread),
+    but the protocol's event sequence counts every frame the service sent,
+    as when the reader skipped them itself; a capture still sees them all."""
+    scenario = steady([
+        {"user_turn": {"text": "brief me"}},
+        {"response": {"text": "One moment, let me look that up for you.",
+                      "tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Here it is, the whole day."}},
+        {"sleep": 0.5},
+        {"close": 1000},
+    ])
+    async with rig(tmp_path) as r:
+        actor, sc = await r.run_call("rtc_seq", scenario)
+    assert_clean_protocol(sc, creates=1)
+    deltas = [e for e in sc.sent if e["type"].endswith(".delta")]
+    assert deltas, "the scenario sends deltas"
+    assert actor.protocol.seq == len(sc.sent)

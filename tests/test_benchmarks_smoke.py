@@ -160,3 +160,12 @@ def test_log_cost_times_every_kind(bench, capsys):
     assert log_cost.main(["--lines", "50", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert [line.split()[0] for line in out.splitlines()] == ["info", "info_bound_call", "debug_filtered", "metrics"]
+
+
+def test_round_steps_counts_both_paths(bench):
+    data = _main(bench, "benchmarks.round_steps", "--rounds", "3")
+    inbox, in_step = data
+    assert not inbox["in_step"] and in_step["in_step"]
+    assert inbox["outputs"] == in_step["outputs"] == 3
+    assert inbox["answered_in_step"] == 0 and in_step["answered_in_step"] == 2   # the first round runs the read
+    assert in_step["steps_per_round"]["CallActor._reader"] > 0

@@ -288,8 +288,11 @@ class ToolExecutor:
         (``_reported``); only the reply channel is not used. Arrival order is the
         caller's to keep: it asks only when none of its requests is still on
         its way through the inbox (``CallActor._start_tool``)."""
-        if not self._serving:
+        if not self._serving or self.settings.tool_reuse_s <= 0:
             return None
+        spec = lookup(req.name, self.registry)
+        if spec is None or not spec.reusable:
+            return None   # before parsing anything: the inbox path resolves it once
         res = self._resolve(req)
         key = res.fresh_key
         if key is None:

@@ -82,6 +82,7 @@ class Rig:
     sim_scope: trio.CancelScope
 
     def actor(self, call_id: str, **kw: Any) -> CallActor:
+        kw.setdefault("answer_now", self.executor.answer_now)   # as the runtime wires it (None: inbox only)
         return CallActor(self.settings, call_id, self.executor.inbox, kw.pop("api_key", KEY),
                          kw.pop("feed", None) or self.hub.open(call_id), **kw)
 

@@ -197,3 +197,12 @@ def test_takeover_answers_the_pending_write_once_from_the_taker(bench):
     (run,) = r["runs"]
     assert run["outputs_call_w"] == 1 and run["connections"] == 2 and run["violations"] == 0
     assert run["takeover_s"] > 0 and run["take_over_logged_s"] is not None
+
+
+def test_round_steps_counts_both_paths(bench):
+    data = _main(bench, "benchmarks.round_steps", "--rounds", "3")
+    inbox, in_step = data
+    assert not inbox["in_step"] and in_step["in_step"]
+    assert inbox["outputs"] == in_step["outputs"] == 3
+    assert inbox["answered_in_step"] == 0 and in_step["answered_in_step"] == 2   # the first round runs the read
+    assert in_step["steps_per_round"]["CallActor._reader"] > 0

@@ -205,3 +205,33 @@ def test_check_seam_names_what_is_missing():
 
     with pytest.raises(RuntimeError, match="_stream_lock"):
         ws_frames.check_seam(NotAConnection())
+
+
+async def test_skipped_frames_are_counted_and_stamped_but_never_queued():
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        ws_frames.hand_off_at_once(ws, skip=lambda raw: '"delta"' in raw)
+        assert ws_frames.take_skipped(ws) == 0 and ws_frames.last_skipped_at(ws) == float("-inf")
+        texts = ['{"n": 0}', '{"delta": 1}', '{"delta": 2}', '{"n": 3}', '{"delta": 4}']
+        await peer.write(*texts)
+        got: list[str | bytes] = []
+        while len(got) < 2:
+            got += await ws_frames.get_messages(ws)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == ['{"n": 0}', '{"n": 3}']                 # the rest, in order
+        assert ws._recv_channel.statistics().current_buffer_used == 0
+        assert ws_frames.take_skipped(ws) == 3 and ws_frames.take_skipped(ws) == 0
+        assert float("-inf") < ws_frames.last_skipped_at(ws) <= trio.current_time()
+        nursery.cancel_scope.cancel()
+
+
+async def test_without_a_skip_every_frame_is_queued():
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        ws_frames.hand_off_at_once(ws)
+        await peer.write('{"delta": 1}', '{"n": 2}')
+        got: list[str | bytes] = []
+        while len(got) < 2:
+            got += await ws_frames.get_messages(ws)
+        assert got == ['{"delta": 1}', '{"n": 2}'] and ws_frames.take_skipped(ws) == 0
+        nursery.cancel_scope.cancel()

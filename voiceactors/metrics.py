@@ -90,6 +90,8 @@ class Metrics:
         # validates every call (a few µs of the trio thread per tool call)
         self._tool_children: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._http_children: dict[tuple[str, int], Any] = {}
+        # (source, model, kind) -> the tokens counter's child; kind "" is the cost's (every response.done)
+        self._usage_children: dict[tuple[str, str, str], Any] = {}
         self._lock = threading.Lock()   # tool label set: recorded from worker threads too
         self._refreshed_at: float | None = None
         self._last_age = math.nan
@@ -162,12 +164,27 @@ class Metrics:
 
     def count_usage(self, source: str, model: str, tokens: dict[str, int], cost_usd: float | None) -> None:
         """One model call's tokens by kind and, when priced, its cost."""
-        label = self._model_label(model)
         for kind, count in tokens.items():
             if count > 0:
-                self.tokens.labels(source=source, model=label, kind=str(kind)[:32]).inc(count)
+                self._usage_child(source, model, str(kind)).inc(count)
         if cost_usd is not None and cost_usd > 0:
-            self.cost.labels(source=source, model=label).inc(cost_usd)
+            self._usage_child(source, model, "").inc(cost_usd)
+
+    def _usage_child(self, source: str, model: str, kind: str) -> Any:
+        """The labelled child of the tokens counter (the cost counter for
+        kind ""), kept: ``labels()`` takes a lock and checks its arguments
+        at every call, twice or more per response."""
+        key = (source, model, kind)
+        child = self._usage_children.get(key)
+        if child is None:
+            label = self._model_label(model)
+            if kind:
+                child = self.tokens.labels(source=source, model=label, kind=kind[:32])
+            else:
+                child = self.cost.labels(source=source, model=label)
+            if len(self._usage_children) < CHILDREN_KEPT:   # model names come from the journal: bounded
+                self._usage_children[key] = child
+        return child
 
     # --- brain --------------------------------------------------------------
     def brain_refreshed(self, outcome: str, refreshed_at: float | None = None) -> None:

@@ -85,7 +85,8 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     executor = ToolExecutor(settings, ToolContext.from_settings(settings), remote=mcp, cluster=shared)
     actors: dict[str, Any] = {"registry": shared} if shared is not None else {}
     actors.update(mcp=mcp, brain=BrainActor(settings, brain_backend, flight=make_flight(settings)), tools=executor,
-                  calls=CallSupervisor(settings, executor.inbox, registry=shared))
+                  calls=CallSupervisor(settings, executor.inbox, registry=shared,
+                                       answer_now=executor.answer_now))
     if shared is not None:
         actors["feed"] = _shared_feed(settings)
         actors["calls"].hub.sink = actors["feed"]

@@ -27,6 +27,7 @@ called from outside.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -67,7 +68,7 @@ from voiceactors.realtime.sideband import (
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import lookup
 
-__all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "CallActor", "EndReason", "backoff_delay"]
+__all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "AnswerNow", "CallActor", "EndReason", "backoff_delay"]
 
 #: Ends reached with the socket still up: pending tool calls are answered first.
 SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET,
@@ -84,6 +85,8 @@ HEALTHY_AFTER_S = 30.0
 SEND_TIMEOUT_S = 10.0
 
 ApiKey = str | None | Callable[[], str | None]
+#: The executor's in-step answer to a request: its result, or None (send it to the inbox).
+AnswerNow = Callable[[ToolRequest], ToolResult | None]
 #: The call's Realtime model (for its prices), or a provider read when the call starts.
 ModelName = str | Callable[[], str]
 
@@ -132,10 +135,14 @@ class CallActor:
                  recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
                  model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
                  on_record: Callable[[str, dict[str, Any]], None] | None = None,
-                 fence: SendFence | None = None) -> None:
+                 fence: SendFence | None = None, answer_now: AnswerNow | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
+        # the executor's in-step answer (ToolExecutor.answer_now; None: every request goes to its inbox)
+        self._answer_now = answer_now
+        self._answered: deque[ToolFinished] = deque()   # answered in-step, fed after the step's effects
+        self.answered_in_step = 0                       # tool runs answered so (a view for tests)
         self._api_key = api_key
         self.feed = feed
         self._hangup_enabled = hangup
@@ -266,6 +273,9 @@ class CallActor:
         handlers = _EFFECT_HANDLERS
         for effect in effects:
             handlers[type(effect)](self, effect)
+        answered = self._answered
+        while answered:   # after the step's own effects, as a result from the executor would come
+            self._feed(answered.popleft())
 
     def _do_send(self, effect: Send) -> None:
         assert self._outbox is not None, "the protocol sends only while connected"
@@ -529,7 +539,8 @@ class CallActor:
         self._last_event = trio.current_time()
         if self._stop.is_set():
             self._request_stop()
-        ws_frames.hand_off_at_once(ws)
+        # frames the reader would skip unread never wake it (all of them reach a capture)
+        ws_frames.hand_off_at_once(ws, skip=None if self.capture is not None else _SKIP_UNREAD)
         self._outbox, self._ws, self._queued = send, ws, 0
         self._step.clear()
         try:
@@ -580,7 +591,7 @@ class CallActor:
         scope (``_watch_scope``) whose deadline a ``WakeAt`` brings forward."""
         idle = self.settings.call_idle_timeout_s
         while True:
-            wake = min(self._last_event + idle, self.deadline,
+            wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
                        self.protocol.budget_wake)
             with trio.move_on_at(wake) as self._watch_scope:
@@ -590,12 +601,18 @@ class CallActor:
             if now >= self.deadline:
                 self.ended_at = now
                 return EndReason.MAX
-            if now >= self._last_event + idle:
+            if now >= self._last_heard() + idle:
                 self.ended_at = now
                 self.log.info("call.idle", idle_s=idle, epoch=self.epoch)
                 return EndReason.IDLE
             self._feed(Timer())
             await self._write_step()
+
+    def _last_heard(self) -> float:
+        """When the service last sent a frame: one the reader handled, or
+        one the hand-off skipped for it (``ws_frames.last_skipped_at``)."""
+        ws = self._ws
+        return max(self._last_event, ws_frames.last_skipped_at(ws)) if ws is not None else self._last_event
 
     async def _reader(self, ws: Any) -> None:
         """Read until the socket closes: every frame of one socket read is
@@ -612,6 +629,9 @@ class CallActor:
             while True:
                 frames = await ws_frames.get_messages(ws)
                 now = self._last_event = trio.current_time()
+                skipped = ws_frames.take_skipped(ws)
+                if skipped:
+                    protocol.skipped_frames(skipped)    # dropped unread by the hand-off, counted here
                 if capture is not None:
                     for raw in frames:
                         capture.frame(raw, now)
@@ -680,6 +700,22 @@ class CallActor:
         """Hand one tool call (or a read's prefetch) to the executor and start
         the task that waits for its answer."""
         assert self._tools is not None, "tools start only inside run"
+        selection = self.protocol.context.selection if self.protocol.context else None
+        if self._answer_now is not None and not self._tool_scopes:
+            # A fresh reusable read is answered by the executor in this step.
+            # Asked only while no request of this call is on its way (every
+            # run in flight has its scope): the executor counts the turn's
+            # calls in the order they arrive, and this one must not overtake.
+            answered = self._answer_now(ToolRequest(
+                call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
+                arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=_NO_REPLY,
+                selection=selection))
+            if answered is not None:
+                self.answered_in_step += 1
+                self._answered.append(ToolFinished(start.tool_call_id, answered.tool, answered.output,
+                                                   answered.outcome, answered.duration_ms,
+                                                   answered.client_events, prefetch=prefetch))
+                return
         # Shielded: the actor's own cancellation (shutdown) must not cut a tool
         # call short before _settle_tools gave a started write time to report;
         # the actor cancels this scope itself when it gives up waiting.
@@ -689,7 +725,7 @@ class CallActor:
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
                               arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send,
-                              selection=self.protocol.context.selection if self.protocol.context else None)
+                              selection=selection)
         pending: ToolRequest | None
         try:
             # handed over in this turn when the inbox has room: the executor
@@ -847,6 +883,15 @@ class CallActor:
                         output, outcome = recorded["output"], ToolOutcome.REPLAYED
             self._feed(Recovered(pending.tool_call_id, pending.tool, pending.response_id, pending.arguments,
                                  output, outcome))
+
+
+#: The frames the reader skips unread (``rt.skippable``): the hand-off drops them for it.
+_SKIP_UNREAD = functools.partial(rt.skippable, only=HANDLED_EVENTS)
+
+#: The reply channel of a request asked in-step (``answer_now`` never replies on it).
+_NO_REPLY, _no_reply_receive = trio.open_memory_channel[ToolResult](0)
+_NO_REPLY.close()
+_no_reply_receive.close()
 
 
 def _debug_enabled(log: Any) -> bool:

@@ -43,8 +43,9 @@ from voiceactors.actors.call_state import (
     ToolCall, ToolCallState, ToolOutcome,
 )
 from voiceactors.actors.call_context import CallContext
-from voiceactors.actors.transcript_order import TranscriptOrder
+from voiceactors.actors.transcript_order import OBSERVED_EVENTS as SPOKEN_ORDER_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
+from voiceactors.realtime.event_view import EventView
 
 
 class EndReason(StrEnum):
@@ -382,6 +383,12 @@ class CallProtocol:
         traffic is deltas)."""
         self.seq += 1
 
+    def skipped_frames(self, count: int) -> None:
+        """``count`` skipped frames at once (the sideband's hand-off drops
+        them before the reader sees them, ``ws_frames.take_skipped``); like
+        ``skipped_frame``, only the event sequence moves."""
+        self.seq += count
+
     def take_effects(self) -> list[Effect]:
         """The effects not yet returned (after ``handle`` raised half-way)."""
         effects, self._effects = self._effects, []
@@ -457,8 +464,9 @@ class CallProtocol:
     def _on_event(self, event: Any) -> None:
         """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
         kind = event.type
-        for item_id in self.spoken.observe(event):
-            self._record("transcript_cut", item_id=item_id)
+        if kind in SPOKEN_ORDER_EVENTS:      # the rest (half the events acted on) it would ignore
+            for item_id in self.spoken.observe(event):
+                self._record("transcript_cut", item_id=item_id)
         if kind == "response.created":
             self._on_response_created(event.response)
         elif kind in ("response.output_item.added", "response.output_item.done"):
@@ -605,7 +613,10 @@ class CallProtocol:
                   epoch=batch.epoch, tool_calls=len(batch.calls))
         self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
-        self._count_usage(rid, getattr(response, "usage", None))
+        usage = getattr(response, "usage", None)
+        # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
+        # a view answers only through a dunder lookup); an SDK model as it is
+        self._count_usage(rid, usage.to_dict() if type(usage) is EventView else usage)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
         self._maybe_follow_up()

@@ -37,7 +37,9 @@ Rules, in the order a request meets them:
    again from memory, in the executor's own task: no worker thread, no
    limiter, no task of its own; while its next run is in flight, requests
    for the same read wait for that run instead of starting their own. Any
-   write we apply forgets every kept answer.
+   write we apply forgets every kept answer. A call actor may ask for a
+   fresh kept answer in its own step (``answer_now``): the same rules, run
+   synchronously, with no hop through the inbox.
 5. Any exception answers ``{"error": "tool failed"}``; the detail goes to the
    log only.
 6. ``_nav_target`` / ``_observer_action`` (and any other ``_``-key) are removed
@@ -51,11 +53,12 @@ Cancellation: cancelling ``run`` cancels unfinished reads (they answer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 import trio
 
@@ -238,6 +241,7 @@ class ToolExecutor:
         # key -> the run of a reusable read in flight and the requests waiting for it
         self._flights: dict[FreshKey, _Flight] = {}
         self._nursery: trio.Nursery | None = None
+        self._serving = False      # run() is taking requests: answer_now may answer
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until it is closed or this task is cancelled;
@@ -245,7 +249,7 @@ class ToolExecutor:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            async with self._receive:
+            async with self._receive, self._answering_now():
                 async for message in drain(self._receive):
                     if isinstance(message, ToolRequest):
                         resolved = self._resolve(message)
@@ -260,6 +264,47 @@ class ToolExecutor:
                         self._cancel_reads(message)
                     else:
                         _log.warning("tool.unknown_message", kind=type(message).__name__)
+
+    @contextlib.asynccontextmanager
+    async def _answering_now(self) -> AsyncIterator[None]:
+        """``answer_now`` answers only while the inbox is served."""
+        self._serving = True
+        try:
+            yield
+        finally:
+            self._serving = False
+
+    def answer_now(self, req: ToolRequest) -> ToolResult | None:
+        """Answer ``req`` at once, in the caller's step, when it is a
+        reusable read whose kept answer is fresh (rule 4); None otherwise,
+        with nothing counted: the caller then sends it to ``inbox``.
+
+        The call actor's in-step answer (issue 14): the executor's own code,
+        state and rules, run synchronously by the caller's task instead of
+        by the executor's after a hop through the inbox; it never awaits, so
+        no other request comes between. Every rule of the inbox path holds:
+        the turn's count and identical-call check (``_admit``), the turn's
+        output budget (``_spend``), the ``tool.run`` line and the metrics
+        (``_reported``); only the reply channel is not used. Arrival order is the
+        caller's to keep: it asks only when none of its requests is still on
+        its way through the inbox (``CallActor._start_tool``)."""
+        if not self._serving or self.settings.tool_reuse_s <= 0:
+            return None
+        spec = lookup(req.name, self.registry)
+        if spec is None or not spec.reusable:
+            return None   # before parsing anything: the inbox path resolves it once
+        res = self._resolve(req)
+        key = res.fresh_key
+        if key is None:
+            return None
+        now = trio.current_time()
+        kept = self._fresh.get(key)
+        if kept is None or now - kept[0] >= self.settings.tool_reuse_s:
+            return None   # stale, or never run: the inbox path runs it (or waits for its flight)
+        rejection = self._admit(res)
+        result, run = self._result(res, rejection or kept[1], now)
+        self._reported(req, result, run, True, reused=True)
+        return result
 
     # --- resolution -----------------------------------------------------------
 

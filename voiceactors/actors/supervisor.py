@@ -49,7 +49,7 @@ import trio
 
 from voiceactors import config, metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call import CallActor
+from voiceactors.actors.call import AnswerNow, CallActor
 from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.daily_usage import DailyUsage
@@ -70,9 +70,10 @@ class CallSupervisor:
 
     def __init__(self, settings: Settings, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
                  api_key: str | None | Callable[[], str | None] = None, *, hangup: bool = True,
-                 registry: CallRegistry | None = None) -> None:
+                 registry: CallRegistry | None = None, answer_now: AnswerNow | None = None) -> None:
         self.settings = settings
         self._executor = executor_inbox
+        self._answer_now = answer_now     # the executor's in-step answer, handed to each call
         self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
         self._hangup = hangup
         self.inbox, self._receive = trio.open_memory_channel[SupervisorMessage](INBOX_SIZE)
@@ -154,7 +155,8 @@ class CallSupervisor:
         fence = self.registry.fence_of(call_id) if lease is not None else None
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
-                          on_record=self.registry.note_record if lease is not None else None, fence=fence)
+                          on_record=self.registry.note_record if lease is not None else None, fence=fence,
+                          answer_now=self._answer_now)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")

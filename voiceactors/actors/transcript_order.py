@@ -26,6 +26,8 @@ __all__ = ["TranscriptOrder"]
 
 _ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.created", "conversation.item.done"})
 _OUTPUT_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
+#: The events ``observe`` takes into account (any other it ignores: the caller may skip the call).
+OBSERVED_EVENTS = _ITEM_EVENTS | _OUTPUT_ITEM_EVENTS | {"response.done"}
 
 
 class TranscriptOrder:

@@ -264,13 +264,19 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
     return _parse(raw, only, budget, checks=SERVER_CHECKS)
 
 
+def skippable(raw: Any, only: Container[str]) -> bool:
+    """True for a frame the readers skip unread, with no line and no effect:
+    text whose leading ``type`` is a known server event not in ``only``
+    (deltas, audio buffer and rate-limit events)."""
+    leading = _LEADING_TYPE.match(raw) if type(raw) is str else None
+    return leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1))
+
+
 def _parse(raw: str | bytes, only: Container[str] | None, budget: LogBudget | None,
            checks: dict[str, Check] | None) -> Any:
     """Both readers' one path (see ``parse_server_event``); with ``checks``,
     an acted-on event that passes its check comes back as an ``EventView``."""
-    leading = _LEADING_TYPE.match(raw) if isinstance(raw, str) and only is not None else None
-    # leading is None whenever only is (no narrowing test on this hot path)
-    if leading is not None and leading.group(1) not in only and SERVER_EVENTS.known(leading.group(1)):  # type: ignore[operator]
+    if only is not None and skippable(raw, only):
         return None
     obj, reason = decode_frame(raw)
     type_ = obj.get("type") if isinstance(obj, dict) else None

@@ -17,6 +17,10 @@ has neither a batch read nor an immediate write, so this module adds them:
   backpressure (``message_queue_size``) is unchanged;
 * ``get_messages(ws)`` waits for one message, then takes every message
   already queued (``receive_nowait``): all the frames of a socket read;
+* ``hand_off_at_once(ws, skip)`` also drops, counts and stamps the frames
+  ``skip`` names (those the reader would skip unread) before they are
+  queued, so they cost the reader no wake-up (``take_skipped``,
+  ``last_skipped_at``);
 * ``send_now(ws, text)`` writes a text frame at once when no other write
   holds the connection's send lock (it holds the lock while writing, so
   frames never interleave), else waits its turn through ``send_message``.
@@ -31,13 +35,15 @@ and ``tests/test_ws_frames.py`` checks the seam over real loopback sockets.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import trio
 from trio_websocket import ConnectionClosed
 from wsproto.events import TextMessage
 
-__all__ = ["SEAM_ATTRIBUTES", "check_seam", "get_messages", "hand_off_at_once", "send_before", "send_now"]
+__all__ = ["SEAM_ATTRIBUTES", "check_seam", "get_messages", "hand_off_at_once", "last_skipped_at", "send_before",
+           "send_now", "take_skipped"]
 
 #: The private attributes of ``WebSocketConnection`` this module uses.
 SEAM_ATTRIBUTES = ("_send_channel", "_recv_channel", "_stream_lock", "_wsproto", "_stream", "_close_reason",
@@ -55,14 +61,26 @@ def check_seam(ws: Any) -> None:
 
 class _SendAtOnce:
     """The send side of the message channel, without a schedule point when
-    the channel has room. Everything but ``send`` goes to the channel."""
+    the channel has room. Everything but ``send`` goes to the channel.
 
-    __slots__ = ("_inner",)
+    With ``skip``: a message it says yes to is counted (``skipped``) and
+    stamped (``skipped_at``) but never queued, so it does not wake the
+    reader (``take_skipped``, ``last_skipped_at``)."""
+
+    __slots__ = ("_inner", "skip", "skipped", "skipped_at")
 
     def __init__(self, inner: trio.MemorySendChannel[Any]) -> None:
         self._inner = inner
+        self.skip: Callable[[Any], bool] | None = None
+        self.skipped = 0
+        self.skipped_at = -math.inf
 
     async def send(self, value: Any) -> None:
+        skip = self.skip
+        if skip is not None and skip(value):
+            self.skipped += 1
+            self.skipped_at = trio.current_time()
+            return
         try:
             self._inner.send_nowait(value)
         except trio.WouldBlock:
@@ -72,12 +90,32 @@ class _SendAtOnce:
         return getattr(self._inner, name)
 
 
-def hand_off_at_once(ws: Any) -> None:
+def hand_off_at_once(ws: Any, skip: Callable[[Any], bool] | None = None) -> None:
     """Make the connection's reader task queue every message of a socket
-    read without yielding between them (idempotent)."""
+    read without yielding between them (idempotent). With ``skip``, the
+    messages it says yes to are counted and dropped there instead of queued:
+    the reader is not woken for a frame it would skip unread (most of a busy
+    call's frames are deltas), and learns how many it missed from
+    ``take_skipped``."""
     check_seam(ws)
     if not isinstance(ws._send_channel, _SendAtOnce):
         ws._send_channel = _SendAtOnce(ws._send_channel)
+    ws._send_channel.skip = skip
+
+
+def take_skipped(ws: Any) -> int:
+    """How many messages ``skip`` dropped since the last call (0 without the hand-off)."""
+    channel = ws._send_channel
+    if not isinstance(channel, _SendAtOnce):
+        return 0
+    skipped, channel.skipped = channel.skipped, 0
+    return skipped
+
+
+def last_skipped_at(ws: Any) -> float:
+    """``trio.current_time()`` when ``skip`` last dropped a message (-inf: never)."""
+    channel = ws._send_channel
+    return channel.skipped_at if isinstance(channel, _SendAtOnce) else -math.inf
 
 
 async def get_messages(ws: Any) -> list[str | bytes]:

@@ -302,6 +302,9 @@ def _reject_constant(token: str) -> Any:
     raise ValueError(f"non-standard JSON constant {token}")
 
 
+_ARGUMENTS = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def parse_arguments(raw: Any) -> dict[str, Any]:
     """The model's argument string as a dict. An empty string means ``{}``
     (models send it for tools without parameters). ArgumentError otherwise."""
@@ -310,7 +313,8 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, (str, bytes, bytearray)):
         raise ArgumentError({"error": "arguments must be valid JSON"})
     try:
-        value = json.loads(raw, parse_constant=_reject_constant)
+        # one decoder for every call (json.loads with an option builds one per call)
+        value = _ARGUMENTS.decode(raw) if isinstance(raw, str) else json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError):
         raise ArgumentError({"error": "arguments must be valid JSON"}) from None
     if not isinstance(value, dict):

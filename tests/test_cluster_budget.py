@@ -15,7 +15,7 @@ import trio
 from redis_support import REDIS_SERVER, RedisServer, redis_server  # noqa: F401  (the fixture)
 from voiceactors.actors.daily_usage import DailyUsage
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.daily_total import DailyTotal, source_path
+from voiceactors.cluster.daily_total import DailyTotal, load_source_id, source_path
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 
@@ -128,6 +128,12 @@ async def test_without_redis_answering_a_process_counts_its_own_and_what_it_had_
         lines = [line for line in log_stream.getvalue().splitlines() if "daily_total.unreachable" in line]
         assert len(lines) == 2             # once per process, not once per sync
         assert "redis.sock" not in log_stream.getvalue() and "unix://" not in log_stream.getvalue()
+        stopping = Process(tmp_path / "stopping", redis_server)
+        async with trio.open_nursery() as own:     # stopped during the outage: its last sync fails quietly, in time
+            await stopping.start(own)
+            stopping.usage.add(0.05)
+            own.cancel_scope.cancel()
+        assert stopping.cost() == 0.05
         redis_server.start()
         await late.total.sync()
         await b.total.sync()
@@ -208,3 +214,10 @@ async def test_a_new_day_starts_from_zero_in_a_key_of_its_own(tmp_path, redis_se
             ttl = await client.ttl(rc.usage_key(DAY.isoformat()))
         assert 0 < ttl <= rc.USAGE_TTL_S
         nursery.cancel_scope.cancel()
+
+
+def test_the_source_id_is_made_once_and_kept(tmp_path):
+    first = load_source_id(tmp_path)
+    assert load_source_id(tmp_path) == first and "/" in first
+    source_path(tmp_path).write_text("\x00garbage")
+    assert load_source_id(tmp_path) not in (first, "\x00garbage")

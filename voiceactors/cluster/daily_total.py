@@ -75,7 +75,10 @@ def load_source_id(state_dir: Path) -> str:
     if found and len(found) <= 200 and found.isprintable():
         return found
     made = f"{socket.gethostname()}/{secrets.token_hex(8)}"
-    storage.atomic_write(path, made + "\n")
+    try:
+        storage.atomic_write(path, made + "\n")
+    except OSError as error:    # it still names this run; a restart would add a second field
+        _log.warning("daily_total.source_unsaved", file=str(path), error=type(error).__name__)
     return made
 
 

@@ -90,6 +90,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     if shared is not None:
         actors["feed"] = _shared_feed(settings)
         actors["calls"].hub.sink = actors["feed"]
+        actors["daily_total"] = _daily_total(settings, actors["calls"].daily)
     return actors
 
 
@@ -100,6 +101,12 @@ def _shared_feed(settings: Settings) -> Any:
                       retention_s=settings.feed_retention_s, max_items=settings.feed_max_items,
                       max_duration_s=settings.call_max_duration_s,
                       max_per_call=settings.feed_max_subscribers_per_call, max_total=settings.feed_max_subscribers)
+
+
+def _daily_total(settings: Settings, usage: Any) -> Any:
+    from voiceactors.cluster.daily_total import DailyTotal
+
+    return DailyTotal(settings.redis_url or "", usage)     # the daily budget for the cluster
 
 
 async def _stop(hosted: list[_Hosted], deadline_s: float) -> None:
@@ -124,11 +131,11 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
     chooses from the journal's ``voice.brain`` setting).
     """
     actors = _make_actors(settings, brain_backend)
-    # Start order: the cluster registry and shared feed (with --redis), the MCP sources,
+    # Start order: the cluster registry, shared feed and daily total (with --redis), the MCP sources,
     # brain and executor before the supervisor that feeds the executor; stop
     # order is the reverse (the supervisor releases its leases before the
     # registry goes).
-    order = [name for name in ("registry", "feed", "mcp", "brain", "tools", "calls") if name in actors]
+    order = [name for name in ("registry", "feed", "daily_total", "mcp", "brain", "tools", "calls") if name in actors]
     hosted = {name: _Hosted(name) for name in order}
     started = trio.current_time()
     async with trio.open_nursery() as nursery:

@@ -11,6 +11,12 @@ rewritten atomically (``storage.atomic_write``) by the supervisor's writer
 task, at most once per ``WRITE_EVERY_S`` while costs come in, and once more
 when the supervisor stops. A file of another day, or one that does not
 parse, counts as zero (the latter is logged).
+
+With ``--redis`` the runtime sets ``cluster`` (``cluster/daily_total.py``):
+``state()`` then reports the cluster's total for the day, this process's own
+spend plus what the others had spent at Redis's last answer, so the budget
+caps the cluster, not each process. ``add`` stays synchronous: the
+cluster's figure is synced by its own task, never on a call's path.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import trio
 
@@ -51,8 +57,15 @@ class DailyState:
         return self.budget_usd > 0 and self.cost_usd >= self.budget_usd
 
 
+class ClusterTotal(Protocol):
+    def total_usd(self, day: str, own_usd: float) -> float:
+        """The cluster's spend on ``day``, given this process's own."""
+        ...
+
+
 class DailyUsage:
     def __init__(self, state_dir: Path, budget_usd: float, *, today: Callable[[], dt.date] = clock.today) -> None:
+        self.state_dir = Path(state_dir)
         self.path = daily_path(state_dir)
         self.budget_usd = budget_usd
         self._today = today
@@ -60,9 +73,17 @@ class DailyUsage:
         self.cost_usd = 0.0
         self._dirty = trio.Event()
         self.writes = 0
+        self.loaded = False             # the file was read: the own total is the day's (the cluster sync waits for it)
+        self.cluster: ClusterTotal | None = None
 
     def load(self) -> None:
         """Read today's total from the file (blocking: run it in a thread)."""
+        try:
+            self._load()
+        finally:
+            self.loaded = True
+
+    def _load(self) -> None:
         try:
             data: Any = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -89,9 +110,15 @@ class DailyUsage:
         self.cost_usd += max(0.0, cost_usd)
         self._dirty.set()
 
+    def own(self) -> tuple[str, float]:
+        """This process's own spend today: (day, US dollars)."""
+        self._roll()
+        return self.day, self.cost_usd
+
     def state(self) -> DailyState:
         self._roll()
-        return DailyState(self.day, round(self.cost_usd, 6), self.budget_usd)
+        cost = self.cost_usd if self.cluster is None else self.cluster.total_usd(self.day, self.cost_usd)
+        return DailyState(self.day, round(cost, 6), self.budget_usd)
 
     def _render(self) -> str:
         return json.dumps({"day": self.day, "cost_usd": round(self.cost_usd, 9)}) + "\n"

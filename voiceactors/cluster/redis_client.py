@@ -27,6 +27,10 @@ Keys (``PREFIX`` first):
   ``<ms>|<json>`` (Redis time of the push), capped at ``feed_max_items``;
   ``observer_actions`` — the same for every call's observer actions. A take
   reads and deletes the list in one script, so a hint is taken once.
+* ``usage:<YYYY-MM-DD>`` — the day's spend across the cluster: a hash
+  ``source -> micro-dollars``, each process's own total for the day (its
+  ``usage/source_id``), set only upward (``USAGE_SYNC``); expires after
+  ``USAGE_TTL_S`` (``cluster/daily_total.py``).
 
 All blocking time is bounded by the caller (``trio.fail_after``); the client's
 own errors surface as ``RegistryDown``.
@@ -63,6 +67,10 @@ def feed_key(call_id: str) -> str:
 
 def nav_hints_key(call_id: str) -> str:
     return f"{PREFIX}navhints:{call_id}"
+
+
+def usage_key(day: str) -> str:
+    return f"{PREFIX}usage:{day}"
 
 
 def write_key(tool_call_id: str) -> str:
@@ -195,6 +203,29 @@ for i = 1, #KEYS do
   if op == 'set' then redis.call('HSET', KEYS[i], field, ARGV[i * 3]) else redis.call('HDEL', KEYS[i], field) end
 end
 return #KEYS
+"""
+
+#: A day's usage hash outlives its day (a process whose clock seam lags).
+USAGE_TTL_S = 3 * 24 * 3600
+
+#: KEYS: usage:<day>. ARGV: source, its day's total in micro-dollars, ttl_s.
+#: Raise this source's field to the total (never lower it: a restarted
+#: process whose file missed its last second keeps what it had sent), then
+#: {this source's field, the sum of every other field}, one step.
+USAGE_SYNC = """
+local mine = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0
+local total = tonumber(ARGV[2])
+if total > mine then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  mine = total
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+local others = 0
+local entries = redis.call('HGETALL', KEYS[1])
+for i = 1, #entries, 2 do
+  if entries[i] ~= ARGV[1] then others = others + (tonumber(entries[i + 1]) or 0) end
+end
+return {mine, others}
 """
 
 ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)

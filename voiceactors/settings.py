@@ -366,8 +366,8 @@ class Settings:
         "then hung up (`budget_spent`); `0` = no budget", env="VOICEACTORS_CALL_BUDGET_USD",
         flag="--call-budget-usd", metavar="USD", unit="USD", minimum=0, short="one call's budget in US dollars")
     daily_budget_usd: float = setting(
-        0.0, USAGE, "the whole server's budget for one day (the clock seam's day): once the day's calls cost "
-        "this much, `POST /api/voice/session` answers 503 `voice unavailable — budget spent` until the next "
+        0.0, USAGE, "the whole server's budget for one day (the clock seam's day; with `--redis`, the cluster's: "
+        "every process's calls count, docs/operations.md § Budgets): once the day's calls cost this much, `POST /api/voice/session` answers 503 `voice unavailable — budget spent` until the next "
         "day; `0` = no budget", env="VOICEACTORS_DAILY_BUDGET_USD", flag="--daily-budget-usd", metavar="USD",
         unit="USD", minimum=0, short="the server's budget for one day in US dollars")
 

@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, AsyncIterator, Callable, cast
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar, cast
 
 import trio
 from openai.types.realtime import RealtimeSessionCreateRequestParam
@@ -348,7 +348,37 @@ def _query_call_id() -> str:
     return _call_id(request.args.get("call_id"))
 
 
+T = TypeVar("T")
 _NOTHING = object()
+
+
+async def _unless_stopping(stopping: trio.Event, work: Callable[[], Awaitable[T]],
+                           wait_s: float = math.inf) -> tuple[bool, T | None]:
+    """``(True, value)`` when ``work()`` finishes first; ``(False, None)``
+    after ``wait_s`` or as soon as the server begins to stop (``work`` is
+    cancelled then). An exception of ``work`` is raised as it is, not
+    wrapped in a group."""
+    done: list[T] = []
+    failed: list[Exception] = []
+    async with trio.open_nursery() as race:
+        race.cancel_scope.deadline = trio.current_time() + wait_s
+
+        async def run() -> None:
+            try:
+                done.append(await work())
+            except Exception as exc:   # handed to the caller below, unwrapped
+                failed.append(exc)
+            race.cancel_scope.cancel()
+
+        async def stop() -> None:
+            await stopping.wait()
+            race.cancel_scope.cancel()
+
+        race.start_soon(run)
+        race.start_soon(stop)
+    if failed:
+        raise failed[0]
+    return (True, done[0]) if done else (False, None)
 
 
 async def _next_event(feed: Any, stopping: trio.Event, wait_s: float) -> Any:
@@ -356,25 +386,15 @@ async def _next_event(feed: Any, stopping: trio.Event, wait_s: float) -> Any:
     when the server begins to stop; None when the feed has ended. Wakes on
     the event itself, never on a poll: an idle stream costs nothing until
     its keepalive is due."""
-    result: Any = _NOTHING
-    async with trio.open_nursery() as race:
-        race.cancel_scope.deadline = trio.current_time() + wait_s
 
-        async def receive() -> None:
-            nonlocal result
-            try:
-                result = await feed.receive()
-            except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
-                result = None
-            race.cancel_scope.cancel()
+    async def receive() -> Any:
+        try:
+            return await feed.receive()
+        except (trio.EndOfChannel, trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
 
-        async def stop() -> None:
-            await stopping.wait()
-            race.cancel_scope.cancel()
-
-        race.start_soon(receive)
-        race.start_soon(stop)
-    return result
+    received, event = await _unless_stopping(stopping, receive, wait_s)
+    return event if received else _NOTHING
 
 
 def _sse_event(event: dict[str, Any]) -> bytes:
@@ -477,27 +497,8 @@ async def _next_entries(shared: Any, call_id: str, after: str, stopping: trio.Ev
     """The stream's next events after ``after`` (``[]`` after a keepalive
     period without one); None when the server begins to stop; raises
     ``RegistryDown``."""
-    result: list[dict[str, Any]] | None = None
-    failed: RegistryDown | None = None
-    async with trio.open_nursery() as race:
-
-        async def read() -> None:
-            nonlocal result, failed
-            try:
-                result = await shared.read(call_id, after, SSE_KEEPALIVE_S)
-            except RegistryDown as exc:
-                failed = exc
-            race.cancel_scope.cancel()
-
-        async def stop() -> None:
-            await stopping.wait()
-            race.cancel_scope.cancel()
-
-        race.start_soon(read)
-        race.start_soon(stop)
-    if failed is not None:
-        raise failed
-    return result
+    read, entries = await _unless_stopping(stopping, lambda: shared.read(call_id, after, SSE_KEEPALIVE_S))
+    return entries if read else None
 
 
 async def _pause(stopping: trio.Event, seconds: float) -> None:

@@ -112,10 +112,12 @@ async def test_fsyncs_are_grouped_at_most_once_per_fsync_s_while_the_call_lives(
     elapsed = trio.current_time() - start
     during = fsyncs.of(record.path)
     assert record.flushes == 300 and elapsed >= 2.9
-    # the schedule ran while the call lived (not only at its close), at most once per fsync_s,
-    # and far fewer times than the flushes (with fsync_s=0 it is once per flush)
+    # the schedule ran while the call lived (not only at its close), at most once per fsync_s
+    # of trio time, and fewer times than the flushes (with fsync_s=0 it is once per flush).
+    # No tighter ratio: autojump_clock runs on while a write waits in its worker thread, so
+    # a loaded machine stretches `elapsed` (113 s for these 300 flushes in one CI run)
     assert 1 <= len(during) <= elapsed / 1.0 + 1
-    assert len(during) * 4 <= record.flushes
+    assert len(during) < record.flushes
     assert during == sorted(during)                      # each one later in the file
     record.add("end", reason="closed_by_service")
     assert await record.close() is True

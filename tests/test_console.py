@@ -324,6 +324,30 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
         assert response.status_code == 400 and await error_of(response) == E.CALL_ID_INVALID
 
 
+def test_a_crashed_run_then_a_rejoined_run_that_ended_reads_as_ended(tmp_path):
+    """A run cut by a crash (a ``start`` with no ``end``) before the run that
+    ended: the call ended, with both runs' time (it read as live before)."""
+    call_id = "rtc_rejoined"
+    write_raw(tmp_path, call_id, [
+        {"kind": "start", "t": 0.0, "call_id": call_id, "at": "2026-03-27T09:00:00+00:00"},
+        {"kind": "tool_started", "t": 3.0, "tool_call_id": "c1", "tool": "today", "effect": "read"},
+        {"kind": "start", "t": 0.0, "call_id": call_id, "at": "2026-03-27T09:00:05+00:00"},
+        {"kind": "tool_call", "t": 0.2, "tool_call_id": "c1", "tool": "today", "outcome": "error", "duration_ms": 1},
+        {"kind": "end", "t": 2.0, "reason": "closed_by_service", "duration_s": 2.0}], mtime=None)
+    (summary,) = history.list_calls(tmp_path)
+    assert summary["ended"] == "closed_by_service"
+    assert summary["runs"] == 2 and summary["duration_s"] == 5.0
+
+    # and a run that ended, then a rejoined run still going: live
+    write_raw(tmp_path, call_id, [
+        {"kind": "start", "t": 0.0, "call_id": call_id},
+        {"kind": "end", "t": 2.0, "reason": "sideband_lost", "duration_s": 2.0},
+        {"kind": "start", "t": 0.0, "call_id": call_id},
+        {"kind": "transcript", "t": 1.5, "role": "user", "item_id": "i1", "text": "hi"}], mtime=None)
+    (summary,) = history.list_calls(tmp_path)
+    assert summary["ended"] is None and summary["runs"] == 2 and summary["duration_s"] == 3.5
+
+
 def test_listing_is_bounded_and_empty_without_records(tmp_path):
     assert history.list_calls(tmp_path / "nothing") == []
     for i in range(5):

@@ -102,25 +102,21 @@ def _number(value: Any) -> float | None:
 
 def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     """One call's summary. A file holds one block per actor run (each from
-    ``start`` to ``end``); the summary covers them all: first start, the
-    durations summed, the last end's reason (None while unfinished)."""
+    ``start`` to ``end``, or cut short by a crash); the summary covers them
+    all: first start, every run's time summed, the last run's end reason
+    (None while the last run has no ``end``: live, or the server died)."""
     starts = [line for line in lines if line.get("kind") == "start"]
-    ends = [line for line in lines if line.get("kind") == "end"]
     tool_calls = settled_and_pending_tool_calls(lines)
     responses = [line for line in lines if line.get("kind") == "response"]
     started_at = next((s.get("at") for s in starts if isinstance(s.get("at"), str)), None)
-    durations = [_number(end.get("duration_s")) for end in ends]
-    duration_s = sum(d for d in durations if d is not None) if ends else None
-    unfinished = not ends or len(starts) > len(ends)
-    if unfinished:
-        # still live or cut short: the last line's time is all we know of the open block
-        last_t = max((_number(line.get("t")) or 0.0 for line in _last_block(lines)), default=0.0)
-        duration_s = (duration_s or 0.0) + last_t
+    runs = [_run_time(run) for run in _runs(lines)]
+    duration_s = sum(t for t, _ in runs) if runs else None
+    last_end = runs[-1][1] if runs else None
     return {
         "call_id": call_id,
         "started_at": started_at,
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
-        "ended": None if unfinished else ends[-1].get("reason"),
+        "ended": last_end.get("reason") if last_end is not None else None,
         "tool_calls": len(tool_calls),
         "tool_failures": sum(1 for c in tool_calls if c.get("outcome") not in ("ok", "replayed", "pending")),
         "responses": len(responses),
@@ -159,9 +155,24 @@ def settled_and_pending_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str
     return out
 
 
-def _last_block(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    last_start = max((i for i, line in enumerate(lines) if line.get("kind") == "start"), default=0)
-    return lines[last_start:]
+def _runs(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The lines split at each ``start`` (lines before the first one, a
+    record cut at its head, count with the first run)."""
+    runs: list[list[dict[str, Any]]] = []
+    for line in lines:
+        if line.get("kind") == "start" or not runs:
+            runs.append([])
+        runs[-1].append(line)
+    return runs
+
+
+def _run_time(run: list[dict[str, Any]]) -> tuple[float, dict[str, Any] | None]:
+    """A run's duration and its ``end`` line: the end's ``duration_s``, or,
+    for a run with no end (live, or cut by a crash), its last line's time."""
+    end = next((line for line in reversed(run) if line.get("kind") == "end"), None)
+    if end is not None and (duration := _number(end.get("duration_s"))) is not None:
+        return duration, end
+    return max((_number(line.get("t")) or 0.0 for line in run), default=0.0), end
 
 
 def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any]]:

@@ -138,14 +138,15 @@ def run_once(repo: Path, leases: int, hold_s: float, ttl_s: float) -> dict[str, 
             "commands": calls}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--leases", type=int, default=1000)
     parser.add_argument("--hold", type=float, default=30.0, help="seconds measured, once every lease is kept")
     parser.add_argument("--ttl", type=float, default=10.0, help="the lease TTL (the setting's default)")
     parser.add_argument("--repeats", type=int, default=0, help="runs of this checkout alone (1 without --pairs)")
     parser.add_argument("--pairs", type=int, default=0, help="interleaved ($BENCH_PEER_REPO, this) pairs")
-    args = parser.parse_args()
+    parser.add_argument("--json", default=None, help="also write every run here")
+    args = parser.parse_args(argv)
     peer = os.environ.get("BENCH_PEER_REPO")
     if args.pairs and not peer:
         parser.error("--pairs needs $BENCH_PEER_REPO (the checkout to compare with)")
@@ -153,11 +154,17 @@ def main() -> None:
     plan = [("this", REPO)] * (args.repeats or (0 if args.pairs else 1))
     for _ in range(args.pairs):
         plan += [("peer", Path(peer or "")), ("this", REPO)]
+    runs = []
     for label, repo in plan:
-        result = run_once(repo, args.leases, args.hold, args.ttl)
-        print(json.dumps({"run": label, "repo": str(repo), "started_load": os.getloadavg()[0], **result}),
-              flush=True)
+        result = {"run": label, "repo": str(repo), "started_load": os.getloadavg()[0],
+                  **run_once(repo, args.leases, args.hold, args.ttl)}
+        print(json.dumps(result), flush=True)
+        runs.append(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine_facts(), "args": vars(args), "runs": runs},
+                                              indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

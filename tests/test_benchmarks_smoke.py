@@ -192,6 +192,14 @@ def test_connect_cost_registry_pairs_with_and_without_redis(bench):
 
 
 @pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
+def test_lease_renewals_keeps_every_lease_and_counts_its_requests(bench):
+    r = _main(bench, "benchmarks.lease_renewals", "--leases", "20", "--hold", "1", "--ttl", "1.5")
+    (run,) = r["runs"]
+    assert run["leases"] == 20 and run["commands"].get("eval", 0) >= 1     # renewed (it checks all held)
+    assert run["holder_cpu_ms_per_s"] >= 0 and run["requests_per_s"] > 0
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
 def test_takeover_answers_the_pending_write_once_from_the_taker(bench):
     r = _main(bench, "benchmarks.takeover", "--repeats", "1", "--ttl", "1")
     (run,) = r["runs"]

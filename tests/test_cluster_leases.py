@@ -178,3 +178,21 @@ async def test_a_paused_redis_stops_every_kept_call_before_its_lease_can_expire(
             assert ended < granted[call_id] + ttl - margin + 0.2, call_id
             assert ended >= granted[call_id] + ttl - margin
         nursery.cancel_scope.cancel()
+
+
+async def test_a_lease_whose_keeper_ended_is_renewed_no_more(redis_server):
+    ttl = 1.0
+    a = RedisRegistry(redis_server.url, ttl, node="a")
+    b = RedisRegistry(redis_server.url, ttl, node="b")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        gone, kept_on = await _acquire_all(a, ["rtc_gone", "rtc_on"])
+        nursery.start_soon(keep_lease, a, kept_on, CLOSE_S)
+        with trio.move_on_after(ttl / 2):
+            await keep_lease(a, gone, CLOSE_S)       # its actor ended without releasing (a crash, say)
+        with trio.fail_after(ttl * 2):
+            while await b.acquire("rtc_gone") is None:     # expired at its TTL: nobody renewed it
+                await trio.sleep(0.05)
+        assert await b.acquire("rtc_on") is None
+        nursery.cancel_scope.cancel()

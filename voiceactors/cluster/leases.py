@@ -36,8 +36,11 @@ async def run_leased(registry: CallRegistry, lease: Lease, close_deadline_s: flo
     (no renewal in time). A lease nobody held any more is taken again with a
     new token by the registry (``registry.lease_of`` then has it)."""
     stop = registry.lease_stop(lease, stop_margin(registry.ttl_s, close_deadline_s))
-    with stop.scope:
-        await run()
+    try:
+        with stop.scope:
+            await run()
+    finally:
+        stop.ended = True
     return stop.why if stop.scope.cancelled_caught else None
 
 

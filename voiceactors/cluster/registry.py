@@ -311,6 +311,8 @@ class RedisRegistry:
         next_tick = trio.current_time() + self.ttl_s / 3
         while True:
             await trio.sleep_until(next_tick)
+            for call_id in [c for c, stop in self._stops.items() if stop.ended]:
+                del self._stops[call_id]        # its actor is done (its release follows)
             kept = [(call_id, self._held[call_id]) for call_id in self._stops]
             sent = trio.current_time()
             next_tick = sent + self.ttl_s / 3
@@ -355,8 +357,8 @@ class RedisRegistry:
                 return
             if again is None:
                 self._lose(lease)
-            elif lease.call_id not in self._stops:      # its actor ended while we asked
-                await self.release(again)
+            elif lease.call_id not in self._stops or self._stops[lease.call_id].ended:
+                await self.release(again)               # its actor ended while we asked
             else:
                 _log.warning("registry.lease_reacquired", call_id=lease.call_id, fence=again.fence)
 

@@ -1,19 +1,26 @@
 """A process's leases renewed in one script per tick (issue 18): against a
 real redis-server, many kept leases cost one ``EVAL`` per third of a TTL,
 a lease another token took stops only its call, a vanished key is taken
-again with a higher fence, and a paused Redis stops every call in time."""
+again with a higher fence, and a paused Redis stops every call in time;
+and a ``voiceactors serve`` child whose one lease another token took stops
+that call only."""
 
 from __future__ import annotations
 
 import signal
 
+import httpx
 import trio
 
-from redis_support import RedisServer, redis_server  # noqa: F401  (the fixture)
+from calls_support import DAY, KEY
+from cluster_support import TTL_S, ClusterServer, stop_all
+from redis_support import redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.fence import send_guard
 from voiceactors.cluster.leases import keep_lease, stop_margin
 from voiceactors.cluster.registry import Lease, RedisRegistry
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.simulator import Simulator
 
 CLOSE_S = 0.1       # the graceful close a stop leaves room for (stop_margin)
 
@@ -196,3 +203,41 @@ async def test_a_lease_whose_keeper_ended_is_renewed_no_more(redis_server):
                 await trio.sleep(0.05)
         assert await b.acquire("rtc_on") is None
         nursery.cancel_scope.cancel()
+
+
+async def test_a_serve_process_whose_lease_another_token_took_stops_only_that_call(tmp_path, redis_server):
+    # the supervisor's side: the actor runs inside its LeaseStop, cancelled by the renewal batch
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    sim = Simulator(None, api_key=KEY)
+    stolen = sim.add_call("rtc_stolen", [{"sleep": 120}])
+    kept = sim.add_call("rtc_kept", [{"sleep": 120}])
+    a = None
+    try:
+        async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
+            await nursery.start(sim.serve, 0)
+            a = ClusterServer(journal, tmp_path / "state_a", sim, redis_server)
+            url = await a.start(nursery)
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                for call_id in ("rtc_stolen", "rtc_kept"):
+                    assert (await client.post("/api/voice/connect", json={"call_id": call_id})).status_code == 200
+            with trio.fail_after(10):
+                await stolen.wait_until(lambda c: c.connection is not None)
+                await kept.wait_until(lambda c: c.connection is not None)
+            await redis.set(rc.lease_key("rtc_stolen"), "other:1", px=60_000)   # another token holds it
+            with trio.fail_after(TTL_S + 5):
+                while not a.events("supervisor.lease_lost"):
+                    await trio.sleep(0.02)
+                await stolen.wait_until(lambda c: c.connection is None)
+            [lost] = a.events("supervisor.lease_lost")
+            assert lost["call_id"] == "rtc_stolen" and lost["why"] == "lost"
+            assert await redis.get(rc.lease_key("rtc_stolen")) == "other:1"     # not released by the loser
+            await trio.sleep(TTL_S)                                             # past the other's TTL
+            assert len(a.events("supervisor.lease_lost")) == 1
+            assert kept.connection is not None and not kept.closed and kept.connections == 1
+            assert stolen.connections == 1                                      # not rejoined here
+            a.proc.terminate()
+            with trio.fail_after(20):
+                assert await a.proc.wait() == 0
+            nursery.cancel_scope.cancel()
+    finally:
+        stop_all(a)

@@ -236,11 +236,12 @@ class RedisRegistry:
             stop.granted(sent, self.ttl_s)
 
     async def renew(self, lease: Lease) -> Lease | None:
-        """``lease`` renewed; a new lease when nobody held the key any more
-        (it expired before a renewal reached it, or Redis restarted without
-        its data: no other process holds the call, so this one may, with a
-        new fencing token); None when another token holds it. The call's
-        fence moves from just before the request was sent."""
+        """One lease renewed on its own (the kept leases are renewed together
+        by ``_renew_kept``): ``lease`` renewed; a new lease when nobody held
+        the key any more (it expired before a renewal reached it, or Redis
+        restarted without its data: no other process holds the call, so this
+        one may, with a new fencing token); None when another token holds
+        it. The call's fence moves from just before the request was sent."""
         sent = trio.current_time()
         renewed = int(await self._script(rc.RENEW, [rc.lease_key(lease.call_id)],
                                          [lease.token, round(self.ttl_s * 1000)]))

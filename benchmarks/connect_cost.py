@@ -27,6 +27,11 @@ answers once the call's lease is taken and its actor started) and, with
 Redis, ``redis_server_ms`` (redis-server's own CPU per connect): the
 registry's cost per connect is the difference (issue 18).
 
+``--hold-s S``: between the connects and the ends, the server's CPU (and
+redis-server's) per second over ``S`` seconds of every call held and
+nothing said: what keeping the calls costs (with ``--redis``: the lease
+renewals, the registry's and the other cluster polls).
+
 ``--py-spy`` samples the server with py-spy over the connects (raw
 collapsed stacks into the run folder, ``peer.pyspy.txt``) and over the
 first 4 s of the ends (``end.pyspy.txt``); summarise with
@@ -167,6 +172,13 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[
         if redis_ps is not None:
             result["connect"]["redis_server_ms"] = round(1000 * (_cpu(redis_ps) - r0) / args.calls, 3)
 
+        if args.hold_s > 0:   # every call held, nothing said: what keeping them costs per second
+            t0, c0, r0 = time.monotonic(), server.cpu_s(), _cpu(redis_ps)
+            time.sleep(args.hold_s)
+            wall = time.monotonic() - t0
+            result["held"] = {"wall_s": round(wall, 2),
+                              "cpu_ms_per_s": round(1000 * (server.cpu_s() - c0) / wall, 2),
+                              "redis_cpu_ms_per_s": round(1000 * (_cpu(redis_ps) - r0) / wall, 2)}
         if spy is not None:   # the connects' samples are in; sample the ends into their own file
             spy.wait(30)
             spy = _start_py_spy(server.popen.pid, 4, run_dir, "end.pyspy.txt")
@@ -219,6 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--server-repo", default=None)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--registry", action="store_true", help="each repeat without and with --redis, interleaved")
+    p.add_argument("--hold-s", type=float, default=0.0,
+                   help="after the connects, measure the server holding every call this long (CPU per second)")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -231,7 +245,9 @@ def _line(r: dict[str, Any]) -> str:
             + (f", latency p50 {lat['p50']:.2f} p99 {lat['p99']:.2f} ms" if lat.get("n") else "")
             + f", end {r['end']['per_call_ms']} ms CPU/call (raw {r['end']['per_call_raw_ms']}), "
             f"idle {r['idle_core_pct']} % of a core, log lines/call {r['log_lines_per_call']}, "
-            f"records with end {r['end']['records_with_end']}")
+            f"records with end {r['end']['records_with_end']}"
+            + (f", held: {r['held']['cpu_ms_per_s']} ms CPU/s (redis-server {r['held']['redis_cpu_ms_per_s']})"
+               if "held" in r else ""))
 
 
 def registry_pairs(args: argparse.Namespace, journal: Path) -> list[dict[str, Any]]:

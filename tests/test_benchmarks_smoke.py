@@ -184,11 +184,20 @@ def test_capacity_workers_steps_up_serve_workers_and_one_serve(bench):
 @pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
 def test_connect_cost_registry_pairs_with_and_without_redis(bench):
     r = _main(bench, "benchmarks.connect_cost", "--calls", "3", "--rate", "50", "--repeats", "1", "--idle-s", "0.3",
-              "--registry")
+              "--registry", "--hold-s", "0.3")
     assert [run["redis"] for run in r["runs"]] == [False, True]
     for run in r["runs"]:
         assert run["connect"]["statuses"] == {"200": 3} and run["connect"]["latency_ms"]["n"] == 3
+        assert run["held"]["wall_s"] >= 0.3 and run["held"]["cpu_ms_per_s"] >= 0
     assert "redis_server_ms" in r["runs"][1]["connect"]
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
+def test_lease_renewals_keeps_every_lease_and_counts_its_requests(bench):
+    r = _main(bench, "benchmarks.lease_renewals", "--leases", "20", "--hold", "1", "--ttl", "1.5")
+    (run,) = r["runs"]
+    assert run["leases"] == 20 and run["commands"].get("eval", 0) >= 1     # renewed (it checks all held)
+    assert run["holder_cpu_ms_per_s"] >= 0 and run["requests_per_s"] > 0
 
 
 @pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")

@@ -26,9 +26,10 @@ for such a call finds it live).
 With a shared registry (``--redis``, ``voiceactors.cluster``) a Connect
 runs in its own task: the call's actor starts only if this process wins the
 call's lease; a call held by another process answers "connected" without an
-actor here; a Redis that does not answer gives "registry_down". The actor's
-lease is renewed while it runs (``cluster.leases.keep_lease``), and the actor
-is stopped when the lease cannot be kept. Every third of a lease the
+actor here; a Redis that does not answer gives "registry_down". The actor
+runs inside its lease's stop (``cluster.leases.run_leased``) while the
+registry renews every kept lease in one request, and is stopped when the
+lease cannot be kept. Every third of a lease the
 supervisor takes over the calls whose holder died (their lease expired
 unreleased), answering their pending tool calls from the shared mirror.
 
@@ -54,7 +55,7 @@ from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.daily_usage import DailyUsage
 from voiceactors.actors.feed import FeedHub
-from voiceactors.cluster.leases import keep_lease, release_quietly
+from voiceactors.cluster.leases import release_quietly, run_leased
 from voiceactors.cluster.registry import CallRegistry, Lease, LocalRegistry, RegistryDown
 from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
@@ -251,17 +252,12 @@ class CallSupervisor:
         return pending
 
     async def _run_leased(self, actor: CallActor, lease: Lease) -> EndReason:
-        """Run the actor while its lease is kept; stop it when it is not."""
+        """Run the actor while its lease is kept (in this task: the registry's
+        batch renews it); stopped gracefully when it is not."""
         try:
-            async with trio.open_nursery() as inner:
-                async def serve() -> None:
-                    await actor.run()
-                    inner.cancel_scope.cancel()     # ended by itself: stop renewing
-
-                inner.start_soon(serve)
-                why = await keep_lease(self.registry, lease, self.settings.close_deadline_s)
+            why = await run_leased(self.registry, lease, self.settings.close_deadline_s, actor.run)
+            if why is not None:
                 self.log.error("supervisor.lease_lost", call_id=actor.call_id, why=why, fence=lease.fence)
-                inner.cancel_scope.cancel()         # the actor's graceful stop (bounded)
         finally:
             current = self.registry.lease_of(actor.call_id) or lease     # renewed with a new token, maybe
             await release_quietly(self.registry, current, self.settings.connect_timeout_s)

@@ -55,3 +55,30 @@ class SendFence:
 
     def allows(self) -> bool:
         return trio.current_time() < self.until
+
+
+class LeaseStop:
+    """When a leased call's actor must stop: ``margin`` before its lease can
+    expire (``why`` stays ``unrenewable``), or at once when another token
+    holds the call (``lost``). The actor runs inside ``scope``; the
+    registry's renewal batch moves the scope's deadline at every grant, so
+    trio's own deadline does the waiting: a held call costs no task and no
+    wake-up of its own for its lease. The deadline counts from just before
+    the granting request was sent, as ``SendFence`` does. ``ended``: the
+    actor is done with it (the batch renews the lease no more)."""
+
+    __slots__ = ("scope", "margin", "why", "ended")
+
+    def __init__(self, margin: float) -> None:
+        self.scope = trio.CancelScope()
+        self.margin = margin
+        self.why = "unrenewable"
+        self.ended = False
+
+    def granted(self, sent_at: float, ttl_s: float) -> None:
+        self.scope.deadline = sent_at + ttl_s - self.margin
+
+    def lost(self) -> None:
+        if not self.scope.cancel_called:     # already past its deadline: it stopped as unrenewable
+            self.why = "lost"
+        self.scope.cancel()

@@ -1,14 +1,18 @@
 """Keeping a call's lease while its actor runs (the supervisor's side).
 
-``keep_lease`` renews every third of the TTL and returns when the lease is
-lost (another token holds it) or could not be renewed in time. Time is
-counted from just before each renewal was sent, on trio's monotonic clock,
-so the local view of the lease ends no later than Redis's (whose clock
-expires the key). The actor must be stopped at the return: ``stop_margin``
-before the lease can expire, long enough for its bounded graceful close.
+The registry renews every kept lease of this process in one request every
+third of the TTL (``RedisRegistry._renew_kept``); a call only waits on its
+``LeaseStop``: a cancel scope whose deadline each grant moves to
+``stop_margin`` before the lease can expire, and which the registry cancels
+when another token holds the call. Time is counted from just before each
+granting request was sent, on trio's monotonic clock, so the local view of
+the lease ends no later than Redis's (whose clock expires the key).
+``stop_margin`` leaves room for the actor's bounded graceful close.
 """
 
 from __future__ import annotations
+
+from typing import Awaitable, Callable
 
 import trio
 
@@ -24,29 +28,27 @@ def stop_margin(ttl_s: float, close_deadline_s: float) -> float:
     return max(ttl_s / 3, min(close_deadline_s, ttl_s / 2))
 
 
+async def run_leased(registry: CallRegistry, lease: Lease, close_deadline_s: float,
+                     run: Callable[[], Awaitable[object]]) -> str | None:
+    """Await ``run()`` while ``lease`` is kept; cancel it (its graceful stop)
+    when the lease is lost. None when ``run`` ended by itself, else why it
+    was stopped: ``lost`` (another token holds the call) or ``unrenewable``
+    (no renewal in time). A lease nobody held any more is taken again with a
+    new token by the registry (``registry.lease_of`` then has it)."""
+    stop = registry.lease_stop(lease, stop_margin(registry.ttl_s, close_deadline_s))
+    try:
+        with stop.scope:
+            await run()
+    finally:
+        stop.ended = True
+    return stop.why if stop.scope.cancelled_caught else None
+
+
 async def keep_lease(registry: CallRegistry, lease: Lease, close_deadline_s: float) -> str:
-    """Renew ``lease`` until it is lost; the reason (``lost`` or
-    ``unrenewable``). A lease nobody held any more is taken again with a new
-    token (``registry.lease_of`` then has it)."""
-    ttl = registry.ttl_s
-    margin = stop_margin(ttl, close_deadline_s)
-    stop_at = lease.acquired_at + ttl - margin
-    next_renewal = lease.acquired_at + ttl / 3
-    while True:
-        await trio.sleep_until(min(next_renewal, stop_at))
-        now = trio.current_time()
-        if now >= stop_at:
-            return "unrenewable"
-        try:
-            renewed = await registry.renew(lease)
-        except RegistryDown:
-            next_renewal = now + ttl / 12       # try again soon, until stop_at
-            continue
-        if renewed is None:
-            return "lost"
-        lease = renewed
-        stop_at = now + ttl - margin
-        next_renewal = now + ttl / 3
+    """Keep ``lease`` until it is lost; the reason (``lost`` or ``unrenewable``)."""
+    why = await run_leased(registry, lease, close_deadline_s, trio.sleep_forever)
+    assert why is not None          # sleep_forever ends only by the stop's cancel
+    return why
 
 
 async def release_quietly(registry: CallRegistry, lease: Lease, timeout_s: float) -> None:

@@ -112,6 +112,25 @@ if held then return 0 end
 return -1
 """
 
+#: KEYS: every lease a process renews. ARGV: ttl_ms, then one token per key.
+#: Per lease ``RENEW``'s answer (1, 0 or -1), in order: one round trip per
+#: process per renewal tick, however many calls it holds.
+RENEW_MANY = """
+local answers = {}
+for i = 1, #KEYS do
+  local held = redis.call('GET', KEYS[i])
+  if held == ARGV[i + 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    answers[i] = 1
+  elseif held then
+    answers[i] = 0
+  else
+    answers[i] = -1
+  end
+end
+return answers
+"""
+
 #: KEYS: lease, calls, pending. ARGV: token, call_id. Deletes only what is ours.
 RELEASE = """
 if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then

@@ -1,9 +1,10 @@
 """The call registry: which process runs each call's actor, and its lease.
 
 One interface, two backends. The supervisor asks ``acquire`` before it
-starts a call's actor and ``release`` when the actor ends; it renews the
-lease every third of ``ttl_s`` while the actor runs. The executor asks
-``claim_write`` before it applies a write and ``record_write`` after.
+starts a call's actor, runs the actor inside the lease's ``lease_stop``
+while the registry keeps the lease, and asks ``release`` when the actor
+ends. The executor asks ``claim_write`` before it applies a write and
+``record_write`` after.
 
 * ``LocalRegistry`` (no Redis configured): every call is this process's;
   ``shared`` is False and the supervisor keeps its synchronous Connect, so a
@@ -12,6 +13,9 @@ lease every third of ``ttl_s`` while the actor runs. The executor asks
   absent with a TTL, renewed and deleted only by its token, see
   ``redis_client``), a fencing token per lease, the shared write log, and the
   mirror of each call's unsettled tool calls that a takeover answers from.
+  Every third of ``ttl_s`` one ``RENEW_MANY`` script renews every lease
+  whose actor runs here (``_renew_kept``): one request per process per tick,
+  not one per call.
 
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
@@ -35,7 +39,7 @@ import trio
 
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.fence import SendFence
+from voiceactors.cluster.fence import LeaseStop, SendFence
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
 
@@ -84,6 +88,7 @@ class CallRegistry(Protocol):
     async def release(self, lease: Lease) -> None: ...
     def lease_of(self, call_id: str) -> Lease | None: ...
     def fence_of(self, call_id: str) -> SendFence | None: ...
+    def lease_stop(self, lease: Lease, margin: float) -> LeaseStop: ...
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
@@ -122,6 +127,9 @@ class LocalRegistry:
     def fence_of(self, call_id: str) -> SendFence | None:
         return None         # one process: nobody else can hold the call
 
+    def lease_stop(self, lease: Lease, margin: float) -> LeaseStop:
+        return LeaseStop(margin)        # never granted: no deadline, never lost
+
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
         return ClaimAnswer(WriteClaim.CLAIMED)
 
@@ -159,22 +167,23 @@ class RedisRegistry:
         self._redis = rc.client(url)
         self._held: dict[str, Lease] = {}
         self._fences: dict[str, SendFence] = {}     # per held call, kept across a re-acquire
+        self._granted_at: dict[str, float] = {}     # per held call: when its last granting request was sent
+        self._stops: dict[str, LeaseStop] = {}      # the held calls whose actor runs: renewed each tick
         self._reachable: bool | None = None
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
 
     # --- running -------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the client's connection pool; check Redis every third of a
-        lease (``health``) and mirror call records' tool lines."""
+        """Hold the client's connection pool; every third of a lease renew
+        the kept leases in one request (or, holding none, check Redis for
+        ``health``) and mirror call records' tool lines."""
         async with self._redis, trio.open_nursery() as nursery:
             nursery.start_soon(self._mirror_writer)
             await self._ping()
             _log.info("registry.started", node=self.node, reachable=self._reachable, ttl_s=self.ttl_s)
             task_status.started()
-            while True:
-                await trio.sleep(self.ttl_s / 3)
-                await self._ping()
+            await self._renew_kept()
 
     async def _ping(self) -> None:
         try:
@@ -213,22 +222,32 @@ class RedisRegistry:
         if int(answer[0]) != 1:
             return None
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
-        self._fences.setdefault(call_id, SendFence()).granted(sent, self.ttl_s)
+        self._fences.setdefault(call_id, SendFence())
+        self._granted(call_id, sent)
         return lease
 
+    def _granted(self, call_id: str, sent: float) -> None:
+        """A request sent at ``sent`` set or renewed the held call's lease:
+        its fence and its actor's stop move on from then."""
+        self._granted_at[call_id] = sent
+        self._fences[call_id].granted(sent, self.ttl_s)
+        stop = self._stops.get(call_id)
+        if stop is not None:
+            stop.granted(sent, self.ttl_s)
+
     async def renew(self, lease: Lease) -> Lease | None:
-        """``lease`` renewed; a new lease when nobody held the key any more
-        (it expired before a renewal reached it, or Redis restarted without
-        its data: no other process holds the call, so this one may, with a
-        new fencing token); None when another token holds it. The call's
-        fence moves from just before the request was sent."""
+        """One lease renewed on its own (the kept leases are renewed together
+        by ``_renew_kept``): ``lease`` renewed; a new lease when nobody held
+        the key any more (it expired before a renewal reached it, or Redis
+        restarted without its data: no other process holds the call, so this
+        one may, with a new fencing token); None when another token holds
+        it. The call's fence moves from just before the request was sent."""
         sent = trio.current_time()
         renewed = int(await self._script(rc.RENEW, [rc.lease_key(lease.call_id)],
                                          [lease.token, round(self.ttl_s * 1000)]))
         if renewed == 1:
-            fence = self._fences.get(lease.call_id)
-            if fence is not None and lease.call_id in self._held:
-                fence.granted(sent, self.ttl_s)
+            if self._holds(lease):
+                self._granted(lease.call_id, sent)
             return lease
         if renewed == -1:
             again = await self.acquire(lease.call_id)
@@ -238,13 +257,26 @@ class RedisRegistry:
         self._forget_held(lease)
         return None
 
+    def _holds(self, lease: Lease) -> bool:
+        held = self._held.get(lease.call_id)
+        return held is not None and held.token == lease.token
+
     def _forget_held(self, lease: Lease) -> None:
         held = self._held.get(lease.call_id)
         if held is not None and held.token == lease.token:
             del self._held[lease.call_id]
+            self._granted_at.pop(lease.call_id, None)
+            self._stops.pop(lease.call_id, None)
             fence = self._fences.pop(lease.call_id, None)
             if fence is not None:
                 fence.close()
+
+    def _lose(self, lease: Lease) -> None:
+        """Another token holds the call: act on nothing, stop its actor."""
+        stop = self._stops.get(lease.call_id)
+        self._forget_held(lease)
+        if stop is not None:
+            stop.lost()
 
     async def release(self, lease: Lease) -> None:
         self._forget_held(lease)
@@ -256,6 +288,80 @@ class RedisRegistry:
 
     def fence_of(self, call_id: str) -> SendFence | None:
         return self._fences.get(call_id) if call_id in self._held else None
+
+    def lease_stop(self, lease: Lease, margin: float) -> LeaseStop:
+        """The stop of ``lease``'s actor (see ``LeaseStop``): from now on the
+        lease is renewed in every tick's batch until it is released or lost.
+        A lease no longer held here is lost at once."""
+        stop = LeaseStop(margin)
+        if not self._holds(lease):
+            stop.lost()
+            return stop
+        self._stops[lease.call_id] = stop
+        stop.granted(self._granted_at[lease.call_id], self.ttl_s)
+        return stop
+
+    # --- renewing every kept lease in one request ---------------------------------
+
+    async def _renew_kept(self) -> None:
+        """Every third of a lease, renew each kept lease in one ``RENEW_MANY``
+        (nothing kept: a PING, for ``health``). A lease kept between two
+        ticks waits at most a third of a lease for its first renewal. Redis
+        not answering: try again in a twelfth of a lease; each call's stop
+        deadline, which no renewal moves then, stops its actor in time."""
+        next_tick = trio.current_time() + self.ttl_s / 3
+        while True:
+            await trio.sleep_until(next_tick)
+            for call_id in [c for c, stop in self._stops.items() if stop.ended]:
+                del self._stops[call_id]        # its actor is done (its release follows)
+            kept = [(call_id, self._held[call_id]) for call_id in self._stops]
+            sent = trio.current_time()
+            next_tick = sent + self.ttl_s / 3
+            if not kept:
+                await self._ping()
+                continue
+            keys = [rc.lease_key(call_id) for call_id, _ in kept]
+            try:
+                answers = await self._script(rc.RENEW_MANY, keys,
+                                             [round(self.ttl_s * 1000)] + [lease.token for _, lease in kept])
+            except RegistryDown:
+                next_tick = trio.current_time() + self.ttl_s / 12
+                continue
+            vanished = self._settle_renewals(kept, [int(a) for a in answers], sent)
+            await self._reacquire(vanished)
+
+    def _settle_renewals(self, kept: list[tuple[str, Lease]], answers: list[int], sent: float) -> list[Lease]:
+        """Apply one batch's answers; the leases whose key was gone."""
+        vanished = []
+        for (call_id, lease), answer in zip(kept, answers, strict=True):
+            if self._held.get(call_id) is not lease:
+                continue                # released (or lost) while the batch was out
+            if answer == 1:
+                self._granted(call_id, sent)
+            elif answer == 0:
+                self._lose(lease)
+            else:
+                vanished.append(lease)
+        return vanished
+
+    async def _reacquire(self, vanished: list[Lease]) -> None:
+        """Leases nobody holds any more (expired before a renewal reached them,
+        or Redis restarted without its data): no other process holds those
+        calls, so this one takes them again, each with a new fencing token.
+        Redis failing meanwhile: the next tick finds them gone again."""
+        for lease in vanished:
+            if self._held.get(lease.call_id) is not lease:
+                continue
+            try:
+                again = await self.acquire(lease.call_id)
+            except RegistryDown:
+                return
+            if again is None:
+                self._lose(lease)
+            elif lease.call_id not in self._stops or self._stops[lease.call_id].ended:
+                await self.release(again)               # its actor ended while we asked
+            else:
+                _log.warning("registry.lease_reacquired", call_id=lease.call_id, fence=again.fence)
 
     # --- the shared write log --------------------------------------------------
 

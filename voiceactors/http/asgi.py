@@ -13,6 +13,10 @@ or before the idle timer is armed. So no connection was ever closed by the
 server. A bare hypercorn ASGI app does not cancel itself, which is why it
 closes.
 
+(Here the handler runs in the nursery's body rather than a task of its own,
+``_serve_in_this_task``: the same nursery, the same cancellations, one task
+fewer per request; the reader is still a task.)
+
 Here, once the last body message has been handed to the server, a disconnect
 no longer cancels the handler: it is finishing on its own (and cancels the
 nursery itself when done, as quart-trio's handler does). A disconnect before

@@ -100,6 +100,10 @@ def profile_connects(calls: int, rate: float, phase: str, repo: Path | None) -> 
         deadline = time.monotonic() + 30
         while count_records(run_dir / "state", with_end=True) < calls and time.monotonic() < deadline:
             time.sleep(0.05)
+        # an end line is in the file before the record's close has fsynced it:
+        # the actor's end (and its call.ended line) comes after that
+        while _ended(server.stderr_path) < calls and time.monotonic() < deadline:
+            time.sleep(0.05)
         quiet(server)
         if phase == "end":
             os.kill(pid, signal.SIGUSR2)
@@ -114,6 +118,10 @@ def profile_connects(calls: int, rate: float, phase: str, repo: Path | None) -> 
                 proc.popen.terminate()
                 proc.wait(10)
     return out
+
+
+def _ended(log: Path) -> int:
+    return log.read_text(errors="replace").count('"call.ended"')
 
 
 def counts(path: Path, calls: int) -> dict[str, float]:

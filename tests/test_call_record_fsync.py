@@ -271,14 +271,19 @@ async def test_calls_joining_apart_share_fsync_passes_and_none_waits_past_fsync_
     fsyncs = FsyncLog()
     writer = RecordWriter(fsync=fsyncs)
     records = []
+    written_at = []
     for n in range(20):
         record = CallRecord(f"rtc_join_{n}", tmp_path, fsync_s=1.0, writer=writer)
         record.opened()
         records.append(record)
         await _until(lambda: record._flushed == len(record.lines))
+        written_at.append(trio.current_time())
         await trio.sleep(0.01)
     await _until(lambda: all(fsyncs.of(r.path) for r in records))
-    assert writer.fsync_passes <= 20 * 0.01 / FSYNC_RIDE_ALONG_S + 2      # was one per record
+    # The span is trio time, which autojump_clock runs on while a write waits in
+    # its worker thread: on a loaded machine the first writes may lie far apart.
+    span = written_at[-1] - written_at[0]
+    assert writer.fsync_passes <= span / FSYNC_RIDE_ALONG_S + 2, (writer.fsync_passes, span)   # was one per record
     for record in records:
         record.add("end", reason="closed_by_service")
         assert await record.close() is True

@@ -259,3 +259,32 @@ async def test_a_call_whose_record_cannot_be_written_still_runs_and_says_so(tmp_
     assert len(sc.tool_calls) == 3 and all(len(sc.outputs[c]) == 1 for c in sc.tool_calls)
     failed = [line for line in logs if line["event"] == "call.record_failed"]
     assert len(failed) == 1 and "No space left on device" in failed[0]["error"]
+
+
+async def test_calls_joining_apart_share_fsync_passes_and_none_waits_past_fsync_s(tmp_path, autojump_clock):
+    """Records opened 10 ms apart (a burst of joins) are fsynced in a few
+    grouped passes, not one worker-thread hop each: a file due within
+    ``FSYNC_RIDE_ALONG_S`` rides along with the pass of one due now (early
+    is never less safe); every file is still fsynced, and closed at the end."""
+    from voiceactors.actors.call_record import FSYNC_RIDE_ALONG_S
+
+    fsyncs = FsyncLog()
+    writer = RecordWriter(fsync=fsyncs)
+    records = []
+    written_at = []
+    for n in range(20):
+        record = CallRecord(f"rtc_join_{n}", tmp_path, fsync_s=1.0, writer=writer)
+        record.opened()
+        records.append(record)
+        await _until(lambda: record._flushed == len(record.lines))
+        written_at.append(trio.current_time())
+        await trio.sleep(0.01)
+    await _until(lambda: all(fsyncs.of(r.path) for r in records))
+    # The span is trio time, which autojump_clock runs on while a write waits in
+    # its worker thread: on a loaded machine the first writes may lie far apart.
+    span = written_at[-1] - written_at[0]
+    assert writer.fsync_passes <= span / FSYNC_RIDE_ALONG_S + 2, (writer.fsync_passes, span)   # was one per record
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True
+    assert _open_fds_under(tmp_path, appending_only=True) == 0

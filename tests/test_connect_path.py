@@ -108,3 +108,53 @@ async def test_a_supervised_call_runs_in_one_task_and_a_cancelled_supervisor_sti
         ended = [line for line in logs if line["event"] == "simulator.connection_ended"]
         assert [(line["ended_by"], int(line["peer_close"])) for line in ended] == [("peer", 1000)]
         assert sup.calls == {}
+
+
+class SpawnedNames(trio.abc.Instrument):
+    """The name of every task spawned while installed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+
+async def test_a_call_without_capture_starts_no_task_for_its_record_and_still_records(tmp_path):
+    """The record is written by the process's one ``RecordWriter``: a call
+    spawns no task (and opens no nursery) for it, only for a capture; the
+    record still holds the run's start, connect and end lines."""
+    async with rig(tmp_path) as r:
+        sim_call = r.sim.add_call("rtc_no_record_task", steady("silence"))
+        actor = r.actor("rtc_no_record_task")
+        spawned = SpawnedNames()
+        trio.lowlevel.add_instrument(spawned)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(actor.run, name="quiet-call")
+                with trio.fail_after(10):
+                    await sim_call.wait_until(lambda c: c.connections >= 1)
+                    while actor._ws is None:
+                        await trio.sleep(0.01)
+                nursery.cancel_scope.cancel()
+        finally:
+            trio.lowlevel.remove_instrument(spawned)
+        assert not any("CallRecord" in name for name in spawned.names), spawned.names
+        assert any(name.endswith("CallActor._reader") for name in spawned.names), spawned.names
+        kinds = [line["kind"] for line in r.record("rtc_no_record_task")]
+        assert kinds[:2] == ["start", "connect"] and kinds[-1] == "end"
+
+
+async def test_a_reconnect_jitter_is_the_call_ids_sequence(tmp_path):
+    """The jitter's generator is made at the first reconnect, not at start:
+    the same delays as one seeded with the call id from the start."""
+    import random
+
+    from voiceactors.actors.call import backoff_delay
+
+    async with rig(tmp_path) as r:
+        actor = r.actor("rtc_jitter")
+        assert actor._rng is None
+        expected = random.Random("rtc_jitter")
+        delays = [backoff_delay(n, 0.5, 8.0, actor._reconnect_rng()) for n in (1, 2, 3)]
+        assert delays == [backoff_delay(n, 0.5, 8.0, expected) for n in (1, 2, 3)]

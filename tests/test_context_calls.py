@@ -282,3 +282,30 @@ async def test_connect_with_context_and_greeting_end_to_end(make_sample, tmp_pat
     [(_, create)] = of_type(call, "response.create")
     assert "Daniel Park" in create["response"]["instructions"]
     assert call.response_creates == 1 and call.error_codes == [] and call.violations == []
+
+
+async def test_connect_reads_the_brains_instruction_without_asking_its_inbox(make_sample, tmp_path, sim, pin_today):
+    """``/connect`` takes the brain's instruction for the call in its own
+    step (``Runtime.brain_now``), not by an ask through the brain's inbox
+    (two scheduler turns and a channel per connect): with that inbox closed,
+    a linked call still gets its ``session.update`` with the instruction."""
+    from voiceactors.http.app import voice_state
+
+    pin_today(DAY.isoformat())
+    app = app_for(make_sample(days=3), tmp_path, sim)
+    async with app.test_app() as test_app:
+        client = test_app.test_client()
+        status, _, minted = await mint(client, sim, {"context": {"kind": "entity", "id": "daniel_park"}})
+        assert status == 200 and minted
+        runtime = voice_state(app).runtime
+        closed, _unused = trio.open_memory_channel[Any](0)
+        closed.close()
+        runtime.brain = closed      # an ask to the brain now fails at once
+        call = sim.add_call("rtc_ctx_brain_now", [{"sleep": 1.0}, {"close": 1000}])
+        response = await client.post("/api/voice/connect", json={
+            "call_id": "rtc_ctx_brain_now", "context": {"kind": "entity", "id": "daniel_park"}})
+        assert response.status_code == 200
+        with trio.fail_after(10):
+            await call.wait_until(lambda c: c.closed and c.connection is None)
+    [(_, update)] = of_type(call, "session.update")
+    assert update["session"]["instructions"] == minted

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from voiceactors.actors.messages import BrainMessage, ExecutorMessage, SupervisorMessage
+from voiceactors.actors.messages import BrainMessage, BrainState, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
     from voiceactors.actors.mcp_hub import McpMessage
 from voiceactors.logs import get_logger
@@ -56,6 +56,10 @@ class Runtime:
     nursery: trio.Nursery = field(repr=False)
     actors: dict[str, Any] = field(default_factory=dict, repr=False)
     mcp: trio.MemorySendChannel[McpMessage] | None = None    # the MCP sources' hub (docs/mcp.md)
+    #: The brain's state as ``GetBrain`` (without ``start``) answers it, read
+    #: in the caller's step: the BrainActor's own ``state()``, which changes
+    #: nothing (the connect route's read; no ask, no scheduler turn).
+    brain_now: Callable[[], BrainState] | None = field(default=None, repr=False)
 
 
 async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
@@ -144,7 +148,8 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
         _log.info("runtime.started", duration_ms=round((trio.current_time() - started) * 1000, 1))
         try:
             yield Runtime(settings=settings, brain=actors["brain"].inbox, tools=actors["tools"].inbox,
-                          calls=actors["calls"].inbox, nursery=nursery, actors=actors, mcp=actors["mcp"].inbox)
+                          calls=actors["calls"].inbox, nursery=nursery, actors=actors, mcp=actors["mcp"].inbox,
+                          brain_now=actors["brain"].state)
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)

@@ -148,7 +148,7 @@ class CallActor:
         self._hangup_enabled = hangup
         # bound once: a concrete logger, not the lazy proxy that binds at every line
         self.log = get_logger(actor="call", call_id=call_id).bind()
-        self._rng = random.Random(call_id)
+        self._rng: random.Random | None = None     # the reconnect jitter's, seeded with the call id at first use
         self.protocol = CallProtocol(call_id, effect_of=_tool_effect, debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
         # connection state
@@ -409,10 +409,12 @@ class CallActor:
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, fsync_s=self.settings.call_record_fsync_s, **fields)
         self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
+        if self.capture is None:
+            # The record has no task of its own (the process's one RecordWriter
+            # writes it): no nursery and no started-handshake per call.
+            return await self._serve_recorded()
         async with trio.open_nursery() as recorder:
-            await recorder.start(self.record.run)
-            if self.capture is not None:
-                await recorder.start(self.capture.run)
+            await recorder.start(self.capture.run)
             try:
                 return await self._serve_recorded()
             finally:
@@ -515,7 +517,8 @@ class CallActor:
             failures += 1
             if failures > self.settings.reconnect_attempts:
                 return EndReason.CONFIG_UNREADABLE if unreadable else EndReason.EXHAUSTED
-            delay = backoff_delay(failures, self.settings.reconnect_base_s, self.settings.reconnect_max_s, self._rng)
+            delay = backoff_delay(failures, self.settings.reconnect_base_s, self.settings.reconnect_max_s,
+                                  self._reconnect_rng())
             self.reconnects += 1
             metrics.reconnect()
             self.record_line("reconnect", attempt=failures, delay_s=round(delay, 3), close_code=self._close_code)
@@ -822,6 +825,14 @@ class CallActor:
             self.log.info("call.hangup", status=response.status_code)
         except httpx.HTTPError as exc:
             self.log.warning("call.hangup_failed", error=type(exc).__name__)
+
+    def _reconnect_rng(self) -> random.Random:
+        """The jitter's generator, made at the first reconnect (seeding one
+        with a string hashes it: a cost at every connect for calls that
+        mostly never reconnect); the same sequence as made at start."""
+        if self._rng is None:
+            self._rng = random.Random(self.call_id)
+        return self._rng
 
     def _start_meter(self) -> None:
         """The call's usage meter: its model's prices and the call budget. An

@@ -227,9 +227,15 @@ async def create_session() -> Any:
 
 async def _base_instruction(runtime: Runtime) -> str | None:
     """The brain's current instruction for a new call's ``session.update``s
-    (selection, linked context); None when there is none yet (never waits)."""
+    (selection, linked context); None when there is none yet (never waits).
+    Read in this step (``Runtime.brain_now``: what ``GetBrain`` would answer
+    at once), not asked: an ask per connect was two scheduler turns and a
+    channel (docs/benchmarks.md § 19)."""
+    if runtime.brain_now is not None:
+        brain: BrainState = runtime.brain_now()
+        return brain.instruction if brain.ready else None
     try:
-        brain: BrainState = await _ask(runtime.brain, GetBrain, QUICK_ASK_S)
+        brain = await _ask(runtime.brain, GetBrain, QUICK_ASK_S)
     except (trio.TooSlowError, ApiError):
         return None
     return brain.instruction if brain.ready else None

@@ -23,6 +23,11 @@ flood, docs/benchmarks.md § 5). Everything else — a client not watched,
 another request, a request not whole in that first read, nothing sent
 within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 
+The stream handed to hypercorn writes a small fixed-length response in one
+send (``SlotStream.hold_heads``, the rule in ``head_hold.py``): hypercorn
+writes the head and the body apart, and each send on loopback costs the
+sender the receiver's TCP work too.
+
 This is the only module that touches hypercorn's internals (``Lifespan``,
 ``TCPServer``, ``WorkerContext``); ``pyproject.toml`` pins the hypercorn
 range it was written against, and ``tests/test_connection_cap.py`` tests
@@ -43,6 +48,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
+from voiceactors.http.head_hold import HeadHold
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="server")
@@ -74,6 +80,13 @@ class SlotStream(trio.abc.HalfCloseableStream):
         self._stream = stream
         self._slots: trio.Semaphore | None = slots
         self._unread = b""
+        self._heads: HeadHold | None = None    # hold_heads: a response's head waits for its body
+
+    def hold_heads(self) -> None:
+        """From now on a fixed-length response's head is written with the
+        write after it (``head_hold.py``: one send per small response). Set
+        for hypercorn's writes only: a refusal's answer is one write already."""
+        self._heads = HeadHold()
 
     def put_back(self, data: bytes) -> None:
         """``data`` is what the next ``receive_some`` returns (before the socket's own bytes)."""
@@ -84,7 +97,17 @@ class SlotStream(trio.abc.HalfCloseableStream):
         return self._stream.socket
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self._stream.send_all(data)
+        heads = self._heads
+        if heads is None:
+            await self._stream.send_all(data)
+            return
+        sends = heads.take(data)
+        if sends is None:
+            # No checkpoint here on purpose: hypercorn's next write (the body,
+            # or the end's empty one) follows in the same task and is one.
+            return
+        for chunk in sends:
+            await self._stream.send_all(chunk)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()
@@ -98,6 +121,9 @@ class SlotStream(trio.abc.HalfCloseableStream):
         return await self._stream.receive_some(max_bytes)
 
     async def send_eof(self) -> None:
+        held = self._heads.release() if self._heads is not None else b""
+        if held:
+            await self._stream.send_all(held)
         await self._stream.send_eof()
 
     async def aclose(self) -> None:
@@ -184,6 +210,7 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
                     await stream.aclose()
                 return
             stream.put_back(bytes(data))
+    stream.hold_heads()
     await serve_http(stream)
 
 

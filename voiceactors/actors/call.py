@@ -367,7 +367,7 @@ class CallActor:
 
     async def _write(self, ws: Any, out: Send) -> bool:
         """Write one frame; False when the connection ended (it is told)."""
-        data = json.dumps(out.event, ensure_ascii=False)
+        data = _SEND_ENCODER.encode(out.event)
         fence = self._fence
         try:
             # Shielded: a frame cancelled half-way would corrupt the stream;
@@ -623,6 +623,7 @@ class CallActor:
         every frame read is captured too (``event_capture.py``)."""
         protocol, only, budget = self.protocol, HANDLED_EVENTS, self.protocol.log_budget
         capture = self.capture
+        screened = capture is None      # the hand-off asked ``skippable`` already (``_serve``)
         if capture is not None:
             capture.connected(trio.current_time())
         try:
@@ -636,7 +637,7 @@ class CallActor:
                     for raw in frames:
                         capture.frame(raw, now)
                 for raw in frames:
-                    event = rt.read_server_event(raw, only, budget)
+                    event = rt.read_server_event(raw, only, budget, screened=screened)
                     if event is None:
                         protocol.skipped_frame()
                         continue
@@ -884,6 +885,9 @@ class CallActor:
             self._feed(Recovered(pending.tool_call_id, pending.tool, pending.response_id, pending.arguments,
                                  output, outcome))
 
+
+#: One encoder for every frame written (``json.dumps`` with an option builds one per call).
+_SEND_ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 #: The frames the reader skips unread (``rt.skippable``): the hand-off drops them for it.
 _SKIP_UNREAD = functools.partial(rt.skippable, only=HANDLED_EVENTS)

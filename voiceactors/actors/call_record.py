@@ -118,6 +118,10 @@ MAX_OPEN_FILES = 2048
 #: and so does a closing record's last pass (its close waits for it).
 PASS_GAP_S = 0.01
 
+#: One encoder for every line (``json.dumps`` with options builds a new one
+#: per call): the same text as ``json.dumps(line, ensure_ascii=False, default=str)``.
+_LINE_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+
 
 def record_path(state_dir: Path, call_id: str) -> Path:
     """``<state_dir>/calls/<call_id>.jsonl``; an id that is not a plain token
@@ -169,6 +173,12 @@ class _Job:
     created: bool = False      # this pass created the file
     touched: bool = False      # a write was tried on an open descriptor (bytes may be unsynced)
     synced: bool = False       # the file (and, if it was new, its folder) is fsynced
+
+
+def _block(rendered: list[str]) -> bytes:
+    """``storage.lines_block`` for rendered JSON lines (which never hold a
+    raw newline): joined once, no per-line strip."""
+    return ("\n".join(rendered) + "\n").encode("utf-8") if rendered else b""
 
 
 def _max_open_files() -> int:
@@ -508,14 +518,15 @@ class CallRecord:
             self._writer.want(self, urgent=True)
 
     def render(self, lines: list[dict[str, Any]]) -> list[str]:
-        return [json.dumps(line, ensure_ascii=False, default=str) for line in lines]
+        encode = _LINE_ENCODER.encode
+        return [encode(line) for line in lines]
 
     def _take(self) -> _Job:
         """The writer takes the lines not yet on disk (rendered on the trio thread)."""
         batch = self.lines[self._flushed:] if self._open else []
         self._taken = len(batch)
         final = self._closing and self._open
-        return _Job(self, self.path, storage.lines_block(self.render(batch)), len(batch),
+        return _Job(self, self.path, _block(self.render(batch)), len(batch),
                     check_torn=not self._fresh_line, sync=final or self.fsync_s <= 0, final=final,
                     sync_dir=False)
 

@@ -285,7 +285,11 @@ class CallActor:
         getattr(self.log, effect.level)(effect.event, **effect.fields)
 
     def _do_record(self, effect: RecordLine) -> None:
-        self.record_line(effect.kind, **effect.fields)
+        # ``record_line`` without unpacking the fields twice (nine lines a round)
+        if self.record is not None:
+            self.record.add_fields(effect.kind, effect.fields)
+        if self._on_record is not None:
+            self._on_record(self.call_id, {"kind": effect.kind, **effect.fields})
 
     def _do_publish(self, effect: Publish) -> None:
         if self.feed is not None:

@@ -507,6 +507,10 @@ class CallRecord:
             self._writer.want(self, urgent=True)
 
     def add(self, kind: str, **fields: Any) -> None:
+        self.add_fields(kind, fields)
+
+    def add_fields(self, kind: str, fields: dict[str, Any]) -> None:
+        """``add`` with the fields as a dict (copied into the line)."""
         self.lines.append({"kind": kind, "t": round(trio.current_time() - self.started, 3), **fields})
         if self._open:
             self._writer.want(self, urgent=kind in URGENT_KINDS)

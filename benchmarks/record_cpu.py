@@ -50,9 +50,10 @@ async def _until_written(record: Any, waits: list[float]) -> None:
     waits.append(trio.current_time() - t0)
 
 
-#: ``--full-round``: the burst's other lines of a round, as its call records hold them
-#: (docs/benchmarks.md § 18): the user's transcript before the tool call, its response and
-#: usage, then the answer's transcript, response, usage and our ``response_create``.
+#: ``--full-round``: the burst's other lines of a round, of the kinds and about the sizes its
+#: call records hold (docs/benchmarks.md § 18; the order differs a little, the two urgent
+#: lines are the same): the user's transcript before the tool call; after its ``tool_call``,
+#: its response and usage, our ``response_create``, the answer's transcript, response, usage.
 _USAGE = {"model": "gpt-realtime", "tokens": {"text_in": 422, "text_out": 2, "audio_in": 0, "audio_out": 16,
                                               "cached_in": 56}, "cost_usd": 0.002766}
 

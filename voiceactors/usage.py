@@ -95,7 +95,7 @@ def cost_usd(tokens: Tokens, prices: Prices | None) -> float | None:
     """What ``tokens`` cost at ``prices`` in US dollars (None: no prices)."""
     if prices is None:
         return None
-    # TOKEN_KINDS' order, added left to right (the same float as a sum over them)
+    # TOKEN_KINDS' order, added left to right (as Python 3.11's sum() over them did)
     return (tokens.text_in * prices.text_in + tokens.text_out * prices.text_out
             + tokens.audio_in * prices.audio_in + tokens.audio_out * prices.audio_out
             + tokens.cached_in * prices.cached_in) / MILLION

@@ -107,11 +107,21 @@ def test_round_cpu_tiny(bench):
 
 def test_record_cpu_tiny(bench):
     args = ("--calls", "3", "--rounds", "2", "--think-ms", "1", "2", "--repeats", "1", "--state-dir", str(bench))
-    for extra in ((), ("--latency",), ("--null",)):
+    sizes = {}
+    for extra in ((), ("--latency",), ("--null",), ("--full-round",)):
         data = _main(bench, "benchmarks.record_cpu", *args, *extra)
         (run,) = data["runs"]
         assert run["failed"] == [] and run["bytes"] > 0 and run["cpu_ms_per_round"] > 0
         assert ("written_ms_p50_p99_max" in run) == (extra == ("--latency",))
+        sizes[extra] = run["bytes"]
+    assert sizes[("--full-round",)] > 2 * sizes[()]       # nine lines a round, not two
+
+
+def test_round_parts_tiny(bench):
+    data = _main(bench, "benchmarks.round_parts", "--rounds", "3", "--repeats", "1")
+    assert set(data["us_per_round"]) == {"skip_check", "json_loads", "checks", "protocol", "usage",
+                                         "record_lines", "frames_out"}
+    assert all(v >= 0 for v in data["us_per_round"].values()) and data["rounds"] == 3
 
 
 def test_burst_ours_and_the_do_nothing_server_answer_every_round(bench):

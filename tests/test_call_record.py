@@ -130,3 +130,20 @@ async def test_the_writer_retires_with_the_last_record_and_a_new_one_starts(tmp_
     second.add("end", reason="closed_by_service")
     assert await second.close() is True
     assert [x["kind"] for x in read_record(second.path)] == ["start", "end"]
+
+
+async def test_each_line_is_its_json_text_unescaped_one_per_line(tmp_path, autojump_clock):
+    """The file holds each line as ``json.dumps(line, ensure_ascii=False,
+    default=str)`` renders it (one encoder renders them all), each ending in
+    one newline: text stays as spoken (no ``\\u`` escapes), a value JSON has
+    no type for is its ``str``, a newline inside a text stays escaped."""
+    record = CallRecord("rtc_text", tmp_path)
+    record.opened()
+    record.add("transcript", role="user", item_id="item_1", text="Grüße,\nça va? 日本")
+    record.add("tool_call", tool_call_id="call_1", state=tmp_path / "x")     # not a JSON type: its str
+    assert await record.close() is True
+    raw = record.path.read_text(encoding="utf-8")
+    assert raw.endswith("\n") and raw.count("\n") == 3
+    assert [json.loads(line) for line in raw.splitlines()] == read_record(record.path)
+    assert raw.splitlines()[1:] == [json.dumps(line, ensure_ascii=False, default=str) for line in record.lines[1:]]
+    assert 'Grüße,\\nça va? 日本' in raw and str(tmp_path / "x") in raw

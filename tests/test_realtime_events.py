@@ -296,6 +296,27 @@ def test_read_server_event_gives_a_view_that_reads_like_the_sdk_model(obj):
     assert "hi" not in repr(view)                          # no payload in a repr (it may reach a log)
 
 
+def test_a_screened_frame_reads_as_an_unscreened_one():
+    """``screened=True`` (the hand-off asked ``skippable`` already) only saves
+    the second ask: every kind of frame reads the same, with the same lines."""
+    frames = [json.dumps(obj) for obj in ACTED_ON] + [
+        json.dumps({"type": "response.output_audio_transcript.delta", "event_id": "e", "response_id": "r",
+                    "item_id": "m", "output_index": 0, "content_index": 0, "delta": "hi"}),   # ignored
+        ' {"type": "rate_limits.updated", "event_id": "e", "rate_limits": []}',               # ignored
+        json.dumps({"event_id": "e", "type": "response.done", "response": {"id": "r"}}),     # type not leading
+        json.dumps({"type": "made.up"}), '{"type": "response.done", oops', b"\x00binary",
+        json.dumps({"type": "input_audio_buffer.speech_started", "event_id": "e", "audio_start_ms": "5",
+                    "item_id": "u"}),                                                       # the models coerce it
+    ]
+    for raw in frames:
+        with capture_logs() as plain_logs:
+            plain = events.read_server_event(raw, HANDLED_EVENTS)
+        with capture_logs() as screened_logs:
+            screened = events.read_server_event(raw, HANDLED_EVENTS, screened=True)
+        assert type(screened) is type(plain) and screened == plain, raw
+        assert screened_logs == plain_logs
+
+
 def test_a_frame_the_checks_refuse_but_the_models_accept_is_the_model():
     coerced = {"type": "input_audio_buffer.speech_started", "event_id": "e", "audio_start_ms": "5", "item_id": "u"}
     parsed = events.read_server_event(json.dumps(coerced), HANDLED_EVENTS)

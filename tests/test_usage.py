@@ -306,3 +306,41 @@ def test_a_response_done_with_malformed_usage_still_reaches_the_protocol():
     # anything else malformed in the event still fails it as before
     bad = {**body, "response": {**body["response"], "status": 7}}
     assert parse_server_event(json.dumps(bad)) is None
+
+
+# --- read_usage's one-pass reading of the usual case agrees with the general one
+
+from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
+
+from voiceactors import usage as usage_module  # noqa: E402
+
+_COUNTS = st.sampled_from([None, 0, 3, 56, 422, -1, True, False, 1.5, "7", [], {}]) | st.integers(0, 10_000)
+_DETAILS = st.none() | st.sampled_from([5, "x", []]) | st.fixed_dictionaries(
+    {}, optional={"text_tokens": _COUNTS, "audio_tokens": _COUNTS, "image_tokens": _COUNTS})
+_INPUTS = st.none() | st.sampled_from([7, "x", []]) | st.fixed_dictionaries({}, optional={
+    "text_tokens": _COUNTS, "audio_tokens": _COUNTS, "cached_tokens": _COUNTS, "cached_tokens_details": _DETAILS})
+_OUTPUTS = st.none() | st.sampled_from([7, "x"]) | st.fixed_dictionaries(
+    {}, optional={"text_tokens": _COUNTS, "audio_tokens": _COUNTS})
+_USAGES = st.none() | st.sampled_from([3, "x", []]) | st.fixed_dictionaries({}, optional={
+    "total_tokens": _COUNTS, "input_token_details": _INPUTS, "output_token_details": _OUTPUTS})
+
+
+@hsettings(max_examples=400, deadline=None)
+@given(_USAGES)
+def test_read_usage_of_any_usage_is_what_the_general_reading_gives(usage):
+    """The one-pass reading (a plain JSON usage, every count a whole number)
+    and the general one (any object; it names the malformed fields) agree on
+    every usage: tokens and malformed names alike."""
+    assert usage_module.read_usage(usage) == usage_module._read_general(usage)
+
+
+def test_the_usual_usage_is_read_in_one_pass_and_counts_as_before():
+    usual = {"total_tokens": 500, "input_token_details": {
+        "text_tokens": 422, "audio_tokens": 56, "cached_tokens": 56,
+        "cached_tokens_details": {"text_tokens": 0, "audio_tokens": 56}},
+        "output_token_details": {"text_tokens": 2, "audio_tokens": 20}}
+    assert usage_module._read_plain(usual) is not None
+    tokens, malformed = usage_module.read_usage(usual)
+    assert (tokens.as_dict(), malformed) == ({"text_in": 422, "text_out": 2, "audio_in": 0, "audio_out": 20,
+                                              "cached_in": 56}, [])
+    assert usage_module._read_plain({**usual, "output_token_details": {"text_tokens": True}}) is None

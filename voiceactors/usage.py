@@ -67,12 +67,17 @@ class Tokens:
     def total(self) -> int:
         return self.text_in + self.text_out + self.audio_in + self.audio_out + self.cached_in
 
+    # spelled out, in TOKEN_KINDS' order: these run for every response.done
     def add(self, other: "Tokens") -> None:
-        for kind in TOKEN_KINDS:
-            setattr(self, kind, getattr(self, kind) + getattr(other, kind))
+        self.text_in += other.text_in
+        self.text_out += other.text_out
+        self.audio_in += other.audio_in
+        self.audio_out += other.audio_out
+        self.cached_in += other.cached_in
 
     def as_dict(self) -> dict[str, int]:
-        return {kind: getattr(self, kind) for kind in TOKEN_KINDS}
+        return {"text_in": self.text_in, "text_out": self.text_out, "audio_in": self.audio_in,
+                "audio_out": self.audio_out, "cached_in": self.cached_in}
 
     @classmethod
     def from_dict(cls, data: Any) -> "Tokens":
@@ -90,7 +95,10 @@ def cost_usd(tokens: Tokens, prices: Prices | None) -> float | None:
     """What ``tokens`` cost at ``prices`` in US dollars (None: no prices)."""
     if prices is None:
         return None
-    return sum(getattr(tokens, kind) * getattr(prices, kind) for kind in TOKEN_KINDS) / MILLION
+    # TOKEN_KINDS' order, added left to right (as Python 3.11's sum() over them did)
+    return (tokens.text_in * prices.text_in + tokens.text_out * prices.text_out
+            + tokens.audio_in * prices.audio_in + tokens.audio_out * prices.audio_out
+            + tokens.cached_in * prices.cached_in) / MILLION
 
 
 def round_usd(value: float | None) -> float | None:
@@ -115,6 +123,10 @@ def _field(obj: Any, name: str) -> Any:
 _SCALARS = (str, bytes, int, float, bool, list, tuple)
 
 
+#: Each usage path split once (``read_usage`` reads the same seven on every response.done).
+_PATH_PARTS: dict[str, tuple[str, ...]] = {}
+
+
 class _Reader:
     """Reads counts off one usage object, noting malformed fields."""
 
@@ -124,7 +136,10 @@ class _Reader:
     def count(self, obj: Any, path: str) -> int:
         value: Any = obj
         walked: list[str] = []
-        for part in path.split("."):
+        parts = _PATH_PARTS.get(path)
+        if parts is None:
+            parts = _PATH_PARTS[path] = tuple(path.split("."))
+        for part in parts:
             if isinstance(value, _SCALARS):
                 # a detail object that is a number or a string: malformed, once
                 where = ".".join(walked) or "usage"
@@ -142,9 +157,66 @@ class _Reader:
         return count
 
 
+def _plain_count(value: Any) -> int | None:
+    """A well-formed count as it is, an absent one as 0; None: not plain
+    (``read_usage``'s general path decides)."""
+    if value is None:
+        return 0
+    if type(value) is int and value >= 0:
+        return value
+    return None
+
+
+def _read_plain(usage: Any) -> Tokens | None:
+    """``read_usage`` of the usual case, in one pass: a decoded JSON object
+    whose detail objects are objects (or absent) and whose counts are plain
+    whole numbers (or absent). Anything else (None: not the usual case) goes
+    the general way, which also names what is malformed."""
+    if type(usage) is not dict:
+        return None
+    inputs = usage.get("input_token_details")
+    outputs = usage.get("output_token_details")
+    if inputs is None:
+        inputs = _NO_DETAILS
+    if outputs is None:
+        outputs = _NO_DETAILS
+    if type(inputs) is not dict or type(outputs) is not dict:
+        return None
+    details = inputs.get("cached_tokens_details")
+    if details is not None and type(details) is not dict:
+        return None
+    text, audio, cached = (_plain_count(inputs.get("text_tokens")), _plain_count(inputs.get("audio_tokens")),
+                           _plain_count(inputs.get("cached_tokens")))
+    text_out, audio_out = _plain_count(outputs.get("text_tokens")), _plain_count(outputs.get("audio_tokens"))
+    if text is None or audio is None or cached is None or text_out is None or audio_out is None:
+        return None
+    if details is not None:
+        details_text, details_audio = (_plain_count(details.get("text_tokens")),
+                                       _plain_count(details.get("audio_tokens")))
+        if details_text is None or details_audio is None:
+            return None
+        cached_text, cached_audio = min(text, details_text), min(audio, details_audio)
+    else:
+        cached_audio = min(audio, cached)
+        cached_text = min(text, cached - cached_audio)
+    return Tokens(text_in=text - cached_text, audio_in=audio - cached_audio, cached_in=cached,
+                  text_out=text_out, audio_out=audio_out)
+
+
+_NO_DETAILS: dict[str, Any] = {}
+
+
 def read_usage(usage: Any) -> tuple[Tokens, list[str]]:
     """The priced kinds of one ``response.done``'s ``usage`` and the names of
     its malformed fields (counted zero). ``usage`` None: no tokens."""
+    plain = _read_plain(usage)
+    if plain is not None:
+        return plain, []
+    return _read_general(usage)
+
+
+def _read_general(usage: Any) -> tuple[Tokens, list[str]]:
+    """``read_usage`` of any usage: a model, a view or a dict, malformed or not."""
     reader = _Reader()
     text = reader.count(usage, "input_token_details.text_tokens")
     audio = reader.count(usage, "input_token_details.audio_tokens")

@@ -946,7 +946,12 @@ class CallProtocol:
         return finished
 
     def _outputs_written(self, batch: Batch) -> bool:
-        return all(self.calls[c].state in ANSWERED and self.calls[c].state not in UNSENT for c in batch.calls)
+        calls = self.calls
+        for tool_call_id in batch.calls:     # a loop, not all(genexpr): asked several times a round
+            state = calls[tool_call_id].state
+            if state not in ANSWERED or state in UNSENT:
+                return False
+        return True
 
     def _create_for(self, event: dict[str, Any], due: list[Batch]) -> CreateSent:
         """Register ``event`` (a response.create about to be sent) as ours,

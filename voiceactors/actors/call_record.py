@@ -122,6 +122,10 @@ PASS_GAP_S = 0.01
 #: worker-thread hop per burst of new calls instead of one per call.
 FSYNC_RIDE_ALONG_S = 0.25
 
+#: One encoder for every line (``json.dumps`` with options builds a new one
+#: per call): the same text as ``json.dumps(line, ensure_ascii=False, default=str)``.
+_LINE_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+
 
 def record_path(state_dir: Path, call_id: str) -> Path:
     """``<state_dir>/calls/<call_id>.jsonl``; an id that is not a plain token
@@ -173,6 +177,12 @@ class _Job:
     created: bool = False      # this pass created the file
     touched: bool = False      # a write was tried on an open descriptor (bytes may be unsynced)
     synced: bool = False       # the file (and, if it was new, its folder) is fsynced
+
+
+def _block(rendered: list[str]) -> bytes:
+    """``storage.lines_block`` for rendered JSON lines (which never hold a
+    raw newline): joined once, no per-line strip."""
+    return ("\n".join(rendered) + "\n").encode("utf-8") if rendered else b""
 
 
 def _max_open_files() -> int:
@@ -506,6 +516,10 @@ class CallRecord:
             self._writer.want(self, urgent=True)
 
     def add(self, kind: str, **fields: Any) -> None:
+        self.add_fields(kind, fields)
+
+    def add_fields(self, kind: str, fields: dict[str, Any]) -> None:
+        """``add`` with the fields as a dict (copied into the line)."""
         self.lines.append({"kind": kind, "t": round(trio.current_time() - self.started, 3), **fields})
         if self._open:
             self._writer.want(self, urgent=kind in URGENT_KINDS)
@@ -517,14 +531,15 @@ class CallRecord:
             self._writer.want(self, urgent=True)
 
     def render(self, lines: list[dict[str, Any]]) -> list[str]:
-        return [json.dumps(line, ensure_ascii=False, default=str) for line in lines]
+        encode = _LINE_ENCODER.encode
+        return [encode(line) for line in lines]
 
     def _take(self) -> _Job:
         """The writer takes the lines not yet on disk (rendered on the trio thread)."""
         batch = self.lines[self._flushed:] if self._open else []
         self._taken = len(batch)
         final = self._closing and self._open
-        return _Job(self, self.path, storage.lines_block(self.render(batch)), len(batch),
+        return _Job(self, self.path, _block(self.render(batch)), len(batch),
                     check_torn=not self._fresh_line, sync=final or self.fsync_s <= 0, final=final,
                     sync_dir=False)
 

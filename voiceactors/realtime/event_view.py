@@ -128,11 +128,9 @@ class _Compiler:
         if origin is Union or origin is types.UnionType:
             return self._union(args)
         if origin is list:
-            element = self.annotation(args[0]) if args else _anything
-            return lambda v: type(v) is list and all(_fits(x, element) for x in v)
+            return _list_of(self.annotation(args[0]) if args else _anything)
         if origin is dict:
-            item = self.annotation(args[1]) if len(args) == 2 else _anything
-            return lambda v: type(v) is dict and all(type(k) is str and _fits(x, item) for k, x in v.items())
+            return _dict_of(self.annotation(args[1]) if len(args) == 2 else _anything)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             return self.model(ann)
         return _never
@@ -155,17 +153,30 @@ class _Compiler:
             else:
                 by_type.update({v: self.model(model) for v in values_})
 
+        # the plain members merged: one type test, one set test, then the checks
+        plain_types = tuple(t for o in others if o.__class__ is tuple for t in o)   # type: ignore[union-attr]
+        plain_values = frozenset(v for o in others if o.__class__ is frozenset for v in o)   # type: ignore[union-attr]
+        other_checks = [o for o in others if o.__class__ not in (tuple, frozenset)]
+
         def check(value: Any) -> bool:
-            for other in others:
-                if _fits(value, other):
+            kind_of = type(value)
+            if kind_of in plain_types:
+                return True
+            if plain_values and kind_of in _HASHABLE and value in plain_values:
+                return True
+            for other in other_checks:
+                if other(value):   # type: ignore[operator]
                     return True
-            if type(value) is not dict:
+            if kind_of is not dict:
                 return False
             kind = value.get("type")
             typed = by_type.get(kind) if type(kind) is str else None
             if typed is not None and typed(value):
                 return True
-            return any(c(value) for c in untyped)
+            for untyped_check in untyped:
+                if untyped_check(value):
+                    return True
+            return False
         return check
 
     def model(self, model: type[BaseModel]) -> Check:
@@ -200,6 +211,40 @@ class _Compiler:
             if info.is_required():
                 required.add(key)
         return check
+
+
+def _list_of(element: Spec) -> Check:
+    """A JSON array whose every element fits ``element`` (one loop, no
+    per-element dispatch on the spec's kind: lists of items and content
+    parts are checked on every acted-on frame)."""
+    cls = element.__class__
+    if cls is tuple:
+        def of_types(value: Any) -> bool:
+            if type(value) is not list:
+                return False
+            for x in value:
+                if type(x) not in element:   # type: ignore[operator]
+                    return False
+            return True
+        return of_types
+    if cls is frozenset:
+        def of_values(value: Any) -> bool:
+            return type(value) is list and all(type(x) in _HASHABLE and x in element for x in value)   # type: ignore[operator]
+        return of_values
+
+    def of_checked(value: Any) -> bool:
+        if type(value) is not list:
+            return False
+        for x in value:
+            if not element(x):   # type: ignore[operator]
+                return False
+        return True
+    return of_checked
+
+
+def _dict_of(item: Spec) -> Check:
+    """A JSON object with string keys whose every value fits ``item``."""
+    return lambda v: type(v) is dict and all(type(k) is str and _fits(x, item) for k, x in v.items())
 
 
 def _type_values(model: type[BaseModel]) -> tuple[Any, ...] | None:

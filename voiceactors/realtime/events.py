@@ -254,14 +254,19 @@ def _keep_despite_usage(obj: dict[str, Any], exc: Exception) -> BaseModel | None
 SERVER_CHECKS: dict[str, Check] = compile_checks(SERVER_EVENTS.by_type)
 
 
-def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget | None = None) -> Any:
+def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget | None = None,
+                      *, screened: bool = False) -> Any:
     """``parse_server_event`` for the call actor: the same skips and log
     lines, but an acted-on event that passes its check (``SERVER_CHECKS``,
     as strict as the SDK model) comes back as an ``EventView`` of its
     ``json.loads`` result, without building the model. One that does not
     pass is validated by the models (returned as the model when they
-    accept it, skipped with the reason when not)."""
-    return _parse(raw, only, budget, checks=SERVER_CHECKS)
+    accept it, skipped with the reason when not).
+
+    ``screened``: ``skippable(raw, only)`` was already False for this frame
+    (the hand-off asked it, ``ws_frames``): not asked again. The result is
+    the same either way; the check is a regular-expression match per frame."""
+    return _parse(raw, only, budget, checks=SERVER_CHECKS, screened=screened)
 
 
 def skippable(raw: Any, only: Container[str]) -> bool:
@@ -273,10 +278,10 @@ def skippable(raw: Any, only: Container[str]) -> bool:
 
 
 def _parse(raw: str | bytes, only: Container[str] | None, budget: LogBudget | None,
-           checks: dict[str, Check] | None) -> Any:
+           checks: dict[str, Check] | None, screened: bool = False) -> Any:
     """Both readers' one path (see ``parse_server_event``); with ``checks``,
     an acted-on event that passes its check comes back as an ``EventView``."""
-    if only is not None and skippable(raw, only):
+    if only is not None and not screened and skippable(raw, only):
         return None
     obj, reason = decode_frame(raw)
     type_ = obj.get("type") if isinstance(obj, dict) else None

@@ -1,11 +1,15 @@
 """The client feed across processes (``--redis``): a capped Redis stream per
 call, and the polling queues (nav hints, observer actions) as Redis lists.
 
-The holder of a call appends each feed event to ``feed:<call_id>``
-(``redis_client.FEED_APPEND``) from one writer task, in the order the call
-published them; ``append`` never blocks the call. The entry id *is* the
-event's id, ``<fence>-<seq>``: the fence of the holder's lease and the
-feed's own count. The holder knows the id the moment it publishes (its own
+The holder of a call appends each feed event to ``feed:<call_id>`` from
+one writer task per process, in the order the call published them;
+``append`` never blocks the call. Each pass of the writer takes every event
+waiting, of every call (up to ``BATCH_ENTRIES`` / ``BATCH_BYTES``), and
+writes them in one script (``redis_client.FEED_APPEND_MANY``): one round
+trip per pass, not one per event, with each event's rules kept in it (its
+stream's order, cap and TTL, its queue item, a stale id refused for that
+entry alone). The entry id *is* the event's id, ``<fence>-<seq>``: the
+fence of the holder's lease and the feed's own count. The holder knows the id the moment it publishes (its own
 SSE clients are served from memory with the same ids, no Redis round trip),
 a takeover's higher fence keeps ids growing, and Redis itself refuses an
 append at or below the stream's last id, so a holder whose call was taken
@@ -14,8 +18,11 @@ from the last id a client saw (``Last-Event-ID``), so a client moving to
 another process resumes without loss or duplicate (within the cap).
 
 While Redis does not answer, the writer keeps the events queued (at most
-``WRITER_QUEUE``; past that the oldest waiting are dropped, logged) and
-retries: a short outage loses nothing.
+``WRITER_QUEUE``, the batch in flight included; past that the oldest waiting
+are dropped, logged) and retries, a failed or cancelled batch back at the
+head in order: a short outage loses nothing, and a batch Redis applied whose
+answer was lost is refused entry by entry on its retry (each id is in its
+stream already), so nothing lands twice.
 
 A nav hint or observer action is pushed in the same script as its feed
 event, so a client that saw the event finds the item; a take anywhere reads
@@ -41,7 +48,9 @@ __all__ = ["EVENT_ID_RE", "SharedFeed", "StreamRefusal"]
 
 #: An event id as the feed makes them (and as ``Last-Event-ID`` must be).
 EVENT_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
-WRITER_QUEUE = 4096          # events waiting for Redis, all calls together
+WRITER_QUEUE = 4096          # events waiting for Redis, all calls together (the batch in flight too)
+BATCH_ENTRIES = 256          # events per script (one round trip), all calls together
+BATCH_BYTES = 1 << 20        # the batch's JSON at most (an event larger than it goes alone)
 READ_BATCH = 100             # entries per XREAD
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 2.0
 FLUSH_AT_STOP_S = 2.0        # a stopping server still writes what its calls published last
@@ -83,6 +92,7 @@ class SharedFeed:
         self._blocking = rc.client(url, max_connections=max_total + 1)
         self._waiting: collections.deque[_Append] = collections.deque()
         self._wake = trio.Event()
+        self._in_flight = 0      # the entries of the batch being written (they count in WRITER_QUEUE)
         self.dropped = 0
         self._readers: dict[str, int] = {}
 
@@ -118,7 +128,7 @@ class SharedFeed:
             item = json.dumps(payload, ensure_ascii=False, default=str)
         self._waiting.append(_Append(call_id, str(event["id"]), json.dumps(event, ensure_ascii=False, default=str),
                                      queue_key, item, event.get("type") == "call.ended"))
-        if len(self._waiting) > WRITER_QUEUE:
+        if len(self._waiting) + self._in_flight > WRITER_QUEUE:
             lost = self._waiting.popleft()
             self.dropped += 1
             _log.warning("shared_feed.dropped", call_id=lost.call_id, event_id=lost.event_id)
@@ -145,26 +155,62 @@ class SharedFeed:
             failing, delay = False, RETRY_MIN_S
 
     async def _flush(self) -> None:
-        """Write the waiting events in order. An event whose write failed or
-        was cancelled goes back to the head (a retry of one Redis applied is
-        refused as stale: its id is there already, so it never lands twice)."""
+        """Write the waiting events in order, up to a batch of every call's at
+        once in one script (one round trip per pass, however many calls
+        published). A stale entry is dropped per entry (logged), the others
+        written. A batch whose request failed or was cancelled goes back to
+        the head in order, and so do the entries from one Redis refused for
+        another reason (a retry of one Redis applied is refused per entry as
+        stale: its id is there already, so it never lands twice)."""
         while self._waiting:
-            entry = self._waiting.popleft()
+            batch = self._next_batch()
+            keys, args = self._batch_request(batch)
+            self._in_flight = len(batch)
             try:
-                await self._request(self._redis.eval(
-                    rc.FEED_APPEND, keys=[rc.feed_key(entry.call_id), entry.queue_key or rc.feed_key(entry.call_id)],
-                    args=[entry.event_id, entry.event, str(self.max_len), str(self._ttl_ms(entry)), entry.item,
-                          str(self.max_items), str(self.retention_ms)]))
-            except RegistryDown as exc:
-                if not _is_stale_id(exc):
-                    self._waiting.appendleft(entry)
-                    raise
+                statuses = await self._request(self._redis.eval(rc.FEED_APPEND_MANY, keys=keys, args=args))
+            except BaseException:
+                self._waiting.extendleft(reversed(batch))
+                raise
+            finally:
+                self._in_flight = 0
+            self._settle(batch, list(statuses))
+
+    def _next_batch(self) -> list[_Append]:
+        """The oldest waiting entries, at most ``BATCH_ENTRIES`` and (past the
+        first) ``BATCH_BYTES`` of JSON."""
+        batch = [self._waiting.popleft()]
+        size = len(batch[0].event) + len(batch[0].item)
+        while self._waiting and len(batch) < BATCH_ENTRIES:
+            entry = self._waiting[0]
+            size += len(entry.event) + len(entry.item)
+            if size > BATCH_BYTES:
+                break
+            batch.append(self._waiting.popleft())
+        return batch
+
+    def _batch_request(self, batch: list[_Append]) -> tuple[list[str], list[str]]:
+        keys: list[str] = []
+        args = [str(self.max_len), str(self.max_items), str(self.retention_ms)]
+        for entry in batch:
+            stream = rc.feed_key(entry.call_id)
+            keys += [stream, entry.queue_key or stream]
+            args += [entry.event_id, entry.event, str(self._ttl_ms(entry)), entry.item]
+        return keys, args
+
+    def _settle(self, batch: list[_Append], statuses: list[Any]) -> None:
+        """Log the stale entries; an entry Redis refused otherwise goes back to
+        the head with every entry after it (not tried), and fails the pass."""
+        for n, (entry, status) in enumerate(zip(batch, statuses)):
+            if status == 0:
                 # the stream holds this id or a later one: written already, or
                 # another holder took the call over
                 _log.warning("shared_feed.stale_append", call_id=entry.call_id, event_id=entry.event_id)
-            except BaseException:
-                self._waiting.appendleft(entry)
-                raise
+            elif status != 1:
+                self._waiting.extendleft(reversed(batch[n:]))
+                raise RegistryDown(str(status)[:80])
+        if len(statuses) < len(batch):       # never from our script: treat the rest as not tried
+            self._waiting.extendleft(reversed(batch[len(statuses):]))
+            raise RegistryDown("short answer")
 
     def _ttl_ms(self, entry: _Append) -> int:
         return self.retention_ms if entry.ended else self.live_ttl_ms
@@ -256,7 +302,3 @@ def _json_object(text: Any) -> dict[str, Any] | None:
         return None
     return value if isinstance(value, dict) else None
 
-
-def _is_stale_id(exc: RegistryDown) -> bool:
-    cause = exc.__cause__
-    return cause is not None and "equal or smaller" in str(cause)

@@ -24,7 +24,7 @@ import trio
 
 from redis_support import RedisServer, needs_redis, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.shared_feed import BATCH_BYTES, BATCH_ENTRIES, WRITER_QUEUE, SharedFeed
+from voiceactors.cluster.shared_feed import BATCH_BYTES, BATCH_ENTRIES, PASS_INTERVAL_S, WRITER_QUEUE, SharedFeed
 
 pytestmark = needs_redis
 
@@ -238,4 +238,27 @@ async def test_redis_down_then_back_everything_within_the_writer_queue_lands_in_
             assert ids == sorted(ids, key=lambda i: int(i.split("-")[1]))
         newest = order[extra:]
         assert all(f"{n + 1}-{seq}" in landed[calls[n]] for n, seq in newest)
+        nursery.cancel_scope.cancel()
+
+
+async def test_under_a_steady_stream_of_events_the_passes_are_spaced(redis_server):
+    """Events one by one, a millisecond apart (calls publishing at a high
+    rate): the writer does not follow each with its own request; its passes
+    are at least ``PASS_INTERVAL_S`` apart, each carrying what waited."""
+    shared = _shared(redis_server.url)
+    calls = [f"rtc_{n}" for n in range(20)]
+    async with rc.client(redis_server.url) as redis, trio.open_nursery() as nursery:
+        await nursery.start(shared.run)
+        before = await _evals(redis)
+        started = trio.current_time()
+        for seq in range(1, 11):
+            for n, call_id in enumerate(calls):
+                shared.append(call_id, _event(call_id, f"{n + 1}-{seq}"), None)
+                await trio.sleep(0.001)
+        elapsed = trio.current_time() - started
+        await _until_lengths(redis, {call_id: 10 for call_id in calls})
+        passes = await _evals(redis) - before
+        assert passes <= elapsed / PASS_INTERVAL_S + 2       # not one per event (200)
+        for n, call_id in enumerate(calls):
+            assert [i for i, _ in await _stream(redis, call_id)] == [f"{n + 1}-{seq}" for seq in range(1, 11)]
         nursery.cancel_scope.cancel()

@@ -8,7 +8,9 @@ waiting, of every call (up to ``BATCH_ENTRIES`` / ``BATCH_BYTES``), and
 writes them in one script (``redis_client.FEED_APPEND_MANY``): one round
 trip per pass, not one per event, with each event's rules kept in it (its
 stream's order, cap and TTL, its queue item, a stale id refused for that
-entry alone). The entry id *is* the event's id, ``<fence>-<seq>``: the
+entry alone). The first event after a quiet spell goes at once; under load
+the passes are at least ``PASS_INTERVAL_S`` apart, so a pass carries what
+every call published meanwhile (a request's cost is mostly fixed). The entry id *is* the event's id, ``<fence>-<seq>``: the
 fence of the holder's lease and the feed's own count. The holder knows the id the moment it publishes (its own
 SSE clients are served from memory with the same ids, no Redis round trip),
 a takeover's higher fence keeps ids growing, and Redis itself refuses an
@@ -51,6 +53,7 @@ EVENT_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 WRITER_QUEUE = 4096          # events waiting for Redis, all calls together (the batch in flight too)
 BATCH_ENTRIES = 256          # events per script (one round trip), all calls together
 BATCH_BYTES = 1 << 20        # the batch's JSON at most (an event larger than it goes alone)
+PASS_INTERVAL_S = 0.01       # passes at most this often (under load: a remote reader's added wait at most)
 READ_BATCH = 100             # entries per XREAD
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 2.0
 FLUSH_AT_STOP_S = 2.0        # a stopping server still writes what its calls published last
@@ -137,11 +140,20 @@ class SharedFeed:
     async def _write_forever(self) -> None:
         delay = RETRY_MIN_S
         failing = False
+        last_pass = float("-inf")
         while True:
             await self._wake.wait()
+            # the first event after a quiet spell goes at once; under load the
+            # passes are spaced, so each carries more calls' events: a request
+            # costs ~0.25 ms of our CPU however few it carries, a few us per
+            # event more (docs/benchmarks.md § 16), so at most 100 passes a
+            # second bound the writer's requests to a few % of a core
+            if len(self._waiting) < BATCH_ENTRIES:      # a backlog goes as fast as Redis takes it
+                await trio.sleep_until(last_pass + PASS_INTERVAL_S)
             self._wake = trio.Event()
+            last_pass = trio.current_time()
             try:
-                await self._flush()
+                await self._write_batch()
             except RegistryDown as exc:
                 if not failing:     # once per outage, not once per retry
                     _log.warning("shared_feed.write_failed", error=str(exc)[:80], waiting=len(self._waiting))
@@ -153,27 +165,35 @@ class SharedFeed:
             if failing:
                 _log.info("shared_feed.write_resumed", dropped=self.dropped)
             failing, delay = False, RETRY_MIN_S
+            if self._waiting:           # published while the batch was written, or past its bound
+                self._wake.set()
 
     async def _flush(self) -> None:
-        """Write the waiting events in order, up to a batch of every call's at
-        once in one script (one round trip per pass, however many calls
-        published). A stale entry is dropped per entry (logged), the others
-        written. A batch whose request failed or was cancelled goes back to
-        the head in order, and so do the entries from one Redis refused for
-        another reason (a retry of one Redis applied is refused per entry as
-        stale: its id is there already, so it never lands twice)."""
+        """Write everything waiting, batch after batch (a stopping server)."""
         while self._waiting:
-            batch = self._next_batch()
-            keys, args = self._batch_request(batch)
-            self._in_flight = len(batch)
-            try:
-                statuses = await self._request(self._redis.eval(rc.FEED_APPEND_MANY, keys=keys, args=args))
-            except BaseException:
-                self._waiting.extendleft(reversed(batch))
-                raise
-            finally:
-                self._in_flight = 0
-            self._settle(batch, list(statuses))
+            await self._write_batch()
+
+    async def _write_batch(self) -> None:
+        """Write the oldest waiting events, every call's, in one script (one
+        round trip however many calls published). A stale entry is dropped
+        alone (logged), the others written. A batch whose request failed or
+        was cancelled goes back to the head in order, and so do the entries
+        from one Redis refused for another reason (a retry of one Redis
+        applied is refused per entry as stale: its id is there already, so
+        it never lands twice)."""
+        if not self._waiting:
+            return
+        batch = self._next_batch()
+        keys, args = self._batch_request(batch)
+        self._in_flight = len(batch)
+        try:
+            statuses = await self._request(self._redis.eval(rc.FEED_APPEND_MANY, keys=keys, args=args))
+        except BaseException:
+            self._waiting.extendleft(reversed(batch))
+            raise
+        finally:
+            self._in_flight = 0
+        self._settle(batch, list(statuses))
 
     def _next_batch(self) -> list[_Append]:
         """The oldest waiting entries, at most ``BATCH_ENTRIES`` and (past the

@@ -170,7 +170,7 @@ def _per_k(result: dict[str, Any]) -> str:
     return text + f", wall {result['wall_s']} s, drain {result['drain_s']} s"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--calls", type=int, default=500)
     p.add_argument("--rounds", type=int, default=6)
@@ -179,26 +179,31 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--before", type=Path, help="another checkout: its SharedFeed, interleaved with this one")
+    p.add_argument("--json", type=Path, default=None, help="also write every run here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--null", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.child:
         import trio
 
         print(json.dumps(trio.run(_child, args)))
-        return
+        return 0
     trees = [("this", HERE)] + ([("before", args.before.resolve())] if args.before else [])
     print(f"{args.calls} calls x {args.rounds} rounds x 5 events, think {args.think_s[0]}-{args.think_s[1]} s; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
+    runs: list[dict[str, Any]] = []
     for repeat in range(1, args.repeats + 1):
-        order = trees if repeat % 2 else trees[::-1]
-        print(f"{time.strftime('%H:%M:%S', time.gmtime())} null: {_per_k(_run(args, HERE, True))}", flush=True)
+        order = [("null", HERE)] + (trees if repeat % 2 else trees[::-1])
         for name, tree in order:
-            stamp = time.strftime('%H:%M:%S', time.gmtime())
-            print(f"{stamp} repeat {repeat} {name}: {_per_k(_run(args, tree, False))}; "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+            stamp = time.strftime("%H:%M:%S", time.gmtime())
+            result = _run(args, tree, name == "null")
+            runs.append({"repeat": repeat, "tree": name, "at": stamp, "load": os.getloadavg()[0], **result})
+            print(f"{stamp} repeat {repeat} {name}: {_per_k(result)}; load {os.getloadavg()[0]:.2f}", flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -155,8 +155,10 @@ def _run(args: argparse.Namespace, tree: Path, null: bool) -> dict[str, Any]:
             cmd.append("--null")
         env = {**os.environ, "PYTHONPATH": str(tree)}
         r0 = _cpu_s(redis_ps)
-        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-        result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the {tree} run failed:\n{done.stderr[-3000:]}")
+        result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         result["redis_cpu_s"] = round(_cpu_s(redis_ps) - r0, 3)
     return result
 

@@ -262,3 +262,23 @@ async def test_under_a_steady_stream_of_events_the_passes_are_spaced(redis_serve
         for n, call_id in enumerate(calls):
             assert [i for i, _ in await _stream(redis, call_id)] == [f"{n + 1}-{seq}" for seq in range(1, 11)]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_stop_while_redis_is_down_logs_what_is_left_and_does_not_raise(redis_server, log_stream):
+    """The stop's last flush failing (Redis gone, or the connection the
+    cancelled batch broke) is logged with what was left unwritten; it does
+    not fail the server's stop."""
+    shared = _shared(redis_server.url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shared.run)
+        shared.append("rtc_s", _event("rtc_s", "1-1"), None)
+        async with rc.client(redis_server.url) as redis:
+            await _until_lengths(redis, {"rtc_s": 1})
+        redis_server.stop()
+        for seq in range(2, 5):
+            shared.append("rtc_s", _event("rtc_s", f"1-{seq}"), None)
+        await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.startswith("{")]
+    left = [e for e in lines if e.get("event") == "shared_feed.unwritten_at_stop"]
+    assert [e["events"] for e in left] == [3]

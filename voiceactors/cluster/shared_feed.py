@@ -108,7 +108,10 @@ class SharedFeed:
                 await self._write_forever()
             finally:
                 with trio.move_on_after(FLUSH_AT_STOP_S, shield=True):
-                    await self._flush()
+                    try:
+                        await self._flush()
+                    except RegistryDown:
+                        pass        # what is left is logged below; a stop does not fail for it
                 if self._waiting:
                     _log.warning("shared_feed.unwritten_at_stop", events=len(self._waiting))
 

@@ -142,13 +142,17 @@ class AnswerSwallowingProxy:
     """A unix-socket relay between the writer and redis-server: requests go
     through; while ``swallow`` is set, an answer from Redis is thrown away
     and the connection closed (an applied request's answer lost with its
-    connection, as a network failure loses it)."""
+    connection, as a network failure loses it); while ``held`` is not set,
+    answers wait in the relay (a slow way back), and go on when it is."""
 
     def __init__(self, folder: Path, upstream: Path) -> None:
         self.path = folder / "proxy.sock"
         self.upstream = upstream
         self.swallow = False
         self.swallowed = 0
+        self.held = trio.Event()
+        self.held.set()
+        self.holding = 0          # answers waiting in the relay now
 
     @property
     def url(self) -> str:
@@ -175,6 +179,9 @@ class AnswerSwallowingProxy:
                 if answers and self.swallow:
                     self.swallowed += len(data)
                     break
+                if answers and not self.held.is_set():
+                    self.holding += 1
+                    await self.held.wait()
                 await sink.send_all(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -282,3 +289,39 @@ async def test_a_stop_while_redis_is_down_logs_what_is_left_and_does_not_raise(r
     lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.startswith("{")]
     left = [e for e in lines if e.get("event") == "shared_feed.unwritten_at_stop"]
     assert [e["events"] for e in left] == [3]
+
+
+async def _set_after(event: trio.Event, delay_s: float) -> None:
+    await trio.sleep(delay_s)
+    event.set()
+
+
+async def test_a_stop_cancelling_a_batch_redis_applied_writes_the_rest_and_nothing_twice(
+        redis_server, log_stream, tmp_path):
+    """The server stops while a batch's answer is on its way (Redis applied
+    it): the stop's flush puts it back, writes it again, finds it applied
+    (stale per entry) and writes what came after it."""
+    proxy = AnswerSwallowingProxy(tmp_path, redis_server.socket)
+    async with rc.client(redis_server.url) as redis:
+        async with trio.open_nursery() as outer:
+            await outer.start(proxy.serve)
+            async with trio.open_nursery() as nursery:
+                shared = _shared(proxy.url)
+                await nursery.start(shared.run)
+                shared.append("rtc_z", _event("rtc_z", "7-1"), None)
+                await _until_lengths(redis, {"rtc_z": 1})
+                proxy.held = trio.Event()
+                shared.append("rtc_z", _event("rtc_z", "7-2"), ("nav", {"target": "today", "call_id": "rtc_z"}))
+                await _until_lengths(redis, {"rtc_z": 2})               # applied; the writer waits for its answer
+                with trio.fail_after(5):
+                    while not proxy.holding:
+                        await trio.sleep(0.01)
+                shared.append("rtc_z", _event("rtc_z", "7-3"), None)    # waiting behind it
+                outer.start_soon(_set_after, proxy.held, 0.2)           # the answer comes once the stop began
+                nursery.cancel_scope.cancel()                            # the stop
+            outer.cancel_scope.cancel()
+        assert [i for i, _ in await _stream(redis, "rtc_z")] == ["7-1", "7-2", "7-3"]
+        assert await redis.llen(rc.nav_hints_key("rtc_z")) == 1
+    lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.startswith("{")]
+    assert not [e for e in lines if e.get("event") == "shared_feed.unwritten_at_stop"]
+    assert _stale_logs(log_stream) == ["rtc_z/7-2"]

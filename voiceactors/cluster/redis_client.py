@@ -42,6 +42,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Awaitable, TypeVar
 
+import anyio
 import coredis
 import coredis.exceptions
 
@@ -250,7 +251,9 @@ end
 return {mine, others}
 """
 
-ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)
+#: anyio's: a pooled connection a cancelled request closed, met by the next request on it
+ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError,
+                                           anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
 def client(url: str, *, max_connections: int | None = None) -> Any:

@@ -102,18 +102,37 @@ class SharedFeed:
     # --- running -------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with self._redis, self._blocking:
-            task_status.started()
-            try:
-                await self._write_forever()
-            finally:
-                with trio.move_on_after(FLUSH_AT_STOP_S, shield=True):
+        # The clients' pools run their connections in tasks of their own: the
+        # stop's cancellation would reach them too and leave the stop's last
+        # flush without a connection. So the pools live in a shielded scope,
+        # and a watcher outside it turns the stop into the writer's end.
+        stopping = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_set_when_cancelled, stopping)
+            with trio.CancelScope(shield=True):
+                async with self._redis, self._blocking:
+                    task_status.started()
                     try:
-                        await self._flush()
-                    except RegistryDown:
-                        pass        # what is left is logged below; a stop does not fail for it
-                if self._waiting:
-                    _log.warning("shared_feed.unwritten_at_stop", events=len(self._waiting))
+                        async with trio.open_nursery() as writer:
+                            writer.start_soon(self._write_forever)
+                            await stopping.wait()
+                            writer.cancel_scope.cancel()
+                    finally:
+                        with trio.move_on_after(FLUSH_AT_STOP_S):
+                            await self._flush_at_stop()
+                        if self._waiting:
+                            _log.warning("shared_feed.unwritten_at_stop", events=len(self._waiting))
+
+    async def _flush_at_stop(self) -> None:
+        """Write what is left, retrying within the stop's bound (Redis away,
+        or a connection the cancelled batch left broken). What is left after
+        is logged, never raised: a stop does not fail for it."""
+        while True:
+            try:
+                await self._flush()
+                return
+            except RegistryDown:
+                await trio.sleep(RETRY_MIN_S)
 
     async def _request(self, request: Any, timeout_s: float = OP_TIMEOUT_S) -> Any:
         try:
@@ -314,6 +333,13 @@ class SharedFeed:
         """Calls holding a live lease now, on every process."""
         return int(await self._request(self._redis.eval(rc.LIVE_CALLS, keys=[rc.CALLS_KEY],
                                                         args=[rc.lease_key("")])))
+
+
+async def _set_when_cancelled(event: trio.Event) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        event.set()
 
 
 def _json_object(text: Any) -> dict[str, Any] | None:

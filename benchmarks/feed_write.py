@@ -111,20 +111,29 @@ async def _child(args: argparse.Namespace) -> dict[str, Any]:
                                                max_duration_s=3600.0, max_per_call=10, max_total=10)
     hub.sink = NullSink() if shared is None else shared
     evals0 = await _evals(rc, args.url) if shared is not None else 0
-    async with trio.open_nursery() as outer:
-        if shared is not None:
-            await outer.start(shared.run)
-        t0, c0 = time.monotonic(), time.process_time()
-        async with trio.open_nursery() as calls:
-            for n, (thinks, start_s) in enumerate(plans):
-                feed = hub.open(f"rtc_{n}", epoch=n + 1)
-                calls.start_soon(_one_call, feed, args.rounds, args.tool_ms / 1000, thinks, start_s)
-        published = time.monotonic()
-        outer.cancel_scope.cancel()      # the writer's stop writes what is left
+    stop_error = None
+    try:
+        async with trio.open_nursery() as outer:
+            if shared is not None:
+                await outer.start(shared.run)
+            t0, c0 = time.monotonic(), time.process_time()
+            async with trio.open_nursery() as calls:
+                for n, (thinks, start_s) in enumerate(plans):
+                    feed = hub.open(f"rtc_{n}", epoch=n + 1)
+                    calls.start_soon(_one_call, feed, args.rounds, args.tool_ms / 1000, thinks, start_s)
+            published = time.monotonic()
+            # events the writer had not taken yet when the calls were done: a
+            # writer that keeps up has a handful (``_waiting``: every version's)
+            backlog = len(getattr(shared, "_waiting", ()))
+            outer.cancel_scope.cancel()      # the writer's stop writes what is left
+    except Exception as exc:                 # a stop that raised (the writer before ed009e2 could)
+        stop_error = repr(exc)[:200]
     cpu, wall = time.process_time() - c0, time.monotonic() - t0
     events = args.calls * args.rounds * 5
     result = {"events": events, "cpu_s": round(cpu, 3), "wall_s": round(wall, 2),
-              "drain_s": round(time.monotonic() - published, 3)}
+              "drain_s": round(time.monotonic() - published, 3), "backlog_at_end": backlog}
+    if stop_error is not None:
+        result["stop_error"] = stop_error
     if shared is not None:
         result["evals"] = await _evals(rc, args.url) - evals0
         result["landed"] = await _landed(rc, args.url, args.calls)
@@ -157,7 +166,8 @@ def _run(args: argparse.Namespace, tree: Path, null: bool) -> dict[str, Any]:
         r0 = _cpu_s(redis_ps)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:     # reported, and the other runs go on
-            return {"failed": done.stderr.strip().splitlines()[-1][-300:] if done.stderr.strip() else "?"}
+            errors = [line.strip() for line in done.stderr.splitlines() if "Error" in line or "Exception" in line]
+            return {"failed": (errors or ["?"])[-1][-300:]}
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         result["redis_cpu_s"] = round(_cpu_s(redis_ps) - r0, 3)
     return result
@@ -171,7 +181,8 @@ def _per_k(result: dict[str, Any]) -> str:
     if "evals" in result:
         text += (f", redis-server {1000 * result['redis_cpu_s'] / k:.1f} ms, {result['evals'] / k:.1f} EVAL/1k"
                  f", landed {result['landed']}/{result['events']}, dropped {result['dropped']}")
-    return text + f", wall {result['wall_s']} s, drain {result['drain_s']} s"
+    text += f", wall {result['wall_s']} s, backlog at the end {result['backlog_at_end']}, drain {result['drain_s']} s"
+    return text + (f", THE STOP RAISED {result['stop_error']}" if "stop_error" in result else "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,30 +1,33 @@
 """The client feed across processes (``--redis``): a capped Redis stream per
 call, and the polling queues (nav hints, observer actions) as Redis lists.
 
-The holder of a call appends each feed event to ``feed:<call_id>`` from
-one writer task per process, in the order the call published them;
-``append`` never blocks the call. Each pass of the writer takes every event
-waiting, of every call (up to ``BATCH_ENTRIES`` / ``BATCH_BYTES``), and
-writes them in one script (``redis_client.FEED_APPEND_MANY``): one round
-trip per pass, not one per event, with each event's rules kept in it (its
-stream's order, cap and TTL, its queue item, a stale id refused for that
-entry alone). The first event after a quiet spell goes at once; under load
-the passes are at least ``PASS_INTERVAL_S`` apart, so a pass carries what
-every call published meanwhile (a request's cost is mostly fixed). The entry id *is* the event's id, ``<fence>-<seq>``: the
-fence of the holder's lease and the feed's own count. The holder knows the id the moment it publishes (its own
-SSE clients are served from memory with the same ids, no Redis round trip),
-a takeover's higher fence keeps ids growing, and Redis itself refuses an
-append at or below the stream's last id, so a holder whose call was taken
-over cannot add to the feed. Any process reads the stream with ``XREAD``
-from the last id a client saw (``Last-Event-ID``), so a client moving to
-another process resumes without loss or duplicate (within the cap).
+The holder of a call appends each feed event to ``feed:<call_id>`` from one
+writer task per process, in the order the call published them; ``append``
+never blocks the call. Each pass of the writer takes every event waiting, of
+every call (up to ``BATCH_ENTRIES`` / ``BATCH_BYTES``), and writes them in
+one script (``redis_client.FEED_APPEND_MANY``): one round trip per pass, not
+one per event, with each event's rules kept in it (its stream's order, cap
+and TTL, its queue item, a stale id refused for that entry alone). The first
+event after a quiet spell goes at once; under load the passes are at least
+``PASS_INTERVAL_S`` apart, so a pass carries what every call published
+meanwhile (a request's cost is mostly fixed). The entry id *is* the event's
+id, ``<fence>-<seq>``: the fence of the holder's lease and the feed's own
+count. The holder knows the id the moment it publishes (its own SSE clients
+are served from memory with the same ids, no Redis round trip), a takeover's
+higher fence keeps ids growing, and Redis itself refuses an append at or
+below the stream's last id, so a holder whose call was taken over cannot add
+to the feed. Any process reads the stream with ``XREAD`` from the last id a
+client saw (``Last-Event-ID``), so a client moving to another process
+resumes without loss or duplicate (within the cap).
 
 While Redis does not answer, the writer keeps the events queued (at most
 ``WRITER_QUEUE``, the batch in flight included; past that the oldest waiting
 are dropped, logged) and retries, a failed or cancelled batch back at the
 head in order: a short outage loses nothing, and a batch Redis applied whose
 answer was lost is refused entry by entry on its retry (each id is in its
-stream already), so nothing lands twice.
+stream already), so nothing lands twice. A stop writes what is left, for at
+most ``FLUSH_AT_STOP_S`` (its cancellation does not reach the clients'
+pools), and logs what it could not.
 
 A nav hint or observer action is pushed in the same script as its feed
 event, so a client that saw the event finds the item; a take anywhere reads

@@ -20,7 +20,7 @@ measures another checkout's ``SharedFeed`` in the same harness, interleaved
 (it uses only APIs every version has: ``SharedFeed(...)``, ``run``,
 ``append`` through ``FeedHub.sink``)::
 
-    git worktree add --detach /tmp/feedbatch-before main
+    git worktree add --detach /tmp/feedbatch-before 9bfff7a   # main before this change
     .venv/bin/python -m benchmarks.feed_write --calls 500 --rounds 6 --repeats 3 --before /tmp/feedbatch-before
 """
 

@@ -211,8 +211,8 @@ async def test_an_append_redis_applied_already_is_not_applied_twice(redis_server
         event = {"call_id": CALL, "type": "nav.hint", "tool": "calendar.today", "tool_call_id": "c1",
                  "target": "today", "id": "4-1"}
         async with rc.client(redis_server.url) as redis:     # the first try, applied by Redis
-            await redis.eval(rc.FEED_APPEND, keys=[rc.feed_key(CALL), rc.nav_hints_key(CALL)],
-                             args=["4-1", json.dumps(event), "100", "60000", json.dumps(hint), "8", "30000"])
+            await redis.eval(rc.FEED_APPEND_MANY, keys=[rc.feed_key(CALL), rc.nav_hints_key(CALL)],
+                             args=["100", "8", "30000", "4-1", json.dumps(event), "60000", json.dumps(hint)])
         feed.client_events([{"type": "nav_hint", "target": "today"}], tool="calendar.today", tool_call_id="c1")
         feed.transcript(role="user", text="after")
         got = await _read_all(shared, CALL, "0-0", 2)

@@ -20,7 +20,8 @@ Keys (``PREFIX`` first):
 * ``feed:<call_id>`` — the call's client feed, a stream capped with ``MAXLEN ~``
   (``feed_stream_max_len``): one entry per feed event, field ``e`` its JSON,
   the entry id the event's own id ``<fence>-<seq>`` (so a holder whose lease
-  was taken over, with a lower fence, cannot append). It expires
+  was taken over, with a lower fence, cannot append). A holder writes every
+  call's waiting events in one script per pass (``FEED_APPEND_MANY``). It expires
   ``feed_retention_s`` after ``call.ended``, and at the latest
   ``call_max_duration_s`` plus that after its last entry.
 * ``navhints:<call_id>`` — the call's nav hints not taken yet, a list of
@@ -41,6 +42,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Awaitable, TypeVar
 
+import anyio
 import coredis
 import coredis.exceptions
 
@@ -171,21 +173,42 @@ end
 return found
 """
 
-#: KEYS: feed stream, the list of a polling queue ('' for none). ARGV: entry
-#: id, event JSON, max_len, stream ttl_ms, queue item JSON ('' for none),
-#: max_items, retention_ms. The XADD first: an id at or below the stream's
-#: last one (a stale holder's) fails the script before anything changed.
-FEED_APPEND = """
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], ARGV[1], 'e', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-if ARGV[5] ~= '' then
-  local now = redis.call('TIME')
-  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  redis.call('RPUSH', KEYS[2], string.format('%d', ms) .. '|' .. ARGV[5])
-  redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
-  redis.call('PEXPIRE', KEYS[2], ARGV[7])
+#: KEYS: per entry, its feed stream then its polling queue's list (the
+#: stream again for none). ARGV: max_len, max_items, retention_ms, then per
+#: entry: entry id, event JSON, stream ttl_ms, queue item JSON ('' for none).
+#: The entries in order, one step, each as the single append was: the XADD
+#: first (``pcall``), and only when it took the entry its stream's TTL and its
+#: queue item. Returns a status per entry: 1 written, 0 refused as stale (an
+#: id at or below its stream's last one: a stale holder's, or a retry of an
+#: applied batch), nothing else changed for it and the next entries go on;
+#: any other error ends the list with its text, the entries after it not tried.
+FEED_APPEND_MANY = """
+local statuses = {}
+local ms = nil
+for i = 1, #KEYS / 2 do
+  local stream, queue, at = KEYS[i * 2 - 1], KEYS[i * 2], 3 + (i - 1) * 4
+  local added = redis.pcall('XADD', stream, 'MAXLEN', '~', ARGV[1], ARGV[at + 1], 'e', ARGV[at + 2])
+  if type(added) == 'table' and added.err then
+    if not string.find(added.err, 'equal or smaller', 1, true) then
+      statuses[i] = added.err
+      return statuses
+    end
+    statuses[i] = 0
+  else
+    redis.call('PEXPIRE', stream, ARGV[at + 3])
+    if ARGV[at + 4] ~= '' then
+      if not ms then
+        local now = redis.call('TIME')
+        ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+      end
+      redis.call('RPUSH', queue, string.format('%d', ms) .. '|' .. ARGV[at + 4])
+      redis.call('LTRIM', queue, -tonumber(ARGV[2]), -1)
+      redis.call('PEXPIRE', queue, ARGV[3])
+    end
+    statuses[i] = 1
+  end
 end
-return 1
+return statuses
 """
 
 #: KEYS: a polling queue's list. ARGV: retention_ms. Its items younger than
@@ -247,7 +270,9 @@ end
 return {mine, others}
 """
 
-ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError)
+#: anyio's: a pooled connection a cancelled request closed, met by the next request on it
+ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSError,
+                                           anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
 def client(url: str, *, max_connections: int | None = None) -> Any:

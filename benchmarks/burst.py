@@ -173,17 +173,25 @@ def call_steps(phase: Phase, rng: random.Random) -> list[dict]:
     return steps
 
 
-def output_times(call: Any) -> list[float]:
-    """ms from each function call's ``response.output_item.done`` queued to
-    the first ``function_call_output`` for it read (calls never answered
-    are left out; ``unanswered`` counts them)."""
+def output_times(call: Any, wire: bool = True) -> list[float]:
+    """ms from each function call's ``response.output_item.done`` to the
+    first ``function_call_output`` for it: ``wire``, from its frame written
+    to the socket to the output's frame read off it (``written_at`` →
+    ``read_at``); else from the event queued to the output taken by the
+    simulator's reader (``sent_at`` → ``received_at``, the measure before
+    § 20, which counts the simulator's own queues). Calls never answered
+    are left out (``unanswered`` counts them)."""
+    from benchmarks.sim_host import stamps
+
+    sent_at, received_at = stamps(call, wire)
     done_at: dict[str, float] = {}
-    for event, t in zip(call.sent, call.sent_at or []):
-        if event.get("type") == "response.output_item.done" and event["item"].get("type") == "function_call":
+    for event, t in zip(call.sent, sent_at):
+        if t is not None and event.get("type") == "response.output_item.done" \
+                and event["item"].get("type") == "function_call":
             done_at[event["item"]["call_id"]] = t
     out = []
     seen: set[str] = set()
-    for event, t in zip(call.received, call.received_at or []):
+    for event, t in zip(call.received, received_at):
         item = event.get("item") if isinstance(event.get("item"), dict) else {}
         if event.get("type") == "conversation.item.create" and item.get("type") == "function_call_output":
             cid = str(item.get("call_id"))
@@ -199,15 +207,19 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
 
     outputs: list[float] = []
     creates: list[float] = []
+    outputs_queued: list[float] = []
+    creates_queued: list[float] = []
     per_call_p99: list[float] = []
     protocol = collections.Counter()
     for call in calls:
         mine = output_times(call)
         outputs += mine
+        outputs_queued += output_times(call, wire=False)
         if mine:
             per_call_p99.append(percentile(mine, 99))
-        a = analyse(call)
+        a = analyse(call, wire=True)
         creates += a["create_ms"]
+        creates_queued += analyse(call)["create_ms"]
         protocol["errors"] += len(a["error_codes"])
         protocol["violations"] += len(a["violations"])
         protocol["unanswered"] += len(a["unanswered"])
@@ -218,6 +230,7 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
     statuses = collections.Counter(str(j["status"]) for j in joins)
     return {
         "phase": asdict(phase), "output_ms": summary(outputs), "create_ms": summary(creates),
+        "output_queued_ms": summary(outputs_queued), "create_queued_ms": summary(creates_queued),
         "rounds_done": len(outputs), "per_call_output_p99_ms": per_call_p99,
         "join_ms": summary(j["ms"] for j in joins if j["status"] == 200),
         "join_statuses": dict(statuses), **protocol,
@@ -469,6 +482,8 @@ def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
     cpu = p.get("cpu") or {}
     parts = [f"{peer:>7} {name:<7} calls={p['phase']['calls']:<4} rounds={p['rounds_done']:<5}",
              f"output {fmt(p['output_ms'])}", f"create {fmt(p['create_ms'])}", f"join {fmt(p['join_ms'])}"]
+    if "output_queued_ms" in p:   # the measure before § 20 (the simulator's queues counted)
+        parts.append(f"queued-measure output {fmt(p['output_queued_ms'])} create {fmt(p['create_queued_ms'])}")
     if cpu:
         parts.append(f"server CPU {cpu['server']['cpu_s']:.2f} s ({cpu['server']['core_pct']}% core), "
                      f"sim {cpu['sim']['core_pct']}% core over {cpu['wall_s']} s")

@@ -201,6 +201,23 @@ def output_times(call: Any, wire: bool = True) -> list[float]:
     return out
 
 
+def harness_waits(call: Any) -> tuple[list[float], list[float]]:
+    """The simulator's own waits around each tool round, in ms: each function
+    call's ``response.output_item.done`` queued → its frame written (behind
+    the frames queued before it), and each ``function_call_output`` read off
+    the socket → taken by the simulator's reader (behind its own writes).
+    The queued measure of ``output`` is the wire measure plus these two."""
+    write_waits = [
+        (w - q) * 1000 for e, q, w in zip(call.sent, call.sent_at or [], call.written_at or [])
+        if w is not None and e.get("type") == "response.output_item.done" and e["item"].get("type") == "function_call"]
+    read_waits = []
+    for e, r, t in zip(call.received, call.read_at or [], call.received_at or []):
+        item = e.get("item") if isinstance(e.get("item"), dict) else {}
+        if e.get("type") == "conversation.item.create" and item.get("type") == "function_call_output":
+            read_waits.append((t - r) * 1000)
+    return write_waits, read_waits
+
+
 def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) -> dict[str, Any]:
     """The simulator's numbers for one phase (see the module docstring)."""
     from benchmarks.sim_host import analyse
@@ -210,8 +227,13 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
     outputs_queued: list[float] = []
     creates_queued: list[float] = []
     per_call_p99: list[float] = []
+    write_waits: list[float] = []
+    read_waits: list[float] = []
     protocol = collections.Counter()
     for call in calls:
+        w, r = harness_waits(call)
+        write_waits += w
+        read_waits += r
         mine = output_times(call)
         outputs += mine
         outputs_queued += output_times(call, wire=False)
@@ -231,6 +253,7 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
     return {
         "phase": asdict(phase), "output_ms": summary(outputs), "create_ms": summary(creates),
         "output_queued_ms": summary(outputs_queued), "create_queued_ms": summary(creates_queued),
+        "sim_write_wait_ms": summary(write_waits), "sim_read_wait_ms": summary(read_waits),
         "rounds_done": len(outputs), "per_call_output_p99_ms": per_call_p99,
         "join_ms": summary(j["ms"] for j in joins if j["status"] == 200),
         "join_statuses": dict(statuses), **protocol,
@@ -483,7 +506,8 @@ def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
     parts = [f"{peer:>7} {name:<7} calls={p['phase']['calls']:<4} rounds={p['rounds_done']:<5}",
              f"output {fmt(p['output_ms'])}", f"create {fmt(p['create_ms'])}", f"join {fmt(p['join_ms'])}"]
     if "output_queued_ms" in p:   # the measure before § 20 (the simulator's queues counted)
-        parts.append(f"queued-measure output {fmt(p['output_queued_ms'])} create {fmt(p['create_queued_ms'])}")
+        parts.append(f"queued-measure output {fmt(p['output_queued_ms'])} create {fmt(p['create_queued_ms'])} "
+                     f"(sim waits: write {fmt(p['sim_write_wait_ms'])}, read {fmt(p['sim_read_wait_ms'])})")
     if cpu:
         parts.append(f"server CPU {cpu['server']['cpu_s']:.2f} s ({cpu['server']['core_pct']}% core), "
                      f"sim {cpu['sim']['core_pct']}% core over {cpu['wall_s']} s")

@@ -25,12 +25,20 @@ Two servers run the same workload, one after the other, in the same run
   harness's own latency under the same burst.
 
 Measured at the simulator (one process, one clock, ``trio.current_time()``
-stamps): ``output`` = the server's ``function_call_output`` read − the
-function call's ``response.output_item.done`` queued (the call is complete
-from then on; the output cannot be earlier than ~ that); ``create`` = its
-``response.create`` read − the ``response.done`` queued (the response must
-have ended first); ``join`` = the ``/connect`` answered − sent. Each
-p50/p99/max over every round of every call of the phase.
+stamps), on the wire (docs/benchmarks.md § 20): ``output`` = the server's
+``function_call_output`` read off the socket (``SimCall.read_at``) − the
+function call's ``response.output_item.done`` frame written to it
+(``written_at``: the call is complete from then on; a server that answers
+at ``function_call_arguments.done``, as the do-nothing one does, can come
+in below zero); ``create`` = its ``response.create`` read − the
+``response.done`` written (the response must have ended first); ``join`` =
+the ``/connect`` answered − sent. Each p50/p99/max over every round of
+every call of the phase. The measure before § 20 (``output_queued_ms``,
+``create_queued_ms``: from the event queued in the simulator to the reply
+taken by its reader) is reported alongside; it adds the simulator's own
+waits, reported too (``sim_write_wait_ms``: an ``output_item.done`` queued →
+written, behind the frames queued before it; ``sim_read_wait_ms``: an
+output read → taken, behind the simulator's own writes).
 
 CPU (psutil user+system of the server process, over each phase's window:
 the first ``/connect`` sent to every call closed, then until the server is
@@ -445,6 +453,9 @@ def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: st
         sim_port = int(sim.expect("PORT", 60))
         port = free_loopback_port()
         server = start_server(peer, sim_port, port, run_dir)
+        if args.pin_cpus:   # the simulator and the server each on its own core: no wake-up preemption between them
+            sim.ps.cpu_affinity([args.pin_cpus[0]])
+            server.ps.cpu_affinity([args.pin_cpus[1]])
         quiet(server)
         result["idle_core_pct"] = idle_core_pct(server, args.idle_s)
         for phase in phases:
@@ -639,6 +650,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--py-spy", type=float, metavar="SECONDS",
                    help="sample the server with py-spy this long from the main phase's start (summary in the JSON)")
     p.add_argument("--keep", action="store_true", help="keep the server's state directory")
+    p.add_argument("--pin-cpus", type=int, nargs=2, metavar=("SIM", "SERVER"),
+                   help="pin the simulator and the server under test to these CPUs (one each; default: not pinned)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     args.rounds_given = args.rounds is not None

@@ -253,3 +253,10 @@ async def test_wire_stamps_are_taken_at_the_socket_not_at_the_queues(nursery, au
     assert second == pytest.approx(t0 + 1, abs=0.01)  # read off the socket at t0 + 1 ...
     assert call.received_at[1] >= t0 + 5             # ... taken once the reader's own write drained
     assert len(call.written_at) == len(call.sent) and None not in call.written_at
+
+
+def test_read_stamps_refuse_a_connection_without_the_seam():
+    from voiceactors.simulator.read_stamps import stamp_reads
+
+    with pytest.raises(RuntimeError, match="_send_channel"):
+        stamp_reads(object())

@@ -433,18 +433,21 @@ class CallSession:
         stream = self.stream if self.coalesce_writes else None
         if stream is not None:
             stream.cork()
+        corked = 0   # messages of the batch handed to the corked stream
         try:
             for message, index in batch:
                 await self.ws.send_message(message)
                 if stream is None:
                     self._stamp_written(index)   # this frame's own write
+                else:
+                    corked += 1
         except ConnectionClosed:
             pass  # the reader notices and ends the session
         finally:
             if stream is not None:
                 try:
                     await stream.uncork()
-                    for _, index in batch:
+                    for _, index in batch[:corked]:
                         self._stamp_written(index)   # the batch's one write
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass

@@ -25,12 +25,20 @@ Two servers run the same workload, one after the other, in the same run
   harness's own latency under the same burst.
 
 Measured at the simulator (one process, one clock, ``trio.current_time()``
-stamps): ``output`` = the server's ``function_call_output`` read − the
-function call's ``response.output_item.done`` queued (the call is complete
-from then on; the output cannot be earlier than ~ that); ``create`` = its
-``response.create`` read − the ``response.done`` queued (the response must
-have ended first); ``join`` = the ``/connect`` answered − sent. Each
-p50/p99/max over every round of every call of the phase.
+stamps), on the wire (docs/benchmarks.md § 20): ``output`` = the server's
+``function_call_output`` read off the socket (``SimCall.read_at``) − the
+function call's ``response.output_item.done`` frame written to it
+(``written_at``: the call is complete from then on; a server that answers
+at ``function_call_arguments.done``, as the do-nothing one does, can come
+in below zero); ``create`` = its ``response.create`` read − the
+``response.done`` written (the response must have ended first); ``join`` =
+the ``/connect`` answered − sent. Each p50/p99/max over every round of
+every call of the phase. The measure before § 20 (``output_queued_ms``,
+``create_queued_ms``: from the event queued in the simulator to the reply
+taken by its reader) is reported alongside; it adds the simulator's own
+waits, reported too (``sim_write_wait_ms``: an ``output_item.done`` queued →
+written, behind the frames queued before it; ``sim_read_wait_ms``: an
+output read → taken, behind the simulator's own writes).
 
 CPU (psutil user+system of the server process, over each phase's window:
 the first ``/connect`` sent to every call closed, then until the server is
@@ -173,17 +181,25 @@ def call_steps(phase: Phase, rng: random.Random) -> list[dict]:
     return steps
 
 
-def output_times(call: Any) -> list[float]:
-    """ms from each function call's ``response.output_item.done`` queued to
-    the first ``function_call_output`` for it read (calls never answered
-    are left out; ``unanswered`` counts them)."""
+def output_times(call: Any, wire: bool = True) -> list[float]:
+    """ms from each function call's ``response.output_item.done`` to the
+    first ``function_call_output`` for it: ``wire``, from its frame written
+    to the socket to the output's frame read off it (``written_at`` →
+    ``read_at``); else from the event queued to the output taken by the
+    simulator's reader (``sent_at`` → ``received_at``, the measure before
+    § 20, which counts the simulator's own queues). Calls never answered
+    are left out (``unanswered`` counts them)."""
+    from benchmarks.sim_host import stamps
+
+    sent_at, received_at = stamps(call, wire)
     done_at: dict[str, float] = {}
-    for event, t in zip(call.sent, call.sent_at or []):
-        if event.get("type") == "response.output_item.done" and event["item"].get("type") == "function_call":
+    for event, t in zip(call.sent, sent_at):
+        if t is not None and event.get("type") == "response.output_item.done" \
+                and event["item"].get("type") == "function_call":
             done_at[event["item"]["call_id"]] = t
     out = []
     seen: set[str] = set()
-    for event, t in zip(call.received, call.received_at or []):
+    for event, t in zip(call.received, received_at):
         item = event.get("item") if isinstance(event.get("item"), dict) else {}
         if event.get("type") == "conversation.item.create" and item.get("type") == "function_call_output":
             cid = str(item.get("call_id"))
@@ -193,21 +209,47 @@ def output_times(call: Any) -> list[float]:
     return out
 
 
+def harness_waits(call: Any) -> tuple[list[float], list[float]]:
+    """The simulator's own waits around each tool round, in ms: each function
+    call's ``response.output_item.done`` queued → its frame written (behind
+    the frames queued before it), and each ``function_call_output`` read off
+    the socket → taken by the simulator's reader (behind its own writes).
+    The queued measure of ``output`` is the wire measure plus these two."""
+    write_waits = [
+        (w - q) * 1000 for e, q, w in zip(call.sent, call.sent_at or [], call.written_at or [])
+        if w is not None and e.get("type") == "response.output_item.done" and e["item"].get("type") == "function_call"]
+    read_waits = []
+    for e, r, t in zip(call.received, call.read_at or [], call.received_at or []):
+        item = e.get("item") if isinstance(e.get("item"), dict) else {}
+        if e.get("type") == "conversation.item.create" and item.get("type") == "function_call_output":
+            read_waits.append((t - r) * 1000)
+    return write_waits, read_waits
+
+
 def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) -> dict[str, Any]:
     """The simulator's numbers for one phase (see the module docstring)."""
     from benchmarks.sim_host import analyse
 
     outputs: list[float] = []
     creates: list[float] = []
+    outputs_queued: list[float] = []
+    creates_queued: list[float] = []
     per_call_p99: list[float] = []
+    write_waits: list[float] = []
+    read_waits: list[float] = []
     protocol = collections.Counter()
     for call in calls:
+        w, r = harness_waits(call)
+        write_waits += w
+        read_waits += r
         mine = output_times(call)
         outputs += mine
+        outputs_queued += output_times(call, wire=False)
         if mine:
             per_call_p99.append(percentile(mine, 99))
-        a = analyse(call)
+        a = analyse(call, wire=True)
         creates += a["create_ms"]
+        creates_queued += analyse(call)["create_ms"]
         protocol["errors"] += len(a["error_codes"])
         protocol["violations"] += len(a["violations"])
         protocol["unanswered"] += len(a["unanswered"])
@@ -218,6 +260,8 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
     statuses = collections.Counter(str(j["status"]) for j in joins)
     return {
         "phase": asdict(phase), "output_ms": summary(outputs), "create_ms": summary(creates),
+        "output_queued_ms": summary(outputs_queued), "create_queued_ms": summary(creates_queued),
+        "sim_write_wait_ms": summary(write_waits), "sim_read_wait_ms": summary(read_waits),
         "rounds_done": len(outputs), "per_call_output_p99_ms": per_call_p99,
         "join_ms": summary(j["ms"] for j in joins if j["status"] == 200),
         "join_statuses": dict(statuses), **protocol,
@@ -409,6 +453,9 @@ def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: st
         sim_port = int(sim.expect("PORT", 60))
         port = free_loopback_port()
         server = start_server(peer, sim_port, port, run_dir)
+        if args.pin_cpus:   # the simulator and the server each on its own core: no wake-up preemption between them
+            sim.ps.cpu_affinity([args.pin_cpus[0]])
+            server.ps.cpu_affinity([args.pin_cpus[1]])
         quiet(server)
         result["idle_core_pct"] = idle_core_pct(server, args.idle_s)
         for phase in phases:
@@ -469,6 +516,9 @@ def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
     cpu = p.get("cpu") or {}
     parts = [f"{peer:>7} {name:<7} calls={p['phase']['calls']:<4} rounds={p['rounds_done']:<5}",
              f"output {fmt(p['output_ms'])}", f"create {fmt(p['create_ms'])}", f"join {fmt(p['join_ms'])}"]
+    if "output_queued_ms" in p:   # the measure before § 20 (the simulator's queues counted)
+        parts.append(f"queued-measure output {fmt(p['output_queued_ms'])} create {fmt(p['create_queued_ms'])} "
+                     f"(sim waits: write {fmt(p['sim_write_wait_ms'])}, read {fmt(p['sim_read_wait_ms'])})")
     if cpu:
         parts.append(f"server CPU {cpu['server']['cpu_s']:.2f} s ({cpu['server']['core_pct']}% core), "
                      f"sim {cpu['sim']['core_pct']}% core over {cpu['wall_s']} s")
@@ -600,6 +650,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--py-spy", type=float, metavar="SECONDS",
                    help="sample the server with py-spy this long from the main phase's start (summary in the JSON)")
     p.add_argument("--keep", action="store_true", help="keep the server's state directory")
+    p.add_argument("--pin-cpus", type=int, nargs=2, metavar=("SIM", "SERVER"),
+                   help="pin the simulator and the server under test to these CPUs (one each; default: not pinned)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     args.rounds_given = args.rounds is not None

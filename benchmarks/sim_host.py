@@ -110,11 +110,23 @@ class BatchTimes:
     all_answered: bool                        # every tool call of the batch got an output
 
 
-def batch_times(call: SimCall) -> list[BatchTimes]:
-    """The round-trip times of every tool batch of ``call``, from its stamped records."""
+def stamps(call: SimCall, wire: bool) -> tuple[list[float | None], list[float]]:
+    """(sent, received) stamps of ``call``: on the wire (``written_at``,
+    ``read_at``: what the peer could know) or at the simulator's queues
+    (``sent_at``, ``received_at``: the older measure, which adds the
+    simulator's own waits at both ends)."""
+    if wire:
+        return list(call.written_at or []), list(call.read_at or [])
+    return list(call.sent_at or []), list(call.received_at or [])
+
+
+def batch_times(call: SimCall, wire: bool = False) -> list[BatchTimes]:
+    """The round-trip times of every tool batch of ``call``, from its stamped
+    records (``wire``: see ``stamps``). A ``response.done`` never written is skipped."""
+    sent_at, received_at = stamps(call, wire)
     first_output: dict[str, float] = {}
     creates: list[float] = []
-    for event, t in zip(call.received, call.received_at or []):
+    for event, t in zip(call.received, received_at):
         kind = event.get("type")
         item = event.get("item") if isinstance(event.get("item"), dict) else {}
         if kind == "conversation.item.create" and item.get("type") == "function_call_output":
@@ -122,8 +134,8 @@ def batch_times(call: SimCall) -> list[BatchTimes]:
         elif kind == "response.create":
             creates.append(t)
     batches: list[BatchTimes] = []
-    for event, t0 in zip(call.sent, call.sent_at or []):
-        if event.get("type") != "response.done" or event["response"].get("status") != "completed":
+    for event, t0 in zip(call.sent, sent_at):
+        if t0 is None or event.get("type") != "response.done" or event["response"].get("status") != "completed":
             continue
         ids = [o["call_id"] for o in event["response"].get("output", []) if o.get("type") == "function_call"]
         if not ids:
@@ -138,7 +150,7 @@ def batch_times(call: SimCall) -> list[BatchTimes]:
     return batches
 
 
-def analyse(call: SimCall) -> dict[str, Any]:
+def analyse(call: SimCall, wire: bool = False) -> dict[str, Any]:
     """Round trips of one call from its stamped records.
 
     For every *completed* ``response.done`` carrying function calls (time t0):
@@ -150,7 +162,7 @@ def analyse(call: SimCall) -> dict[str, Any]:
     create_ms: list[float] = []
     create_at: list[float] = []
     missing_create = 0
-    for batch in batch_times(call):
+    for batch in batch_times(call, wire):
         outputs.extend((i, ms) for i, ms in batch.outputs if ms is not None)
         if batch.all_answered:
             if batch.create_ms is not None:

@@ -170,3 +170,93 @@ async def test_coalesce_writes_off_sends_each_event_in_its_own_segment(nursery, 
         assert segments < events / 2              # bursts of events share a write (and a segment)
     else:
         assert segments >= frames                 # every frame its own write, so its own segment
+
+
+# -- the wire stamps: written_at / read_at (benchmarks § 20)
+
+async def _slow_reader(sim: Simulator, call_id: str):
+    """A websocket client by hand on a socket with a tiny receive buffer, so
+    the simulator's writes block until it reads: (stream, wsproto connection)."""
+    import socket
+
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # before connect: no autotuning
+    await sock.connect(("127.0.0.1", sim.port))
+    stream = trio.SocketStream(sock)
+    conn = WSConnection(ConnectionType.CLIENT)
+    await stream.send_all(conn.send(Request(host=f"127.0.0.1:{sim.port}", target=f"/v1/realtime?call_id={call_id}",
+                                            extra_headers=AUTH)))
+    while True:
+        conn.receive_data(await stream.receive_some(65536))
+        if any(isinstance(e, AcceptConnection) for e in conn.events()):
+            return stream, conn
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_wire_stamps_are_taken_at_the_socket_not_at_the_queues(nursery, autojump_clock, coalesce):
+    from wsproto.events import Message, TextMessage
+
+    sim = await _start(nursery, timestamps=True, validate_sent=False, coalesce_writes=coalesce)
+    call = sim.add_call("rtc_1", [{"sleep": 100}])
+    with trio.fail_after(5):
+        stream, conn = await _slow_reader(sim, "rtc_1")
+        await call.wait_until(lambda c: c.connection is not None)
+    import socket
+
+    # small socket buffers both ways (set, so not autotuned): ~20 KB fill them
+    call.connection.stream.inner.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    try:
+        t0 = trio.current_time()
+        # queued together (under SEND_BUFFER, so no wait): the big event fills the
+        # socket (the client does not read yet), the marker waits behind it, and the
+        # filler takes the unwritten characters over SEND_BUFFER
+        await call.connection.send({"type": "bench.big", "text": "x" * 60_000})
+        await call.connection.send({"type": "bench.marker"})
+        await call.connection.send({"type": "bench.filler", "text": "x" * 10_000})
+        # a client event whose answer cannot be queued until the writer drains (the
+        # simulator's reader is held there), then one the reader cannot take meanwhile
+        with trio.fail_after(5):
+            await stream.send_all(conn.send(Message(data=json.dumps({"type": "session.update", "session": {"type": "realtime"}}))))
+            await trio.sleep(1)
+            await stream.send_all(conn.send(Message(data=json.dumps({"type": "session.update", "session": {"type": "realtime"}}))))
+        await trio.sleep_until(t0 + 5)   # the client starts reading at t0 + 5
+        seen: list[str] = []
+        text = ""
+        with trio.move_on_after(30):
+            while len(seen) < 5:
+                data = await stream.receive_some(1 << 20)
+                assert data, f"the simulator closed the connection; seen {seen}"
+                conn.receive_data(data)
+                for event in conn.events():
+                    if isinstance(event, TextMessage):
+                        text += event.data
+                        if event.message_finished:
+                            seen.append(json.loads(text)["type"])
+                            text = ""
+    finally:
+        await stream.aclose()   # else the simulator's shielded write would wait for it for ever
+    assert seen == ["bench.big", "bench.marker", "bench.filler", "session.updated", "session.updated"]
+    big, marker, _ = (call.sent_at[i] for i, e in enumerate(call.sent) if e["type"].startswith("bench."))
+    big_w, marker_w, _ = (call.written_at[i] for i, e in enumerate(call.sent) if e["type"].startswith("bench."))
+    assert big == pytest.approx(t0, abs=0.01) and marker == pytest.approx(t0, abs=0.01)   # queued at once
+    assert big_w == pytest.approx(t0, abs=0.01)      # its write started at once ...
+    if coalesce:
+        assert marker_w == big_w                     # ... with the marker in the same write
+    else:
+        assert marker_w >= t0 + 5                    # ... and the marker went out once the client read
+    assert [e["type"] for e in call.received] == ["session.update", "session.update"]
+    first, second = call.read_at
+    assert first == pytest.approx(t0, abs=0.01) and call.received_at[0] == pytest.approx(t0, abs=0.01)
+    assert second == pytest.approx(t0 + 1, abs=0.01)  # read off the socket at t0 + 1 ...
+    assert call.received_at[1] >= t0 + 5             # ... taken once the reader's own write drained
+    assert len(call.written_at) == len(call.sent) and None not in call.written_at
+
+
+def test_read_stamps_refuse_a_connection_without_the_seam():
+    from voiceactors.simulator.read_stamps import stamp_reads
+
+    with pytest.raises(RuntimeError, match="_send_channel"):
+        stamp_reads(object())

@@ -27,6 +27,7 @@ from voiceactors.logs import get_logger
 from voiceactors.realtime.events import validate_server_event
 from voiceactors.simulator.client_events import parse_client_event
 from voiceactors.simulator.http import ReplayStream
+from voiceactors.simulator.read_stamps import read_stamp, stamp_reads
 from voiceactors.simulator.scenario import Scenario
 from voiceactors.simulator.usage import ConversationTokens
 
@@ -105,11 +106,23 @@ class SimCall:
     ``responses``, ``tool_calls``, ``violations`` (protocol rules the client
     broke that the service would not report).
 
-    Times (only with ``timestamps=True``, for benchmarks): ``sent_at[i]`` and
-    ``received_at[i]`` are ``trio.current_time()`` when ``sent[i]`` was
-    recorded (right before its frame is encoded and written) and when
-    ``received[i]`` was (right after its frame was read and decoded); None
-    otherwise.
+    Times (only with ``timestamps=True``, for benchmarks; None otherwise),
+    all ``trio.current_time()``:
+
+    * ``sent_at[i]``: when ``sent[i]`` was recorded and queued for the
+      writer (it may wait there behind earlier events);
+    * ``written_at[i]``: right before its frame's bytes were handed to the
+      socket (no schedule point between; with coalesced writes, the
+      batch's one write); None until then, and for ever if it never was
+      (a drop);
+    * ``received_at[i]``: when the session's reader took ``received[i]``
+      and decoded it (it may wait behind the session's own writes);
+    * ``read_at[i]``: when trio-websocket's reader task handed the message
+      over, in the step its socket read returned (``read_stamps``).
+
+    What the peer could know is on the wire: a latency of the peer is
+    ``read_at`` − ``written_at``; ``received_at`` − ``sent_at`` adds the
+    simulator's own queues at both ends.
 
     Faults (armed by the test, used up when they fire): ``output_fault``
     (``"lost"`` or ``"applied"``: drop the socket on the next tool output, see
@@ -127,6 +140,8 @@ class SimCall:
         self.sent: list[dict] = []
         self.received_at: list[float] | None = [] if timestamps else None
         self.sent_at: list[float] | None = [] if timestamps else None
+        self.read_at: list[float] | None = [] if timestamps else None
+        self.written_at: list[float | None] | None = [] if timestamps else None
         self.errors_sent: list[dict] = []
         self.outputs: dict[str, list[str]] = {}
         self.lost_outputs: dict[str, list[str]] = {}
@@ -230,7 +245,9 @@ class CallSession:
         self.coalesce_writes = coalesce_writes  # False: each event its own frame in its own socket write
         self.steps = scenario.steps
         self.log = get_logger(actor="simulator", call_id=call.call_id)
-        self._outbox: list[str | bytes] = []   # encoded messages the writer has not taken yet
+        # encoded messages the writer has not taken yet, each with its index in
+        # ``call.sent`` (None: ``send_raw``) for ``call.written_at``
+        self._outbox: list[tuple[str | bytes, int | None]] = []
         self._unwritten = 0                    # characters queued or being written
         self._wake = trio.Event()              # set when the outbox gets its first message
         self._writing = False
@@ -261,6 +278,8 @@ class CallSession:
         call.notify()
         if not self.coalesce_writes and self.stream is not None:
             _no_delay(self.stream.inner)
+        if call.read_at is not None:
+            stamp_reads(self.ws)
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
@@ -361,10 +380,13 @@ class CallSession:
             before()
         if event["type"] in _ITEM_EVENTS and "previous_item_id" not in event:
             event["previous_item_id"] = self.call.item_before(event["item"].get("id"))
+        index = len(self.call.sent)
         self.call.sent.append(event)
         if self.call.sent_at is not None:
             self.call.sent_at.append(trio.current_time())
-        self._queue(json.dumps(event))
+        if self.call.written_at is not None:
+            self.call.written_at.append(None)
+        self._queue(json.dumps(event), index)
         if self.call.peer is not None:
             self.call.peer.server_event(event)   # the browser's data channel sees what the sideband sees
 
@@ -372,13 +394,13 @@ class CallSession:
         """Send a message as it is (no validation, no record), in turn with
         ``send``: whatever was queued before goes out first."""
         if not self._dropping:
-            self._queue(data)
+            self._queue(data, None)
         await trio.lowlevel.checkpoint()
 
-    def _queue(self, message: str | bytes) -> None:
+    def _queue(self, message: str | bytes, index: int | None) -> None:
         if not self._outbox:
             self._wake.set()
-        self._outbox.append(message)
+        self._outbox.append((message, index))
         self._unwritten += len(message)
         self._drained = trio.Event() if self._drained.is_set() else self._drained
 
@@ -402,26 +424,44 @@ class CallSession:
                 await self._write(batch)
             self._write_scope = None
             self._writing = False
-            self._unwritten -= sum(len(m) for m in batch)
+            self._unwritten -= sum(len(m) for m, _ in batch)
             if self._dropping and (not self._outbox or deadline < math.inf):
                 self._drained.set()
                 self._scope.cancel()
 
-    async def _write(self, batch: list[str | bytes]) -> None:
+    async def _write(self, batch: list[tuple[str | bytes, int | None]]) -> None:
         stream = self.stream if self.coalesce_writes else None
         if stream is not None:
             stream.cork()
+        corked = 0   # messages of the batch handed to the corked stream
         try:
-            for message in batch:
+            for message, index in batch:
                 await self.ws.send_message(message)
+                if stream is None:
+                    self._stamp_written(index)   # this frame's own write
+                else:
+                    corked += 1
         except ConnectionClosed:
             pass  # the reader notices and ends the session
         finally:
             if stream is not None:
                 try:
                     await stream.uncork()
+                    for _, index in batch[:corked]:
+                        self._stamp_written(index)   # the batch's one write
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
+
+    def _stamp_written(self, index: int | None) -> None:
+        """``call.written_at[index]`` = the last write's stamp: called right
+        after the write of that event's frame returned (``send_message``
+        releases its lock and returns with no schedule point, so no other
+        write can come between). Without the replay stream (not served by
+        ``http``), the time the write returned."""
+        written = self.call.written_at
+        if written is None or index is None:
+            return
+        written[index] = self.stream.last_write_at if self.stream is not None else trio.current_time()
 
     async def send_error(self, message: str, code: str | None, event_id: str | None = None,
                          type_: str = "invalid_request_error", param: str | None = None) -> None:
@@ -599,7 +639,7 @@ class CallSession:
                     await trio.sleep_forever()
                 self.ended_by = self.ended_by or "peer"
                 break
-            await self._handle(raw)
+            await self._handle(raw, read_stamp(self.ws) if self.call.read_at is not None else None)
         self._scope.cancel()
 
     async def handle_client_message(self, raw: str | bytes) -> None:
@@ -607,7 +647,7 @@ class CallSession:
         call's data channel): answered exactly like one read from it."""
         await self._handle(raw)
 
-    async def _handle(self, raw: str | bytes) -> None:
+    async def _handle(self, raw: str | bytes, read_at: float | None = None) -> None:
         obj: Any = None
         if isinstance(raw, str):
             try:
@@ -622,6 +662,8 @@ class CallSession:
             self.call.received.append(obj)
             if self.call.received_at is not None:
                 self.call.received_at.append(trio.current_time())
+            if self.call.read_at is not None:
+                self.call.read_at.append(trio.current_time() if read_at is None else read_at)
             self.call.notify()
         event_id = obj.get("event_id") if isinstance(obj, dict) and isinstance(obj.get("event_id"), str) else None
         model, error = parse_client_event(raw)

@@ -11,6 +11,7 @@ one-request REST exchange (``Connection: close``).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
@@ -58,13 +59,18 @@ class ReplayStream(trio.abc.Stream):
 
     ``cork()`` … ``await uncork()``: writes in between are collected and go out
     in one ``send_all`` at ``uncork`` (one syscall, and one wake-up of the
-    peer, for a burst of frames)."""
+    peer, for a burst of frames).
+
+    ``last_write_at``: ``trio.current_time()`` right before the last write's
+    bytes were handed to ``inner`` (no schedule point between the stamp and
+    the socket's send; -inf before the first)."""
 
     def __init__(self, inner: trio.abc.Stream, prefix: bytes) -> None:
         self.inner = inner
         self._prefix = prefix
         self._corked: list[bytes] | None = None
         self._sending = trio.StrictFIFOLock()  # uncork writes outside trio-websocket's own lock
+        self.last_write_at = -math.inf
 
     def cork(self) -> None:
         if self._corked is None:
@@ -75,7 +81,9 @@ class ReplayStream(trio.abc.Stream):
         held, self._corked = self._corked, None
         if held:
             async with self._sending:
-                await self.inner.send_all(b"".join(held))
+                data = b"".join(held)
+                self.last_write_at = trio.current_time()
+                await self.inner.send_all(data)
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
@@ -90,6 +98,7 @@ class ReplayStream(trio.abc.Stream):
             self._corked.append(bytes(data))
             return
         async with self._sending:
+            self.last_write_at = trio.current_time()
             await self.inner.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:

@@ -288,3 +288,27 @@ async def test_calls_joining_apart_share_fsync_passes_and_none_waits_past_fsync_
         record.add("end", reason="closed_by_service")
         assert await record.close() is True
     assert _open_fds_under(tmp_path, appending_only=True) == 0
+
+
+async def test_writer_retired_waits_for_the_shared_writer_once_no_record_is_live(tmp_path):
+    """A stopping runtime waits for this (``runtime.open_runtime``): the
+    writer's last fsyncs run in a worker thread after the last close, so a
+    stop that did not wait left its task behind (seen in the e2e test's
+    "no task left" check on a loaded CI run)."""
+    from voiceactors.actors.call_record import shared_writer, writer_retired
+
+    live = CallRecord("rtc_live", tmp_path)
+    live.opened()
+    other = CallRecord("rtc_other", tmp_path)
+    other.opened()
+    writer = shared_writer()
+    other.add("end", reason="closed_by_service")
+    assert await other.close() is True
+    with trio.fail_after(1):
+        assert await writer_retired(30) is False     # a record is still live: no wait at all
+    assert not writer.retired.is_set()
+    live.add("end", reason="closed_by_service")
+    assert await live.close() is True
+    assert await writer_retired(30) is True
+    assert writer.retired.is_set()
+    assert await writer_retired(30) is True          # nothing running: at once

@@ -10,8 +10,9 @@ Leaving the block stops them in dependency order, bounded by
 ``settings.shutdown_deadline_s``: first the supervisor (each CallActor, on
 cancellation, sends its last outputs, closes its sideband and flushes its call
 record within ``close_deadline_s``), then the executor (started writes finish,
-reads answer cancelled) and the brain. Whatever is still running when the
-deadline passes is cancelled outright. The join is shielded, so a cancelled
+reads answer cancelled) and the brain; then it waits for the call records'
+writer to retire (its last fsyncs, when no record is live elsewhere in the
+run). Whatever is still running when the deadline passes is cancelled outright. The join is shielded, so a cancelled
 caller (a server shutting down) still waits for the bounded cleanup.
 
 An actor that crashes crashes the runtime: the exception propagates out of
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
+from voiceactors.actors.call_record import writer_retired
 from voiceactors.actors.messages import BrainMessage, BrainState, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
     from voiceactors.actors.mcp_hub import McpMessage
@@ -33,6 +35,9 @@ from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
 _log = get_logger(actor="runtime")
+#: How long a stop waits for the call records' writer to retire (its last
+#: fsyncs in a worker thread), within what is left of the shutdown deadline.
+RECORD_WRITER_BOUND_S = 2.0
 
 
 @dataclass
@@ -153,4 +158,6 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)
+            left_s = settings.shutdown_deadline_s - (trio.current_time() - stopping)
+            await writer_retired(max(0.0, min(left_s, RECORD_WRITER_BOUND_S)))
             _log.info("runtime.stopped", duration_ms=round((trio.current_time() - stopping) * 1000, 1))

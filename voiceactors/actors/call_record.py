@@ -232,6 +232,7 @@ class RecordWriter:
         self._next_pass_at = -math.inf                  # PASS_GAP_S after the last pass began
         self.passes = 0
         self.fsync_passes = 0
+        self.retired = trio.Event()                     # its task has ended (a writer runs once)
 
     @property
     def open_files(self) -> int:
@@ -276,6 +277,7 @@ class RecordWriter:
                     return
         finally:
             self._at_exit()
+            self.retired.set()
 
     def _idle(self) -> bool:
         return (not self._waiting and self._records <= 0 and not self._fsyncing
@@ -469,6 +471,21 @@ class RecordWriter:
 
 
 _WRITER: trio.lowlevel.RunVar[RecordWriter | None] = trio.lowlevel.RunVar("voiceactors_record_writer")
+
+
+async def writer_retired(timeout_s: float) -> bool:
+    """Wait, shielded and at most ``timeout_s``, for this run's record writer
+    to retire once no record is live any more (its last fsyncs done): a
+    stopping runtime leaves no writer task behind. False when it is still
+    running (a record is live elsewhere in the run, or the bound passed)."""
+    writer = _WRITER.get(None)
+    if writer is None or not writer._running:
+        return True
+    if writer._records > 0:
+        return False
+    with trio.move_on_after(timeout_s, shield=True):
+        await writer.retired.wait()
+    return writer.retired.is_set()
 
 
 def shared_writer() -> RecordWriter:

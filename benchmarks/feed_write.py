@@ -27,7 +27,6 @@ measures another checkout's ``SharedFeed`` in the same harness, interleaved
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -36,29 +35,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import psutil
 
+from benchmarks.connect_cost import throwaway_redis
+
 HERE = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def _redis_server(folder: Path) -> Iterator[tuple[str, psutil.Process]]:
-    sock = folder / "redis.sock"
-    proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
-                             "--save", "", "--appendonly", "no", "--dir", str(folder)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while not sock.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.01)
-        yield f"unix://{sock}", psutil.Process(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _cpu_s(ps: psutil.Process) -> float:
@@ -156,7 +139,7 @@ async def _landed(rc: Any, url: str, calls: int) -> int:
 
 
 def _run(args: argparse.Namespace, tree: Path, null: bool) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="feed-write-") as tmp, _redis_server(Path(tmp)) as (url, redis_ps):
+    with tempfile.TemporaryDirectory(prefix="feed-write-") as tmp, throwaway_redis(Path(tmp)) as (url, redis_ps):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--url", url,
                "--calls", str(args.calls), "--rounds", str(args.rounds), "--tool-ms", str(args.tool_ms),
                "--think-s", str(args.think_s[0]), str(args.think_s[1]), "--seed", str(args.seed)]

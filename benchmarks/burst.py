@@ -116,6 +116,8 @@ PREFIX = "rtc_burst"
 TOOL_TEXT = "What does my day look like?"
 ANSWER = "Okay."
 PEERS = ("ours", "nothing")
+#: the load generator (``--sim``): the module and role spawned as the burst's sim side
+SIMS = {"simulator": ("benchmarks.burst", "_sim"), "lean": ("benchmarks.lean_sim", "burst")}
 
 
 @dataclass(frozen=True)
@@ -226,8 +228,9 @@ def harness_waits(call: Any) -> tuple[list[float], list[float]]:
     return write_waits, read_waits
 
 
-def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) -> dict[str, Any]:
-    """The simulator's numbers for one phase (see the module docstring)."""
+def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]], trace: bool = False) -> dict[str, Any]:
+    """The simulator's numbers for one phase (see the module docstring);
+    ``trace``: with the first call's sent events (``sent_events_first_call``)."""
     from benchmarks.sim_host import analyse
 
     outputs: list[float] = []
@@ -258,7 +261,7 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
         protocol["tool_calls"] += a["tool_calls"]
         protocol["closed"] += int(call.closed)
     statuses = collections.Counter(str(j["status"]) for j in joins)
-    return {
+    report = {
         "phase": asdict(phase), "output_ms": summary(outputs), "create_ms": summary(creates),
         "output_queued_ms": summary(outputs_queued), "create_queued_ms": summary(creates_queued),
         "sim_write_wait_ms": summary(write_waits), "sim_read_wait_ms": summary(read_waits),
@@ -267,6 +270,9 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]]) ->
         "join_statuses": dict(statuses), **protocol,
         "violation_examples": [v for c in calls for v in c.violations][:3],
     }
+    if trace and calls:
+        report["sent_events_first_call"] = calls[0].sent
+    return report
 
 
 async def _post_connect(port: int, host_header: str, call_id: str) -> dict[str, Any]:
@@ -338,7 +344,7 @@ async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
                 _, name, server_port, host_header = line.split(" ", 3)   # JOIN <phase> <port> <host>
                 phase = by_name[name]
                 joins = await _join_phase(sim, phase, int(server_port), host_header, rng, args.wait)
-                reports[name] = phase_report(phase, [sim.calls[c] for c in phase.call_ids()], joins)
+                reports[name] = phase_report(phase, [sim.calls[c] for c in phase.call_ids()], joins, args.trace)
                 print(f"PHASE_DONE {name}", flush=True)
         nursery.cancel_scope.cancel()
     return {"phases": reports, "coalesce_writes": args.coalesce}
@@ -357,6 +363,7 @@ def sim_main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait", type=float, default=10.0)
     p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--trace", action="store_true", help="report the first call of each phase's sent events")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     logs.configure("json", "warning")
@@ -441,13 +448,14 @@ def run_server(peer: str, phases: list[Phase], args: argparse.Namespace, tag: st
     run_dir.mkdir(parents=True, exist_ok=True)
     sim_out = run_dir / "sim.json"
     budget = sum(p.budget_s(args.wait) for p in phases) + 60
-    sim = spawn("sim", "benchmarks.burst", [
-        "_sim", "--phases", json.dumps([asdict(p) for p in phases]), "--seed", str(args.seed),
+    module, role = SIMS[args.sim]
+    sim = spawn("sim", module, [
+        role, "--phases", json.dumps([asdict(p) for p in phases]), "--seed", str(args.seed),
         "--wait", str(args.wait), "--timeout", str(budget), "--out", str(sim_out),
-        *(["--coalesce"] if args.coalesce else [])], workdir=run_dir)
+        *(["--coalesce"] if args.coalesce else []), *(["--trace"] if args.trace_sent else [])], workdir=run_dir)
     server = None
     windows: dict[str, Any] = {}
-    result: dict[str, Any] = {"peer": peer, "run_dir": str(run_dir),
+    result: dict[str, Any] = {"peer": peer, "run_dir": str(run_dir), "sim": args.sim,
                               "server_repo": str(_peer_repo() or "") if peer == "ours" else ""}
     try:
         sim_port = int(sim.expect("PORT", 60))
@@ -643,6 +651,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target-ms", type=float, default=50.0)
     p.add_argument("--pass-share", type=float, default=0.5)
     p.add_argument("--coalesce", action="store_true", help="the simulator coalesces queued events (steady-state style)")
+    p.add_argument("--sim", choices=sorted(SIMS), default="simulator",
+                   help="the load generator: our simulator (default) or the lean peer (benchmarks/lean_sim.py)")
+    p.add_argument("--trace-sent", action="store_true",
+                   help="report each phase's first call's sent events (sent_events_first_call)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--wait", type=float, default=10.0, help="wait_outputs bound per round (s)")
     p.add_argument("--settle-max-s", type=float, default=5.0)

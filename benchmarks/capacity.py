@@ -48,8 +48,8 @@ from benchmarks.common import machine_facts, write_json
 from benchmarks.roundtrip import report_line, run_sideband
 
 
-def idle_memory(peer: str, calls: int, settle_s: float = 3.0) -> dict[str, Any]:
-    r = run_sideband(peer, calls, workload="idle", idle_settle_s=settle_s, tag="idle")
+def idle_memory(peer: str, calls: int, settle_s: float = 3.0, sim: str = "simulator") -> dict[str, Any]:
+    r = run_sideband(peer, calls, workload="idle", idle_settle_s=settle_s, tag="idle", sim=sim)
     delta = (r["rss_joined"] or 0) - r["rss_before"]
     return {"peer": peer, "calls": calls, "calls_connected": r["calls_connected"],
             "rss_before_mib": round(r["rss_before"] / 2**20, 1), "rss_joined_mib": round((r["rss_joined"] or 0) / 2**20, 1),
@@ -58,10 +58,10 @@ def idle_memory(peer: str, calls: int, settle_s: float = 3.0) -> dict[str, Any]:
 
 
 def step_up(steps: list[int], *, rounds: int, gap: float, rate_hz: float, target_ms: float,
-            log_level: str, peer: str = "ours") -> list[dict[str, Any]]:
+            log_level: str, peer: str = "ours", sim: str = "simulator") -> list[dict[str, Any]]:
     out = []
     for n in steps:
-        r = run_sideband(peer, n, rounds=rounds, gap=gap, rate_hz=rate_hz, log_level=log_level, tag="cap")
+        r = run_sideband(peer, n, rounds=rounds, gap=gap, rate_hz=rate_hz, log_level=log_level, tag="cap", sim=sim)
         p99 = r["create_ms"]["p99"]
         complete = r["calls_connected"] == n and r["missing_create"] == 0 and not r["timed_out"]
         r["passed"] = bool(complete and p99 == p99 and p99 <= target_ms)
@@ -83,7 +83,7 @@ def _served(workers: int, n: int, **kw: Any) -> dict[str, Any]:
 
 
 def step_up_workers(steps: list[int], workers: int, *, rounds: int, gap: float, rate_hz: float,
-                    target_ms: float, log_level: str) -> list[dict[str, Any]]:
+                    target_ms: float, log_level: str, sim: str = "simulator") -> list[dict[str, Any]]:
     """At each step one ``serve`` process, then ``serve --workers N``; a series
     that failed a step runs no further steps."""
     out: list[dict[str, Any]] = []
@@ -92,7 +92,7 @@ def step_up_workers(steps: list[int], workers: int, *, rounds: int, gap: float, 
         for w in (1, workers):
             if not going[w]:
                 continue
-            r = _served(w, n, rounds=rounds, gap=gap, rate_hz=rate_hz, log_level=log_level)
+            r = _served(w, n, rounds=rounds, gap=gap, rate_hz=rate_hz, log_level=log_level, sim=sim)
             p99 = r["create_ms"]["p99"]
             complete = r["calls_connected"] == n and r["missing_create"] == 0 and not r["timed_out"]
             r["passed"] = bool(complete and p99 == p99 and p99 <= target_ms)
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--settle", type=float, default=3.0, help="seconds idle calls settle before RSS is read")
     p.add_argument("--workers", type=int, default=0,
                    help="step up `serve --workers N` and one `serve` process, interleaved (0: the runtime peer)")
+    p.add_argument("--sim", choices=["simulator", "lean"], default="simulator",
+                   help="the load generator: our simulator (default) or the lean peer (benchmarks/lean_sim.py)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     facts = machine_facts()
@@ -131,13 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     idle = []
     for peer in args.idle_peers:
         for n in args.idle:
-            m = idle_memory(peer, n, args.settle)
+            m = idle_memory(peer, n, args.settle, args.sim)
             idle.append(m)
             print(f"idle {peer:>8} calls={n:<5} {m['kib_per_call']} KiB/call "
                   f"(RSS {m['rss_before_mib']} -> {m['rss_joined_mib']} MiB, joined in {m['join_s']} s)", flush=True)
     if args.workers > 1:
         steps = step_up_workers(args.steps, args.workers, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
-                                target_ms=args.target_ms, log_level=args.log_level)
+                                target_ms=args.target_ms, log_level=args.log_level, sim=args.sim)
         one = _capacity([s for s in steps if s["workers"] == 1])
         many = _capacity([s for s in steps if s["workers"] == args.workers])
         print(f"capacity: one serve process {one} calls, --workers {args.workers} {many} calls at create p99 <= "
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json(Path(args.json), {"machine": facts, "argv": sys.argv, "idle": idle, "steps": steps})
         return 0
     steps = step_up(args.steps, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
-                    target_ms=args.target_ms, log_level=args.log_level, peer=args.peer) if args.steps else []
+                    target_ms=args.target_ms, log_level=args.log_level, peer=args.peer,
+                    sim=args.sim) if args.steps else []
     passed = [s["calls"] for s in steps if s["passed"]]
     print(f"capacity: {max(passed) if passed else 0} calls with create p99 <= {args.target_ms} ms "
           f"(steps tried: {[s['calls'] for s in steps]}); output p99 per step: "

@@ -68,6 +68,9 @@ PEERS = {
 
 TREE_PEERS = frozenset({"served"})     # measured with every process under them
 
+#: the load generator (``--sim``): the module and its leading arguments
+SIMS = {"simulator": ("benchmarks.sim_host", []), "lean": ("benchmarks.lean_sim", ["host"])}
+
 
 def server_timings(state_dir: Path) -> dict[str, Any]:
     """What our server measured itself, from its call records
@@ -135,8 +138,8 @@ def _peer_repo() -> Path | None:
 def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: int = 10, gap: float = 1.0,
                  rate_hz: float = 20.0, wait: float = 10.0, journal_days: int = 14, log_level: str = "info",
                  idle_settle_s: float = 3.0, tag: str = "rt", keep: bool = False,
-                 py_spy_s: float | None = None) -> dict[str, Any]:
-    """One run: a simulator process and a peer process, ``calls`` calls of
+                 py_spy_s: float | None = None, sim: str = "simulator") -> dict[str, Any]:
+    """One run: a simulator process (``sim``: see ``SIMS``) and a peer process, ``calls`` calls of
     ``workload``. Returns the simulator's aggregate plus CPU, RSS and (ours)
     the overhead join. With ``py_spy_s`` the peer is sampled by py-spy for
     that long once every call has joined (``peer.pyspy.txt`` in the run
@@ -152,8 +155,10 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         play_s = 40
     timeout = play_s + 60 + calls * 0.1
     sim_out = run_dir / "sim.json"
-    sim = spawn("sim", "benchmarks.sim_host", [
-        "--calls", str(calls), "--prefix", "rtc_bench", "--workload", workload, "--rounds", str(rounds),
+    sim_module, sim_args = SIMS[sim]
+    sim_name = sim
+    sim = spawn("sim", sim_module, [
+        *sim_args, "--calls", str(calls), "--prefix", "rtc_bench", "--workload", workload, "--rounds", str(rounds),
         "--gap", str(gap), "--rate-hz", str(rate_hz), "--wait", str(wait), "--timeout", str(timeout),
         "--out", str(sim_out)], workdir=run_dir)
     peer_proc = None
@@ -200,7 +205,7 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
             if proc is not None and proc.popen.poll() is None:
                 proc.popen.terminate()
                 proc.wait(10)
-    result.update(peer=peer, calls=calls, workload=workload, rounds=rounds, gap_s=gap, rate_hz=rate_hz,
+    result.update(sim=sim_name, peer=peer, calls=calls, workload=workload, rounds=rounds, gap_s=gap, rate_hz=rate_hz,
                   log_level=log_level, cpu=cpu, join_s=round(join_s, 3), peer_rc=peer_rc,
                   rss_before=rss_before, rss_joined=rss_joined, rss_end=rss_end, run_dir=str(run_dir),
                   peer_stderr_tail=peer_proc.tail(600) if peer_proc else "")
@@ -265,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate-hz", type=float, default=20.0, help="background transcript deltas per call")
     p.add_argument("--log-level", default="info", help="our server's log level (ours only)")
     p.add_argument("--py-spy", type=float, metavar="SECONDS", help="sample the peer with py-spy this long")
+    p.add_argument("--sim", choices=sorted(SIMS), default="simulator",
+                   help="the load generator: our simulator (default) or the lean peer (benchmarks/lean_sim.py)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     facts = machine_facts()
@@ -272,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for n in args.calls:
         r = run_sideband(args.peer, n, rounds=args.rounds, gap=args.gap, rate_hz=args.rate_hz,
-                         log_level=args.log_level, py_spy_s=args.py_spy)
+                         log_level=args.log_level, py_spy_s=args.py_spy, sim=args.sim)
         results.append(r)
         print(report_line(r), flush=True)
         if r.get("profile"):

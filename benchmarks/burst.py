@@ -518,6 +518,27 @@ def add_cpu_per_unit(phases: dict[str, Any], idle_core_pct: float = 0.0) -> None
         p["server_ms_per_round_gross"] = round(cpu_ms / p["rounds_done"], 3)
         if per_connect is not None:
             p["server_ms_per_round_net"] = round((cpu_ms - per_connect * p["phase"]["calls"]) / p["rounds_done"], 3)
+    add_sim_cpu_per_unit(phases)
+
+
+def add_sim_cpu_per_unit(phases: dict[str, Any]) -> None:
+    """The load generator's own CPU ms per connect and per round (gross; net
+    of the connects at the connect phase's cost per call), as for the server:
+    what ``--sim`` costs per unit of load (docs/benchmarks.md § 22)."""
+    def sim_ms(p: dict[str, Any]) -> float:
+        return 1000 * p["cpu"]["sim"]["cpu_s"]
+
+    connect = phases.get("connect")
+    per_connect = None
+    if connect and connect.get("cpu") and connect["phase"]["calls"]:
+        per_connect = sim_ms(connect) / connect["phase"]["calls"]
+        connect["sim_ms_per_connect"] = round(per_connect, 2)
+    for name, p in phases.items():
+        if name == "connect" or not p.get("cpu") or not p["rounds_done"]:
+            continue
+        p["sim_ms_per_round_gross"] = round(sim_ms(p) / p["rounds_done"], 3)
+        if per_connect is not None:
+            p["sim_ms_per_round_net"] = round((sim_ms(p) - per_connect * p["phase"]["calls"]) / p["rounds_done"], 3)
 
 
 def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
@@ -536,6 +557,12 @@ def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
         net = p.get("server_ms_per_round_net")
         parts.append(f"{p['server_ms_per_round_gross']} ms CPU per round gross"
                      + (f", {net} net of connects" if net is not None else ""))
+    if "sim_ms_per_connect" in p:
+        parts.append(f"sim {p['sim_ms_per_connect']} ms CPU per connect")
+    if "sim_ms_per_round_gross" in p:
+        net = p.get("sim_ms_per_round_net")
+        parts.append(f"sim {p['sim_ms_per_round_gross']} ms CPU per round gross"
+                     + (f", {net} net" if net is not None else ""))
     parts.append(f"joins {p['join_statuses']} errors {p['errors']} violations {p['violations']} "
                  f"unanswered {p['unanswered']}")
     return " | ".join(parts)

@@ -209,6 +209,8 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
                   log_level=log_level, cpu=cpu, join_s=round(join_s, 3), peer_rc=peer_rc,
                   rss_before=rss_before, rss_joined=rss_joined, rss_end=rss_end, run_dir=str(run_dir),
                   peer_stderr_tail=peer_proc.tail(600) if peer_proc else "")
+    if result.get("tool_calls"):     # the load generator's own CPU per round (connects are outside the window)
+        result["sim_ms_per_round"] = round(1000 * cpu["sim"]["cpu_s"] / result["tool_calls"], 3)
     handler = handler_ms(journal)
     result["handler_ms"] = handler
     result["overhead_vs_handler_ms"] = summary(ms - handler["p50"] for _, ms in result["outputs"])
@@ -255,6 +257,8 @@ def report_line(r: dict[str, Any]) -> str:
         parts.append(f"server: overhead {fmt(r['server_overhead_ms'])} turnaround {fmt(r['server_turnaround_ms'])}"
                      f" tool {fmt(r['tool_ms'])}")
     parts.append(f"cpu peer {cpu['peer']['machine_pct']}% sim {cpu['sim']['machine_pct']}% of machine")
+    if "sim_ms_per_round" in r:
+        parts.append(f"{r.get('sim', 'simulator')} {r['sim_ms_per_round']} ms CPU per round")
     parts.append(f"errors {r['error_codes'] or 0} violations {r['violations']} unanswered {r['unanswered']}")
     if r.get("timed_out"):
         parts.append("TIMED OUT (calls still open were ended by the harness)")

@@ -917,8 +917,10 @@ async def _burst_run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     peer = LeanPeer(coalesce=args.coalesce)
     reports: dict[str, Any] = {}
+    lags: list[float] = []
     async with trio.open_nursery() as nursery:
         port = await nursery.start(peer.serve, 0)
+        nursery.start_soon(_loop_lag, lags)
         for phase in phases:       # the same draws, in the same order, as the simulator's side
             for n, cid in enumerate(phase.call_ids()):
                 peer.calls[cid] = LeanCall(cid, call_steps(phase, rng), trace=args.trace and n == 0)
@@ -933,9 +935,19 @@ async def _burst_run(args: argparse.Namespace) -> dict[str, Any]:
                 phase = by_name[name]
                 joins = await _join_phase(peer, phase, int(server_port), host_header, rng, args.wait)
                 reports[name] = burst_phase_report(phase, [peer.calls[c] for c in phase.call_ids()], joins)
+                reports[name]["sim_loop_lag_ms"] = summary(lags)
+                lags.clear()
                 print(f"PHASE_DONE {name}", flush=True)
         nursery.cancel_scope.cancel()
     return {"phases": reports, "coalesce_writes": args.coalesce, "sim": "lean"}
+
+
+async def _loop_lag(into: list[float], period_s: float = 0.01) -> None:
+    """How late a ``period_s`` sleep wakes in this process (ms): the peer's own scheduling delay."""
+    while True:
+        t0 = trio.current_time()
+        await trio.sleep(period_s)
+        into.append((trio.current_time() - t0 - period_s) * 1000)
 
 
 def burst_main(argv: list[str]) -> int:

@@ -82,11 +82,14 @@ Run::
     .venv/bin/python -m benchmarks.burst --mode long --json B-long.json
     .venv/bin/python -m benchmarks.burst --mode sweep --steps 50 100 150 200 --json B-sweep.json
     .venv/bin/python -m benchmarks.burst --peers ours --py-spy 5      # + where the server's CPU goes
+    .venv/bin/python -m benchmarks.burst --sim lean --json B-lean.json # the lean peer as the load generator
     git worktree add /tmp/before 4237744 && \\
       BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.burst --json B-before.json
 
 Processes: this driver (CPU windows), the simulator (the ``_sim`` role of
-this module: the measuring side, and the joins), the server under test. On
+this module: the measuring side, and the joins; ``--sim lean``: the lean
+peer, ``benchmarks/lean_sim.py``, the same steps and frames at about a
+third of the simulator's CPU, docs/benchmarks.md § 22), the server under test. On
 2 cores the simulator and the server share the machine; the simulator's
 CPU is in the report. Bounded: every phase has a timeout, every process is
 a child on loopback.

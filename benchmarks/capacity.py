@@ -34,6 +34,8 @@ Run::
     .venv/bin/python -m benchmarks.capacity --steps 100 --rate-hz 0     # tool traffic only
     .venv/bin/python -m benchmarks.capacity --gap 5 --rate-hz 0 --peer floor --idle   # the harness's limit
     .venv/bin/python -m benchmarks.capacity --workers 2 --idle --steps 250 500 750 1000 1250 1500
+    .venv/bin/python -m benchmarks.capacity --sim lean --workers 2 --idle --steps 500 750 1000 1250 1500 \\
+        --rounds 4 --gap 5 --rate-hz 0     # the lean peer (benchmarks/lean_sim.py) as the load generator
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ Run::
     .venv/bin/python -m benchmarks.roundtrip --peer baseline --calls 1 100 --rounds 5
     .venv/bin/python -m benchmarks.roundtrip --calls 2 --rounds 2 --gap 0.2 --json /tmp/rt.json
     .venv/bin/python -m benchmarks.roundtrip --calls 500 --py-spy 8     # + where our CPU goes
+    .venv/bin/python -m benchmarks.roundtrip --calls 500 1000 --sim lean   # the lean peer instead of the simulator
     git worktree add /tmp/before <commit> && \
     BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.roundtrip --calls 100   # that commit's server
 

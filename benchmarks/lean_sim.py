@@ -60,7 +60,7 @@ import random
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -734,8 +734,10 @@ class LeanPeer:
             asked = None
         if not isinstance(asked, dict):
             return F.http_response(400, F.error_body("We could not parse the JSON body of your request."))
-        seconds = (asked.get("expires_after") or {}).get("seconds", 600)
-        session = asked.get("session") if isinstance(asked.get("session"), dict) else {"type": "realtime"}
+        expires = asked.get("expires_after")
+        seconds = expires.get("seconds", 600) if isinstance(expires, dict) else 600
+        asked_session = asked.get("session")
+        session: dict[str, Any] = asked_session if isinstance(asked_session, dict) else {"type": "realtime"}
         minted = {"value": "ek_%032x" % random.getrandbits(128), "expires_at": int(time.time()) + int(seconds),
                   "session": {**session, "id": "sess_%016x" % random.getrandbits(64),
                               "object": "realtime.session" if session.get("type", "realtime") == "realtime"

@@ -152,3 +152,11 @@ def test_roundtrip_with_the_lean_peer_answers_every_round(bench):
     assert r["error_codes"] == {} and r["violations"] == 0 and r["unanswered"] == 0
     assert r["responses"] == {"scenario:completed": 4, "client:completed": 4}
     assert r["frames_sent"] > 4 * 28            # the background transcript deltas went out too
+
+
+def test_capacity_idle_with_the_lean_peer_holds_every_call(bench):
+    data = _main(bench, "benchmarks.capacity", "idle", "--sim", "lean", "--steps", "--idle", "3",
+                 "--idle-peers", "ours", "--settle", "0.3")
+    (m,) = data["idle"]
+    assert m["calls_connected"] == 3 and m["handshakes_rejected"] == 0 and m["errors"] == {}
+    assert m["rss_joined_mib"] > 0

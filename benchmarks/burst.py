@@ -560,7 +560,7 @@ def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
         net = p.get("server_ms_per_round_net")
         parts.append(f"{p['server_ms_per_round_gross']} ms CPU per round gross"
                      + (f", {net} net of connects" if net is not None else ""))
-    if "sim_loop_lag_ms" in p:   # the lean peer's own scheduling delay (a 10 ms sleep's lateness)
+    if "sim_loop_lag_ms" in p:   # the lean peer's own scheduling delay (a 50 ms sleep's lateness)
         parts.append(f"sim loop lag {fmt(p['sim_loop_lag_ms'])}")
     if "sim_ms_per_connect" in p:
         parts.append(f"sim {p['sim_ms_per_connect']} ms CPU per connect")

@@ -944,7 +944,7 @@ async def _burst_run(args: argparse.Namespace) -> dict[str, Any]:
     return {"phases": reports, "coalesce_writes": args.coalesce, "sim": "lean"}
 
 
-async def _loop_lag(into: list[float], period_s: float = 0.01) -> None:
+async def _loop_lag(into: list[float], period_s: float = 0.05) -> None:
     """How late a ``period_s`` sleep wakes in this process (ms): the peer's own scheduling delay."""
     while True:
         t0 = trio.current_time()

@@ -231,10 +231,12 @@ class WakeAt:
 
 @dataclass(frozen=True, slots=True)
 class RecordLine:
-    """A line for the call record."""
+    """A line for the call record (``t``: when it happened, seconds since
+    the start, for a line written later; None: when it is added)."""
 
     kind: str
     fields: dict[str, Any]
+    t: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,9 +423,9 @@ class CallProtocol:
         """The record lines written at the end: every ``response.create`` and
         the ``tool_call`` line of each call not settled yet."""
         lines = [RecordLine("response_create", {
-            "t": create.t, "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
+            "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
             "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
-        }) for create in self.creates.values()]
+        }, t=create.t) for create in self.creates.values()]
         for call in self.calls.values():
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))

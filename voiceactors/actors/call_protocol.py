@@ -583,8 +583,9 @@ class CallProtocol:
         call.prefetching = True
         call.started_t = self._now
         self._prefetching.add(call.tool_call_id)
-        self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
+        # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
         self._log("debug", "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
 
     def _on_response_done(self, response: Any) -> None:
         rid = response.id or f"resp_unknown_{self.seq}"
@@ -737,10 +738,10 @@ class CallProtocol:
             call.started_t = self._now
             self._running.add(call.tool_call_id)
         self._record_started(call)
+        self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                  turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
         self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
                              prefetched=prefetched))
-        self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
-                  turn=call.turn)
         self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
                                             "epoch": call.epoch}))
         if prefetched and call.held is not None:

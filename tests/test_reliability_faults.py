@@ -463,10 +463,12 @@ async def test_brain_crash_garbage_and_hang_keep_the_previous_instruction(tmp_pa
                 if mode == "hang":
                     while runs_so_far() == before:    # the CLI is running (and will never answer)
                         await trio.sleep(0.01)
-                    autojump_clock.jump(timeout_s - 1)               # just short of the brain's deadline
+                    # the brain's run began between `started` and now, its deadline brain_timeout_s later
+                    seen = trio.current_time()
+                    autojump_clock.jump(max(0.0, started + timeout_s - 0.5 - seen))   # short of it
                     await trio.testing.wait_all_tasks_blocked(cushion=0.05)
                     assert answers == [], "the CLI was given up on before brain_timeout_s"
-                    autojump_clock.jump(2)                           # past it
+                    autojump_clock.jump(seen + timeout_s + 0.5 - trio.current_time())  # past it
             elapsed = trio.current_time() - started
             (response,) = answers
             assert response.status_code == 500, mode

@@ -1,21 +1,56 @@
 """A throwaway redis-server per test: Debian's ``redis-server`` on a unix
 socket in the test's temporary folder, no persistence (``--save ''
 --appendonly no``), no TCP port (``--port 0``). Tests that need it skip with a
-reason when ``redis-server`` is not installed (``.ci/run`` installs it)."""
+reason when ``redis-server`` is not installed (``.ci/run`` installs it).
+
+The child dies with the process that started it, also when that process is
+killed outright and no teardown runs (Linux: ``PR_SET_PDEATHSIG``, SIGKILL;
+``tests/test_redis_support.py``)."""
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 REDIS_SERVER = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(REDIS_SERVER is None,
                                  reason="redis-server is not installed (apt-get install -y redis-server)")
+
+
+PR_SET_PDEATHSIG = 1      # <linux/prctl.h>
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when its parent
+    dies (None off Linux). The kernel's "parent" is the *thread* that forks:
+    ``RedisServer.start`` forks from the main thread only, and ``Popen`` runs
+    in this thread (``trio.lowlevel.open_process`` forks in a worker thread,
+    which trio retires when idle, so its children cannot use this). libc and
+    the parent's pid are looked up before the fork; the child only calls
+    ``prctl``, then checks that the parent did not die before it asked."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(127)                      # no redis-server that could outlive its test
+        if os.getppid() != parent:             # the parent died between the fork and prctl
+            os._exit(0)
+
+    return preexec
 
 
 class RedisServer:
@@ -31,11 +66,13 @@ class RedisServer:
 
     def start(self) -> None:
         assert REDIS_SERVER is not None
+        assert threading.current_thread() is threading.main_thread(), \
+            "start redis-server from the main thread: it dies with the thread that forks it"
         self.socket.unlink(missing_ok=True)
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent())
         deadline = time.monotonic() + 10
         while not self._pong():
             assert self.proc.poll() is None, "redis-server exited at start"

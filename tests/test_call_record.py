@@ -147,3 +147,28 @@ async def test_each_line_is_its_json_text_unescaped_one_per_line(tmp_path, autoj
     assert [json.loads(line) for line in raw.splitlines()] == read_record(record.path)
     assert raw.splitlines()[1:] == [json.dumps(line, ensure_ascii=False, default=str) for line in record.lines[1:]]
     assert 'Grüße,\\nça va? 日本' in raw and str(tmp_path / "x") in raw
+
+
+async def test_a_line_s_own_kind_and_time_cannot_be_overridden_by_its_fields(tmp_path, autojump_clock):
+    """``kind`` and ``t`` are the record's to set: fields naming them are a
+    bug of the caller and refused, the line not added; a line that records
+    a moment already past says so with ``t=`` (seconds since the start)."""
+    record = CallRecord("rtc_fields", tmp_path)
+    await trio.sleep(2.0)
+    for fields in ({"kind": "end", "reason": "x"}, {"t": 0.5}):
+        try:
+            record.add_fields("tool_call", fields)
+        except ValueError as refused:
+            assert "tool_call" in str(refused) and next(iter(fields)) in str(refused)
+        else:
+            raise AssertionError(f"{fields} was accepted")
+    try:
+        record.add("transcript", t=0.5, text="hi")
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("add() let t through")
+    assert [line["kind"] for line in record.lines] == ["start"]
+    record.add_fields("response_create", {"event_id": "evt_1"}, t=0.5)
+    record.add("usage", response_id="resp_1")
+    assert [(line["kind"], line["t"]) for line in record.lines[1:]] == [("response_create", 0.5), ("usage", 2.0)]

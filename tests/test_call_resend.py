@@ -97,6 +97,10 @@ async def test_applied_but_unconfirmed_output_is_rejected_on_resend_not_looped(t
     assert sc.error_codes == [DUPLICATE] and sc.errors_sent[0]["error"]["event_id"] == again["event_id"]
     assert sc.response_creates == 1 and sc.violations == []
     assert [(x.origin, x.status) for x in sc.responses] == [("scenario", "completed"), ("client", "completed")]
+    # written at the end, each response_create line (one lost to the drop) keeps the time it was sent
+    (end,) = [line for line in record if line["kind"] == "end"]
+    lost, sent = _creates(record)
+    assert 0 < lost["t"] < sent["t"] < end["t"] - 29
     call = actor.calls["call_A"]
     assert (call.state, call.sends) == ("rejected", 2)
     (line,) = [x for x in record if x["kind"] == "tool_call"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from calls_support import DAY, KEY, real_time_limit, rig
 from voiceactors.actors import write_log
@@ -418,10 +420,30 @@ def claude_settings(journal: Path, tmp_path: Path, sim: Simulator, **changes: An
                     openai_base_url=sim.base_url, claude_command=str(FAKE_CLAUDE)).replace(**changes)
 
 
-async def test_brain_crash_garbage_and_hang_keep_the_previous_instruction(tmp_path, sim, monkeypatch):
+async def test_brain_crash_garbage_and_hang_keep_the_previous_instruction(tmp_path, sim, monkeypatch,
+                                                                         autojump_clock):
+    """Each failure of the CLI answers 500 and keeps the instruction.
+
+    The clock: trio's runs at real speed and never jumps by itself
+    (``rate`` 1, no autojump), with a brain deadline far beyond any
+    machine's slowness (a 0.5 s one on real time failed the good run on a
+    loaded machine). In ``hang`` mode, once the fake CLI is seen running
+    (its ``FAKE_CLAUDE_LOG`` line), the test moves the clock to just short
+    of the deadline (still waiting), then past it: the hung CLI is killed
+    (SIGTERM) and the refresh answers 500."""
+    timeout_s = 20.0
+    autojump_clock.rate = 1.0
+    autojump_clock.autojump_threshold = math.inf
+    runs = tmp_path / "claude-runs.jsonl"
+    monkeypatch.setenv("FAKE_CLAUDE_LOG", str(runs))
     journal = write_sample_journal(tmp_path / "journal", days=2, today=DAY)
-    app = create_app(claude_settings(journal, tmp_path, sim, brain_timeout_s=0.5))
+    app = create_app(claude_settings(journal, tmp_path, sim, brain_timeout_s=timeout_s,
+                                     brain_refresh_wait_s=3 * timeout_s))   # the route waits out the kill
     monkeypatch.setenv("FAKE_CLAUDE_MODE", "normal")
+
+    def runs_so_far() -> int:
+        return len(runs.read_text().splitlines()) if runs.exists() else 0
+
     async with app.test_app() as test_app:
         client = test_app.test_client()
         response = await client.post("/api/voice/refresh-brain")
@@ -430,11 +452,32 @@ async def test_brain_crash_garbage_and_hang_keep_the_previous_instruction(tmp_pa
         assert preview.startswith("You are sol.")
         for mode in ("crash", "garbage", "is_error", "nowrap", "hang"):
             monkeypatch.setenv("FAKE_CLAUDE_MODE", mode)
-            started = time.monotonic()
-            response = await client.post("/api/voice/refresh-brain")
+            before = runs_so_far()
+            answers: list[Any] = []
+            started = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                async def refresh() -> None:
+                    answers.append(await client.post("/api/voice/refresh-brain"))
+
+                nursery.start_soon(refresh)
+                if mode == "hang":
+                    while runs_so_far() == before:    # the CLI is running (and will never answer)
+                        await trio.sleep(0.01)
+                    # the brain's run began between `started` and now, its deadline brain_timeout_s later
+                    seen = trio.current_time()
+                    autojump_clock.jump(max(0.0, started + timeout_s - 0.5 - seen))   # short of it
+                    await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+                    assert answers == [], "the CLI was given up on before brain_timeout_s"
+                    autojump_clock.jump(seen + timeout_s + 0.5 - trio.current_time())  # past it
+            elapsed = trio.current_time() - started
+            (response,) = answers
             assert response.status_code == 500, mode
             assert await error_of(response) == "brain refresh failed"
-            assert time.monotonic() - started < 5, mode       # a hung CLI is killed at brain_timeout_s
+            assert runs_so_far() > before, mode           # the CLI ran (a failed --resume runs it again)
+            if mode == "hang":       # killed at the deadline (a 202 had the route given up first)
+                assert elapsed > timeout_s, elapsed
+            else:                                              # it failed by itself
+                assert elapsed < timeout_s, (mode, elapsed)
             status = await (await client.get("/api/voice/status")).get_json()
             assert status["brain_ready"] is True, mode           # the previous instruction is kept
         # the voice goes on with the previous instruction

@@ -109,6 +109,17 @@ def _redis_url_problem(value: Any) -> str | None:
     return None
 
 
+def _trusted_proxies_problem(value: Any) -> str | None:
+    """Each entry an address or CIDR network (http/forwarded.py reads them; names are not resolved)."""
+    found = []
+    for entry in value:
+        try:
+            ipaddress.ip_network(str(entry).strip(), strict=False)
+        except ValueError:
+            found.append(f"{entry!r} is not an IP address or CIDR network")
+    return "; ".join(found) or None
+
+
 def _price_table_problem(value: Any) -> str | None:
     from voiceactors.usage import price_table_problem
     return price_table_problem(value)
@@ -334,6 +345,13 @@ class Settings:
     rate_limit_clients: int = setting(
         4096, HTTP, "client buckets kept (least recently used dropped first)", env="VOICEACTORS_RATE_LIMIT_CLIENTS",
         unit="clients", positive=True)
+    trusted_proxies: tuple[str, ...] = setting(
+        (), HTTP, "reverse proxies (IP addresses or CIDR networks) whose `X-Forwarded-For` and "
+        "`X-Forwarded-Proto` are believed: a request from one is rate-limited by its client (the rightmost "
+        "forwarded hop that is not a trusted proxy) and its console cookie is `Secure` when the forwarded "
+        "scheme is https. From any other peer the headers are ignored. The environment variable is "
+        "comma-separated; a malformed entry makes `serve` exit 2 (docs/operations.md, Behind a reverse proxy)",
+        env="VOICEACTORS_TRUSTED_PROXIES", doc_default="none", check=_trusted_proxies_problem)
     keep_alive_timeout_s: float = setting(
         5.0, HTTP, "an idle keep-alive connection (or one that never finished its request head) is closed after "
         "this long", env="VOICEACTORS_KEEP_ALIVE_TIMEOUT", unit="s", positive=True)

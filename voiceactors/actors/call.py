@@ -287,7 +287,7 @@ class CallActor:
     def _do_record(self, effect: RecordLine) -> None:
         # ``record_line`` without unpacking the fields twice (nine lines a round)
         if self.record is not None:
-            self.record.add_fields(effect.kind, effect.fields)
+            self.record.add_fields(effect.kind, effect.fields, t=effect.t)
         if self._on_record is not None:
             self._on_record(self.call_id, {"kind": effect.kind, **effect.fields})
 
@@ -870,7 +870,7 @@ class CallActor:
         if record is None:
             return
         for line in self.protocol.closing_lines():
-            record.add(line.kind, **line.fields)
+            record.add_fields(line.kind, line.fields, t=line.t)
         record.add("end", reason=reason, duration_s=round(trio.current_time() - self.started, 3),
                    epoch=self.epoch, reconnects=self.reconnects, tool_calls=len(self.calls),
                    responses=len(self.batches), close_code=self._close_code,

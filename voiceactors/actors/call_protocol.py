@@ -231,10 +231,12 @@ class WakeAt:
 
 @dataclass(frozen=True, slots=True)
 class RecordLine:
-    """A line for the call record."""
+    """A line for the call record (``t``: when it happened, seconds since
+    the start, for a line written later; None: when it is added)."""
 
     kind: str
     fields: dict[str, Any]
+    t: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,9 +423,9 @@ class CallProtocol:
         """The record lines written at the end: every ``response.create`` and
         the ``tool_call`` line of each call not settled yet."""
         lines = [RecordLine("response_create", {
-            "t": create.t, "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
+            "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
             "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
-        }) for create in self.creates.values()]
+        }, t=create.t) for create in self.creates.values()]
         for call in self.calls.values():
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
@@ -581,8 +583,9 @@ class CallProtocol:
         call.prefetching = True
         call.started_t = self._now
         self._prefetching.add(call.tool_call_id)
-        self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
+        # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
         self._log("debug", "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
 
     def _on_response_done(self, response: Any) -> None:
         rid = response.id or f"resp_unknown_{self.seq}"
@@ -735,10 +738,10 @@ class CallProtocol:
             call.started_t = self._now
             self._running.add(call.tool_call_id)
         self._record_started(call)
+        self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                  turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
         self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
                              prefetched=prefetched))
-        self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
-                  turn=call.turn)
         self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
                                             "epoch": call.epoch}))
         if prefetched and call.held is not None:

@@ -535,9 +535,17 @@ class CallRecord:
     def add(self, kind: str, **fields: Any) -> None:
         self.add_fields(kind, fields)
 
-    def add_fields(self, kind: str, fields: dict[str, Any]) -> None:
-        """``add`` with the fields as a dict (copied into the line)."""
-        self.lines.append({"kind": kind, "t": round(trio.current_time() - self.started, 3), **fields})
+    def add_fields(self, kind: str, fields: dict[str, Any], *, t: float | None = None) -> None:
+        """``add`` with the fields as a dict (copied into the line). The line's
+        ``kind`` and ``t`` are the record's: a field naming either is a
+        caller's bug (ValueError, nothing added; it used to replace them
+        silently). ``t``: a moment already past, in seconds since the start
+        (a line written at the end about something earlier); None: now."""
+        if "kind" in fields or "t" in fields:
+            raise ValueError(f"a {kind!r} record line's fields may not set "
+                             f"{', '.join(name for name in ('kind', 't') if name in fields)}")
+        at = round(trio.current_time() - self.started, 3) if t is None else t
+        self.lines.append({"kind": kind, "t": at, **fields})
         if self._open:
             self._writer.want(self, urgent=kind in URGENT_KINDS)
 

@@ -29,6 +29,7 @@ from voiceactors.http import auth, errors, hosts, ratelimit
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
+from voiceactors.http.forwarded import ForwardedScope, TrustedProxies
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
 from voiceactors.http.mcp import MCP_PATH, McpEndpoint
@@ -118,12 +119,15 @@ class VoiceApp(QuartTrio):
     asgi_http_class = ClosingHTTPConnection
     requests_in_flight = 0
     max_requests_in_flight = 0          # 0: no cap (set from the settings)
+    trusted_proxies = TrustedProxies(())   # whose forwarded headers are believed (set from the settings)
 
     def accept_refusal(self) -> RateLimitRefusal | None:
         """What ``serving.serve`` asks at accept: the early 429 from a
         connection's first read (None when the rate limits are off)."""
         limiter = self.extensions.get("voiceactors_rate_limiter")
-        return RateLimitRefusal(self, limiter) if limiter is not None and limiter.enabled else None
+        if limiter is None or not limiter.enabled:
+            return None
+        return RateLimitRefusal(self, limiter, self.trusted_proxies)
 
 
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
@@ -166,6 +170,9 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     app.register_blueprint(console_bp)
     mcp = McpEndpoint(settings, lambda: voice.runtime.tools if voice.runtime is not None else None)
     app.asgi_app = PathSwitch(app, app.asgi_app, MCP_PATH, mcp)  # type: ignore[method-assign]
+    app.trusted_proxies = TrustedProxies(settings.trusted_proxies)
+    if app.trusted_proxies:               # outermost: everything after it sees the forwarded client
+        app.asgi_app = ForwardedScope(app.asgi_app, app.trusted_proxies)  # type: ignore[method-assign]
     _install_lifespan(app, voice, mcp)
     return app
 

@@ -49,6 +49,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 
 from voiceactors import metrics
 from voiceactors.http.errors import BUSY, RATE_LIMITED
+from voiceactors.http.forwarded import TrustedProxies
 from voiceactors.http.ratelimit import RATE_LIMITED_POSTS, bucket_key, retry_after
 from voiceactors.logs import get_logger
 
@@ -162,19 +163,24 @@ class RateLimitRefusal:
     the ASGI layer would send (same body and headers, plus ``date``),
     counted in the same ``http.rate_limited`` summary and metric. Anything
     else is None, and the request takes the usual way (where the ASGI layer's
-    early 429 and the app's own limit still apply)."""
+    early 429 and the app's own limit still apply). A connection from a
+    trusted proxy is never watched: its peer is not its client
+    (``forwarded.py``; the ASGI layer reads the forwarded one)."""
 
-    def __init__(self, app: Any, limiter: Any) -> None:
+    def __init__(self, app: Any, limiter: Any, proxies: TrustedProxies) -> None:
         self._app = app
         self._limiter = limiter
+        self._proxies = proxies
 
     def watching(self, address: str) -> bool:
+        if self._proxies and self._proxies.trusts(address):
+            return False
         limiter = self._limiter
         return any(limiter.wait_for((path, address)) > 0 for path in RATE_LIMITED_POSTS)
 
     def answer(self, address: str, data: bytes) -> bytes | None:
         request = whole_request(data)
-        if request is None:
+        if request is None or (self._proxies and self._proxies.trusts(address)):
             return None
         method, path = request
         key = bucket_key({"method": method, "path": path, "client": (address, 0)})

@@ -60,6 +60,7 @@ from voiceactors.config import ConfigUnreadable
 from voiceactors.config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
+from voiceactors.realtime import tls as client_tls
 from voiceactors.realtime import ws_frames
 from voiceactors.realtime.sideband import (
     CallGone, ConnectionClosed, SidebandBroken, SidebandRefused, SidebandUnavailable, close_code,
@@ -815,7 +816,9 @@ class CallActor:
 
     async def _hangup(self) -> None:
         """POST the Realtime hangup for this call (best effort). Plain httpx:
-        the SDK client hops to a worker thread on its first request."""
+        the SDK client hops to a worker thread on its first request; with the
+        process's one TLS context (``tls.REST``): a client makes its own
+        otherwise, ~45 ms of CPU on the trio thread at every hangup."""
         try:
             key = await self._key()
         except ConfigUnreadable as exc:
@@ -825,7 +828,8 @@ class CallActor:
             return
         url = f"{self.settings.openai_base_url.rstrip('/')}/realtime/calls/{quote(self.call_id, safe='')}/hangup"
         try:
-            async with httpx.AsyncClient(timeout=self.settings.connect_timeout_s) as client:
+            verify = client_tls.REST.now()
+            async with httpx.AsyncClient(timeout=self.settings.connect_timeout_s, verify=verify) as client:
                 response = await client.post(url, headers={"Authorization": f"Bearer {key}"})
             self.log.info("call.hangup", status=response.status_code)
         except httpx.HTTPError as exc:

@@ -624,8 +624,11 @@ class CallActor:
 
     async def _reader(self, ws: Any) -> None:
         """Read until the socket closes: every frame of one socket read is
-        handed to the protocol in one step (``ws_frames.get_messages``), then
-        what that step sends is written (``_write_step``). Cancelled by
+        handed to the protocol in turn (``ws_frames.get_messages``), and what
+        a frame's step sends is written (``_write_step``) before the next
+        frame is handled: an output does not wait for the ``response.done``
+        behind it. Its write is shielded, so a cancellation still reaches the
+        reader only between reads. Cancelled by
         ``_serve`` when the connection ends (between reads: the frames of a
         read are handled in full before the next is awaited). With ``record_events``
         every frame read is captured too (``event_capture.py``)."""
@@ -659,6 +662,10 @@ class CallActor:
                         self._apply(effects)
                     if self._conn_done.is_set():
                         break      # the call ends (a fatal error): not another frame
+                    if self._step:
+                        # an output (or a create) leaves before the frames behind it in this read are
+                        # handled: its bytes go before the first schedule point (``_write_step``)
+                        await self._write_step()
                 if self._step:
                     await self._write_step()
         except ConnectionClosed as exc:

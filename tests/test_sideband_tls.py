@@ -130,3 +130,35 @@ async def test_hangups_share_one_tls_context(tmp_path: Any, autojump_clock: Any,
             assert actor.end_reason == "idle_timeout"
     assert r.sim.hangups == ["rtc_idle_a", "rtc_idle_b"]
     assert len(contexts_made) == 1 and contexts_made[0] is client_tls.REST.made
+
+
+async def test_a_supervisor_that_hangs_up_makes_the_hangups_context_in_a_worker_thread(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not at the first hangup on the trio thread (a 20–45 ms stall of every call)."""
+    import math
+    import threading
+
+    import httpx
+
+    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.settings import Settings
+
+    made_on: list[threading.Thread] = []
+    original = httpx.create_ssl_context
+
+    def noting(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made_on.append(threading.current_thread())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(httpx, "create_ssl_context", noting)
+    monkeypatch.setattr(client_tls.REST, "made", None)
+    settings = Settings(journal=tmp_path / "journal", state_dir=tmp_path / "state", rejoin_max_calls=0,
+                        call_idle_timeout_s=math.inf)
+    executor_inbox, _receive = trio.open_memory_channel[Any](1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(CallSupervisor(settings, executor_inbox, api_key="sk-test", hangup=False).run)
+        assert made_on == [] and client_tls.REST.made is None        # no hangups: nothing made
+        await nursery.start(CallSupervisor(settings, executor_inbox, api_key="sk-test").run)
+        assert len(made_on) == 1 and made_on[0] is not threading.main_thread()
+        assert client_tls.REST.made is not None
+        nursery.cancel_scope.cancel()

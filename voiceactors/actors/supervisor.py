@@ -63,6 +63,7 @@ from voiceactors.cluster.registry import CallRegistry, Lease, LocalRegistry, Reg
 from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
+from voiceactors.realtime import tls as client_tls
 from voiceactors.settings import Settings
 
 INBOX_SIZE = 256
@@ -98,6 +99,9 @@ class CallSupervisor:
         """Serve the inbox until cancelled (or the inbox is closed; then wait
         for the live calls to end)."""
         await storage.run_sync(self.daily.load)
+        if self._hangup:
+            # made here, in a worker thread, not at the first hangup on the trio thread (tls.py)
+            await client_tls.REST.get()
         try:
             async with self._calls_nursery() as nursery:
                 nursery.start_soon(self.daily.run_writer)

@@ -9,9 +9,11 @@ sideband and the call's hangup use these instead (docs/benchmarks.md § 24).
 Each is the library's own default, so what is trusted and verified
 (certificates, host names) does not change. The sideband's is made at the
 first ``wss`` connect in a worker thread (loading the store is blocking file
-work); the hangup's at the first hangup on the trio thread, as every hangup
-made its own before: a worker-thread wait there would be a wait inside the
-close's deadline. A CA store changed on disk is read by the next process.
+work); the hangup's when a supervisor that hangs up starts, in a worker
+thread (``REST.get``), and otherwise at the first hangup on the trio thread
+(``REST.now``), as every hangup made its own before: a worker-thread wait
+there would be a wait inside the close's deadline. A CA store changed on
+disk is read by the next process.
 """
 
 from __future__ import annotations

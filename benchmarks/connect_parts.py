@@ -17,7 +17,19 @@ caching):
 * ``session_update`` — building a linked-context call's ``session.update``
   (``CallContext``: compose the instruction, the event) and its JSON, with a
   brain instruction of ``--instruction-chars``;
-* ``manifest`` — the ``tools`` array of ``/session`` (not on the connect path).
+* ``manifest`` — the ``tools`` array of ``/session`` (not on the connect path);
+* ``tls_context_made`` — ``ssl.create_default_context()``, what trio-websocket
+  made for every ``wss`` sideband before ``realtime/tls.py``; ``tls_context_kept``
+  — ``tls.SIDEBAND.get()`` once it is made (what a connect pays now);
+* ``hangup_client`` / ``hangup_client_kept_tls`` — an ``httpx.AsyncClient``
+  made and closed with its own TLS context (each hangup before) and with
+  ``tls.REST``'s (now);
+* ``tcp_open_tcp_stream`` / ``tcp_direct`` — a loopback TCP connect through
+  ``trio.open_tcp_stream`` (trio-websocket's: a nursery and a task for happy
+  eyeballs, even for an IP literal) and through one socket's ``connect``,
+  the process's own listener accepting both (not cut: see § 24).
+
+The TLS parts run ``--n`` ÷ 100 iterations (each is tens of ms).
 
 Each is the best of ``--repeats`` runs of ``--n`` iterations, µs of process
 CPU per iteration (``time.process_time``).
@@ -42,15 +54,19 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import socket
+import ssl
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import httpx
 import trio
 
 from voiceactors import config, context, storage
+from voiceactors.realtime import tls
 from voiceactors.actors.call_context import CallContext, LinkedContext
 from voiceactors.actors.messages import ask
 from voiceactors.settings import Settings
@@ -125,8 +141,52 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
             }
             for name, fn in parts.items():
                 results[name] = await _best(fn, args.n, args.repeats)
+            slow: dict[str, Callable[[], Any]] = {
+                "tls_context_made": ssl.create_default_context,
+                "tls_context_kept": tls.SIDEBAND.get,
+                "hangup_client": _hangup_client(None),
+                "hangup_client_kept_tls": _hangup_client(tls.REST),
+            }
+            for name, fn in slow.items():
+                results[name] = await _best(fn, max(1, args.n // 100), args.repeats)
+            port = await nursery.start(_listener)
+            for name, fn in (("tcp_open_tcp_stream", _open_tcp_stream(port)), ("tcp_direct", _direct_tcp(port))):
+                results[name] = await _best(fn, max(1, args.n // 10), args.repeats)
             nursery.cancel_scope.cancel()
     return results
+
+
+def _hangup_client(kept: Any) -> Callable[[], Awaitable[None]]:
+    async def make() -> None:
+        verify = kept.now() if kept is not None else True
+        async with httpx.AsyncClient(timeout=5, verify=verify):
+            pass
+    return make
+
+
+async def _listener(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """A loopback listener that accepts and closes every connection."""
+    listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+    task_status.started(listener.socket.getsockname()[1])
+    async with listener:
+        while True:
+            stream = await listener.accept()
+            await stream.aclose()
+
+
+def _open_tcp_stream(port: int) -> Callable[[], Awaitable[None]]:
+    async def connect() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.aclose()
+    return connect
+
+
+def _direct_tcp(port: int) -> Callable[[], Awaitable[None]]:
+    async def connect() -> None:
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        await sock.connect(("127.0.0.1", port))
+        await trio.SocketStream(sock).aclose()
+    return connect
 
 
 def _all_tasks() -> int:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 import trio
 
 from voiceactors.actors.call_record import writer_retired
-from voiceactors.actors.messages import BrainMessage, BrainState, ExecutorMessage, SupervisorMessage
+from voiceactors.actors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
     from voiceactors.actors.mcp_hub import McpMessage
 from voiceactors.logs import get_logger
@@ -65,6 +65,9 @@ class Runtime:
     #: in the caller's step: the BrainActor's own ``state()``, which changes
     #: nothing (the connect route's read; no ask, no scheduler turn).
     brain_now: Callable[[], BrainState] | None = field(default=None, repr=False)
+    #: ``Connect`` answered in the caller's step (``CallSupervisor.connect_now``;
+    #: None from it: send ``Connect``), the connect route's.
+    connect_now: Callable[[str, Any], ConnectOutcome | None] | None = field(default=None, repr=False)
 
 
 async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
@@ -154,7 +157,7 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
         try:
             yield Runtime(settings=settings, brain=actors["brain"].inbox, tools=actors["tools"].inbox,
                           calls=actors["calls"].inbox, nursery=nursery, actors=actors, mcp=actors["mcp"].inbox,
-                          brain_now=actors["brain"].state)
+                          brain_now=actors["brain"].state, connect_now=actors["calls"].connect_now)
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)

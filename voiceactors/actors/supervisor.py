@@ -6,6 +6,8 @@ cannot delay another's Connect):
 
 * ``Connect(call_id)`` — a ``ConnectOutcome``: "connected" (a live call is
   found, not started twice) or "at_capacity" (``settings.max_calls`` live calls already);
+  the connect route asks it in its own step (``connect_now``: the same
+  answer, no ask);
 * ``CountCalls`` — the number of live calls;
 * ``Subscribe(call_id)`` — a receive channel of the call's feed events,
   None when the call is not live, or a ``SubscribeRefusal`` (a string) at a
@@ -43,6 +45,7 @@ cancelled); each closes within its own ``close_deadline_s``.
 
 from __future__ import annotations
 
+import contextvars
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable
 
@@ -60,6 +63,7 @@ from voiceactors.cluster.registry import CallRegistry, Lease, LocalRegistry, Reg
 from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
+from voiceactors.realtime import tls as client_tls
 from voiceactors.settings import Settings
 
 INBOX_SIZE = 256
@@ -88,11 +92,16 @@ class CallSupervisor:
         self.log = get_logger(actor="supervisor")
         self.registry: CallRegistry = registry if registry is not None else LocalRegistry()
         self._acquiring: dict[str, trio.Event] = {}   # shared registry: a lease being asked for
+        self._serving: trio.Nursery | None = None    # the calls' nursery while the inbox is served
+        self._context: contextvars.Context | None = None   # the supervisor task's, for connect_now
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until cancelled (or the inbox is closed; then wait
         for the live calls to end)."""
         await storage.run_sync(self.daily.load)
+        if self._hangup:
+            # made here, in a worker thread, not at the first hangup on the trio thread (tls.py)
+            await client_tls.REST.get()
         try:
             async with self._calls_nursery() as nursery:
                 nursery.start_soon(self.daily.run_writer)
@@ -101,9 +110,13 @@ class CallSupervisor:
                 if self.registry.shared:
                     nursery.start_soon(self._take_over_orphans, nursery)
                 task_status.started()
-                async with self._receive:
-                    async for message in drain(self._receive):
-                        self._handle(message, nursery)
+                self._serving, self._context = nursery, contextvars.copy_context()
+                try:
+                    async with self._receive:
+                        async for message in drain(self._receive):
+                            self._handle(message, nursery)
+                finally:
+                    self._serving = None
         finally:
             await self.daily.final_write()
 
@@ -124,6 +137,25 @@ class CallSupervisor:
             _reply(message.reply, self.daily.state())
         else:
             self.log.error("supervisor.unknown_message", kind=type(message).__name__)
+
+    def connect_now(self, call_id: str, context: Any = None) -> ConnectOutcome | None:
+        """``Connect`` answered in the caller's step (the connect route's):
+        the supervisor's own ``_connect``, which never awaits, run as its
+        task runs it for a message from the inbox, so nothing can come
+        between; no reply channel and no two scheduler turns per connect.
+        It may answer before messages already in the inbox: no answer here
+        depends on their order (a call id found live, or a free slot, is the
+        same before or after a ``Subscribe`` or a count, and two requests
+        racing for the last slot never had an order). None (send ``Connect``
+        instead) while the inbox is not served (not started yet, or
+        stopped) and with a shared registry (a lease to win: a task of its own)."""
+        nursery, own = self._serving, self._context
+        if nursery is None or own is None or self.registry.shared:
+            return None
+        # In the supervisor's context, not the caller's: a call's task copies
+        # the context it is started from, and the request's (its request_id,
+        # bound for the request's log lines) is not the call's.
+        return own.run(self._connect, call_id, nursery, context=context)
 
     async def _rejoin_crashed(self, nursery: trio.Nursery) -> None:
         """Start an actor for every call live at the previous server's death."""

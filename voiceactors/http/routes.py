@@ -254,12 +254,15 @@ async def connect() -> Any:
     call_context = LinkedContext(await _base_instruction(runtime), link, greeting)
     if credentials is not None:
         await mcp_credentials.open_call(runtime, call_id, credentials)
-    try:
-        answer = await _ask(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
-                            settings.connect_timeout_s + QUICK_ASK_S)
-    except trio.TooSlowError:
-        _log.error("http.connect_timed_out", call_id=call_id)
-        raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
+    # answered in this step when the supervisor can (``Runtime.connect_now``), else asked
+    answer = runtime.connect_now(call_id, call_context) if runtime.connect_now is not None else None
+    if answer is None:
+        try:
+            answer = await _ask(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
+                                settings.connect_timeout_s + QUICK_ASK_S)
+        except trio.TooSlowError:
+            _log.error("http.connect_timed_out", call_id=call_id)
+            raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     if answer == ConnectOutcome.AT_CAPACITY:
         raise ApiError(503, E.AT_CAPACITY)
     if answer == ConnectOutcome.REGISTRY_DOWN:

@@ -13,6 +13,10 @@ breaks the handshake protocol, e.g. a wrong ``Sec-WebSocket-Accept``: maybe
 retry with backoff). An open connection that fails with a protocol error
 (an oversized or malformed frame) raises ``SidebandBroken``: a drop the
 caller counts as a failure.
+
+A ``wss`` sideband verifies the service's certificate with the process's one
+client TLS context (``tls.SIDEBAND``, trio-websocket's own default made once:
+not again for every connect).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from trio_websocket import (
     HandshakeError,
     WebSocketConnection,
 )
+
+from voiceactors.realtime import tls as client_tls
 
 __all__ = [
     "SidebandError",
@@ -145,8 +151,10 @@ async def open_sideband(
     scope = trio.CancelScope(deadline=trio.current_time() + connect_timeout)
     try:
         with scope:
+            tls = await client_tls.SIDEBAND.get() if url.startswith("wss:") else None
             async with trio_websocket.open_websocket_url(
                 url,
+                tls,
                 extra_headers=headers,
                 connect_timeout=connect_timeout + 1,
                 disconnect_timeout=disconnect_timeout,

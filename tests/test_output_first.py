@@ -1,0 +1,60 @@
+"""An output leaves before the frames behind it in the same socket read are handled.
+
+The simulator writes a whole turn at once (coalesced writes), so the
+tool's ``response.output_item.done`` and the ``response.done`` behind it
+reach our reader in one read. With the answer already there (a fresh
+reusable read, answered in the call's step at
+``function_call_arguments.done``), the output is ready at the item's done:
+its bytes go to the socket in that frame's step, not after the rest of the
+read (the ``response.done``'s usage, record line and feed event) has been
+handled. Observed at the socket: trio's ``SocketStream.send_all`` (the
+library's) wrapped to note, at each of the call's sends, whether the
+protocol had seen the ``response.done`` yet (its batch's status).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from calls_support import assert_clean_protocol, rig, steady
+
+SCENARIO = steady([
+    {"user_turn": {"text": "brief me"}},
+    {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+    {"wait_outputs": {}},
+    {"response": {"text": "Here it is."}},
+    {"sleep": 0.5},
+    {"close": 1000},
+])
+
+
+async def test_an_in_step_output_leaves_before_its_response_done_is_handled(tmp_path: Any, autojump_clock: Any,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, Any]] = []    # (call state, its batch's status) at each of the call's socket writes
+    watched: dict[str, Any] = {}
+    original = trio.SocketStream.send_all
+
+    async def noting(self: trio.SocketStream, data: Any) -> None:
+        actor = watched.get("actor")
+        if actor is not None and actor._ws is not None and self is actor._ws._stream:
+            for call in actor.calls.values():
+                if call.state == "queued":     # its output is the frame being written
+                    seen.append((call.tool_call_id, actor.batches[call.response_id].status))
+        await original(self, data)
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", noting)
+    async with rig(tmp_path, tool_reuse_s=1e6) as r:
+        await r.run_call("rtc_warm", SCENARIO)      # runs the read: its answer is kept
+        actor = watched["actor"] = r.actor("rtc_step")
+        r.sim.add_call("rtc_step", SCENARIO)
+        await actor.run()
+        sc = r.sim.calls["rtc_step"]
+    assert actor.answered_in_step == 1
+    assert_clean_protocol(sc, creates=1)
+    (tool_call_id,) = sc.tool_calls
+    # written while its response was still open to the protocol (status None:
+    # the response.done behind it in the same read not handled yet)
+    assert seen == [(tool_call_id, None)]

@@ -138,11 +138,7 @@ class SharedFeed:
                 await trio.sleep(RETRY_MIN_S)
 
     async def _request(self, request: Any, timeout_s: float = OP_TIMEOUT_S) -> Any:
-        try:
-            with trio.fail_after(timeout_s):
-                return await rc.guarded(request)
-        except trio.TooSlowError:
-            raise RegistryDown("TooSlowError") from None
+        return await rc.bounded(request, timeout_s)
 
     # --- the holder's side -------------------------------------------------------
 

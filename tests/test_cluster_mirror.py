@@ -1,6 +1,6 @@
 """The mirror of a held call's unsettled tool calls (``pending:<call_id>``)
 costs Redis requests per pass, not per line: the writer's passes are spaced
-(``MIRROR_PASS_INTERVAL_S``), and a tool call started and settled within
+(``MIRROR_PASS_INTERVAL_S``, 50 ms), and a tool call started and settled within
 one pass is never written at all (a real redis-server counts the commands).
 """
 

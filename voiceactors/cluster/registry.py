@@ -48,7 +48,7 @@ __all__ = ["CallRegistry", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegist
 
 WRITE_RECORD_TTL_S = 7 * 24 * 3600     # a tool call id is never retried a week later
 OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for short leases)
-MIRROR_PASS_INTERVAL_S = 0.01          # the mirror's passes at most this often (a takeover's view lags by that)
+MIRROR_PASS_INTERVAL_S = 0.05          # the mirror's passes at most this often (a takeover's view lags by that)
 
 _log = get_logger(actor="registry")
 

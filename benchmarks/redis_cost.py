@@ -98,8 +98,9 @@ class _Measure:
         if self._socket is None:        # --workers: its private redis-server's socket
             for p in procs:
                 if roles[p.pid] == "redis":
-                    cmd = p.cmdline()
-                    self._socket = cmd[cmd.index("--unixsocket") + 1] if "--unixsocket" in cmd else None
+                    text = " ".join(p.cmdline())     # redis-server retitles itself "redis-server unixsocket:PATH"
+                    found = text.split("unixsocket:", 1)[1].split()[0] if "unixsocket:" in text else None
+                    self._socket = found
         stats0 = _commandstats(self._socket)
         t0 = time.perf_counter()
         time.sleep(window)

@@ -166,10 +166,10 @@ class SharedFeed:
             await self._wake.wait()
             # the first event after a quiet spell goes at once; under load the
             # passes are spaced, so each carries more calls' events: a request
-            # costs 0.25-0.8 ms of our CPU however few it carries (the client's
+            # costs 0.25-0.7 ms of our CPU however few it carries (the client's
             # connection tasks wake for each), a few us per event more
             # (docs/benchmarks.md § 16, § 23), so at most 20 passes a second
-            # bound the writer's requests to about 1 % of a core
+            # bound the writer's requests to 1-2 % of a core
             if len(self._waiting) < BATCH_ENTRIES:      # a backlog goes as fast as Redis takes it
                 await trio.sleep_until(last_pass + PASS_INTERVAL_S)
             self._wake = trio.Event()

@@ -118,7 +118,7 @@ class BrainFlight:
     def __init__(self, url: str, lock_ttl_s: float) -> None:
         self.lock_ttl_s = lock_ttl_s
         self._redis = rc.client(url)
-        self._reachable: bool | None = None
+        self._reach = rc.Reachability()
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold the client's connection pool while the brain runs."""
@@ -128,20 +128,17 @@ class BrainFlight:
 
     async def _request(self, request: Awaitable[Any]) -> Any:
         try:
-            with trio.fail_after(OP_TIMEOUT_S):
-                answer = await rc.guarded(request)
-        except (RegistryDown, trio.TooSlowError) as exc:
-            if self._reachable is not False:
-                _log.warning("brain.cluster_unreachable", error=type(exc).__name__)
-            self._reachable = False
-            raise RegistryDown(type(exc).__name__) from None
-        if self._reachable is False:
+            answer = await rc.bounded(request, OP_TIMEOUT_S)
+        except RegistryDown as exc:
+            if self._reach.failed():
+                _log.warning("brain.cluster_unreachable", error=exc.error_name)
+            raise RegistryDown(exc.error_name, timed_out=exc.timed_out) from None
+        if self._reach.answered():
             _log.info("brain.cluster_reachable")
-        self._reachable = True
         return answer
 
     async def _script(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._request(self._redis.eval(script, keys=keys, args=[str(a) for a in args]))
+        return await self._request(rc.eval_script(self._redis, script, keys, args))
 
     async def current(self) -> Shared | None:
         """The cluster's instruction, or None when none was stored (or it is

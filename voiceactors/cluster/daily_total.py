@@ -96,7 +96,7 @@ class DailyTotal:
         self._day = ""
         self._mine_micros = 0           # this source's field as Redis last had it, for ``_day``
         self._others_micros = 0         # the other fields' sum, the most seen for ``_day``
-        self.reachable: bool | None = None
+        self._reach = rc.Reachability()
         self.syncs = 0
         usage.cluster = self
 
@@ -128,20 +128,23 @@ class DailyTotal:
         if not self.usage.loaded:
             return
         day, own_usd = self.usage.own()
+        request = rc.eval_script(redis or self._redis, rc.USAGE_SYNC, [rc.usage_key(day)],
+                                 [self.source, round(own_usd * MICROS), rc.USAGE_TTL_S])
         try:
-            with trio.fail_after(OP_TIMEOUT_S):
-                mine, others = await rc.run_script(redis or self._redis, rc.USAGE_SYNC, [rc.usage_key(day)],
-                                                   [self.source, round(own_usd * MICROS), rc.USAGE_TTL_S])
-        except (RegistryDown, trio.TooSlowError) as exc:
-            if self.reachable is not False:
-                _log.warning("daily_total.unreachable", error=str(exc) or type(exc).__name__,
+            mine, others = await rc.bounded(request, OP_TIMEOUT_S)
+        except RegistryDown as exc:
+            if self._reach.failed():
+                _log.warning("daily_total.unreachable", error=str(exc) or exc.error_name,
                              own_cost_usd=round(own_usd, 6), others_cost_usd=self._others_usd(day))
-            self.reachable = False
             return
-        if self.reachable is False:
+        if self._reach.answered():
             _log.info("daily_total.reachable")
-        self.reachable = True
         self._take(day, int(mine), int(others))
+
+    @property
+    def reachable(self) -> bool | None:
+        """Whether Redis answered the last sync (None: none sent yet)."""
+        return self._reach.reachable
 
     def _take(self, day: str, mine: int, others: int) -> None:
         if day != self._day:

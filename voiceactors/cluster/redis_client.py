@@ -33,8 +33,9 @@ Keys (``PREFIX`` first):
   ``usage/source_id``), set only upward (``USAGE_SYNC``); expires after
   ``USAGE_TTL_S`` (``cluster/daily_total.py``).
 
-All blocking time is bounded by the caller (``trio.fail_after``); the client's
-own errors surface as ``RegistryDown``.
+Every request is bounded (``bounded``: its timeout and the client's own
+errors surface as ``RegistryDown``); ``Reachability`` tells its user when a
+failure or an answer is a change worth one log line.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import Any, Awaitable, TypeVar
 import anyio
 import coredis
 import coredis.exceptions
+import trio
 
 PREFIX = "voiceactors:"
 FENCE_KEY = PREFIX + "fence"
@@ -80,7 +82,40 @@ def write_key(tool_call_id: str) -> str:
 
 
 class RegistryDown(Exception):
-    """Redis did not answer in time (down, unreachable, refused)."""
+    """Redis did not answer in time (down, unreachable, refused). The
+    message names the client's error, or ``TooSlowError`` for a timeout."""
+
+    def __init__(self, message: str = "", *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+    @property
+    def error_name(self) -> str:
+        """What the logs' ``error`` field says: ``TooSlowError`` for a
+        timeout, else ``RegistryDown``."""
+        return "TooSlowError" if self.timed_out else "RegistryDown"
+
+
+class Reachability:
+    """Whether Redis answered its user's last request, so the user logs one
+    line per change (not one per request)."""
+
+    __slots__ = ("reachable",)
+
+    def __init__(self) -> None:
+        self.reachable: bool | None = None     # None: nothing asked yet
+
+    def failed(self) -> bool:
+        """A request failed: True when Redis was not known down (log it)."""
+        changed = self.reachable is not False
+        self.reachable = False
+        return changed
+
+    def answered(self) -> bool:
+        """A request was answered: True when Redis was down until now (log it)."""
+        back = self.reachable is False
+        self.reachable = True
+        return back
 
 
 #: KEYS: lease, fence, calls. ARGV: node, ttl_ms, call_id.
@@ -298,5 +333,20 @@ async def guarded(request: Awaitable[T]) -> T:
         raise RegistryDown(type(matched.exceptions[0]).__name__) from group
 
 
+async def bounded(request: Awaitable[T], timeout_s: float) -> T:
+    """One request, at most ``timeout_s``: its failure or its timeout
+    (``timed_out``, message ``TooSlowError``) is ``RegistryDown``."""
+    try:
+        with trio.fail_after(timeout_s):
+            return await guarded(request)
+    except trio.TooSlowError:
+        raise RegistryDown("TooSlowError", timed_out=True) from None
+
+
+def eval_script(redis: Any, script: str, keys: list[str], args: list[Any]) -> Awaitable[Any]:
+    """The request running ``script`` (every argument sent as text)."""
+    return redis.eval(script, keys=keys, args=[str(a) for a in args])  # type: ignore[no-any-return]
+
+
 async def run_script(redis: Any, script: str, keys: list[str], args: list[Any]) -> Any:
-    return await guarded(redis.eval(script, keys=keys, args=[str(a) for a in args]))
+    return await guarded(eval_script(redis, script, keys, args))

@@ -48,6 +48,7 @@ __all__ = ["CallRegistry", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegist
 
 WRITE_RECORD_TTL_S = 7 * 24 * 3600     # a tool call id is never retried a week later
 OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for short leases)
+MIRROR_PASS_INTERVAL_S = 0.05          # the mirror's passes at most this often (a takeover's view lags by that)
 
 _log = get_logger(actor="registry")
 
@@ -169,7 +170,8 @@ class RedisRegistry:
         self._fences: dict[str, SendFence] = {}     # per held call, kept across a re-acquire
         self._granted_at: dict[str, float] = {}     # per held call: when its last granting request was sent
         self._stops: dict[str, LeaseStop] = {}      # the held calls whose actor runs: renewed each tick
-        self._reachable: bool | None = None
+        self._mirrored: dict[str, set[str]] = {}    # per held call: the tool calls its mirror holds in Redis
+        self._reach = rc.Reachability()
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
 
     # --- running -------------------------------------------------------------
@@ -181,7 +183,7 @@ class RedisRegistry:
         async with self._redis, trio.open_nursery() as nursery:
             nursery.start_soon(self._mirror_writer)
             await self._ping()
-            _log.info("registry.started", node=self.node, reachable=self._reachable, ttl_s=self.ttl_s)
+            _log.info("registry.started", node=self.node, reachable=self._reach.reachable, ttl_s=self.ttl_s)
             task_status.started()
             await self._renew_kept()
 
@@ -193,25 +195,21 @@ class RedisRegistry:
 
     async def _request(self, request: Any) -> Any:
         """One request, bounded by ``op_timeout_s``; tracks reachability."""
-        was = self._reachable
         try:
-            with trio.fail_after(self.op_timeout_s):
-                answer = await rc.guarded(request)
-        except (RegistryDown, trio.TooSlowError) as exc:
-            if was is not False:
-                _log.error("registry.unreachable", node=self.node, error=type(exc).__name__)
-            self._reachable = False
-            raise RegistryDown(str(exc) or type(exc).__name__) from None
-        if was is False:
+            answer = await rc.bounded(request, self.op_timeout_s)
+        except RegistryDown as exc:
+            if self._reach.failed():
+                _log.error("registry.unreachable", node=self.node, error=exc.error_name)
+            raise
+        if self._reach.answered():
             _log.info("registry.reachable", node=self.node)
-        self._reachable = True
         return answer
 
     async def _script(self, script: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._request(self._redis.eval(script, keys=keys, args=[str(a) for a in args]))
+        return await self._request(rc.eval_script(self._redis, script, keys, args))
 
     def health(self) -> dict[str, Any] | None:
-        return {"backend": "redis", "reachable": bool(self._reachable), "leases_held": len(self._held)}
+        return {"backend": "redis", "reachable": bool(self._reach.reachable), "leases_held": len(self._held)}
 
     # --- leases --------------------------------------------------------------
 
@@ -267,6 +265,7 @@ class RedisRegistry:
             del self._held[lease.call_id]
             self._granted_at.pop(lease.call_id, None)
             self._stops.pop(lease.call_id, None)
+            self._mirrored.pop(lease.call_id, None)
             fence = self._fences.pop(lease.call_id, None)
             if fence is not None:
                 fence.close()
@@ -408,33 +407,60 @@ class RedisRegistry:
 
     async def _mirror_writer(self) -> None:
         """Write the queued tool lines in order, everything queued at once in
-        one Lua step (one round trip however many calls' lines wait)."""
+        one Lua step (one round trip however many calls' lines wait). The
+        first line after a quiet spell goes at once; under load the passes
+        are ``MIRROR_PASS_INTERVAL_S`` apart, so a pass carries what every
+        call logged meanwhile, and a tool call started and settled within
+        one pass (most reads) costs Redis nothing (``_mirror_ops``)."""
         receive = self._mirror_receive
+        last_pass = float("-inf")
         async for first in receive:
+            await trio.sleep_until(last_pass + MIRROR_PASS_INTERVAL_S)
+            last_pass = trio.current_time()
             batch = [first]
             while True:
                 try:
                     batch.append(receive.receive_nowait())
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
-            keys: list[str] = []
-            args: list[str] = []
-            written: list[tuple[str, str]] = []
-            for call_id, line in batch:
-                tool_call_id = line.get("tool_call_id")
-                if not isinstance(tool_call_id, str) or call_id not in self._held:
-                    continue
-                keys.append(rc.pending_key(call_id))
-                started = line["kind"] == "tool_started"
-                args += ["set" if started else "del", tool_call_id, json.dumps(line) if started else ""]
-                written.append((call_id, line["kind"]))
-            if not keys:
+            ops = self._mirror_ops(batch)
+            if not ops:
                 continue
+            keys = [rc.pending_key(call_id) for call_id, _, _ in ops]
+            args = [a for _, tool_call_id, text in ops for a in ("set" if text else "del", tool_call_id, text)]
             try:
                 await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
-                for call_id, kind in written:
-                    _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
+                for call_id, _, text in ops:
+                    _log.warning("registry.mirror_failed", call_id=call_id, kind="tool_started" if text else "tool_call")
+                continue
+            for call_id, tool_call_id, text in ops:
+                if call_id not in self._held:
+                    continue            # released meanwhile: RELEASE deleted its hash
+                written = self._mirrored.setdefault(call_id, set())
+                if text:
+                    written.add(tool_call_id)
+                else:
+                    written.discard(tool_call_id)
+
+    def _mirror_ops(self, batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, str]]:
+        """One pass's lines as ``(call_id, tool_call_id, JSON)`` writes (``''``:
+        delete), the last line of each tool call winning. A start and its
+        settle both in the pass write nothing when no earlier pass wrote
+        that start: the hash ends as it was."""
+        ops: dict[tuple[str, str], str] = {}
+        for call_id, line in batch:
+            tool_call_id = line.get("tool_call_id")
+            if not isinstance(tool_call_id, str) or call_id not in self._held:
+                continue
+            key = (call_id, tool_call_id)
+            if line["kind"] == "tool_started":
+                ops[key] = json.dumps(line)
+            elif ops.get(key) and tool_call_id not in self._mirrored.get(call_id, ()):
+                del ops[key]
+            else:
+                ops[key] = ""
+        return [(call_id, tool_call_id, text) for (call_id, tool_call_id), text in ops.items()]
 
     async def orphans(self) -> list[tuple[str, str]]:
         """``(call_id, token)`` of the calls whose lease is gone but whose

@@ -56,7 +56,7 @@ EVENT_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}$")
 WRITER_QUEUE = 4096          # events waiting for Redis, all calls together (the batch in flight too)
 BATCH_ENTRIES = 256          # events per script (one round trip), all calls together
 BATCH_BYTES = 1 << 20        # the batch's JSON at most (an event larger than it goes alone)
-PASS_INTERVAL_S = 0.01       # passes at most this often (under load: a remote reader's added wait at most)
+PASS_INTERVAL_S = 0.05       # passes at most this often (under load: a remote reader's added wait at most)
 READ_BATCH = 100             # entries per XREAD
 RETRY_MIN_S, RETRY_MAX_S = 0.2, 2.0
 FLUSH_AT_STOP_S = 2.0        # a stopping server still writes what its calls published last
@@ -138,11 +138,7 @@ class SharedFeed:
                 await trio.sleep(RETRY_MIN_S)
 
     async def _request(self, request: Any, timeout_s: float = OP_TIMEOUT_S) -> Any:
-        try:
-            with trio.fail_after(timeout_s):
-                return await rc.guarded(request)
-        except trio.TooSlowError:
-            raise RegistryDown("TooSlowError") from None
+        return await rc.bounded(request, timeout_s)
 
     # --- the holder's side -------------------------------------------------------
 
@@ -170,9 +166,10 @@ class SharedFeed:
             await self._wake.wait()
             # the first event after a quiet spell goes at once; under load the
             # passes are spaced, so each carries more calls' events: a request
-            # costs ~0.25 ms of our CPU however few it carries, a few us per
-            # event more (docs/benchmarks.md § 16), so at most 100 passes a
-            # second bound the writer's requests to a few % of a core
+            # costs 0.25-0.7 ms of our CPU however few it carries (the client's
+            # connection tasks wake for each), a few us per event more
+            # (docs/benchmarks.md § 16, § 23), so at most 20 passes a second
+            # bound the writer's requests to 1-2 % of a core
             if len(self._waiting) < BATCH_ENTRIES:      # a backlog goes as fast as Redis takes it
                 await trio.sleep_until(last_pass + PASS_INTERVAL_S)
             self._wake = trio.Event()

@@ -170,41 +170,19 @@ def burst_main(argv: list[str]) -> int:
 # --- role: sim_host (``benchmarks.roundtrip`` / ``capacity`` ``--sim lean``) -------------------------
 
 async def _host_run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.sim_host import _stdin_lines, aggregate, make_scenario, timeline
+    from benchmarks.sim_host import aggregate, make_scenario, play_calls, timeline
 
     rng = random.Random(args.seed)
     peer = LeanPeer(coalesce=args.coalesce)
     ids = [f"{args.prefix}-{n}" for n in range(args.calls)]
     started = time.perf_counter()
-    connected_at = trio.current_time()
     async with trio.open_nursery() as nursery:
         port = await nursery.start(peer.serve, 0)
         for cid in ids:
             peer.calls[cid] = LeanCall(cid, make_scenario(args, rng).steps)
         print(f"PORT {port}", flush=True)
-        commands_send, commands = trio.open_memory_channel[str](8)
-        nursery.start_soon(_stdin_lines, commands_send)
         calls = [peer.calls[c] for c in ids]
-        with trio.move_on_after(args.timeout) as bound:
-            for call in calls:
-                await call.wait_until(lambda c: c.connections > 0 or c.closed)
-            connected_at = trio.current_time()
-            print(f"CONNECTED {len(calls)}", flush=True)
-            async with trio.open_nursery() as waiters:
-                async def all_closed() -> None:
-                    for call in calls:
-                        await call.wait_until(lambda c: c.closed)
-                    waiters.cancel_scope.cancel()
-
-                async def stop_command() -> None:
-                    async for line in commands:
-                        if line in ("STOP", "EOF"):
-                            waiters.cancel_scope.cancel()
-                            return
-
-                waiters.start_soon(all_closed)
-                waiters.start_soon(stop_command)
-        timed_out = bound.cancelled_caught
+        connected_at, timed_out = await play_calls(nursery, calls, args.timeout)
         for call in calls:
             if not call.closed:
                 peer.end_call(call)

@@ -235,6 +235,37 @@ async def _stdin_lines(send: trio.MemorySendChannel[str]) -> None:
             await send.send(line.strip())
 
 
+async def play_calls(nursery: trio.Nursery, calls: list[Any], timeout_s: float) -> tuple[float, bool]:
+    """The host's protocol while its calls play (the simulator's and the lean
+    peer's alike: each call has ``wait_until``, ``connections``, ``closed``):
+    print ``CONNECTED <n>`` once every call has a sideband, then wait until
+    every call closed or ``STOP`` / end of stdin. Returns when every call
+    connected (trio time) and whether ``timeout_s`` ran out first."""
+    commands_send, commands = trio.open_memory_channel[str](8)
+    nursery.start_soon(_stdin_lines, commands_send)
+    connected_at = trio.current_time()
+    with trio.move_on_after(timeout_s) as bound:
+        for call in calls:
+            await call.wait_until(lambda c: c.connections > 0 or c.closed)
+        connected_at = trio.current_time()
+        print(f"CONNECTED {len(calls)}", flush=True)
+        async with trio.open_nursery() as waiters:
+            async def all_closed() -> None:
+                for call in calls:
+                    await call.wait_until(lambda c: c.closed)
+                waiters.cancel_scope.cancel()
+
+            async def stop_command() -> None:
+                async for line in commands:
+                    if line in ("STOP", "EOF"):
+                        waiters.cancel_scope.cancel()
+                        return
+
+            waiters.start_soon(all_closed)
+            waiters.start_soon(stop_command)
+    return connected_at, bound.cancelled_caught
+
+
 async def end_open_calls(sim: Simulator, ids: list[str], bound_s: float = 5.0) -> None:
     """Close (1000) every call of ``ids`` still open, concurrently (a close
     waits for the peer's reply), within ``bound_s``."""
@@ -250,36 +281,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     sim = Simulator(None, api_key=BENCH_KEY, validate_sent=args.validate, timestamps=True)
     ids = [f"{args.prefix}-{n}" for n in range(args.calls)]
     started = time.perf_counter()
-    connected_at = trio.current_time()
-    timed_out = False
     async with trio.open_nursery() as nursery:
         port = await nursery.start(sim.serve, 0)
         for cid in ids:
             sim.add_call(cid, make_scenario(args, rng))
         print(f"PORT {port}", flush=True)
-        commands_send, commands = trio.open_memory_channel[str](8)
-        nursery.start_soon(_stdin_lines, commands_send)
         calls = [sim.calls[c] for c in ids]
-        with trio.move_on_after(args.timeout) as bound:
-            for call in calls:
-                await call.wait_until(lambda c: c.connections > 0 or c.closed)
-            connected_at = trio.current_time()
-            print(f"CONNECTED {len(calls)}", flush=True)
-            async with trio.open_nursery() as waiters:
-                async def all_closed() -> None:
-                    for call in calls:
-                        await call.wait_until(lambda c: c.closed)
-                    waiters.cancel_scope.cancel()
-
-                async def stop_command() -> None:
-                    async for line in commands:
-                        if line in ("STOP", "EOF"):
-                            waiters.cancel_scope.cancel()
-                            return
-
-                waiters.start_soon(all_closed)
-                waiters.start_soon(stop_command)
-        timed_out = bound.cancelled_caught
+        connected_at, timed_out = await play_calls(nursery, calls, args.timeout)
         await end_open_calls(sim, ids)
         await trio.sleep(0.2)
         nursery.cancel_scope.cancel()

@@ -34,18 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.redis_cost import commandstats
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _stats(sock: str) -> dict[str, int]:
-    text = subprocess.run(["redis-cli", "-s", sock, "info", "commandstats"], capture_output=True, text=True,
-                          timeout=10).stdout
-    found = {}
-    for line in text.splitlines():
-        if line.startswith("cmdstat_") and "calls=" in line:
-            name, _, rest = line.partition(":")
-            found[name[len("cmdstat_"):]] = int(rest.split("calls=")[1].split(",")[0])
-    return found
 
 
 async def _child(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,7 +92,7 @@ def _run(repo: Path, args: argparse.Namespace, null: bool) -> dict[str, Any]:
         deadline = time.monotonic() + 10
         while not os.path.exists(sock) and time.monotonic() < deadline:
             time.sleep(0.02)
-        before = _stats(sock)
+        before = commandstats(sock)
         # run as a script from the checkout measured: its voiceactors comes first (PYTHONPATH)
         child = [sys.executable, str(Path(__file__).resolve()), "--child", "--url", f"unix://{sock}",
                  "--calls", str(args.calls), "--rounds", str(args.rounds), "--think-s", str(args.think_s),
@@ -114,7 +105,7 @@ def _run(repo: Path, args: argparse.Namespace, null: bool) -> dict[str, Any]:
         if out.returncode != 0:
             raise SystemExit(f"child failed: {out.stderr[-1500:]}")
         result = json.loads(out.stdout.strip().splitlines()[-1])
-        after = _stats(sock)
+        after = commandstats(sock)
     finally:
         redis.terminate()
         redis.wait(10)

@@ -101,11 +101,11 @@ class _Measure:
                     text = " ".join(p.cmdline())     # redis-server retitles itself "redis-server unixsocket:PATH"
                     found = text.split("unixsocket:", 1)[1].split()[0] if "unixsocket:" in text else None
                     self._socket = found
-        stats0 = _commandstats(self._socket)
+        stats0 = commandstats(self._socket)
         t0 = time.perf_counter()
         time.sleep(window)
         wall = time.perf_counter() - t0
-        stats1 = _commandstats(self._socket)
+        stats1 = commandstats(self._socket)
         rows = []
         for p in procs:
             if p.pid not in before or roles[p.pid] in ("other", "gone"):
@@ -138,7 +138,7 @@ class _Measure:
         pass
 
 
-def _commandstats(socket_path: str | None) -> dict[str, int]:
+def commandstats(socket_path: str | None) -> dict[str, int]:
     """Calls per Redis command so far (EVAL, and the commands scripts ran)."""
     if socket_path is None:
         return {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from redis_support import RedisServer
-from test_call_crash import Server
+from test_call_crash import Server, stop_cleanly  # noqa: F401  (stop_cleanly re-exported for the cluster tests)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.simulator import Simulator
 

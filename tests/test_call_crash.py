@@ -86,6 +86,16 @@ class Server:
         return [line for line in self.lines if line.get("event") == name]
 
 
+async def stop_cleanly(*servers: Server, bound_s: float = 20) -> None:
+    """SIGTERM every server, then each must exit 0 (a graceful stop), all
+    within ``bound_s``."""
+    for server in servers:
+        server.proc.terminate()
+    with trio.fail_after(bound_s):
+        for server in servers:
+            assert await server.proc.wait() == 0
+
+
 async def _wait_for_line(path: Path, kind: str, tool_call_id: str) -> None:
     with trio.fail_after(30):
         while True:
@@ -143,9 +153,7 @@ async def test_kill_9_mid_call_then_a_fresh_server_answers_the_pending_call_once
             # the service's echo of the output may still be on its way when the
             # simulator's script moves on: stop once the call settled it
             await _wait_for_line(record, "tool_call", "call_w")
-            second.proc.terminate()
-            with trio.fail_after(20):
-                assert await second.proc.wait() == 0
+            await stop_cleanly(second)
             nursery.cancel_scope.cancel()
     finally:
         for server in (first, second):

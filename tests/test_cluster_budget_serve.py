@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from calls_support import DAY, KEY
-from cluster_support import ClusterServer, stop_all
+from cluster_support import ClusterServer, stop_all, stop_cleanly
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from voiceactors.http import errors as E
 from voiceactors.journal.sample import write_sample_journal
@@ -55,11 +55,7 @@ async def test_a_calls_cost_on_one_process_spends_the_budget_on_the_other(tmp_pa
                     refused = await client.post("/api/voice/session")
                     assert refused.status_code == 503 and refused.json() == {"error": E.BUDGET_SPENT}
                     assert (await client.get("/api/voice/status")).json()["daily_cost_usd"] == 0.002592
-            for server in servers:
-                server.proc.terminate()
-            with trio.fail_after(20):
-                for server in servers:
-                    assert await server.proc.wait() == 0
+            await stop_cleanly(*servers)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(*servers)

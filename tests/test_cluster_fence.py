@@ -27,7 +27,7 @@ import trio
 from calls_support import DAY, KEY
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line
-from cluster_support import ClusterServer, mirrored, stop_all
+from cluster_support import ClusterServer, mirrored, stop_all, stop_cleanly
 from test_call_crash import crash_scenario
 from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
@@ -106,11 +106,7 @@ async def test_a_paused_holder_sends_and_writes_nothing_after_the_takeover(tmp_p
             assert sc.outputs["call_w"] == [RESTARTED_OUTPUT] and len(sc.outputs["call_r"]) == 1
             assert sc.violations == []
             assert a.proc.poll() is None and b.proc.poll() is None
-            b.proc.terminate()
-            a.proc.terminate()
-            with trio.fail_after(20):
-                assert await b.proc.wait() == 0
-                assert await a.proc.wait() == 0
+            await stop_cleanly(b, a)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(a, b)

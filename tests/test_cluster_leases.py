@@ -13,7 +13,7 @@ import httpx
 import trio
 
 from calls_support import DAY, KEY
-from cluster_support import TTL_S, ClusterServer, stop_all
+from cluster_support import TTL_S, ClusterServer, stop_all, stop_cleanly
 from redis_support import redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.fence import send_guard
@@ -235,9 +235,7 @@ async def test_a_serve_process_whose_lease_another_token_took_stops_only_that_ca
             assert len(a.events("supervisor.lease_lost")) == 1
             assert kept.connection is not None and not kept.closed and kept.connections == 1
             assert stolen.connections == 1                                      # not rejoined here
-            a.proc.terminate()
-            with trio.fail_after(20):
-                assert await a.proc.wait() == 0
+            await stop_cleanly(a)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(a)

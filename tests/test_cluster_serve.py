@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from calls_support import DAY, KEY
-from cluster_support import TTL_S, ClusterServer, mirrored, started_calls, stop_all, takers
+from cluster_support import TTL_S, ClusterServer, mirrored, started_calls, stop_all, stop_cleanly, takers
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line, crash_scenario
 from test_reliability_faults import item_file, ledger_close_edits, open_item
@@ -128,11 +128,7 @@ async def test_kill_9_of_the_holder_exactly_one_other_process_takes_the_call_ove
             record_b = record_path(tmp_path / f"state_{servers.index(b)}", CALL)
             await _wait_for_line(record_b, "tool_call", "call_w")
             assert sc.outputs["call_w"] == [RESTARTED_OUTPUT] and sc.connections == 2
-            for other in others:
-                other.proc.terminate()
-            with trio.fail_after(20):
-                for other in others:
-                    assert await other.proc.wait() == 0
+            await stop_cleanly(*others)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(*servers)
@@ -199,9 +195,7 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
                 assert (await client.get("/api/voice/status")).json()["cluster"]["reachable"] is True
             assert a.events("supervisor.registry_down")
             assert a.events("supervisor.call_started")
-            a.proc.terminate()
-            with trio.fail_after(20):
-                assert await a.proc.wait() == 0
+            await stop_cleanly(a)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(a)

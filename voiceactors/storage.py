@@ -17,7 +17,7 @@
   only (``str.splitlines`` also splits at U+2028, U+2029, U+0085, ``\\v``,
   ``\\f`` and ``\\x1c``-``\\x1e``, which a JSON string may hold).
 * ``append_lines`` / ``append_line`` — append a block of lines, one fsync;
-  ``open_append`` / ``write_all`` / ``lines_block`` — the call records'
+  ``open_append`` / ``write_all`` — the call records'
   appends on a descriptor kept open (fsynced on their own schedule).
 * ``run_sync`` — run blocking file/SQLite work in a worker thread under one
   shared ``CapacityLimiter`` so it never blocks the trio loop. Journal writes
@@ -404,11 +404,6 @@ def append_lines(path: Path, lines: list[str]) -> None:
         handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def lines_block(lines: list[str]) -> bytes:
-    """``lines`` as one appendable block, each ending in exactly one ``\n``."""
-    return "".join(line.rstrip("\n") + "\n" for line in lines).encode("utf-8")
 
 
 def open_append(path: Path) -> tuple[int, bool]:

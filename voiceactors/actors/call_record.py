@@ -180,8 +180,8 @@ class _Job:
 
 
 def _block(rendered: list[str]) -> bytes:
-    """``storage.lines_block`` for rendered JSON lines (which never hold a
-    raw newline): joined once, no per-line strip."""
+    """Rendered JSON lines (which never hold a raw newline) as one
+    appendable block, each ending in one ``\n``."""
     return ("\n".join(rendered) + "\n").encode("utf-8") if rendered else b""
 
 

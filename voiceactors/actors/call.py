@@ -286,11 +286,7 @@ class CallActor:
         getattr(self.log, effect.level)(effect.event, **effect.fields)
 
     def _do_record(self, effect: RecordLine) -> None:
-        # ``record_line`` without unpacking the fields twice (nine lines a round)
-        if self.record is not None:
-            self.record.add_fields(effect.kind, effect.fields, t=effect.t)
-        if self._on_record is not None:
-            self._on_record(self.call_id, {"kind": effect.kind, **effect.fields})
+        self._record_fields(effect.kind, effect.fields, t=effect.t)
 
     def _do_publish(self, effect: Publish) -> None:
         if self.feed is not None:
@@ -871,8 +867,13 @@ class CallActor:
         return self._api_key
 
     def record_line(self, kind: str, **fields: Any) -> None:
+        self._record_fields(kind, fields)
+
+    def _record_fields(self, kind: str, fields: dict[str, Any], *, t: float | None = None) -> None:
+        """A record line (``t``: when, if not now) and the ``on_record`` hook's
+        copy; the fields as a dict, not unpacked again (nine lines a round)."""
         if self.record is not None:
-            self.record.add(kind, **fields)
+            self.record.add_fields(kind, fields, t=t)
         if self._on_record is not None:
             self._on_record(self.call_id, {"kind": kind, **fields})
 

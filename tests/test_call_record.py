@@ -5,6 +5,8 @@ connected, and ``read_record`` that survives a torn line."""
 from __future__ import annotations
 
 import json
+import math
+import time
 
 import trio
 
@@ -172,3 +174,61 @@ async def test_a_line_s_own_kind_and_time_cannot_be_overridden_by_its_fields(tmp
     record.add_fields("response_create", {"event_id": "evt_1"}, t=0.5)
     record.add("usage", response_id="resp_1")
     assert [(line["kind"], line["t"]) for line in record.lines[1:]] == [("response_create", 0.5), ("usage", 2.0)]
+
+
+async def _until_real(predicate, real_s: float = 20.0) -> None:
+    """Poll in small virtual steps, bounded in real time: autojump_clock
+    runs on while a pass's thread works, so virtual time is no bound."""
+    give_up = time.monotonic() + real_s
+    while not predicate():
+        if time.monotonic() > give_up:
+            raise AssertionError("condition not reached")
+        await trio.sleep(0.01)
+
+
+async def test_under_load_passes_are_loaded_pass_gap_apart_and_a_lone_call_keeps_the_short_gap(tmp_path, autojump_clock):
+    """Twenty calls each writing an urgent line every 10 ms share passes at
+    most one per ``LOADED_PASS_GAP_S`` (the old 10 ms gap made ~5x as many
+    thread hops); a lone call's urgent lines still go at once after a quiet
+    spell and at most ``PASS_GAP_S`` apart. Virtual time only stretches
+    while a pass's thread works (autojump), which loosens these bounds,
+    never tightens them."""
+    from voiceactors.actors.call_record import LOADED_PASS_GAP_S, PASS_GAP_S, RecordWriter
+
+    writer = RecordWriter(fsync=lambda fd: None)
+    records = [CallRecord(f"rtc_load_{i}", tmp_path, writer=writer) for i in range(20)]
+    for record in records:
+        record.opened()
+    await _until_real(lambda: all(r._flushed == 1 for r in records))
+    start, passes0 = trio.current_time(), writer.passes
+
+    async def busy(record: CallRecord) -> None:
+        for n in range(50):
+            record.add("tool_started", tool_call_id=f"call_{n}")
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        for record in records:
+            nursery.start_soon(busy, record)
+    await _until_real(lambda: all(r._flushed == len(r.lines) for r in records))
+    elapsed, passes = trio.current_time() - start, writer.passes - passes0
+    assert passes <= elapsed / LOADED_PASS_GAP_S + 2, (passes, elapsed)
+    assert all(len(read_record(r.path)) == 51 for r in records)
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True
+
+    lone_writer = RecordWriter(fsync=lambda fd: None)
+    lone = CallRecord("rtc_lone", tmp_path, writer=lone_writer)
+    lone.opened()
+    await _until_real(lambda: lone._flushed == 1)
+    await trio.sleep(1.0)                                  # quiet: the next urgent line goes at once
+    lone.add("tool_started", tool_call_id="call_1")
+    assert lone._writer._waiting[lone] == -math.inf
+    await _until_real(lambda: lone._flushed == 2)
+    assert lone_writer.last_gap_s == PASS_GAP_S            # one record in the pass: the short gap
+    lone.add("tool_call", tool_call_id="call_1")
+    assert lone._writer._waiting[lone] <= trio.current_time() + PASS_GAP_S
+    await _until_real(lambda: lone._flushed == 3)
+    lone.add("end", reason="closed_by_service")
+    assert await lone.close() is True

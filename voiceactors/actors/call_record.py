@@ -115,9 +115,16 @@ BATCH_S = 1.0
 #: process (4 % of a worker's samples at 375 calls, benchmarks § 15).
 MAX_OPEN_FILES = 2048
 #: Write passes start at least this far apart: urgent lines of many calls
-#: ride in one worker-thread hop under load; a lone call's go out at once,
-#: and so does a closing record's last pass (its close waits for it).
+#: ride in one worker-thread hop under load; a lone call's go out at once
+#: (the first after a quiet spell) or at most this long after its last
+#: pass, and so does a closing record's last pass (its close waits for it).
 PASS_GAP_S = 0.01
+#: ... and at least this far apart after a pass that carried more than one
+#: record (under load): a thread hop costs the process ~75-130 us of CPU
+#: (benchmarks § 26), so a burst's 100 hops a second became 20. An urgent
+#: line of a loaded process is written at most this long (plus the pass's
+#: own time) after it was added.
+LOADED_PASS_GAP_S = 0.05
 #: A grouped fsync pass also takes the files due within this long: one
 #: worker-thread hop per burst of new calls instead of one per call.
 FSYNC_RIDE_ALONG_S = 0.25
@@ -229,7 +236,8 @@ class RecordWriter:
         self._fsyncing = False
         # descriptors per record, touched only by the write pass (one at a time)
         self._fds: OrderedDict[CallRecord, int] = OrderedDict()
-        self._next_pass_at = -math.inf                  # PASS_GAP_S after the last pass began
+        self._next_pass_at = -math.inf                  # last_gap_s after the last pass began
+        self.last_gap_s = PASS_GAP_S                    # the gap the last pass set (PASS_GAP_S or LOADED_PASS_GAP_S)
         self.passes = 0
         self.fsync_passes = 0
         self.retired = trio.Event()                     # its task has ended (a writer runs once)
@@ -296,7 +304,10 @@ class RecordWriter:
                 jobs.append(job)
             except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
                 record._written(0, f"{type(exc).__name__}: {exc}")
-        self._next_pass_at = trio.current_time() + PASS_GAP_S
+        # under load (more than one record in this pass) the next pass waits
+        # longer: fewer thread hops, each carrying more calls' lines
+        self.last_gap_s = PASS_GAP_S if len(jobs) <= 1 else LOADED_PASS_GAP_S
+        self._next_pass_at = trio.current_time() + self.last_gap_s
         try:
             await storage.run_sync(self._write_jobs, jobs, cancellable=False)
         except Exception as exc:  # noqa: BLE001 - a system task must not die: every record hears of it

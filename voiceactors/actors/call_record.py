@@ -167,7 +167,7 @@ def append_block(path: Path, lines: list[str], *, check_torn: bool = True) -> No
     storage.append_lines(path, lines)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     """One record's share of a write pass: built on the trio thread, done in
     the worker thread, read back on the trio thread."""
@@ -261,6 +261,12 @@ class RecordWriter:
     def want(self, record: CallRecord, *, urgent: bool, at_once: bool = False) -> None:
         """``at_once``: a pass now, whatever ``PASS_GAP_S`` says (a close
         waits for it; a live call's lines do not wait for anything)."""
+        if not at_once:
+            # Most lines find their record already waiting, due no later
+            # than they would make it: nothing to do (no clock read).
+            waiting = self._waiting.get(record)
+            if waiting is not None and (not urgent or waiting <= self._next_pass_at):
+                return
         now = trio.current_time()
         if at_once or (urgent and self._next_pass_at <= now):
             due = -math.inf
@@ -532,7 +538,7 @@ class CallRecord:
         self._final = False                         # the last pass is done: written, fsynced, fd closed
         #: how long a written line may wait for its fsync (``call_record_fsync_s``; 0: before it counts as written)
         self.fsync_s = _default_fsync_s() if fsync_s is None else fsync_s
-        self._pass_done = trio.Event()
+        self._pass_done: trio.Event | None = None   # set by the next pass's end (made only when close waits)
         self._writer = shared_writer() if writer is None else writer
         self._writer.join()
         self._closed = False
@@ -590,8 +596,9 @@ class CallRecord:
             self._fresh_line = True
             self.flushes += 1
         self._final = self._final or final
-        self._pass_done.set()
-        self._pass_done = trio.Event()
+        if self._pass_done is not None:
+            self._pass_done.set()
+            self._pass_done = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Kept for the actor's task layout: the writing is the shared
@@ -617,7 +624,7 @@ class CallRecord:
                     if tried and self.failed is not None:
                         break              # the disk refuses: the caller logs ``failed``
                     tried = True
-                    done = self._pass_done
+                    done = self._pass_done = self._pass_done or trio.Event()
                     self._writer.want(self, urgent=True, at_once=True)
                     await done.wait()
             finally:

@@ -4,13 +4,18 @@ connected, and ``read_record`` that survives a torn line."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import math
 import time
+from enum import StrEnum
+from pathlib import Path
 
 import trio
 
-from voiceactors.actors.call_record import CallRecord, append_block, last_block, read_record, record_path
+from voiceactors.actors.call_record import (CallRecord, append_block, last_block, read_record, record_path,
+                                            render_line)
 
 
 async def _until(predicate) -> None:
@@ -134,11 +139,12 @@ async def test_the_writer_retires_with_the_last_record_and_a_new_one_starts(tmp_
     assert [x["kind"] for x in read_record(second.path)] == ["start", "end"]
 
 
-async def test_each_line_is_its_json_text_unescaped_one_per_line(tmp_path, autojump_clock):
-    """The file holds each line as ``json.dumps(line, ensure_ascii=False,
-    default=str)`` renders it (one encoder renders them all), each ending in
-    one newline: text stays as spoken (no ``\\u`` escapes), a value JSON has
-    no type for is its ``str``, a newline inside a text stays escaped."""
+async def test_each_line_is_one_json_object_unescaped_one_per_line(tmp_path, autojump_clock):
+    """The file holds each line as one compact JSON object (orjson renders
+    them) ending in one newline, whose value is what ``json.dumps(line,
+    ensure_ascii=False, default=str)`` gave before: text stays as spoken
+    (no ``\\u`` escapes), a value JSON has no type for is its ``str``, a
+    newline inside a text stays escaped."""
     record = CallRecord("rtc_text", tmp_path)
     record.opened()
     record.add("transcript", role="user", item_id="item_1", text="Grüße,\nça va? 日本")
@@ -147,8 +153,51 @@ async def test_each_line_is_its_json_text_unescaped_one_per_line(tmp_path, autoj
     raw = record.path.read_text(encoding="utf-8")
     assert raw.endswith("\n") and raw.count("\n") == 3
     assert [json.loads(line) for line in raw.splitlines()] == read_record(record.path)
-    assert raw.splitlines()[1:] == [json.dumps(line, ensure_ascii=False, default=str) for line in record.lines[1:]]
+    assert read_record(record.path)[1:] == [json.loads(json.dumps(line, ensure_ascii=False, default=str))
+                                            for line in record.lines[1:]]
     assert 'Grüße,\\nça va? 日本' in raw and str(tmp_path / "x") in raw
+
+
+class _Plain(StrEnum):
+    A = "a"
+
+
+@dataclasses.dataclass
+class _Point:
+    x: int
+
+
+def test_a_line_renders_to_the_value_json_dumps_gave_whatever_its_values():
+    """The fast renderer keeps the old encoder's values for every kind of
+    value a line may hold: a str enum is its value; a dataclass, a datetime,
+    a path, a set its ``str``; and what orjson refuses (an int past 64 bits,
+    a key that is not a string, a lone surrogate from a service's ``\\ud800``)
+    goes through the json encoder instead of failing the record."""
+    line = {"kind": "tool_call", "t": 1e-05, "big": 10 ** 30, "keys": {1: "one"}, "enum": _Plain.A,
+            "point": _Point(3), "at": datetime.datetime(2026, 12, 1, 21, 0, tzinfo=datetime.timezone.utc),
+            "path": Path("/x/y"), "set": {1}, "tuple": (1, 2.5), "nested": [{"t": 1e16}], "none": None,
+            "text": "a\u2028b\"c\\d\n日本"}
+    for one in ({k: v for k, v in line.items() if k not in ("big", "keys")}, line,
+                {"kind": "transcript", "text": json.loads('"\\ud800 half"')}):
+        rendered = render_line(one)
+        assert rendered.endswith(b"\n") and rendered.count(b"\n") == 1
+        assert json.loads(rendered) == json.loads(json.dumps(one, ensure_ascii=True, default=str))
+
+
+async def test_a_line_with_a_lone_surrogate_is_written_and_the_record_goes_on(tmp_path, autojump_clock):
+    """A transcript whose text holds a lone surrogate (JSON's ``\\ud800``
+    decodes to one) used to fail its record's every pass: UTF-8 has no
+    bytes for it, the lines stayed in memory and the end never reached the
+    file. It is written escaped, and so is everything after it."""
+    record = CallRecord("rtc_surrogate", tmp_path)
+    record.opened()
+    record.add("transcript", role="user", item_id="item_1", text=json.loads('"bad \\udc80 half"'))
+    record.add("tool_call", tool_call_id="call_1")
+    record.add("end", reason="closed_by_service")
+    assert await record.close() is True and record.failed is None
+    lines = read_record(record.path)
+    assert [x["kind"] for x in lines] == ["start", "transcript", "tool_call", "end"]
+    assert lines[1]["text"] == "bad \udc80 half"
 
 
 async def test_a_line_s_own_kind_and_time_cannot_be_overridden_by_its_fields(tmp_path, autojump_clock):

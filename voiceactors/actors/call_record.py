@@ -7,12 +7,17 @@ every record has closed and every write is fsynced): the ``start`` line,
 each ``tool_started``, each ``tool_call`` and the ``end`` line are written
 at once (a kill -9 must find them), the other lines ride along with the
 next write or within ``BATCH_S``. Each write pass takes every record with
-lines waiting and appends them all in one worker thread, on a descriptor
-kept open per live record (at most ``MAX_OPEN_FILES``, least recently
-written closed first); passes start at least ``PASS_GAP_S`` apart, so a
-burst of calls, or a busy call, costs the trio thread one thread hop per
-pass instead of one per line. Lines added while a pass is in progress go
-out in the next one.
+lines waiting and appends them all in one worker thread, one ``write()``
+per file, on a descriptor kept open per live record (at most
+``MAX_OPEN_FILES``, least recently written closed first). Passes start at
+least ``PASS_GAP_S`` (10 ms) apart, and at least ``LOADED_PASS_GAP_S`` (50
+ms) after a pass that carried more than one record: so "at once" means the
+next pass, at once after a quiet spell, else within 10 ms for a lone call
+and within 50 ms under load (plus the pass's own time), and a burst of
+calls, or a busy call, costs one thread hop per pass instead of one per
+line. A closing record's last pass goes at once whatever the gap. Lines
+added while a pass is in progress go out in the next one. Each line is
+rendered once per write, by orjson (``render_line``).
 
 Written means ``write()`` returned: the bytes are in the page cache, which
 is all crash recovery needs against a process crash (kill -9, OOM kill).
@@ -27,10 +32,12 @@ closes it before it returns; the end of the trio run (shutdown) fsyncs
 what is still unsynced. ``fsync_s=0`` is the old behaviour: every write
 pass fsyncs each file before its lines count as written. So a power loss
 can lose about the last ``fsync_s`` of a live call's lines, never a closed
-call's. Nothing is written for a call whose
-sideband never connected (a bogus ``/connect`` leaves no file), unless the
-call id already has a record (a rejoin, or a later actor that finds the call
-gone): then the run's block is its history.
+call's; a kill -9 the lines not yet written: under load up to the last
+``LOADED_PASS_GAP_S`` (50 ms) of urgent ones and ``BATCH_S`` of the others.
+Nothing is written for a call whose sideband never connected (a bogus
+``/connect`` leaves no file), unless the call id already has a record (a
+rejoin, or a later actor that finds the call gone): then the run's block is
+its history.
 
 Every flush starts on a fresh line: if the file does not end in ``\\n`` (a
 torn last line left by a crash), the block begins with one. ``read_record``

@@ -182,6 +182,7 @@ def test_a_line_renders_to_the_value_json_dumps_gave_whatever_its_values():
         rendered = render_line(one)
         assert rendered.endswith(b"\n") and rendered.count(b"\n") == 1
         assert json.loads(rendered) == json.loads(json.dumps(one, ensure_ascii=True, default=str))
+    assert render_line({"kind": "end", "text": "日本"}) == '{"kind":"end","text":"日本"}\n'.encode()   # compact, unescaped
 
 
 async def test_a_line_with_a_lone_surrogate_is_written_and_the_record_goes_on(tmp_path, autojump_clock):

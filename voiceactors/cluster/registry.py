@@ -39,6 +39,7 @@ import trio
 
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
+from voiceactors.cluster.batched import Batched
 from voiceactors.cluster.fence import LeaseStop, SendFence
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
@@ -172,6 +173,11 @@ class RedisRegistry:
         self._stops: dict[str, LeaseStop] = {}      # the held calls whose actor runs: renewed each tick
         self._mirrored: dict[str, set[str]] = {}    # per held call: the tool calls its mirror holds in Redis
         self._reach = rc.Reachability()
+        # the leases asked for and released at once go in one script each
+        # (a join's connects, many calls' ends): cluster/batched.py
+        self._ask_bound_s = 2 * self.op_timeout_s      # a batch in flight ahead of ours, then ours
+        self._acquires = Batched[str, Lease | None](self._acquire_many, self._unwanted)
+        self._releases = Batched[Lease, int](self._release_many, send_when_gone=True)
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
 
     # --- running -------------------------------------------------------------
@@ -182,6 +188,8 @@ class RedisRegistry:
         ``health``) and mirror call records' tool lines."""
         async with self._redis, trio.open_nursery() as nursery:
             nursery.start_soon(self._mirror_writer)
+            nursery.start_soon(self._acquires.run)
+            nursery.start_soon(self._releases.run)
             await self._ping()
             _log.info("registry.started", node=self.node, reachable=self._reach.reachable, ttl_s=self.ttl_s)
             task_status.started()
@@ -214,15 +222,38 @@ class RedisRegistry:
     # --- leases --------------------------------------------------------------
 
     async def acquire(self, call_id: str) -> Lease | None:
+        """The call's lease when this process wins it (None: another token
+        holds it). The leases asked for at once go in one ``ACQUIRE_MANY``."""
+        return await self._acquires.ask(call_id, self._ask_bound_s)
+
+    async def _acquire_many(self, call_ids: list[str]) -> list[Lease | None]:
+        """One batch: each lease's fence and stop count from just before the
+        batch was sent (before Redis set any of its TTLs)."""
         sent = trio.current_time()
-        answer = await self._script(rc.ACQUIRE, [rc.lease_key(call_id), rc.FENCE_KEY, rc.CALLS_KEY],
-                                    [self.node, round(self.ttl_s * 1000), call_id])
+        answers = await self._script(rc.ACQUIRE_MANY, [*map(rc.lease_key, call_ids), rc.FENCE_KEY, rc.CALLS_KEY],
+                                     [self.node, round(self.ttl_s * 1000), *call_ids])
+        return [self._won(call_id, answer, sent) for call_id, answer in zip(call_ids, answers, strict=True)]
+
+    def _won(self, call_id: str, answer: list[Any], sent: float) -> Lease | None:
         if int(answer[0]) != 1:
             return None
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
         self._fences.setdefault(call_id, SendFence())
         self._granted(call_id, sent)
         return lease
+
+    def _unwanted(self, call_id: str, lease: Lease | None) -> None:
+        """A lease won for a caller that stopped waiting (its bound, or its
+        cancel): no actor will run it. A new call's is released; a dead
+        holder's call is left to expire, so the takeover scan finds it again
+        with its mirror kept (a release would delete both)."""
+        if lease is None or not self._holds(lease):
+            return
+        self._forget_held(lease)
+        if lease.previous is None:
+            self._releases.submit(lease)
+        _log.warning("registry.acquire_abandoned", call_id=call_id, fence=lease.fence,
+                     released=lease.previous is None)
 
     def _granted(self, call_id: str, sent: float) -> None:
         """A request sent at ``sent`` set or renewed the held call's lease:
@@ -278,9 +309,17 @@ class RedisRegistry:
             stop.lost()
 
     async def release(self, lease: Lease) -> None:
+        """Delete the lease (and the call's takeover entry and mirror) if
+        still ours; the releases asked for at once go in one ``RELEASE_MANY``,
+        sent even when the caller stops waiting."""
         self._forget_held(lease)
-        await self._script(rc.RELEASE, [rc.lease_key(lease.call_id), rc.CALLS_KEY, rc.pending_key(lease.call_id)],
-                           [lease.token, lease.call_id])
+        await self._releases.ask(lease, self._ask_bound_s)
+
+    async def _release_many(self, leases: list[Lease]) -> list[int]:
+        keys = [k for lease in leases for k in (rc.lease_key(lease.call_id), rc.pending_key(lease.call_id))]
+        answers = await self._script(rc.RELEASE_MANY, [*keys, rc.CALLS_KEY],
+                                     [a for lease in leases for a in (lease.token, lease.call_id)])
+        return [int(a) for a in answers]
 
     def lease_of(self, call_id: str) -> Lease | None:
         return self._held.get(call_id)

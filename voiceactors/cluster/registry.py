@@ -13,9 +13,9 @@ ends. The executor asks ``claim_write`` before it applies a write and
   absent with a TTL, renewed and deleted only by its token, see
   ``redis_client``), a fencing token per lease, the shared write log, and the
   mirror of each call's unsettled tool calls that a takeover answers from.
-  Every third of ``ttl_s`` one ``RENEW_MANY`` script renews every lease
-  whose actor runs here (``_renew_kept``): one request per process per tick,
-  not one per call.
+  Every sixth of ``ttl_s`` (``RENEWALS_PER_TTL``) one ``RENEW_MANY`` script
+  renews every lease whose actor runs here (``_renew_kept``): one request per
+  process per tick, not one per call.
 
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
@@ -49,6 +49,12 @@ __all__ = ["CallRegistry", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegist
 
 WRITE_RECORD_TTL_S = 7 * 24 * 3600     # a tool call id is never retried a week later
 OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for short leases)
+# Renewals per TTL. A call stops ``stop_margin`` (5 s of the default 10 s
+# TTL) after its last grant, so a renewal's answer may take the rest of that
+# minus the interval: 3.3 s at a sixth (1.7 s at a third, where one stalled
+# answer in a starved process stopped every call at once, § 23), for one
+# request per 1.7 s.
+RENEWALS_PER_TTL = 6
 MIRROR_PASS_INTERVAL_S = 0.05          # the mirror's passes at most this often (a takeover's view lags by that)
 
 _log = get_logger(actor="registry")
@@ -180,10 +186,14 @@ class RedisRegistry:
         self._releases = Batched[Lease, int](self._release_many, send_when_gone=True)
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
 
+    @property
+    def renew_every_s(self) -> float:
+        return self.ttl_s / RENEWALS_PER_TTL
+
     # --- running -------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the client's connection pool; every third of a lease renew
+        """Hold the client's connection pool; every sixth of a lease renew
         the kept leases in one request (or, holding none, check Redis for
         ``health``) and mirror call records' tool lines."""
         async with self._redis, trio.open_nursery() as nursery:
@@ -342,19 +352,19 @@ class RedisRegistry:
     # --- renewing every kept lease in one request ---------------------------------
 
     async def _renew_kept(self) -> None:
-        """Every third of a lease, renew each kept lease in one ``RENEW_MANY``
+        """Every ``renew_every_s``, renew each kept lease in one ``RENEW_MANY``
         (nothing kept: a PING, for ``health``). A lease kept between two
-        ticks waits at most a third of a lease for its first renewal. Redis
+        ticks waits at most that long for its first renewal. Redis
         not answering: try again in a twelfth of a lease; each call's stop
         deadline, which no renewal moves then, stops its actor in time."""
-        next_tick = trio.current_time() + self.ttl_s / 3
+        next_tick = trio.current_time() + self.renew_every_s
         while True:
             await trio.sleep_until(next_tick)
             for call_id in [c for c, stop in self._stops.items() if stop.ended]:
                 del self._stops[call_id]        # its actor is done (its release follows)
             kept = [(call_id, self._held[call_id]) for call_id in self._stops]
             sent = trio.current_time()
-            next_tick = sent + self.ttl_s / 3
+            next_tick = sent + self.renew_every_s
             if not kept:
                 await self._ping()
                 continue

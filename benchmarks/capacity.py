@@ -23,6 +23,18 @@ What it measures:
   issue's target is ≥ 1.8×). CPU is the whole process tree's (parent,
   workers, private redis-server).
 
+* **join rate** (``--join-rate N``) — the peer joins the calls at most N a
+  second (``BENCH_JOIN_RATE``, read by the ``ours`` and ``served`` peers)
+  instead of as fast as it can (the default: the ``served`` peer's 8 connect
+  threads back to back). The verdict is the same (create p99 over every round
+  of the step); each step also reports the create p99 of the rounds that
+  started while calls were still joining (``join``) and of those after the
+  last call joined (``steady``), from the sim's ``create_phases``. At a slow
+  rate the first calls may end before the last join: keep ``--rounds`` ×
+  ``--gap`` above calls ÷ rate (the step's line says how long the join took).
+  A peer run from another checkout (``BENCH_PEER_REPO``) older than the
+  option joins as fast as it can whatever the rate.
+
 The simulator runs in its own process, so on this 2-core machine the two
 processes share the cores: a step where the simulator itself is near a full
 core measures the harness as much as the server (its CPU is printed).
@@ -36,6 +48,8 @@ Run::
     .venv/bin/python -m benchmarks.capacity --workers 2 --idle --steps 250 500 750 1000 1250 1500
     .venv/bin/python -m benchmarks.capacity --sim lean --workers 2 --idle --steps 500 750 1000 1250 1500 \\
         --rounds 4 --gap 5 --rate-hz 0     # the lean peer (benchmarks/lean_sim.py) as the load generator
+    .venv/bin/python -m benchmarks.capacity --sim lean --workers 2 --idle --steps 1250 1500 1750 \\
+        --rounds 8 --gap 5 --rate-hz 0 --join-rate 100     # calls joining at 100/s (the burst's rate)
 """
 
 from __future__ import annotations
@@ -59,6 +73,17 @@ def idle_memory(peer: str, calls: int, settle_s: float = 3.0, sim: str = "simula
             "errors": r["error_codes"], "handshakes_rejected": r["handshakes_rejected"]}
 
 
+def phases_text(r: dict[str, Any]) -> str:
+    """The step's create p99 apart: while calls joined, and after the last joined."""
+    phases = r.get("create_phases") or {}
+    join, steady = (_p99_text(phases.get(name) or {}) for name in ("join", "steady"))
+    return f"join {r.get('join_s')} s: create p99 {join}, steady after it {steady}"
+
+
+def _p99_text(s: dict[str, Any]) -> str:
+    return f"{s['p99']:.1f} ms (n={s['n']})" if s.get("n") else "n/a"
+
+
 def step_up(steps: list[int], *, rounds: int, gap: float, rate_hz: float, target_ms: float,
             log_level: str, peer: str = "ours", sim: str = "simulator") -> list[dict[str, Any]]:
     out = []
@@ -68,7 +93,8 @@ def step_up(steps: list[int], *, rounds: int, gap: float, rate_hz: float, target
         complete = r["calls_connected"] == n and r["missing_create"] == 0 and not r["timed_out"]
         r["passed"] = bool(complete and p99 == p99 and p99 <= target_ms)
         out.append(r)
-        print(report_line(r) + f" | {'PASS' if r['passed'] else 'FAIL'} (create p99 {p99:.1f} ms)", flush=True)
+        print(report_line(r) + f" | {phases_text(r)} | {'PASS' if r['passed'] else 'FAIL'} "
+              f"(create p99 {p99:.1f} ms)", flush=True)
         if not r["passed"]:
             break
     return out
@@ -100,7 +126,7 @@ def step_up_workers(steps: list[int], workers: int, *, rounds: int, gap: float, 
             r["passed"] = bool(complete and p99 == p99 and p99 <= target_ms)
             going[w] = r["passed"]
             out.append(r)
-            print(f"workers={w} " + report_line(r) + f" | {'PASS' if r['passed'] else 'FAIL'} "
+            print(f"workers={w} " + report_line(r) + f" | {phases_text(r)} | {'PASS' if r['passed'] else 'FAIL'} "
                   f"(create p99 {p99:.1f} ms)", flush=True)
         if not any(going.values()):
             break
@@ -128,8 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="step up `serve --workers N` and one `serve` process, interleaved (0: the runtime peer)")
     p.add_argument("--sim", choices=["simulator", "lean"], default="simulator",
                    help="the load generator: our simulator (default) or the lean peer (benchmarks/lean_sim.py)")
+    p.add_argument("--join-rate", type=float, default=0.0,
+                   help="the peer joins the calls at most N a second (0: as fast as it can, the default)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
+    if args.join_rate > 0:
+        os.environ["BENCH_JOIN_RATE"] = str(args.join_rate)     # read by the peers (spawn passes the env on)
+    joining = f"joining at {args.join_rate:g}/s" if args.join_rate > 0 else "joining as fast as the peer can"
     facts = machine_facts()
     print(f"# machine: {facts}", flush=True)
     idle = []
@@ -144,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                                 target_ms=args.target_ms, log_level=args.log_level, sim=args.sim)
         one = _capacity([s for s in steps if s["workers"] == 1])
         many = _capacity([s for s in steps if s["workers"] == args.workers])
-        print(f"capacity: one serve process {one} calls, --workers {args.workers} {many} calls at create p99 <= "
+        print(f"capacity ({joining}): one serve process {one} calls, --workers {args.workers} {many} calls at create p99 <= "
               f"{args.target_ms} ms (ratio {many / one if one else float('nan'):.2f}; "
               f"steps tried: {[(s['workers'], s['calls']) for s in steps]})", flush=True)
         if args.json:
@@ -154,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                     target_ms=args.target_ms, log_level=args.log_level, peer=args.peer,
                     sim=args.sim) if args.steps else []
     passed = [s["calls"] for s in steps if s["passed"]]
-    print(f"capacity: {max(passed) if passed else 0} calls with create p99 <= {args.target_ms} ms "
+    print(f"capacity ({joining}): {max(passed) if passed else 0} calls with create p99 <= {args.target_ms} ms "
           f"(steps tried: {[s['calls'] for s in steps]}); output p99 per step: "
           f"{[round(s['output_ms']['p99'], 1) for s in steps]}", flush=True)
     if args.json:

@@ -170,7 +170,7 @@ def burst_main(argv: list[str]) -> int:
 # --- role: sim_host (``benchmarks.roundtrip`` / ``capacity`` ``--sim lean``) -------------------------
 
 async def _host_run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.sim_host import aggregate, make_scenario, play_calls, timeline
+    from benchmarks.sim_host import aggregate, create_phases, make_scenario, play_calls, timeline
 
     rng = random.Random(args.seed)
     peer = LeanPeer(coalesce=args.coalesce)
@@ -193,7 +193,7 @@ async def _host_run(args: argparse.Namespace) -> dict[str, Any]:
         nursery.cancel_scope.cancel()
     per_call = {cid: analyse(peer.calls[cid]) for cid in ids}
     result = aggregate(per_call, peer.handshakes)
-    result.update(create_by_second=timeline(per_call, connected_at))
+    result.update(create_by_second=timeline(per_call, connected_at), create_phases=create_phases(per_call, connected_at))
     result.update(workload=args.workload, timed_out=timed_out, wall_s=round(time.perf_counter() - started, 3),
                   sim="lean", frames_sent=sum(c.frames_sent for c in calls))
     return result

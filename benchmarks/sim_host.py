@@ -22,7 +22,9 @@ Made cheap, so that it measures the peer rather than itself:
 
 ``create_by_second`` in the output is the create round trip by the second
 (after every call joined) in which its round started: it shows whether a
-tail comes from the join burst, a stall, or the steady state.
+tail comes from the join burst, a stall, or the steady state;
+``create_phases`` the same round trips apart, ``join`` (started before the
+last call joined) and ``steady`` (after).
 
 Workloads (``--workload``):
 
@@ -196,6 +198,18 @@ def timeline(per_call: dict[str, dict[str, Any]], since: float, bucket_s: float 
     return out
 
 
+def create_phases(per_call: dict[str, dict[str, Any]], since: float) -> dict[str, dict[str, float]]:
+    """``create_ms`` apart by when its round trip started: ``join`` before
+    the last call joined (``since``), ``steady`` from then on (every call
+    joined; the calls that joined first may have ended by the end of it)."""
+    join: list[float] = []
+    steady: list[float] = []
+    for r in per_call.values():
+        for t0, ms in zip(r["create_at"], r["create_ms"]):
+            (join if t0 < since else steady).append(ms)
+    return {"join": summary(join), "steady": summary(steady)}
+
+
 def aggregate(per_call: dict[str, dict[str, Any]], handshakes: list[dict]) -> dict[str, Any]:
     outputs = [(i, ms) for r in per_call.values() for i, ms in r["outputs"]]
     creates = [ms for r in per_call.values() for ms in r["create_ms"]]
@@ -293,7 +307,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         nursery.cancel_scope.cancel()
     per_call = {cid: analyse(sim.calls[cid]) for cid in ids}
     result = aggregate(per_call, sim.handshakes)
-    result.update(create_by_second=timeline(per_call, connected_at))
+    result.update(create_by_second=timeline(per_call, connected_at), create_phases=create_phases(per_call, connected_at))
     result.update(workload=args.workload, timed_out=timed_out, wall_s=round(time.perf_counter() - started, 3))
     return result
 

@@ -159,7 +159,7 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
                 await live.wait_until(lambda c: c.connection is not None)
             redis_server.stop()
             gone = trio.current_time()
-            # the call in progress stops itself before its lease (renewed at most a third of a TTL ago) could expire
+            # the call in progress stops itself before its lease (renewed at most a sixth of a TTL ago) could expire
             with trio.fail_after(TTL_S + 5):
                 while not a.events("supervisor.lease_lost"):
                     await trio.sleep(0.02)

@@ -283,7 +283,7 @@ class Settings:
         env="VOICEACTORS_REDIS_URL", flag="--redis", metavar="URL", check=_redis_url_problem,
         short="a shared Redis (redis://host:port/db) coordinating several server processes")
     redis_lease_ttl_s: float = setting(
-        10.0, CLUSTER, "a call's lease in Redis lives this long unless its holder renews it (every third of "
+        10.0, CLUSTER, "a call's lease in Redis lives this long unless its holder renews it (every sixth of "
         "it); a holder that cannot renew stops the call before the lease can expire, and another process "
         "may take a dead holder's call over once it has", env="VOICEACTORS_REDIS_LEASE_TTL", unit="s",
         minimum=0.5)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from typing import Any, Awaitable, Callable, Coroutine, Iterable
 
@@ -26,6 +27,18 @@ def peer_parser(description: str) -> argparse.ArgumentParser:
 
 def call_ids(prefix: str, calls: int) -> list[str]:
     return [f"{prefix}-{n}" for n in range(calls)]
+
+
+def join_rate() -> float:
+    """``BENCH_JOIN_RATE``: the peer joins its calls at most this many per
+    second (``benchmarks.capacity --join-rate``); 0 or unset: as fast as it can."""
+    return float(os.environ.get("BENCH_JOIN_RATE") or 0)
+
+
+def join_due(first: float, n: int, rate: float) -> float:
+    """When the ``n``-th join may start (``first``: the first one's time; the
+    same clock), at ``rate`` joins a second (0: at once)."""
+    return first + n / rate if rate > 0 else first
 
 
 def run_asyncio_peer(description: str, main: Callable[[argparse.Namespace], Awaitable[None]],

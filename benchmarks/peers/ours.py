@@ -30,7 +30,7 @@ from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 
-from benchmarks.peers.args import call_ids, peer_parser
+from benchmarks.peers.args import call_ids, join_due, join_rate, peer_parser
 
 
 async def _stdin_closed(scope: trio.CancelScope) -> None:
@@ -84,7 +84,9 @@ async def _serve_calls(rt, ids: list[str], lags: list[float], scope: trio.Cancel
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_stdin_closed, scope)
         nursery.start_soon(_lag_probe, lags)
-        for cid in ids:
+        rate, first = join_rate(), trio.current_time()
+        for n, cid in enumerate(ids):
+            await trio.sleep_until(join_due(first, n, rate))     # BENCH_JOIN_RATE: paced joins
             answer = await ask(rt.calls, lambda r, cid=cid: Connect(cid, r), timeout=10)
             if answer != "connected":
                 print(f"connect {cid}: {answer}", file=sys.stderr, flush=True)

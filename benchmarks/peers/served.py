@@ -1,7 +1,7 @@
 """Peer: a whole ``voiceactors serve`` (HTTP in front, ``--workers N`` when
 ``BENCH_SERVE_WORKERS`` is above 1, ``--redis`` when ``BENCH_SERVE_REDIS`` is
-a URL) joined by ``POST /api/voice/connect`` for every call id, each on its
-own TCP connection (so the kernel's ``SO_REUSEPORT`` hash spreads them over
+a URL) joined by ``POST /api/voice/connect`` for every call id (at most
+``BENCH_JOIN_RATE`` a second when set), each on its own TCP connection (so the kernel's ``SO_REUSEPORT`` hash spreads them over
 the workers as it would spread separate clients).
 
 The driver measures this process and every process under it (the serve
@@ -25,7 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from benchmarks.peers.args import call_ids, peer_parser
+from benchmarks.peers.args import call_ids, join_due, join_rate, peer_parser
 
 CONNECT_PARALLEL = 8
 
@@ -76,8 +76,14 @@ def run(argv: list[str] | None = None) -> int:
             raise SystemExit("served: the server did not serve within 90 s")
         print("STARTED", flush=True)
         sys.stdin.readline()   # GO
+        rate, first = join_rate(), time.monotonic()
+
+        def paced(n: int) -> int:     # BENCH_JOIN_RATE: the n-th connect not before its slot
+            time.sleep(max(0.0, join_due(first, n, rate) - time.monotonic()))
+            return _connect(port, ids[n])
+
         with ThreadPoolExecutor(CONNECT_PARALLEL) as pool:
-            statuses = list(pool.map(lambda cid: _connect(port, cid), ids))
+            statuses = list(pool.map(paced, range(len(ids))))
         refused = [s for s in statuses if s != 200]
         if refused:
             print(f"served: {len(refused)} connects answered {sorted(set(refused))}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """Keeping a call's lease while its actor runs (the supervisor's side).
 
 The registry renews every kept lease of this process in one request every
-third of the TTL (``RedisRegistry._renew_kept``); a call only waits on its
+sixth of the TTL (``RedisRegistry._renew_kept``); a call only waits on its
 ``LeaseStop``: a cancel scope whose deadline each grant moves to
 ``stop_margin`` before the lease can expire, and which the registry cancels
 when another token holds the call. Time is counted from just before each

@@ -118,23 +118,32 @@ class Reachability:
         return back
 
 
-#: KEYS: lease, fence, calls. ARGV: node, ttl_ms, call_id.
-#: Returns {1, token, previous} when won (previous: the ``calls`` entry of a
-#: holder that never released the call, '' when none), {0, holder's token}
-#: when held.
-ACQUIRE = """
-local held = redis.call('GET', KEYS[1])
-if held then return {0, held} end
-if redis.call('EXISTS', KEYS[2]) == 0 then
-  local now = redis.call('TIME')
-  redis.call('SET', KEYS[2], string.format('%d', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)))
+#: KEYS: per lease asked for, its lease key; then the fence, then calls.
+#: ARGV: node, ttl_ms, then one call_id per lease key. Per lease, in order,
+#: in one step: {1, token, previous} when won (previous: the ``calls`` entry
+#: of a holder that never released the call, '' when none), {0, holder's
+#: token} when held. One round trip for every lease asked for at once
+#: (``cluster/batched.py``).
+ACQUIRE_MANY = """
+local fence_key, calls_key = KEYS[#KEYS - 1], KEYS[#KEYS]
+local answers = {}
+for i = 1, #KEYS - 2 do
+  local held = redis.call('GET', KEYS[i])
+  if held then
+    answers[i] = {0, held}
+  else
+    if redis.call('EXISTS', fence_key) == 0 then
+      local now = redis.call('TIME')
+      redis.call('SET', fence_key, string.format('%d', tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)))
+    end
+    local token = ARGV[1] .. ':' .. string.format('%d', redis.call('INCR', fence_key))
+    redis.call('SET', KEYS[i], token, 'PX', ARGV[2])
+    local previous = redis.call('HGET', calls_key, ARGV[i + 2]) or ''
+    redis.call('HSET', calls_key, ARGV[i + 2], token)
+    answers[i] = {1, token, previous}
+  end
 end
-local fence = redis.call('INCR', KEYS[2])
-local token = ARGV[1] .. ':' .. string.format('%d', fence)
-redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-local previous = redis.call('HGET', KEYS[3], ARGV[3]) or ''
-redis.call('HSET', KEYS[3], ARGV[3], token)
-return {1, token, previous}
+return answers
 """
 
 #: KEYS: lease. ARGV: token, ttl_ms. 1: renewed; 0: another token holds it;
@@ -168,17 +177,27 @@ end
 return answers
 """
 
-#: KEYS: lease, calls, pending. ARGV: token, call_id. Deletes only what is ours.
-RELEASE = """
-if redis.call('HGET', KEYS[2], ARGV[2]) == ARGV[1] then
-  redis.call('HDEL', KEYS[2], ARGV[2])
-  redis.call('DEL', KEYS[3])
+#: KEYS: per lease released, its lease key then its pending key; calls last.
+#: ARGV: per lease its token then its call_id. Deletes only what is ours, per
+#: lease in order, in one step: 1 when its lease key was ours (deleted), else 0.
+RELEASE_MANY = """
+local calls_key = KEYS[#KEYS]
+local answers = {}
+for i = 1, (#KEYS - 1) / 2 do
+  local lease_key, pending_key = KEYS[i * 2 - 1], KEYS[i * 2]
+  local token, call_id = ARGV[i * 2 - 1], ARGV[i * 2]
+  if redis.call('HGET', calls_key, call_id) == token then
+    redis.call('HDEL', calls_key, call_id)
+    redis.call('DEL', pending_key)
+  end
+  if redis.call('GET', lease_key) == token then
+    redis.call('DEL', lease_key)
+    answers[i] = 1
+  else
+    answers[i] = 0
+  end
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  return 1
-end
-return 0
+return answers
 """
 
 #: KEYS: lease, write. ARGV: token ('*': no fence), ttl_s. Check the write log

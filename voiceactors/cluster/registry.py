@@ -13,9 +13,9 @@ ends. The executor asks ``claim_write`` before it applies a write and
   absent with a TTL, renewed and deleted only by its token, see
   ``redis_client``), a fencing token per lease, the shared write log, and the
   mirror of each call's unsettled tool calls that a takeover answers from.
-  Every third of ``ttl_s`` one ``RENEW_MANY`` script renews every lease
-  whose actor runs here (``_renew_kept``): one request per process per tick,
-  not one per call.
+  Every sixth of ``ttl_s`` (``RENEWALS_PER_TTL``) one ``RENEW_MANY`` script
+  renews every lease whose actor runs here (``_renew_kept``): one request per
+  process per tick, not one per call.
 
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
@@ -39,6 +39,7 @@ import trio
 
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
+from voiceactors.cluster.batched import Batched
 from voiceactors.cluster.fence import LeaseStop, SendFence
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
@@ -48,6 +49,12 @@ __all__ = ["CallRegistry", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegist
 
 WRITE_RECORD_TTL_S = 7 * 24 * 3600     # a tool call id is never retried a week later
 OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for short leases)
+# Renewals per TTL. A call stops ``stop_margin`` (5 s of the default 10 s
+# TTL) after its last grant, so a renewal's answer may take the rest of that
+# minus the interval: 3.3 s at a sixth (1.7 s at a third, where one stalled
+# answer in a starved process stopped every call at once, § 23), for one
+# request per 1.7 s.
+RENEWALS_PER_TTL = 6
 MIRROR_PASS_INTERVAL_S = 0.05          # the mirror's passes at most this often (a takeover's view lags by that)
 
 _log = get_logger(actor="registry")
@@ -172,16 +179,27 @@ class RedisRegistry:
         self._stops: dict[str, LeaseStop] = {}      # the held calls whose actor runs: renewed each tick
         self._mirrored: dict[str, set[str]] = {}    # per held call: the tool calls its mirror holds in Redis
         self._reach = rc.Reachability()
+        # the leases asked for and released at once go in one script each
+        # (a join's connects, many calls' ends): cluster/batched.py
+        self._ask_bound_s = 2 * self.op_timeout_s      # a batch in flight ahead of ours, then ours
+        self._acquires = Batched[str, Lease | None](self._acquire_many, self._unwanted)
+        self._releases = Batched[Lease, int](self._release_many, send_when_gone=True)
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
+
+    @property
+    def renew_every_s(self) -> float:
+        return self.ttl_s / RENEWALS_PER_TTL
 
     # --- running -------------------------------------------------------------
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the client's connection pool; every third of a lease renew
+        """Hold the client's connection pool; every sixth of a lease renew
         the kept leases in one request (or, holding none, check Redis for
         ``health``) and mirror call records' tool lines."""
         async with self._redis, trio.open_nursery() as nursery:
             nursery.start_soon(self._mirror_writer)
+            nursery.start_soon(self._acquires.run)
+            nursery.start_soon(self._releases.run)
             await self._ping()
             _log.info("registry.started", node=self.node, reachable=self._reach.reachable, ttl_s=self.ttl_s)
             task_status.started()
@@ -214,15 +232,38 @@ class RedisRegistry:
     # --- leases --------------------------------------------------------------
 
     async def acquire(self, call_id: str) -> Lease | None:
+        """The call's lease when this process wins it (None: another token
+        holds it). The leases asked for at once go in one ``ACQUIRE_MANY``."""
+        return await self._acquires.ask(call_id, self._ask_bound_s)
+
+    async def _acquire_many(self, call_ids: list[str]) -> list[Lease | None]:
+        """One batch: each lease's fence and stop count from just before the
+        batch was sent (before Redis set any of its TTLs)."""
         sent = trio.current_time()
-        answer = await self._script(rc.ACQUIRE, [rc.lease_key(call_id), rc.FENCE_KEY, rc.CALLS_KEY],
-                                    [self.node, round(self.ttl_s * 1000), call_id])
+        answers = await self._script(rc.ACQUIRE_MANY, [*map(rc.lease_key, call_ids), rc.FENCE_KEY, rc.CALLS_KEY],
+                                     [self.node, round(self.ttl_s * 1000), *call_ids])
+        return [self._won(call_id, answer, sent) for call_id, answer in zip(call_ids, answers, strict=True)]
+
+    def _won(self, call_id: str, answer: list[Any], sent: float) -> Lease | None:
         if int(answer[0]) != 1:
             return None
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
         self._fences.setdefault(call_id, SendFence())
         self._granted(call_id, sent)
         return lease
+
+    def _unwanted(self, call_id: str, lease: Lease | None) -> None:
+        """A lease won for a caller that stopped waiting (its bound, or its
+        cancel): no actor will run it. A new call's is released; a dead
+        holder's call is left to expire, so the takeover scan finds it again
+        with its mirror kept (a release would delete both)."""
+        if lease is None or not self._holds(lease):
+            return
+        self._forget_held(lease)
+        if lease.previous is None:
+            self._releases.submit(lease)
+        _log.warning("registry.acquire_abandoned", call_id=call_id, fence=lease.fence,
+                     released=lease.previous is None)
 
     def _granted(self, call_id: str, sent: float) -> None:
         """A request sent at ``sent`` set or renewed the held call's lease:
@@ -278,9 +319,17 @@ class RedisRegistry:
             stop.lost()
 
     async def release(self, lease: Lease) -> None:
+        """Delete the lease (and the call's takeover entry and mirror) if
+        still ours; the releases asked for at once go in one ``RELEASE_MANY``,
+        sent even when the caller stops waiting."""
         self._forget_held(lease)
-        await self._script(rc.RELEASE, [rc.lease_key(lease.call_id), rc.CALLS_KEY, rc.pending_key(lease.call_id)],
-                           [lease.token, lease.call_id])
+        await self._releases.ask(lease, self._ask_bound_s)
+
+    async def _release_many(self, leases: list[Lease]) -> list[int]:
+        keys = [k for lease in leases for k in (rc.lease_key(lease.call_id), rc.pending_key(lease.call_id))]
+        answers = await self._script(rc.RELEASE_MANY, [*keys, rc.CALLS_KEY],
+                                     [a for lease in leases for a in (lease.token, lease.call_id)])
+        return [int(a) for a in answers]
 
     def lease_of(self, call_id: str) -> Lease | None:
         return self._held.get(call_id)
@@ -303,19 +352,19 @@ class RedisRegistry:
     # --- renewing every kept lease in one request ---------------------------------
 
     async def _renew_kept(self) -> None:
-        """Every third of a lease, renew each kept lease in one ``RENEW_MANY``
+        """Every ``renew_every_s``, renew each kept lease in one ``RENEW_MANY``
         (nothing kept: a PING, for ``health``). A lease kept between two
-        ticks waits at most a third of a lease for its first renewal. Redis
+        ticks waits at most that long for its first renewal. Redis
         not answering: try again in a twelfth of a lease; each call's stop
         deadline, which no renewal moves then, stops its actor in time."""
-        next_tick = trio.current_time() + self.ttl_s / 3
+        next_tick = trio.current_time() + self.renew_every_s
         while True:
             await trio.sleep_until(next_tick)
             for call_id in [c for c, stop in self._stops.items() if stop.ended]:
                 del self._stops[call_id]        # its actor is done (its release follows)
             kept = [(call_id, self._held[call_id]) for call_id in self._stops]
             sent = trio.current_time()
-            next_tick = sent + self.ttl_s / 3
+            next_tick = sent + self.renew_every_s
             if not kept:
                 await self._ping()
                 continue

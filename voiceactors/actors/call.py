@@ -370,12 +370,20 @@ class CallActor:
         """Write one frame; False when the connection ended (it is told)."""
         data = _SEND_ENCODER.encode(out.event)
         fence = self._fence
+        # A frame the socket takes whole goes in this step with no schedule
+        # point, so it needs no scope (the usual case on a ws:// sideband); a
+        # leased call's write always takes the path below, its fence's.
+        rest = ws_frames.start_send(ws, data) if fence is None else None
+        if rest == b"":
+            return True
         try:
             # Shielded: a frame cancelled half-way would corrupt the stream;
             # only its own deadline ends it (one scope for both: a write is hot).
             # A leased call's deadline bounds it too: no tail of a frame after it.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
-                if fence is None:
+                if rest is not None:
+                    await ws_frames.finish_send(ws, rest)     # what the socket did not take at once
+                elif fence is None:
                     await ws_frames.send_now(ws, data)
                 else:
                     scope.deadline = min(scope.deadline, fence.until)

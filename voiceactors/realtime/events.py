@@ -17,7 +17,7 @@ import secrets
 import time
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Container, Union
+from typing import Annotated, Any, Callable, Container, Union
 
 import pydantic
 from openai.types.realtime import RealtimeServerEvent
@@ -290,7 +290,8 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
 #: The scanner of ``json.loads`` (``JSONDecoder().scan_once``: the C one), for
 #: ``read_server_event``'s short path: ``loads`` = skip leading whitespace, this,
 #: then refuse anything but whitespace after it.
-_SCAN_JSON = json.JSONDecoder().scan_once
+# (typeshed does not declare the attribute, which every JSONDecoder has)
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def skippable(raw: Any, only: Container[str]) -> bool:

@@ -289,8 +289,11 @@ class CallActor:
         self._record_fields(effect.kind, effect.fields, t=effect.t)
 
     def _do_publish(self, effect: Publish) -> None:
-        if self.feed is not None:
-            getattr(self.feed, effect.kind)(**effect.fields)
+        # a feed no one listens to drops its events: not built (six a round);
+        # client events are queued for polling either way
+        feed = self.feed
+        if feed is not None and (effect.kind == "client_events" or feed.listened()):
+            getattr(feed, effect.kind)(**effect.fields)
 
     def _do_measure(self, effect: Measure) -> None:
         getattr(metrics, effect.name)(effect.seconds)

@@ -85,13 +85,13 @@ def _rounds(rounds: int) -> Any:
                 if i == answer_at and protocol.calls[f"call_{n}"].state == "running":
                     sends += feed(cp.ToolFinished(f"call_{n}", "briefing.get", '{"ok": true}', "ok", 0.3))
                 written(sends)
-    return frames, play
+    return frames, play, protocol
 
 
 def count(rounds: int) -> dict[str, Any]:
     """Calls per round by module, over ``rounds`` rounds after 20 unmeasured ones."""
     _rounds(20)[1]()     # imports and first-use caches out of the count
-    frames, play = _rounds(rounds)
+    frames, play, protocol = _rounds(rounds)
     calls: collections.Counter[str] = collections.Counter()
 
     def hook(frame: Any, event: str, _arg: Any) -> None:
@@ -110,8 +110,8 @@ def count(rounds: int) -> dict[str, Any]:
     finally:
         sys.setprofile(None)
     by_module = {name: round(n / rounds, 2) for name, n in calls.most_common()}
-    return {"rounds": rounds, "frames_per_round": len(frames[0]),
-            "calls_per_round": round(sum(calls.values()) / rounds, 2), "by_module": by_module}
+    return {"rounds": rounds, "frames_per_round": len(frames[0]), "creates": len(protocol.creates),
+            "tool_calls": len(protocol.calls), "calls_per_round": round(sum(calls.values()) / rounds, 2), "by_module": by_module}
 
 
 def main(argv: list[str] | None = None) -> int:

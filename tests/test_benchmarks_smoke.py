@@ -105,6 +105,13 @@ def test_round_cpu_tiny(bench):
     assert data["view"] and data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28
 
 
+def test_round_calls_tiny(bench):
+    data = _main(bench, "benchmarks.round_calls", "--rounds", "5")
+    assert data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28
+    assert data["calls_per_round"] > 0 and "voiceactors/actors/call_protocol.py" in data["by_module"]
+    assert not [name for name in data["by_module"] if "round_calls" in name or "round_cpu" in name]
+
+
 def test_record_cpu_tiny(bench):
     args = ("--calls", "3", "--rounds", "2", "--think-ms", "1", "2", "--repeats", "1", "--state-dir", str(bench))
     sizes = {}

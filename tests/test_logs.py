@@ -5,10 +5,12 @@ benchmark (``benchmarks.log_cost``, docs/benchmarks.md), never timed here."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
 
+import hypothesis
 import structlog
 from structlog.testing import capture_logs
 
@@ -97,3 +99,28 @@ def test_a_logged_line_hides_every_secret_the_scrubber_hides():
                                      "reason", "ratio", "text")} == {
         "token_required": True, "input_tokens": 812, "api_token": False, "ephemeral_key": None,
         "keys": ["a", "b"], "reason": "no_api_key", "ratio": 1.5, "text": "nothing to hide here"}
+
+
+@hypothesis.given(hypothesis.strategies.integers(min_value=0, max_value=4_102_444_800 * 10**9)
+                  | hypothesis.strategies.integers(min_value=0, max_value=4_102_444_800).map(lambda s: s * 10**9))
+def test_the_timestamp_is_written_as_structlogs_iso_utc_stamper_writes_the_instant(ns: int) -> None:
+    # TimeStamper(fmt="iso", utc=True): datetime.isoformat with Z, no fraction on a whole second
+    # (the second strategy: whole seconds, where the fraction is left out)
+    moment = datetime.datetime.fromtimestamp(ns // 10**9, datetime.timezone.utc).replace(
+        microsecond=ns // 1000 % 10**6)
+    assert logs._iso_utc(ns) == moment.isoformat().replace("+00:00", "Z")
+
+
+def test_a_lines_timestamp_is_now_in_utc() -> None:
+    stream = io.StringIO()
+    logs.configure("json", "info", stream=stream)
+    try:
+        before = datetime.datetime.now(datetime.timezone.utc)
+        logs.get_logger(actor="test").info("test.stamped")
+        after = datetime.datetime.now(datetime.timezone.utc)
+    finally:
+        structlog.reset_defaults()
+    line = json.loads(stream.getvalue())
+    assert line["timestamp"].endswith("Z") and list(line)[-1] == "timestamp"
+    stamped = datetime.datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00"))
+    assert before <= stamped <= after

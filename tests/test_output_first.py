@@ -8,13 +8,17 @@ reusable read, answered in the call's step at
 its bytes go to the socket in that frame's step, not after the rest of the
 read (the ``response.done``'s usage, record line and feed event) has been
 handled. Observed at the socket: trio's ``SocketStream.send_all`` (the
-library's) wrapped to note, at each of the call's sends, whether the
-protocol had seen the ``response.done`` yet (its batch's status).
+library's) and ``os.write`` on the sideband's descriptor (``ws_frames.start_send``'s
+write of a frame the socket takes whole) wrapped to note, at each of the
+call's sends, whether the protocol had seen the ``response.done`` yet (its
+batch's status).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import os
 
 import pytest
 import trio
@@ -37,15 +41,27 @@ async def test_an_in_step_output_leaves_before_its_response_done_is_handled(tmp_
     watched: dict[str, Any] = {}
     original = trio.SocketStream.send_all
 
-    async def noting(self: trio.SocketStream, data: Any) -> None:
+    write = os.write
+
+    def note(stream: Any) -> None:
         actor = watched.get("actor")
-        if actor is not None and actor._ws is not None and self is actor._ws._stream:
+        if actor is not None and actor._ws is not None and stream is actor._ws._stream:
             for call in actor.calls.values():
                 if call.state == "queued":     # its output is the frame being written
                     seen.append((call.tool_call_id, actor.batches[call.response_id].status))
+
+    async def noting(self: trio.SocketStream, data: Any) -> None:
+        note(self)
         await original(self, data)
 
+    def noting_write(fd: int, data: Any) -> int:
+        actor = watched.get("actor")
+        if actor is not None and actor._ws is not None and fd == actor._ws._stream.socket.fileno():
+            note(actor._ws._stream)
+        return write(fd, data)
+
     monkeypatch.setattr(trio.SocketStream, "send_all", noting)
+    monkeypatch.setattr(os, "write", noting_write)
     async with rig(tmp_path, tool_reuse_s=1e6) as r:
         await r.run_call("rtc_warm", SCENARIO)      # runs the read: its answer is kept
         actor = watched["actor"] = r.actor("rtc_step")

@@ -317,6 +317,31 @@ def test_a_screened_frame_reads_as_an_unscreened_one():
         assert screened_logs == plain_logs
 
 
+def test_the_screened_short_path_reads_every_edge_as_the_general_path():
+    """``screened=True`` decodes one-object text with ``json.loads``'s own
+    scanner and returns its view in one call; text around or after the
+    object, a type that is no string, or a frame the checks refuse goes the
+    general path, so every frame reads as unscreened, with the same lines."""
+    speech = {"type": "input_audio_buffer.speech_started", "event_id": "e", "audio_start_ms": 0, "item_id": "u"}
+    text = json.dumps(speech)
+    frames = [
+        text, " " + text, text + "\n", text + " {}", text + "}", text[:-1], text + "\ufeff",
+        json.dumps({**speech, "type": 5}), json.dumps({**speech, "type": ["x"]}), json.dumps({**speech, "type": None}),
+        json.dumps({**speech, "audio_start_ms": "5"}),            # refused by the checks, coerced by the models
+        text.replace('"audio_start_ms": 0', '"audio_start_ms": ' + "9" * 5000),   # past int's digit limit
+        json.dumps({"type": "input_audio_buffer.committed", "event_id": "e", "item_id": "u"}),   # known, not acted on
+        "{}", "{", '{"type": "response.done", oops', json.dumps({**speech, "extra": [1, {"a": None}]}),
+    ]
+    for raw in frames:
+        with capture_logs() as plain_logs:
+            plain = events.read_server_event(raw, HANDLED_EVENTS)
+        with capture_logs() as screened_logs:
+            screened = events.read_server_event(raw, HANDLED_EVENTS, screened=True)
+        assert type(screened) is type(plain) and screened == plain, raw[:80]
+        assert screened_logs == plain_logs, raw[:80]
+    assert type(events.read_server_event(text, HANDLED_EVENTS, screened=True)) is EventView
+
+
 def test_a_frame_the_checks_refuse_but_the_models_accept_is_the_model():
     coerced = {"type": "input_audio_buffer.speech_started", "event_id": "e", "audio_start_ms": "5", "item_id": "u"}
     parsed = events.read_server_event(json.dumps(coerced), HANDLED_EVENTS)

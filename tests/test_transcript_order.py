@@ -188,3 +188,29 @@ async def test_the_record_and_the_history_keep_spoken_order_over_the_simulator(t
         ("user", "Never mind.", False),
         ("assistant", "Sure.", False),
     ]
+
+
+def test_the_protocols_fields_place_items_as_observe_places_whole_events():
+    """The protocol hands ``TranscriptOrder`` each event's fields as its
+    handlers read them (``item_seen``, ``output_item_seen``,
+    ``response_done``): the numbers and cuts are those of ``observe`` on the
+    whole events, and a cut's line comes before the response's own line."""
+    events = [
+        user_item("u1", None), *reply("r1", "a1", "u1", "Let me look that up and then", cancelled=True),
+        user_item("u2", "a1"), user_item("x", "u1"), user_text("u1", "Search for the offsite."),
+        *reply("r2", "a2", "u2", "Sure.", cancelled=True, transcript_after_done=True),
+    ]
+    p = CallProtocol("rtc_order")
+    p.handle(Connected(), 0.0)
+    whole = TranscriptOrder()
+    kinds = []
+    for i, obj in enumerate(events):
+        effects = p.handle(Received(ev(obj)), float(i))
+        kinds += [e.kind for e in effects if isinstance(e, RecordLine)]
+        whole.observe(ev(obj))
+        if obj["type"].endswith((".completed", "transcript.done")):    # as the protocol places a transcript
+            whole.place_transcript(obj["item_id"])
+    for item_id in ("u1", "a1", "u2", "x", "a2"):
+        assert p.spoken.order_of(item_id) == whole.order_of(item_id), item_id
+    assert p.spoken.order_of("x") == 1.5
+    assert kinds.index("transcript_cut") == kinds.index("response") - 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import socket
 import struct
 from importlib.metadata import version
 
@@ -34,6 +35,8 @@ def read_client_frame(data: bytes) -> tuple[str, bytes] | None:
     size, at = data[1] & 0x7F, 2
     if size == 126:
         size, at = struct.unpack("!H", data[2:4])[0], 4
+    elif size == 127:
+        size, at = struct.unpack("!Q", data[2:10])[0], 10
     if len(data) < at + 4 + size:
         return None
     mask, body = data[at:at + 4], data[at + 4:at + 4 + size]
@@ -234,4 +237,44 @@ async def test_without_a_skip_every_frame_is_queued():
         while len(got) < 2:
             got += await ws_frames.get_messages(ws)
         assert got == ['{"delta": 1}', '{"n": 2}'] and ws_frames.take_skipped(ws) == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_start_send_writes_a_frame_the_socket_takes_whole_in_the_callers_step():
+    # the call actor's write with no schedule point and no cancel scope (CallActor._write)
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        assert ws_frames.start_send(ws, "first") == b""     # all of it went, synchronously
+        assert not ws._stream_lock.locked()
+        await ws._stream_lock.acquire()                      # another write holds the socket
+        assert ws_frames.start_send(ws, "not now") is None   # nothing made, nothing written
+        ws._stream_lock.release()
+        await ws_frames.send_now(ws, "second")
+        assert await peer.read_texts(2) == ["first", "second"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_what_the_socket_does_not_take_at_once_finish_send_writes_before_any_other_frame():
+    # start_send and finish_send run in one task (the send lock is a trio Lock: its owner releases it)
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        ws._stream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        big = "x" * 2_000_000                                 # far more than the buffers hold
+        got: list[str] = []
+
+        async def read() -> None:
+            got.extend(await peer.read_texts(2))
+
+        async def behind() -> None:
+            await ws_frames.send_now(ws, "after")             # waits for the lock: no interleaving
+
+        rest = ws_frames.start_send(ws, big)
+        assert rest and ws._stream_lock.locked()             # held until the rest is written
+        nursery.start_soon(behind)
+        nursery.start_soon(read)
+        await ws_frames.finish_send(ws, rest)
+        with trio.fail_after(10):
+            while len(got) < 2:
+                await trio.sleep(0.01)
+        assert got == [big, "after"]
         nursery.cancel_scope.cancel()

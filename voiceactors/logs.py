@@ -15,10 +15,12 @@ cannot leak one. A field that only mentions the word (``token_required``,
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import re
 import sys
+import time
 from typing import Any, MutableMapping, TextIO, cast
 
 import structlog
@@ -132,6 +134,29 @@ def _serialize(obj: Any, **_ignored: Any) -> str:
     return _ENCODER.encode(obj)
 
 
+_SECOND_STAMP: tuple[int, str] = (-1, "")   # (a whole second, its date and time of day), swapped whole
+
+
+def _iso_utc(ns: int) -> str:
+    """``ns`` (nanoseconds since the epoch) as structlog's
+    ``TimeStamper(fmt="iso", utc=True)`` writes that instant
+    (``datetime.isoformat`` with ``Z``: microseconds, none when zero): the
+    date and time of day formatted once per second, not per line."""
+    global _SECOND_STAMP
+    second, rest = divmod(ns, 1_000_000_000)
+    cached = _SECOND_STAMP      # one tuple: a line of another thread never sees half of it
+    if cached[0] != second:
+        day = datetime.datetime.fromtimestamp(second, datetime.timezone.utc).replace(tzinfo=None)
+        cached = _SECOND_STAMP = (second, day.isoformat())
+    micro = rest // 1000
+    return f"{cached[1]}.{micro:06d}Z" if micro else f"{cached[1]}Z"
+
+
+def _timestamp(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    event["timestamp"] = _iso_utc(time.time_ns())
+    return event
+
+
 _PROCESS_FIELDS: dict[str, Any] = {}    # on every line of this process (a worker's ``worker`` index)
 
 
@@ -154,8 +179,9 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
     Cheap by construction (docs/benchmarks.md, "connect and log cost"): the
     level is filtered by the bound logger's class, so a dropped ``debug``
     line runs no processor; the scrubber skips numbers and flags and tests
-    strings for a key's prefix before the pattern; one JSON encoder renders
-    every line; each line is one ``write`` (``WriteLogger``: text and
+    strings for a key's prefix before the pattern; the timestamp's date and
+    time of day are formatted once a second (``_iso_utc``); one JSON encoder
+    renders every line; each line is one ``write`` (``WriteLogger``: text and
     newline together) and one flush."""
     renderer: Any
     if fmt == "console":
@@ -167,7 +193,7 @@ def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = No
             structlog.contextvars.merge_contextvars,
             _process_fields,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _timestamp,
             structlog.processors.format_exc_info,
             _scrub_processor,
             renderer,

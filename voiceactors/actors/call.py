@@ -289,8 +289,11 @@ class CallActor:
         self._record_fields(effect.kind, effect.fields, t=effect.t)
 
     def _do_publish(self, effect: Publish) -> None:
-        if self.feed is not None:
-            getattr(self.feed, effect.kind)(**effect.fields)
+        # a feed no one listens to drops its events: not built (six a round);
+        # client events are queued for polling either way
+        feed = self.feed
+        if feed is not None and (effect.kind == "client_events" or feed.listened()):
+            getattr(feed, effect.kind)(**effect.fields)
 
     def _do_measure(self, effect: Measure) -> None:
         getattr(metrics, effect.name)(effect.seconds)
@@ -370,12 +373,20 @@ class CallActor:
         """Write one frame; False when the connection ended (it is told)."""
         data = _SEND_ENCODER.encode(out.event)
         fence = self._fence
+        # A frame the socket takes whole goes in this step with no schedule
+        # point, so it needs no scope (the usual case on a ws:// sideband); a
+        # leased call's write always takes the path below, its fence's.
+        rest = ws_frames.start_send(ws, data) if fence is None else None
+        if rest == b"":
+            return True
         try:
             # Shielded: a frame cancelled half-way would corrupt the stream;
             # only its own deadline ends it (one scope for both: a write is hot).
             # A leased call's deadline bounds it too: no tail of a frame after it.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
-                if fence is None:
+                if rest is not None:
+                    await ws_frames.finish_send(ws, rest)     # what the socket did not take at once
+                elif fence is None:
                     await ws_frames.send_now(ws, data)
                 else:
                     scope.deadline = min(scope.deadline, fence.until)

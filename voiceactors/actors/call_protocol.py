@@ -43,7 +43,7 @@ from voiceactors.actors.call_state import (
     ToolCall, ToolCallState, ToolOutcome,
 )
 from voiceactors.actors.call_context import CallContext
-from voiceactors.actors.transcript_order import OBSERVED_EVENTS as SPOKEN_ORDER_EVENTS, TranscriptOrder
+from voiceactors.actors.transcript_order import TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
 
@@ -75,6 +75,9 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done",
 })
+
+_ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.created", "conversation.item.done"})
+_OUTPUT_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 
 ACTIVE_RESPONSE = "conversation_already_has_active_response"
 #: Service error codes after which the call cannot go on: it ends at once.
@@ -450,6 +453,8 @@ class CallProtocol:
         self._effects.append(effect)
 
     def _log(self, level: str, event: str, **fields: Any) -> None:
+        # the per-event debug lines are asked for under ``if self.debug_logs:``
+        # at their call sites: with debug off not even their fields are packed
         if level == "debug" and not self.debug_logs:
             return
         # a tool call id is the peer's string: clipped in logs like the others
@@ -465,22 +470,30 @@ class CallProtocol:
 
     def _on_event(self, event: Any) -> None:
         """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
+        # Each field is read once and handed on (a view builds a new view at
+        # every read of a nested object); the conversation's order
+        # (``spoken``) sees an event's fields before its handler, the most
+        # frequent kinds first.
         kind = event.type
-        if kind in SPOKEN_ORDER_EVENTS:      # the rest (half the events acted on) it would ignore
-            for item_id in self.spoken.observe(event):
+        if kind in _ITEM_EVENTS:
+            item = event.item
+            self.spoken.item_seen(item, getattr(event, "previous_item_id", None))
+            self._on_item_added(item, first=kind != "conversation.item.done")
+        elif kind in _OUTPUT_ITEM_EVENTS:
+            response_id, item = event.response_id, event.item
+            self.spoken.output_item_seen(response_id, item)
+            self._on_output_item(response_id, item, done=kind == "response.output_item.done")
+        elif kind == "response.done":
+            response = event.response
+            for item_id in self.spoken.response_done(response):
                 self._record("transcript_cut", item_id=item_id)
-        if kind == "response.created":
+            self._on_response_done(response)
+        elif kind == "response.created":
             self._on_response_created(event.response)
-        elif kind in ("response.output_item.added", "response.output_item.done"):
-            self._on_output_item(event.response_id, event.item, done=kind.endswith(".done"))
         elif kind == "response.function_call_arguments.done":
             self._on_arguments_done(event)
-        elif kind == "response.done":
-            self._on_response_done(event.response)
         elif kind == "input_audio_buffer.speech_started":
             self._on_speech_started()
-        elif kind in ("conversation.item.added", "conversation.item.created", "conversation.item.done"):
-            self._on_item_added(event.item, first=kind != "conversation.item.done")
         elif kind == "error":
             self._on_error(event.error)
         elif kind == "conversation.item.input_audio_transcription.completed":
@@ -512,7 +525,8 @@ class CallProtocol:
             self.create_inflight = None
         elif new:
             self._carried_forward_by(batch)
-        self._log("debug", "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
+        if self.debug_logs:
+            self._log("debug", "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
 
     def _carried_forward_by(self, started: Batch) -> None:
         """A response the model started after every output of a finished batch
@@ -526,8 +540,9 @@ class CallProtocol:
             seqs = [self.calls[c].confirmed_seq for c in batch.calls]
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
-                self._log("debug", "response.follow_up_by_model", response_id=batch.response_id,
-                          by=started.response_id, epoch=self.epoch)
+                if self.debug_logs:
+                    self._log("debug", "response.follow_up_by_model", response_id=batch.response_id,
+                              by=started.response_id, epoch=self.epoch)
 
     def _tool_call(self, response_id: str, tool_call_id: str | None, name: str | None,
                    item_id: str | None) -> ToolCall | None:
@@ -584,7 +599,8 @@ class CallProtocol:
         call.started_t = self._now
         self._prefetching.add(call.tool_call_id)
         # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
-        self._log("debug", "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        if self.debug_logs:
+            self._log("debug", "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
 
     def _on_response_done(self, response: Any) -> None:
@@ -612,8 +628,9 @@ class CallProtocol:
                 self._maybe_start(call)
             else:
                 self._abandon(call)
-        self._log("debug", "response.done", response_id=rid, status=batch.status, origin=batch.origin,
-                  epoch=batch.epoch, tool_calls=len(batch.calls))
+        if self.debug_logs:
+            self._log("debug", "response.done", response_id=rid, status=batch.status, origin=batch.origin,
+                      epoch=batch.epoch, tool_calls=len(batch.calls))
         self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
         usage = getattr(response, "usage", None)
@@ -637,7 +654,8 @@ class CallProtocol:
                 call.state = ToolCallState.CONFIRMED
                 call.confirmed_seq = self.seq
                 self._record_settled(call)
-                self._log("debug", "tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
+                if self.debug_logs:
+                    self._log("debug", "tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
         elif kind == "message" and getattr(item, "role", None) == "user" and first:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
@@ -710,7 +728,8 @@ class CallProtocol:
         for batch in self._undecided_batches():
             if batch.epoch < self.epoch:
                 batch.follow_up = FollowUp.SUPERSEDED
-        self._log("debug", "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
+        if self.debug_logs:
+            self._log("debug", "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
         if self.tools_running():
             self._emit(CancelOlderReads(self.epoch))
 
@@ -738,8 +757,9 @@ class CallProtocol:
             call.started_t = self._now
             self._running.add(call.tool_call_id)
         self._record_started(call)
-        self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
-                  turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
+        if self.debug_logs:
+            self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                      turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
         self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
                              prefetched=prefetched))
         self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
@@ -773,8 +793,9 @@ class CallProtocol:
             call.state = ToolCallState.READY
             self._context_tool_finished(call, result)
             self._queue_output(call)
-        self._log("debug", "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
-                  current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
+        if self.debug_logs:
+            self._log("debug", "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                      current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
         self._emit(Publish("tool_done", {"tool": call.name, "tool_call_id": call.tool_call_id, "epoch": call.epoch,
                                          "outcome": result.outcome, "duration_ms": result.duration_ms}))
         if result.client_events:
@@ -931,7 +952,8 @@ class CallProtocol:
             return
         event = rt.response_create()
         create = self._create_for(event, due)
-        self._log("debug", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
+        if self.debug_logs:
+            self._log("debug", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
         self._emit(Send(event))
 
     def _finished_batches(self) -> list[Batch]:

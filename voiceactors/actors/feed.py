@@ -134,6 +134,14 @@ class CallFeed:
     def subscribers(self) -> int:
         return len(self._subscribers)
 
+    def listened(self) -> bool:
+        """Whether an event published now reaches anyone: a subscriber (a
+        gone one is noticed at the next publish) or, with ``--redis``, the
+        sink. While it is False a ``publish`` goes nowhere, so a caller may
+        skip building its event; ``client_events`` is more than a publish
+        (the nav hints and observer actions are queued for polling)."""
+        return bool(self._subscribers) or self.epoch is not None
+
     def prune(self) -> int:
         """Forget subscribers whose stream has gone (receive side closed);
         the number left."""

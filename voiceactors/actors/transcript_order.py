@@ -14,8 +14,10 @@ written as the call goes keeps its place. Sorting a run's transcripts by
 It also knows which assistant messages were cut short: the message items of a
 response that ended ``cancelled`` (the user barged in, or we cancelled).
 
-Sans-IO and cheap: ``CallProtocol`` feeds it every handled server event; it
-reads fields by attribute with None defaults (an SDK model or a light view).
+Sans-IO and cheap: ``CallProtocol`` hands it the fields of the events it
+observes as its handlers read them (``item_seen``, ``output_item_seen``,
+``response_done``; ``observe`` takes a whole event); it reads fields by
+attribute with None defaults (an SDK model or a light view).
 """
 
 from __future__ import annotations
@@ -46,21 +48,30 @@ class TranscriptOrder:
         caller records them: ``transcript_cut``)."""
         kind = getattr(event, "type", None)
         if kind in _ITEM_EVENTS:
-            item = getattr(event, "item", None)
+            self.item_seen(getattr(event, "item", None), getattr(event, "previous_item_id", None))
+        elif kind in _OUTPUT_ITEM_EVENTS:
+            self.output_item_seen(getattr(event, "response_id", None), getattr(event, "item", None))
+        elif kind == "response.done":
+            return self.response_done(getattr(event, "response", None))
+        return []
+
+    # ``observe``'s parts, for a caller that has read the event's fields
+    # already (``CallProtocol``: each field of a view read once per event)
+
+    def item_seen(self, item: Any, previous_item_id: str | None) -> None:
+        """A ``conversation.item.added`` / ``.created`` / ``.done``'s item."""
+        item_id = getattr(item, "id", None)
+        if item_id:
+            self._place(item_id, previous_item_id)
+
+    def output_item_seen(self, response_id: str | None, item: Any) -> None:
+        """A ``response.output_item.added`` / ``.done``'s item."""
+        if response_id and getattr(item, "type", None) == "message":
             item_id = getattr(item, "id", None)
             if item_id:
-                self._place(item_id, getattr(event, "previous_item_id", None))
-        elif kind in _OUTPUT_ITEM_EVENTS:
-            item = getattr(event, "item", None)
-            item_id = getattr(item, "id", None)
-            response_id = getattr(event, "response_id", None)
-            if item_id and response_id and getattr(item, "type", None) == "message":
                 messages = self._messages_of.setdefault(response_id, [])
                 if item_id not in messages:
                     messages.append(item_id)
-        elif kind == "response.done":
-            return self._response_done(getattr(event, "response", None))
-        return []
 
     def place_transcript(self, item_id: str | None) -> dict[str, Any]:
         """The fields a transcript line of ``item_id`` carries besides its
@@ -93,7 +104,8 @@ class TranscriptOrder:
             items.insert(at, item_id)
         self._order[item_id] = number
 
-    def _response_done(self, response: Any) -> list[str]:
+    def response_done(self, response: Any) -> list[str]:
+        """A ``response.done``'s response: the ids ``observe`` returns for it."""
         cut = self._messages_of.pop(getattr(response, "id", None) or "", [])
         if getattr(response, "status", None) != "cancelled":
             return []

@@ -17,7 +17,7 @@ import secrets
 import time
 import typing
 from dataclasses import dataclass
-from typing import Annotated, Any, Container, Union
+from typing import Annotated, Any, Callable, Container, Union
 
 import pydantic
 from openai.types.realtime import RealtimeServerEvent
@@ -265,8 +265,33 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
 
     ``screened``: ``skippable(raw, only)`` was already False for this frame
     (the hand-off asked it, ``ws_frames``): not asked again. The result is
-    the same either way; the check is a regular-expression match per frame."""
+    the same either way; the check is a regular-expression match per frame.
+
+    A screened frame takes a short path first (the call actor's every acted-on
+    frame, ~17 a tool round): text that is one JSON object from its first
+    character to its last, decoded by the scanner ``json.loads`` itself uses,
+    whose acted-on type passes its check, is its view in this one call (the
+    general path is six calls deep). Anything else, valid or not, goes the
+    general path from the start, so its result and its line are the same."""
+    if screened and type(raw) is str and raw[:1] == "{":
+        try:
+            obj, end = _SCAN_JSON(raw, 0)
+        except (StopIteration, ValueError):
+            pass
+        else:
+            type_ = obj.get("type") if end == len(raw) else None
+            if type(type_) is str and type_ in only:
+                check = SERVER_CHECKS.get(type_)
+                if check is not None and check(obj):
+                    return EventView(obj)
     return _parse(raw, only, budget, checks=SERVER_CHECKS, screened=screened)
+
+
+#: The scanner of ``json.loads`` (``JSONDecoder().scan_once``: the C one), for
+#: ``read_server_event``'s short path: ``loads`` = skip leading whitespace, this,
+#: then refuse anything but whitespace after it.
+# (typeshed does not declare the attribute, which every JSONDecoder has)
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def skippable(raw: Any, only: Container[str]) -> bool:

@@ -23,7 +23,11 @@ has neither a batch read nor an immediate write, so this module adds them:
   ``last_skipped_at``);
 * ``send_now(ws, text)`` writes a text frame at once when no other write
   holds the connection's send lock (it holds the lock while writing, so
-  frames never interleave), else waits its turn through ``send_message``.
+  frames never interleave), else waits its turn through ``send_message``;
+* ``start_send(ws, text)`` / ``finish_send(ws, rest)``: the same write on a
+  plain TCP stream with no schedule point when the socket takes the whole
+  frame at once (one non-blocking ``write``), the rest finished by an
+  awaited ``send_all`` when it does not.
 
 It reads ``_send_channel``, ``_recv_channel``, ``_stream_lock``,
 ``_wsproto``, ``_stream`` and ``_close_reason`` and calls
@@ -36,14 +40,15 @@ and ``tests/test_ws_frames.py`` checks the seam over real loopback sockets.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable
 
 import trio
 from trio_websocket import ConnectionClosed
 from wsproto.events import TextMessage
 
-__all__ = ["SEAM_ATTRIBUTES", "check_seam", "get_messages", "hand_off_at_once", "last_skipped_at", "send_before",
-           "send_now", "take_skipped"]
+__all__ = ["SEAM_ATTRIBUTES", "check_seam", "finish_send", "get_messages", "hand_off_at_once", "last_skipped_at",
+           "send_before", "send_now", "start_send", "take_skipped"]
 
 #: The private attributes of ``WebSocketConnection`` this module uses.
 SEAM_ATTRIBUTES = ("_send_channel", "_recv_channel", "_stream_lock", "_wsproto", "_stream", "_close_reason",
@@ -149,6 +154,50 @@ async def send_now(ws: Any, text: str) -> None:
             raise ConnectionClosed(ws._close_reason) from None
     finally:
         lock.release()
+
+
+def start_send(ws: Any, text: str) -> bytes | None:
+    """Begin writing one text frame in this step, with no schedule point at
+    all: on a plain TCP stream (a ``ws://`` sideband: the loopback of the
+    tests and benchmarks, a local proxy) with the send lock free, the frame
+    is made and written with one non-blocking ``write`` of the socket. Returns
+    ``b""`` when every byte went; the bytes still to go when the socket took
+    fewer (or refused them: the error is ``finish_send``'s to raise), with the
+    send lock still held, so ``finish_send`` must follow (it awaits, so its
+    caller bounds and shields it as any write); None when it could not start
+    (the lock held, the connection closing, a TLS stream), with nothing made
+    or written: write with ``send_now`` instead.
+
+    ``send_now``'s path after its bytes are handed over is trio's
+    ``send_all``, whose ``send`` ends with a schedule point even when the
+    socket took every byte; the frame's bytes leave at the same moment here,
+    but the task that wrote it goes on in its step (and its caller needs no
+    cancel scope for a write that cannot wait)."""
+    lock, stream = ws._stream_lock, ws._stream
+    if lock.locked() or ws._close_reason is not None or type(stream) is not trio.SocketStream:
+        return None
+    lock.acquire_nowait()
+    data = ws._wsproto.send(TextMessage(data=text))
+    try:
+        sent = os.write(stream.socket.fileno(), data)
+    except OSError:      # full (BlockingIOError), or broken: finish_send's send_all waits or raises
+        sent = 0
+    if sent == len(data):
+        lock.release()
+        return b""
+    return data[sent:]
+
+
+async def finish_send(ws: Any, rest: bytes) -> None:
+    """Write what ``start_send`` left of its frame and release the send lock
+    it held. Raises ``ConnectionClosed`` like ``send_message``."""
+    try:
+        await ws._stream.send_all(rest)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        await ws._abort_web_socket()
+        raise ConnectionClosed(ws._close_reason) from None
+    finally:
+        ws._stream_lock.release()
 
 
 async def send_before(ws: Any, text: str, until: float) -> bool:

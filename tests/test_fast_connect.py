@@ -13,6 +13,7 @@ has the same head either way. Real app, actors and simulator on loopback.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -181,42 +182,90 @@ async def test_at_capacity_is_quarts_503(make_sample, tmp_path, sim, pin_today, 
     assert quart_requests.count == 1
 
 
-async def test_on_the_wire_the_head_is_the_same_either_way(make_sample, tmp_path, sim, pin_today):  # noqa: F811
-    """Through hypercorn (``serving.serve``): the same status line and
-    headers (but the date) with the fast path on and off, one send each."""
+class HypercornTasks(trio.abc.Instrument):
+    """Counts the tasks hypercorn spawns (its connection's, its app's)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def task_spawned(self, task: Any) -> None:
+        if task.name.startswith("hypercorn."):
+            self.count += 1
+
+
+async def _exchange(port: int, request: bytes, answers: int = 1) -> bytes:
+    """Send ``request`` on a fresh connection; what came back once
+    ``answers`` responses are in (or the server closed)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    data = b""
+    with trio.fail_after(10):
+        await stream.send_all(request)
+        while data.count(b"HTTP/1.1 ") < answers or not data.endswith(b"\n"):
+            chunk = await stream.receive_some()
+            if not chunk:
+                break
+            data += chunk
+    await stream.aclose()
+    return data
+
+
+def _connect_request(port: int, call_id: str, *, close: bool) -> bytes:
+    body = json.dumps({"call_id": call_id}).encode()
+    return (b"POST /api/voice/connect HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+            b"X-Request-Id: req-wire\r\nContent-Length: %d\r\n%s\r\n%s"
+            % (port, len(body), b"Connection: close\r\n" if close else b"", body))
+
+
+def _without_date(response: bytes) -> bytes:
+    return re.sub(rb"\r\ndate: [^\r]*", b"\r\ndate: -", response)
+
+
+async def test_on_the_wire_below_hypercorn_the_bytes_are_hypercorns(make_sample, tmp_path, sim, pin_today):  # noqa: F811
+    """Through ``serving.serve``: a plain connect is answered from the
+    connection's first read without a task of hypercorn's, byte for byte as
+    hypercorn answers it (but the date), with ``Connection: close`` and
+    kept alive (the next request on the connection is hypercorn's)."""
     from hypercorn.config import Config
 
     from voiceactors.http.serving import serve
 
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim)
-    for call_id in ("rtc_wire_a", "rtc_wire_b"):
-        sim.add_call(call_id, [{"sleep": 0.2}, {"close": 1000}])
+    for n in range(4):
+        sim.add_call(f"rtc_wire_{n}", [{"sleep": 0.2}, {"close": 1000}])
     config = Config()
     config.bind = ["127.0.0.1:0"]
     stop = trio.Event()
-    heads = []
+    hypercorn_tasks = HypercornTasks()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(lambda task_status: serve(app, config, max_connections=0,
                                                               shutdown_trigger=stop.wait, task_status=task_status))
         port = int(binds[0].rsplit(":", 1)[1])
-        for call_id, fast in (("rtc_wire_a", True), ("rtc_wire_b", False)):
-            kept = app.fast_connect
-            if not fast:
-                app.fast_connect = None
-            body = json.dumps({"call_id": call_id}).encode()
-            stream = await trio.open_tcp_stream("127.0.0.1", port)
-            await stream.send_all(b"POST /api/voice/connect HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
-                                  b"Content-Type: application/json\r\nX-Request-Id: req-wire\r\n"
-                                  b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (port, len(body), body))
-            data = b""
-            with trio.fail_after(10):
-                while chunk := await stream.receive_some():
-                    data += chunk
-            await stream.aclose()
-            app.fast_connect = kept
-            head, _, answer = data.partition(b"\r\n\r\n")
-            heads.append((sorted(line for line in head.split(b"\r\n") if not line.startswith(b"date:")), answer))
+        trio.lowlevel.add_instrument(hypercorn_tasks)
+        fast = await _exchange(port, _connect_request(port, "rtc_wire_0", close=True))
+        trio.lowlevel.remove_instrument(hypercorn_tasks)
+        kept, app.fast_connect = app.fast_connect, None
+        slow = await _exchange(port, _connect_request(port, "rtc_wire_1", close=True))
+        slow_kept = await _exchange(port, _connect_request(port, "rtc_wire_2", close=False)
+                                    + b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port, answers=2)
+        app.fast_connect = kept
+        # kept alive: the connect answered below hypercorn, the next request by hypercorn on the same connection
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(_connect_request(port, "rtc_wire_3", close=False))
+        first = b""
+        with trio.fail_after(10):
+            while not first.endswith(b"\n"):
+                first += await stream.receive_some()
+            await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nConnection: close\r\n\r\n" % port)
+            second = b""
+            while chunk := await stream.receive_some():
+                second += chunk
+        await stream.aclose()
         stop.set()
-    assert heads[0] == heads[1]
-    assert heads[0][1] == b'{"status":"connected"}\n'
+    assert hypercorn_tasks.count == 0
+    assert _without_date(fast) == _without_date(slow)
+    assert fast.startswith(b"HTTP/1.1 200 \r\n") and fast.endswith(b'\r\n\r\n{"status":"connected"}\n')
+    assert b"Connection: close" in fast
+    slow_first = slow_kept[:slow_kept.index(b"\n", slow_kept.index(b"\r\n\r\n") + 4) + 1]
+    assert _without_date(first) == _without_date(slow_first) and b"Connection" not in first
+    assert second.startswith(b"HTTP/1.1 200 ") and b"voiceactors_" in second

@@ -29,7 +29,7 @@ from voiceactors.http import auth, errors, hosts, ratelimit
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
-from voiceactors.http.fast_connect import FastConnect
+from voiceactors.http.fast_connect import FastConnect, FirstReadConnect
 from voiceactors.http.forwarded import ForwardedScope, TrustedProxies
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
@@ -130,6 +130,13 @@ class VoiceApp(QuartTrio):
         if limiter is None or not limiter.enabled:
             return None
         return RateLimitRefusal(self, limiter, self.trusted_proxies)
+
+    def first_read_answer(self, server_headers: Any) -> FirstReadConnect:
+        """What ``serving.serve`` asks of a connection's first read: a plain
+        connect answered below hypercorn (``fast_connect.py``; off while
+        ``fast_connect`` is None). ``server_headers`` gives hypercorn's own
+        response headers."""
+        return FirstReadConnect(self, server_headers)
 
 
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:

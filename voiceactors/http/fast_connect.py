@@ -28,11 +28,13 @@ path on and off) and compares the answers.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 import uuid
 from typing import Any, Awaitable, Callable
 
+import h11
 import structlog
 import trio
 
@@ -59,6 +61,8 @@ _log = get_logger(actor="http")
 
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
+#: a reply: its status, its headers (as the app sends them, before the server's own) and its body
+Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
 def _json_body(value: Any) -> bytes:
@@ -105,10 +109,26 @@ class FastConnect:
                 return read
             if not message.get("more_body", False):
                 break
-        call_id = _plain_call_id(body) if len(body) == length else None
-        if call_id is None:
+        reply = self._reply(scope, headers, body, started)
+        if reply is None:
             return read
-        return read if not await self._answer(scope, headers, call_id, started, send) else None
+        status, response_headers, response_body = reply
+        await send({"type": "http.response.start", "status": status, "headers": response_headers})
+        await send({"type": "http.response.body", "body": response_body, "more_body": False})
+        return None
+
+    def answer_now(self, scope: Any, body: bytes) -> Reply | None:
+        """The whole request in hand (``scope`` and its ``body``): its reply,
+        given in this step, or None for the usual way (nothing done)."""
+        started = trio.current_time()
+        headers = self._headers(scope)
+        if headers is None or not self._passes_guards(scope, headers):
+            return None
+        return self._reply(scope, headers, body, started)
+
+    def _reply(self, scope: Any, headers: dict[bytes, bytes], body: bytes, started: float) -> Reply | None:
+        call_id = _plain_call_id(body) if len(body) == int(headers[b"content-length"]) else None
+        return self._answer(scope, headers, call_id, started) if call_id is not None else None
 
     def _headers(self, scope: Any) -> dict[bytes, bytes] | None:
         """The request headers this path reads (names lower-cased, as the
@@ -150,21 +170,21 @@ class FastConnect:
         key = bucket_key(scope)
         return key is None or self._limiter.wait_for(key) <= 0
 
-    async def _answer(self, scope: Any, headers: dict[bytes, bytes], call_id: str, started: float,
-                      send: Send) -> bool:
-        """The route's work for a plain connect, in one step, then the
-        response; False (nothing done, nothing taken) when Quart must answer."""
+    def _answer(self, scope: Any, headers: dict[bytes, bytes], call_id: str, started: float) -> Reply | None:
+        """The route's work for a plain connect, in one step: the reply's
+        status, headers and body; None (nothing done, nothing taken) when
+        Quart must answer."""
         runtime = self._voice.runtime
         if runtime is None or runtime.connect_now is None or runtime.brain_now is None:
-            return False
+            return None
         try:
             if not config.openai_api_key(self._settings):
-                return False
+                return None
         except config.ConfigUnreadable:
-            return False            # Quart's route logs it and answers 503
+            return None            # Quart's route logs it and answers 503
         key = bucket_key(scope)
         if key is not None and self._limiter.take(key) > 0:
-            return False
+            return None
         given = headers.get(b"x-request-id", b"").decode("latin-1")
         request_id = given if _SANE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         structlog.contextvars.bind_contextvars(request_id=request_id)
@@ -173,7 +193,7 @@ class FastConnect:
         if answer is None:          # the supervisor declines (not serving): Quart's route asks its inbox
             if key is not None:
                 self._limiter.give_back(key)
-            return False
+            return None
         if answer == ConnectOutcome.CONNECTED:
             status, body = 200, _CONNECTED_BODY
         elif answer == ConnectOutcome.AT_CAPACITY:
@@ -188,9 +208,7 @@ class FastConnect:
         metrics.http_request(CONNECT_PATH, status)
         _log.info("http.request", method="POST", path=CONNECT_PATH, status=status,
                   duration_ms=round((trio.current_time() - started) * 1000, 1), request_id=request_id)
-        await send({"type": "http.response.start", "status": status, "headers": response_headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
-        return True
+        return status, response_headers, body
 
 
 def _plain_call_id(body: bytes) -> str | None:
@@ -217,3 +235,82 @@ def replaying(read: list[Any], receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+#: the first bytes of a request this path may answer from a connection's first read
+_CONNECT_LINE = (b"POST " + CONNECT_PATH.encode() + b" ", b"POST " + CONNECT_PATH.encode() + b"?")
+ServerHeaders = Callable[[], list[tuple[bytes, bytes]]]
+
+
+class FirstReadConnect:
+    """A plain connect answered from its connection's first read, below
+    hypercorn (``serving.serve_connection``): the request parsed by h11
+    (as hypercorn parses it), answered by the app's ``FastConnect`` in this
+    step, and written as hypercorn would write it (its ``date``/``server``
+    headers, ``Connection: close`` when the client asked for it). Anything
+    it does not answer (another request, more or less than one whole
+    HTTP/1.1 request in the read, a request ``FastConnect`` hands on, a
+    connection from a trusted proxy, the app at its in-flight cap) goes to
+    hypercorn as it came. Why: hypercorn's connection (three tasks, h11 both
+    ways, its ASGI stream) was ~a third of a plain connect's CPU once Quart
+    was out of it (docs/benchmarks.md § 28)."""
+
+    def __init__(self, app: Any, server_headers: ServerHeaders) -> None:
+        self._app = app                     # its ``fast_connect`` answers (None: this is off too)
+        self._server_headers = server_headers
+
+    def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
+        """The response's bytes and whether to close after them, or None."""
+        if not data.startswith(_CONNECT_LINE):
+            return None
+        app = self._app
+        fast: FastConnect | None = getattr(app, "fast_connect", None)
+        if fast is None:
+            return None
+        cap = getattr(app, "max_requests_in_flight", 0)
+        proxies = getattr(app, "trusted_proxies", None)
+        if (cap and app.requests_in_flight >= cap) or (proxies and proxies.trusts(str(peer[0]))):
+            return None
+        parsed = _one_request(data)
+        if parsed is None:
+            return None
+        request, body = parsed
+        scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": CONNECT_PATH,
+                 "headers": list(request.headers), "client": tuple(peer[:2]), "server": tuple(local[:2])}
+        # its own context: the request_id bound for its log line stays out of the connection's task
+        reply = contextvars.copy_context().run(fast.answer_now, scope, body)
+        if reply is None:
+            return None
+        status, headers, response_body = reply
+        close = any(token.strip().lower() == b"close"
+                    for name, value in request.headers if name == b"connection" for token in value.split(b","))
+        lines = [b"HTTP/1.1 %d " % status]
+        lines += [name + b": " + value for name, value in (*headers, *self._server_headers())]
+        if close:
+            lines.append(b"Connection: close")       # what h11 adds for a client that asked to close
+        return b"\r\n".join(lines) + b"\r\n\r\n" + response_body, close
+
+
+def _one_request(data: bytes) -> tuple[h11.Request, bytes] | None:
+    """``data`` as exactly one whole HTTP/1.1 request and its body, read by
+    h11 as hypercorn reads it; None for anything else (h11's errors too)."""
+    connection = h11.Connection(h11.SERVER)
+    try:
+        connection.receive_data(data)
+        request = connection.next_event()
+        if not isinstance(request, h11.Request) or request.http_version != b"1.1":
+            return None
+        body = b""
+        while True:
+            event = connection.next_event()
+            if isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                return None             # not all here
+    except h11.RemoteProtocolError:
+        return None
+    if connection.trailing_data[0]:
+        return None                     # another request behind it: hypercorn serves them in order
+    return request, body

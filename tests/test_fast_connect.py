@@ -269,3 +269,15 @@ async def test_on_the_wire_below_hypercorn_the_bytes_are_hypercorns(make_sample,
     slow_first = slow_kept[:slow_kept.index(b"\n", slow_kept.index(b"\r\n\r\n") + 4) + 1]
     assert _without_date(first) == _without_date(slow_first) and b"Connection" not in first
     assert second.startswith(b"HTTP/1.1 200 ") and b"voiceactors_" in second
+
+
+def test_the_hooks_the_fast_path_stands_in_for_are_the_apps(tmp_path):
+    """``FastConnect`` asks the guards Quart's hooks run, as questions; a
+    hook added to the app (a new guard, a header) must be added there too,
+    so this list is pinned (with a token required: every guard installed)."""
+    app = create_app(Settings(journal=tmp_path, state_dir=tmp_path / "state", api_token="tok-123456"))
+    before = [hook.__name__ for hook in app.before_request_funcs[None]]
+    after = [hook.__name__ for hook in app.after_request_funcs[None]]
+    assert before == ["_begin", "_own_host_and_origin", "_browser_guard", "_require_token", "_rate_limit"]
+    assert sorted(after) == ["_finish", "_settle_login"]
+    assert set(app.before_request_funcs) == {None} and set(app.after_request_funcs) == {None}

@@ -23,7 +23,12 @@ taken only once it is certain this path answers (given back if
 ``connect_now`` declines), so a connect never draws two.
 
 ``tests/test_fast_connect.py`` sends every kind of request both ways (this
-path on and off) and compares the answers.
+path on and off) and compares the answers, and pins the app's request hooks
+this path stands in for (a new guard must be added here too).
+
+Below hypercorn (``FirstReadConnect``, asked by ``serving.py`` at accept as
+the early 429 is): a plain connect whole in its connection's first read is
+answered without hypercorn's connection either.
 """
 
 from __future__ import annotations
@@ -45,13 +50,13 @@ from voiceactors.http import auth
 from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, RUNTIME_UNAVAILABLE
 from voiceactors.http.hosts import HostPolicy, own_origin
 from voiceactors.http.ratelimit import RateLimiter, bucket_key
+from voiceactors.http.routes import CALL_ID_RE
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
 CONNECT_PATH = "/api/voice/connect"
-#: the request-id header's rule (app.py's hook: a sane id is kept, else one is made)
+#: the request-id header's rule (app.py's ``_begin``: a sane id is kept, else one is made)
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
-_CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")       # routes.CALL_ID_RE
 #: the request headers read here; a request repeating one of them goes to Quart
 _READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"content-type", b"content-length", b"transfer-encoding",
                    b"expect", b"authorization", b"x-request-id"})
@@ -220,7 +225,7 @@ def _plain_call_id(body: bytes) -> str | None:
     if not isinstance(value, dict) or len(value) != 1:
         return None
     call_id = value.get("call_id")
-    if not isinstance(call_id, str) or not _CALL_ID_RE.fullmatch(call_id.strip()):
+    if not isinstance(call_id, str) or not CALL_ID_RE.fullmatch(call_id.strip()):
         return None
     return call_id.strip()
 

@@ -23,6 +23,12 @@ flood, docs/benchmarks.md § 5). Everything else — a client not watched,
 another request, a request not whole in that first read, nothing sent
 within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 
+It answers, below hypercorn too, a plain ``POST /api/voice/connect`` whole
+in a connection's first read (``FirstReadAnswer``, given by the app:
+``fast_connect.FirstReadConnect``), so every connection's first bytes are
+read here first (up to ``PEEK_S``); a connection kept alive after that
+answer goes to hypercorn for what follows.
+
 The stream handed to hypercorn writes a small fixed-length response in one
 send (``SlotStream.hold_heads``, the rule in ``head_hold.py``): hypercorn
 writes the head and the body apart, and each send on loopback costs the

@@ -22,6 +22,7 @@ from quart import request_started
 
 from test_context_calls import SIM_KEY, app_for, sim  # noqa: F401 - the simulator fixture
 from calls_support import DAY
+from redis_support import redis_server  # noqa: F401 - the fixture
 from voiceactors.http.app import create_app, voice_state
 from voiceactors.http.errors import AT_CAPACITY
 from voiceactors.settings import Settings
@@ -281,3 +282,19 @@ def test_the_hooks_the_fast_path_stands_in_for_are_the_apps(tmp_path):
     assert before == ["_begin", "_own_host_and_origin", "_browser_guard", "_require_token", "_rate_limit"]
     assert sorted(after) == ["_finish", "_settle_login"]
     assert set(app.before_request_funcs) == {None} and set(app.after_request_funcs) == {None}
+
+
+async def test_with_a_shared_registry_every_connect_is_the_routes(make_sample, tmp_path, sim, pin_today,  # noqa: F811
+                                                                  redis_server, quart_requests):
+    """``--redis``: a connect's lease is won in a task, so the runtime offers
+    no in-step connect and the fast path stands aside (Quart's route asks
+    the supervisor, and the connect works)."""
+    pin_today(DAY.isoformat())
+    app = _app(make_sample(days=3), tmp_path, sim, redis_url=redis_server.url)
+    sim.add_call("rtc_shared", [{"sleep": 0.2}, {"close": 1000}])
+    async with app.test_app() as test_app:
+        runtime = voice_state(app).runtime
+        assert runtime.connect_now is None and not app.fast_connect.can_answer()
+        status, _headers, body = await _post(test_app.test_client(), b'{"call_id": "rtc_shared"}', JSON)
+    assert status == 200 and json.loads(body) == {"status": "connected"}
+    assert quart_requests.count == 1

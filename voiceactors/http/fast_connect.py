@@ -90,9 +90,15 @@ class FastConnect:
         self._limiter = limiter
         self._token_required = auth.token_required(settings)
 
-    @staticmethod
-    def wants(scope: Any) -> bool:
-        return scope.get("path") == CONNECT_PATH and scope.get("method") == "POST"
+    def wants(self, scope: Any) -> bool:
+        return scope.get("path") == CONNECT_PATH and scope.get("method") == "POST" and self.can_answer()
+
+    def can_answer(self) -> bool:
+        """The runtime answers a connect in its step (not with a shared
+        registry, ``--redis``: its lease is won in a task, so Quart's route
+        asks): asked first, so such a server pays nothing for this path."""
+        runtime = self._voice.runtime
+        return runtime is not None and runtime.connect_now is not None and runtime.brain_now is not None
 
     async def serve(self, scope: Any, receive: Receive, send: Send) -> list[Any] | None:
         """Answer the request (None), or hand it on: the messages read from
@@ -270,7 +276,7 @@ class FirstReadConnect:
             return None
         app = self._app
         fast: FastConnect | None = getattr(app, "fast_connect", None)
-        if fast is None:
+        if fast is None or not fast.can_answer():
             return None
         cap = getattr(app, "max_requests_in_flight", 0)
         proxies = getattr(app, "trusted_proxies", None)

@@ -242,6 +242,7 @@ async def test_on_the_wire_below_hypercorn_the_bytes_are_hypercorns(make_sample,
         binds = await nursery.start(lambda task_status: serve(app, config, max_connections=0,
                                                               shutdown_trigger=stop.wait, task_status=task_status))
         port = int(binds[0].rsplit(":", 1)[1])
+        assert app.first_read_answer(lambda: []).watching("127.0.0.1")
         trio.lowlevel.add_instrument(hypercorn_tasks)
         fast = await _exchange(port, _connect_request(port, "rtc_wire_0", close=True))
         trio.lowlevel.remove_instrument(hypercorn_tasks)
@@ -295,6 +296,7 @@ async def test_with_a_shared_registry_every_connect_is_the_routes(make_sample, t
     async with app.test_app() as test_app:
         runtime = voice_state(app).runtime
         assert runtime.connect_now is None and not app.fast_connect.can_answer()
+        assert not app.first_read_answer(lambda: []).watching("127.0.0.1")    # no first read taken either
         status, _headers, body = await _post(test_app.test_client(), b'{"call_id": "rtc_shared"}', JSON)
     assert status == 200 and json.loads(body) == {"status": "connected"}
     assert quart_requests.count == 1

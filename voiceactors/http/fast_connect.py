@@ -270,6 +270,14 @@ class FirstReadConnect:
         self._app = app                     # its ``fast_connect`` answers (None: this is off too)
         self._server_headers = server_headers
 
+    def watching(self, address: str) -> bool:
+        """Whether a connection from ``address`` is worth reading first (per
+        accept: no read for a server that cannot answer a connect in its
+        step, ``--redis``, nor for a trusted proxy's connection)."""
+        fast: FastConnect | None = getattr(self._app, "fast_connect", None)
+        proxies = getattr(self._app, "trusted_proxies", None)
+        return fast is not None and fast.can_answer() and not (proxies and proxies.trusts(address))
+
     def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
         """The response's bytes and whether to close after them, or None."""
         if not data.startswith(_CONNECT_LINE):

@@ -25,8 +25,9 @@ within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 
 It answers, below hypercorn too, a plain ``POST /api/voice/connect`` whole
 in a connection's first read (``FirstReadAnswer``, given by the app:
-``fast_connect.FirstReadConnect``), so every connection's first bytes are
-read here first (up to ``PEEK_S``); a connection kept alive after that
+``fast_connect.FirstReadConnect``), so every connection it is ``watching``
+(all but a trusted proxy's, while the app can answer a connect in its step:
+not with ``--redis``) is read here first (up to ``PEEK_S``); a connection kept alive after that
 answer goes to hypercorn for what follows.
 
 The stream handed to hypercorn writes a small fixed-length response in one
@@ -194,6 +195,9 @@ class FirstReadAnswer(Protocol):
     """What ``serve`` asks of a connection's first read besides a refusal
     (the app's plain connect, ``fast_connect.FirstReadConnect``)."""
 
+    def watching(self, address: str) -> bool:
+        """Whether a connection from ``address`` is worth reading first (cheap: runs per accept)."""
+
     def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
         """The whole response for a connection whose first read was ``data``
         and whether to close the connection after it (else hypercorn serves
@@ -207,6 +211,8 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
     served by ``serve_http`` (hypercorn's ``TCPServer``)."""
     address = _peer_address(stream) if refusal is not None or first_read is not None else None
     watched = refusal is not None and address is not None and _asks(refusal.watching, address)
+    if first_read is not None and (address is None or not _asks(first_read.watching, address)):
+        first_read = None
     if address is not None and (watched or first_read is not None):
         data: bytes | bytearray | None = None
         with trio.move_on_after(PEEK_S):

@@ -28,6 +28,7 @@ Bounded: every wait has a timeout; every process is a child on loopback.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pstats
 import signal
@@ -51,6 +52,32 @@ SITECUSTOMIZE = textwrap.dedent("""\
             _profile.dump_stats(os.environ["BENCH_CPROFILE_OUT"])
         signal.signal(signal.SIGUSR1, _on)
         signal.signal(signal.SIGUSR2, _off)
+    if os.environ.get("BENCH_STEPS_OUT") and "serve" in sys.argv:
+        # trio task steps and spawns by task name, through an instrument added to trio.run
+        import collections, json, re, signal, trio
+        _steps, _spawned, _on_flag = collections.Counter(), collections.Counter(), [False]
+        def _name(task):
+            return re.sub(r"[0-9]+", "N", task.name)
+        class _Steps(trio.abc.Instrument):
+            def before_task_step(self, task):
+                if _on_flag[0]:
+                    _steps[_name(task)] += 1
+            def task_spawned(self, task):
+                if _on_flag[0]:
+                    _spawned[_name(task)] += 1
+        def _son(*_):
+            _on_flag[0] = True
+        def _soff(*_):
+            _on_flag[0] = False
+            with open(os.environ["BENCH_STEPS_OUT"], "w") as out:
+                json.dump({"steps": _steps, "spawned": _spawned}, out)
+        _run = trio.run
+        def _instrumented_run(*args, **kwargs):
+            kwargs["instruments"] = [*kwargs.get("instruments", ()), _Steps()]
+            return _run(*args, **kwargs)
+        trio.run = _instrumented_run
+        signal.signal(signal.SIGUSR1, _son)
+        signal.signal(signal.SIGUSR2, _soff)
     """)
 
 #: label -> (a piece of the file name, the function name) as pstats keys them
@@ -69,17 +96,20 @@ COUNTS: dict[str, tuple[str, str]] = {
 PER_JOB_CALLS = {"worker-thread jobs": 2}
 
 
-def profile_connects(calls: int, rate: float, phase: str, repo: Path | None) -> Path:
+def profile_connects(calls: int, rate: float, phase: str, repo: Path | None, *, steps: bool = False) -> Path:
+    """The window's cProfile stats (or, with ``steps``, its task steps and
+    spawns by task name as JSON: a trio instrument instead of the profiler)."""
     run_dir = work_dir() / "runs" / f"counts-{int(time.time() * 1000)}"
     (run_dir / "site").mkdir(parents=True)
     (run_dir / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    out = run_dir / "server.prof"
+    out = run_dir / ("steps.json" if steps else "server.prof")
     sim = spawn("sim", "benchmarks.sim_host", ["--calls", str(calls), "--prefix", PREFIX, "--workload", "idle",
                                                "--timeout", "600", "--out", str(run_dir / "sim.json")], workdir=run_dir)
     server = None
     try:
         port = free_loopback_port()
-        env = {"VOICEACTORS_RATE_LIMIT_PER_S": "0", "VOICEACTORS_LOG_LEVEL": "info", "BENCH_CPROFILE_OUT": str(out),
+        env = {"VOICEACTORS_RATE_LIMIT_PER_S": "0", "VOICEACTORS_LOG_LEVEL": "info",
+               "BENCH_STEPS_OUT" if steps else "BENCH_CPROFILE_OUT": str(out),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(run_dir / "site"), os.environ.get("PYTHONPATH")]))}
         server = serve_against_sim(int(sim.expect("PORT", 60)), port, sample_journal(14), run_dir, env=env, repo=repo)
         quiet(server)
@@ -130,7 +160,18 @@ def counts(path: Path, calls: int) -> dict[str, float]:
     for label, (where, name) in COUNTS.items():
         n = sum(value[1] for (file, _line, func), value in stats.items() if func == name and where in file)
         out[label] = round(n / calls / PER_JOB_CALLS.get(label, 1), 1)
+    out["Python function calls"] = round(sum(value[1] for value in stats.values()) / calls)
     return out
+
+
+def print_steps(path: Path, calls: int, phase: str) -> None:
+    data = json.loads(path.read_text())
+    for kind in ("steps", "spawned"):
+        table: dict[str, int] = data[kind]
+        print(f"# {kind} per {phase}: {sum(table.values()) / calls:.1f}")
+        for name, n in sorted(table.items(), key=lambda item: -item[1]):
+            if n / calls >= 0.05:
+                print(f"{n / calls:7.2f}  {name}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,8 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase", choices=["connect", "end"], default="connect")
     p.add_argument("--server-repo", type=Path, default=None)
     p.add_argument("--top", type=int, default=0, help="also list this many functions by cumulative time")
+    p.add_argument("--steps", action="store_true",
+                   help="instead of the profile: trio task steps and spawns per connect by task name (an instrument)")
     args = p.parse_args(argv)
-    out = profile_connects(args.calls, args.rate, args.phase, args.server_repo)
+    out = profile_connects(args.calls, args.rate, args.phase, args.server_repo, steps=args.steps)
+    if args.steps:
+        print_steps(out, args.calls, args.phase)
+        return 0
     print(f"# {args.phase}, {args.calls} at {args.rate}/s, server {args.server_repo or 'this checkout'}: {out}")
     for label, value in counts(out, args.calls).items():
         print(f"{label:24s} {value:7.1f} per {args.phase}")

@@ -30,6 +30,8 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
     ("the call record's append + fsync in its worker thread", ("_append_all", "append_block")),
     ("worker threads, besides the record's append", ("WorkerThread._work", "Thread._bootstrap")),
     ("the record writer on the trio thread", ("RecordWriter.run",)),
+    ("the plain connect's answer without Quart (fast_connect: parse, guards, the route's step, the log line)", (
+        "FirstReadConnect.answer", "FastConnect.serve")),
     ("the HTTP response's send", ("ClosingHTTPConnection.__call__.<locals>.send_marking_the_end",)),
     ("the route and Quart's dispatch", ("QuartTrio.full_dispatch_request",)),
     ("Quart's request context, hypercorn/h11 connection and accept", (

@@ -66,7 +66,8 @@ class Runtime:
     #: nothing (the connect route's read; no ask, no scheduler turn).
     brain_now: Callable[[], BrainState] | None = field(default=None, repr=False)
     #: ``Connect`` answered in the caller's step (``CallSupervisor.connect_now``;
-    #: None from it: send ``Connect``), the connect route's.
+    #: None from it: send ``Connect``), the connect route's; None itself with a
+    #: shared registry (every connect asks there, and ``fast_connect`` stands aside).
     connect_now: Callable[[str, Any], ConnectOutcome | None] | None = field(default=None, repr=False)
 
 
@@ -157,7 +158,9 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
         try:
             yield Runtime(settings=settings, brain=actors["brain"].inbox, tools=actors["tools"].inbox,
                           calls=actors["calls"].inbox, nursery=nursery, actors=actors, mcp=actors["mcp"].inbox,
-                          brain_now=actors["brain"].state, connect_now=actors["calls"].connect_now)
+                          brain_now=actors["brain"].state,
+                          # with a shared registry a connect always asks (a lease to win in a task): none
+                          connect_now=actors["calls"].connect_now if "registry" not in actors else None)
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)

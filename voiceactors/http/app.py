@@ -29,6 +29,7 @@ from voiceactors.http import auth, errors, hosts, ratelimit
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
+from voiceactors.http.fast_connect import FastConnect, FirstReadConnect
 from voiceactors.http.forwarded import ForwardedScope, TrustedProxies
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
@@ -120,6 +121,7 @@ class VoiceApp(QuartTrio):
     requests_in_flight = 0
     max_requests_in_flight = 0          # 0: no cap (set from the settings)
     trusted_proxies = TrustedProxies(())   # whose forwarded headers are believed (set from the settings)
+    fast_connect: FastConnect | None = None   # a plain connect's answer without Quart (None: Quart answers all)
 
     def accept_refusal(self) -> RateLimitRefusal | None:
         """What ``serving.serve`` asks at accept: the early 429 from a
@@ -128,6 +130,13 @@ class VoiceApp(QuartTrio):
         if limiter is None or not limiter.enabled:
             return None
         return RateLimitRefusal(self, limiter, self.trusted_proxies)
+
+    def first_read_answer(self, server_headers: Any) -> FirstReadConnect:
+        """What ``serving.serve`` asks of a connection's first read: a plain
+        connect answered below hypercorn (``fast_connect.py``; off while
+        ``fast_connect`` is None). ``server_headers`` gives hypercorn's own
+        response headers."""
+        return FirstReadConnect(self, server_headers)
 
 
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
@@ -163,7 +172,7 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     _install_request_hooks(app, settings)
     hosts.install(app, settings)          # first: a rebound page learns nothing, not even 401
     auth.install(app, settings)
-    ratelimit.install(app, settings)
+    limiter = ratelimit.install(app, settings)
     errors.install(app)
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)
@@ -171,6 +180,7 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     mcp = McpEndpoint(settings, lambda: voice.runtime.tools if voice.runtime is not None else None)
     app.asgi_app = PathSwitch(app, app.asgi_app, MCP_PATH, mcp)  # type: ignore[method-assign]
     app.trusted_proxies = TrustedProxies(settings.trusted_proxies)
+    app.fast_connect = FastConnect(settings, voice, limiter)
     if app.trusted_proxies:               # outermost: everything after it sees the forwarded client
         app.asgi_app = ForwardedScope(app.asgi_app, app.trusted_proxies)  # type: ignore[method-assign]
     _install_lifespan(app, voice, mcp)

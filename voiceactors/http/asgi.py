@@ -49,6 +49,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 
 from voiceactors import metrics
 from voiceactors.http.errors import BUSY, RATE_LIMITED
+from voiceactors.http.fast_connect import replaying
 from voiceactors.http.forwarded import TrustedProxies
 from voiceactors.http.ratelimit import RATE_LIMITED_POSTS, bucket_key, retry_after
 from voiceactors.logs import get_logger
@@ -86,6 +87,13 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
 
         app.requests_in_flight = getattr(app, "requests_in_flight", 0) + 1
         try:
+            fast = getattr(app, "fast_connect", None)
+            if fast is not None and fast.wants(self.scope):
+                # a plain connect is answered without Quart (fast_connect.py); else Quart gets what was read
+                read = await fast.serve(self.scope, receive, send)
+                if read is None:
+                    return
+                receive = replaying(read, receive)
             await self._serve_in_this_task(receive, send_marking_the_end)
         finally:
             app.requests_in_flight -= 1

@@ -243,6 +243,8 @@ async def _base_instruction(runtime: Runtime) -> str | None:
 
 @bp.post("/connect")
 async def connect() -> Any:
+    # A plain connect (only a call id, every guard passing) is answered before
+    # Quart, in fast_connect.py, with this route's answer; this route answers the rest.
     settings = state().settings
     body = await _json_object(required=True)
     call_id = _call_id(body.get("call_id"))

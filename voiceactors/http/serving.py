@@ -23,6 +23,13 @@ flood, docs/benchmarks.md § 5). Everything else — a client not watched,
 another request, a request not whole in that first read, nothing sent
 within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 
+It answers, below hypercorn too, a plain ``POST /api/voice/connect`` whole
+in a connection's first read (``FirstReadAnswer``, given by the app:
+``fast_connect.FirstReadConnect``), so every connection it is ``watching``
+(all but a trusted proxy's, while the app can answer a connect in its step:
+not with ``--redis``) is read here first (up to ``PEEK_S``); a connection kept alive after that
+answer goes to hypercorn for what follows.
+
 The stream handed to hypercorn writes a small fixed-length response in one
 send (``SlotStream.hold_heads``, the rule in ``head_hold.py``): hypercorn
 writes the head and the body apart, and each send on loopback costs the
@@ -184,12 +191,29 @@ def _asks(ask: Callable[..., Any], *args: Any) -> Any:
         return None
 
 
+class FirstReadAnswer(Protocol):
+    """What ``serve`` asks of a connection's first read besides a refusal
+    (the app's plain connect, ``fast_connect.FirstReadConnect``)."""
+
+    def watching(self, address: str) -> bool:
+        """Whether a connection from ``address`` is worth reading first (cheap: runs per accept)."""
+
+    def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
+        """The whole response for a connection whose first read was ``data``
+        and whether to close the connection after it (else hypercorn serves
+        what follows), or None to let hypercorn serve it all."""
+
+
 async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], refusal: AcceptRefusal | None,
-                           stream: SlotStream) -> None:
+                           stream: SlotStream, first_read: FirstReadAnswer | None = None) -> None:
     """One accepted connection: refused from its first read when ``refusal``
-    answers it, else served by ``serve_http`` (hypercorn's ``TCPServer``)."""
-    address = _peer_address(stream) if refusal is not None else None
-    if refusal is not None and address is not None and _asks(refusal.watching, address):
+    answers it, its first request answered when ``first_read`` does, else
+    served by ``serve_http`` (hypercorn's ``TCPServer``)."""
+    address = _peer_address(stream) if refusal is not None or first_read is not None else None
+    watched = refusal is not None and address is not None and _asks(refusal.watching, address)
+    if first_read is not None and (address is None or not _asks(first_read.watching, address)):
+        first_read = None
+    if address is not None and (watched or first_read is not None):
         data: bytes | bytearray | None = None
         with trio.move_on_after(PEEK_S):
             try:
@@ -200,7 +224,7 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
             await stream.aclose()
             return
         if data:
-            answer = _asks(refusal.answer, address, bytes(data))
+            answer = _asks(refusal.answer, address, bytes(data)) if watched and refusal is not None else None
             if answer is not None:
                 try:
                     await stream.send_all(answer)
@@ -209,9 +233,31 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
                 finally:
                     await stream.aclose()
                 return
-            stream.put_back(bytes(data))
+            reply = _answered(first_read, stream, bytes(data)) if first_read is not None else None
+            if reply is not None:
+                response, close = reply
+                try:
+                    await stream.send_all(response)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    close = True
+                if close:
+                    await stream.aclose()
+                    return
+            else:
+                stream.put_back(bytes(data))
     stream.hold_heads()
     await serve_http(stream)
+
+
+def _answered(first_read: FirstReadAnswer, stream: SlotStream, data: bytes) -> tuple[bytes, bool] | None:
+    try:
+        peer, local = stream.socket.getpeername(), stream.socket.getsockname()
+    except OSError:
+        return None
+    if not (isinstance(peer, tuple) and isinstance(local, tuple)):
+        return None
+    answer: tuple[bytes, bool] | None = _asks(first_read.answer, peer, local, data)
+    return answer
 
 
 async def serve(app: Any, config: Config, *, max_connections: int,
@@ -233,6 +279,9 @@ async def serve(app: Any, config: Config, *, max_connections: int,
     slots = trio.Semaphore(max_connections) if max_connections > 0 else None
     make_refusal = getattr(app, "accept_refusal", None)
     refusal: AcceptRefusal | None = make_refusal() if callable(make_refusal) else None
+    make_first_read = getattr(app, "first_read_answer", None)
+    first_read: FirstReadAnswer | None = (
+        make_first_read(lambda: config.response_headers("h11")) if callable(make_first_read) else None)
 
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
@@ -247,7 +296,7 @@ async def serve(app: Any, config: Config, *, max_connections: int,
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             task_status.started(binds)
             serve_http = partial(TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy()))
-            handler = partial(serve_connection, serve_http, refusal)
+            handler = partial(serve_connection, serve_http, refusal, first_read=first_read)
             try:
                 async with trio.open_nursery() as accepting:
                     accepting.start_soon(partial(trio.serve_listeners, handler, listeners,

@@ -1,0 +1,335 @@
+"""``POST /api/voice/connect``'s common case answered at the ASGI layer, without Quart.
+
+Why: a connect is the costliest request the server gets in numbers (a
+capacity step's join, a burst), and Quart's request machinery (its request
+context, the werkzeug request and headers, the hooks, routing, ``jsonify``,
+the response object, ``finalize_request``) was about a millisecond of a
+connect's ~6 ms of CPU (docs/benchmarks.md § 28). The route itself is
+synchronous for a plain connect (``Runtime.connect_now``, ``brain_now``, the
+key kept in memory), so the whole answer can be given from the ASGI scope.
+
+Which requests: ``POST /api/voice/connect`` whose body is exactly
+``{"call_id": "<valid id>"}`` (declared JSON, a ``Content-Length`` within the
+body limit, no ``Transfer-Encoding`` or ``Expect``), that every guard lets
+through (the Host and Origin check, the browser guard, the bearer token when
+one is required, the rate limit) and that the runtime can answer in its step
+(a key configured, ``connect_now`` answering). Those get what Quart would
+give (the same status, body, headers, ``http.request`` line and metric).
+Everything else — a context, a greeting, credentials, a refusal of any
+guard, bad JSON, a config that cannot be read, a shared registry — is
+handed to Quart untouched (the body's messages replayed), so every error
+and refusal keeps its one implementation there. The rate limit's token is
+taken only once it is certain this path answers (given back if
+``connect_now`` declines), so a connect never draws two.
+
+``tests/test_fast_connect.py`` sends every kind of request both ways (this
+path on and off) and compares the answers, and pins the app's request hooks
+this path stands in for (a new guard must be added here too).
+
+Below hypercorn (``FirstReadConnect``, asked by ``serving.py`` at accept as
+the early 429 is): a plain connect whole in its connection's first read is
+answered without hypercorn's connection either.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import re
+import uuid
+from typing import Any, Awaitable, Callable
+
+import h11
+import structlog
+import trio
+
+from voiceactors import config, metrics
+from voiceactors.actors.call_context import LinkedContext
+from voiceactors.actors.messages import ConnectOutcome
+from voiceactors.http import auth
+from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, RUNTIME_UNAVAILABLE
+from voiceactors.http.hosts import HostPolicy, own_origin
+from voiceactors.http.ratelimit import RateLimiter, bucket_key
+from voiceactors.http.routes import CALL_ID_RE
+from voiceactors.logs import get_logger
+from voiceactors.settings import Settings
+
+CONNECT_PATH = "/api/voice/connect"
+#: the request-id header's rule (app.py's ``_begin``: a sane id is kept, else one is made)
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+#: the request headers read here; a request repeating one of them goes to Quart
+_READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"content-type", b"content-length", b"transfer-encoding",
+                   b"expect", b"authorization", b"x-request-id"})
+_CONNECTED_BODY = b'{"status":"connected"}\n'    # Quart's jsonify of the route's answer, byte for byte
+
+_log = get_logger(actor="http")
+
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+#: a reply: its status, its headers (as the app sends them, before the server's own) and its body
+Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def _json_body(value: Any) -> bytes:
+    """What Quart's ``jsonify`` writes (compact, not ASCII-escaped, a newline)."""
+    return (json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
+def _mimetype(content_type: bytes) -> str:
+    return content_type.split(b";", 1)[0].strip().lower().decode("latin-1")
+
+
+class FastConnect:
+    """The plain connect's answer for one app: ``serve`` answers it, or
+    returns the messages it read for Quart to be given again."""
+
+    def __init__(self, settings: Settings, voice: Any, limiter: RateLimiter) -> None:
+        self._settings = settings
+        self._voice = voice                 # routes.VoiceState: the live runtime
+        self._hosts = HostPolicy.from_settings(settings)
+        self._limiter = limiter
+        self._token_required = auth.token_required(settings)
+
+    def wants(self, scope: Any) -> bool:
+        return scope.get("path") == CONNECT_PATH and scope.get("method") == "POST" and self.can_answer()
+
+    def can_answer(self) -> bool:
+        """The runtime answers a connect in its step (not with a shared
+        registry, ``--redis``: its lease is won in a task, so Quart's route
+        asks): asked first, so such a server pays nothing for this path."""
+        runtime = self._voice.runtime
+        return runtime is not None and runtime.connect_now is not None and runtime.brain_now is not None
+
+    async def serve(self, scope: Any, receive: Receive, send: Send) -> list[Any] | None:
+        """Answer the request (None), or hand it on: the messages read from
+        ``receive`` so far, to be replayed to Quart (an empty list: none)."""
+        started = trio.current_time()
+        headers = self._headers(scope)
+        if headers is None or not self._passes_guards(scope, headers):
+            return []
+        length = int(headers[b"content-length"])
+        read: list[Any] = []
+        body = b""
+        while True:
+            message = await receive()
+            read.append(message)
+            if message.get("type") != "http.request":
+                return read
+            body += message.get("body", b"")
+            if len(body) > length:
+                return read
+            if not message.get("more_body", False):
+                break
+        reply = self._reply(scope, headers, body, started)
+        if reply is None:
+            return read
+        status, response_headers, response_body = reply
+        await send({"type": "http.response.start", "status": status, "headers": response_headers})
+        await send({"type": "http.response.body", "body": response_body, "more_body": False})
+        return None
+
+    def answer_now(self, scope: Any, body: bytes) -> Reply | None:
+        """The whole request in hand (``scope`` and its ``body``): its reply,
+        given in this step, or None for the usual way (nothing done)."""
+        started = trio.current_time()
+        headers = self._headers(scope)
+        if headers is None or not self._passes_guards(scope, headers):
+            return None
+        return self._reply(scope, headers, body, started)
+
+    def _reply(self, scope: Any, headers: dict[bytes, bytes], body: bytes, started: float) -> Reply | None:
+        call_id = _plain_call_id(body) if len(body) == int(headers[b"content-length"]) else None
+        return self._answer(scope, headers, call_id, started) if call_id is not None else None
+
+    def _headers(self, scope: Any) -> dict[bytes, bytes] | None:
+        """The request headers this path reads (names lower-cased, as the
+        ASGI scope gives them); None when one of them is repeated or the
+        request is not a plain JSON body of a declared length."""
+        seen: dict[bytes, bytes] = {}
+        for name, value in scope.get("headers", ()):
+            name = bytes(name).lower()
+            if name in _READ:
+                if name in seen:
+                    return None
+                seen[name] = bytes(value)
+        if b"transfer-encoding" in seen or b"expect" in seen:
+            return None
+        length = seen.get(b"content-length", b"").strip()
+        if not length.isdigit() or not 0 < int(length) <= self._settings.body_limit:
+            return None
+        mimetype = _mimetype(seen.get(b"content-type", b""))
+        if not (mimetype == "application/json" or mimetype.endswith("+json")):
+            return None
+        return seen
+
+    def _passes_guards(self, scope: Any, headers: dict[bytes, bytes]) -> bool:
+        """Every guard Quart's hooks run would let it through (hosts.py,
+        auth.py, ratelimit.py: here as questions, nothing taken)."""
+        host = headers.get(b"host")
+        host_text = host.decode("latin-1") if host is not None else None
+        if not self._hosts.allows(host_text, scope.get("server")):
+            return False
+        origin = headers.get(b"origin")
+        if origin is not None and not own_origin(origin.decode("latin-1"), host_text or ""):
+            return False
+        if headers.get(b"sec-fetch-site", b"").strip().lower() == b"cross-site":
+            return False
+        if self._token_required:
+            authorization = headers.get(b"authorization")
+            if not auth.authorized(self._settings, authorization.decode("latin-1") if authorization else None):
+                return False       # the console's cookie may stand in: Quart's hook decides
+        key = bucket_key(scope)
+        return key is None or self._limiter.wait_for(key) <= 0
+
+    def _answer(self, scope: Any, headers: dict[bytes, bytes], call_id: str, started: float) -> Reply | None:
+        """The route's work for a plain connect, in one step: the reply's
+        status, headers and body; None (nothing done, nothing taken) when
+        Quart must answer."""
+        runtime = self._voice.runtime
+        if runtime is None or runtime.connect_now is None or runtime.brain_now is None:
+            return None
+        try:
+            if not config.openai_api_key(self._settings):
+                return None
+        except config.ConfigUnreadable:
+            return None            # Quart's route logs it and answers 503
+        key = bucket_key(scope)
+        if key is not None and self._limiter.take(key) > 0:
+            return None
+        given = headers.get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _SANE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        brain = runtime.brain_now()
+        answer = runtime.connect_now(call_id, LinkedContext(brain.instruction if brain.ready else None, None, False))
+        if answer is None:          # the supervisor declines (not serving): Quart's route asks its inbox
+            if key is not None:
+                self._limiter.give_back(key)
+            return None
+        if answer == ConnectOutcome.CONNECTED:
+            status, body = 200, _CONNECTED_BODY
+        elif answer == ConnectOutcome.AT_CAPACITY:
+            status, body = 503, _json_body({"error": AT_CAPACITY})
+        else:
+            _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
+            status, body = 500, _json_body({"error": RUNTIME_UNAVAILABLE})
+        response_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if status in REFUSED_UNREAD:
+            response_headers.append((b"connection", b"close"))
+        response_headers += [(b"x-request-id", request_id.encode()), (b"cache-control", b"no-store")]
+        metrics.http_request(CONNECT_PATH, status)
+        _log.info("http.request", method="POST", path=CONNECT_PATH, status=status,
+                  duration_ms=round((trio.current_time() - started) * 1000, 1), request_id=request_id)
+        return status, response_headers, body
+
+
+def _plain_call_id(body: bytes) -> str | None:
+    """The call id of a body that is exactly ``{"call_id": "<valid id>"}``, else None."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict) or len(value) != 1:
+        return None
+    call_id = value.get("call_id")
+    if not isinstance(call_id, str) or not CALL_ID_RE.fullmatch(call_id.strip()):
+        return None
+    return call_id.strip()
+
+
+def replaying(read: list[Any], receive: Receive) -> Receive:
+    """``receive`` with the messages already read given first, in order."""
+    pending = list(read)
+
+    async def replay() -> Any:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+#: the first bytes of a request this path may answer from a connection's first read
+_CONNECT_LINE = (b"POST " + CONNECT_PATH.encode() + b" ", b"POST " + CONNECT_PATH.encode() + b"?")
+ServerHeaders = Callable[[], list[tuple[bytes, bytes]]]
+
+
+class FirstReadConnect:
+    """A plain connect answered from its connection's first read, below
+    hypercorn (``serving.serve_connection``): the request parsed by h11
+    (as hypercorn parses it), answered by the app's ``FastConnect`` in this
+    step, and written as hypercorn would write it (its ``date``/``server``
+    headers, ``Connection: close`` when the client asked for it). Anything
+    it does not answer (another request, more or less than one whole
+    HTTP/1.1 request in the read, a request ``FastConnect`` hands on, a
+    connection from a trusted proxy, the app at its in-flight cap) goes to
+    hypercorn as it came. Why: hypercorn's connection (three tasks, h11 both
+    ways, its ASGI stream) was ~a third of a plain connect's CPU once Quart
+    was out of it (docs/benchmarks.md § 28)."""
+
+    def __init__(self, app: Any, server_headers: ServerHeaders) -> None:
+        self._app = app                     # its ``fast_connect`` answers (None: this is off too)
+        self._server_headers = server_headers
+
+    def watching(self, address: str) -> bool:
+        """Whether a connection from ``address`` is worth reading first (per
+        accept: no read for a server that cannot answer a connect in its
+        step, ``--redis``, nor for a trusted proxy's connection)."""
+        fast: FastConnect | None = getattr(self._app, "fast_connect", None)
+        proxies = getattr(self._app, "trusted_proxies", None)
+        return fast is not None and fast.can_answer() and not (proxies and proxies.trusts(address))
+
+    def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
+        """The response's bytes and whether to close after them, or None."""
+        if not data.startswith(_CONNECT_LINE):
+            return None
+        app = self._app
+        fast: FastConnect | None = getattr(app, "fast_connect", None)
+        if fast is None or not fast.can_answer():
+            return None
+        cap = getattr(app, "max_requests_in_flight", 0)
+        proxies = getattr(app, "trusted_proxies", None)
+        if (cap and app.requests_in_flight >= cap) or (proxies and proxies.trusts(str(peer[0]))):
+            return None
+        parsed = _one_request(data)
+        if parsed is None:
+            return None
+        request, body = parsed
+        scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": CONNECT_PATH,
+                 "headers": list(request.headers), "client": tuple(peer[:2]), "server": tuple(local[:2])}
+        # its own context: the request_id bound for its log line stays out of the connection's task
+        reply = contextvars.copy_context().run(fast.answer_now, scope, body)
+        if reply is None:
+            return None
+        status, headers, response_body = reply
+        close = any(token.strip().lower() == b"close"
+                    for name, value in request.headers if name == b"connection" for token in value.split(b","))
+        lines = [b"HTTP/1.1 %d " % status]
+        lines += [name + b": " + value for name, value in (*headers, *self._server_headers())]
+        if close:
+            lines.append(b"Connection: close")       # what h11 adds for a client that asked to close
+        return b"\r\n".join(lines) + b"\r\n\r\n" + response_body, close
+
+
+def _one_request(data: bytes) -> tuple[h11.Request, bytes] | None:
+    """``data`` as exactly one whole HTTP/1.1 request and its body, read by
+    h11 as hypercorn reads it; None for anything else (h11's errors too)."""
+    connection = h11.Connection(h11.SERVER)
+    try:
+        connection.receive_data(data)
+        request = connection.next_event()
+        if not isinstance(request, h11.Request) or request.http_version != b"1.1":
+            return None
+        body = b""
+        while True:
+            event = connection.next_event()
+            if isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                return None             # not all here
+    except h11.RemoteProtocolError:
+        return None
+    if connection.trailing_data[0]:
+        return None                     # another request behind it: hypercorn serves them in order
+    return request, body

@@ -34,15 +34,16 @@ if __package__ in (None, ""):
     sys.path.append(str(Path(__file__).resolve().parent.parent))   # run as a file: PYTHONPATH first, then here
 
 from benchmarks import round_cpu
+import voiceactors
 
 _HARNESS = ("round_cpu.py", "round_calls.py")
+_OURS = str(Path(voiceactors.__file__).parent) + "/"
 
 
 def _module(filename: str) -> str:
     """``voiceactors/...`` for ours, the package for a library, ``stdlib:<module>`` for the standard library."""
-    i = filename.find("/voiceactors/")
-    if i >= 0:
-        return filename[i + 1:]
+    if filename.startswith(_OURS):     # by the package's own folder: a checkout may itself be named voiceactors
+        return "voiceactors/" + filename[len(_OURS):]
     i = filename.find("site-packages/")
     if i >= 0:
         return filename[i + len("site-packages/"):].split("/")[0]

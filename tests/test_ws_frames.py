@@ -14,6 +14,8 @@ import pytest
 import trio
 import trio.testing
 import trio_websocket
+from wsproto.events import CloseConnection
+from wsproto.utilities import LocalProtocolError
 
 from voiceactors.realtime import ws_frames
 
@@ -277,4 +279,21 @@ async def test_what_the_socket_does_not_take_at_once_finish_send_writes_before_a
             while len(got) < 2:
                 await trio.sleep(0.01)
         assert got == [big, "after"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_frame_wsproto_refuses_leaves_the_send_lock_free():
+    # wsproto past its close (a close it handled while trio-websocket has not
+    # yet set its close reason) refuses a text frame: start_send raises, as
+    # send_now does, and the lock is not left held for every later write
+    async with trio.open_nursery() as nursery:
+        _peer, ws = await connected(nursery)
+        ws._wsproto.send(CloseConnection(code=1000))         # wsproto's state only; nothing sent
+        assert ws._close_reason is None
+        with pytest.raises(LocalProtocolError):
+            ws_frames.start_send(ws, "refused")
+        assert not ws._stream_lock.locked()
+        with pytest.raises(LocalProtocolError):
+            await ws_frames.send_now(ws, "refused")
+        assert not ws._stream_lock.locked()
         nursery.cancel_scope.cancel()

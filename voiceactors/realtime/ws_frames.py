@@ -166,7 +166,8 @@ def start_send(ws: Any, text: str) -> bytes | None:
     send lock still held, so ``finish_send`` must follow (it awaits, so its
     caller bounds and shields it as any write); None when it could not start
     (the lock held, the connection closing, a TLS stream), with nothing made
-    or written: write with ``send_now`` instead.
+    or written: write with ``send_now`` instead. A frame wsproto refuses (its
+    state past a close) raises as in ``send_now``, with the lock released.
 
     ``send_now``'s path after its bytes are handed over is trio's
     ``send_all``, whose ``send`` ends with a schedule point even when the
@@ -177,7 +178,11 @@ def start_send(ws: Any, text: str) -> bytes | None:
     if lock.locked() or ws._close_reason is not None or type(stream) is not trio.SocketStream:
         return None
     lock.acquire_nowait()
-    data = ws._wsproto.send(TextMessage(data=text))
+    try:
+        data = ws._wsproto.send(TextMessage(data=text))
+    except BaseException:    # wsproto past a close: raised as send_now raises it, the lock not kept
+        lock.release()
+        raise
     try:
         sent = os.write(stream.socket.fileno(), data)
     except OSError:      # full (BlockingIOError), or broken: finish_send's send_all waits or raises

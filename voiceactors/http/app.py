@@ -15,7 +15,6 @@ and waits for it.
 from __future__ import annotations
 
 import encodings.idna  # noqa: F401 - see below
-import re
 import uuid
 from typing import Any
 
@@ -25,7 +24,7 @@ from quart import g, request
 from quart_trio import QuartTrio
 
 from voiceactors import metrics
-from voiceactors.http import auth, errors, hosts, ratelimit
+from voiceactors.http import auth, errors, hosts, ratelimit, request_ids
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.errors import TOO_LARGE, ApiError
@@ -42,8 +41,7 @@ from voiceactors.settings import Settings, shutdown_deadlines
 # descriptors (EMFILE) would answer it with hypercorn's bare 500. Hence the
 # import above, at start-up.
 
-REQUEST_ID_HEADER = "X-Request-Id"
-_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+REQUEST_ID_HEADER = request_ids.HEADER
 
 _log = get_logger(actor="http")
 
@@ -90,7 +88,7 @@ def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
     @app.before_request
     async def _begin() -> None:
         given = request.headers.get(REQUEST_ID_HEADER, "")
-        g.request_id = given if _SANE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        g.request_id = request_ids.request_id_for(given)
         g.started = trio.current_time()
         structlog.contextvars.bind_contextvars(request_id=g.request_id)
         # Refuse a declared oversize body before reading a byte of it; a body

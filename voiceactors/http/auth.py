@@ -54,10 +54,26 @@ def authorized(settings: Settings, header: str | None) -> bool:
     return hmac.compare_digest(presented.strip().encode("utf-8"), settings.api_token.encode("utf-8"))
 
 
+def cross_site(fetch_site: str | None) -> bool:
+    """A ``Sec-Fetch-Site`` value a browser sends with a cross-site request
+    (the browser guard refuses it; the rule of every path that guards)."""
+    return (fetch_site or "").strip().lower() == "cross-site"
+
+
+def json_mimetype(mimetype: str) -> bool:
+    """A lower-case media type (no parameters) that is JSON."""
+    return mimetype == "application/json" or mimetype.endswith("+json")
+
+
+def declared_json(content_type: str | None) -> bool:
+    """A ``Content-Type`` value that declares JSON (its parameters aside)."""
+    return json_mimetype((content_type or "").split(";", 1)[0].strip().lower())
+
+
 def _declared_json_or_empty() -> bool:
     mimetype = request.mimetype
     if mimetype:
-        return mimetype == "application/json" or mimetype.endswith("+json")
+        return json_mimetype(mimetype)
     chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
     return not chunked and not request.content_length
 
@@ -71,7 +87,7 @@ def install(app: Quart, settings: Settings) -> None:
     async def _browser_guard() -> None:
         if not request.path.startswith(PROTECTED_PREFIX):
             return
-        if request.headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site":
+        if cross_site(request.headers.get("Sec-Fetch-Site")):
             raise ApiError(403, CROSS_SITE)
         if request.method == "POST" and not _declared_json_or_empty():
             raise ApiError(415, NOT_JSON_CONTENT)

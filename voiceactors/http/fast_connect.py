@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import contextvars
 import json
-import re
-import uuid
 from typing import Any, Awaitable, Callable
 
 import h11
@@ -48,15 +46,14 @@ from voiceactors.actors.call_context import LinkedContext
 from voiceactors.actors.messages import ConnectOutcome
 from voiceactors.http import auth
 from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, RUNTIME_UNAVAILABLE
-from voiceactors.http.hosts import HostPolicy, own_origin
+from voiceactors.http.hosts import HostPolicy, host_refusal
 from voiceactors.http.ratelimit import RateLimiter, bucket_key
+from voiceactors.http.request_ids import request_id_for
 from voiceactors.http.routes import CALL_ID_RE
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
 CONNECT_PATH = "/api/voice/connect"
-#: the request-id header's rule (app.py's ``_begin``: a sane id is kept, else one is made)
-_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 #: the request headers read here; a request repeating one of them goes to Quart
 _READ = frozenset({b"host", b"origin", b"sec-fetch-site", b"content-type", b"content-length", b"transfer-encoding",
                    b"expect", b"authorization", b"x-request-id"})
@@ -73,10 +70,6 @@ Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 def _json_body(value: Any) -> bytes:
     """What Quart's ``jsonify`` writes (compact, not ASCII-escaped, a newline)."""
     return (json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
-
-
-def _mimetype(content_type: bytes) -> str:
-    return content_type.split(b";", 1)[0].strip().lower().decode("latin-1")
 
 
 class FastConnect:
@@ -157,8 +150,7 @@ class FastConnect:
         length = seen.get(b"content-length", b"").strip()
         if not length.isdigit() or not 0 < int(length) <= self._settings.body_limit:
             return None
-        mimetype = _mimetype(seen.get(b"content-type", b""))
-        if not (mimetype == "application/json" or mimetype.endswith("+json")):
+        if not auth.declared_json(seen.get(b"content-type", b"").decode("latin-1")):
             return None
         return seen
 
@@ -167,12 +159,11 @@ class FastConnect:
         auth.py, ratelimit.py: here as questions, nothing taken)."""
         host = headers.get(b"host")
         host_text = host.decode("latin-1") if host is not None else None
-        if not self._hosts.allows(host_text, scope.get("server")):
-            return False
         origin = headers.get(b"origin")
-        if origin is not None and not own_origin(origin.decode("latin-1"), host_text or ""):
+        if host_refusal(self._hosts, host_text, origin.decode("latin-1") if origin is not None else None,
+                        scope.get("server")) is not None:
             return False
-        if headers.get(b"sec-fetch-site", b"").strip().lower() == b"cross-site":
+        if auth.cross_site(headers.get(b"sec-fetch-site", b"").decode("latin-1")):
             return False
         if self._token_required:
             authorization = headers.get(b"authorization")
@@ -196,8 +187,7 @@ class FastConnect:
         key = bucket_key(scope)
         if key is not None and self._limiter.take(key) > 0:
             return None
-        given = headers.get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _SANE_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        request_id = request_id_for(headers.get(b"x-request-id", b"").decode("latin-1"))
         structlog.contextvars.bind_contextvars(request_id=request_id)
         brain = runtime.brain_now()
         answer = runtime.connect_now(call_id, LinkedContext(brain.instruction if brain.ready else None, None, False))

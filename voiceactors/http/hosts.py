@@ -127,6 +127,18 @@ def _server_address(server: Any) -> tuple[frozenset[str], int | None]:
     return frozenset(names), server[1]
 
 
+def host_refusal(policy: HostPolicy, host: str | None, origin: str | None, server: Any) -> tuple[int, str] | None:
+    """Why a request with these ``Host`` and ``Origin`` headers is refused
+    (421 for a host not ours, 403 for a foreign origin), or None: the rule
+    of every path that guards (the hook below, the MCP endpoint, the plain
+    connect)."""
+    if not policy.allows(host, server):
+        return 421, HOST_NOT_ALLOWED
+    if origin is not None and not own_origin(origin, host or ""):
+        return 403, ORIGIN_NOT_ALLOWED
+    return None
+
+
 def own_origin(origin: str, host_header: str) -> bool:
     """``origin`` is this server's own: a web scheme and exactly the request's host."""
     origin = origin.strip().lower()
@@ -149,9 +161,7 @@ def install(app: Quart, settings: Settings) -> None:
     async def _own_host_and_origin() -> None:
         if is_public_asset(request.path):
             return
-        host = request.headers.get("Host")
-        if not policy.allows(host, request.scope.get("server")):
-            raise ApiError(421, HOST_NOT_ALLOWED)
-        origin = request.headers.get("Origin")
-        if origin is not None and not own_origin(origin, host or ""):
-            raise ApiError(403, ORIGIN_NOT_ALLOWED)
+        refused = host_refusal(policy, request.headers.get("Host"), request.headers.get("Origin"),
+                               request.scope.get("server"))
+        if refused is not None:
+            raise ApiError(*refused)

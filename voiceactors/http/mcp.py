@@ -47,15 +47,13 @@ from voiceactors import metrics
 from voiceactors.http import auth
 from voiceactors.http.errors import (
     CROSS_SITE,
-    HOST_NOT_ALLOWED,
     NOT_JSON_CONTENT,
-    ORIGIN_NOT_ALLOWED,
     RATE_LIMITED,
     RUNTIME_UNAVAILABLE,
     TOO_LARGE,
     UNAUTHORIZED,
 )
-from voiceactors.http.hosts import HostPolicy, own_origin
+from voiceactors.http.hosts import HostPolicy, host_refusal
 from voiceactors.http.ratelimit import RateLimiter, client_address, retry_after
 from voiceactors.logs import get_logger
 from voiceactors.mcp_server.server import build_server
@@ -80,11 +78,6 @@ def header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
-
-
-def _declared_json(content_type: str | None) -> bool:
-    mimetype = (content_type or "").split(";", 1)[0].strip().lower()
-    return mimetype == "application/json" or mimetype.endswith("+json")
 
 
 class Refusal(Exception):
@@ -184,17 +177,14 @@ class McpEndpoint:
         declared = header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > self.settings.body_limit:
             raise Refusal(413, TOO_LARGE)
-        host = header(scope, b"host")
-        if not self.hosts.allows(host, scope.get("server")):
-            raise Refusal(421, HOST_NOT_ALLOWED)
-        origin = header(scope, b"origin")
-        if origin is not None and not own_origin(origin, host or ""):
-            raise Refusal(403, ORIGIN_NOT_ALLOWED)
-        if (header(scope, b"sec-fetch-site") or "").strip().lower() == "cross-site":
+        refused = host_refusal(self.hosts, header(scope, b"host"), header(scope, b"origin"), scope.get("server"))
+        if refused is not None:
+            raise Refusal(*refused)
+        if auth.cross_site(header(scope, b"sec-fetch-site")):
             raise Refusal(403, CROSS_SITE)
         if scope.get("method") != "POST":
             raise Refusal(405, METHOD_NOT_ALLOWED, {"Allow": "POST"})
-        if not _declared_json(header(scope, b"content-type")):
+        if not auth.declared_json(header(scope, b"content-type")):
             raise Refusal(415, NOT_JSON_CONTENT)
         if self.token_required and not auth.authorized(self.settings, header(scope, b"authorization")):
             raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})

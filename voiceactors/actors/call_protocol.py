@@ -43,7 +43,7 @@ from voiceactors.actors.call_state import (
     ToolCall, ToolCallState, ToolOutcome,
 )
 from voiceactors.actors.call_context import CallContext
-from voiceactors.actors.transcript_order import TranscriptOrder
+from voiceactors.actors.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
 
@@ -75,9 +75,6 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done",
 })
-
-_ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.created", "conversation.item.done"})
-_OUTPUT_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 
 ACTIVE_RESPONSE = "conversation_already_has_active_response"
 #: Service error codes after which the call cannot go on: it ends at once.
@@ -475,11 +472,11 @@ class CallProtocol:
         # (``spoken``) sees an event's fields before its handler, the most
         # frequent kinds first.
         kind = event.type
-        if kind in _ITEM_EVENTS:
+        if kind in ITEM_EVENTS:
             item = event.item
             self.spoken.item_seen(item, getattr(event, "previous_item_id", None))
             self._on_item_added(item, first=kind != "conversation.item.done")
-        elif kind in _OUTPUT_ITEM_EVENTS:
+        elif kind in OUTPUT_ITEM_EVENTS:
             response_id, item = event.response_id, event.item
             self.spoken.output_item_seen(response_id, item)
             self._on_output_item(response_id, item, done=kind == "response.output_item.done")

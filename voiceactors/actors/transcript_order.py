@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TranscriptOrder"]
+__all__ = ["ITEM_EVENTS", "OUTPUT_ITEM_EVENTS", "TranscriptOrder"]
 
-_ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.created", "conversation.item.done"})
-_OUTPUT_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
-#: The events ``observe`` takes into account (any other it ignores: the caller may skip the call).
-OBSERVED_EVENTS = _ITEM_EVENTS | _OUTPUT_ITEM_EVENTS | {"response.done"}
+#: The events whose item ``item_seen`` takes, and those ``output_item_seen``
+#: takes (with ``response.done``: every event ``observe`` takes into account).
+ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.created", "conversation.item.done"})
+OUTPUT_ITEM_EVENTS = frozenset({"response.output_item.added", "response.output_item.done"})
 
 
 class TranscriptOrder:
@@ -47,9 +47,9 @@ class TranscriptOrder:
         this event cut short and whose transcript was already written (the
         caller records them: ``transcript_cut``)."""
         kind = getattr(event, "type", None)
-        if kind in _ITEM_EVENTS:
+        if kind in ITEM_EVENTS:
             self.item_seen(getattr(event, "item", None), getattr(event, "previous_item_id", None))
-        elif kind in _OUTPUT_ITEM_EVENTS:
+        elif kind in OUTPUT_ITEM_EVENTS:
             self.output_item_seen(getattr(event, "response_id", None), getattr(event, "item", None))
         elif kind == "response.done":
             return self.response_done(getattr(event, "response", None))

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO, machine_facts
+from benchmarks.common import add_pairs_arguments, machine_facts, run_plan
 from benchmarks.connect_cost import throwaway_redis
 from benchmarks.lease_renewals import _command_calls, _line_starting
 
@@ -130,17 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=8, help="joiners at once (the served peer's threads)")
     parser.add_argument("--work-ms", type=float, default=5.0, help="CPU per join besides the lease (ms)")
     parser.add_argument("--ttl", type=float, default=10.0, help="the lease TTL (the setting's default)")
-    parser.add_argument("--repeats", type=int, default=0, help="runs of this checkout alone (1 without --pairs)")
-    parser.add_argument("--pairs", type=int, default=0, help="interleaved ($BENCH_PEER_REPO, this) pairs")
+    add_pairs_arguments(parser)
     parser.add_argument("--json", default=None, help="also write every run here")
     args = parser.parse_args(argv)
-    peer = os.environ.get("BENCH_PEER_REPO")
-    if args.pairs and not peer:
-        parser.error("--pairs needs $BENCH_PEER_REPO (the checkout to compare with)")
+    plan = run_plan(parser, args, "before")
     print(json.dumps({"machine": machine_facts(), "args": vars(args)}), flush=True)
-    plan = [("this", REPO)] * (args.repeats or (0 if args.pairs else 1))
-    for _ in range(args.pairs):
-        plan += [("before", Path(peer or "")), ("this", REPO)]
     runs = []
     for label, repo in plan:
         result = {"run": label, "utc": time.strftime("%H:%M:%S", time.gmtime()),

@@ -38,7 +38,7 @@ from typing import IO, Any
 
 import psutil
 
-from benchmarks.common import REPO, machine_facts
+from benchmarks.common import add_pairs_arguments, machine_facts, run_plan
 from benchmarks.connect_cost import throwaway_redis
 
 # The child: run with the chosen checkout first on sys.path. It prints "kept"
@@ -143,17 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leases", type=int, default=1000)
     parser.add_argument("--hold", type=float, default=30.0, help="seconds measured, once every lease is kept")
     parser.add_argument("--ttl", type=float, default=10.0, help="the lease TTL (the setting's default)")
-    parser.add_argument("--repeats", type=int, default=0, help="runs of this checkout alone (1 without --pairs)")
-    parser.add_argument("--pairs", type=int, default=0, help="interleaved ($BENCH_PEER_REPO, this) pairs")
+    add_pairs_arguments(parser)
     parser.add_argument("--json", default=None, help="also write every run here")
     args = parser.parse_args(argv)
-    peer = os.environ.get("BENCH_PEER_REPO")
-    if args.pairs and not peer:
-        parser.error("--pairs needs $BENCH_PEER_REPO (the checkout to compare with)")
+    plan = run_plan(parser, args, "peer")
     print(json.dumps({"machine": machine_facts(), "load": os.getloadavg(), "args": vars(args)}), flush=True)
-    plan = [("this", REPO)] * (args.repeats or (0 if args.pairs else 1))
-    for _ in range(args.pairs):
-        plan += [("peer", Path(peer or "")), ("this", REPO)]
     runs = []
     for label, repo in plan:
         result = {"run": label, "repo": str(repo), "started_load": os.getloadavg()[0],

@@ -224,27 +224,25 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
             await stream.aclose()
             return
         if data:
-            answer = _asks(refusal.answer, address, bytes(data)) if watched and refusal is not None else None
-            if answer is not None:
-                try:
-                    await stream.send_all(answer)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass
-                finally:
-                    await stream.aclose()
-                return
-            reply = _answered(first_read, stream, bytes(data)) if first_read is not None else None
-            if reply is not None:
+            reply: tuple[bytes, bool] | None = None     # the response, and whether to close after it
+            if watched and refusal is not None:
+                refused = _asks(refusal.answer, address, bytes(data))
+                reply = (refused, True) if refused is not None else None      # a refusal always closes
+            if reply is None and first_read is not None:
+                reply = _answered(first_read, stream, bytes(data))   # closes when the client asked to
+            if reply is None:
+                stream.put_back(bytes(data))
+            else:
                 response, close = reply
                 try:
                     await stream.send_all(response)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     close = True
+                finally:
+                    if close:
+                        await stream.aclose()
                 if close:
-                    await stream.aclose()
                     return
-            else:
-                stream.put_back(bytes(data))
     stream.hold_heads()
     await serve_http(stream)
 

@@ -285,18 +285,84 @@ def test_the_hooks_the_fast_path_stands_in_for_are_the_apps(tmp_path):
     assert set(app.before_request_funcs) == {None} and set(app.after_request_funcs) == {None}
 
 
-async def test_with_a_shared_registry_every_connect_is_the_routes(make_sample, tmp_path, sim, pin_today,  # noqa: F811
-                                                                  redis_server, quart_requests):
-    """``--redis``: a connect's lease is won in a task, so the runtime offers
-    no in-step connect and the fast path stands aside (Quart's route asks
-    the supervisor, and the connect works)."""
+async def test_with_a_shared_registry_a_plain_connect_wins_its_lease_without_quart(
+        make_sample, tmp_path, sim, pin_today, redis_server, log_stream, quart_requests):  # noqa: F811
+    """``--redis`` (every worker): the lease is won in the request's task
+    (``Runtime.connect_leased``), so a plain connect skips Quart there too,
+    with Quart's answer (status, headers, body, ``http.request`` line); its
+    call's actor runs in the supervisor's context (its lines carry no
+    request id); Redis down gives Quart's 503 both ways."""
+    from voiceactors.http.errors import REGISTRY_DOWN
+
     pin_today(DAY.isoformat())
     app = _app(make_sample(days=3), tmp_path, sim, redis_url=redis_server.url)
-    sim.add_call("rtc_shared", [{"sleep": 0.2}, {"close": 1000}])
+    for call_id in ("rtc_shared_fast", "rtc_shared_slow"):
+        sim.add_call(call_id, [{"sleep": 0.3}, {"close": 1000}])
     async with app.test_app() as test_app:
         runtime = voice_state(app).runtime
-        assert runtime.connect_now is None and not app.fast_connect.can_answer()
-        assert not app.first_read_answer(lambda: []).watching("127.0.0.1")    # no first read taken either
-        status, _headers, body = await _post(test_app.test_client(), b'{"call_id": "rtc_shared"}', JSON)
-    assert status == 200 and json.loads(body) == {"status": "connected"}
-    assert quart_requests.count == 1
+        assert runtime.connect_now is None and runtime.connect_leased is not None and app.fast_connect.can_answer()
+        assert app.first_read_answer(lambda: []).watching("127.0.0.1")
+        client = test_app.test_client()
+        headers = {**JSON, "X-Request-Id": "req-shared"}
+        fast = await _post(client, b'{"call_id": "rtc_shared_fast"}', headers)
+        assert quart_requests.count == 0                      # Quart never saw it
+        kept, app.fast_connect = app.fast_connect, None
+        slow = await _post(client, b'{"call_id": "rtc_shared_slow"}', headers)
+        app.fast_connect = kept
+        assert quart_requests.count == 1
+        assert fast == slow and fast[0] == 200 and json.loads(fast[2]) == {"status": "connected"}
+        supervisor = runtime.actors["calls"]
+        assert set(supervisor.registry.lease_of(c).call_id for c in ("rtc_shared_fast", "rtc_shared_slow")) == {
+            "rtc_shared_fast", "rtc_shared_slow"}                 # both leased here
+        with trio.fail_after(10):
+            while supervisor.calls:
+                await trio.sleep(0.01)
+        redis_server.stop()
+        down_fast, down_slow = await _both_ways(app, client, b'{"call_id": "rtc_shared_down"}', headers)
+        assert quart_requests.count == 2
+    assert {call_id for call_id, _reason in supervisor.ended} == {"rtc_shared_fast", "rtc_shared_slow"}
+    assert down_fast == down_slow and down_fast[0] == 503 and json.loads(down_fast[2]) == {"error": REGISTRY_DOWN}
+    first, second = _request_lines(log_stream)[:2]
+    for line in (first, second):
+        line.pop("timestamp", None)
+        line.pop("duration_ms")
+    assert first == second and first["request_id"] == "req-shared" and first["status"] == 200
+    lines = [json.loads(line) for line in log_stream.getvalue().splitlines() if line.strip()]
+    call_lines = [line for line in lines if line.get("call_id") == "rtc_shared_fast" and line["event"].startswith("call.")]
+    assert call_lines and not any("request_id" in line for line in call_lines)
+
+
+async def test_with_a_shared_registry_below_hypercorn_the_bytes_are_hypercorns(
+        make_sample, tmp_path, sim, pin_today, redis_server):  # noqa: F811
+    """``--redis`` through ``serving.serve``: a plain connect whole in the
+    first read wins its lease and is answered without a task of
+    hypercorn's, byte for byte as hypercorn answers it (but the date)."""
+    from hypercorn.config import Config
+
+    from voiceactors.http.serving import serve
+
+    pin_today(DAY.isoformat())
+    app = _app(make_sample(days=3), tmp_path, sim, redis_url=redis_server.url)
+    for n in range(2):
+        sim.add_call(f"rtc_wire_shared_{n}", [{"sleep": 0.2}, {"close": 1000}])
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    stop = trio.Event()
+    hypercorn_tasks = HypercornTasks()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(lambda task_status: serve(app, config, max_connections=0,
+                                                              shutdown_trigger=stop.wait, task_status=task_status))
+        port = int(binds[0].rsplit(":", 1)[1])
+        trio.lowlevel.add_instrument(hypercorn_tasks)
+        fast = await _exchange(port, _connect_request(port, "rtc_wire_shared_0", close=True))
+        trio.lowlevel.remove_instrument(hypercorn_tasks)
+        kept, app.fast_connect = app.fast_connect, None
+        slow = await _exchange(port, _connect_request(port, "rtc_wire_shared_1", close=True))
+        app.fast_connect = kept
+        registry = voice_state(app).runtime.actors["registry"]
+        held = {registry.lease_of(f"rtc_wire_shared_{n}") is not None for n in range(2)}
+        stop.set()
+    assert hypercorn_tasks.count == 0
+    assert held == {True}
+    assert _without_date(fast) == _without_date(slow)
+    assert fast.startswith(b"HTTP/1.1 200 \r\n") and fast.endswith(b'\r\n\r\n{"status":"connected"}\n')

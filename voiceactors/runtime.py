@@ -69,6 +69,10 @@ class Runtime:
     #: None from it: send ``Connect``), the connect route's; None itself with a
     #: shared registry (every connect asks there, and ``fast_connect`` stands aside).
     connect_now: Callable[[str, Any], ConnectOutcome | None] | None = field(default=None, repr=False)
+    #: With a shared registry instead: ``Connect`` answered in the caller's
+    #: task (``CallSupervisor.connect_leased``: the lease's await in it; None
+    #: from it: send ``Connect``), ``fast_connect``'s; None without one.
+    connect_leased: Callable[[str, Any], Awaitable[ConnectOutcome | None]] | None = field(default=None, repr=False)
 
 
 async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
@@ -160,7 +164,8 @@ async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) 
                           calls=actors["calls"].inbox, nursery=nursery, actors=actors, mcp=actors["mcp"].inbox,
                           brain_now=actors["brain"].state,
                           # with a shared registry a connect always asks (a lease to win in a task): none
-                          connect_now=actors["calls"].connect_now if "registry" not in actors else None)
+                          connect_now=actors["calls"].connect_now if "registry" not in actors else None,
+                          connect_leased=actors["calls"].connect_leased if "registry" in actors else None)
         finally:
             stopping = trio.current_time()
             await _stop([hosted[name] for name in reversed(order)], settings.shutdown_deadline_s)

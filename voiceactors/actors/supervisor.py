@@ -157,6 +157,22 @@ class CallSupervisor:
         # bound for the request's log lines) is not the call's.
         return own.run(self._connect, call_id, nursery, context=context)
 
+    async def connect_leased(self, call_id: str, context: Any = None) -> ConnectOutcome | None:
+        """``Connect`` with a shared registry, answered in the caller's task
+        (the plain connect's, ``http/fast_connect.py``): the lease won as the
+        inbox's ``Connect`` wins it, without the message, the task per connect
+        and the reply channel. Shielded, as that task was the supervisor's: a
+        caller that goes away does not cut a lease's win short (every request
+        in it is bounded; the HTTP server's connections end before the
+        runtime stops). None (send ``Connect``) while the inbox is not served
+        and without a shared registry (``connect_now`` answers there)."""
+        nursery, own = self._serving, self._context
+        if nursery is None or own is None or not self.registry.shared:
+            return None
+        with trio.CancelScope(shield=True):
+            answer = await self._lease_and_connect(call_id, nursery, context=context, own=own)
+        return answer
+
     async def _rejoin_crashed(self, nursery: trio.Nursery) -> None:
         """Start an actor for every call live at the previous server's death."""
         if self.settings.rejoin_max_calls <= 0:
@@ -236,14 +252,21 @@ class CallSupervisor:
         _reply(message.reply, await self._lease_and_connect(message.call_id, nursery, context=message.context))
 
     async def _lease_and_connect(self, call_id: str, nursery: trio.Nursery, *,
-                                 recovered: list[PendingCall] | None = None, context: Any = None) -> ConnectOutcome:
-        """Start the call's actor if this process wins its lease."""
+                                 recovered: list[PendingCall] | None = None, context: Any = None,
+                                 own: contextvars.Context | None = None) -> ConnectOutcome:
+        """Start the call's actor if this process wins its lease (``own``:
+        the supervisor's context, to start it in from another task's)."""
+        def start(call_id: str, nursery: trio.Nursery, **options: Any) -> ConnectOutcome:
+            if own is None:
+                return self._connect(call_id, nursery, **options)
+            return own.run(self._connect, call_id, nursery, **options)
+
         while call_id in self._acquiring:     # a duplicate Connect here waits for the first one
             await self._acquiring[call_id].wait()
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
-            return self._connect(call_id, nursery)      # answers at_capacity (and logs it)
+            return start(call_id, nursery)      # answers at_capacity (and logs it)
         asking = self._acquiring[call_id] = trio.Event()
         lease = None
         try:
@@ -261,7 +284,7 @@ class CallSupervisor:
         if lease is None:
             self.log.info("supervisor.call_held_elsewhere", call_id=call_id)
             return ConnectOutcome.CONNECTED
-        return self._connect(call_id, nursery, recovered=recovered, context=context, lease=lease)
+        return start(call_id, nursery, recovered=recovered, context=context, lease=lease)
 
     async def _taken_over(self, lease: Lease) -> list[PendingCall]:
         """A dead holder's call: its unsettled tool calls (the shared mirror),

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import h11
@@ -45,7 +46,7 @@ from voiceactors import config, metrics
 from voiceactors.actors.call_context import LinkedContext
 from voiceactors.actors.messages import ConnectOutcome
 from voiceactors.http import auth
-from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, RUNTIME_UNAVAILABLE
+from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE
 from voiceactors.http.hosts import HostPolicy, host_refusal
 from voiceactors.http.ratelimit import RateLimiter, bucket_key
 from voiceactors.http.request_ids import request_id_for
@@ -65,6 +66,21 @@ Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 #: a reply: its status, its headers (as the app sends them, before the server's own) and its body
 Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
+#: what the route answers for each outcome but "connected" (Quart's ``ApiError``s, the same bytes)
+_REFUSALS = {ConnectOutcome.AT_CAPACITY: (503, AT_CAPACITY), ConnectOutcome.REGISTRY_DOWN: (503, REGISTRY_DOWN)}
+
+
+@dataclass(frozen=True)
+class _Asking:
+    """A plain connect past every check, its rate-limit token taken: what
+    the supervisor is asked and how the answer is logged."""
+
+    runtime: Any
+    call_id: str
+    context: LinkedContext
+    key: Any                 # the rate limit's bucket (None: not limited)
+    request_id: str
+    started: float
 
 
 def _json_body(value: Any) -> bytes:
@@ -87,11 +103,17 @@ class FastConnect:
         return scope.get("path") == CONNECT_PATH and scope.get("method") == "POST" and self.can_answer()
 
     def can_answer(self) -> bool:
-        """The runtime answers a connect in its step (not with a shared
-        registry, ``--redis``: its lease is won in a task, so Quart's route
-        asks): asked first, so such a server pays nothing for this path."""
+        """The runtime answers a connect in its step (``connect_now``) or,
+        with a shared registry (``--redis``), in the request's task
+        (``connect_leased``: the lease's await in it); asked first."""
         runtime = self._voice.runtime
-        return runtime is not None and runtime.connect_now is not None and runtime.brain_now is not None
+        return runtime is not None and runtime.brain_now is not None and (
+            runtime.connect_now is not None or runtime.connect_leased is not None)
+
+    def in_step(self) -> bool:
+        """The answer comes in the caller's step (no shared registry)."""
+        runtime = self._voice.runtime
+        return runtime is not None and runtime.connect_now is not None
 
     async def serve(self, scope: Any, receive: Receive, send: Send) -> list[Any] | None:
         """Answer the request (None), or hand it on: the messages read from
@@ -113,7 +135,8 @@ class FastConnect:
                 return read
             if not message.get("more_body", False):
                 break
-        reply = self._reply(scope, headers, body, started)
+        reply = self._reply(scope, headers, body, started) if self.in_step() else (
+            await self._reply_leased(scope, headers, body, started))
         if reply is None:
             return read
         status, response_headers, response_body = reply
@@ -130,9 +153,31 @@ class FastConnect:
             return None
         return self._reply(scope, headers, body, started)
 
+    async def answer_leased(self, scope: Any, body: bytes) -> Reply | None:
+        """``answer_now`` with a shared registry: the lease won in this task
+        (its request ids bound only while it is asked)."""
+        started = trio.current_time()
+        headers = self._headers(scope)
+        if headers is None or not self._passes_guards(scope, headers):
+            return None
+        return await self._reply_leased(scope, headers, body, started)
+
     def _reply(self, scope: Any, headers: dict[bytes, bytes], body: bytes, started: float) -> Reply | None:
-        call_id = _plain_call_id(body) if len(body) == int(headers[b"content-length"]) else None
-        return self._answer(scope, headers, call_id, started) if call_id is not None else None
+        asking = self._asking(scope, headers, body, started) if self.in_step() else None
+        if asking is None:
+            return None
+        structlog.contextvars.bind_contextvars(request_id=asking.request_id)
+        return self._settled(asking, asking.runtime.connect_now(asking.call_id, asking.context))
+
+    async def _reply_leased(self, scope: Any, headers: dict[bytes, bytes], body: bytes,
+                            started: float) -> Reply | None:
+        asking = self._asking(scope, headers, body, started)
+        if asking is None:
+            return None
+        connect_leased = asking.runtime.connect_leased
+        with structlog.contextvars.bound_contextvars(request_id=asking.request_id):
+            answer = await connect_leased(asking.call_id, asking.context) if connect_leased is not None else None
+            return self._settled(asking, answer)
 
     def _headers(self, scope: Any) -> dict[bytes, bytes] | None:
         """The request headers this path reads (names lower-cased, as the
@@ -172,12 +217,13 @@ class FastConnect:
         key = bucket_key(scope)
         return key is None or self._limiter.wait_for(key) <= 0
 
-    def _answer(self, scope: Any, headers: dict[bytes, bytes], call_id: str, started: float) -> Reply | None:
-        """The route's work for a plain connect, in one step: the reply's
-        status, headers and body; None (nothing done, nothing taken) when
+    def _asking(self, scope: Any, headers: dict[bytes, bytes], body: bytes, started: float) -> _Asking | None:
+        """The route's checks for a plain connect, in one step, and its
+        rate-limit token taken; None (nothing done, nothing taken) when
         Quart must answer."""
+        call_id = _plain_call_id(body) if len(body) == int(headers[b"content-length"]) else None
         runtime = self._voice.runtime
-        if runtime is None or runtime.connect_now is None or runtime.brain_now is None:
+        if call_id is None or runtime is None or runtime.brain_now is None:
             return None
         try:
             if not config.openai_api_key(self._settings):
@@ -188,17 +234,24 @@ class FastConnect:
         if key is not None and self._limiter.take(key) > 0:
             return None
         request_id = request_id_for(headers.get(b"x-request-id", b"").decode("latin-1"))
-        structlog.contextvars.bind_contextvars(request_id=request_id)
         brain = runtime.brain_now()
-        answer = runtime.connect_now(call_id, LinkedContext(brain.instruction if brain.ready else None, None, False))
-        if answer is None:          # the supervisor declines (not serving): Quart's route asks its inbox
-            if key is not None:
-                self._limiter.give_back(key)
+        return _Asking(runtime, call_id, LinkedContext(brain.instruction if brain.ready else None, None, False),
+                       key, request_id, started)
+
+    def _settled(self, asking: _Asking, answer: ConnectOutcome | None) -> Reply | None:
+        """The reply for the supervisor's ``answer``: its status, headers and
+        body; None when the supervisor declined (not serving: Quart's route
+        asks its inbox), the token given back."""
+        if answer is None:
+            if asking.key is not None:
+                self._limiter.give_back(asking.key)
             return None
+        call_id, request_id, started = asking.call_id, asking.request_id, asking.started
         if answer == ConnectOutcome.CONNECTED:
             status, body = 200, _CONNECTED_BODY
-        elif answer == ConnectOutcome.AT_CAPACITY:
-            status, body = 503, _json_body({"error": AT_CAPACITY})
+        elif answer in _REFUSALS:
+            status, error = _REFUSALS[answer]
+            body = _json_body({"error": error})
         else:
             _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
             status, body = 500, _json_body({"error": RUNTIME_UNAVAILABLE})
@@ -262,14 +315,17 @@ class FirstReadConnect:
 
     def watching(self, address: str) -> bool:
         """Whether a connection from ``address`` is worth reading first (per
-        accept: no read for a server that cannot answer a connect in its
-        step, ``--redis``, nor for a trusted proxy's connection)."""
+        accept: no read for a server that cannot answer a connect, nor for a
+        trusted proxy's connection)."""
         fast: FastConnect | None = getattr(self._app, "fast_connect", None)
         proxies = getattr(self._app, "trusted_proxies", None)
         return fast is not None and fast.can_answer() and not (proxies and proxies.trusts(address))
 
-    def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
-        """The response's bytes and whether to close after them, or None."""
+    async def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
+        """The response's bytes and whether to close after them, or None.
+        Without a shared registry in this step; with one (``--redis``) the
+        lease is won in this task, counted in the app's requests in flight
+        meanwhile, as hypercorn's request would be."""
         if not data.startswith(_CONNECT_LINE):
             return None
         app = self._app
@@ -286,8 +342,15 @@ class FirstReadConnect:
         request, body = parsed
         scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": CONNECT_PATH,
                  "headers": list(request.headers), "client": tuple(peer[:2]), "server": tuple(local[:2])}
-        # its own context: the request_id bound for its log line stays out of the connection's task
-        reply = contextvars.copy_context().run(fast.answer_now, scope, body)
+        if fast.in_step():
+            # its own context: the request_id bound for its log line stays out of the connection's task
+            reply = contextvars.copy_context().run(fast.answer_now, scope, body)
+        else:
+            app.requests_in_flight = getattr(app, "requests_in_flight", 0) + 1
+            try:
+                reply = await fast.answer_leased(scope, body)
+            finally:
+                app.requests_in_flight -= 1
         if reply is None:
             return None
         status, headers, response_body = reply

@@ -26,9 +26,10 @@ within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 It answers, below hypercorn too, a plain ``POST /api/voice/connect`` whole
 in a connection's first read (``FirstReadAnswer``, given by the app:
 ``fast_connect.FirstReadConnect``), so every connection it is ``watching``
-(all but a trusted proxy's, while the app can answer a connect in its step:
-not with ``--redis``) is read here first (up to ``PEEK_S``); a connection kept alive after that
-answer goes to hypercorn for what follows.
+(all but a trusted proxy's, while the app can answer a connect) is read
+here first (up to ``PEEK_S``); a connection kept alive after that answer
+goes to hypercorn for what follows. With ``--redis`` that answer waits for
+the call's lease (``FirstReadAnswer.answer`` is awaited).
 
 The stream handed to hypercorn writes a small fixed-length response in one
 send (``SlotStream.hold_heads``, the rule in ``head_hold.py``): hypercorn
@@ -198,10 +199,11 @@ class FirstReadAnswer(Protocol):
     def watching(self, address: str) -> bool:
         """Whether a connection from ``address`` is worth reading first (cheap: runs per accept)."""
 
-    def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
+    async def answer(self, peer: Any, local: Any, data: bytes) -> tuple[bytes, bool] | None:
         """The whole response for a connection whose first read was ``data``
         and whether to close the connection after it (else hypercorn serves
-        what follows), or None to let hypercorn serve it all."""
+        what follows), or None to let hypercorn serve it all (awaited: a
+        connect with a shared registry wins its lease in it)."""
 
 
 async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], refusal: AcceptRefusal | None,
@@ -229,7 +231,7 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
                 refused = _asks(refusal.answer, address, bytes(data))
                 reply = (refused, True) if refused is not None else None      # a refusal always closes
             if reply is None and first_read is not None:
-                reply = _answered(first_read, stream, bytes(data))   # closes when the client asked to
+                reply = await _answered(first_read, stream, bytes(data))   # closes when the client asked to
             if reply is None:
                 stream.put_back(bytes(data))
             else:
@@ -247,15 +249,18 @@ async def serve_connection(serve_http: Callable[[SlotStream], Awaitable[None]], 
     await serve_http(stream)
 
 
-def _answered(first_read: FirstReadAnswer, stream: SlotStream, data: bytes) -> tuple[bytes, bool] | None:
+async def _answered(first_read: FirstReadAnswer, stream: SlotStream, data: bytes) -> tuple[bytes, bool] | None:
     try:
         peer, local = stream.socket.getpeername(), stream.socket.getsockname()
     except OSError:
         return None
     if not (isinstance(peer, tuple) and isinstance(local, tuple)):
         return None
-    answer: tuple[bytes, bool] | None = _asks(first_read.answer, peer, local, data)
-    return answer
+    try:
+        return await first_read.answer(peer, local, data)
+    except Exception:  # noqa: BLE001 - as _asks: a bug in it reads as "not answered", hypercorn serves it
+        _log.exception("server.refusal_failed")
+        return None
 
 
 async def serve(app: Any, config: Config, *, max_connections: int,

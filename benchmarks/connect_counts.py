@@ -21,6 +21,7 @@ Run::
     .venv/bin/python -m benchmarks.connect_counts
     .venv/bin/python -m benchmarks.connect_counts --server-repo /tmp/before     # another checkout's server
     .venv/bin/python -m benchmarks.connect_counts --phase end                   # the calls' ends instead
+    .venv/bin/python -m benchmarks.connect_counts --redis   # the server with --redis (a worker's connect)
 
 Bounded: every wait has a timeout; every process is a child on loopback.
 """
@@ -28,6 +29,7 @@ Bounded: every wait has a timeout; every process is a child on loopback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pstats
@@ -37,7 +39,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import free_loopback_port, sample_journal, spawn, work_dir
-from benchmarks.connect_cost import PREFIX, count_records, quiet
+from benchmarks.connect_cost import PREFIX, count_records, quiet, throwaway_redis
 from benchmarks.floods import http_call, serve_against_sim
 
 SITECUSTOMIZE = textwrap.dedent("""\
@@ -96,10 +98,19 @@ COUNTS: dict[str, tuple[str, str]] = {
 PER_JOB_CALLS = {"worker-thread jobs": 2}
 
 
-def profile_connects(calls: int, rate: float, phase: str, repo: Path | None, *, steps: bool = False) -> Path:
+def profile_connects(calls: int, rate: float, phase: str, repo: Path | None, *, steps: bool = False,
+                     redis: bool = False) -> Path:
     """The window's cProfile stats (or, with ``steps``, its task steps and
-    spawns by task name as JSON: a trio instrument instead of the profiler)."""
+    spawns by task name as JSON: a trio instrument instead of the profiler);
+    ``redis``: the server with ``--redis`` on a throwaway redis-server."""
     run_dir = work_dir() / "runs" / f"counts-{int(time.time() * 1000)}"
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(throwaway_redis(run_dir / "redis"))[0] if redis else None
+        return _profile_connects(run_dir, calls, rate, phase, repo, steps=steps, redis_url=url)
+
+
+def _profile_connects(run_dir: Path, calls: int, rate: float, phase: str, repo: Path | None, *, steps: bool,
+                      redis_url: str | None) -> Path:
     (run_dir / "site").mkdir(parents=True)
     (run_dir / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     out = run_dir / ("steps.json" if steps else "server.prof")
@@ -111,6 +122,8 @@ def profile_connects(calls: int, rate: float, phase: str, repo: Path | None, *, 
         env = {"VOICEACTORS_RATE_LIMIT_PER_S": "0", "VOICEACTORS_LOG_LEVEL": "info",
                "BENCH_STEPS_OUT" if steps else "BENCH_CPROFILE_OUT": str(out),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(run_dir / "site"), os.environ.get("PYTHONPATH")]))}
+        if redis_url is not None:
+            env["VOICEACTORS_REDIS_URL"] = redis_url
         server = serve_against_sim(int(sim.expect("PORT", 60)), port, sample_journal(14), run_dir, env=env, repo=repo)
         quiet(server)
         pid = server.popen.pid
@@ -183,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=0, help="also list this many functions by cumulative time")
     p.add_argument("--steps", action="store_true",
                    help="instead of the profile: trio task steps and spawns per connect by task name (an instrument)")
+    p.add_argument("--redis", action="store_true", help="the server with --redis (a throwaway redis-server)")
     args = p.parse_args(argv)
-    out = profile_connects(args.calls, args.rate, args.phase, args.server_repo, steps=args.steps)
+    out = profile_connects(args.calls, args.rate, args.phase, args.server_repo, steps=args.steps, redis=args.redis)
     if args.steps:
         print_steps(out, args.calls, args.phase)
         return 0

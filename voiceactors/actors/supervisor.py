@@ -26,7 +26,8 @@ happens before ``run`` reports started, so no Connect races it (a Connect
 for such a call finds it live).
 
 With a shared registry (``--redis``, ``voiceactors.cluster``) a Connect
-runs in its own task: the call's actor starts only if this process wins the
+runs in its own task (or, for the plain connect, in the request's:
+``connect_leased``): the call's actor starts only if this process wins the
 call's lease; a call held by another process answers "connected" without an
 actor here; a Redis that does not answer gives "registry_down". The actor
 runs inside its lease's stop (``cluster.leases.run_leased``) while the

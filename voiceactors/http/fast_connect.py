@@ -12,15 +12,18 @@ Which requests: ``POST /api/voice/connect`` whose body is exactly
 ``{"call_id": "<valid id>"}`` (declared JSON, a ``Content-Length`` within the
 body limit, no ``Transfer-Encoding`` or ``Expect``), that every guard lets
 through (the Host and Origin check, the browser guard, the bearer token when
-one is required, the rate limit) and that the runtime can answer in its step
-(a key configured, ``connect_now`` answering). Those get what Quart would
+one is required, the rate limit) and that the runtime can answer (a key
+configured, ``connect_now`` answering in its step or, with a shared registry
+— ``--redis``, every worker —, ``connect_leased`` in the request's task, the
+call's lease won there). Those get what Quart would
 give (the same status, body, headers, ``http.request`` line and metric).
 Everything else — a context, a greeting, credentials, a refusal of any
-guard, bad JSON, a config that cannot be read, a shared registry — is
+guard, bad JSON, a config that cannot be read — is
 handed to Quart untouched (the body's messages replayed), so every error
 and refusal keeps its one implementation there. The rate limit's token is
 taken only once it is certain this path answers (given back if
-``connect_now`` declines), so a connect never draws two.
+the supervisor declines), so a connect never draws two. Redis not answering
+gives the route's 503 (``registry_down``), the same bytes.
 
 ``tests/test_fast_connect.py`` sends every kind of request both ways (this
 path on and off) and compares the answers, and pins the app's request hooks

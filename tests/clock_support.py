@@ -9,7 +9,7 @@ jumps, and a deadline that real time never reaches fires. So:
 * a bound on test *setup* (an app's startup and shutdown) is real time:
   ``serving(app)``, ``real_time_limit``;
 * a wait for real work under a fake clock holds the clock still:
-  ``without_clock_jumps``;
+  ``clock_held_still``, ``without_clock_jumps``;
 * trio's clock is for the behaviour under test (a timeout, a retry gap).
 """
 
@@ -42,22 +42,34 @@ def real_time_limit(seconds: float = 20.0) -> Iterator[None]:
         raise AssertionError(f"took more than {seconds} s of real time")
 
 
-async def without_clock_jumps(work: Callable[[], Awaitable[Any]]) -> Any:
-    """Run ``work()`` while a task that never sleeps keeps trio busy, so the
-    autojump clock cannot move (for real work: threads, files, processes)."""
-    box: dict[str, Any] = {}
+async def _spin() -> None:
+    while True:
+        await trio.sleep(0)
+
+
+@asynccontextmanager
+async def clock_held_still() -> AsyncIterator[None]:
+    """Inside the block a task that never sleeps keeps trio busy, so the
+    autojump clock cannot move: for real work (threads, files, processes)
+    while a trio deadline is pending. Never ``trio.sleep`` inside it (the
+    fake clock would not reach the sleep's end)."""
+    error: Exception | None = None
     async with trio.open_nursery() as nursery:
-        async def spin() -> None:
-            while True:
-                await trio.sleep(0)
-
-        async def run() -> None:
-            box["value"] = await work()
+        nursery.start_soon(_spin)
+        try:
+            yield
+        except Exception as raised:      # the test's own failure, raised as itself below
+            error = raised
+        finally:
             nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
 
-        nursery.start_soon(spin)
-        nursery.start_soon(run)
-    return box["value"]
+
+async def without_clock_jumps(work: Callable[[], Awaitable[Any]]) -> Any:
+    """``await work()`` with the clock held still (``clock_held_still``)."""
+    async with clock_held_still():
+        return await work()
 
 
 class LifespanFailed(AssertionError):

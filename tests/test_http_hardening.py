@@ -21,7 +21,7 @@ import httpx
 import pytest
 import trio
 
-from clock_support import serving
+from clock_support import clock_held_still, serving
 from voiceactors.http import create_app
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
@@ -217,25 +217,30 @@ async def test_costly_posts_are_rate_limited_per_client(journal, tmp_path, settl
         client = test_app.test_client()
         alice = {"client": ("127.0.0.1", 50001)}
         bob = {"client": ("127.0.0.2", 50002)}
-        for _ in range(3):
-            response = await client.post("/api/voice/connect", json={}, scope_base=alice)
-            assert response.status_code == 400          # counted: a bad body still costs a parse
-        response = await client.post("/api/voice/connect", json={"call_id": "rtc_1"}, scope_base=alice)
-        assert response.status_code == 429
-        assert await _json(response) == {"error": "too many requests"}
-        assert response.headers["Retry-After"] == "2"          # one token at 0.5/s
-        assert response.headers["Connection"] == "close"
-        # another client, another route: their own buckets; reads are never limited
-        assert (await client.post("/api/voice/connect", json={}, scope_base=bob)).status_code == 400
-        assert (await client.post("/api/voice/refresh-brain", json={"x": 1}, scope_base=alice)).status_code != 429
-        for _ in range(10):
-            assert (await client.get("/api/voice/status", scope_base=alice)).status_code == 200
+        # the requests run worker threads (the brain's refresh, /status's key lookup): the
+        # clock is held still while they run, so that it moves only in the test's sleeps
+        async with clock_held_still():
+            for _ in range(3):
+                response = await client.post("/api/voice/connect", json={}, scope_base=alice)
+                assert response.status_code == 400          # counted: a bad body still costs a parse
+            response = await client.post("/api/voice/connect", json={"call_id": "rtc_1"}, scope_base=alice)
+            assert response.status_code == 429
+            assert await _json(response) == {"error": "too many requests"}
+            assert response.headers["Retry-After"] == "2"          # one token at 0.5/s
+            assert response.headers["Connection"] == "close"
+            # another client, another route: their own buckets; reads are never limited
+            assert (await client.post("/api/voice/connect", json={}, scope_base=bob)).status_code == 400
+            assert (await client.post("/api/voice/refresh-brain", json={"x": 1}, scope_base=alice)).status_code != 429
+            for _ in range(10):
+                assert (await client.get("/api/voice/status", scope_base=alice)).status_code == 200
         await trio.sleep(2.1)                                   # one token back, not two
-        assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 400
-        assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 429
+        async with clock_held_still():
+            assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 400
+            assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 429
         await trio.sleep(60)                                    # refills up to the burst, no further
-        statuses = [(await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code
-                    for _ in range(4)]
+        async with clock_held_still():
+            statuses = [(await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code
+                        for _ in range(4)]
         assert statuses == [400, 400, 400, 429]
 
 

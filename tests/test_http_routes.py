@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from clock_support import serving
+from clock_support import clock_held_still, serving
 from voiceactors.http import create_app, voice_state
 from voiceactors.http import errors as E
 from voiceactors.http.routes import openapi_document, openapi_path
@@ -272,9 +272,11 @@ async def test_status_brain_age_counts_up(journal, tmp_path, settled_clock):
     app = create_app(make_settings(journal, tmp_path))
     async with serving(app) as test_app:
         client = test_app.test_client()
-        assert (await post(client, "/api/voice/refresh-brain")).status_code == 200
+        async with clock_held_still():     # the refresh runs in a worker thread: no jump to its 30 s wait
+            assert (await post(client, "/api/voice/refresh-brain")).status_code == 200
         await trio.sleep(125)
-        data = await (await client.get("/api/voice/status")).get_json()
+        async with clock_held_still():     # and so does the key lookup of /status
+            data = await (await client.get("/api/voice/status")).get_json()
         assert data["brain_ready"] is True
         assert 125 <= data["brain_age_seconds"] < 130
 

@@ -42,7 +42,7 @@ import trio
 import trio.testing
 
 from calls_support import DAY, KEY, real_time_limit, rig
-from child_support import CHILD_START_S
+from child_support import CHILD_START_S, Child
 from clock_support import serving
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
@@ -517,7 +517,7 @@ async def test_sigterm_during_live_calls_exits_0_and_flushes_every_record(tmp_pa
     env = {**os.environ, "OPENAI_BASE_URL": sim.base_url, "OPENAI_API_KEY": KEY,
            "VOICEACTORS_LOG_FORMAT": "json"}
     env.pop("VOICEACTORS_API_TOKEN", None)
-    proc = await trio.lowlevel.open_process(
+    proc = Child(
         [sys.executable, "-m", "voiceactors.cli", "serve", "--journal", str(journal), "--state-dir", str(state),
          "--host", "127.0.0.1", "--port", "0", "--today", DAY.isoformat()],
         stderr=subprocess.PIPE, env=env, cwd=ROOT)

@@ -20,8 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from child_support import die_with_parent
+
 CHROMIUM = "/usr/lib/chromium/chromium"
 HARNESS = Path(__file__).with_name("console_harness.py")
+# setup, in real time: six servers and Chromium (up to two 20 s tries) on a loaded machine
+HARNESS_START_S = 120.0
 
 # Injected into every page before its own scripts (CDP scripts are not subject
 # to the page's CSP): report every CSP violation where the test can read it.
@@ -61,7 +65,7 @@ class Harness:
         self.process = subprocess.Popen(
             ["unshare", "-n", "sh", "-c", script, sys.executable, str(HARNESS), config],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(tmp / "harness.stderr", "wb"),
-            cwd=Path(__file__).resolve().parents[1])
+            cwd=Path(__file__).resolve().parents[1], preexec_fn=die_with_parent())
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
         self._replies: dict[int, dict[str, Any]] = {}
@@ -69,7 +73,11 @@ class Harness:
         self._ready: dict[str, Any] | None = None
         self._reader = threading.Thread(target=self._read, daemon=True, name="cdp-reader")
         self._reader.start()
-        self.ready = self._wait(lambda: self._ready, 60, "the harness to start")
+        try:
+            self.ready = self._wait(lambda: self._ready, HARNESS_START_S, "the harness to start")
+        except BaseException:
+            self.close()      # no harness (and so no Chromium: it dies with the harness) left behind
+            raise
 
     def _read(self) -> None:
         for raw in self.process.stdout:
@@ -115,11 +123,11 @@ class Harness:
 
     def close(self) -> None:
         if self.process.poll() is None:
-            self.process.stdin.close()
+            self.process.stdin.close()   # the harness kills its Chromium and stops its servers
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
-                self.process.kill()      # the harness we started, by its handle
+                self.process.kill()      # the harness we started, by its handle; its Chromium dies with it
                 self.process.wait(10)
 
     # --- pages -----------------------------------------------------------------------------

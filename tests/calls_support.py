@@ -32,6 +32,8 @@ from voiceactors.simulator.client_events import validate_client_event
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
 
+from clock_support import real_time_limit  # noqa: F401 - the calls tests import it from here
+
 DAY = dt.date(2026, 3, 27)
 KEY = "sk-test-calls-0123456789"
 ACTIVE = "conversation_already_has_active_response"
@@ -96,24 +98,6 @@ class Rig:
 
     def record(self, call_id: str) -> list[dict]:
         return read_record(record_path(self.settings.state_dir, call_id))
-
-
-@contextmanager
-def real_time_limit(seconds: float = 20.0) -> Iterator[None]:
-    """Fail a block that takes more than ``seconds`` of REAL time. A trio
-    deadline would be a place for ``autojump_clock`` to jump to while a tool
-    thread works; a thread timer is not."""
-    token = trio.lowlevel.current_trio_token()
-    with trio.CancelScope() as scope:
-        timer = threading.Timer(seconds, lambda: trio.from_thread.run_sync(scope.cancel, trio_token=token))
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-    if scope.cancelled_caught:
-        raise AssertionError(f"took more than {seconds} s of real time")
 
 
 @asynccontextmanager

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import trio
 
+from child_support import Child
 from redis_support import RedisServer
 from test_call_crash import Server, stop_cleanly  # noqa: F401  (stop_cleanly re-exported for the cluster tests)
 from voiceactors.cluster import redis_client as rc
@@ -43,9 +45,8 @@ class WorkersServer(Server):
         self.workers = workers
 
     async def start(self, nursery: trio.Nursery) -> str:
-        self.proc = await trio.lowlevel.open_process(self.args, stderr=-1, stdout=-3, env=self.env,
-                                                     cwd=Path(__file__).resolve().parents[1],
-                                                     start_new_session=self.session)
+        self.proc = Child(self.args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=self.env,
+                          cwd=Path(__file__).resolve().parents[1], start_new_session=self.session)
         nursery.start_soon(self._read_log)
         with trio.fail_after(60):
             while not self.events("workers.serving"):

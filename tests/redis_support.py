@@ -9,48 +9,20 @@ killed outright and no teardown runs (Linux: ``PR_SET_PDEATHSIG``, SIGKILL;
 
 from __future__ import annotations
 
-import ctypes
-import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
+
+from child_support import die_with_parent
 
 REDIS_SERVER = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(REDIS_SERVER is None,
                                  reason="redis-server is not installed (apt-get install -y redis-server)")
-
-
-PR_SET_PDEATHSIG = 1      # <linux/prctl.h>
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel SIGKILL the child when its parent
-    dies (None off Linux). The kernel's "parent" is the *thread* that forks:
-    ``RedisServer.start`` forks from the main thread only, and ``Popen`` runs
-    in this thread (``trio.lowlevel.open_process`` forks in a worker thread,
-    which trio retires when idle, so its children cannot use this). libc and
-    the parent's pid are looked up before the fork; the child only calls
-    ``prctl``, then checks that the parent did not die before it asked."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    parent = os.getpid()
-
-    def preexec() -> None:
-        if prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os._exit(127)                      # no redis-server that could outlive its test
-        if os.getppid() != parent:             # the parent died between the fork and prctl
-            os._exit(0)
-
-    return preexec
 
 
 class RedisServer:
@@ -72,7 +44,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [REDIS_SERVER, "--port", "0", "--unixsocket", str(self.socket), "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", str(self.folder)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent())
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=die_with_parent())
         deadline = time.monotonic() + 10
         while not self._pong():
             assert self.proc.poll() is None, "redis-server exited at start"

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import trio
 
+from clock_support import serving
 from voiceactors import logs
 from voiceactors.actors.brain import BrainActor
 from voiceactors.actors.messages import AwaitReady, BrainState, GetBrain, RefreshBrain, ask
@@ -393,7 +394,7 @@ async def test_session_minted_after_midnight_says_the_new_day(tmp_path, pin_toda
                             openai_base_url=sim.base_url)
         app = create_app(settings)
         pin_today("2026-03-27")
-        async with app.test_app() as test_app:
+        async with serving(app) as test_app:
             client = test_app.test_client()
             assert (await client.post("/api/voice/session")).status_code == 200
             first = sim.client_secret_requests[-1]["body"]["session"]["instructions"]

@@ -13,6 +13,7 @@ import trio
 
 from calls_support import rig, steady
 from test_call_protocol import Wire, created, error, item_added, item_done
+from clock_support import serving
 from voiceactors.actors.call_protocol import EndCall, EndReason, Send, Timer, WakeAt
 from voiceactors.actors.call_usage import FAREWELL, FAREWELL_MAX_S, GRACE_S, meter_for
 from voiceactors.actors.daily_usage import DailyUsage, daily_path
@@ -200,7 +201,7 @@ async def test_daily_budget_spent_is_503_until_the_next_day(make_sample, tmp_pat
     settings = Settings(journal=make_sample(days=2), state_dir=tmp_path / "state", openai_api_key_env="sk-test-1234",
                         openai_base_url="http://127.0.0.1:9/v1", daily_budget_usd=0.5, rate_limit_per_s=0)
     app = create_app(settings)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.post("/api/voice/session")
         assert response.status_code == 503
@@ -227,7 +228,7 @@ async def test_calls_spend_the_daily_budget_and_it_survives_a_restart(make_sampl
         settings = Settings(journal=make_sample(days=2), state_dir=tmp_path / "state", openai_api_key_env=key,
                             openai_base_url=sim.base_url, daily_budget_usd=0.001, rate_limit_per_s=0)
         app = create_app(settings)
-        async with app.test_app() as test_app:
+        async with serving(app) as test_app:
             client = test_app.test_client()
             assert (await client.post("/api/voice/session")).status_code == 200
             call = sim.add_call("rtc_daily")
@@ -240,7 +241,7 @@ async def test_calls_spend_the_daily_budget_and_it_survives_a_restart(make_sampl
             assert response.status_code == 503 and (await response.get_json())["error"].endswith("budget spent")
         assert json.loads(daily_path(settings.state_dir).read_text())["cost_usd"] == pytest.approx(0.001296)
         restarted = create_app(settings)
-        async with restarted.test_app() as test_app:
+        async with serving(restarted) as test_app:
             response = await test_app.test_client().post("/api/voice/session")
             assert response.status_code == 503
         nursery.cancel_scope.cancel()

@@ -24,6 +24,7 @@ import httpx
 import trio
 
 from calls_support import DAY, KEY, real_time_limit, rig, steady
+from child_support import CHILD_START_S, Child
 from test_reliability_faults import ROOT, item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import append_block, read_record, record_path
@@ -59,12 +60,12 @@ class Server:
                     "VOICEACTORS_LOG_FORMAT": "json"}
         self.env.pop("VOICEACTORS_API_TOKEN", None)
         self.lines: list[dict] = []
-        self.proc: trio.Process | None = None
+        self.proc: Child | None = None
 
     async def start(self, nursery: trio.Nursery) -> str:
-        self.proc = await trio.lowlevel.open_process(self.args, stderr=subprocess.PIPE, env=self.env, cwd=ROOT)
+        self.proc = Child(self.args, stderr=subprocess.PIPE, env=self.env, cwd=ROOT)   # dies with pytest
         nursery.start_soon(self._read_log)
-        with trio.fail_after(30):
+        with trio.fail_after(CHILD_START_S):
             while not any(line.get("event") == "server.serving" for line in self.lines):
                 assert self.proc.poll() is None, self.lines[-20:]
                 await trio.sleep(0.05)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from clock_support import serving
 from voiceactors import config, logs
 from voiceactors.settings import Settings
 
@@ -173,7 +174,7 @@ async def test_routes_read_the_key_without_a_worker_thread(tmp_path):
 
     root = _journal(tmp_path, {})
     app = create_app(_settings(root).replace(rate_limit_per_s=0))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         limiter = storage.limiter()      # process-wide: earlier tests' abandoned threads may hold some
         holders: list[object] = []

@@ -20,6 +20,7 @@ import trio
 
 from test_context_calls import SIM_KEY, app_for, sim  # noqa: F401 - the simulator fixture
 from calls_support import DAY
+from clock_support import serving
 from voiceactors.actors.messages import ConnectOutcome, CountCalls
 from voiceactors.actors.supervisor import CallSupervisor
 from voiceactors.settings import Settings
@@ -30,7 +31,7 @@ async def test_a_connect_needs_no_ask_of_the_supervisor(make_sample, tmp_path, s
 
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         runtime = voice_state(app).runtime
         closed, _unused = trio.open_memory_channel[Any](0)

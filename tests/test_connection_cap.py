@@ -25,7 +25,7 @@ import trio
 from voiceactors.http.serving import CappedListener
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
-from child_support import pump_stderr
+from child_support import die_with_parent, pump_stderr
 
 DAY = dt.date(2026, 3, 27)
 
@@ -76,7 +76,8 @@ def test_past_the_cap_new_connections_wait_and_descriptors_stay_bounded(tmp_path
                VOICEACTORS_RATE_LIMIT_PER_S="0", OPENAI_API_KEY="sk-cap-test-0000")
     child = subprocess.Popen([sys.executable, "-c", "import sys; from voiceactors.cli import main; sys.exit(main(sys.argv[1:]))", "serve", "--port", "0", "--journal", str(journal),
                               "--state-dir", str(tmp_path / "state")],
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                             preexec_fn=die_with_parent())
     lines, serving = pump_stderr(child, "server.serving")
     sockets: list[socket.socket] = []
 

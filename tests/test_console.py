@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from clock_support import serving
 from voiceactors.actors.call_record import record_path
 from voiceactors.http import console_sessions, create_app, history
 from voiceactors.http import errors as E
@@ -51,7 +52,7 @@ async def error_of(response) -> str:
 
 async def test_pages_are_html_with_a_strict_policy(journal, tmp_path):
     app = create_app(settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for path, marker in (("/", 'id="start"'), ("/calls", 'id="calls"'), ("/calls/rtc_abc", 'id="timeline"')):
             response = await client.get(path)
@@ -73,7 +74,7 @@ def test_the_policy_names_only_our_origin_and_the_realtime_origin():
 
 async def test_assets_are_served_and_nothing_else(journal, tmp_path):
     app = create_app(settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.get("/static/console.js")
         assert response.status_code == 200
@@ -138,7 +139,7 @@ def test_pages_have_no_inline_script_or_style_and_no_third_party_asset():
 
 async def test_console_config_on_loopback_needs_no_sign_in(journal, tmp_path):
     app = create_app(settings(journal, tmp_path, demo=True))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().get("/api/voice/console-config")
         assert response.status_code == 200
         assert await response.get_json() == {"realtime_base_url": REALTIME, "token_required": False,
@@ -147,7 +148,7 @@ async def test_console_config_on_loopback_needs_no_sign_in(journal, tmp_path):
 
 async def test_sign_in_sets_a_strict_cookie_that_stands_in_for_the_token(journal, tmp_path, log_stream):
     app = create_app(settings(journal, tmp_path, api_token=TOKEN))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         config = await (await client.get("/api/voice/console-config")).get_json()
         assert config["token_required"] is True and config["signed_in"] is False
@@ -185,7 +186,7 @@ async def test_sign_in_sets_a_strict_cookie_that_stands_in_for_the_token(journal
 
 async def test_a_forged_or_revoked_cookie_is_refused(journal, tmp_path):
     app = create_app(settings(journal, tmp_path, api_token=TOKEN))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.post("/api/voice/login", json={"token": TOKEN})
         value = response.headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
@@ -200,14 +201,14 @@ async def test_a_forged_or_revoked_cookie_is_refused(journal, tmp_path):
 
 async def test_sign_in_over_https_marks_the_cookie_secure(journal, tmp_path):
     app = create_app(settings(journal, tmp_path, api_token=TOKEN))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().post("/api/voice/login", json={"token": TOKEN}, scheme="https")
         assert "Secure" in response.headers["Set-Cookie"]
 
 
 async def test_a_cross_site_page_cannot_sign_in_or_mint(journal, tmp_path):
     app = create_app(settings(journal, tmp_path, api_token=TOKEN))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.post("/api/voice/login", json={"token": TOKEN},
                                      headers={"Sec-Fetch-Site": "cross-site"})
@@ -284,7 +285,7 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
               mtime=3_000_000)
     write_raw(state, "rtc_garbled", ["{not json"], mtime=2_000_000)
     app = create_app(settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.get("/api/voice/calls")
         assert response.status_code == 200
@@ -358,7 +359,7 @@ def test_listing_is_bounded_and_empty_without_records(tmp_path):
 async def test_the_timeline_picture_draws_tools_barge_ins_and_reconnects(journal, tmp_path):
     await write_demo_like_record(tmp_path / "state", "rtc_done")
     app = create_app(settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().get("/api/voice/calls/rtc_done/timeline.svg")
         assert response.status_code == 200 and response.mimetype == "image/svg+xml"
         assert response.headers["Content-Security-Policy"] == "default-src 'none'"

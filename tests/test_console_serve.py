@@ -12,6 +12,8 @@ import sys
 
 import httpx
 
+from child_support import die_with_parent
+
 VOICEACTORS = [sys.executable, "-m", "voiceactors.cli"]
 
 
@@ -19,7 +21,8 @@ def test_serve_demo_prints_the_console_url(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "VOICEACTORS_API_TOKEN", "VOICEACTORS_HOST")}
     child = subprocess.Popen(VOICEACTORS + ["serve", "--demo", "--port", "0", "--state-dir", str(tmp_path / "state")],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                             preexec_fn=die_with_parent())
     try:
         line = child.stdout.readline()
         match = re.search(r"(http://127\.0\.0\.1:\d+/) ", line)

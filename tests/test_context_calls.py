@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from calls_support import DAY, Gate, assert_clean_protocol, gated_registry, received_types, rig, steady
+from clock_support import serving
 from voiceactors.actors.call_context import LinkedContext
 from voiceactors.context import Reference
 from voiceactors.http import create_app
@@ -206,7 +207,7 @@ async def test_session_context_on_the_sample_journal(make_sample, tmp_path, sim,
     from voiceactors.journal import ledger
     item = ledger.derive(journal)[0]
     app = app_for(journal, tmp_path, sim)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         _, plain, generic = await mint(client, sim, {})
         assert list(plain) == ["ephemeral_key"] and generic is not None
@@ -226,7 +227,7 @@ async def test_session_context_on_the_sample_journal(make_sample, tmp_path, sim,
 
 async def test_session_context_on_the_fixture_journal(fixture_copy, tmp_path, sim):
     app = app_for(fixture_copy, tmp_path, sim)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for kind, ident, name in (("entity", "romeo_montague", "Romeo Montague"),
                                   ("day", "2026-03-04", "Wednesday 4 March 2026"),
@@ -242,7 +243,7 @@ async def test_session_context_on_the_fixture_journal(fixture_copy, tmp_path, si
 
 async def test_invalid_context_and_greeting_are_400_with_a_clear_error(make_sample, tmp_path, sim):
     app = app_for(make_sample(days=2), tmp_path, sim)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         cases = [
             ("/api/voice/session", {"context": "daniel_park"}, "context must be a JSON object"),
@@ -265,7 +266,7 @@ async def test_invalid_context_and_greeting_are_400_with_a_clear_error(make_samp
 async def test_connect_with_context_and_greeting_end_to_end(make_sample, tmp_path, sim, pin_today):
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         status, _, minted = await mint(client, sim, {"context": {"kind": "entity", "id": "daniel_park"}})
         assert status == 200
@@ -293,7 +294,7 @@ async def test_connect_reads_the_brains_instruction_without_asking_its_inbox(mak
 
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         status, _, minted = await mint(client, sim, {"context": {"kind": "entity", "id": "daniel_park"}})
         assert status == 200 and minted

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from child_support import die_with_parent
+
 VOICEACTORS = [sys.executable, "-m", "voiceactors.cli"]
 
 
@@ -71,7 +73,8 @@ def test_sigterm_with_a_live_call_closes_it_flushes_its_record_and_exits_zero(tm
     state = tmp_path / "state"
     child = subprocess.Popen(VOICEACTORS + ["serve", "--demo", "--port", "0", "--state-dir", str(state),
                                             "--log-format", "json"],
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=_env())
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=_env(),
+                             preexec_fn=die_with_parent())
     try:
         lines = _Lines(child.stderr)
         sim_url = lines.wait_for("server.demo_simulator", timeout=60)["base_url"]

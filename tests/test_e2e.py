@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from calls_support import our_tasks
+from clock_support import serving
 from voiceactors.http import create_app, voice_state
 from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
@@ -53,7 +54,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
     pin_today(DAY.isoformat())
     settings = make_settings(journal, tmp_path, sim, close_deadline_s=1.0)
     app = create_app(settings)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         runtime = voice_state(app).runtime
         assert runtime is not None and len(runtime.nursery.child_tasks) == 4   # mcp hub, brain, executor, supervisor
@@ -125,7 +126,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
 @pytest.mark.parametrize("fault", [500, 503, 401, "garbage", "timeout"])
 async def test_any_mint_failure_is_500_voice_session_unavailable(journal, tmp_path, sim, log_stream, fault):
     app = create_app(make_settings(journal, tmp_path, sim, mint_timeout_s=0.5))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         sim.fail_next_mint(fault)
         response = await test_app.test_client().post("/api/voice/session")
         assert response.status_code == 500
@@ -138,7 +139,7 @@ async def test_any_mint_failure_is_500_voice_session_unavailable(journal, tmp_pa
 async def test_wrong_key_is_a_mint_failure_and_never_echoed(journal, tmp_path, sim, log_stream):
     wrong = "sk-wrong-key-0000000000"
     app = create_app(make_settings(journal, tmp_path, sim, openai_api_key_env=wrong))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().post("/api/voice/session")
         assert response.status_code == 500
         assert wrong.encode() not in await response.get_data()
@@ -147,7 +148,7 @@ async def test_wrong_key_is_a_mint_failure_and_never_echoed(journal, tmp_path, s
 
 async def test_stale_instruction_is_used_while_a_refresh_runs(journal, tmp_path, sim):
     app = create_app(make_settings(journal, tmp_path, sim, brain_max_age_s=0.2))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         assert (await client.post("/api/voice/refresh-brain")).status_code == 200
         brain = voice_state(app).runtime.actors["brain"]

@@ -23,6 +23,7 @@ from quart import request_started
 from test_context_calls import SIM_KEY, app_for, sim  # noqa: F401 - the simulator fixture
 from calls_support import DAY
 from redis_support import redis_server  # noqa: F401 - the fixture
+from clock_support import serving
 from voiceactors.http.app import create_app, voice_state
 from voiceactors.http.errors import AT_CAPACITY
 from voiceactors.settings import Settings
@@ -84,7 +85,7 @@ async def test_a_plain_connect_is_answered_without_quart_and_as_quart_answers(
     app = app_for(make_sample(days=3), tmp_path, sim)
     for call_id in ("rtc_fast", "rtc_slow"):
         sim.add_call(call_id, [{"sleep": 0.3}, {"close": 1000}])
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         headers = {**JSON, "X-Request-Id": "req-fast"}
         fast = await _post(client, b'{"call_id": "rtc_fast"}', headers)
@@ -128,7 +129,7 @@ async def test_every_other_request_gets_quarts_answer(make_sample, tmp_path, sim
                                                        body, headers):
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim, body_limit=4096)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         fast, slow = await _both_ways(app, client, body, {**headers, "X-Request-Id": "req-same"})
     assert fast == slow
@@ -140,13 +141,13 @@ async def test_a_missing_key_and_a_required_token_are_quarts_to_answer(make_samp
     pin_today(DAY.isoformat())
     app = _app(make_sample(days=3), tmp_path, sim, openai_api_key_env=None)
     body, headers = b'{"call_id": "rtc_nokey"}', {**JSON, "X-Request-Id": "req-same"}
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         fast, slow = await _both_ways(app, test_app.test_client(), body, headers)
     assert fast == slow and fast[0] == 503 and quart_requests.count == 2
 
     app = app_for(make_sample(days=3), tmp_path / "token", sim, api_token="tok-123456")
     sim.add_call("rtc_token", [{"sleep": 0.2}, {"close": 1000}])
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         fast, slow = await _both_ways(app, client, body, headers)
         assert fast == slow and fast[0] == 401 and quart_requests.count == 4
@@ -161,7 +162,7 @@ async def test_the_rate_limit_takes_one_token_per_connect(make_sample, tmp_path,
     app = _app(make_sample(days=3), tmp_path, sim, rate_limit_per_s=0.001, rate_limit_burst=2)
     for n in range(2):
         sim.add_call(f"rtc_limit_{n}", [{"sleep": 0.2}, {"close": 1000}])
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         statuses = [(await _post(client, json.dumps({"call_id": f"rtc_limit_{n}"}).encode(), JSON))[0]
                     for n in range(3)]
@@ -174,7 +175,7 @@ async def test_at_capacity_is_quarts_503(make_sample, tmp_path, sim, pin_today, 
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim, max_calls=1)
     sim.add_call("rtc_cap_a", [{"sleep": 1.0}, {"close": 1000}])
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         headers = {**JSON, "X-Request-Id": "req-cap"}
         assert (await _post(client, b'{"call_id": "rtc_cap_a"}', headers))[0] == 200
@@ -298,7 +299,7 @@ async def test_with_a_shared_registry_a_plain_connect_wins_its_lease_without_qua
     app = _app(make_sample(days=3), tmp_path, sim, redis_url=redis_server.url)
     for call_id in ("rtc_shared_fast", "rtc_shared_slow"):
         sim.add_call(call_id, [{"sleep": 0.3}, {"close": 1000}])
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         runtime = voice_state(app).runtime
         assert runtime.connect_now is None and runtime.connect_leased is not None and app.fast_connect.can_answer()
         assert app.first_read_answer(lambda: []).watching("127.0.0.1")

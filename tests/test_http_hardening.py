@@ -21,12 +21,13 @@ import httpx
 import pytest
 import trio
 
+from clock_support import clock_held_still, serving
 from voiceactors.http import create_app
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
-from child_support import pump_stderr
+from child_support import die_with_parent, pump_stderr
 
 DAY = dt.date(2026, 3, 27)
 KEY = "sk-hardening-test-5e1c9a"
@@ -61,7 +62,7 @@ REBOUND_HOSTS = ["evil.example", "evil.example:8765", "127.evil.example", "local
 
 async def test_a_host_that_is_not_ours_is_421_on_every_route(journal, tmp_path):
     app = create_app(settings_for(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for host in REBOUND_HOSTS:
             for method, path in ROUTES:
@@ -73,7 +74,7 @@ async def test_a_host_that_is_not_ours_is_421_on_every_route(journal, tmp_path):
 
 async def test_loopback_names_pass_and_the_port_is_free_when_unknown(journal, tmp_path):
     app = create_app(settings_for(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for host in ("localhost", "LOCALHOST:8765", "127.0.0.1", "127.0.0.1:1234", "[::1]", "[::1]:8765"):
             response = await client.get("/api/voice/status", headers={"Host": host})
@@ -83,7 +84,7 @@ async def test_loopback_names_pass_and_the_port_is_free_when_unknown(journal, tm
 async def test_configured_names_and_ports(journal, tmp_path):
     settings = settings_for(journal, tmp_path, allowed_hosts=("Voice.Example.org", "lan-box:8443"))
     app = create_app(settings)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for host, status in [("voice.example.org", 200), ("voice.example.org:443", 200), ("lan-box:8443", 200),
                              ("lan-box", 421), ("lan-box:8444", 421), ("evil.example", 421),
@@ -126,7 +127,7 @@ async def test_public_assets_are_exempt(journal, tmp_path):
     """``/static/`` (the console's assets) answers whatever the Host: there is
     no such route yet, so the answer is the app's 404, not the guard's 421."""
     app = create_app(settings_for(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().get("/static/app.js", headers={"Host": "evil.example"})
         assert response.status_code == 404 and await _json(response) == {"error": "not found"}
 
@@ -135,7 +136,7 @@ async def test_public_assets_are_exempt(journal, tmp_path):
 
 async def test_an_origin_that_is_not_ours_is_403(journal, tmp_path):
     app = create_app(settings_for(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         host = {"Host": "127.0.0.1:8765"}
         for origin in ("null", "http://evil.example", "http://evil.example:8765", "http://127.0.0.1:3000",
@@ -212,35 +213,40 @@ async def test_on_a_real_server_the_host_must_carry_the_bound_port(real_server):
 async def test_costly_posts_are_rate_limited_per_client(journal, tmp_path, settled_clock):
     settings = settings_for(journal, tmp_path, rate_limit_burst=3, rate_limit_per_s=0.5)
     app = create_app(settings)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         alice = {"client": ("127.0.0.1", 50001)}
         bob = {"client": ("127.0.0.2", 50002)}
-        for _ in range(3):
-            response = await client.post("/api/voice/connect", json={}, scope_base=alice)
-            assert response.status_code == 400          # counted: a bad body still costs a parse
-        response = await client.post("/api/voice/connect", json={"call_id": "rtc_1"}, scope_base=alice)
-        assert response.status_code == 429
-        assert await _json(response) == {"error": "too many requests"}
-        assert response.headers["Retry-After"] == "2"          # one token at 0.5/s
-        assert response.headers["Connection"] == "close"
-        # another client, another route: their own buckets; reads are never limited
-        assert (await client.post("/api/voice/connect", json={}, scope_base=bob)).status_code == 400
-        assert (await client.post("/api/voice/refresh-brain", json={"x": 1}, scope_base=alice)).status_code != 429
-        for _ in range(10):
-            assert (await client.get("/api/voice/status", scope_base=alice)).status_code == 200
+        # the requests run worker threads (the brain's refresh, /status's key lookup): the
+        # clock is held still while they run, so that it moves only in the test's sleeps
+        async with clock_held_still():
+            for _ in range(3):
+                response = await client.post("/api/voice/connect", json={}, scope_base=alice)
+                assert response.status_code == 400          # counted: a bad body still costs a parse
+            response = await client.post("/api/voice/connect", json={"call_id": "rtc_1"}, scope_base=alice)
+            assert response.status_code == 429
+            assert await _json(response) == {"error": "too many requests"}
+            assert response.headers["Retry-After"] == "2"          # one token at 0.5/s
+            assert response.headers["Connection"] == "close"
+            # another client, another route: their own buckets; reads are never limited
+            assert (await client.post("/api/voice/connect", json={}, scope_base=bob)).status_code == 400
+            assert (await client.post("/api/voice/refresh-brain", json={"x": 1}, scope_base=alice)).status_code != 429
+            for _ in range(10):
+                assert (await client.get("/api/voice/status", scope_base=alice)).status_code == 200
         await trio.sleep(2.1)                                   # one token back, not two
-        assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 400
-        assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 429
+        async with clock_held_still():
+            assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 400
+            assert (await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code == 429
         await trio.sleep(60)                                    # refills up to the burst, no further
-        statuses = [(await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code
-                    for _ in range(4)]
+        async with clock_held_still():
+            statuses = [(await client.post("/api/voice/connect", json={}, scope_base=alice)).status_code
+                        for _ in range(4)]
         assert statuses == [400, 400, 400, 429]
 
 
 async def test_every_costly_post_is_limited(journal, tmp_path):
     app = create_app(settings_for(journal, tmp_path, rate_limit_burst=1, rate_limit_per_s=0.01))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for path in ("/api/voice/session", "/api/voice/connect", "/api/voice/refresh-brain"):
             await client.post(path, data=b"[", headers={"Content-Type": "application/json"})
@@ -396,7 +402,7 @@ async def test_an_unreadable_config_is_503_could_not_read_not_key_not_configured
     config_file.unlink()
     config_file.mkdir()        # reading it fails with an OSError (EISDIR), as EMFILE or EIO would
     app = create_app(Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=KEY))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for path, body in (("/api/voice/connect", {"call_id": "rtc_1"}), ("/api/voice/session", {})):
             response = await client.post(path, json=body)
@@ -404,7 +410,7 @@ async def test_an_unreadable_config_is_503_could_not_read_not_key_not_configured
             assert await _json(response) == {"error": "voice unavailable — could not read configuration"}
     config_file.rmdir()        # and a config that is really absent still means "use the environment"
     app = create_app(Settings(journal=journal, state_dir=tmp_path / "state2"))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().post("/api/voice/connect", json={"call_id": "rtc_1"})
         assert await _json(response) == {"error": "voice unavailable — openai key not configured"}
 
@@ -478,7 +484,8 @@ def test_out_of_file_descriptors_the_key_is_unreadable_not_unset(tmp_path):
     env["VOICEACTORS_KEEP_ALIVE_TIMEOUT"] = "10"
     child = subprocess.Popen([sys.executable, "-c", CHILD.replace("FD_LIMIT", str(FD_LIMIT)), "serve", "--port", "0",
                               "--journal", str(journal), "--state-dir", str(tmp_path / "state")],
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                             preexec_fn=die_with_parent())
     lines, serving = pump_stderr(child, "server.serving")
     held: list[socket.socket] = []
     try:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from clock_support import clock_held_still, serving
 from voiceactors.http import create_app, voice_state
 from voiceactors.http import errors as E
 from voiceactors.http.routes import openapi_document, openapi_path
@@ -72,7 +73,7 @@ async def error_of(response) -> str:
 
 async def test_session_rejects_non_object_bodies(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for raw in (b"[1, 2]", b"\"text\"", b"42", b"null", b"{not json", b"\xff\xfe"):
             response = await post(client, "/api/voice/session", raw=raw)
@@ -82,7 +83,7 @@ async def test_session_rejects_non_object_bodies(journal, tmp_path):
 
 async def test_session_without_key_is_503_even_with_empty_body(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, openai_api_key_env=None))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for response in (await post(client, "/api/voice/session"),
                          await post(client, "/api/voice/session", {})):
@@ -95,7 +96,7 @@ async def test_session_key_from_journal_config_wins_over_env(journal, tmp_path):
     # mint then fails against the dead base URL: 500, not 503.
     set_voice_config(journal, openai_api_key="sk-journal-key-abcdef")
     app = create_app(make_settings(journal, tmp_path, openai_api_key_env=None))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/session")
         assert response.status_code == 500
         assert await error_of(response) == "voice session unavailable"
@@ -106,7 +107,7 @@ async def test_session_key_from_journal_config_wins_over_env(journal, tmp_path):
 async def test_session_brain_not_ready_after_ten_seconds(journal, tmp_path, monkeypatch, settled_clock):
     extra = use_fake_claude(journal, monkeypatch, "hang")
     app = create_app(make_settings(journal, tmp_path, **extra))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         started = trio.current_time()
         response = await post(test_app.test_client(), "/api/voice/session")
         waited = trio.current_time() - started
@@ -117,7 +118,7 @@ async def test_session_brain_not_ready_after_ten_seconds(journal, tmp_path, monk
 
 async def test_session_mint_failure_is_500_with_generic_message(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/session", {"ignored": True})
         assert response.status_code == 500
         assert await error_of(response) == "voice session unavailable"
@@ -145,7 +146,7 @@ async def test_session_mint_failure_is_500_with_generic_message(journal, tmp_pat
 ])
 async def test_connect_validation(journal, tmp_path, raw, message):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/connect", raw=raw,
                               headers={"Content-Type": "application/json"})
         assert response.status_code == 400
@@ -165,7 +166,7 @@ def test_error_strings_are_the_designs():
 
 async def test_connect_without_key_is_503(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, openai_api_key_env=None))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/connect", {"call_id": "rtc_abc"})
         assert response.status_code == 503
         assert await error_of(response) == E.KEY_NOT_CONFIGURED
@@ -173,7 +174,7 @@ async def test_connect_without_key_is_503(journal, tmp_path):
 
 async def test_connect_at_capacity_is_503(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, max_calls=0))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/connect", {"call_id": "rtc_full"})
         assert response.status_code == 503
         assert await error_of(response) == "voice at capacity"
@@ -204,7 +205,7 @@ async def test_runtime_missing_is_500_and_status_falls_back(journal, tmp_path):
 
 async def test_refresh_brain_returns_preview_and_age(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await post(client, "/api/voice/refresh-brain")
         assert response.status_code == 200
@@ -220,7 +221,7 @@ async def test_refresh_brain_returns_preview_and_age(journal, tmp_path):
 
 async def test_refresh_brain_rejects_non_objects(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         for raw in (b"[]", b"1", b"{oops"):
             response = await post(test_app.test_client(), "/api/voice/refresh-brain", raw=raw)
             assert response.status_code == 400
@@ -230,7 +231,7 @@ async def test_refresh_brain_rejects_non_objects(journal, tmp_path):
 async def test_refresh_brain_202_after_thirty_seconds(journal, tmp_path, monkeypatch, settled_clock):
     extra = use_fake_claude(journal, monkeypatch, "hang")
     app = create_app(make_settings(journal, tmp_path, **extra))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         started = trio.current_time()
         response = await post(test_app.test_client(), "/api/voice/refresh-brain")
         assert response.status_code == 202
@@ -241,7 +242,7 @@ async def test_refresh_brain_202_after_thirty_seconds(journal, tmp_path, monkeyp
 async def test_refresh_brain_failure_is_500(journal, tmp_path, monkeypatch):
     extra = use_fake_claude(journal, monkeypatch, "crash")
     app = create_app(make_settings(journal, tmp_path, **extra))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/refresh-brain")
         assert response.status_code == 500
         assert await error_of(response) == "brain refresh failed"
@@ -251,7 +252,7 @@ async def test_refresh_brain_failure_is_500(journal, tmp_path, monkeypatch):
 
 async def test_status_fields_before_and_after_the_brain(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, openai_api_key_env=None))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.get("/api/voice/status")
         assert response.status_code == 200
@@ -269,11 +270,13 @@ async def test_status_fields_before_and_after_the_brain(journal, tmp_path):
 
 async def test_status_brain_age_counts_up(journal, tmp_path, settled_clock):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
-        assert (await post(client, "/api/voice/refresh-brain")).status_code == 200
+        async with clock_held_still():     # the refresh runs in a worker thread: no jump to its 30 s wait
+            assert (await post(client, "/api/voice/refresh-brain")).status_code == 200
         await trio.sleep(125)
-        data = await (await client.get("/api/voice/status")).get_json()
+        async with clock_held_still():     # and so does the key lookup of /status
+            data = await (await client.get("/api/voice/status")).get_json()
         assert data["brain_ready"] is True
         assert 125 <= data["brain_age_seconds"] < 130
 
@@ -282,7 +285,7 @@ async def test_status_brain_age_counts_up(journal, tmp_path, settled_clock):
 
 async def test_feed_routes_validate_and_answer(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for path in ("/api/voice/events", "/api/voice/nav-hints"):
             response = await client.get(path)
@@ -306,7 +309,7 @@ async def test_feed_routes_validate_and_answer(journal, tmp_path):
 
 async def test_unknown_routes_wrong_methods_and_big_bodies_answer_json(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.get("/api/voice/nope")
         assert response.status_code == 404 and await error_of(response) == "not found"
@@ -332,7 +335,7 @@ async def test_unknown_routes_wrong_methods_and_big_bodies_answer_json(journal, 
 
 async def test_deeply_nested_json_is_a_400_not_a_crash(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         raw = b"[" * 30000 + b"]" * 30000
         response = await post(test_app.test_client(), "/api/voice/connect", raw=raw)
         assert response.status_code == 400
@@ -341,7 +344,7 @@ async def test_deeply_nested_json_is_a_400_not_a_crash(journal, tmp_path):
 
 async def test_request_id_is_echoed_when_sane_and_generated_otherwise(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.get("/api/voice/status", headers={"X-Request-Id": "req-123.abc"})
         assert response.headers["X-Request-Id"] == "req-123.abc"
@@ -355,7 +358,7 @@ async def test_request_id_is_echoed_when_sane_and_generated_otherwise(journal, t
 
 async def test_metrics_are_prometheus_text(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         await client.get("/api/voice/status")
         response = await client.get("/metrics")
@@ -368,7 +371,7 @@ async def test_metrics_are_prometheus_text(journal, tmp_path):
 
 async def test_openapi_document_matches_the_routes(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await test_app.test_client().get("/api/voice/openapi.json")
         assert response.status_code == 200
         served = await response.get_json()

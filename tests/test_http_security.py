@@ -11,6 +11,7 @@ import pytest
 import structlog
 import trio
 
+from clock_support import serving
 from voiceactors.cli import main
 from voiceactors.http import create_app
 from voiceactors.http.auth import InsecureSettings, authorized
@@ -76,7 +77,7 @@ def test_token_comparison():
 
 async def test_off_loopback_requires_the_bearer_token(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, host="0.0.0.0", api_token=TOKEN))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         # every route x every bad header is tests/test_security.py's job
         response = await client.get("/api/voice/status")
@@ -95,7 +96,7 @@ async def test_off_loopback_requires_the_bearer_token(journal, tmp_path):
 
 async def test_a_configured_token_is_enforced_on_loopback_too(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path, api_token=TOKEN))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         assert (await client.get("/api/voice/status")).status_code == 401
         response = await client.get("/api/voice/status", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -104,7 +105,7 @@ async def test_a_configured_token_is_enforced_on_loopback_too(journal, tmp_path)
 
 async def test_loopback_without_token_is_open(journal, tmp_path):
     app = create_app(make_settings(journal, tmp_path))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         assert (await test_app.test_client().get("/api/voice/status")).status_code == 200
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from calls_support import real_time_limit
+from clock_support import real_time_limit, serving, without_clock_jumps
 from voiceactors import storage
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import CallRecord, read_record
@@ -66,24 +66,6 @@ async def tool(inbox, name: str, args: dict, tool_call_id: str, call_id: str) ->
     return await ask(inbox, lambda reply: ToolRequest(call_id=call_id, tool_call_id=tool_call_id, name=name,
                                                       arguments=json.dumps(args), epoch=0, turn=0, reply=reply),
                      timeout=math.inf)   # autojump: the test bounds it
-
-
-async def without_clock_jumps(work) -> Any:
-    """Run ``work()`` while a task that never sleeps keeps trio busy, so the
-    autojump clock cannot move (the stuck writes wait on trio's clock)."""
-    box: dict[str, Any] = {}
-    async with trio.open_nursery() as nursery:
-        async def spin() -> None:
-            while True:
-                await trio.sleep(0)
-
-        async def run() -> None:
-            box["value"] = await work()
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(spin)
-        nursery.start_soon(run)
-    return box["value"]
 
 
 async def exercise(app, test_app, settings, journal, stuck_item, stuck_path, other_item, before, holder):
@@ -175,7 +157,7 @@ async def test_a_stuck_day_file_lock_fails_its_writes_in_time_and_holds_up_nothi
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert (await trio.to_thread.run_sync(holder.stdout.readline)).strip() == "locked"
     app = create_app(settings)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         try:
             retried, again = await exercise(app, test_app, settings, journal, stuck_item, stuck_path,
                                             other_item, before, holder)

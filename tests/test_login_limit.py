@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 
+from clock_support import serving
 from voiceactors.http import create_app
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
@@ -39,7 +40,7 @@ async def _login(client: Any, token: str, who: dict) -> Any:
 
 
 async def test_wrong_tokens_are_limited_per_client_and_right_ones_cost_nothing(journal, tmp_path, settled_clock):
-    async with _app(journal, tmp_path).test_app() as test_app:
+    async with serving(_app(journal, tmp_path)) as test_app:
         client = test_app.test_client()
         for _ in range(4):
             assert (await _login(client, "wrong", ALICE)).status_code == 401
@@ -65,7 +66,7 @@ async def test_wrong_tokens_are_limited_per_client_and_right_ones_cost_nothing(j
 
 async def test_parallel_guesses_cannot_overdraw_the_bucket(journal, tmp_path, settled_clock):
     statuses: list[int] = []
-    async with _app(journal, tmp_path).test_app() as test_app:
+    async with serving(_app(journal, tmp_path)) as test_app:
         client = test_app.test_client()
 
         async def guess(n: int) -> None:
@@ -78,7 +79,7 @@ async def test_parallel_guesses_cannot_overdraw_the_bucket(journal, tmp_path, se
 
 
 async def test_sign_in_shares_the_limit_of_the_costly_posts(journal, tmp_path, settled_clock):
-    async with _app(journal, tmp_path, rate_limit_burst=3).test_app() as test_app:
+    async with serving(_app(journal, tmp_path, rate_limit_burst=3)) as test_app:
         client = test_app.test_client()
         for _ in range(3):
             assert (await _login(client, TOKEN, ALICE)).status_code == 200
@@ -86,7 +87,7 @@ async def test_sign_in_shares_the_limit_of_the_costly_posts(journal, tmp_path, s
 
 
 async def test_no_limit_when_rate_limits_are_off(journal, tmp_path):
-    async with _app(journal, tmp_path, rate_limit_per_s=0).test_app() as test_app:
+    async with serving(_app(journal, tmp_path, rate_limit_per_s=0)) as test_app:
         client = test_app.test_client()
         for _ in range(30):
             assert (await _login(client, "wrong", ALICE)).status_code == 401

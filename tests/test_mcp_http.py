@@ -12,6 +12,7 @@ import trio
 
 from mcp_support import McpTestServer, ToolDef, text_result
 from test_http_routes import error_of, make_settings, post
+from clock_support import serving
 from voiceactors.http import create_app, voice_state
 from voiceactors.http import errors as E
 from voiceactors.http.routes import session_config
@@ -45,7 +46,7 @@ def sources(url: str) -> str:
 async def test_connect_refuses_bad_credentials(journal, tmp_path, monkeypatch, credentials, message):
     monkeypatch.setenv("CRM_TOKEN", "server-token")
     app = create_app(make_settings(journal, tmp_path, mcp_sources=sources("http://127.0.0.1:9/mcp")))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         response = await post(test_app.test_client(), "/api/voice/connect",
                               {"call_id": "rtc_creds", "credentials": credentials})
         assert response.status_code == 400
@@ -58,7 +59,7 @@ async def test_connect_hands_the_calls_token_to_the_hub_and_never_logs_it(journa
     async with trio.open_nursery() as nursery:
         url = await nursery.start(server.serve)
         app = create_app(make_settings(journal, tmp_path, mcp_sources=sources(url)))
-        async with app.test_app() as test_app:
+        async with serving(app) as test_app:
             hub = voice_state(app).runtime.actors["mcp"]
             await hub.wait_discovered()
             response = await post(test_app.test_client(), "/api/voice/connect",

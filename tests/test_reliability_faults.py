@@ -42,6 +42,8 @@ import trio
 import trio.testing
 
 from calls_support import DAY, KEY, real_time_limit, rig
+from child_support import CHILD_START_S, Child
+from clock_support import serving
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import ToolRequest
@@ -399,7 +401,7 @@ async def test_mint_fault_is_500_session_unavailable_and_the_next_mint_works(tmp
     settings = Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=KEY,
                         openai_base_url=sim.base_url, mint_timeout_s=0.5)
     app = create_app(settings)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         sim.fail_next_mint(fault)
         started = time.monotonic()
@@ -444,7 +446,7 @@ async def test_brain_crash_garbage_and_hang_keep_the_previous_instruction(tmp_pa
     def runs_so_far() -> int:
         return len(runs.read_text().splitlines()) if runs.exists() else 0
 
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.post("/api/voice/refresh-brain")
         assert response.status_code == 200
@@ -491,7 +493,7 @@ async def test_brain_that_never_succeeds_is_503_not_ready(tmp_path, sim, monkeyp
     journal = write_sample_journal(tmp_path / "journal", days=2, today=DAY)
     app = create_app(claude_settings(journal, tmp_path, sim, brain_timeout_s=0.5, brain_ready_wait_s=0.3))
     monkeypatch.setenv("FAKE_CLAUDE_MODE", mode)
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         response = await client.post("/api/voice/session")
         assert response.status_code == 503
@@ -515,7 +517,7 @@ async def test_sigterm_during_live_calls_exits_0_and_flushes_every_record(tmp_pa
     env = {**os.environ, "OPENAI_BASE_URL": sim.base_url, "OPENAI_API_KEY": KEY,
            "VOICEACTORS_LOG_FORMAT": "json"}
     env.pop("VOICEACTORS_API_TOKEN", None)
-    proc = await trio.lowlevel.open_process(
+    proc = Child(
         [sys.executable, "-m", "voiceactors.cli", "serve", "--journal", str(journal), "--state-dir", str(state),
          "--host", "127.0.0.1", "--port", "0", "--today", DAY.isoformat()],
         stderr=subprocess.PIPE, env=env, cwd=ROOT)
@@ -535,7 +537,7 @@ async def test_sigterm_during_live_calls_exits_0_and_flushes_every_record(tmp_pa
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_log)
-            with trio.fail_after(20):
+            with trio.fail_after(CHILD_START_S):
                 while not any(line.get("event") == "server.serving" for line in lines):
                     assert proc.poll() is None, lines
                     await trio.sleep(0.05)

@@ -19,6 +19,8 @@ import pytest
 import structlog
 import trio
 
+from child_support import die_with_parent
+from clock_support import serving
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.actors.executor import ToolExecutor
@@ -80,7 +82,7 @@ def test_serve_command_off_loopback_without_token_exits_2_without_binding(journa
 async def test_every_voice_route_is_401_json_without_the_right_token(journal, tmp_path, host):
     app = create_app(Settings(journal=journal, state_dir=tmp_path / "state", host=host, api_token=TOKEN,
                               openai_api_key_env=OPENAI_KEY))
-    async with app.test_app() as test_app:
+    async with serving(app) as test_app:
         client = test_app.test_client()
         for headers in ({}, {"Authorization": f"Bearer {WRONG_TOKEN}"}, {"Authorization": TOKEN},
                         {"Authorization": f"Basic {TOKEN}"}, {"Authorization": f"Bearer {TOKEN}x"},
@@ -359,7 +361,8 @@ def test_a_second_server_on_the_same_state_dir_refuses_to_start(journal, tmp_pat
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VOICEACTORS_", "OPENAI_"))}
     first = subprocess.Popen([sys.executable, "-m", "voiceactors.cli", "serve", "--port", "0", "--journal",
                               str(journal), "--state-dir", str(state)],
-                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
+                             preexec_fn=die_with_parent())
     try:
         deadline = time.monotonic() + 60
         for line in first.stderr:                   # wait until the first one serves

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from clock_support import serving
 from voiceactors import settings as S
 from voiceactors.cli import build_parser, main
 from voiceactors.http import console_sessions, create_app
@@ -236,7 +237,7 @@ async def test_the_console_sign_in_lasts_console_session_ttl_s(journal, tmp_path
     for ttl, max_age in ((600.0, "Max-Age=600"), (None, "Max-Age=43200")):
         changes = {"console_session_ttl_s": ttl} if ttl else {}
         app = create_app(Settings(journal=journal, state_dir=tmp_path / "state", api_token=TOKEN, **changes))
-        async with app.test_app() as test_app:
+        async with serving(app) as test_app:
             response = await test_app.test_client().post("/api/voice/login", json={"token": TOKEN})
             assert response.status_code == 200 and max_age in response.headers["Set-Cookie"]
     assert console_sessions.SESSION_TTL_S == Settings.console_session_ttl_s == 12 * 3600.0

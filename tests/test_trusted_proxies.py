@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import trio
 
+from clock_support import serving
 from voiceactors.http import create_app
 from voiceactors.http.asgi import RateLimitRefusal
 from voiceactors.http.forwarded import TrustedProxies
@@ -58,7 +59,7 @@ def _forwarded_for(value: str, proto: str | None = None) -> dict[str, str]:
 
 async def test_forwarded_headers_from_an_untrusted_peer_are_ignored(journal, tmp_path, settled_clock):
     for trusted in ((), ("10.0.0.0/8",)):            # none trusted, or only another network
-        async with _app(journal, tmp_path, trusted_proxies=trusted).test_app() as test_app:
+        async with serving(_app(journal, tmp_path, trusted_proxies=trusted)) as test_app:
             client = test_app.test_client()
             first = await _login(client, OTHER_PEER, _forwarded_for(ALICE, "https"))
             assert first.status_code == 200
@@ -71,7 +72,7 @@ async def test_forwarded_headers_from_an_untrusted_peer_are_ignored(journal, tmp
 
 
 async def test_from_a_trusted_proxy_each_client_has_its_own_bucket(journal, tmp_path, settled_clock):
-    async with _app(journal, tmp_path, trusted_proxies=("127.0.0.1",)).test_app() as test_app:
+    async with serving(_app(journal, tmp_path, trusted_proxies=("127.0.0.1",))) as test_app:
         client = test_app.test_client()
         assert (await _login(client, PROXY, _forwarded_for(ALICE))).status_code == 200
         assert (await _login(client, PROXY, _forwarded_for(ALICE))).status_code == 200
@@ -85,7 +86,7 @@ async def test_from_a_trusted_proxy_each_client_has_its_own_bucket(journal, tmp_
 
 
 async def test_trusted_hops_are_skipped_from_the_right(journal, tmp_path, settled_clock):
-    async with _app(journal, tmp_path, trusted_proxies=("127.0.0.0/8", "::1")).test_app() as test_app:
+    async with serving(_app(journal, tmp_path, trusted_proxies=("127.0.0.0/8", "::1"))) as test_app:
         client = test_app.test_client()
         for _ in range(2):    # Alice through two proxies of ours, the second one's port given
             assert (await _login(client, PROXY, _forwarded_for(f"{ALICE}, 127.0.0.5:8080"))).status_code == 200
@@ -94,7 +95,7 @@ async def test_trusted_hops_are_skipped_from_the_right(journal, tmp_path, settle
 
 
 async def test_the_cookie_is_secure_when_the_trusted_proxy_says_https(journal, tmp_path, settled_clock):
-    async with _app(journal, tmp_path, trusted_proxies=("127.0.0.1",), rate_limit_per_s=0).test_app() as test_app:
+    async with serving(_app(journal, tmp_path, trusted_proxies=("127.0.0.1",), rate_limit_per_s=0)) as test_app:
         client = test_app.test_client()
         secure = await _login(client, PROXY, _forwarded_for(ALICE, "https"))
         assert secure.status_code == 200 and "Secure" in secure.headers["Set-Cookie"]

@@ -11,7 +11,14 @@ then times, on one thread, ``--lines`` calls of:
 * ``debug_filtered`` — a ``debug`` line with the same fields at level
   ``info`` (dropped: what it costs to not log);
 * ``metrics`` — what the executor's per-tool metrics cost
-  (``metrics.tool_finished`` as the executor calls it).
+  (``metrics.tool_finished`` as the executor calls it);
+* ``scrub`` — the scrubber (``logs._scrub_processor``) alone on a
+  ``tool.run`` line's fields (the dict's copy included).
+
+Run as a file with ``PYTHONPATH=<another checkout>`` it times that
+checkout's logging (a before/after pair)::
+
+    PYTHONPATH=/tmp/roundcpu-before .venv/bin/python benchmarks/log_cost.py
 
 Reported per kind: microseconds per call, the best of ``--repeats`` runs
 (each run ``--lines`` calls; the best is the least disturbed by the
@@ -56,7 +63,13 @@ def kinds() -> dict[str, Callable[[], None]]:
         "info_bound_call": lambda: call.info("call.connected", epoch=0, reconnects=0),
         "debug_filtered": lambda: executor.debug("tool.run", **fields),
         "metrics": lambda: metrics.tool_finished("briefing.get", "ok", 0.0008),
+        # the scrubber alone, on the tool.run line's fields as they reach it (the
+        # event, actor, level and timestamp added by the processors before it)
+        "scrub": lambda: logs._scrub_processor(None, "info", {**fields, **_ADDED}),
     }
+
+
+_ADDED = {"event": "tool.run", "actor": "executor", "level": "info", "timestamp": "2026-12-02T01:08:14.123456Z"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,10 @@
 hand-off's ``skippable`` on every frame, the 17 it lets through decoded with
 ``read_server_event(..., screened=True)`` and handed to ``CallProtocol``
 (``handle_event``), the tool's answer and the writes reported, effects
-collected, not carried out; run under ``sys.setprofile``, which
-sees every call: Python functions (``call``) and built-in ones (``c_call``).
+collected, not carried out (the protocol's feed unlistened, as in the
+burst, where no one subscribes); run under ``sys.setprofile``, which
+sees every call: Python functions (``call``) and built-in ones (``c_call``); the Python functions' calls (a
+frame each, the dearer kind) are reported on their own too.
 Each is counted under the module of the function called (a built-in under
 the module of its caller, so ``json.loads`` from ``events.py`` counts as
 ``voiceactors/realtime/events.py``'s). The harness's own calls
@@ -59,6 +61,8 @@ def _rounds(rounds: int) -> Any:
     from voiceactors.realtime import events as rt
 
     protocol = cp.CallProtocol("rtc_bench", effect_of=lambda name: "read", debug_logs=False)
+    if hasattr(protocol, "publishing"):
+        protocol.publishing = lambda: False     # as the server's call with no feed subscriber (the burst's)
     only, budget = cp.HANDLED_EVENTS, protocol.log_budget
 
     def feed(message: Any) -> list[Any]:
@@ -94,6 +98,7 @@ def count(rounds: int) -> dict[str, Any]:
     _rounds(20)[1]()     # imports and first-use caches out of the count
     frames, play, protocol = _rounds(rounds)
     calls: collections.Counter[str] = collections.Counter()
+    python_calls = [0]      # of them, calls of Python functions (a frame each), not of built-ins
 
     def hook(frame: Any, event: str, _arg: Any) -> None:
         if event == "call":
@@ -104,6 +109,8 @@ def count(rounds: int) -> dict[str, Any]:
             return
         if not filename.endswith(_HARNESS):
             calls[_module(filename)] += 1
+            if event == "call":
+                python_calls[0] += 1
 
     sys.setprofile(hook)
     try:
@@ -112,7 +119,8 @@ def count(rounds: int) -> dict[str, Any]:
         sys.setprofile(None)
     by_module = {name: round(n / rounds, 2) for name, n in calls.most_common()}
     return {"rounds": rounds, "frames_per_round": len(frames[0]), "creates": len(protocol.creates),
-            "tool_calls": len(protocol.calls), "calls_per_round": round(sum(calls.values()) / rounds, 2), "by_module": by_module}
+            "tool_calls": len(protocol.calls), "calls_per_round": round(sum(calls.values()) / rounds, 2),
+            "python_calls_per_round": round(python_calls[0] / rounds, 2), "by_module": by_module}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = count(args.rounds)
     print(f"{result['calls_per_round']} calls per round ({result['frames_per_round']} frames, "
-          f"{result['rounds']} rounds)")
+          f"{result['rounds']} rounds), {result['python_calls_per_round']} of them of Python functions")
     for name, n in list(result["by_module"].items())[:args.top]:
         print(f"  {n:8.2f}  {name}")
     if args.json is not None:

@@ -185,7 +185,20 @@ def test_log_cost_times_every_kind(bench, capsys):
 
     assert log_cost.main(["--lines", "50", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    assert [line.split()[0] for line in out.splitlines()] == ["info", "info_bound_call", "debug_filtered", "metrics"]
+    assert [line.split()[0] for line in out.splitlines()] == ["info", "info_bound_call", "debug_filtered", "metrics",
+                                                              "scrub"]
+
+
+def test_round_checks_times_this_checkout_against_another(capsys):
+    from pathlib import Path
+
+    from benchmarks import round_checks
+
+    here = Path(__file__).resolve().parent.parent     # "another" checkout: this one, its file loaded apart
+    assert round_checks.main(["--before", str(here), "--rounds", "2", "--repeats", "1", "--pairs", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("pair 1: µs per round (17 checks): before") and "this" in lines[0]
+    assert len(lines) == 1 + 17
 
 
 @pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")

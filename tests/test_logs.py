@@ -124,3 +124,41 @@ def test_a_lines_timestamp_is_now_in_utc() -> None:
     assert line["timestamp"].endswith("Z") and list(line)[-1] == "timestamp"
     stamped = datetime.datetime.fromisoformat(line["timestamp"].replace("Z", "+00:00"))
     assert before <= stamped <= after
+
+
+def test_a_string_logged_before_a_secret_is_registered_is_hidden_after_it():
+    """The scrubber remembers strings it found clean (a line's values
+    repeat); a secret registered later (an MCP server's token, while
+    serving) must still be hidden in them."""
+    later = "laterkey-logs-test-7788"
+    stream = io.StringIO()
+    log = logs.get_logger(actor="testing")
+    try:
+        logs.configure("json", "info", stream=stream)
+        for _ in range(3):
+            log.info("testing.before", detail=f"upstream {later}", other="plain")
+        logs.register_secret(later)
+        log.info("testing.after", detail=f"upstream {later}", other="plain")
+    finally:
+        structlog.reset_defaults()
+    *before, after = _lines(stream)
+    assert [x["detail"] for x in before] == [f"upstream {later}"] * 3
+    assert after["detail"] == "upstream [redacted]" and after["other"] == "plain"
+
+
+_texts = hypothesis.strategies.sampled_from(
+    ["plain", "briefing.get", "ok", OPENAI_KEY, f"Bearer {TOKEN}", REGISTERED, "sk-", "ek_short", ""]) | \
+    hypothesis.strategies.text(max_size=12)
+
+
+@hypothesis.given(hypothesis.strategies.lists(
+    hypothesis.strategies.dictionaries(
+        hypothesis.strategies.sampled_from(["detail", "tool", "api_token", "timestamp", "n", "flag", "items"]),
+        _texts | hypothesis.strategies.integers() | hypothesis.strategies.booleans()
+        | hypothesis.strategies.lists(_texts, max_size=2), max_size=5),
+    min_size=1, max_size=6))
+def test_the_line_processor_scrubs_as_scrub_does_on_every_line_however_often_a_value_repeats(lines) -> None:
+    logs.register_secret(REGISTERED)
+    for fields in lines:
+        want = {name: logs._scrub_field(name, value) for name, value in fields.items()}
+        assert logs._scrub_processor(None, "info", dict(fields)) == want

@@ -37,10 +37,21 @@ _FIELD_VERDICTS: dict[str, bool] = {}   # field name -> is_secret_field, for the
 _FIELD_VERDICTS_MAX = 4096               # nested dicts may carry arbitrary keys: bound the cache
 
 
+#: Strings ``_scrub_text`` left as they were, remembered (a line's values
+#: repeat: the event, the actor, the level, a tool's name, a call's id): one
+#: set look-up instead of the secrets' loop and the prefix tests. Swapped for
+#: a new set when a secret is registered (after it is added, so a line that
+#: sees the new set scrubs with the new secret) and when full.
+_CLEAN_TEXT: set[str] = set()
+_CLEAN_TEXT_MAX = 4096
+
+
 def register_secret(value: str | None) -> None:
     """Scrub this exact value from every later log line (e.g. a configured key)."""
+    global _CLEAN_TEXT
     if value and len(value) >= 4:
         _extra_secrets.add(value)
+        _CLEAN_TEXT = set()     # what was clean may hold this one
 
 
 def is_secret_field(name: Any) -> bool:
@@ -94,8 +105,10 @@ def _scrub_processor(_logger: Any, _name: str,
                      event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """``scrub`` of the line's own fields, in place and inlined: it runs for
     every line, so the common cases (a number, a flag, a plain string under
-    a harmless name) cost a dict lookup and a type test each."""
-    verdicts = _FIELD_VERDICTS
+    a harmless name) cost a dict lookup and a type test each, a string seen
+    clean before one set look-up more (``_CLEAN_TEXT``)."""
+    global _CLEAN_TEXT
+    verdicts, clean = _FIELD_VERDICTS, _CLEAN_TEXT
     for name, value in event_dict.items():
         kind = type(value)
         secret = verdicts.get(name)
@@ -106,9 +119,15 @@ def _scrub_processor(_logger: Any, _name: str,
         elif kind in _PLAIN:
             continue
         elif kind is str:
+            if value in clean:
+                continue
             scrubbed = _scrub_text(value)
             if scrubbed is not value:
                 event_dict[name] = scrubbed
+            elif name != "timestamp":      # a new one every line: not worth keeping
+                if len(clean) >= _CLEAN_TEXT_MAX:
+                    clean = _CLEAN_TEXT = set()
+                clean.add(value)
         else:
             event_dict[name] = scrub(value)
     return event_dict

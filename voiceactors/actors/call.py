@@ -152,6 +152,8 @@ class CallActor:
         self._rng: random.Random | None = None     # the reconnect jitter's, seeded with the call id at first use
         self.protocol = CallProtocol(call_id, effect_of=_tool_effect, debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
+        # a feed no one listens to: the protocol does not build its events (six a round)
+        self.protocol.publishing = feed.listened if feed is not None else _never_published
         # connection state
         self._ws: Any = None                       # the open sideband, while connected
         self._outbox: trio.MemorySendChannel[Send] | None = None   # the writer's queue
@@ -289,8 +291,9 @@ class CallActor:
         self._record_fields(effect.kind, effect.fields, t=effect.t)
 
     def _do_publish(self, effect: Publish) -> None:
-        # a feed no one listens to drops its events: not built (six a round);
-        # client events are queued for polling either way
+        # a feed no one listens to drops its events (the protocol does not
+        # even build them: ``publishing``); client events are queued for
+        # polling either way
         feed = self.feed
         if feed is not None and (effect.kind == "client_events" or feed.listened()):
             getattr(feed, effect.kind)(**effect.fields)
@@ -934,6 +937,10 @@ _SKIP_UNREAD = functools.partial(rt.skippable, only=HANDLED_EVENTS)
 _NO_REPLY, _no_reply_receive = trio.open_memory_channel[ToolResult](0)
 _NO_REPLY.close()
 _no_reply_receive.close()
+
+
+def _never_published() -> bool:
+    return False
 
 
 def _debug_enabled(log: Any) -> bool:

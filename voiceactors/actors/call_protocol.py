@@ -284,6 +284,10 @@ Effect = (Send | StartTool | Prefetch | CancelOlderReads | WakeAt | RecordLine |
           | CountUsage)
 
 
+def _always() -> bool:
+    return True
+
+
 class CallProtocol:
     """The sideband protocol of one call: state and rules, no I/O.
 
@@ -305,6 +309,12 @@ class CallProtocol:
         self.started = started
         self._effect_of = effect_of
         self.debug_logs = debug_logs
+        # Whether a feed event would reach anyone now (the shell's
+        # ``CallFeed.listened``): when not, the feed's events (all but
+        # ``client_events``, which are more than a publish) are not built.
+        # Asked at the step it is emitted in, as the shell would ask it when
+        # carrying the effect out; by default every event is emitted.
+        self.publishing: Callable[[], bool] = _always
         self.epoch = 0
         self.turn = 0
         self._speech_turn = False
@@ -716,7 +726,8 @@ class CallProtocol:
         if not text:
             return
         self._record("transcript", role=role, item_id=item_id, text=text, **self.spoken.place_transcript(item_id))
-        self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
+        if self.publishing():
+            self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
 
     # ------------------------------------------------------------- epochs
 
@@ -759,8 +770,9 @@ class CallProtocol:
                       turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
         self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
                              prefetched=prefetched))
-        self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
-                                            "epoch": call.epoch}))
+        if self.publishing():
+            self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                                "epoch": call.epoch}))
         if prefetched and call.held is not None:
             held, call.held = call.held, None
             call.ran_early = True
@@ -793,8 +805,10 @@ class CallProtocol:
         if self.debug_logs:
             self._log("debug", "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                       current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
-        self._emit(Publish("tool_done", {"tool": call.name, "tool_call_id": call.tool_call_id, "epoch": call.epoch,
-                                         "outcome": result.outcome, "duration_ms": result.duration_ms}))
+        if self.publishing():
+            self._emit(Publish("tool_done", {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                             "epoch": call.epoch, "outcome": result.outcome,
+                                             "duration_ms": result.duration_ms}))
         if result.client_events:
             self._emit(Publish("client_events", {"events": result.client_events, "tool": call.name,
                                                  "tool_call_id": call.tool_call_id}))
@@ -1005,7 +1019,8 @@ class CallProtocol:
                       fields=[rt.clip(f, PEER_STRING_MAX) for f in malformed[:8]])
         line = meter.line(entry)
         self._record("usage", **line)
-        self._emit(Publish("usage", {**line, "call": meter.totals()}))
+        if self.publishing():
+            self._emit(Publish("usage", {**line, "call": meter.totals()}))
         self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
         if meter.budgeted and meter.prices is None and not meter.unpriced_logged:
             meter.unpriced_logged = True
@@ -1098,7 +1113,8 @@ class CallProtocol:
         views = self.context.views()
         self._record("selection", tool_call_id=call.tool_call_id, **views)
         self._log("info", "call.selection", kind=chosen.kind, epoch=self.epoch)
-        self._emit(Publish("selection", {"tool_call_id": call.tool_call_id, **views}))
+        if self.publishing():
+            self._emit(Publish("selection", {"tool_call_id": call.tool_call_id, **views}))
         update = self.context.take_update() if self.connected else None
         if update is not None:
             self._emit(Send(update))

@@ -15,11 +15,18 @@ plain checks of the decoded JSON (required fields present, JSON types
 exact, literals in their sets, item unions by their ``type``), at least as
 strict as the models. A frame that fails them is left to the models
 (``events.read_server_event``): they coerce what they can (a ``"1"`` for an
-int), and what they refuse is skipped with its reason, as before.
+int), and what they refuse is skipped with its reason, as before. Each
+model's and union's check is generated as the text of one Python function
+(a ``dict.get`` and an inline test per field, literals first; an
+``Optional`` and a list of checked elements inline), compiled once at
+import: the checks run on every acted-on frame, and a loop that looked up
+and dispatched on each field's spec was most of their cost
+(``tests/test_generated_checks.py`` holds that loop as the oracle).
 """
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Hashable
@@ -128,7 +135,8 @@ class _Compiler:
         if origin is Union or origin is types.UnionType:
             return self._union(args)
         if origin is list:
-            return _list_of(self.annotation(args[0]) if args else _anything)
+            element = self.annotation(args[0]) if args else _anything
+            return _ListOf(element, _list_of(element))
         if origin is dict:
             return _dict_of(self.annotation(args[1]) if len(args) == 2 else _anything)
         if isinstance(ann, type) and issubclass(ann, BaseModel):
@@ -152,65 +160,157 @@ class _Compiler:
                 untyped.append(self.model(model))
             else:
                 by_type.update({v: self.model(model) for v in values_})
-
         # the plain members merged: one type test, one set test, then the checks
         plain_types = tuple(t for o in others if o.__class__ is tuple for t in o)   # type: ignore[union-attr]
         plain_values = frozenset(v for o in others if o.__class__ is frozenset for v in o)   # type: ignore[union-attr]
         other_checks = [o for o in others if o.__class__ not in (tuple, frozenset)]
-
-        def check(value: Any) -> bool:
-            kind_of = type(value)
-            if kind_of in plain_types:
-                return True
-            if plain_values and kind_of in _HASHABLE and value in plain_values:
-                return True
-            for other in other_checks:
-                if other(value):   # type: ignore[operator]
-                    return True
-            if kind_of is not dict:
-                return False
-            kind = value.get("type")
-            typed = by_type.get(kind) if type(kind) is str else None
-            if typed is not None and typed(value):
-                return True
-            for untyped_check in untyped:
-                if untyped_check(value):
-                    return True
-            return False
-        return check
+        if plain_types and not plain_values and not by_type and len(other_checks) + len(untyped) == 1:
+            # ``Optional[X]`` and the like: a model's check refuses what is no object itself
+            return _Either(plain_types, [*other_checks, *untyped][0])
+        return _union_check(plain_types, plain_values, other_checks, by_type, untyped)
 
     def model(self, model: type[BaseModel]) -> Check:
         known = self._models.get(model)
         if known is not None:
             return known
+        # a model may contain itself: its fields see this stand-in, which
+        # calls the generated check once there is one
+        generated: list[Check] = []
+        self._models[model] = lambda value: generated[0](value)
         fields: dict[str, Spec] = {}
         required: set[str] = set()
-
-        def check(value: Any) -> bool:
-            if type(value) is not dict or not value.keys() >= required:
-                return False
-            for name, item in value.items():
-                spec = fields.get(name)
-                if spec is None:
-                    continue      # extra fields are allowed, as in the models
-                cls = spec.__class__
-                if cls is tuple:
-                    if type(item) not in spec:   # type: ignore[operator]
-                        return False
-                elif cls is frozenset:
-                    if type(item) not in _HASHABLE or item not in spec:   # type: ignore[operator]
-                        return False
-                elif not spec(item):   # type: ignore[operator]
-                    return False
-            return True
-
-        self._models[model] = check      # before the fields: a model may contain itself
         for name, info in model.model_fields.items():
             key = info.alias or name
             fields[key] = self.annotation(info.annotation)
             if info.is_required():
                 required.add(key)
+        generated.append(_model_check(model.__name__, fields, required))
+        self._models[model] = generated[0]
+        return generated[0]
+
+
+# -- the generated checks: each model's and union's check is one function of
+# straight-line code (one ``dict.get`` and one inline test per field), not a
+# loop that looks up each field's spec and dispatches on its kind: the
+# checks run on every acted-on frame (~17 a tool round)
+
+
+class _Source:
+    """The text and the names of one generated function."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.names: dict[str, Any] = {"_HASHABLE": _HASHABLE, "_MISSING": _MISSING}
+
+    def name(self, value: Any) -> str:
+        """A name for ``value`` in the function's globals."""
+        key = f"_c{len(self.names)}"
+        self.names[key] = value
+        return key
+
+    def test(self, spec: Spec, var: str) -> str:
+        """An expression true when ``var`` fits ``spec`` (as ``_fits`` says)."""
+        cls = spec.__class__
+        if cls is tuple:
+            if len(spec) == 1:   # type: ignore[arg-type]
+                return f"type({var}) is {self.name(spec[0])}"   # type: ignore[index]
+            return f"type({var}) in {self.name(spec)}"
+        if cls is frozenset:
+            return f"(type({var}) in _HASHABLE and {var} in {self.name(spec)})"
+        if cls is _Either:
+            either: _Either = spec   # type: ignore[assignment]
+            return f"({self.test(either.types, var)} or {self.test(either.check, var)})"
+        if cls is _ListOf:
+            element: Spec = spec.element   # type: ignore[union-attr]
+            if element.__class__ is tuple or element.__class__ is frozenset:
+                return f"{self.name(spec.check)}({var})"   # type: ignore[union-attr]
+            return f"(type({var}) is list and all(map({self.name(element)}, {var})))"
+        return f"{self.name(spec)}({var})"
+
+    def build(self, fn: str) -> Check:
+        namespace = dict(self.names)
+        exec("\n".join(self.lines), namespace)   # noqa: S102 - our own text, from the SDK's annotations
+        check: Check = namespace[fn]
         return check
+
+
+_MISSING = object()
+_COST_ORDER: dict[Any, int] = {frozenset: 0, tuple: 1}
+
+
+class _Either:
+    """A union of plain types and one check (``Optional[X]``): a check that
+    generated code inlines as ``type(v) in types or check(v)``."""
+
+    __slots__ = ("types", "check")
+
+    def __init__(self, types: tuple[type, ...], check: Spec) -> None:
+        self.types, self.check = types, check
+
+    def __call__(self, value: Any) -> bool:
+        return type(value) in self.types or _fits(value, self.check)
+
+
+def _model_check(model: str, fields: dict[str, Spec], required: set[str]) -> Check:
+    """A model's check: a JSON object with every required field, each known
+    field present of its spec (extra fields are allowed, as in the models)."""
+    src = _Source()
+    req = src.name(frozenset(required))
+    src.lines += [f"def check_{_ident(model)}(value):",
+                  f"    if type(value) is not dict or not value.keys() >= {req}:",
+                  "        return False",
+                  "    get = value.get"]
+    # literals first, then plain types, nested checks last: the members of a
+    # union that share a ``type`` (three kinds of ``message`` item) refuse
+    # on their ``role`` before their content is walked (order cannot change
+    # the answer: every field must fit, and a test has no effect)
+    for key, spec in sorted(fields.items(), key=lambda field: _COST_ORDER.get(field[1].__class__, 2)):
+        src.lines += [f"    v = get({key!r}, _MISSING)",
+                      f"    if v is not _MISSING and not {src.test(spec, 'v')}:",
+                      "        return False"]
+    src.lines.append("    return True")
+    return src.build(f"check_{_ident(model)}")
+
+
+def _union_check(plain_types: tuple[type, ...], plain_values: frozenset[Any], other_checks: list[Spec],
+                 by_type: dict[Any, Check], untyped: list[Check]) -> Check:
+    """A union's check: its plain members (one type test, one set test, the
+    other checks), then an object's member by its ``type``, then the
+    members that have no type of their own."""
+    src = _Source()
+    src.lines += ["def check_union(value):", "    kind_of = type(value)"]
+    if plain_types:
+        src.lines += [f"    if kind_of in {src.name(plain_types)}:", "        return True"]
+    if plain_values:
+        src.lines += [f"    if kind_of in _HASHABLE and value in {src.name(plain_values)}:", "        return True"]
+    for other in other_checks:
+        src.lines += [f"    if {src.test(other, 'value')}:", "        return True"]
+    src.lines += ["    if kind_of is not dict:", "        return False"]
+    if by_type:
+        src.lines += ["    kind = value.get('type')",
+                      f"    typed = {src.name(by_type)}.get(kind) if type(kind) is str else None",
+                      "    if typed is not None and typed(value):", "        return True"]
+    for check in untyped:
+        src.lines += [f"    if {src.name(check)}(value):", "        return True"]
+    src.lines.append("    return False")
+    return src.build("check_union")
+
+
+def _ident(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+class _ListOf:
+    """A list check and the spec of its elements (generated code inlines
+    the loop over checked elements)."""
+
+    __slots__ = ("element", "check")
+
+    def __init__(self, element: Spec, check: Check) -> None:
+        self.element, self.check = element, check
+
+    def __call__(self, value: Any) -> bool:
+        return self.check(value)
 
 
 def _list_of(element: Spec) -> Check:

@@ -12,9 +12,10 @@ has the same head either way. Real app, actors and simulator on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from typing import Any
+from typing import Any, AsyncIterator
 
 import pytest
 import trio
@@ -210,6 +211,39 @@ async def _exchange(port: int, request: bytes, answers: int = 1) -> bytes:
     await stream.aclose()
     return data
 
+@contextlib.asynccontextmanager
+async def _served(app) -> AsyncIterator[int]:
+    """``app`` served through ``serving.serve`` on a loopback port (yielded)
+    until the block ends."""
+    from hypercorn.config import Config
+
+    from voiceactors.http.serving import serve
+
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(lambda task_status: serve(app, config, max_connections=0,
+                                                              shutdown_trigger=stop.wait, task_status=task_status))
+        try:
+            yield int(binds[0].rsplit(":", 1)[1])
+        finally:
+            stop.set()
+
+
+async def _fast_then_slow(app, port: int, hypercorn_tasks: "HypercornTasks",
+                          call_ids: tuple[str, str]) -> tuple[bytes, bytes]:
+    """A plain connect answered below hypercorn (``hypercorn_tasks`` counting
+    hypercorn's task steps meanwhile), then one with the fast path off."""
+    trio.lowlevel.add_instrument(hypercorn_tasks)
+    fast = await _exchange(port, _connect_request(port, call_ids[0], close=True))
+    trio.lowlevel.remove_instrument(hypercorn_tasks)
+    kept, app.fast_connect = app.fast_connect, None
+    slow = await _exchange(port, _connect_request(port, call_ids[1], close=True))
+    app.fast_connect = kept
+    return fast, slow
+
+
 
 def _connect_request(port: int, call_id: str, *, close: bool) -> bytes:
     body = json.dumps({"call_id": call_id}).encode()
@@ -227,28 +261,15 @@ async def test_on_the_wire_below_hypercorn_the_bytes_are_hypercorns(make_sample,
     connection's first read without a task of hypercorn's, byte for byte as
     hypercorn answers it (but the date), with ``Connection: close`` and
     kept alive (the next request on the connection is hypercorn's)."""
-    from hypercorn.config import Config
-
-    from voiceactors.http.serving import serve
-
     pin_today(DAY.isoformat())
     app = app_for(make_sample(days=3), tmp_path, sim)
     for n in range(4):
         sim.add_call(f"rtc_wire_{n}", [{"sleep": 0.2}, {"close": 1000}])
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    stop = trio.Event()
     hypercorn_tasks = HypercornTasks()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(lambda task_status: serve(app, config, max_connections=0,
-                                                              shutdown_trigger=stop.wait, task_status=task_status))
-        port = int(binds[0].rsplit(":", 1)[1])
+    async with _served(app) as port:
         assert app.first_read_answer(lambda: []).watching("127.0.0.1")
-        trio.lowlevel.add_instrument(hypercorn_tasks)
-        fast = await _exchange(port, _connect_request(port, "rtc_wire_0", close=True))
-        trio.lowlevel.remove_instrument(hypercorn_tasks)
+        fast, slow = await _fast_then_slow(app, port, hypercorn_tasks, ("rtc_wire_0", "rtc_wire_1"))
         kept, app.fast_connect = app.fast_connect, None
-        slow = await _exchange(port, _connect_request(port, "rtc_wire_1", close=True))
         slow_kept = await _exchange(port, _connect_request(port, "rtc_wire_2", close=False)
                                     + b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % port, answers=2)
         app.fast_connect = kept
@@ -264,7 +285,6 @@ async def test_on_the_wire_below_hypercorn_the_bytes_are_hypercorns(make_sample,
             while chunk := await stream.receive_some():
                 second += chunk
         await stream.aclose()
-        stop.set()
     assert hypercorn_tasks.count == 0
     assert _without_date(fast) == _without_date(slow)
     assert fast.startswith(b"HTTP/1.1 200 \r\n") and fast.endswith(b'\r\n\r\n{"status":"connected"}\n')
@@ -338,31 +358,15 @@ async def test_with_a_shared_registry_below_hypercorn_the_bytes_are_hypercorns(
     """``--redis`` through ``serving.serve``: a plain connect whole in the
     first read wins its lease and is answered without a task of
     hypercorn's, byte for byte as hypercorn answers it (but the date)."""
-    from hypercorn.config import Config
-
-    from voiceactors.http.serving import serve
-
     pin_today(DAY.isoformat())
     app = _app(make_sample(days=3), tmp_path, sim, redis_url=redis_server.url)
     for n in range(2):
         sim.add_call(f"rtc_wire_shared_{n}", [{"sleep": 0.2}, {"close": 1000}])
-    config = Config()
-    config.bind = ["127.0.0.1:0"]
-    stop = trio.Event()
     hypercorn_tasks = HypercornTasks()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(lambda task_status: serve(app, config, max_connections=0,
-                                                              shutdown_trigger=stop.wait, task_status=task_status))
-        port = int(binds[0].rsplit(":", 1)[1])
-        trio.lowlevel.add_instrument(hypercorn_tasks)
-        fast = await _exchange(port, _connect_request(port, "rtc_wire_shared_0", close=True))
-        trio.lowlevel.remove_instrument(hypercorn_tasks)
-        kept, app.fast_connect = app.fast_connect, None
-        slow = await _exchange(port, _connect_request(port, "rtc_wire_shared_1", close=True))
-        app.fast_connect = kept
+    async with _served(app) as port:
+        fast, slow = await _fast_then_slow(app, port, hypercorn_tasks, ("rtc_wire_shared_0", "rtc_wire_shared_1"))
         registry = voice_state(app).runtime.actors["registry"]
         held = {registry.lease_of(f"rtc_wire_shared_{n}") is not None for n in range(2)}
-        stop.set()
     assert hypercorn_tasks.count == 0
     assert held == {True}
     assert _without_date(fast) == _without_date(slow)

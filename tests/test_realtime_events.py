@@ -383,9 +383,11 @@ def _paths(obj, prefix=()):
 
 
 @st.composite
-def mutated(draw):
-    obj = json.loads(json.dumps(draw(st.sampled_from(ACTED_ON))))
-    for _ in range(draw(st.integers(1, 2))):
+def mutated(draw, events: list[dict] | None = None, most: int = 2):
+    """One of ``events`` (the acted-on ones by default) with one to ``most``
+    fields removed or replaced by a value of a near or arbitrary JSON type."""
+    obj = json.loads(json.dumps(draw(st.sampled_from(ACTED_ON if events is None else events))))
+    for _ in range(draw(st.integers(1, most))):
         paths = [p for p in _paths(obj) if p != ("type",)]
         if not paths:
             break

@@ -41,7 +41,7 @@ _FIELD_VERDICTS_MAX = 4096               # nested dicts may carry arbitrary keys
 #: repeat: the event, the actor, the level, a tool's name, a call's id): one
 #: set look-up instead of the secrets' loop and the prefix tests. Swapped for
 #: a new set when a secret is registered (after it is added, so a line that
-#: sees the new set scrubs with the new secret) and when full.
+#: sees the new set scrubs with the new secret); emptied when full.
 _CLEAN_TEXT: set[str] = set()
 _CLEAN_TEXT_MAX = 4096
 
@@ -107,7 +107,6 @@ def _scrub_processor(_logger: Any, _name: str,
     every line, so the common cases (a number, a flag, a plain string under
     a harmless name) cost a dict lookup and a type test each, a string seen
     clean before one set look-up more (``_CLEAN_TEXT``)."""
-    global _CLEAN_TEXT
     verdicts, clean = _FIELD_VERDICTS, _CLEAN_TEXT
     for name, value in event_dict.items():
         kind = type(value)
@@ -126,7 +125,10 @@ def _scrub_processor(_logger: Any, _name: str,
                 event_dict[name] = scrubbed
             elif name != "timestamp":      # a new one every line: not worth keeping
                 if len(clean) >= _CLEAN_TEXT_MAX:
-                    clean = _CLEAN_TEXT = set()
+                    # emptied, not replaced: a new set made here could overwrite the one
+                    # register_secret just put in place, and keep a string checked before
+                    # its secret was known
+                    clean.clear()
                 clean.add(value)
         else:
             event_dict[name] = scrub(value)

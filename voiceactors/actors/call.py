@@ -291,11 +291,12 @@ class CallActor:
         self._record_fields(effect.kind, effect.fields, t=effect.t)
 
     def _do_publish(self, effect: Publish) -> None:
-        # a feed no one listens to drops its events (the protocol does not
-        # even build them: ``publishing``); client events are queued for
-        # polling either way
+        # a feed no one listens to gets no events: the protocol asks
+        # ``feed.listened`` (its ``publishing``) before it builds one, in
+        # the step the effect is carried out in; client events always come
+        # (they are queued for polling)
         feed = self.feed
-        if feed is not None and (effect.kind == "client_events" or feed.listened()):
+        if feed is not None:
             getattr(feed, effect.kind)(**effect.fields)
 
     def _do_measure(self, effect: Measure) -> None:

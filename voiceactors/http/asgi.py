@@ -48,6 +48,7 @@ from quart.asgi import ASGIHTTPConnection
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from voiceactors import metrics
+from voiceactors.http import in_flight
 from voiceactors.http.errors import BUSY, RATE_LIMITED
 from voiceactors.http.fast_connect import replaying
 from voiceactors.http.forwarded import TrustedProxies
@@ -70,8 +71,7 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
 
     async def __call__(self, receive: Any, send: Any) -> None:
         app: Any = self.app
-        cap = getattr(app, "max_requests_in_flight", 0)
-        if cap and app.requests_in_flight >= cap:
+        if in_flight.full(app):
             await _answer_busy(send)
             return
         wait = _rate_limit_wait(app, self.scope)
@@ -85,8 +85,7 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
                 self._response_handed_over = True
             await send(message)
 
-        app.requests_in_flight = getattr(app, "requests_in_flight", 0) + 1
-        try:
+        with in_flight.counted(app):
             fast = getattr(app, "fast_connect", None)
             if fast is not None and fast.wants(self.scope):
                 # a plain connect is answered without Quart (fast_connect.py); else Quart gets what was read
@@ -95,8 +94,6 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
                     return
                 receive = replaying(read, receive)
             await self._serve_in_this_task(receive, send_marking_the_end)
-        finally:
-            app.requests_in_flight -= 1
 
     async def _serve_in_this_task(self, receive: Any, send: Any) -> None:
         """quart-trio's ``__call__`` with the request handled in this task,
@@ -268,12 +265,8 @@ class PathSwitch:
             await self.quart(scope, receive, send)
             return
         app = self.app
-        cap = getattr(app, "max_requests_in_flight", 0)
-        if cap and app.requests_in_flight >= cap:
+        if in_flight.full(app):
             await _answer_busy(send)
             return
-        app.requests_in_flight += 1
-        try:
+        with in_flight.counted(app):
             await self.endpoint(scope, receive, send)
-        finally:
-            app.requests_in_flight -= 1

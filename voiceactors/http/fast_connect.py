@@ -48,7 +48,7 @@ import trio
 from voiceactors import config, metrics
 from voiceactors.actors.call_context import LinkedContext
 from voiceactors.actors.messages import ConnectOutcome
-from voiceactors.http import auth
+from voiceactors.http import auth, in_flight
 from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE
 from voiceactors.http.hosts import HostPolicy, host_refusal
 from voiceactors.http.ratelimit import RateLimiter, bucket_key
@@ -335,9 +335,8 @@ class FirstReadConnect:
         fast: FastConnect | None = getattr(app, "fast_connect", None)
         if fast is None or not fast.can_answer():
             return None
-        cap = getattr(app, "max_requests_in_flight", 0)
         proxies = getattr(app, "trusted_proxies", None)
-        if (cap and app.requests_in_flight >= cap) or (proxies and proxies.trusts(str(peer[0]))):
+        if in_flight.full(app) or (proxies and proxies.trusts(str(peer[0]))):
             return None
         parsed = _one_request(data)
         if parsed is None:
@@ -349,11 +348,8 @@ class FirstReadConnect:
             # its own context: the request_id bound for its log line stays out of the connection's task
             reply = contextvars.copy_context().run(fast.answer_now, scope, body)
         else:
-            app.requests_in_flight = getattr(app, "requests_in_flight", 0) + 1
-            try:
+            with in_flight.counted(app):
                 reply = await fast.answer_leased(scope, body)
-            finally:
-                app.requests_in_flight -= 1
         if reply is None:
             return None
         status, headers, response_body = reply

@@ -24,7 +24,11 @@ from voiceactors.simulator import ToolCallRecord
 
 CALL = "rtc_orphan"
 RESUME = [{"wait_outputs": {"timeout_s": 60}}, {"response": {"text": "There."}}, {"close": 1000}]
-TTL = 0.6
+# the lease's TTL is setup here, not the behaviour: the taken-over call must
+# keep its lease (renewed every TTL/6) while the test runs, and 0.6 s lost it
+# once on a loaded CI machine (a renewal late past the stop margin: the call
+# stopped, "unrenewable", and the simulator's call never closed)
+TTL = 3.0
 
 
 def _started(tool_call_id: str, tool: str, effect: str, **extra) -> dict:

@@ -15,6 +15,7 @@ import platform
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,17 @@ BENCH_KEY = "sk-bench-voiceactors"
 def work_dir() -> Path:
     """Where journals and run folders go: ``$VOICEACTORS_BENCH_DIR``, default /tmp/voiceactors-bench."""
     return Path(os.environ.get("VOICEACTORS_BENCH_DIR") or "/tmp/voiceactors-bench")
+
+
+def redis_socket_path(folder: Path) -> Path:
+    """``folder/redis.sock``, or ``redis.sock`` in a short temporary folder
+    when that path is too long for a unix socket address (sun_path is 108
+    bytes: a deep ``$VOICEACTORS_BENCH_DIR``, or pytest-xdist's tmp paths)."""
+    from voiceactors.workers import UNIX_PATH_MAX
+    path = folder / "redis.sock"
+    if len(str(path)) > UNIX_PATH_MAX:
+        path = Path(tempfile.mkdtemp(prefix="voiceactors-bench-redis-")) / "redis.sock"
+    return path
 
 
 # --- statistics ---------------------------------------------------------------------------

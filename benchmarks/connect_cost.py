@@ -63,7 +63,8 @@ from typing import Any, Iterator
 
 import psutil
 
-from benchmarks.common import Proc, free_loopback_port, machine_facts, sample_journal, spawn, summary, work_dir
+from benchmarks.common import (Proc, free_loopback_port, machine_facts, redis_socket_path, sample_journal, spawn, summary,
+                               work_dir)
 from benchmarks.floods import http_call, serve_against_sim
 from benchmarks.roundtrip import _start_py_spy
 
@@ -102,7 +103,7 @@ def window(server: Proc, idle_core: float, calls: int, t0: float, c0: float) -> 
 def throwaway_redis(folder: Path) -> Iterator[tuple[str, psutil.Process]]:
     """A ``redis-server`` on a unix socket in ``folder``, no persistence: its URL and process."""
     folder.mkdir(parents=True, exist_ok=True)
-    sock = folder / "redis.sock"
+    sock = redis_socket_path(folder)
     proc = subprocess.Popen(["redis-server", "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
                              "--save", "", "--appendonly", "no", "--dir", str(folder)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -26,6 +26,21 @@ def _make_writable(root: Path) -> None:
             os.chmod(path, os.stat(path).st_mode | stat.S_IWUSR | stat.S_IRUSR)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each of schemathesis' per-operation items its own node id.
+
+    schemathesis 4 (under pytest 9) names them ``test_fuzz_every_operation[POST
+    /api/voice/session]`` but gives all of them the function's bare node id;
+    pytest-xdist schedules by node id, so all but one would never run."""
+    for item in items:
+        parent_id, _, last = item.nodeid.rpartition("::")
+        if last != item.name and item.name.startswith(last + "[") and item.name.endswith("]"):
+            if hasattr(item, "_id"):    # pytest 9.2's structured node ids
+                item._id = item._id.with_params(item.name[len(last) + 1:-1])
+            else:
+                item._nodeid = f"{parent_id}::{item.name}"
+
+
 @pytest.fixture
 def fixture_journal() -> Path:
     """The shared solstone fixture journal, read-only."""

@@ -202,9 +202,9 @@ def _patch_ours() -> None:
 
     answer_now = executor.ToolExecutor.answer_now
 
-    def stamped_answer(self: Any, request: Any) -> Any:
+    def stamped_answer(self: Any, request: Any, *args: Any) -> Any:
         t0 = NS()
-        out = answer_now(self, request)
+        out = answer_now(self, request, *args)
         S["answer"].append((t0, NS(), request.tool_call_id, out is not None))
         return out
 

@@ -139,8 +139,13 @@ def analyse_ours(server: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]
         step_totals.update(_steps_between(steps, step_times, recv[0], write[1]))
         io_counts.append(sum(1 for t in io if recv[0] < t <= write[1]))
     n = len(rows)
+    reader_tasks: collections.Counter[str] = collections.Counter()
+    for _, name in steps:      # the whole run (warm-up and connect included), per round of this phase
+        if name.endswith(("WebSocketConnection._reader_task", "CallActor._reader")):
+            reader_tasks[name.rsplit(".", 1)[-1]] += 1
     return {
         "rounds": n,
+        "reader_steps_per_round_whole_run": {k: round(v / n, 2) for k, v in reader_tasks.items()} if n else {},
         "parts_us_p50": {name: round(statistics.median(r[i] for r in rows), 1) for i, name in enumerate(PARTS_OURS)}
         if n else {},
         "parts_us_mean": {name: round(statistics.fmean(r[i] for r in rows), 1) for i, name in enumerate(PARTS_OURS)}

@@ -86,6 +86,8 @@ HEALTHY_AFTER_S = 30.0
 SEND_TIMEOUT_S = 10.0
 
 ApiKey = str | None | Callable[[], str | None]
+
+
 class AnswerNow(Protocol):
     """The executor's in-step answer to a request: its result, or None (send
     it to the inbox). With ``later``, the answer's report (its ``tool.run``
@@ -656,7 +658,11 @@ class CallActor:
         reader only between reads. Cancelled by
         ``_serve`` when the connection ends (between reads: the frames of a
         read are handled in full before the next is awaited). With ``record_events``
-        every frame read is captured too (``event_capture.py``)."""
+        every frame read is captured too (``event_capture.py``). The log
+        lines of a read's steps that come before a write (an in-step answer's
+        ``tool.run``, and the protocol's lines behind it) are written right
+        after that write, and at the latest when the read is handled, even
+        when cancelled (``_later``)."""
         protocol, only, budget = self.protocol, HANDLED_EVENTS, self.protocol.log_budget
         capture = self.capture
         screened = capture is None      # the hand-off asked ``skippable`` already (``_serve``)

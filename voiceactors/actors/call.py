@@ -34,7 +34,7 @@ import math
 import random
 from collections import deque
 from urllib.parse import quote
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import httpx
 import trio
@@ -86,8 +86,16 @@ HEALTHY_AFTER_S = 30.0
 SEND_TIMEOUT_S = 10.0
 
 ApiKey = str | None | Callable[[], str | None]
-#: The executor's in-step answer to a request: its result, or None (send it to the inbox).
-AnswerNow = Callable[[ToolRequest], ToolResult | None]
+
+
+class AnswerNow(Protocol):
+    """The executor's in-step answer to a request: its result, or None (send
+    it to the inbox). With ``later``, the answer's report (its ``tool.run``
+    line) is appended there for the caller to run (``ToolExecutor.answer_now``)."""
+
+    def __call__(self, request: ToolRequest, later: list[Callable[[], None]] | None = None, /) -> ToolResult | None: ...
+
+
 #: The call's Realtime model (for its prices), or a provider read when the call starts.
 ModelName = str | Callable[[], str]
 
@@ -143,6 +151,10 @@ class CallActor:
         # the executor's in-step answer (ToolExecutor.answer_now; None: every request goes to its inbox)
         self._answer_now = answer_now
         self._answered: deque[ToolFinished] = deque()   # answered in-step, fed after the step's effects
+        # inside the reader's handling of a socket read (None elsewhere): the
+        # reports (log lines) of its steps that wait for the next write, so
+        # an output's bytes do not wait for the lines of the frames before it
+        self._later: list[Callable[[], None]] | None = None
         self.answered_in_step = 0                       # tool runs answered so (a view for tests)
         self._api_key = api_key
         self.feed = feed
@@ -285,6 +297,10 @@ class CallActor:
         self._step.append(effect)   # written (or queued) by the task that fed the input, after its step
 
     def _do_log(self, effect: Log) -> None:
+        later = self._later
+        if later:    # behind a report that waits for the write: in the order they were made
+            later.append(functools.partial(getattr(self.log, effect.level), effect.event, **effect.fields))
+            return
         getattr(self.log, effect.level)(effect.event, **effect.fields)
 
     def _do_record(self, effect: RecordLine) -> None:
@@ -642,7 +658,11 @@ class CallActor:
         reader only between reads. Cancelled by
         ``_serve`` when the connection ends (between reads: the frames of a
         read are handled in full before the next is awaited). With ``record_events``
-        every frame read is captured too (``event_capture.py``)."""
+        every frame read is captured too (``event_capture.py``). The log
+        lines of a read's steps that come before a write (an in-step answer's
+        ``tool.run``, and the protocol's lines behind it) are written right
+        after that write, and at the latest when the read is handled, even
+        when cancelled (``_later``)."""
         protocol, only, budget = self.protocol, HANDLED_EVENTS, self.protocol.log_budget
         capture = self.capture
         screened = capture is None      # the hand-off asked ``skippable`` already (``_serve``)
@@ -658,27 +678,38 @@ class CallActor:
                 if capture is not None:
                     for raw in frames:
                         capture.frame(raw, now)
-                for raw in frames:
-                    event = rt.read_server_event(raw, only, budget, screened=screened)
-                    if event is None:
-                        protocol.skipped_frame()
-                        continue
-                    self._conn_events += 1
-                    try:
-                        effects = protocol.handle_event(event, now)
-                    except Exception:  # one bad event must not end the call
-                        self._apply(protocol.take_effects())
-                        self.log.exception("call.event_failed", type=getattr(event, "type", None), epoch=self.epoch)
-                    else:
-                        self._apply(effects)
-                    if self._conn_done.is_set():
-                        break      # the call ends (a fatal error): not another frame
+                later: list[Callable[[], None]] = []
+                try:
+                    for raw in frames:
+                        event = rt.read_server_event(raw, only, budget, screened=screened)
+                        if event is None:
+                            protocol.skipped_frame()
+                            continue
+                        self._conn_events += 1
+                        self._later = later
+                        try:
+                            effects = protocol.handle_event(event, now)
+                        except Exception:  # one bad event must not end the call
+                            self._apply(protocol.take_effects())
+                            _run_later(later)
+                            self.log.exception("call.event_failed", type=getattr(event, "type", None),
+                                               epoch=self.epoch)
+                        else:
+                            self._apply(effects)
+                        finally:
+                            self._later = None    # no other task's step defers into it
+                        if self._conn_done.is_set():
+                            break      # the call ends (a fatal error): not another frame
+                        if self._step:
+                            # an output (or a create) leaves before the frames behind it in this read are
+                            # handled: its bytes go before the first schedule point (``_write_step``),
+                            # and before the log lines of the steps since the last write (``later``)
+                            await self._write_step()
+                            _run_later(later)
                     if self._step:
-                        # an output (or a create) leaves before the frames behind it in this read are
-                        # handled: its bytes go before the first schedule point (``_write_step``)
                         await self._write_step()
-                if self._step:
-                    await self._write_step()
+                finally:
+                    _run_later(later)     # before the next read's wait, or as the reader ends
         except ConnectionClosed as exc:
             if capture is not None:
                 capture.closed(close_code(exc), trio.current_time())
@@ -733,10 +764,13 @@ class CallActor:
             # Asked only while no request of this call is on its way (every
             # run in flight has its scope): the executor counts the turn's
             # calls in the order they arrive, and this one must not overtake.
-            answered = self._answer_now(ToolRequest(
+            request = ToolRequest(
                 call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
                 arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=_NO_REPLY,
-                selection=selection))
+                selection=selection)
+            # in the reader's handling of a read, the tool.run line waits for the next write (_later)
+            later = self._later
+            answered = self._answer_now(request) if later is None else self._answer_now(request, later)
             if answered is not None:
                 self.answered_in_step += 1
                 self._answered.append(ToolFinished(start.tool_call_id, answered.tool, answered.output,
@@ -942,6 +976,15 @@ _no_reply_receive.close()
 
 def _never_published() -> bool:
     return False
+
+
+def _run_later(later: list[Callable[[], None]]) -> None:
+    """Run the reports a reader's steps put off until their write, in order."""
+    while later:
+        reports = later[:]
+        later.clear()
+        for report in reports:
+            report()
 
 
 def _debug_enabled(log: Any) -> bool:

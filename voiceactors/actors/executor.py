@@ -54,6 +54,7 @@ Cancellation: cancelling ``run`` cancels unfinished reads (they answer
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 from collections import OrderedDict
@@ -274,10 +275,17 @@ class ToolExecutor:
         finally:
             self._serving = False
 
-    def answer_now(self, req: ToolRequest) -> ToolResult | None:
+    def answer_now(self, req: ToolRequest, later: list[Callable[[], None]] | None = None) -> ToolResult | None:
         """Answer ``req`` at once, in the caller's step, when it is a
         reusable read whose kept answer is fresh (rule 4); None otherwise,
         with nothing counted: the caller then sends it to ``inbox``.
+
+        ``later``: the report of an answer (its ``tool.run`` line and
+        metrics, ``_reported``) is appended to it instead of made at once;
+        the caller runs it after writing what the answer lets it send (the
+        call actor's reader: after the output's write, or at the end of the
+        socket read), so the line costs the output's path nothing. The line
+        and its fields are the same; only its timestamp is later.
 
         The call actor's in-step answer (issue 14): the executor's own code,
         state and rules, run synchronously by the caller's task instead of
@@ -303,7 +311,10 @@ class ToolExecutor:
             return None   # stale, or never run: the inbox path runs it (or waits for its flight)
         rejection = self._admit(res)
         result, run = self._result(res, rejection or kept[1], now)
-        self._reported(req, result, run, True, reused=True)
+        if later is None:
+            self._reported(req, result, run, True, reused=True)
+        else:
+            later.append(functools.partial(self._reported, req, result, run, True, reused=True))
         return result
 
     # --- resolution -----------------------------------------------------------

@@ -1,0 +1,109 @@
+"""An in-step answer's output leaves before its ``tool.run`` line is written.
+
+A fresh reusable read is answered by the executor in the call's own step at
+``function_call_arguments.done`` (``ToolExecutor.answer_now``); its output
+may go only at the item's ``response.output_item.done``, which the
+simulator's coalesced writes put in the same socket read. The answer's
+report (the ``tool.run`` line and its metrics) waited in front of the
+output: it now runs after the output's write (``CallActor._later``), so
+the output's bytes do not wait for a log line. What must hold: the line is
+still written, once, with the same fields; the debug lines around it keep
+their order (``tests/test_tool_log_order.py``); frames and records are not
+touched. Observed at the socket: ``os.write`` on the sideband's descriptor
+(``ws_frames.start_send``'s write of a frame the socket takes whole) and
+trio's ``SocketStream.send_all`` wrapped to note, at the output's write,
+whether its ``tool.run`` line had been logged yet.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from calls_support import assert_clean_protocol, rig, steady
+
+SCENARIO = steady([
+    {"user_turn": {"text": "brief me"}},
+    {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+    {"wait_outputs": {}},
+    {"response": {"text": "Here it is."}},
+    {"sleep": 0.5},
+    {"close": 1000},
+])
+
+#: The fields of a ``tool.run`` line (docs/operations.md § Logs), besides the bound ones.
+TOOL_RUN_FIELDS = {"call_id", "tool", "tool_call_id", "epoch", "turn", "duration_ms", "outcome", "output_chars",
+                   "truncated", "delivered", "reused"}
+
+
+def _runs(logs: list[dict[str, Any]], call_id: str) -> list[dict[str, Any]]:
+    return [x for x in logs if x["event"] == "tool.run" and x.get("call_id") == call_id]
+
+
+async def test_an_in_step_answers_output_is_written_before_its_tool_run_line(
+        tmp_path: Any, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    logged_at_write: list[bool] = []     # at each write of the call's output: its tool.run line logged yet?
+    watched: dict[str, Any] = {}
+    original_send_all, original_write = trio.SocketStream.send_all, os.write
+
+    def note(stream: Any) -> None:
+        actor = watched.get("actor")
+        if actor is None or actor._ws is None or stream is not actor._ws._stream:
+            return
+        for call in actor.calls.values():
+            if call.state == "queued":     # its output is the frame being written
+                logged_at_write.append(bool(_runs(watched["logs"], "rtc_step")))
+
+    async def noting_send_all(self: trio.SocketStream, data: Any) -> None:
+        note(self)
+        await original_send_all(self, data)
+
+    def noting_write(fd: int, data: Any) -> int:
+        actor = watched.get("actor")
+        if actor is not None and actor._ws is not None and fd == actor._ws._stream.socket.fileno():
+            note(actor._ws._stream)
+        return original_write(fd, data)
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", noting_send_all)
+    monkeypatch.setattr(os, "write", noting_write)
+    with capture_logs() as logs:
+        watched["logs"] = logs
+        async with rig(tmp_path, tool_reuse_s=1e6) as r:
+            await r.run_call("rtc_warm", SCENARIO)      # runs the read through the inbox: its answer is kept
+            actor = watched["actor"] = r.actor("rtc_step")
+            r.sim.add_call("rtc_step", SCENARIO)
+            await actor.run()
+            sc = r.sim.calls["rtc_step"]
+    assert actor.answered_in_step == 1
+    assert_clean_protocol(sc, creates=1)
+    (tool_call_id,) = sc.tool_calls
+    assert logged_at_write == [False]        # the output went first (True before: the line, then the output)
+    (line,) = _runs(logs, "rtc_step")        # and the line is written, once, as it was
+    assert TOOL_RUN_FIELDS <= set(line), line
+    assert line["tool_call_id"] == tool_call_id and line["tool"] == "briefing.get"
+    assert line["reused"] is True and line["delivered"] is True and line["outcome"] == "ok"
+    (warm,) = _runs(logs, "rtc_warm")        # the inbox path's line: the same fields
+    assert set(warm) == set(line), (warm, line)
+
+
+async def test_a_report_put_off_by_the_reader_is_written_before_the_call_ends(tmp_path: Any,
+                                                                                  autojump_clock: Any) -> None:
+    """Several rounds, each answered in step: every ``tool.run`` line is
+    written, one per tool call, in the order of the calls."""
+    rounds = []
+    for _ in range(3):
+        rounds += [{"user_turn": {"text": "brief me"}},
+                   {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+                   {"wait_outputs": {}}, {"response": {"text": "Okay."}}, {"sleep": 0.5}]
+    scenario = steady([*rounds, {"close": 1000}])
+    with capture_logs() as logs:
+        async with rig(tmp_path, tool_reuse_s=1e6) as r:
+            await r.run_call("rtc_warm", SCENARIO)
+            actor, sc = await r.run_call("rtc_three", scenario)
+    assert actor.answered_in_step == 3
+    assert_clean_protocol(sc, creates=3)
+    assert [x["tool_call_id"] for x in _runs(logs, "rtc_three")] == list(sc.tool_calls)

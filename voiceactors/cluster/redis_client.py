@@ -14,7 +14,10 @@ Keys (``PREFIX`` first):
 * ``calls`` — a hash ``call_id -> token`` of the calls leased now or whose
   holder died (the lease expired, the entry stays): what a takeover scans.
 * ``pending:<call_id>`` — a hash ``tool_call_id -> JSON`` of the call's tool
-  calls started and not yet settled (its holder's call record, mirrored).
+  calls started and not yet settled (its holder's call record, mirrored),
+  and in field ``CONTEXT_FIELD`` the call's linked context when it has one
+  (``call_context.carried_view``: the brain's instruction at connect, the
+  link, the current selection), so a taker carries the call on whole.
 * ``write:<sha256(tool_call_id)>`` — the shared write log: ``applying:<token>``
   while a write runs, then its record's JSON.
 * ``feed:<call_id>`` — the call's client feed, a stream capped with ``MAXLEN ~``
@@ -54,6 +57,7 @@ CALLS_KEY = PREFIX + "calls"
 OBSERVER_ACTIONS_KEY = PREFIX + "observer_actions"
 APPLYING = "applying:"
 UNFENCED = "*"          # a claim's token for a write of no call (an MCP client's)
+CONTEXT_FIELD = "~context"  # a pending hash's field that is not a tool call: the call's linked context
 T = TypeVar("T")
 
 

@@ -36,7 +36,7 @@ SCENARIO = [
                                   "call_id": "call_select"}]}},
     {"wait_outputs": {}},
     {"response": {"text": "Sam Okafor it is."}},
-    {"sleep_until": 15},
+    {"sleep_until": 10},
     {"user_turn": {"text": "What do we know about him?"}},
     {"response": {"tool_calls": [{"name": "entities.get", "arguments": {}, "call_id": "call_get"}]}},
     {"wait_outputs": {}},
@@ -91,7 +91,7 @@ async def test_kill_9_of_the_holder_the_taker_carries_the_linked_context_and_sel
             a.proc.kill()                                     # SIGKILL mid-call
             with trio.fail_after(10):
                 assert await a.proc.wait() == -9
-            with trio.fail_after(TTL_S + 20):
+            with trio.fail_after(TTL_S + 30):        # the TTL, a scan, a reconnect, the rest of the sleep
                 await sc.wait_until(lambda c: c.closed)
             await stop_cleanly(b)
             nursery.cancel_scope.cancel()

@@ -219,3 +219,25 @@ async def test_an_append_redis_applied_already_is_not_applied_twice(redis_server
         assert [(e["id"], e["type"]) for e in got] == [("4-1", "nav.hint"), ("4-2", "transcript")]
         assert await shared.take_nav_hints(CALL) == [hint]
         nursery.cancel_scope.cancel()
+
+
+async def test_readers_that_leave_mid_read_do_not_use_up_the_blocking_pool(redis_server):
+    """Each remote reader's blocked ``XREAD`` holds a connection of a pool of
+    ``max_total + 1``; a reader cancelled mid-read (its SSE client left)
+    makes coredis close that connection. Its slot comes back
+    (``redis_client._SlotKeepingPool``): before, ``max_total + 1`` such
+    cancels left every later read waiting for a connection for ever
+    (``RegistryDown`` at its bound, also once Redis was fine)."""
+    shared = _shared(redis_server)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(shared.run)
+        hub = _hub(shared)
+        feed = hub.open(CALL, epoch=7)
+        for _ in range(2 * (shared.max_total + 1)):
+            with trio.move_on_after(0.1) as scope:
+                await shared.read(CALL, "0-0", 30.0)         # nothing yet: it blocks
+            assert scope.cancelled_caught
+        feed.transcript(role="user", text="still there?", item_id="i1")
+        [event] = await _read_all(shared, CALL, "0-0", 1)
+        assert event["id"] == "7-1" and event["type"] == "transcript"
+        nursery.cancel_scope.cancel()

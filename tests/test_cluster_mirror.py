@@ -2,6 +2,7 @@
 costs Redis requests per pass, not per line: the writer's passes are spaced
 (``MIRROR_PASS_INTERVAL_S``, 50 ms), and a tool call started and settled within
 one pass is never written at all (a real redis-server counts the commands).
+A linked call's context rides in the same hash, for a taker to carry on with.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import pytest
 import trio
 
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
+from voiceactors.actors.call_context import CallContext, LinkedContext, carried_view, taken_over_context
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.context import Reference, Unverified
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 
@@ -83,3 +86,54 @@ async def test_lines_noted_apart_share_the_passes(redis_server):
         await _wait_pending(redis, CALL, {f"call_{n}" for n in range(20)})
         assert await _calls(redis, "eval") - evals <= 8
         nursery.cancel_scope.cancel()
+
+
+async def test_a_linked_calls_context_and_its_selection_are_mirrored_for_a_taker(redis_server):
+    """The call's linked context rides in its pending hash (``CONTEXT_FIELD``):
+    written as its actor starts, rewritten at each ``selection`` line, read
+    back by a taker as the ``LinkedContext`` it carries on with; a plain
+    call's (no link, no selection) costs Redis nothing; a release deletes it
+    with the hash."""
+    link = Reference("entity", "maya_chen", "Maya Chen", entity_type="Person")
+    sam = Reference("entity", "sam_okafor", "Sam Okafor", entity_type="Person")
+    holder = RedisRegistry(redis_server.url, 5.0, node="holder")
+    taker = RedisRegistry(redis_server.url, 5.0, node="taker")
+    async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
+        await nursery.start(holder.run)
+        await nursery.start(taker.run)
+        lease = await holder.acquire(CALL)
+        plain = await holder.acquire("rtc_plain")
+        assert lease is not None and plain is not None
+        sets = await _calls(redis, "hset")
+        holder.note_context("rtc_plain", LinkedContext("the brain", None))
+        holder.note_context(CALL, LinkedContext("the brain", link, greeting=True))
+        await _wait_pending(redis, CALL, {rc.CONTEXT_FIELD})
+        carried = await taker.carried(CALL)
+        assert carried.pending == [] and carried.context == LinkedContext(
+            "the brain", link, selection=link, taken_over=True)
+        holder.note_record(CALL, {"kind": "selection", "tool_call_id": "call_select",
+                                  "selection": sam.view(), "link": link.view()})
+        holder.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_get", "tool": "entities.get"})
+        await _wait_pending(redis, CALL, {rc.CONTEXT_FIELD, "call_get"})
+        carried = await taker.carried(CALL)
+        assert [p.tool_call_id for p in carried.pending] == ["call_get"]     # the context is no tool call
+        assert carried.context == LinkedContext("the brain", link, selection=sam, taken_over=True)
+        assert await redis.hgetall(rc.pending_key("rtc_plain")) == {}
+        assert await _calls(redis, "hset") - sets == 3      # the link, the selection, call_get: none for rtc_plain
+        await holder.release(lease)
+        assert await redis.hgetall(rc.pending_key(CALL)) == {}
+        nursery.cancel_scope.cancel()
+
+
+def test_a_taken_over_context_sends_its_selection_at_the_first_connection_and_never_greets():
+    link = Unverified("entity", "not_found")
+    sam = Reference("entity", "sam_okafor", "Sam Okafor", entity_type="Person")
+    view = carried_view(LinkedContext("the brain", link, greeting=True, selection=sam))
+    linked = taken_over_context(json.loads(json.dumps(view)))
+    assert linked == LinkedContext("the brain", link, selection=sam, taken_over=True)
+    ctx = CallContext(linked)
+    assert ctx.selection == sam and ctx.greeting == "none"
+    events, dropped = ctx.on_connected(quiet=True)
+    assert dropped is None and [e["type"] for e in events] == ["session.update"]
+    assert '"Sam Okafor"' in events[0]["session"]["instructions"]
+    assert taken_over_context("not a view") is None

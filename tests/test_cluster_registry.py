@@ -1,5 +1,11 @@
 """The Redis call registry against a real redis-server: leases, fencing
-tokens, the shared write log's fenced claim, and Redis going away."""
+tokens, the shared write log's fenced claim, and Redis going away.
+
+The lease TTL is setup here, not the behaviour, except where a test says so:
+a long one (``TTL``), so that no lease expires and no request passes its
+bound (a quarter of the TTL, at most 2 s) while a loaded machine runs the
+test. A test of what follows an expiry makes Redis expire the lease now
+(``_expire_now``) instead of waiting out a short TTL in real time."""
 
 from __future__ import annotations
 
@@ -9,11 +15,12 @@ import pytest
 import trio
 
 from redis_support import RedisServer, redis_server  # noqa: F401  (the fixture)
+from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.leases import keep_lease, stop_margin
 from voiceactors.cluster.registry import RedisRegistry, RegistryDown, WriteClaim
 from voiceactors.settings import InvalidSettings, Settings
 
-TTL = 1.0
+TTL = 30.0
 
 
 async def _two(server: RedisServer, nursery: trio.Nursery, ttl: float = TTL) -> tuple[RedisRegistry, RedisRegistry]:
@@ -21,6 +28,18 @@ async def _two(server: RedisServer, nursery: trio.Nursery, ttl: float = TTL) -> 
     await nursery.start(a.run)
     await nursery.start(b.run)
     return a, b
+
+
+async def _expire_now(server: RedisServer, call_id: str) -> None:
+    """The call's lease runs out now, as its TTL would for a holder that
+    stopped renewing: Redis expires the key itself (its TTL was the lease's)."""
+    key = rc.lease_key(call_id)
+    async with rc.client(server.url) as redis:
+        assert 0 < await redis.pttl(key) <= TTL * 1000
+        await redis.pexpire(key, 1)
+        with trio.fail_after(5):
+            while await redis.exists([key]):
+                await trio.sleep(0.01)
 
 
 async def test_one_lease_per_call_released_only_by_its_holder(redis_server):
@@ -41,11 +60,11 @@ async def test_one_lease_per_call_released_only_by_its_holder(redis_server):
 
 async def test_an_unreleased_lease_expires_and_the_next_holder_learns_whose_it_was(redis_server):
     async with trio.open_nursery() as nursery:
-        a, b = await _two(redis_server, nursery, ttl=0.5)
+        a, b = await _two(redis_server, nursery)
         dead = await a.acquire("rtc_2")
         assert dead is not None
         assert await b.orphans() == []                      # still leased
-        await trio.sleep(0.7)                               # a "died": never renewed
+        await _expire_now(redis_server, "rtc_2")            # a "died": never renewed
         assert await b.orphans() == [("rtc_2", dead.token)]
         taken = await b.acquire("rtc_2")
         assert taken is not None and taken.previous == dead.token and taken.fence > dead.fence
@@ -142,10 +161,10 @@ async def test_a_holder_that_cannot_renew_gives_up_before_its_lease_expires(redi
 
 async def test_a_lease_nobody_holds_any_more_is_taken_again_with_a_new_token(redis_server):
     async with trio.open_nursery() as nursery:
-        a, b = await _two(redis_server, nursery, ttl=0.5)
+        a, b = await _two(redis_server, nursery)
         lease = await a.acquire("rtc_9")
         assert lease is not None
-        await trio.sleep(0.7)                               # expired, nobody took it
+        await _expire_now(redis_server, "rtc_9")            # expired, nobody took it
         again = await a.renew(lease)
         assert again is not None and again.fence > lease.fence and a.lease_of("rtc_9") == again
         assert (await a.claim_write("rtc_9", "call_y")).state == WriteClaim.CLAIMED   # the new token is the fence

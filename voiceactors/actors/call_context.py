@@ -19,6 +19,14 @@ hooks below and carries out what they return; the rules live here):
   the handover), only while no response is active or requested and before
   the conversation began; otherwise it is dropped, and it is never sent again
   (not after a reconnect).
+
+With ``--redis`` a call taken over by another process carries on with its
+context (``carried_view`` on the holder, mirrored in Redis;
+``taken_over_context`` on the taker): the brain's instruction it was connected
+with, its link and its current selection. The taker sends one
+``session.update`` at its first connection (the holder may have died before
+its own went out) and never greets: its connection is a reconnect of the
+call, and the holder may have greeted already.
 """
 
 from __future__ import annotations
@@ -41,6 +49,44 @@ class LinkedContext:
     base_instruction: str | None            # the brain's instruction at connect (None: none yet)
     link: context.Resolution | None = None  # the original link; None when no context was given
     greeting: bool = False                  # {"greeting": "first"}
+    # a taken-over call's (``taken_over_context``): its current selection
+    # (None: the link's, when verified) and that it carries on elsewhere
+    selection: context.Reference | None = None
+    taken_over: bool = False
+
+
+def first_selection(linked: LinkedContext) -> context.Reference | None:
+    """The selection a call starts with: a taken-over call's, else the link when verified."""
+    return linked.selection or (linked.link if isinstance(linked.link, context.Reference) else None)
+
+
+def carried_view(linked: LinkedContext) -> dict[str, Any]:
+    """What a taker needs of a call's context, as JSON: the brain's
+    instruction at connect, the link and the selection it starts with (a
+    ``selection`` record line's ``selection`` replaces it). Not the greeting:
+    a taker never greets."""
+    selection = first_selection(linked)
+    return {"base": linked.base_instruction, "link": linked.link.view() if linked.link is not None else None,
+            "selection": selection.view() if selection is not None else None}
+
+
+def _resolution(view: Any) -> context.Resolution | None:
+    if isinstance(view, dict) and view.get("verified") is False:
+        kind, reason = view.get("kind"), view.get("reason")
+        if kind in context.KINDS and isinstance(reason, str):
+            return context.Unverified(str(kind), reason)
+        return None
+    return context.Reference.from_view(view)
+
+
+def taken_over_context(view: Any) -> LinkedContext | None:
+    """The context a taker carries a call on with, from ``carried_view``'s
+    JSON (None: not one)."""
+    if not isinstance(view, dict):
+        return None
+    base = view.get("base")
+    return LinkedContext(base if isinstance(base, str) and base else None, _resolution(view.get("link")),
+                         selection=context.Reference.from_view(view.get("selection")), taken_over=True)
 
 
 def selected_reference(output: str) -> context.Reference | None:
@@ -65,12 +111,13 @@ class CallContext:
     def __init__(self, linked: LinkedContext) -> None:
         self.base = linked.base_instruction
         self.link: context.Resolution | None = linked.link
-        self.selection: context.Reference | None = (
-            linked.link if isinstance(linked.link, context.Reference) else None)
-        self.greeting = Greeting.PENDING if linked.greeting else Greeting.NONE
+        self.selection: context.Reference | None = first_selection(linked)
+        self.greeting = Greeting.PENDING if linked.greeting and not linked.taken_over else Greeting.NONE
         self.greeting_event_id: str | None = None
         self._connected_before = False
-        self._update_due = False
+        # taken over: the selection is sent at the first connection, also
+        # without a link (a select on the holder made it)
+        self._update_due = linked.taken_over and self.selection is not None
 
     def instructions(self) -> str | None:
         """The session's instructions for the current selection (None without

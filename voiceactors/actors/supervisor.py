@@ -34,7 +34,10 @@ runs inside its lease's stop (``cluster.leases.run_leased``) while the
 registry renews every kept lease in one request, and is stopped when the
 lease cannot be kept. Every third of a lease the
 supervisor takes over the calls whose holder died (their lease expired
-unreleased), answering their pending tool calls from the shared mirror.
+unreleased), answering their pending tool calls from the shared mirror and
+carrying on with the linked context mirrored with them (its link, current
+selection and the brain's instruction it was connected with; a taker never
+greets).
 
 An actor leaves the registry when its ``run`` returns (after its call record
 is written); a later Connect with the same id starts a new actor, which ends
@@ -60,7 +63,7 @@ from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.daily_usage import DailyUsage
 from voiceactors.actors.feed import FeedHub
 from voiceactors.cluster.leases import release_quietly, run_leased
-from voiceactors.cluster.registry import CallRegistry, Lease, LocalRegistry, RegistryDown
+from voiceactors.cluster.registry import CallRegistry, Carried, Lease, LocalRegistry, RegistryDown
 from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
@@ -203,6 +206,8 @@ class CallSupervisor:
             return ConnectOutcome.AT_CAPACITY
         feed = self.hub.open(call_id, lease.fence if lease is not None else None)   # the fence: event ids
         fence = self.registry.fence_of(call_id) if lease is not None else None
+        if lease is not None and context is not None:
+            self.registry.note_context(call_id, context)    # a taker carries it on (the mirror)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
@@ -272,8 +277,14 @@ class CallSupervisor:
         lease = None
         try:
             lease = await self.registry.acquire(call_id)
-            if lease is not None and lease.previous is not None and recovered is None:
-                recovered = await self._taken_over(lease)
+            if lease is not None and lease.previous is not None:
+                if recovered is None:
+                    carried = await self._taken_over(lease)
+                    recovered = carried.pending
+                else:               # a rejoin: its own record's pending calls, the mirror's context
+                    carried = await self.registry.carried(call_id)
+                if carried.context is not None:     # the call's own, not this request's
+                    context = carried.context
         except RegistryDown as exc:
             self.log.error("supervisor.registry_down", call_id=call_id, error=str(exc)[:120])
             if lease is not None:       # won, but the takeover's reads failed: let another try
@@ -287,11 +298,13 @@ class CallSupervisor:
             return ConnectOutcome.CONNECTED
         return start(call_id, nursery, recovered=recovered, context=context, lease=lease)
 
-    async def _taken_over(self, lease: Lease) -> list[PendingCall]:
-        """A dead holder's call: its unsettled tool calls (the shared mirror),
-        with the shared write log's records copied into ours so the new
-        actor answers an applied write from it."""
-        pending = await self.registry.pending_of(lease.call_id)
+    async def _taken_over(self, lease: Lease) -> Carried:
+        """A dead holder's call as the shared mirror has it: its unsettled
+        tool calls, with the shared write log's records copied into ours so
+        the new actor answers an applied write from it, and its linked
+        context."""
+        carried = await self.registry.carried(lease.call_id)
+        pending = carried.pending
         for call in pending:
             if call.effect != "write":
                 continue
@@ -305,7 +318,7 @@ class CallSupervisor:
                     self.log.error("supervisor.take_over_record_failed", call_id=lease.call_id,
                                    tool_call_id=call.tool_call_id, error=type(exc).__name__)
         self.log.info("supervisor.take_over", call_id=lease.call_id, fence=lease.fence, pending=len(pending))
-        return pending
+        return carried
 
     async def _run_leased(self, actor: CallActor, lease: Lease) -> EndReason:
         """Run the actor while its lease is kept (in this task: the registry's

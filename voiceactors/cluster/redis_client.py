@@ -14,7 +14,10 @@ Keys (``PREFIX`` first):
 * ``calls`` — a hash ``call_id -> token`` of the calls leased now or whose
   holder died (the lease expired, the entry stays): what a takeover scans.
 * ``pending:<call_id>`` — a hash ``tool_call_id -> JSON`` of the call's tool
-  calls started and not yet settled (its holder's call record, mirrored).
+  calls started and not yet settled (its holder's call record, mirrored),
+  and in field ``CONTEXT_FIELD`` the call's linked context when it has one
+  (``call_context.carried_view``: the brain's instruction at connect, the
+  link, the current selection), so a taker carries the call on whole.
 * ``write:<sha256(tool_call_id)>`` — the shared write log: ``applying:<token>``
   while a write runs, then its record's JSON.
 * ``feed:<call_id>`` — the call's client feed, a stream capped with ``MAXLEN ~``
@@ -36,6 +39,16 @@ Keys (``PREFIX`` first):
 Every request is bounded (``bounded``: its timeout and the client's own
 errors surface as ``RegistryDown``); ``Reachability`` tells its user when a
 failure or an answer is a change worth one log line.
+
+Cancellation: a request can be cancelled (its bound, its caller) after it
+was sent and before its reply came. That never puts a connection out of
+step: coredis queues each request on its connection in order and a
+cancelled one stays queued, so its reply is consumed by it, never read by
+the next request. A blocking read (``XREAD BLOCK``) cancelled so has its
+connection closed by coredis; ``_SlotKeepingPool`` gives that connection's
+pool slot back (coredis 6.9 lost it). Both are pinned against a real
+redis-server made to hold its replies (``CLIENT PAUSE``) in
+tests/test_cluster_cancelled_requests.py.
 """
 
 from __future__ import annotations
@@ -54,6 +67,7 @@ CALLS_KEY = PREFIX + "calls"
 OBSERVER_ACTIONS_KEY = PREFIX + "observer_actions"
 APPLYING = "applying:"
 UNFENCED = "*"          # a claim's token for a write of no call (an MCP client's)
+CONTEXT_FIELD = "~context"  # a pending hash's field that is not a tool call: the call's linked context
 T = TypeVar("T")
 
 
@@ -329,13 +343,37 @@ ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSErro
                                            anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
+class _SlotKeepingPool(coredis.ConnectionPool):  # type: ignore[type-arg]
+    """coredis's pool, except that a connection released unusable gives its
+    slot back.
+
+    coredis 6.9 puts a released connection back only while it is usable, and
+    refills a slot only for a connection that dies while it sits in the pool.
+    A connection leased across an await and unusable at its release (a
+    blocking ``XREAD`` cancelled mid-request, which coredis invalidates; or
+    one that died while leased: Redis restarted) was dropped with its slot,
+    so after ``max_connections`` of them every request waited for a
+    connection for ever (the shared feed's readers: each client that left
+    mid-read cost one). Reads ``_available_connections``, coredis's private
+    queue of slots (pinned ``<7``; tests/test_cluster_cancelled_requests.py)."""
+
+    def release(self, connection: Any) -> None:
+        super().release(connection)
+        slots = self._available_connections
+        if not connection.usable and len(slots) < self.max_connections:
+            slots.append_nowait(None)      # a fresh connection is made in its place when asked
+
+
 def client(url: str, *, max_connections: int | None = None) -> Any:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``); use it
     inside ``async with``, which holds its connection pool (``max_connections``:
-    its size, coredis's default 64 when None; a blocked ``XREAD`` holds one)."""
-    if max_connections is None:
-        return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0)
-    return coredis.Redis.from_url(url, decode_responses=True, connect_timeout=2.0, max_connections=max_connections)
+    its size, coredis's default 64 when None; a blocked ``XREAD`` holds one;
+    ``_SlotKeepingPool``: one cancelled or broken while leased gives its slot
+    back)."""
+    options: dict[str, Any] = {"decode_responses": True, "connect_timeout": 2.0}
+    if max_connections is not None:
+        options["max_connections"] = max_connections
+    return coredis.Redis(connection_pool=_SlotKeepingPool.from_url(url, **options), decode_responses=True)
 
 
 async def guarded(request: Awaitable[T]) -> T:

@@ -12,7 +12,9 @@ ends. The executor asks ``claim_write`` before it applies a write and
 * ``RedisRegistry`` (``--redis URL``): a lease per call in Redis (set when
   absent with a TTL, renewed and deleted only by its token, see
   ``redis_client``), a fencing token per lease, the shared write log, and the
-  mirror of each call's unsettled tool calls that a takeover answers from.
+  mirror of each call's unsettled tool calls that a takeover answers from,
+  with the call's linked context (its link, current selection and the
+  brain's instruction it was connected with) that the taker carries on with.
   Every sixth of ``ttl_s`` (``RENEWALS_PER_TTL``) one ``RENEW_MANY`` script
   renews every lease whose actor runs here (``_renew_kept``): one request per
   process per tick, not one per call.
@@ -37,6 +39,7 @@ from typing import Any, Protocol
 
 import trio
 
+from voiceactors.actors.call_context import LinkedContext, carried_view, taken_over_context
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.batched import Batched
@@ -44,7 +47,7 @@ from voiceactors.cluster.fence import LeaseStop, SendFence
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
 
-__all__ = ["CallRegistry", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegistry", "RegistryDown",
+__all__ = ["CallRegistry", "Carried", "ClaimAnswer", "Lease", "LocalRegistry", "RedisRegistry", "RegistryDown",
            "WriteClaim", "make_registry"]
 
 WRITE_RECORD_TTL_S = 7 * 24 * 3600     # a tool call id is never retried a week later
@@ -86,6 +89,15 @@ class ClaimAnswer:
     record: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What a dead holder's call carries on with (its mirror in Redis): the
+    tool calls it left unsettled and its linked context (None: it had none)."""
+
+    pending: list[PendingCall]
+    context: LinkedContext | None = None
+
+
 class CallRegistry(Protocol):
     shared: bool
     ttl_s: float
@@ -100,8 +112,9 @@ class CallRegistry(Protocol):
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
+    def note_context(self, call_id: str, linked: LinkedContext) -> None: ...
     async def orphans(self) -> list[tuple[str, str]]: ...
-    async def pending_of(self, call_id: str) -> list[PendingCall]: ...
+    async def carried(self, call_id: str) -> Carried: ...
     def health(self) -> dict[str, Any] | None: ...
 
 
@@ -147,11 +160,14 @@ class LocalRegistry:
     def note_record(self, call_id: str, line: dict[str, Any]) -> None:
         return None
 
+    def note_context(self, call_id: str, linked: LinkedContext) -> None:
+        return None
+
     async def orphans(self) -> list[tuple[str, str]]:
         return []
 
-    async def pending_of(self, call_id: str) -> list[PendingCall]:
-        return []
+    async def carried(self, call_id: str) -> Carried:
+        return Carried([])
 
     def health(self) -> dict[str, Any] | None:
         return None
@@ -178,6 +194,7 @@ class RedisRegistry:
         self._granted_at: dict[str, float] = {}     # per held call: when its last granting request was sent
         self._stops: dict[str, LeaseStop] = {}      # the held calls whose actor runs: renewed each tick
         self._mirrored: dict[str, set[str]] = {}    # per held call: the tool calls its mirror holds in Redis
+        self._contexts: dict[str, dict[str, Any]] = {}  # per held call with a context: carried_view's JSON
         self._reach = rc.Reachability()
         # the leases asked for and released at once go in one script each
         # (a join's connects, many calls' ends): cluster/batched.py
@@ -307,6 +324,7 @@ class RedisRegistry:
             self._granted_at.pop(lease.call_id, None)
             self._stops.pop(lease.call_id, None)
             self._mirrored.pop(lease.call_id, None)
+            self._contexts.pop(lease.call_id, None)
             fence = self._fences.pop(lease.call_id, None)
             if fence is not None:
                 fence.close()
@@ -445,10 +463,33 @@ class RedisRegistry:
 
     def note_record(self, call_id: str, line: dict[str, Any]) -> None:
         """A call record line of a call held here: its tool lines are mirrored
-        (``pending:<call_id>``) in order by one writer task. Never blocks; a
-        full queue drops the line (logged: a takeover then misses it)."""
-        if line.get("kind") not in ("tool_started", "tool_call"):
+        (``pending:<call_id>``) in order by one writer task, and so is a
+        ``selection`` line of a call with a context (``note_context``: its
+        carried context with the new selection). Never blocks; a full queue
+        drops the line (logged: a takeover then misses it)."""
+        kind = line.get("kind")
+        if kind == "selection":
+            carried = self._contexts.get(call_id)
+            if carried is None:
+                return
+            carried["selection"] = line.get("selection")
+            line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
+        elif kind not in ("tool_started", "tool_call"):
             return
+        self._queue_mirror(call_id, line)
+
+    def note_context(self, call_id: str, linked: LinkedContext) -> None:
+        """A held call's linked context, as its actor starts: kept here for
+        its ``selection`` lines, and mirrored at once when there is a link or
+        a selection to carry (a plain connect's, with neither, costs Redis
+        nothing until a ``journal.select`` gives it one)."""
+        if call_id not in self._held:
+            return
+        carried = self._contexts[call_id] = carried_view(linked)
+        if carried["link"] is not None or carried["selection"] is not None:
+            self._queue_mirror(call_id, {"kind": rc.CONTEXT_FIELD, "context": dict(carried)})
+
+    def _queue_mirror(self, call_id: str, line: dict[str, Any]) -> None:
         try:
             self._mirror_send.send_nowait((call_id, line))
         except trio.WouldBlock:
@@ -480,12 +521,13 @@ class RedisRegistry:
             try:
                 await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
-                for call_id, _, text in ops:
-                    _log.warning("registry.mirror_failed", call_id=call_id, kind="tool_started" if text else "tool_call")
+                for call_id, field, text in ops:
+                    kind = rc.CONTEXT_FIELD if field == rc.CONTEXT_FIELD else "tool_started" if text else "tool_call"
+                    _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
                 continue
             for call_id, tool_call_id, text in ops:
-                if call_id not in self._held:
-                    continue            # released meanwhile: RELEASE deleted its hash
+                if call_id not in self._held or tool_call_id == rc.CONTEXT_FIELD:
+                    continue            # released meanwhile (RELEASE deleted its hash), or not a tool call
                 written = self._mirrored.setdefault(call_id, set())
                 if text:
                     written.add(tool_call_id)
@@ -496,9 +538,14 @@ class RedisRegistry:
         """One pass's lines as ``(call_id, tool_call_id, JSON)`` writes (``''``:
         delete), the last line of each tool call winning. A start and its
         settle both in the pass write nothing when no earlier pass wrote
-        that start: the hash ends as it was."""
+        that start: the hash ends as it was. A context line is the call's
+        ``CONTEXT_FIELD``, the last of the pass written."""
         ops: dict[tuple[str, str], str] = {}
         for call_id, line in batch:
+            if line["kind"] == rc.CONTEXT_FIELD:
+                if call_id in self._held:
+                    ops[(call_id, rc.CONTEXT_FIELD)] = json.dumps(line["context"], ensure_ascii=False)
+                continue
             tool_call_id = line.get("tool_call_id")
             if not isinstance(tool_call_id, str) or call_id not in self._held:
                 continue
@@ -518,19 +565,27 @@ class RedisRegistry:
         pairs = zip(flat[0::2], flat[1::2])
         return [(str(call_id), str(token)) for call_id, token in pairs if call_id not in self._held]
 
-    async def pending_of(self, call_id: str) -> list[PendingCall]:
+    async def carried(self, call_id: str) -> Carried:
+        """A dead holder's call as its mirror left it: its unsettled tool
+        calls and its context, in one read."""
         entries = await self._request(self._redis.hgetall(rc.pending_key(call_id)))
         pending = []
+        context = None
         for tool_call_id, text in dict(entries).items():
             try:
                 line = json.loads(text)
             except ValueError:
                 continue
+            if tool_call_id == rc.CONTEXT_FIELD:
+                context = taken_over_context(line)
+                continue
+            if not isinstance(line, dict):
+                continue
             arguments = line.get("arguments")
             pending.append(PendingCall(str(tool_call_id), str(line.get("tool") or ""),
                                        str(line.get("response_id") or ""), line.get("effect"),
                                        arguments if isinstance(arguments, str) else None))
-        return pending
+        return Carried(pending, context)
 
 
 def make_registry(settings: Any) -> CallRegistry:

@@ -245,3 +245,11 @@ def test_round_steps_counts_both_paths(bench):
     assert inbox["outputs"] == in_step["outputs"] == 3
     assert inbox["answered_in_step"] == 0 and in_step["answered_in_step"] == 2   # the first round runs the read
     assert in_step["steps_per_round"]["CallActor._reader"] > 0
+
+
+@pytest.mark.skipif(__import__("shutil").which("redis-server") is None, reason="redis-server is not installed")
+def test_round_steps_counts_a_workers_call(bench):
+    one, worker = _main(bench, "benchmarks.round_steps", "--rounds", "3", "--redis")
+    assert not one["worker"] and worker["worker"] and one["in_step"] and worker["in_step"]
+    assert one["outputs"] == worker["outputs"] == 3
+    assert worker["steps_per_round"]["coredis"] > 0 and "coredis" not in one["steps_per_round"]

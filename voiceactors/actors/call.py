@@ -393,10 +393,14 @@ class CallActor:
         """Write one frame; False when the connection ended (it is told)."""
         data = _SEND_ENCODER.encode(out.event)
         fence = self._fence
+        if fence is not None and not fence.allows():
+            self._fenced()
+            return False
         # A frame the socket takes whole goes in this step with no schedule
-        # point, so it needs no scope (the usual case on a ws:// sideband); a
-        # leased call's write always takes the path below, its fence's.
-        rest = ws_frames.start_send(ws, data) if fence is None else None
+        # point, so it needs no scope (the usual case on a ws:// sideband). A
+        # leased call's too: its fence was read just above, in this step, and
+        # the bytes leave before any schedule point (the fence's rule).
+        rest = ws_frames.start_send(ws, data)
         if rest == b"":
             return True
         try:
@@ -404,15 +408,15 @@ class CallActor:
             # only its own deadline ends it (one scope for both: a write is hot).
             # A leased call's deadline bounds it too: no tail of a frame after it.
             with trio.CancelScope(shield=True, deadline=trio.current_time() + SEND_TIMEOUT_S) as scope:
+                if fence is not None:
+                    scope.deadline = min(scope.deadline, fence.until)
                 if rest is not None:
                     await ws_frames.finish_send(ws, rest)     # what the socket did not take at once
                 elif fence is None:
                     await ws_frames.send_now(ws, data)
-                else:
-                    scope.deadline = min(scope.deadline, fence.until)
-                    if not await ws_frames.send_before(ws, data, fence.until):
-                        self._fenced()
-                        return False
+                elif not await ws_frames.send_before(ws, data, fence.until):
+                    self._fenced()
+                    return False
         except ConnectionClosed as exc:
             self._end_connection(close_code(exc))
             return False

@@ -41,6 +41,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item._nodeid = f"{parent_id}::{item.name}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _structlog_defaults_per_file():
+    """Each test file starts (and ends) with structlog's defaults: under
+    pytest-xdist a file follows whichever files its worker ran before, and a
+    configuration one of them left (an ``info`` level, a buffer as the
+    stream) would hide the lines a later file captures
+    (``tests/test_tool_log_order.py``'s debug lines, once)."""
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+
+
 @pytest.fixture
 def fixture_journal() -> Path:
     """The shared solstone fixture journal, read-only."""

@@ -14,11 +14,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import threading
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable
 
 import trio
 
@@ -155,6 +156,48 @@ def assert_clean_protocol(sim_call: SimCall, *, creates: int) -> None:
     assert sim_call.response_creates == creates
     assert sim_call.error_codes == []
     assert sim_call.violations == []
+
+
+#: One round of a kept read: a briefing asked for, answered, a short reply,
+#: then the close. Its second run in a rig with a long ``tool_reuse_s`` is
+#: answered in the call's step (``ToolExecutor.answer_now``).
+BRIEF_ME_ONCE = [
+    {"user_turn": {"text": "brief me"}},
+    {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
+    {"wait_outputs": {}},
+    {"response": {"text": "Here it is."}},
+    {"sleep": 0.5},
+    {"close": 1000},
+]
+
+
+def watch_sideband_writes(monkeypatch: Any, note: Callable[[CallActor], None]) -> dict[str, CallActor]:
+    """Call ``note(actor)`` just before each socket write of one call actor's
+    sideband, put under ``"actor"`` of the dict returned. Both ways its bytes
+    leave are wrapped (and still write): trio's ``SocketStream.send_all`` and
+    ``os.write`` on the sideband's descriptor (``ws_frames.start_send``'s write
+    of a frame the socket takes whole)."""
+    watched: dict[str, CallActor] = {}
+    send_all, write = trio.SocketStream.send_all, os.write
+
+    def ours(stream: Any) -> CallActor | None:
+        actor = watched.get("actor")
+        return actor if actor is not None and actor._ws is not None and stream is actor._ws._stream else None
+
+    async def noting_send_all(self: trio.SocketStream, data: Any) -> None:
+        if (actor := ours(self)) is not None:
+            note(actor)
+        await send_all(self, data)
+
+    def noting_write(fd: int, data: Any) -> int:
+        actor = watched.get("actor")
+        if actor is not None and actor._ws is not None and fd == actor._ws._stream.socket.fileno():
+            note(actor)
+        return write(fd, data)
+
+    monkeypatch.setattr(trio.SocketStream, "send_all", noting_send_all)
+    monkeypatch.setattr(os, "write", noting_write)
+    return watched
 
 
 def received_types(sim_call: SimCall) -> list[str]:

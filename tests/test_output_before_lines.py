@@ -17,23 +17,14 @@ whether its ``tool.run`` line had been logged yet.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
-import trio
 from structlog.testing import capture_logs
 
-from calls_support import assert_clean_protocol, rig, steady
+from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, steady, watch_sideband_writes
 
-SCENARIO = steady([
-    {"user_turn": {"text": "brief me"}},
-    {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
-    {"wait_outputs": {}},
-    {"response": {"text": "Here it is."}},
-    {"sleep": 0.5},
-    {"close": 1000},
-])
+SCENARIO = steady(BRIEF_ME_ONCE)
 
 #: The fields of a ``tool.run`` line (docs/operations.md § Logs), besides the bound ones.
 TOOL_RUN_FIELDS = {"call_id", "tool", "tool_call_id", "epoch", "turn", "duration_ms", "outcome", "output_chars",
@@ -47,31 +38,13 @@ def _runs(logs: list[dict[str, Any]], call_id: str) -> list[dict[str, Any]]:
 async def test_an_in_step_answers_output_is_written_before_its_tool_run_line(
         tmp_path: Any, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     logged_at_write: list[bool] = []     # at each write of the call's output: its tool.run line logged yet?
-    watched: dict[str, Any] = {}
-    original_send_all, original_write = trio.SocketStream.send_all, os.write
-
-    def note(stream: Any) -> None:
-        actor = watched.get("actor")
-        if actor is None or actor._ws is None or stream is not actor._ws._stream:
-            return
+    def note(actor: Any) -> None:
         for call in actor.calls.values():
             if call.state == "queued":     # its output is the frame being written
-                logged_at_write.append(bool(_runs(watched["logs"], "rtc_step")))
+                logged_at_write.append(bool(_runs(logs, "rtc_step")))
 
-    async def noting_send_all(self: trio.SocketStream, data: Any) -> None:
-        note(self)
-        await original_send_all(self, data)
-
-    def noting_write(fd: int, data: Any) -> int:
-        actor = watched.get("actor")
-        if actor is not None and actor._ws is not None and fd == actor._ws._stream.socket.fileno():
-            note(actor._ws._stream)
-        return original_write(fd, data)
-
-    monkeypatch.setattr(trio.SocketStream, "send_all", noting_send_all)
-    monkeypatch.setattr(os, "write", noting_write)
+    watched = watch_sideband_writes(monkeypatch, note)
     with capture_logs() as logs:
-        watched["logs"] = logs
         async with rig(tmp_path, tool_reuse_s=1e6) as r:
             await r.run_call("rtc_warm", SCENARIO)      # runs the read through the inbox: its answer is kept
             actor = watched["actor"] = r.actor("rtc_step")

@@ -18,50 +18,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import os
-
 import pytest
-import trio
 
-from calls_support import assert_clean_protocol, rig, steady
+from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, steady, watch_sideband_writes
 
-SCENARIO = steady([
-    {"user_turn": {"text": "brief me"}},
-    {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
-    {"wait_outputs": {}},
-    {"response": {"text": "Here it is."}},
-    {"sleep": 0.5},
-    {"close": 1000},
-])
+SCENARIO = steady(BRIEF_ME_ONCE)
 
 
 async def test_an_in_step_output_leaves_before_its_response_done_is_handled(tmp_path: Any, autojump_clock: Any,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, Any]] = []    # (call state, its batch's status) at each of the call's socket writes
-    watched: dict[str, Any] = {}
-    original = trio.SocketStream.send_all
 
-    write = os.write
+    def note(actor: Any) -> None:
+        for call in actor.calls.values():
+            if call.state == "queued":     # its output is the frame being written
+                seen.append((call.tool_call_id, actor.batches[call.response_id].status))
 
-    def note(stream: Any) -> None:
-        actor = watched.get("actor")
-        if actor is not None and actor._ws is not None and stream is actor._ws._stream:
-            for call in actor.calls.values():
-                if call.state == "queued":     # its output is the frame being written
-                    seen.append((call.tool_call_id, actor.batches[call.response_id].status))
-
-    async def noting(self: trio.SocketStream, data: Any) -> None:
-        note(self)
-        await original(self, data)
-
-    def noting_write(fd: int, data: Any) -> int:
-        actor = watched.get("actor")
-        if actor is not None and actor._ws is not None and fd == actor._ws._stream.socket.fileno():
-            note(actor._ws._stream)
-        return write(fd, data)
-
-    monkeypatch.setattr(trio.SocketStream, "send_all", noting)
-    monkeypatch.setattr(os, "write", noting_write)
+    watched = watch_sideband_writes(monkeypatch, note)
     async with rig(tmp_path, tool_reuse_s=1e6) as r:
         await r.run_call("rtc_warm", SCENARIO)      # runs the read: its answer is kept
         actor = watched["actor"] = r.actor("rtc_step")

@@ -13,18 +13,11 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from calls_support import assert_clean_protocol, rig, steady
+from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, steady
 
 
 def _brief_scenario() -> object:
-    return steady([
-        {"user_turn": {"text": "brief me"}},
-        {"response": {"tool_calls": [{"name": "briefing.get", "arguments": {}}]}},
-        {"wait_outputs": {}},
-        {"response": {"text": "Here it is."}},
-        {"sleep": 0.5},
-        {"close": 1000},
-    ])
+    return steady(BRIEF_ME_ONCE)
 
 
 def _tool_lines(logs: list[dict], call_id: str) -> list[str]:

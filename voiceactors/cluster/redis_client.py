@@ -40,6 +40,19 @@ Every request is bounded (``bounded``: its timeout and the client's own
 errors surface as ``RegistryDown``); ``Reachability`` tells its user when a
 failure or an answer is a change worth one log line.
 
+No request is ever sent twice by the client (``NoRetryPolicy``; coredis's
+default resends one, on a new connection, when its connection failed or
+timed out). A connection lost after Redis ran a request and before its
+reply came leaves the outcome unknown: a script run again would answer
+from its own first run (``CLAIM_WRITE``: ``taken`` by its own ``applying:``
+marker, with no record; ``ACQUIRE_MANY``: held by its own token). The
+request fails as ``RegistryDown`` instead, and its caller answers as for
+Redis down (a write: nothing applied, "shared write log unreachable").
+Reads are not retried either (one policy per client, kept simple): a failed
+read is ``RegistryDown`` as Redis down is, and its caller's handling of that
+applies (its next pass, its fallback, a 503). Pinned by
+tests/test_cluster_no_retry.py.
+
 Cancellation: a request can be cancelled (its bound, its caller) after it
 was sent and before its reply came. That never puts a connection out of
 step: coredis queues each request on its connection in order and a
@@ -59,6 +72,7 @@ from typing import Any, Awaitable, TypeVar
 import anyio
 import coredis
 import coredis.exceptions
+from coredis.retry import NoRetryPolicy
 import trio
 
 PREFIX = "voiceactors:"
@@ -369,11 +383,13 @@ def client(url: str, *, max_connections: int | None = None) -> Any:
     inside ``async with``, which holds its connection pool (``max_connections``:
     its size, coredis's default 64 when None; a blocked ``XREAD`` holds one;
     ``_SlotKeepingPool``: one cancelled or broken while leased gives its slot
-    back)."""
+    back). It never sends a request again after a failure (``NoRetryPolicy``:
+    the first run's outcome is unknown, a second would misreport it)."""
     options: dict[str, Any] = {"decode_responses": True, "connect_timeout": 2.0}
     if max_connections is not None:
         options["max_connections"] = max_connections
-    return coredis.Redis(connection_pool=_SlotKeepingPool.from_url(url, **options), decode_responses=True)
+    return coredis.Redis(connection_pool=_SlotKeepingPool.from_url(url, **options), decode_responses=True,
+                         retry_policy=NoRetryPolicy())
 
 
 async def guarded(request: Awaitable[T]) -> T:

@@ -171,33 +171,50 @@ BRIEF_ME_ONCE = [
 ]
 
 
-def watch_sideband_writes(monkeypatch: Any, note: Callable[[CallActor], None]) -> dict[str, CallActor]:
-    """Call ``note(actor)`` just before each socket write of one call actor's
-    sideband, put under ``"actor"`` of the dict returned. Both ways its bytes
-    leave are wrapped (and still write): trio's ``SocketStream.send_all`` and
-    ``os.write`` on the sideband's descriptor (``ws_frames.start_send``'s write
-    of a frame the socket takes whole)."""
+def watch_output_writes(monkeypatch: Any, note: Callable[[CallActor, Any], None]) -> dict[str, CallActor]:
+    """Call ``note(actor, call)`` just before each socket write of one call
+    actor's sideband, for each of its tool calls whose output is queued (the
+    frame being written); the actor is put under ``"actor"`` of the dict
+    returned (``run_in_step``). Both ways its bytes leave are wrapped (and
+    still write): trio's ``SocketStream.send_all`` and ``os.write`` on the
+    sideband's descriptor (``ws_frames.start_send``'s write of a frame the
+    socket takes whole)."""
     watched: dict[str, CallActor] = {}
     send_all, write = trio.SocketStream.send_all, os.write
 
-    def ours(stream: Any) -> CallActor | None:
+    def ours() -> CallActor | None:
         actor = watched.get("actor")
-        return actor if actor is not None and actor._ws is not None and stream is actor._ws._stream else None
+        return actor if actor is not None and actor._ws is not None else None
+
+    def noted(actor: CallActor) -> None:
+        for call in actor.calls.values():
+            if call.state == "queued":
+                note(actor, call)
 
     async def noting_send_all(self: trio.SocketStream, data: Any) -> None:
-        if (actor := ours(self)) is not None:
-            note(actor)
+        if (actor := ours()) is not None and self is actor._ws._stream:
+            noted(actor)
         await send_all(self, data)
 
     def noting_write(fd: int, data: Any) -> int:
-        actor = watched.get("actor")
-        if actor is not None and actor._ws is not None and fd == actor._ws._stream.socket.fileno():
-            note(actor)
+        if (actor := ours()) is not None and fd == actor._ws._stream.socket.fileno():
+            noted(actor)
         return write(fd, data)
 
     monkeypatch.setattr(trio.SocketStream, "send_all", noting_send_all)
     monkeypatch.setattr(os, "write", noting_write)
     return watched
+
+
+async def run_in_step(r: Rig, watched: dict[str, CallActor], scenario: Scenario) -> tuple[CallActor, SimCall]:
+    """Run ``scenario`` as call ``rtc_warm`` (its read runs and its answer
+    is kept), then as ``rtc_step``, watched from its start: its read is
+    answered in its own step (``r`` made with a long ``tool_reuse_s``)."""
+    await r.run_call("rtc_warm", scenario)
+    actor = watched["actor"] = r.actor("rtc_step")
+    r.sim.add_call("rtc_step", scenario)
+    await actor.run()
+    return actor, r.sim.calls["rtc_step"]
 
 
 def received_types(sim_call: SimCall) -> list[str]:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, steady, watch_sideband_writes
+from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, run_in_step, steady, watch_output_writes
 
 SCENARIO = steady(BRIEF_ME_ONCE)
 
@@ -38,19 +38,14 @@ def _runs(logs: list[dict[str, Any]], call_id: str) -> list[dict[str, Any]]:
 async def test_an_in_step_answers_output_is_written_before_its_tool_run_line(
         tmp_path: Any, autojump_clock: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     logged_at_write: list[bool] = []     # at each write of the call's output: its tool.run line logged yet?
-    def note(actor: Any) -> None:
-        for call in actor.calls.values():
-            if call.state == "queued":     # its output is the frame being written
-                logged_at_write.append(bool(_runs(logs, "rtc_step")))
 
-    watched = watch_sideband_writes(monkeypatch, note)
+    def note(actor: Any, call: Any) -> None:    # the call's output is the frame being written
+        logged_at_write.append(bool(_runs(logs, "rtc_step")))
+
+    watched = watch_output_writes(monkeypatch, note)
     with capture_logs() as logs:
         async with rig(tmp_path, tool_reuse_s=1e6) as r:
-            await r.run_call("rtc_warm", SCENARIO)      # runs the read through the inbox: its answer is kept
-            actor = watched["actor"] = r.actor("rtc_step")
-            r.sim.add_call("rtc_step", SCENARIO)
-            await actor.run()
-            sc = r.sim.calls["rtc_step"]
+            actor, sc = await run_in_step(r, watched, SCENARIO)
     assert actor.answered_in_step == 1
     assert_clean_protocol(sc, creates=1)
     (tool_call_id,) = sc.tool_calls

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, steady, watch_sideband_writes
+from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, run_in_step, steady, watch_output_writes
 
 SCENARIO = steady(BRIEF_ME_ONCE)
 
@@ -29,18 +29,12 @@ async def test_an_in_step_output_leaves_before_its_response_done_is_handled(tmp_
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, Any]] = []    # (call state, its batch's status) at each of the call's socket writes
 
-    def note(actor: Any) -> None:
-        for call in actor.calls.values():
-            if call.state == "queued":     # its output is the frame being written
-                seen.append((call.tool_call_id, actor.batches[call.response_id].status))
+    def note(actor: Any, call: Any) -> None:    # the call's output is the frame being written
+        seen.append((call.tool_call_id, actor.batches[call.response_id].status))
 
-    watched = watch_sideband_writes(monkeypatch, note)
+    watched = watch_output_writes(monkeypatch, note)
     async with rig(tmp_path, tool_reuse_s=1e6) as r:
-        await r.run_call("rtc_warm", SCENARIO)      # runs the read: its answer is kept
-        actor = watched["actor"] = r.actor("rtc_step")
-        r.sim.add_call("rtc_step", SCENARIO)
-        await actor.run()
-        sc = r.sim.calls["rtc_step"]
+        actor, sc = await run_in_step(r, watched, SCENARIO)
     assert actor.answered_in_step == 1
     assert_clean_protocol(sc, creates=1)
     (tool_call_id,) = sc.tool_calls

@@ -169,7 +169,8 @@ async def test_a_source_down_at_start_gets_its_tools_once_it_answers(tmp_path):
 
 async def test_structured_result_is_labelled_reference_data(tmp_path):
     server = crm_server()
-    args = {"request": {"customer_id": "c42", "filters": {"limit": 5}}}
+    # long enough that no random hex id in the feed can contain it ("c42" once did)
+    args = {"request": {"customer_id": "c4242424242424242", "filters": {"limit": 5}}}
     before = metrics.METRICS.mcp_requests.labels(source="crm", op="call", outcome="ok")._value.get()
     async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
         feed = r.hub.open("rtc_mcp_struct")
@@ -179,12 +180,12 @@ async def test_structured_result_is_labelled_reference_data(tmp_path):
     (tool_call_id,) = sc.tool_calls
     output = json.loads(sc.outputs[tool_call_id][0])
     assert output["source"] == "crm" and "not instructions" in output["note"]
-    assert output["data"] == {"customer": "c42", "tier": "gold", "orders": [{"id": 1}, {"id": 2}]}
+    assert output["data"] == {"customer": "c4242424242424242", "tier": "gold", "orders": [{"id": 1}, {"id": 2}]}
     assert server.calls == [("lookup", args)]
     seen = feed_events(events)
     started = [e for e in seen if e["type"] == "tool.started"]
     assert started and started[0]["tool"] == "crm.lookup"
-    assert "c42" not in json.dumps(seen)          # the feed never carries argument values
+    assert "c4242424242424242" not in json.dumps(seen)          # the feed never carries argument values
     after = metrics.METRICS.mcp_requests.labels(source="crm", op="call", outcome="ok")._value.get()
     assert after == before + 1
 

@@ -598,10 +598,17 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
         main_phase = {"burst": "burst", "one": "one", "long": "long"}[args.mode]
         if "ours" in by_peer and "nothing" in by_peer:
             o, n = by_peer["ours"][main_phase]["output_ms"], by_peer["nothing"][main_phase]["output_ms"]
-            if o["n"] and n["n"]:
+            if o["n"] and n["n"] and n["p50"] > 0:
                 out["ours_vs_nothing_output_p50"] = round(o["p50"] / n["p50"], 2)
                 print(f"ours / nothing output p50: {out['ours_vs_nothing_output_p50']}x "
                       f"(ours p99 {o['p99']:.1f} ms)", flush=True)
+            elif o["n"] and n["n"]:
+                # The output clock starts at output_item.done; the do-nothing server answers at
+                # arguments.done, one event earlier, so on a quiet run its p50 can be <= 0 and a
+                # ratio would mean nothing.
+                out["ours_vs_nothing_output_p50"] = None
+                out["ratio_skipped"] = f"do-nothing output p50 is {n['p50']:.2f} ms (not > 0)"
+                print(f"ours / nothing output p50: not computed ({out['ratio_skipped']})", flush=True)
             key = "server_ms_per_round_net" if "connect" in by_peer["ours"] else "server_ms_per_round_gross"
             mine, floor = by_peer["ours"][main_phase].get(key), by_peer["nothing"][main_phase].get(key)
             if mine is not None and floor is not None:   # what our code costs beyond reading the frames

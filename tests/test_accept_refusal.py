@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,9 @@ async def _one_connection(refusal: Any, send: list[bytes], *, pause_s: float = 0
     """A client sends ``send`` (pausing ``pause_s`` between parts) on one
     connection served by ``serve_connection``; returns what the client got
     until EOF, and what the stand-in for hypercorn read (None: never called)."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    listener = CappedListener(listeners[0], None, cap=0)
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    listener = CappedListener(sock, None, cap=0)
     served: list[bytes] | None = None
 
     async def stand_in(stream: SlotStream) -> None:

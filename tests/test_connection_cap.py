@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from voiceactors.http.serving import CappedListener
 from voiceactors.journal.sample import write_sample_journal
@@ -31,9 +32,9 @@ DAY = dt.date(2026, 3, 27)
 
 
 async def test_the_listener_waits_for_a_slot_and_a_closed_stream_frees_it():
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    capped = CappedListener(listeners[0], trio.Semaphore(2), cap=2)
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    capped = CappedListener(sock, trio.Semaphore(2), cap=2)
     clients = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
     first = await capped.accept()
     second = await capped.accept()
@@ -58,6 +59,54 @@ async def test_the_listener_waits_for_a_slot_and_a_closed_stream_frees_it():
     for stream in (second, third, extra, *clients):
         await stream.aclose()
     await capped.aclose()
+
+
+async def _waiting_clients(n: int) -> tuple[socket.socket, list[trio.SocketStream]]:
+    """A listening socket and ``n`` clients whose connects the kernel has
+    completed (they wait in its backlog: nothing has accepted them)."""
+    sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+    port = sock.getsockname()[1]
+    return sock, [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(n)]
+
+
+@pytest.mark.parametrize("cap", [0, 3])
+async def test_one_accept_takes_the_whole_backlog_and_the_next_accepts_do_not_wait(cap):
+    # One connection per scheduler pass queued a burst of joins behind a busy
+    # trio thread's rounds (docs/benchmarks.md § 38).
+    sock, clients = await _waiting_clients(5)
+    capped = CappedListener(sock, trio.Semaphore(cap) if cap else None, cap=cap)
+    taken = [await capped.accept()]
+    with trio.testing.assert_no_checkpoints():
+        taken += [await capped.accept() for _ in range((cap or 5) - 1)]
+    assert [t.socket.getpeername() for t in taken] == [c.socket.getsockname() for c in clients[:cap or 5]]
+    if cap:
+        with trio.move_on_after(0.3) as waited:
+            await capped.accept()                   # the cap holds: the other two wait in the backlog
+        assert waited.cancelled_caught
+        await taken[0].aclose()
+        with trio.fail_after(5):
+            fourth = await capped.accept()
+        assert fourth.socket.getpeername() == clients[3].socket.getsockname()
+        taken.append(fourth)
+    for stream in (*taken, *clients):
+        await stream.aclose()
+    await capped.aclose()
+
+
+async def test_closing_the_listener_closes_the_connections_it_took_but_did_not_hand_out():
+    sock, clients = await _waiting_clients(3)
+    slots = trio.Semaphore(3)
+    capped = CappedListener(sock, slots, cap=3)
+    first = await capped.accept()            # the other two are taken with it
+    assert slots.value == 0
+    await capped.aclose()
+    assert slots.value == 2                  # their slots came back; the handed-out one still holds its own
+    for client in clients[1:]:
+        with trio.fail_after(5):
+            assert await client.receive_some(10) == b""     # closed by the server
+    await first.aclose()
+    for client in clients:
+        await client.aclose()
 
 
 def test_the_setting_comes_from_the_environment():

@@ -773,8 +773,7 @@ class CallActor:
                 arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=_NO_REPLY,
                 selection=selection)
             # in the reader's handling of a read, the tool.run line waits for the next write (_later)
-            later = self._later
-            answered = self._answer_now(request) if later is None else self._answer_now(request, later)
+            answered = self._answer_now(request, self._later)
             if answered is not None:
                 self.answered_in_step += 1
                 self._answered.append(ToolFinished(start.tool_call_id, answered.tool, answered.output,

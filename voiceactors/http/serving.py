@@ -45,6 +45,8 @@ the server always has.
 
 from __future__ import annotations
 
+import collections
+import socket
 from functools import partial
 from typing import Any, Awaitable, Callable, Protocol
 
@@ -63,6 +65,7 @@ _log = get_logger(actor="server")
 
 PEEK_S = 1.0          # how long a watched client's first bytes are awaited before hypercorn takes over
 PEEK_BYTES = 2**16    # hypercorn's own read size
+DRAIN_MAX = 64        # connections taken from the backlog in one pass (CappedListener)
 
 
 class AcceptRefusal(Protocol):
@@ -144,32 +147,69 @@ class SlotStream(trio.abc.HalfCloseableStream):
 
 
 class CappedListener(trio.abc.Listener[SlotStream]):
-    """``listener``'s connections, at most as many open at once as ``slots``
-    has (None: no cap, the streams are only wrapped)."""
+    """The connections of ``sock`` (a listening stdlib socket, now trio's), at
+    most as many open at once as ``slots`` has (None: no cap, the streams
+    are only wrapped).
 
-    def __init__(self, listener: trio.SocketListener, slots: trio.Semaphore | None, *, cap: int) -> None:
-        self._listener = listener
+    An accept that had to wait also takes, without waiting, every connection already in the
+    kernel's backlog (up to ``DRAIN_MAX``, each with its slot), and the next
+    accepts return those without a checkpoint. Why: ``trio.serve_listeners``
+    accepts one connection per scheduler pass, and on a busy trio thread a
+    pass takes as long as every runnable task's step, so a burst of joins
+    queued behind the calls' rounds one pass each (docs/benchmarks.md § 38:
+    connects' p99 of seconds while the do-nothing server's were 0.1 s). The
+    drained connections' handlers then all start in the same pass."""
+
+    def __init__(self, sock: socket.socket, slots: trio.Semaphore | None, *, cap: int) -> None:
+        self._sock = sock
+        self._listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
         self._slots = slots
         self._cap = cap
         self._full = False
+        self._ready: collections.deque[SlotStream] = collections.deque()
 
     async def accept(self) -> SlotStream:
+        if self._ready:
+            return self._ready.popleft()
         if self._slots is None:
-            return SlotStream(await self._listener.accept(), None)
-        if self._slots.value == 0 and not self._full:
-            self._full = True
-            _log.warning("server.connections_at_cap", max_connections=self._cap)
-        await self._slots.acquire()
-        if self._full and self._slots.value > 0:
-            self._full = False          # below the cap again: the next time it fills is news
-        try:
-            stream = await self._listener.accept()
-        except BaseException:
-            self._slots.release()
-            raise
-        return SlotStream(stream, self._slots)
+            stream = SlotStream(await self._listener.accept(), None)
+        else:
+            if self._slots.value == 0 and not self._full:
+                self._full = True
+                _log.warning("server.connections_at_cap", max_connections=self._cap)
+            await self._slots.acquire()
+            if self._full and self._slots.value > 0:
+                self._full = False          # below the cap again: the next time it fills is news
+            try:
+                stream = SlotStream(await self._listener.accept(), self._slots)
+            except BaseException:
+                self._slots.release()
+                raise
+        self._drain()
+        return stream
+
+    def _drain(self) -> None:
+        """Take the connections waiting in the backlog now, as far as slots allow."""
+        while len(self._ready) < DRAIN_MAX:
+            if self._slots is not None:
+                try:
+                    self._slots.acquire_nowait()
+                except trio.WouldBlock:
+                    return
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                # BlockingIOError: the backlog is empty. Any other error is
+                # left to the next awaited accept, which handles it as trio does.
+                if self._slots is not None:
+                    self._slots.release()
+                return
+            stream = trio.SocketStream(trio.socket.from_stdlib_socket(conn))
+            self._ready.append(SlotStream(stream, self._slots))
 
     async def aclose(self) -> None:
+        while self._ready:
+            await trio.aclose_forcefully(self._ready.popleft())
         await self._listener.aclose()
 
 
@@ -294,8 +334,7 @@ async def serve(app: Any, config: Config, *, max_connections: int,
             binds: list[str] = []
             for sock in config.create_sockets().insecure_sockets:
                 sock.listen(config.backlog)
-                listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
-                listeners.append(CappedListener(listener, slots, cap=max_connections))
+                listeners.append(CappedListener(sock, slots, cap=max_connections))
                 binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
             task_status.started(binds)
             serve_http = partial(TCPServer, asgi, config, context, ConnectionState(lifespan_state.copy()))

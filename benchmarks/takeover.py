@@ -14,8 +14,10 @@ reported: when the taker logged ``supervisor.take_over`` (its scan found the
 lease expired) after the kill.
 
 Expected: the lease's TTL (``--ttl``, the setting's default 10 s) minus the
-time since its last renewal, plus up to a third of a TTL (the scan period),
-plus the taker's reconnect.
+time since its last renewal (up to a sixth of a TTL), plus up to a third of
+a TTL (the scan period), plus the taker's reconnect. Each repeat kills at a
+random delay (up to a third of a TTL, ``--seed``) after the mirror is seen,
+so the repeats sample the renewal's and the scan's phases.
 
 Run::
 
@@ -31,6 +33,7 @@ import argparse
 import fcntl
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -123,7 +126,7 @@ async def _mirrored(redis_url: str) -> None:
                 await trio.sleep(0.02)
 
 
-async def one_repeat(repeat: int, ttl: float, redis_url: str, folder: Path) -> dict[str, Any]:
+async def one_repeat(repeat: int, ttl: float, redis_url: str, folder: Path, kill_delay_s: float) -> dict[str, Any]:
     import httpx
 
     from voiceactors.actors.call_record import record_path
@@ -154,6 +157,10 @@ async def one_repeat(repeat: int, ttl: float, redis_url: str, folder: Path) -> d
                 await _record_has(record, "tool_started", "call_w")
                 await _record_has(record, "tool_call", "call_r")
                 await _mirrored(redis_url)
+                # The kill lands at a random phase of the holder's renewals and the
+                # taker's scans (both periodic from the servers' start): without it
+                # every repeat measured the same point of the range.
+                await trio.sleep(kill_delay_s)
                 assert a.proc is not None
                 a.proc.send_signal(signal.SIGKILL)
                 killed_wall, killed = time.time(), trio.current_time()
@@ -173,7 +180,7 @@ async def one_repeat(repeat: int, ttl: float, redis_url: str, folder: Path) -> d
         for server in (a, b):
             if server is not None:
                 server.stop()
-    return {"repeat": repeat, "ttl_s": ttl, "takeover_s": round(takeover_s, 3), "take_over_logged_s": scan_s,
+    return {"repeat": repeat, "ttl_s": ttl, "kill_delay_s": round(kill_delay_s, 3), "takeover_s": round(takeover_s, 3), "take_over_logged_s": scan_s,
             "outputs_call_w": len(sc.outputs.get("call_w", [])), "connections": sc.connections,
             "violations": len(sc.violations)}
 
@@ -182,8 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ttl", type=float, default=10.0, help="redis_lease_ttl_s of both servers (default 10)")
+    p.add_argument("--seed", type=int, default=1, help="the kill delays' seed")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    rng = random.Random(args.seed)
     from voiceactors import logs
 
     logs.configure("console", "warning")     # the in-process simulator's lines: only its warnings
@@ -193,9 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(1, args.repeats + 1):
         with tempfile.TemporaryDirectory(dir=work_dir()) as tmp:
             with throwaway_redis(Path(tmp) / "redis") as (redis_url, _):
-                r = trio.run(one_repeat, repeat, args.ttl, redis_url, Path(tmp))
+                # up to a scan period: every phase of the renewals (a sixth of
+                # the TTL) and of the scans (a third) is as likely
+                r = trio.run(one_repeat, repeat, args.ttl, redis_url, Path(tmp), rng.uniform(0, args.ttl / 3))
         runs.append(r)
-        print(f"repeat {repeat}: takeover {r['takeover_s']} s (take_over logged {r['take_over_logged_s']} s "
+        print(f"repeat {repeat}: killed {r['kill_delay_s']} s after the mirror, takeover {r['takeover_s']} s (take_over logged {r['take_over_logged_s']} s "
               f"after the kill), write answered {r['outputs_call_w']}x, sidebands {r['connections']}, "
               f"violations {r['violations']}", flush=True)
     times = [r["takeover_s"] for r in runs]

@@ -158,7 +158,12 @@ class CappedListener(trio.abc.Listener[SlotStream]):
     pass takes as long as every runnable task's step, so a burst of joins
     queued behind the calls' rounds one pass each (docs/benchmarks.md § 38:
     connects' p99 of seconds while the do-nothing server's were 0.1 s). The
-    drained connections' handlers then all start in the same pass."""
+    drained connections' handlers then all start in the same pass.
+
+    Cancellation: an accept with connections in hand returns one even when
+    cancelled (it was accepted already: at shutdown its handler gets the
+    graceful timeout as every open connection does); one that has to wait
+    is a checkpoint as trio's is. ``aclose`` closes the ones not handed out."""
 
     def __init__(self, sock: socket.socket, slots: trio.Semaphore | None, *, cap: int) -> None:
         self._sock = sock

@@ -5,7 +5,10 @@ its own state folder, all on one journal.
 * duplicate connects on every process start one actor (one sideband);
 * kill -9 of the holder mid-call: exactly one other process takes the call
   over within the lease TTL plus a reconnect and answers the pending tool
-  calls exactly once, no write applied twice (the fixture's ledger checked);
+  calls exactly once, no write applied twice (the fixture's ledger checked):
+  a write that never applied gets the restart error, a write the holder
+  applied but never answered (its sideband dropped before the service had
+  the output) gets the output it produced, from the shared write log;
 * Redis gone: a call in progress stops before its lease can expire, new
   connects answer 503 with a clear error, ``/status`` says so, the server
   keeps running, and connects work again when Redis returns;
@@ -15,6 +18,7 @@ its own state folder, all on one journal.
 from __future__ import annotations
 
 import fcntl
+import json
 
 import httpx
 import pytest
@@ -28,6 +32,7 @@ from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.recovery import RESTARTED_OUTPUT
+from voiceactors.cluster import redis_client as rc
 from voiceactors.http import errors as E
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
@@ -35,6 +40,13 @@ from voiceactors.simulator import Simulator
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 
 CALL = "rtc_cluster"
+# kill -9 to the taker's answer: the dead holder's lease expires within a TTL
+# (it renewed it at most a sixth of one before), an orphan scan (every third
+# of a TTL) finds it, then the taker's start and sideband connect on loopback
+# (a fraction of a second, more on a loaded 2-core machine: 2 s of slack)
+TAKEOVER_BOUND_S = TTL_S + TTL_S / 3 + 2.0
+# the holder's sideband backoff, once it dropped: it is still waiting when it is killed
+HOLDER_RECONNECT_S = "60"
 
 
 @pytest.mark.parametrize("processes", [2, 3])
@@ -116,8 +128,7 @@ async def test_kill_9_of_the_holder_exactly_one_other_process_takes_the_call_ove
             # nobody calls /connect again: another process finds the expired lease itself
             with trio.fail_after(TTL_S + 10):
                 await sc.wait_until(lambda c: "call_w" in c.outputs and c.step_index >= 4)
-            taken_after = trio.current_time() - killed
-            assert taken_after < TTL_S + TTL_S / 3 + 5        # the lease's TTL, a scan, a reconnect
+            _check_takeover_time(trio.current_time() - killed)
             assert sc.outputs["call_w"] == [RESTARTED_OUTPUT]  # once, honestly: it never applied
             assert len(sc.outputs["call_r"]) == 1               # the settled read is not answered again
             assert sc.violations == [] and sc.connections == 2
@@ -140,6 +151,96 @@ async def test_kill_9_of_the_holder_exactly_one_other_process_takes_the_call_ove
     for i in range(processes):
         assert write_log.load(tmp_path / f"state_{i}", "call_w") is None
     assert ledger_close_edits(day_file, item.id) == [] and day_file.read_bytes() == before
+
+
+def _check_takeover_time(taken_after: float) -> None:
+    assert taken_after < TAKEOVER_BOUND_S, \
+        f"taken over and answered {taken_after:.2f} s after the kill (bound {TAKEOVER_BOUND_S:.2f} s)"
+
+
+async def _shared_record(url: str, tool_call_id: str) -> dict | None:
+    """The shared write log's record of ``tool_call_id`` (None: none, or only a claim)."""
+    async with rc.client(url) as redis:
+        text = await redis.get(rc.write_key(tool_call_id))
+    return None if text is None or text.startswith(rc.APPLYING) else json.loads(text)
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+async def test_kill_9_after_a_write_applied_unanswered_the_taker_answers_it_once_from_the_shared_log(
+        tmp_path, redis_server, processes):
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    item = open_item(journal)
+    day_file = item_file(journal, item)
+    sim = Simulator(None, api_key=KEY)
+    sc = sim.add_call(CALL, crash_scenario(item.id))
+    servers: list[ClusterServer] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            servers = [ClusterServer(journal, tmp_path / f"state_{i}", sim, redis_server) for i in range(processes)]
+            a, others = servers[0], servers[1:]
+            a.env["VOICEACTORS_RECONNECT_BASE"] = a.env["VOICEACTORS_RECONNECT_MAX"] = HOLDER_RECONNECT_S
+            url_a = await a.start(nursery)
+            for other in others:
+                await other.start(nursery)
+            record_a = record_path(tmp_path / "state_0", CALL)
+            lock = open(f"{day_file}.lock", "a+b")
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)      # the write waits for it on a
+            try:
+                async with httpx.AsyncClient(base_url=url_a, timeout=10) as client:
+                    response = await client.post("/api/voice/connect", json={"call_id": CALL})
+                    assert response.status_code == 200, response.text
+                await _wait_for_line(record_a, "tool_started", "call_w")
+                await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
+                # the next output (the write's) drops the socket before the service has it
+                sc.output_fault = "lost"
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)        # the write applies now
+                lock.close()
+            with trio.fail_after(30):
+                await sc.wait_until(lambda c: "call_w" in c.lost_outputs)
+                while not a.events("call.reconnecting"):         # a waits out its backoff
+                    await trio.sleep(0.02)
+            [backoff] = a.events("call.reconnecting")
+            assert backoff["delay_s"] >= float(HOLDER_RECONNECT_S) / 2
+            # applied on a (its journal edit, its write log, the shared log), never answered
+            applied = write_log.load(tmp_path / "state_0", "call_w")
+            assert applied is not None and applied["outcome"] == "ok", applied
+            assert await _shared_record(redis_server.url, "call_w") == applied
+            assert sc.lost_outputs["call_w"] == [applied["output"]] and "call_w" not in sc.outputs
+            assert len(ledger_close_edits(day_file, item.id)) == 1
+            after = day_file.read_bytes()
+            await mirrored(redis_server.url, CALL, {"call_w"})      # still pending for a taker
+            a.proc.kill()                                            # SIGKILL in its backoff
+            killed = trio.current_time()
+            with trio.fail_after(10):
+                assert await a.proc.wait() == -9
+            # nobody calls /connect again: another process finds the expired lease itself
+            with trio.fail_after(TTL_S + 10):
+                await sc.wait_until(lambda c: "call_w" in c.outputs and c.step_index >= 4)
+            _check_takeover_time(trio.current_time() - killed)
+            assert sc.outputs["call_w"] == [applied["output"]]      # once: what the write produced
+            assert len(sc.outputs["call_r"]) == 1                    # the settled read is not answered again
+            assert sc.violations == [] and sc.connections == 2
+            await trio.sleep(TTL_S)                                  # a second taker would have come by now
+            [take_over] = takers(*others)
+            assert take_over["call_id"] == CALL and take_over["pending"] == 1
+            [b] = [other for other in others if other.events("supervisor.take_over")]
+            record_b = record_path(tmp_path / f"state_{servers.index(b)}", CALL)
+            await _wait_for_line(record_b, "tool_call", "call_w")
+            assert sc.outputs["call_w"] == [applied["output"]] and sc.connections == 2
+            await stop_cleanly(*others)
+            nursery.cancel_scope.cancel()
+    finally:
+        stop_all(*servers)
+    lines = read_record(record_b)
+    assert lines[0]["kind"] == "start" and lines[0]["rejoined"] is True and lines[0]["recovered"] == ["call_w"]
+    [settled] = [x for x in lines if x["kind"] == "tool_call"]
+    assert settled["tool_call_id"] == "call_w" and settled["outcome"] == "replayed" and settled["delivered"]
+    # the taker answered from the shared log's record (copied into its own), applied nothing
+    for i, server in enumerate(servers[1:], start=1):
+        assert write_log.load(tmp_path / f"state_{i}", "call_w") == (applied if server is b else None)
+    assert len(ledger_close_edits(day_file, item.id)) == 1 and day_file.read_bytes() == after
 
 
 async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_path, redis_server):

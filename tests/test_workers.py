@@ -26,11 +26,12 @@ import trio
 
 from calls_support import DAY, KEY
 from cluster_support import TTL_S, WorkersServer, alive, kill_9, mirrored, started_calls, stop_all, takers
-from redis_support import REDIS_SERVER
+from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line, crash_scenario
 from test_reliability_faults import ROOT, item_file, ledger_close_edits, open_item
 from voiceactors.actors.call_record import record_path
 from voiceactors.actors.recovery import RESTARTED_OUTPUT
+from voiceactors.cluster import redis_client as rc
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings, shutdown_deadlines
 from voiceactors.simulator import Simulator
@@ -227,3 +228,30 @@ def test_without_redis_server_or_redis_workers_refuse_at_start(tmp_path):
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "install redis-server" in done.stderr and "--redis" in done.stderr
+
+
+async def test_workers_with_an_external_redis_use_it_and_start_no_redis_of_their_own(tmp_path, redis_server):
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    sim = Simulator(None, api_key=KEY)
+    ids = [f"rtc_external_{i}" for i in range(CALLS)]
+    scripted = [sim.add_call(call_id, [{"sleep": 120}]) for call_id in ids]
+    parent = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            parent = WorkersServer(journal, tmp_path / "state", sim, workers=2)
+            parent.args += ["--redis", redis_server.url]
+            url = await parent.start(nursery)
+            await _connect_each_on_its_own_connection(url, ids)
+            with trio.fail_after(20):
+                for sc in scripted:
+                    await sc.wait_until(lambda c: c.connection is not None)
+            assert sorted(started_calls(parent)) == sorted(ids)            # each call once, on either worker
+            assert not parent.events("workers.redis_started")                # the operator's Redis, not a private one
+            assert len(parent.pids()) == 2
+            async with rc.client(redis_server.url) as redis:                # every lease is in that Redis
+                held = [await redis.exists([rc.lease_key(call_id)]) for call_id in ids]
+            assert held == [1] * CALLS
+            nursery.cancel_scope.cancel()
+    finally:
+        stop_all(parent)

@@ -137,3 +137,71 @@ def test_a_taken_over_context_sends_its_selection_at_the_first_connection_and_ne
     assert dropped is None and [e["type"] for e in events] == ["session.update"]
     assert '"Sam Okafor"' in events[0]["session"]["instructions"]
     assert taken_over_context("not a view") is None
+
+
+async def _expire_now(redis, call_id: str) -> None:
+    """The call's lease runs out now, as its TTL would for a paused holder
+    (test_cluster_registry's way: Redis expires the key itself)."""
+    key = rc.lease_key(call_id)
+    await redis.pexpire(key, 1)
+    with trio.fail_after(5):
+        while await redis.exists([key]):
+            await trio.sleep(0.01)
+
+
+async def test_a_stale_holders_mirror_is_refused_and_it_loses_the_call(redis_server):
+    """A holder whose call another process took over (its lease expired while
+    it was paused) writes nothing more to the call's mirror, whatever it
+    logs before a renewal would tell it: the script checks the lease's token
+    in the same step as the write, and the refusal stops the stale holder's
+    actor as a lost renewal does (``LeaseStop.why == 'lost'``, fence closed)."""
+    a = RedisRegistry(redis_server.url, 30.0, node="a")
+    b = RedisRegistry(redis_server.url, 30.0, node="b")
+    async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        stale = await a.acquire(CALL)
+        assert stale is not None
+        stop = a.lease_stop(stale, 10.0)
+        fence = a.fence_of(CALL)
+        a.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_a", "tool": "t"})
+        await _wait_pending(redis, CALL, {"call_a"})          # a's own, before the takeover
+        await _expire_now(redis, CALL)                        # a "paused" past its TTL
+        taken = await b.acquire(CALL)
+        assert taken is not None and taken.previous == stale.token
+        b.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_b", "tool": "t2"})
+        mirrored = await _wait_pending(redis, CALL, {"call_a", "call_b"})
+        # a wakes and logs before any renewal of its own: a settle and a start
+        a.note_record(CALL, {"kind": "tool_call", "tool_call_id": "call_a"})
+        a.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_b", "tool": "stale"})
+        with trio.fail_after(5):
+            while a.lease_of(CALL) is not None:
+                await trio.sleep(0.01)
+        assert await redis.hgetall(rc.pending_key(CALL)) == mirrored
+        assert stop.scope.cancel_called and stop.why == "lost"
+        assert fence is not None and not fence.allows() and a.fence_of(CALL) is None
+        assert b.lease_of(CALL) == taken                      # the new holder is untouched
+        assert await redis.get(rc.lease_key(CALL)) == taken.token
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_mirror_line_whose_lease_nobody_holds_is_refused_and_the_call_taken_again(redis_server):
+    """The lease key is gone and nobody took the call (Redis lost it, or it
+    expired unclaimed): the line is refused as a renewal's ``-1`` is, and
+    the holder takes the call again with a new token, as that renewal does."""
+    holder = RedisRegistry(redis_server.url, 30.0, node="holder")
+    async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
+        await nursery.start(holder.run)
+        first = await holder.acquire(CALL)
+        assert first is not None
+        holder.lease_stop(first, 10.0)
+        await _expire_now(redis, CALL)
+        holder.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_gone", "tool": "t"})
+        with trio.fail_after(5):
+            while holder.lease_of(CALL) == first:
+                await trio.sleep(0.01)
+        again = holder.lease_of(CALL)
+        assert again is not None and again.fence > first.fence
+        assert await redis.get(rc.lease_key(CALL)) == again.token
+        assert await redis.hgetall(rc.pending_key(CALL)) == {}   # the refused line was not written
+        nursery.cancel_scope.cancel()

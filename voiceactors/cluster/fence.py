@@ -1,6 +1,7 @@
 """A leased call's local deadline for acting on the outside.
 
-Redis fences the shared write log itself (``CLAIM_WRITE`` checks the token),
+Redis fences the shared write log and the takeover mirror itself
+(``CLAIM_WRITE`` and ``MIRROR`` check the token in the step that writes),
 but nothing on the other side of a sideband or a journal file can check a
 token. So the holder fences itself: ``SendFence.until`` is the last moment
 (trio's clock) it may send a sideband frame, hang up, open a new sideband or

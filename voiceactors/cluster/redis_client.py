@@ -18,6 +18,7 @@ Keys (``PREFIX`` first):
   and in field ``CONTEXT_FIELD`` the call's linked context when it has one
   (``call_context.carried_view``: the brain's instruction at connect, the
   link, the current selection), so a taker carries the call on whole.
+  Written only under the call's current lease token (``MIRROR``).
 * ``write:<sha256(tool_call_id)>`` — the shared write log: ``applying:<token>``
   while a write runs, then its record's JSON.
 * ``feed:<call_id>`` — the call's client feed, a stream capped with ``MAXLEN ~``
@@ -319,14 +320,30 @@ end
 return live
 """
 
-#: KEYS: one ``pending:<call_id>`` per line. ARGV: per line ``op`` ('set' or
-#: 'del'), ``tool_call_id``, the line's JSON ('' for 'del'). In order, one step.
+#: KEYS: per line its ``pending:<call_id>`` then that call's lease key.
+#: ARGV: per line ``op`` ('set' or 'del'), ``tool_call_id``, the line's JSON
+#: ('' for 'del'), the writer's lease token. In order, one step, each line
+#: fenced as ``CLAIM_WRITE`` is: written only while the lease key holds the
+#: writer's token, so a stale holder (paused past its TTL, its call taken
+#: over) cannot overwrite what the new holder mirrored. Per line, in order:
+#: 1 written, 0 refused (another token holds the call), -1 refused (nobody
+#: holds it: ``RENEW``'s answers).
 MIRROR = """
-for i = 1, #KEYS do
-  local op, field = ARGV[i * 3 - 2], ARGV[i * 3 - 1]
-  if op == 'set' then redis.call('HSET', KEYS[i], field, ARGV[i * 3]) else redis.call('HDEL', KEYS[i], field) end
+local answers = {}
+for i = 1, #KEYS / 2 do
+  local pending_key, lease_key = KEYS[i * 2 - 1], KEYS[i * 2]
+  local op, field, text, token = ARGV[i * 4 - 3], ARGV[i * 4 - 2], ARGV[i * 4 - 1], ARGV[i * 4]
+  local held = redis.call('GET', lease_key)
+  if held == token then
+    if op == 'set' then redis.call('HSET', pending_key, field, text) else redis.call('HDEL', pending_key, field) end
+    answers[i] = 1
+  elseif held then
+    answers[i] = 0
+  else
+    answers[i] = -1
+  end
 end
-return #KEYS
+return answers
 """
 
 #: A day's usage hash outlives its day (a process whose clock seam lags).

@@ -22,7 +22,9 @@ ends. The executor asks ``claim_write`` before it applies a write and
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
 lease in the same Lua step that claims, so a stale holder cannot apply a
-write. What Redis cannot see (sideband frames, the hangup, a journal file's
+write, and the mirror refuses its lines the same way (``MIRROR``), so it
+cannot overwrite what a new holder mirrored; a refused line is answered as a
+renewal would be (``_settle_mirror``). What Redis cannot see (sideband frames, the hangup, a journal file's
 replace) the holder fences itself with each held call's ``SendFence``
 (``fence_of``, ``cluster/fence.py``), moved at every grant here.
 """
@@ -516,23 +518,46 @@ class RedisRegistry:
             ops = self._mirror_ops(batch)
             if not ops:
                 continue
-            keys = [rc.pending_key(call_id) for call_id, _, _ in ops]
-            args = [a for _, tool_call_id, text in ops for a in ("set" if text else "del", tool_call_id, text)]
+            # each line carries the token of the lease it was written under,
+            # checked in the script (one round trip, as before the fence)
+            leases = [self._held[call_id] for call_id, _, _ in ops]
+            keys = [k for call_id, _, _ in ops for k in (rc.pending_key(call_id), rc.lease_key(call_id))]
+            args = [a for (_, tool_call_id, text), lease in zip(ops, leases, strict=True)
+                    for a in ("set" if text else "del", tool_call_id, text, lease.token)]
             try:
-                await self._script(rc.MIRROR, keys, args)
+                answers = await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
                 for call_id, field, text in ops:
                     kind = rc.CONTEXT_FIELD if field == rc.CONTEXT_FIELD else "tool_started" if text else "tool_call"
                     _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
                 continue
-            for call_id, tool_call_id, text in ops:
-                if call_id not in self._held or tool_call_id == rc.CONTEXT_FIELD:
-                    continue            # released meanwhile (RELEASE deleted its hash), or not a tool call
+            refused = self._settle_mirror(ops, leases, [int(a) for a in answers])
+            await self._reacquire(refused)
+
+    def _settle_mirror(self, ops: list[tuple[str, str, str]], leases: list[Lease],
+                       answers: list[int]) -> list[Lease]:
+        """Apply one pass's answers as ``_settle_renewals`` does a renewal's:
+        a line refused because another token holds its call loses that lease
+        (its actor stops, its fence closes); the leases whose key was gone,
+        to take again. A refused line is not in the mirror (logged)."""
+        vanished: dict[str, Lease] = {}
+        for (call_id, tool_call_id, text), lease, answer in zip(ops, leases, answers, strict=True):
+            if answer != 1:
+                _log.warning("registry.mirror_refused", call_id=call_id, fence=lease.fence,
+                             held="other" if answer == 0 else "none")
+            if self._held.get(call_id) is not lease:
+                continue            # released or lost meanwhile (RELEASE deleted its hash)
+            if answer == 0:
+                self._lose(lease)
+            elif answer == -1:
+                vanished[call_id] = lease
+            elif tool_call_id != rc.CONTEXT_FIELD:
                 written = self._mirrored.setdefault(call_id, set())
                 if text:
                     written.add(tool_call_id)
                 else:
                     written.discard(tool_call_id)
+        return list(vanished.values())
 
     def _mirror_ops(self, batch: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str, str]]:
         """One pass's lines as ``(call_id, tool_call_id, JSON)`` writes (``''``:

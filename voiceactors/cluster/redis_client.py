@@ -175,33 +175,33 @@ end
 return answers
 """
 
-#: KEYS: lease. ARGV: token, ttl_ms. 1: renewed; 0: another token holds it;
-#: -1: nobody does (it expired, or Redis restarted without its data).
-RENEW = """
-local held = redis.call('GET', KEYS[1])
-if held == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+#: Who holds a lease key, as the scripts that act only for its holder ask:
+#: 1 ``token`` does; 0 another token does; -1 nobody does (it expired, or
+#: Redis restarted without its data). Put in front of those scripts.
+_HOLDER = """
+local function holder(key, token)
+  local held = redis.call('GET', key)
+  if held == token then return 1 end
+  if held then return 0 end
+  return -1
 end
-if held then return 0 end
-return -1
+"""
+
+#: KEYS: lease. ARGV: token, ttl_ms. ``holder``'s answer, the lease renewed on 1.
+RENEW = _HOLDER + """
+local answer = holder(KEYS[1], ARGV[1])
+if answer == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return answer
 """
 
 #: KEYS: every lease a process renews. ARGV: ttl_ms, then one token per key.
 #: Per lease ``RENEW``'s answer (1, 0 or -1), in order: one round trip per
 #: process per renewal tick, however many calls it holds.
-RENEW_MANY = """
+RENEW_MANY = _HOLDER + """
 local answers = {}
 for i = 1, #KEYS do
-  local held = redis.call('GET', KEYS[i])
-  if held == ARGV[i + 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[1])
-    answers[i] = 1
-  elseif held then
-    answers[i] = 0
-  else
-    answers[i] = -1
-  end
+  answers[i] = holder(KEYS[i], ARGV[i + 1])
+  if answers[i] == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
 end
 return answers
 """
@@ -327,20 +327,15 @@ return live
 #: writer's token, so a stale holder (paused past its TTL, its call taken
 #: over) cannot overwrite what the new holder mirrored. Per line, in order:
 #: 1 written, 0 refused (another token holds the call), -1 refused (nobody
-#: holds it: ``RENEW``'s answers).
-MIRROR = """
+#: holds it: ``holder``'s answers).
+MIRROR = _HOLDER + """
 local answers = {}
 for i = 1, #KEYS / 2 do
   local pending_key, lease_key = KEYS[i * 2 - 1], KEYS[i * 2]
   local op, field, text, token = ARGV[i * 4 - 3], ARGV[i * 4 - 2], ARGV[i * 4 - 1], ARGV[i * 4]
-  local held = redis.call('GET', lease_key)
-  if held == token then
+  answers[i] = holder(lease_key, token)
+  if answers[i] == 1 then
     if op == 'set' then redis.call('HSET', pending_key, field, text) else redis.call('HDEL', pending_key, field) end
-    answers[i] = 1
-  elseif held then
-    answers[i] = 0
-  else
-    answers[i] = -1
   end
 end
 return answers

@@ -17,8 +17,11 @@ its own state folder, all on one journal.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
+from pathlib import Path
+from typing import AsyncIterator
 
 import httpx
 import pytest
@@ -35,7 +38,7 @@ from voiceactors.actors.recovery import RESTARTED_OUTPUT
 from voiceactors.cluster import redis_client as rc
 from voiceactors.http import errors as E
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.simulator import Simulator
+from voiceactors.simulator import SimCall, Simulator
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 
@@ -108,38 +111,11 @@ async def test_kill_9_of_the_holder_exactly_one_other_process_takes_the_call_ove
             url_a = await a.start(nursery)
             for other in others:
                 await other.start(nursery)
-            lock = open(f"{day_file}.lock", "a+b")
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)      # the write waits for it on a
-            try:
-                async with httpx.AsyncClient(base_url=url_a, timeout=10) as client:
-                    response = await client.post("/api/voice/connect", json={"call_id": CALL})
-                    assert response.status_code == 200, response.text
-                record_a = record_path(tmp_path / "state_0", CALL)
-                await _wait_for_line(record_a, "tool_started", "call_w")
-                await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
+            async with _holder_at_the_write(url_a, day_file, record_path(tmp_path / "state_0", CALL)):
                 await mirrored(redis_server.url, CALL, {"call_w"})
-                a.proc.kill()                                            # SIGKILL mid-call
-                killed = trio.current_time()
-                with trio.fail_after(10):
-                    assert await a.proc.wait() == -9
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-                lock.close()
-            # nobody calls /connect again: another process finds the expired lease itself
-            with trio.fail_after(TTL_S + 10):
-                await sc.wait_until(lambda c: "call_w" in c.outputs and c.step_index >= 4)
-            _check_takeover_time(trio.current_time() - killed)
-            assert sc.outputs["call_w"] == [RESTARTED_OUTPUT]  # once, honestly: it never applied
-            assert len(sc.outputs["call_r"]) == 1               # the settled read is not answered again
-            assert sc.violations == [] and sc.connections == 2
-            await trio.sleep(TTL_S)                             # a second taker would have come by now
-            [take_over] = takers(*others)
-            assert take_over["call_id"] == CALL and take_over["pending"] == 1
-            [b] = [other for other in others if other.events("supervisor.take_over")]
-            record_b = record_path(tmp_path / f"state_{servers.index(b)}", CALL)
-            await _wait_for_line(record_b, "tool_call", "call_w")
-            assert sc.outputs["call_w"] == [RESTARTED_OUTPUT] and sc.connections == 2
-            await stop_cleanly(*others)
+                killed = await _kill_9(a)                                # mid-call, the write not applied
+            # once, honestly: it never applied
+            record_b = await _taken_over_once(sc, servers, tmp_path, RESTARTED_OUTPUT, killed)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(*servers)
@@ -151,6 +127,56 @@ async def test_kill_9_of_the_holder_exactly_one_other_process_takes_the_call_ove
     for i in range(processes):
         assert write_log.load(tmp_path / f"state_{i}", "call_w") is None
     assert ledger_close_edits(day_file, item.id) == [] and day_file.read_bytes() == before
+
+
+@contextlib.asynccontextmanager
+async def _holder_at_the_write(url_a: str, day_file: Path, record_a: Path) -> AsyncIterator[None]:
+    """The call connected on the holder (``url_a``), its read settled and its
+    write waiting for the day file's lock, which is held until the block ends."""
+    with open(f"{day_file}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            async with httpx.AsyncClient(base_url=url_a, timeout=10) as client:
+                response = await client.post("/api/voice/connect", json={"call_id": CALL})
+                assert response.status_code == 200, response.text
+            await _wait_for_line(record_a, "tool_started", "call_w")
+            await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
+            yield
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+async def _kill_9(server: ClusterServer) -> float:
+    """SIGKILL ``server``; when it was killed (trio's clock)."""
+    server.proc.kill()
+    killed = trio.current_time()
+    with trio.fail_after(10):
+        assert await server.proc.wait() == -9
+    return killed
+
+
+async def _taken_over_once(sc: SimCall, servers: list[ClusterServer], tmp_path: Path, output: str,
+                           killed: float) -> Path:
+    """Exactly one of the holder's (``servers[0]``) others finds its expired
+    lease itself (nobody calls /connect again) and answers the pending write
+    ``output`` once, the settled read not again; the others are stopped
+    cleanly. The taker's call record."""
+    others = servers[1:]
+    with trio.fail_after(TTL_S + 10):
+        await sc.wait_until(lambda c: "call_w" in c.outputs and c.step_index >= 4)
+    _check_takeover_time(trio.current_time() - killed)
+    assert sc.outputs["call_w"] == [output]
+    assert len(sc.outputs["call_r"]) == 1                    # the settled read is not answered again
+    assert sc.violations == [] and sc.connections == 2
+    await trio.sleep(TTL_S)                                  # a second taker would have come by now
+    [take_over] = takers(*others)
+    assert take_over["call_id"] == CALL and take_over["pending"] == 1
+    [b] = [other for other in others if other.events("supervisor.take_over")]
+    record_b = record_path(tmp_path / f"state_{servers.index(b)}", CALL)
+    await _wait_for_line(record_b, "tool_call", "call_w")
+    assert sc.outputs["call_w"] == [output] and sc.connections == 2
+    await stop_cleanly(*others)
+    return record_b
 
 
 def _check_takeover_time(taken_after: float) -> None:
@@ -183,20 +209,10 @@ async def test_kill_9_after_a_write_applied_unanswered_the_taker_answers_it_once
             url_a = await a.start(nursery)
             for other in others:
                 await other.start(nursery)
-            record_a = record_path(tmp_path / "state_0", CALL)
-            lock = open(f"{day_file}.lock", "a+b")
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)      # the write waits for it on a
-            try:
-                async with httpx.AsyncClient(base_url=url_a, timeout=10) as client:
-                    response = await client.post("/api/voice/connect", json={"call_id": CALL})
-                    assert response.status_code == 200, response.text
-                await _wait_for_line(record_a, "tool_started", "call_w")
-                await _wait_for_line(record_a, "tool_call", "call_r")   # the read settled
+            async with _holder_at_the_write(url_a, day_file, record_path(tmp_path / "state_0", CALL)):
                 # the next output (the write's) drops the socket before the service has it
                 sc.output_fault = "lost"
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)        # the write applies now
-                lock.close()
+            # the write applies now
             with trio.fail_after(30):
                 await sc.wait_until(lambda c: "call_w" in c.lost_outputs)
                 while not a.events("call.reconnecting"):         # a waits out its backoff
@@ -211,25 +227,9 @@ async def test_kill_9_after_a_write_applied_unanswered_the_taker_answers_it_once
             assert len(ledger_close_edits(day_file, item.id)) == 1
             after = day_file.read_bytes()
             await mirrored(redis_server.url, CALL, {"call_w"})      # still pending for a taker
-            a.proc.kill()                                            # SIGKILL in its backoff
-            killed = trio.current_time()
-            with trio.fail_after(10):
-                assert await a.proc.wait() == -9
-            # nobody calls /connect again: another process finds the expired lease itself
-            with trio.fail_after(TTL_S + 10):
-                await sc.wait_until(lambda c: "call_w" in c.outputs and c.step_index >= 4)
-            _check_takeover_time(trio.current_time() - killed)
-            assert sc.outputs["call_w"] == [applied["output"]]      # once: what the write produced
-            assert len(sc.outputs["call_r"]) == 1                    # the settled read is not answered again
-            assert sc.violations == [] and sc.connections == 2
-            await trio.sleep(TTL_S)                                  # a second taker would have come by now
-            [take_over] = takers(*others)
-            assert take_over["call_id"] == CALL and take_over["pending"] == 1
-            [b] = [other for other in others if other.events("supervisor.take_over")]
-            record_b = record_path(tmp_path / f"state_{servers.index(b)}", CALL)
-            await _wait_for_line(record_b, "tool_call", "call_w")
-            assert sc.outputs["call_w"] == [applied["output"]] and sc.connections == 2
-            await stop_cleanly(*others)
+            killed = await _kill_9(a)                                # in its backoff
+            # once: what the write produced
+            record_b = await _taken_over_once(sc, servers, tmp_path, applied["output"], killed)
             nursery.cancel_scope.cancel()
     finally:
         stop_all(*servers)
@@ -238,8 +238,9 @@ async def test_kill_9_after_a_write_applied_unanswered_the_taker_answers_it_once
     [settled] = [x for x in lines if x["kind"] == "tool_call"]
     assert settled["tool_call_id"] == "call_w" and settled["outcome"] == "replayed" and settled["delivered"]
     # the taker answered from the shared log's record (copied into its own), applied nothing
-    for i, server in enumerate(servers[1:], start=1):
-        assert write_log.load(tmp_path / f"state_{i}", "call_w") == (applied if server is b else None)
+    for i in range(1, processes):
+        state = tmp_path / f"state_{i}"
+        assert write_log.load(state, "call_w") == (applied if record_b.is_relative_to(state) else None)
     assert len(ledger_close_edits(day_file, item.id)) == 1 and day_file.read_bytes() == after
 
 

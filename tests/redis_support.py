@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
 from child_support import die_with_parent
+from voiceactors.cluster import redis_client as rc
 
 REDIS_SERVER = shutil.which("redis-server")
 needs_redis = pytest.mark.skipif(REDIS_SERVER is None,
@@ -79,3 +81,16 @@ def redis_server(tmp_path):
         yield server
     finally:
         server.stop()
+
+
+async def expire_lease_now(server: RedisServer, call_id: str, ttl_s: float) -> None:
+    """The call's lease (taken with ``ttl_s``) runs out now, as its TTL would
+    for a holder that stopped renewing or was paused past it: Redis expires
+    the key itself, no test sleeps a TTL."""
+    key = rc.lease_key(call_id)
+    async with rc.client(server.url) as redis:
+        assert 0 < await redis.pttl(key) <= ttl_s * 1000
+        await redis.pexpire(key, 1)
+        with trio.fail_after(5):
+            while await redis.exists([key]):
+                await trio.sleep(0.01)

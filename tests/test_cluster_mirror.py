@@ -12,7 +12,7 @@ import json
 import pytest
 import trio
 
-from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
+from redis_support import REDIS_SERVER, expire_lease_now, redis_server  # noqa: F401  (the fixture)
 from voiceactors.actors.call_context import CallContext, LinkedContext, carried_view, taken_over_context
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
@@ -21,6 +21,7 @@ from voiceactors.context import Reference, Unverified
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 
 CALL = "rtc_mirror"
+TTL = 30.0     # the stale-holder tests expire leases themselves (expire_lease_now): never waited out
 
 
 async def _calls(redis, command: str) -> int:
@@ -139,24 +140,14 @@ def test_a_taken_over_context_sends_its_selection_at_the_first_connection_and_ne
     assert taken_over_context("not a view") is None
 
 
-async def _expire_now(redis, call_id: str) -> None:
-    """The call's lease runs out now, as its TTL would for a paused holder
-    (test_cluster_registry's way: Redis expires the key itself)."""
-    key = rc.lease_key(call_id)
-    await redis.pexpire(key, 1)
-    with trio.fail_after(5):
-        while await redis.exists([key]):
-            await trio.sleep(0.01)
-
-
 async def test_a_stale_holders_mirror_is_refused_and_it_loses_the_call(redis_server):
     """A holder whose call another process took over (its lease expired while
     it was paused) writes nothing more to the call's mirror, whatever it
     logs before a renewal would tell it: the script checks the lease's token
     in the same step as the write, and the refusal stops the stale holder's
     actor as a lost renewal does (``LeaseStop.why == 'lost'``, fence closed)."""
-    a = RedisRegistry(redis_server.url, 30.0, node="a")
-    b = RedisRegistry(redis_server.url, 30.0, node="b")
+    a = RedisRegistry(redis_server.url, TTL, node="a")
+    b = RedisRegistry(redis_server.url, TTL, node="b")
     async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
         await nursery.start(a.run)
         await nursery.start(b.run)
@@ -166,7 +157,7 @@ async def test_a_stale_holders_mirror_is_refused_and_it_loses_the_call(redis_ser
         fence = a.fence_of(CALL)
         a.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_a", "tool": "t"})
         await _wait_pending(redis, CALL, {"call_a"})          # a's own, before the takeover
-        await _expire_now(redis, CALL)                        # a "paused" past its TTL
+        await expire_lease_now(redis_server, CALL, TTL)       # a "paused" past its TTL
         taken = await b.acquire(CALL)
         assert taken is not None and taken.previous == stale.token
         b.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_b", "tool": "t2"})
@@ -189,13 +180,13 @@ async def test_a_mirror_line_whose_lease_nobody_holds_is_refused_and_the_call_ta
     """The lease key is gone and nobody took the call (Redis lost it, or it
     expired unclaimed): the line is refused as a renewal's ``-1`` is, and
     the holder takes the call again with a new token, as that renewal does."""
-    holder = RedisRegistry(redis_server.url, 30.0, node="holder")
+    holder = RedisRegistry(redis_server.url, TTL, node="holder")
     async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
         await nursery.start(holder.run)
         first = await holder.acquire(CALL)
         assert first is not None
         holder.lease_stop(first, 10.0)
-        await _expire_now(redis, CALL)
+        await expire_lease_now(redis_server, CALL, TTL)
         holder.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_gone", "tool": "t"})
         with trio.fail_after(5):
             while holder.lease_of(CALL) == first:

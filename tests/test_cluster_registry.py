@@ -14,8 +14,7 @@ import time
 import pytest
 import trio
 
-from redis_support import RedisServer, redis_server  # noqa: F401  (the fixture)
-from voiceactors.cluster import redis_client as rc
+from redis_support import RedisServer, expire_lease_now, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster.leases import keep_lease, stop_margin
 from voiceactors.cluster.registry import RedisRegistry, RegistryDown, WriteClaim
 from voiceactors.settings import InvalidSettings, Settings
@@ -28,18 +27,6 @@ async def _two(server: RedisServer, nursery: trio.Nursery, ttl: float = TTL) -> 
     await nursery.start(a.run)
     await nursery.start(b.run)
     return a, b
-
-
-async def _expire_now(server: RedisServer, call_id: str) -> None:
-    """The call's lease runs out now, as its TTL would for a holder that
-    stopped renewing: Redis expires the key itself (its TTL was the lease's)."""
-    key = rc.lease_key(call_id)
-    async with rc.client(server.url) as redis:
-        assert 0 < await redis.pttl(key) <= TTL * 1000
-        await redis.pexpire(key, 1)
-        with trio.fail_after(5):
-            while await redis.exists([key]):
-                await trio.sleep(0.01)
 
 
 async def test_one_lease_per_call_released_only_by_its_holder(redis_server):
@@ -64,7 +51,7 @@ async def test_an_unreleased_lease_expires_and_the_next_holder_learns_whose_it_w
         dead = await a.acquire("rtc_2")
         assert dead is not None
         assert await b.orphans() == []                      # still leased
-        await _expire_now(redis_server, "rtc_2")            # a "died": never renewed
+        await expire_lease_now(redis_server, "rtc_2", TTL)  # a "died": never renewed
         assert await b.orphans() == [("rtc_2", dead.token)]
         taken = await b.acquire("rtc_2")
         assert taken is not None and taken.previous == dead.token and taken.fence > dead.fence
@@ -164,7 +151,7 @@ async def test_a_lease_nobody_holds_any_more_is_taken_again_with_a_new_token(red
         a, b = await _two(redis_server, nursery)
         lease = await a.acquire("rtc_9")
         assert lease is not None
-        await _expire_now(redis_server, "rtc_9")            # expired, nobody took it
+        await expire_lease_now(redis_server, "rtc_9", TTL)  # expired, nobody took it
         again = await a.renew(lease)
         assert again is not None and again.fence > lease.fence and a.lease_of("rtc_9") == again
         assert (await a.claim_write("rtc_9", "call_y")).state == WriteClaim.CLAIMED   # the new token is the fence

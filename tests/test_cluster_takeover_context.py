@@ -55,12 +55,17 @@ def _greetings(sim_call) -> list[dict]:
 
 
 async def _mirrored_selection(url: str, entity_id: str) -> None:
-    """Wait until the holder's mirror carries the selection."""
+    """Wait until the holder's mirror carries the selection and nothing else:
+    the selection is mirrored when the select's output is made, its tool call
+    leaves the mirror only once the service confirmed that output, a pass or
+    more later. Killed in between, the taker would answer the select again."""
     with trio.fail_after(10):
         async with rc.client(url) as redis:
             while True:
-                text = (await redis.hgetall(rc.pending_key(CALL))).get(rc.CONTEXT_FIELD)
-                if text and (json.loads(text).get("selection") or {}).get("id") == entity_id:
+                mirror = await redis.hgetall(rc.pending_key(CALL))
+                text = mirror.get(rc.CONTEXT_FIELD)
+                if text and (json.loads(text).get("selection") or {}).get("id") == entity_id \
+                        and list(mirror) == [rc.CONTEXT_FIELD]:
                     return
                 await trio.sleep(0.05)
 

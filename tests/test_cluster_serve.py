@@ -12,7 +12,8 @@ its own state folder, all on one journal.
 * Redis gone: a call in progress stops before its lease can expire, new
   connects answer 503 with a clear error, ``/status`` says so, the server
   keeps running, and connects work again when Redis returns;
-* Redis restarted without its data mid-call: the holder keeps the call.
+* Redis restarted without its data mid-call: the holder keeps the call, a
+  write after it is applied once, the feed from the other process loses nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from calls_support import DAY, KEY
 from cluster_support import TTL_S, ClusterServer, mirrored, started_calls, stop_all, stop_cleanly, takers
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line, crash_scenario
+from test_cluster_feed_serve import Watcher, _is
 from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.actors import write_log
 from voiceactors.actors.call_record import read_record, record_path
@@ -303,10 +305,24 @@ async def test_redis_gone_new_connects_503_status_says_so_and_it_recovers(tmp_pa
         stop_all(a)
 
 
-async def test_redis_restarted_without_its_data_mid_call_the_holder_keeps_the_call(tmp_path, redis_server):
+def _feed(watcher: Watcher) -> list[dict]:
+    """A watcher's call events, without the remote stream's own notices."""
+    return [e for e in watcher.events if not e["type"].startswith("feed.")]
+
+
+async def test_redis_restarted_without_its_data_mid_call_the_call_its_write_and_its_feed_carry_on(
+        tmp_path, redis_server):
+    """The holder keeps the call under a new lease; a write after the restart
+    is claimed in the new Redis and applied once; a client following the
+    call from the other process misses nothing and sees it in order."""
     journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    item = open_item(journal)
+    day_file = item_file(journal, item)
     sim = Simulator(None, api_key=KEY)
-    sc = sim.add_call(CALL, [{"sleep": 120}])
+    # a turn before the restart; the write round well after it and the lease's retake
+    sc = sim.add_call(CALL, [{"user_turn": {"text": "hello"}}, {"response": {"text": "Hi."}},
+                             {"sleep_until": 10}] + crash_scenario(item.id))
+    done = _is("transcript", role="assistant", text="Done.")
     a = b = None
     try:
         async with trio.open_nursery() as nursery:
@@ -318,18 +334,41 @@ async def test_redis_restarted_without_its_data_mid_call_the_holder_keeps_the_ca
                 assert (await client.post("/api/voice/connect", json={"call_id": CALL})).status_code == 200
             with trio.fail_after(10):
                 await sc.wait_until(lambda c: c.connection is not None)
-            redis_server.stop()                       # every lease, the fence counter, the calls: gone
+            here, there = Watcher(url_a, CALL), Watcher(url_b, CALL)    # the holder's client; the other's
+            nursery.start_soon(here.run, done)
+            nursery.start_soon(there.run, done)
+            with trio.fail_after(10):
+                await here.connected.wait()
+                await there.connected.wait()
+            await there.saw(_is("transcript", role="assistant", text="Hi."), timeout_s=10)   # before the restart
+            redis_server.stop()                       # every lease, the fence counter, the streams: gone
             redis_server.start()
             with trio.fail_after(TTL_S * 3):
                 while not a.events("registry.lease_reacquired"):
                     await trio.sleep(0.05)
+            assert "call_w" not in sc.outputs         # the write comes under the new lease
             await trio.sleep(TTL_S)                   # renewed since, under the new token
             async with httpx.AsyncClient(base_url=url_b, timeout=10) as client:
                 answer = await client.post("/api/voice/connect", json={"call_id": CALL})
             assert answer.status_code == 200 and answer.json()["status"] == "connected"
+            with trio.fail_after(30):
+                await here.done.wait()
+                await there.done.wait()
             assert b.events("supervisor.call_held_elsewhere") and not b.events("supervisor.call_started")
             assert not a.events("supervisor.lease_lost")
             assert sc.connections == 1 and sc.connection is not None and not sc.closed
+            record = await _shared_record(redis_server.url, "call_w")
             nursery.cancel_scope.cancel()
     finally:
         stop_all(a, b)
+    assert sc.violations == [] and sc.error_codes == []
+    [output] = sc.outputs["call_w"]
+    assert "error" not in json.loads(output), output
+    assert record is not None and record["output"] == output  # claimed and recorded in the new Redis
+    assert len(ledger_close_edits(day_file, item.id)) == 1
+    # the other process's client: every event the holder's own client saw, the same ids, in order
+    assert any(e["type"] == "tool.finished" and e.get("tool_call_id") == "call_w" for e in here.events)
+    assert _feed(there) == here.events
+    assert here.events[0]["type"] == "transcript" and here.events[-1]["text"] == "Done."
+    kinds = [e["type"] for e in there.events]
+    assert kinds.count("feed.interrupted") == kinds.count("feed.resumed") <= 1

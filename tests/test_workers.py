@@ -8,6 +8,8 @@ the Realtime peer.
 * kill -9 of the worker holding a call: the parent starts it again, and the
   call is taken over exactly once (its pending write answered once, honestly);
 * kill -9 of the parent: the workers (stdin at end of file) and its Redis stop;
+* kill -9 of the private Redis, its next start failing: the parent starts it
+  again after its back-off, the call is kept under a new lease, a new call starts;
 * without redis-server on PATH and without --redis, `serve --workers 2`
   refuses at start with a clear message.
 """
@@ -19,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -252,6 +255,71 @@ async def test_workers_with_an_external_redis_use_it_and_start_no_redis_of_their
             async with rc.client(redis_server.url) as redis:                # every lease is in that Redis
                 held = [await redis.exists([rc.lease_key(call_id)]) for call_id in ids]
             assert held == [1] * CALLS
+            nursery.cancel_scope.cancel()
+    finally:
+        stop_all(parent)
+
+
+def _redis_failing_once(folder: Path) -> Path:
+    """A ``redis-server`` for PATH that runs the real one, but exits 1 at its
+    second start (the first start after the private Redis died)."""
+    folder.mkdir()
+    script = folder / "redis-server"
+    script.write_text(f"""#!/bin/sh
+n=$(cat "{folder}/starts" 2>/dev/null || echo 0)
+echo $((n + 1)) > "{folder}/starts"
+[ "$n" = 1 ] && exit 1
+exec "{REDIS_SERVER}" "$@"
+""")
+    script.chmod(0o755)
+    return folder
+
+
+async def test_the_private_redis_killed_is_started_again_after_a_failed_start_and_the_call_kept(tmp_path):
+    """kill -9 of the private Redis, whose next start fails: the parent tries
+    again after its back-off (it used to crash on its own assertion), the
+    Redis comes back empty, the call's holder takes its lease again and
+    keeps the call, and a new call connects and starts."""
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    sim = Simulator(None, api_key=KEY)
+    sc = sim.add_call("rtc_kept", [{"sleep": 120}])
+    after = sim.add_call("rtc_after", [{"sleep": 120}])
+    parent = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            parent = WorkersServer(journal, tmp_path / "state", sim, workers=2)
+            parent.env["PATH"] = f"{_redis_failing_once(tmp_path / 'bin')}:{parent.env['PATH']}"
+            parent.env["VOICEACTORS_REDIS_LEASE_TTL"] = "6"      # outlives the failed start's back-off
+            url = await parent.start(nursery)
+            await _connect_each_on_its_own_connection(url, ["rtc_kept"])
+            with trio.fail_after(20):
+                await sc.wait_until(lambda c: c.connection is not None)
+            [first] = parent.events("workers.redis_started")
+            kill_9(int(first["pid"]))
+            with trio.fail_after(30):
+                while len(parent.events("workers.redis_started")) < 2:
+                    assert parent.proc.poll() is None, parent.lines[-20:]
+                    await trio.sleep(0.05)
+                while not parent.events("registry.lease_reacquired"):
+                    await trio.sleep(0.05)
+            [failed] = parent.events("workers.redis_start_failed")
+            assert "exited (1)" in failed["error"] and failed["retry_in_s"] == 1.0
+            assert [e["returncode"] for e in parent.events("workers.redis_exited")] == [-9]
+            with trio.fail_after(20):
+                while True:           # a worker may not have seen the new Redis yet: 503 until it has
+                    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                        answer = await client.post("/api/voice/connect", json={"call_id": "rtc_after"})
+                    if answer.status_code == 200:
+                        break
+                    await trio.sleep(0.2)
+                await after.wait_until(lambda c: c.connection is not None)
+            assert not parent.events("supervisor.lease_lost")
+            assert sc.connections == 1 and sc.connection is not None and not sc.closed
+            assert sorted(started_calls(parent)) == ["rtc_after", "rtc_kept"]
+            parent.proc.terminate()
+            with trio.fail_after(30):
+                assert await parent.proc.wait() == 0
             nursery.cancel_scope.cancel()
     finally:
         stop_all(parent)

@@ -23,7 +23,7 @@ again after a back-off (``RESTART_BACKOFF_S`` doubling to
 ``RESTART_RESET_S``); its calls meanwhile are taken over through Redis by the
 other workers (docs/operations.md § Scaling out). The private Redis is started
 again too if it dies (it forgets every key: the registry handles that as a
-Redis restart). SIGTERM or SIGINT to the parent: SIGTERM to every worker,
+Redis restart), with the same back-off while its starts fail. SIGTERM or SIGINT to the parent: SIGTERM to every worker,
 which shut down gracefully within the shutdown bound; one still running past
 it is killed; the private Redis is stopped last. A second signal kills the
 workers at once. A worker's stdin is a pipe from the parent: when the parent
@@ -151,7 +151,10 @@ class PrivateRedis:
             else:
                 _log.info("workers.redis_started", pid=self.proc.pid, socket=str(self.socket_path))
                 return
+        returncode = self.proc.poll()
         await self.stop()
+        if returncode is not None:
+            raise StartRefused(f"the private redis-server exited ({returncode}) before it answered", 1)
         raise StartRefused(f"the private redis-server did not answer within {REDIS_READY_S:g} s", 1)
 
     async def wait(self) -> int:
@@ -287,11 +290,22 @@ class Parent:
             if self.stopping:
                 return
             _log.error("workers.redis_exited", returncode=returncode)
-            await trio.sleep(RESTART_BACKOFF_S)
+            await self._start_redis_again()
+
+    async def _start_redis_again(self) -> None:
+        """Start the private Redis, after a back-off doubling at each start
+        that fails, until one succeeds or the parent stops (the workers keep
+        serving meanwhile: their connects answer 503 until it is back)."""
+        assert self.redis is not None
+        backoff = RESTART_BACKOFF_S
+        while not self.stopping:
+            await trio.sleep(backoff)
             try:
                 await self.redis.start()
-            except StartRefused:
-                continue
+                return
+            except StartRefused as error:
+                backoff = min(backoff * 2, RESTART_BACKOFF_MAX_S)
+                _log.error("workers.redis_start_failed", error=str(error), retry_in_s=backoff)
 
     async def stop_workers(self) -> None:
         """SIGTERM to every worker; kill those still running past the bound."""

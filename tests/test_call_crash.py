@@ -211,8 +211,8 @@ async def test_rejoin_answers_an_applied_write_from_the_write_log_and_reruns_a_r
         for tool_call_id, name in (("call_done", "commitments.complete"), ("call_read", "calendar.today"),
                                    ("call_lost", "commitments.complete")):
             # the service still waits for these three
-            sc.tool_calls[tool_call_id] = ToolCallRecord(tool_call_id, name, "{}", "resp_1", "item_" + tool_call_id,
-                                                         complete=True)
+            sc.add_tool_call(ToolCallRecord(tool_call_id, name, "{}", "resp_1", "item_" + tool_call_id,
+                                            complete=True))
         sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
         with real_time_limit():
             await r.nursery.start(sup.run)

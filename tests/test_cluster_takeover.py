@@ -61,8 +61,8 @@ async def test_the_scan_takes_over_a_dead_holders_call_and_answers_each_pending_
             sc = r.sim.add_call(CALL, steady(RESUME))
             for tool_call_id, name in (("call_done", "commitments.complete"), ("call_read", "calendar.today"),
                                        ("call_lost", "commitments.complete")):
-                sc.tool_calls[tool_call_id] = ToolCallRecord(tool_call_id, name, "{}", "resp_1",
-                                                             "item_" + tool_call_id, complete=True)
+                sc.add_tool_call(ToolCallRecord(tool_call_id, name, "{}", "resp_1", "item_" + tool_call_id,
+                                                complete=True))
             registries.cancel_scope.cancel()                  # the holder dies: no renewal, no release
         async with trio.open_nursery() as nursery:
             await nursery.start(alive.run)

@@ -438,8 +438,7 @@ async def test_a_rejoin_after_a_crash_answers_a_source_write_from_the_write_log(
                     "response_id": "resp_1", "epoch": 0, "turn": 1, "effect": None})
     async with rig(tmp_path) as r:
         sc = r.sim.add_call("rtc_mcp_rejoin", steady(RESUME))
-        sc.tool_calls["call_mcp_w"] = ToolCallRecord("call_mcp_w", "crm.notes.add", "{}", "resp_1", "item_w",
-                                                     complete=True)
+        sc.add_tool_call(ToolCallRecord("call_mcp_w", "crm.notes.add", "{}", "resp_1", "item_w", complete=True))
         sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
         with real_time_limit():
             await r.nursery.start(sup.run)

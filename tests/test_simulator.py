@@ -355,6 +355,29 @@ async def test_tool_outputs_unknown_duplicate_and_valid(sim, autojump_clock):
     assert call.answered == {"call_A"} and call.pending_call_ids() == []
 
 
+async def test_pending_call_ids_are_the_issued_calls_without_output_in_issue_order(sim, autojump_clock):
+    """The simulator keeps its open tool calls as outputs land (it asks at
+    every event, and a long call's history must not make that cost more)."""
+    calls = [{"name": "briefing.get", "call_id": f"call_{x}"} for x in "ABC"]
+    call = sim.add_call("rtc_1", [{"response": {"tool_calls": calls}}, {"sleep": 60}])
+    async with _connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.until("response.done")
+        assert call.pending_call_ids() == ["call_A", "call_B", "call_C"]
+        await c.send(events.function_call_output("call_B", "{}"))
+        await c.until("conversation.item.done")
+        assert call.pending_call_ids() == ["call_A", "call_C"]
+        await c.send(events.function_call_output("call_nope", "{}"))   # refused: changes nothing
+        await c.until("error")
+        await c.send(events.function_call_output("call_B", "{}"))      # a duplicate: likewise
+        await c.until("error")
+        assert call.pending_call_ids() == ["call_A", "call_C"]
+        for x in "CA":
+            await c.send(events.function_call_output(f"call_{x}", "{}"))
+            await c.until("conversation.item.done")
+        assert call.pending_call_ids() == [] and call.answered == {"call_A", "call_B", "call_C"}
+
+
 async def test_early_response_create_is_a_violation(sim, autojump_clock):
     call = sim.add_call("rtc_1", "single_tool")
     async with _connect(sim, "rtc_1") as ws:

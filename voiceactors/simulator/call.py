@@ -161,6 +161,7 @@ class SimCall:
         self.step_index = 0
         self.active: _Active | None = None
         self.answered: set[str] = set()
+        self._open: dict[str, None] = {}       # issued, not answered yet, in issue order
         self.claimed: _Active | None = None    # a client response.create taken by wait_outputs
         self.waiting_create = False
         self.trigger: dict | None = None       # model_response_first waiting for outputs_answered
@@ -208,8 +209,20 @@ class SimCall:
         return self.active.id if self.active else None
 
     def pending_call_ids(self) -> list[str]:
-        """Tool call ids issued to the client that have no output yet."""
-        return [c for c in self.tool_calls if c not in self.answered]
+        """Tool call ids issued to the client that have no output yet (kept
+        as they change: the players ask at every event, and a long call's
+        history must not make each ask cost more)."""
+        return list(self._open)
+
+    def add_tool_call(self, record: ToolCallRecord) -> None:
+        """A tool call issued to the client (from here on it must be answered)."""
+        self.tool_calls[record.call_id] = record
+        if record.call_id not in self.answered:
+            self._open[record.call_id] = None
+
+    def mark_answered(self, call_id: str) -> None:
+        self.answered.add(call_id)
+        self._open.pop(call_id, None)
 
     def sent_types(self) -> list[str]:
         return [e["type"] for e in self.sent]
@@ -592,8 +605,7 @@ class CallSession:
         if resp.finishing:
             return
         # the call exists from here on: it must be answered even if the response is cancelled
-        self.call.tool_calls[call_id] = ToolCallRecord(call_id, name, arguments, resp.id, item_id,
-                                                       turn=self.call.turn)
+        self.call.add_tool_call(ToolCallRecord(call_id, name, arguments, resp.id, item_id, turn=self.call.turn))
         resp.record.call_ids.append(call_id)
         resp.open_calls[item_id] = {**item, "_index": index}
         self.call.notify()
@@ -699,7 +711,7 @@ class CallSession:
                 await self.send_error(f"Tool call ID '{call_id}' already has an output.",
                                       "duplicate_tool_call_output", event_id, param="item.call_id")
                 return
-            self.call.answered.add(call_id)
+            self.call.mark_answered(call_id)
             self.call._answered_since_create.append(call_id)
             self.call.tokens.tool_output(item["output"])
             self.call.notify()
@@ -719,7 +731,7 @@ class CallSession:
         if fault == "applied":
             call.outputs.setdefault(call_id, []).append(output)
             if call_id in call.tool_calls and call_id not in call.answered:
-                call.answered.add(call_id)
+                call.mark_answered(call_id)
                 call._answered_since_create.append(call_id)
                 call.tokens.tool_output(output)
         else:

@@ -120,6 +120,7 @@ class LeanCall:
         self.responses: list[Response] = []
         self.tool_calls: dict[str, int] = {}      # call id -> the turn it belongs to
         self.answered: set[str] = set()
+        self.open: dict[str, None] = {}           # issued, no output yet, in issue order
         self.output_counts: collections.Counter[str] = collections.Counter()
         self.item_done_at: dict[str, list] = {}   # call id -> [its output_item.done written] (a box)
         self.output_at: dict[str, float] = {}     # call id -> its first output read
@@ -147,7 +148,7 @@ class LeanCall:
         return self._item_before[item]
 
     def pending_call_ids(self) -> list[str]:
-        return [c for c in self.tool_calls if c not in self.answered]
+        return list(self.open)       # kept as calls are issued and answered: no walk of the history
 
 
 class Connection:
@@ -423,6 +424,7 @@ class Connection:
                            "item.call_id")
                 return
             call.answered.add(cid)
+            call.open.pop(cid, None)
             call.output_at[cid] = read_at
             call.output_order.append(cid)
             call.tokens.tool_output(str(item.get("output", "")))
@@ -589,6 +591,7 @@ class Connection:
         added = F.function_call_item(item, "in_progress", name_json, cid, '""')
         self.send(F.output_item("added", resp.id, index, added))
         call.tool_calls[cid] = call.turn
+        call.open[cid] = None
         previous = call.item_before(item)
         self.send(F.item_event("added", added, previous))
         half = len(arguments) // 2

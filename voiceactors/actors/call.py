@@ -41,7 +41,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call_context import CallContext, LinkedContext
+from voiceactors.actors.call_context import CallContext, LinkedContext, carried_view
 from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.event_capture import EventCapture
 from voiceactors.actors.call_protocol import (
@@ -193,6 +193,7 @@ class CallActor:
         self.record: CallRecord | None = None
         self.capture: EventCapture | None = None    # setting record_events: the raw server events
         self.recovered = recovered
+        self._linked = context
         self._body = trio.CancelScope(shield=True)   # run_shielded's scope; ``stop`` gives it its deadline
         # usage: the model priced, and who adds each response's cost to the day's total
         self._model = model
@@ -444,6 +445,10 @@ class CallActor:
             fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, fsync_s=self.settings.call_record_fsync_s, **fields)
+        if self._linked is not None:
+            # what a rejoin after a crash carries the call on with (recovery.py),
+            # as a taker does from the mirror: the instruction, link and selection
+            self.record.add("context", context=carried_view(self._linked))
         self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
         if self.capture is None:
             # The record has no task of its own (the process's one RecordWriter

@@ -11,6 +11,9 @@ at start-up (``find_crashed``) and the new CallActor answers them:
 * a read: run again with the recorded arguments;
 * anything else: ``RESTARTED_OUTPUT``.
 
+Its linked context (the ``context`` line, then its ``selection`` lines)
+goes on with it, as a taker's does from the Redis mirror.
+
 Only records changed within ``max_age_s`` count (an older call cannot be
 live any more), newest first, at most ``limit``. Everything here blocks
 (file reads): call it through ``storage.run_sync``.
@@ -25,6 +28,7 @@ from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from voiceactors.actors.call_context import LinkedContext, taken_over_context
 from voiceactors.actors.call_record import last_block, read_record
 from voiceactors.logs import get_logger
 
@@ -48,6 +52,22 @@ class PendingCall:
 class CrashedCall:
     call_id: str
     pending: list[PendingCall] = field(default_factory=list)
+    context: LinkedContext | None = None      # its linked context as the crash left it
+
+
+def carried_context(block: list[dict[str, Any]]) -> LinkedContext | None:
+    """A run's linked context as its lines left it: the ``context`` line of
+    its start, the selection of its last ``selection`` line after it (a
+    rejoin carries it on as a taker does: ``taken_over_context``). None
+    without a ``context`` line (a run of before they were written)."""
+    view: dict[str, Any] | None = None
+    for line in block:
+        kind = line.get("kind")
+        if kind == "context" and isinstance(line.get("context"), dict):
+            view = dict(line["context"])
+        elif kind == "selection" and view is not None:
+            view["selection"] = line.get("selection")
+    return taken_over_context(view) if view is not None else None
 
 
 def pending_calls(block: list[dict[str, Any]]) -> list[PendingCall] | None:
@@ -118,5 +138,5 @@ def find_crashed(state_dir: Path, *, max_age_s: float, limit: int) -> list[Crash
         call_id = block[0].get("call_id") if block else None
         if pending is None or not isinstance(call_id, str) or not call_id:
             continue
-        found.append(CrashedCall(call_id, pending))
+        found.append(CrashedCall(call_id, pending, carried_context(block)))
     return found

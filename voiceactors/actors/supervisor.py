@@ -21,7 +21,8 @@ cannot delay another's Connect):
 At start-up, before serving the inbox, the supervisor rejoins the calls that
 were live when the previous server died (``recovery.find_crashed``: a call
 record whose last block has no ``end``), at most ``settings.rejoin_max_calls``;
-each new actor answers the tool calls the crashed run left pending. This
+each new actor answers the tool calls the crashed run left pending and
+carries on with the linked context its record kept. This
 happens before ``run`` reports started, so no Connect races it (a Connect
 for such a call finds it live).
 
@@ -191,9 +192,9 @@ class CallSupervisor:
         for call in crashed:
             self.log.info("supervisor.rejoin", call_id=call.call_id, pending=len(call.pending))
             if self.registry.shared:    # only if no other process took it over meanwhile
-                await self._lease_and_connect(call.call_id, nursery, recovered=call.pending)
+                await self._lease_and_connect(call.call_id, nursery, recovered=call.pending, context=call.context)
             else:
-                self._connect(call.call_id, nursery, recovered=call.pending)
+                self._connect(call.call_id, nursery, recovered=call.pending, context=call.context)
 
     def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None,
                  context: Any = None, lease: Lease | None = None) -> ConnectOutcome:

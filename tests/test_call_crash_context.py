@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import trio
 
 from calls_support import DAY, KEY, steady
 from test_call_crash import Server, _wait_for_line, stop_cleanly
-from test_cluster_takeover_context import SCENARIO, _greetings, _updates
+from test_cluster_takeover_context import CALL, SCENARIO, _greetings, _updates, connect_linked
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
-
-CALL = "rtc_linked_takeover"      # the scenario's
 
 
 async def test_kill_9_then_a_fresh_server_rejoins_with_the_linked_context_and_selection(tmp_path):
@@ -35,13 +32,7 @@ async def test_kill_9_then_a_fresh_server_rejoins_with_the_linked_context_and_se
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
             first, second = Server(journal, state, sim), Server(journal, state, sim)
-            url = await first.start(nursery)
-            async with httpx.AsyncClient(base_url=url, timeout=20) as client:
-                minted = await client.post("/api/voice/session", json={})    # waits for the brain
-                assert minted.status_code == 200, minted.text
-                response = await client.post("/api/voice/connect", json={
-                    "call_id": CALL, "context": {"kind": "entity", "id": "maya_chen"}, "greeting": "first"})
-                assert response.status_code == 200, response.text
+            await connect_linked(await first.start(nursery))
             await _wait_for_line(record, "selection", "call_select")       # on disk
             await _wait_for_line(record, "tool_call", "call_select")       # settled: not answered again
             assert sc.step_index == 5, sc.step_index         # still in the sleep: the rest is the rejoin's

@@ -54,6 +54,18 @@ def _greetings(sim_call) -> list[dict]:
             and "Speak first" in (e.get("response") or {}).get("instructions", "")]
 
 
+async def connect_linked(url: str) -> None:
+    """Connect ``CALL`` linked to Maya Chen, greeting first, once the brain
+    has an instruction (the mint waits for it)."""
+    async with httpx.AsyncClient(base_url=url, timeout=20) as client:
+        minted = await client.post("/api/voice/session", json={})
+        assert minted.status_code == 200, minted.text
+        response = await client.post("/api/voice/connect", json={
+            "call_id": CALL, "context": {"kind": "entity", "id": "maya_chen"}, "greeting": "first"})
+        assert response.status_code == 200, response.text
+        assert response.json()["context"]["name"] == "Maya Chen"
+
+
 async def _mirrored_selection(url: str, entity_id: str) -> None:
     """Wait until the holder's mirror carries the selection and nothing else:
     the selection is mirrored when the select's output is made, its tool call
@@ -82,13 +94,7 @@ async def test_kill_9_of_the_holder_the_taker_carries_the_linked_context_and_sel
             a, b = servers
             url_a = await a.start(nursery)
             await b.start(nursery)
-            async with httpx.AsyncClient(base_url=url_a, timeout=20) as client:
-                minted = await client.post("/api/voice/session", json={})    # waits for the brain
-                assert minted.status_code == 200, minted.text
-                response = await client.post("/api/voice/connect", json={
-                    "call_id": CALL, "context": {"kind": "entity", "id": "maya_chen"}, "greeting": "first"})
-                assert response.status_code == 200, response.text
-                assert response.json()["context"]["name"] == "Maya Chen"
+            await connect_linked(url_a)
             record_a = record_path(tmp_path / "state_0", CALL)
             await _wait_for_line(record_a, "selection", "call_select")
             await _mirrored_selection(redis_server.url, "sam_okafor")

@@ -13,7 +13,7 @@ import trio
 
 from child_support import Child
 from redis_support import RedisServer
-from test_call_crash import Server, stop_cleanly  # noqa: F401  (stop_cleanly re-exported for the cluster tests)
+from test_call_crash import Server, stop_all, stop_cleanly  # noqa: F401  (stop_all, stop_cleanly re-exported for the cluster tests)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.simulator import Simulator
 
@@ -76,12 +76,6 @@ def alive(pid: int) -> bool:
 
 def kill_9(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-
-
-def stop_all(*servers: Server | None) -> None:
-    for server in servers:
-        if server is not None and server.proc is not None and server.proc.poll() is None:
-            server.proc.kill()
 
 
 def started_calls(*servers: Server) -> list[str]:

@@ -97,6 +97,13 @@ async def stop_cleanly(*servers: Server, bound_s: float = 20) -> None:
             assert await server.proc.wait() == 0
 
 
+def stop_all(*servers: Server | None) -> None:
+    """Kill every server still running (a test's ``finally``)."""
+    for server in servers:
+        if server is not None and server.proc is not None and server.proc.poll() is None:
+            server.proc.kill()
+
+
 async def _wait_for_line(path: Path, kind: str, tool_call_id: str) -> None:
     with trio.fail_after(30):
         while True:
@@ -157,9 +164,7 @@ async def test_kill_9_mid_call_then_a_fresh_server_answers_the_pending_call_once
             await stop_cleanly(second)
             nursery.cancel_scope.cancel()
     finally:
-        for server in (first, second):
-            if server is not None and server.proc is not None and server.proc.poll() is None:
-                server.proc.kill()
+        stop_all(first, second)
     lines = read_record(record)                            # the torn line is skipped, nothing merged
     starts = [i for i, x in enumerate(lines) if x["kind"] == "start"]
     assert len(starts) == 2

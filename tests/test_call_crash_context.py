@@ -14,7 +14,7 @@ import json
 import trio
 
 from calls_support import DAY, KEY, steady
-from test_call_crash import Server, _wait_for_line, stop_cleanly
+from test_call_crash import Server, _wait_for_line, stop_all, stop_cleanly
 from test_cluster_takeover_context import CALL, SCENARIO, _greetings, _updates, connect_linked
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.journal.sample import write_sample_journal
@@ -45,9 +45,7 @@ async def test_kill_9_then_a_fresh_server_rejoins_with_the_linked_context_and_se
             await stop_cleanly(second)
             nursery.cancel_scope.cancel()
     finally:
-        for server in (first, second):
-            if server is not None and server.proc is not None and server.proc.poll() is None:
-                server.proc.kill()
+        stop_all(first, second)
     assert sc.connections == 2 and sc.violations == [] and sc.error_codes == []
     assert [e["call_id"] for e in second.events("supervisor.rejoin")] == [CALL]
     # the first run: the link's update, the select's; the rejoin: one at its connection, the same text

@@ -23,9 +23,9 @@ again after a back-off (``RESTART_BACKOFF_S`` doubling to
 ``RESTART_RESET_S``); its calls meanwhile are taken over through Redis by the
 other workers (docs/operations.md § Scaling out). The private Redis is started
 again too if it dies (it forgets every key: the registry handles that as a
-Redis restart), with the same back-off while its starts fail. SIGTERM or SIGINT to the parent: SIGTERM to every worker,
-which shut down gracefully within the shutdown bound; one still running past
-it is killed; the private Redis is stopped last. A second signal kills the
+Redis restart), after ``RESTART_BACKOFF_S``, doubling while its starts fail.
+SIGTERM or SIGINT to the parent: SIGTERM to every worker, which shut down
+gracefully within the shutdown bound; one still running past it is killed; the private Redis is stopped last. A second signal kills the
 workers at once. A worker's stdin is a pipe from the parent: when the parent
 is gone (even by kill -9) the worker sees end of file and shuts down.
 

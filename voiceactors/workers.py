@@ -25,9 +25,10 @@ other workers (docs/operations.md § Scaling out). The private Redis is started
 again too if it dies (it forgets every key: the registry handles that as a
 Redis restart), after ``RESTART_BACKOFF_S``, doubling while its starts fail.
 SIGTERM or SIGINT to the parent: SIGTERM to every worker, which shut down
-gracefully within the shutdown bound; one still running past it is killed; the private Redis is stopped last. A second signal kills the
-workers at once. A worker's stdin is a pipe from the parent: when the parent
-is gone (even by kill -9) the worker sees end of file and shuts down.
+gracefully within the shutdown bound; one still running past it is killed;
+the private Redis is stopped last. A second signal kills the workers at
+once. A worker's stdin is a pipe from the parent: when the parent is gone
+(even by kill -9) the worker sees end of file and shuts down.
 
 Exit codes: 0 stopped by a signal, every worker exited 0; 1 a worker had to
 be killed or exited non-zero on the way down, the port could not be bound or

@@ -269,7 +269,7 @@ async def test_calls_joining_apart_share_fsync_passes_and_none_waits_past_fsync_
     from voiceactors.actors.call_record import FSYNC_RIDE_ALONG_S
 
     fsyncs = FsyncLog()
-    writer = RecordWriter(fsync=fsyncs)
+    writer = RecordWriter(fsync=fsyncs, syncfs=None)    # the files one by one, to count each one's fsync
     records = []
     written_at = []
     for n in range(20):
@@ -312,3 +312,119 @@ async def test_writer_retired_waits_for_the_shared_writer_once_no_record_is_live
     assert await writer_retired(30) is True
     assert writer.retired.is_set()
     assert await writer_retired(30) is True          # nothing running: at once
+
+
+class SyncfsLog:
+    """A ``syncfs`` stand-in: the folder each call's descriptor names, or a
+    failure to raise instead (``error``)."""
+
+    def __init__(self, error: OSError | None = None) -> None:
+        self.folders: list[str] = []
+        self.error = error
+        self._lock = threading.Lock()
+
+    def __call__(self, fd: int) -> None:
+        with self._lock:
+            self.folders.append(os.readlink(f"/proc/self/fd/{fd}"))
+        if self.error is not None:
+            raise self.error
+
+
+def _all_synced(writer: RecordWriter) -> bool:
+    """No file or folder left to fsync and no pass under way (a pass takes
+    its files off the schedule before its worker thread runs)."""
+    return (writer.fsync_passes >= 1 and not writer._fsyncing
+            and not writer._unsynced and not writer._unsynced_dirs)
+
+
+async def _open_with_a_line_each(tmp_path: Path, writer: RecordWriter, count: int) -> list[CallRecord]:
+    records = [CallRecord(f"rtc_many_{n}", tmp_path, fsync_s=1.0, writer=writer) for n in range(count)]
+    for record in records:
+        record.opened()
+        record.add("tool_started", tool_call_id="call_1")
+    await _until(lambda: all(r._flushed == len(r.lines) for r in records))
+    return records
+
+
+async def test_a_pass_with_many_files_due_flushes_their_folder_in_one_syncfs(tmp_path, autojump_clock):
+    """At thousands of live calls an fsync per file meant three syscalls a
+    file, each handing the GIL to the worker thread and back (benchmarks
+    § 43): a pass of ``SYNCFS_MIN_FILES`` or more makes one ``syncfs`` for
+    the records' folder instead, and no per-file fsync."""
+    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+
+    fsyncs, syncfs = FsyncLog(), SyncfsLog()
+    writer = RecordWriter(fsync=fsyncs, syncfs=syncfs)
+    records = await _open_with_a_line_each(tmp_path, writer, 2 * SYNCFS_MIN_FILES)
+    folder = str(records[0].path.parent)
+    await _until(lambda: _all_synced(writer))
+    assert syncfs.folders and set(syncfs.folders) == {folder}
+    assert len(syncfs.folders) == writer.fsync_passes            # one syscall a pass, for all its files
+    assert all(fsyncs.of(r.path) == [] for r in records)         # none fsynced one by one
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True
+        # a close still fsyncs its own file: the end is durable when close returns
+        assert fsyncs.of(record.path)[-1] == record.path.stat().st_size
+    assert _open_fds_under(tmp_path, appending_only=True) == 0
+
+
+async def test_a_pass_with_few_files_due_fsyncs_each_of_them(tmp_path, autojump_clock):
+    """Below ``SYNCFS_MIN_FILES`` a filesystem-wide flush would wait on other
+    writers' data for nothing: each file is fsynced by itself."""
+    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+
+    fsyncs, syncfs = FsyncLog(), SyncfsLog()
+    writer = RecordWriter(fsync=fsyncs, syncfs=syncfs)
+    records = await _open_with_a_line_each(tmp_path, writer, SYNCFS_MIN_FILES - 1)
+    await _until(lambda: _all_synced(writer))
+    assert syncfs.folders == []
+    assert all(fsyncs.of(r.path) == [r.path.stat().st_size] for r in records)
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True
+
+
+async def test_a_failed_syncfs_is_logged_and_the_records_go_on(tmp_path, autojump_clock):
+    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+
+    writer = RecordWriter(fsync=FsyncLog(), syncfs=SyncfsLog(OSError(5, "Input/output error")))
+    with capture_logs() as logs:
+        records = await _open_with_a_line_each(tmp_path, writer, SYNCFS_MIN_FILES)
+        await _until(lambda: _all_synced(writer))
+    failed = [line for line in logs if line["event"] == "call.record_fsync_failed"]
+    assert failed and "(syncfs): [Errno 5] Input/output error" in failed[0]["error"]
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True and record.failed is None
+        assert [x["kind"] for x in read_record(record.path)] == ["start", "tool_started", "end"]
+
+
+async def test_the_default_writer_syncs_many_files_with_the_real_syncfs(tmp_path, autojump_clock):
+    """No stand-in: the platform's ``syncfs`` (``storage.syncfs``) on real files."""
+    from voiceactors import storage
+    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+
+    if storage.syncfs is None:
+        pytest.skip("this platform has no syncfs(2): the writer fsyncs file by file")
+    writer = RecordWriter()
+    with capture_logs() as logs:
+        records = await _open_with_a_line_each(tmp_path, writer, SYNCFS_MIN_FILES)
+        await _until(lambda: _all_synced(writer))
+    assert writer.fsync_passes >= 1
+    assert not [line for line in logs if line["event"] == "call.record_fsync_failed"]
+    for record in records:
+        record.add("end", reason="closed_by_service")
+        assert await record.close() is True and record.failed is None
+
+
+def test_syncfs_refuses_a_descriptor_that_is_not_open(tmp_path):
+    from voiceactors import storage
+
+    if storage.syncfs is None:
+        pytest.skip("this platform has no syncfs(2)")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    os.close(fd)
+    with pytest.raises(OSError) as raised:
+        storage.syncfs(fd)
+    assert raised.value.errno == 9          # EBADF: the C call's errno, not a silent success

@@ -268,9 +268,10 @@ class Settings:
         flag="--record-events", short="capture each call's server events for `voiceactors replay`")
     call_record_fsync_s: float = setting(
         1.0, CALLS, "a call record's lines are written (to the page cache: a kill -9 keeps them) as the call goes; "
-        "each record file is fsynced at most this often, in the background, and always at the call's end and at "
-        "shutdown, so a power loss can lose at most about this much of a live call's record; `0`: fsync every "
-        "flush before it counts as written (docs/calls.md § The call record)",
+        "each record file is fsynced at most this often, in the background (many files due at once: one `syncfs` "
+        "of their filesystem), and always at the call's end and at shutdown, so a power loss can lose about this "
+        "much of a live call's record (more while the disk is slow to flush); `0`: fsync every flush before it "
+        "counts as written (docs/calls.md § The call record)",
         env="VOICEACTORS_CALL_RECORD_FSYNC", unit="s", minimum=0)
     rejoin_max_calls: int = setting(
         50, CALLS, "at start-up, calls that were live when the server died (a call record whose last block has "

@@ -19,6 +19,8 @@
 * ``append_lines`` / ``append_line`` — append a block of lines, one fsync;
   ``open_append`` / ``write_all`` — the call records'
   appends on a descriptor kept open (fsynced on their own schedule).
+* ``syncfs`` — flush a whole filesystem in one call (Linux ``syncfs(2)``,
+  ``None`` elsewhere): the call records' grouped fsync of many files.
 * ``run_sync`` — run blocking file/SQLite work in a worker thread under one
   shared ``CapacityLimiter`` so it never blocks the trio loop. Journal writes
   take ``write_limiter()`` instead, so a write stuck on a lock never holds a
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import ctypes.util
 import errno
 import fcntl
 import json
@@ -37,6 +41,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +109,36 @@ async def run_in_write_slot(fn: Callable[..., T], *args: Any) -> T:
     waiting for the token stays cancellable while the run itself is shielded).
     The thread is abandoned if the caller's own deadline passes."""
     return await trio.to_thread.run_sync(fn, *args, limiter=_no_limit(), abandon_on_cancel=True)
+
+
+def _load_syncfs() -> Callable[[int], None] | None:
+    """``syncfs(2)`` from the C library, or ``None`` where there is none
+    (not Linux, or a libc without it). The os module has only ``sync()``,
+    which flushes every filesystem of the machine."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        c_syncfs = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    c_syncfs.argtypes = [ctypes.c_int]
+    c_syncfs.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        """Write back and wait for every dirty file and folder of the
+        filesystem ``fd`` is on, as an fsync of each would (the kernel
+        reports writeback errors from it since Linux 5.8). One call, so the
+        calling thread takes the GIL back once, not three times a file."""
+        if c_syncfs(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return syncfs
+
+
+#: ``syncfs(fd)``: flush the filesystem ``fd`` is on; ``None`` where the platform has no such call.
+syncfs: Callable[[int], None] | None = _load_syncfs()
 
 
 _unbounded: trio.CapacityLimiter | None = None

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import json
@@ -118,8 +117,9 @@ def _load_syncfs() -> Callable[[int], None] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        c_syncfs = libc.syncfs
+        # the running process's own symbols, libc's among them: no library
+        # search (ctypes.util.find_library runs ldconfig in a subprocess)
+        c_syncfs = ctypes.CDLL(None, use_errno=True).syncfs
     except (OSError, AttributeError):
         return None
     c_syncfs.argtypes = [ctypes.c_int]

@@ -139,8 +139,9 @@ FSYNC_RIDE_ALONG_S = 0.25
 #: A grouped fsync pass with at least this many files due flushes each
 #: folder's filesystem in one ``syncfs`` instead of an fsync per file (where
 #: the platform has it, ``storage.syncfs``). Three syscalls a file each gave
-#: the GIL to the worker thread and back: at 3,000 live calls, 9,000 times a
-#: second, and the trio thread's steps queued behind them (benchmarks § 42-43).
+#: the GIL to the worker thread and back: at 2,500 live calls 7,500 times a
+#: second, and the trio thread waited on the GIL a seventh of its time
+#: (benchmarks § 43).
 #: Fewer files fsync one by one, which never waits on other writers' data.
 SYNCFS_MIN_FILES = 16
 

@@ -428,3 +428,58 @@ def test_syncfs_refuses_a_descriptor_that_is_not_open(tmp_path):
     with pytest.raises(OSError) as raised:
         storage.syncfs(fd)
     assert raised.value.errno == 9          # EBADF: the C call's errno, not a silent success
+
+
+async def test_many_records_closing_in_one_pass_are_made_durable_by_one_syncfs(tmp_path, autojump_clock):
+    """A shutdown closes every live record at once: their last pass has as
+    many files to make durable before the closes return, and does it with
+    one ``syncfs`` of their folder, not an fsync each."""
+    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+
+    fsyncs, syncfs = FsyncLog(), SyncfsLog()
+    writer = RecordWriter(fsync=fsyncs, syncfs=syncfs)
+    records = [CallRecord(f"rtc_bye_{n}", tmp_path, fsync_s=3600, writer=writer) for n in range(4 * SYNCFS_MIN_FILES)]
+    for record in records:
+        record.opened()
+        record.add("tool_started", tool_call_id="call_1")
+    await _until(lambda: all(r._flushed == len(r.lines) for r in records))
+    assert syncfs.folders == [] and fsyncs.calls == []     # an hour's fsync_s: nothing synced yet
+    results = []
+
+    async def close(record: CallRecord) -> None:
+        record.add("end", reason="closed_by_service")
+        results.append(await record.close())
+
+    async with trio.open_nursery() as nursery:
+        for record in records:
+            nursery.start_soon(close, record)
+    assert results == [True] * len(records) and all(r.failed is None for r in records)
+    # The first close's pass may go before the other closes have asked (trio
+    # orders a batch's tasks as it likes), the rest wait for the next one:
+    # so at most two passes, and one of them has at least SYNCFS_MIN_FILES.
+    assert set(syncfs.folders) == {str(tmp_path / "calls")} and len(syncfs.folders) <= 2
+    one_by_one = [r for r in records if fsyncs.of(r.path)]
+    assert len(one_by_one) < SYNCFS_MIN_FILES                # the others were in a syncfs
+    assert all(fsyncs.of(r.path) == [r.path.stat().st_size] for r in one_by_one)
+    assert all([x["kind"] for x in read_record(r.path)] == ["start", "tool_started", "end"] for r in records)
+    assert _open_fds_under(tmp_path, appending_only=True) == 0
+
+
+async def test_a_failed_syncfs_of_closing_records_is_each_closes_failure(tmp_path, autojump_clock):
+    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+
+    writer = RecordWriter(fsync=FsyncLog(), syncfs=SyncfsLog(OSError(5, "Input/output error")))
+    records = [CallRecord(f"rtc_eio_{n}", tmp_path, fsync_s=3600, writer=writer) for n in range(4 * SYNCFS_MIN_FILES)]
+    for record in records:
+        record.opened()
+        record.add("end", reason="closed_by_service")
+    async with trio.open_nursery() as nursery:
+        for record in records:
+            nursery.start_soon(record.close)
+    # told, never hung: written to the page cache, but not known durable (a
+    # first pass of fewer than SYNCFS_MIN_FILES fsynced its files one by one)
+    failed = [r for r in records if r.failed is not None]
+    assert len(failed) > len(records) - SYNCFS_MIN_FILES
+    assert all("(syncfs): [Errno 5] Input/output error" in r.failed for r in failed)
+    assert all([x["kind"] for x in read_record(r.path)] == ["start", "end"] for r in records)
+    assert _open_fds_under(tmp_path, appending_only=True) == 0

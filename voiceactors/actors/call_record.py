@@ -381,12 +381,16 @@ class RecordWriter:
             except OSError as exc:
                 job.error = str(exc)
                 self._close_fd(job.record)    # reopened (and checked for a torn line) next time
-        for job in jobs:
-            if job.sync and job.touched and job.error is None:
+        to_sync = [job for job in jobs if job.sync and job.touched and job.error is None]
+        if self._syncfs is not None and len(to_sync) >= SYNCFS_MIN_FILES:
+            self._sync_jobs_by_filesystem(to_sync)     # many closes at once (a shutdown), or fsync_s=0
+        else:
+            for job in to_sync:
                 try:
                     self._sync(job)
                 except OSError as exc:
                     job.error = str(exc)
+        for job in jobs:
             if job.final:
                 self._close_fd(job.record)
 
@@ -487,18 +491,40 @@ class RecordWriter:
         every dirty file and folder of that filesystem, so what an fsync of
         each would make durable is, in one syscall; a failure is every file's
         of that folder (logged once, as the per-file errors are)."""
-        assert self._syncfs is not None
         errors = []
         for folder in sorted({path.parent for path in paths} | set(folders)):
-            try:
-                fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    self._syncfs(fd)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                errors.append(f"{folder.name}/ (syncfs): {exc}")
+            error = self._syncfs_folder(folder)
+            if error is not None:
+                errors.append(error)
         return errors
+
+    def _sync_jobs_by_filesystem(self, jobs: list[_Job]) -> None:
+        """A write pass's fsyncs for many jobs: one ``syncfs`` per folder
+        (with its name: a new file's entry is in the flush); a folder's
+        failure is each of its jobs' error, as an fsync's is its file's."""
+        by_folder: dict[Path, list[_Job]] = {}
+        for job in jobs:
+            by_folder.setdefault(job.path.parent, []).append(job)
+        for folder, group in by_folder.items():
+            error = self._syncfs_folder(folder)
+            for job in group:
+                if error is None:
+                    job.synced = True
+                else:
+                    job.error = error
+
+    def _syncfs_folder(self, folder: Path) -> str | None:
+        """``syncfs`` on ``folder``'s filesystem; the error's text, or None."""
+        assert self._syncfs is not None
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._syncfs(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return f"{folder.name}/ (syncfs): {exc}"
+        return None
 
     def _fsync_by_path(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

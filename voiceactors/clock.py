@@ -9,6 +9,7 @@ can be replayed as of a fixed day with ``VOICEACTORS_TODAY=YYYY-MM-DD`` or
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 
 _ENV = "VOICEACTORS_TODAY"
@@ -45,13 +46,23 @@ def check_env() -> None:
             raise ValueError(f"{_ENV}: {error} (use YYYY-MM-DD)") from None
 
 
+@functools.lru_cache(maxsize=16)
+def _env_day(text: str) -> _dt.date:
+    """``parse_day`` of the variable's text, once per text: ``today()`` runs
+    on the trio thread a few times a tool round, and ``strptime`` each time
+    was 2 % of a busy server's trio thread (docs/benchmarks.md § 43). A bad
+    text raises each time (lru_cache keeps no exception)."""
+    return parse_day(text)
+
+
 def today() -> _dt.date:
-    """Today: the pinned day, else ``VOICEACTORS_TODAY``, else the local date."""
+    """Today: the pinned day, else ``VOICEACTORS_TODAY`` (read at each call,
+    so a change applies at once), else the local date."""
     if _pinned is not None:
         return _pinned
     env = os.environ.get(_ENV, "").strip()
     if env:
-        return parse_day(env)
+        return _env_day(env)
     return _dt.date.today()
 
 

@@ -382,7 +382,7 @@ class RecordWriter:
                 job.error = str(exc)
                 self._close_fd(job.record)    # reopened (and checked for a torn line) next time
         to_sync = [job for job in jobs if job.sync and job.touched and job.error is None]
-        if self._syncfs is not None and len(to_sync) >= SYNCFS_MIN_FILES:
+        if self._by_filesystem(len(to_sync)):
             self._sync_jobs_by_filesystem(to_sync)     # many closes at once (a shutdown), or fsync_s=0
         else:
             for job in to_sync:
@@ -471,8 +471,9 @@ class RecordWriter:
         """Fsync each file by its path (its own descriptor: the write pass
         owns the kept ones), then each folder; the errors, one per failure.
         Many files: one ``syncfs`` per folder instead (``SYNCFS_MIN_FILES``)."""
-        if self._syncfs is not None and len(paths) >= SYNCFS_MIN_FILES:
-            return self._sync_filesystems(paths, folders)
+        if self._by_filesystem(len(paths)):
+            by_folder = self._syncfs_folders([path.parent for path in paths] + folders)
+            return [error for error in by_folder.values() if error is not None]
         errors = []
         for path in paths:
             try:
@@ -486,50 +487,44 @@ class RecordWriter:
                 errors.append(f"{folder.name}/: {exc}")
         return errors
 
-    def _sync_filesystems(self, paths: list[Path], folders: list[Path]) -> list[str]:
-        """One ``syncfs`` per folder of ``paths`` and ``folders``: it flushes
-        every dirty file and folder of that filesystem, so what an fsync of
-        each would make durable is, in one syscall; a failure is every file's
-        of that folder (logged once, as the per-file errors are)."""
-        errors = []
-        for folder in sorted({path.parent for path in paths} | set(folders)):
-            error = self._syncfs_folder(folder)
-            if error is not None:
-                errors.append(error)
-        return errors
+    def _by_filesystem(self, files: int) -> bool:
+        """Whether ``files`` files are made durable by one ``syncfs`` per
+        folder rather than an fsync each (``SYNCFS_MIN_FILES``)."""
+        return self._syncfs is not None and files >= SYNCFS_MIN_FILES
 
     def _sync_jobs_by_filesystem(self, jobs: list[_Job]) -> None:
         """A write pass's fsyncs for many jobs: one ``syncfs`` per folder
         (with its name: a new file's entry is in the flush); a folder's
         failure is each of its jobs' error, as an fsync's is its file's."""
-        by_folder: dict[Path, list[_Job]] = {}
+        errors = self._syncfs_folders([job.path.parent for job in jobs])
         for job in jobs:
-            by_folder.setdefault(job.path.parent, []).append(job)
-        for folder, group in by_folder.items():
-            error = self._syncfs_folder(folder)
-            for job in group:
-                if error is None:
-                    job.synced = True
-                else:
-                    job.error = error
+            job.error = errors[job.path.parent]
+            job.synced = job.error is None
 
-    def _syncfs_folder(self, folder: Path) -> str | None:
-        """``syncfs`` on ``folder``'s filesystem; the error's text, or None."""
+    def _syncfs_folders(self, folders: list[Path]) -> dict[Path, str | None]:
+        """One ``syncfs`` per distinct folder: it flushes every dirty file
+        and folder of that filesystem, so what an fsync of each file there
+        would make durable is, in one syscall. Each folder's error text, or
+        None."""
         assert self._syncfs is not None
-        try:
-            fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC)
+        errors: dict[Path, str | None] = {}
+        for folder in sorted(set(folders)):
             try:
-                self._syncfs(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            return f"{folder.name}/ (syncfs): {exc}"
-        return None
+                self._call_on(folder, self._syncfs)
+                errors[folder] = None
+            except OSError as exc:
+                errors[folder] = f"{folder.name}/ (syncfs): {exc}"
+        return errors
 
     def _fsync_by_path(self, path: Path) -> None:
+        self._call_on(path, self._fsync)
+
+    @staticmethod
+    def _call_on(path: Path, call: Callable[[int], None]) -> None:
+        """``call`` on a descriptor of ``path`` of its own, closed after."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            self._fsync(fd)
+            call(fd)
         finally:
             os.close(fd)
 

@@ -1,4 +1,4 @@
-"""The whole machine's busy share, every half second, from /proc/stat (Linux).
+"""The whole machine's busy share, every half second (``psutil.cpu_percent``).
 
 Run beside a benchmark to see whether its cores are full at a moment the
 benchmark's own averages smooth over (a join burst): each line is the
@@ -15,11 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-
-def _totals() -> tuple[int, int]:
-    with open("/proc/stat") as stat:
-        ticks = [int(v) for v in stat.readline().split()[1:]]
-    return sum(ticks), ticks[3] + ticks[4]          # all, idle + iowait
+import psutil
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,13 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.5)
     args = p.parse_args(argv)
     start = time.monotonic()
-    before = _totals()
     while time.monotonic() - start < args.seconds:
-        time.sleep(args.interval)
-        now = _totals()
-        total, idle = now[0] - before[0], now[1] - before[1]
-        before = now
-        busy = 100 * (1 - idle / total) if total else 0.0
+        busy = psutil.cpu_percent(interval=args.interval)     # idle and I/O wait count as not busy
         print(f"{time.monotonic() - start:6.1f} s  busy {busy:5.1f} %", flush=True)
     return 0
 

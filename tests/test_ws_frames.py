@@ -118,6 +118,22 @@ async def test_the_frames_of_one_socket_read_come_in_one_step():
         nursery.cancel_scope.cancel()
 
 
+async def test_the_hand_off_decodes_whole_frames_past_wsprotos_decoder():
+    # the fast path of tests/test_ws_decode.py is installed on a real
+    # connection, and what crosses a real socket arrives whole and in order
+    async with trio.open_nursery() as nursery:
+        peer, ws = await connected(nursery)
+        ws_frames.hand_off_at_once(ws)
+        assert getattr(ws._wsproto.connection._proto.received_frames, "_whole_frames", False)
+        texts = ["", "é€😀", "a" * 125, "b" * 126, "c" * 3000, '{"type": "response.done"}']
+        await peer.write(*texts)
+        got: list[str | bytes] = []
+        while len(got) < len(texts):
+            got += await ws_frames.get_messages(ws)
+        assert got == texts
+        nursery.cancel_scope.cancel()
+
+
 async def test_without_the_hand_off_a_read_gives_one_frame_per_step():
     # what the seam is for: trio-websocket's own hand-off yields between messages
     async with trio.open_nursery() as nursery:

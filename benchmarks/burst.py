@@ -243,7 +243,7 @@ def phase_report(phase: Phase, calls: list[Any], joins: list[dict[str, Any]], tr
     per_call_p99: list[float] = []
     write_waits: list[float] = []
     read_waits: list[float] = []
-    protocol = collections.Counter()
+    protocol: collections.Counter[str] = collections.Counter()
     for call in calls:
         w, r = harness_waits(call)
         write_waits += w
@@ -285,6 +285,7 @@ async def _post_connect(port: int, host_header: str, call_id: str) -> dict[str, 
 
     body = json.dumps({"call_id": call_id}).encode()
     t0 = trio.current_time()
+    status: int | str
     try:
         status, _ = await http_exchange("127.0.0.1", port, request_bytes("POST", "/api/voice/connect",
                                                                          host_header, body))
@@ -628,8 +629,8 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
             break
     out["steps"] = steps
     for peer in peers:
-        passed = [s["calls"] for s in steps if s["peer"] == peer and s["passed"]]
-        out.setdefault("capacity", {})[peer] = max(passed) if passed else 0
+        passing = [s["calls"] for s in steps if s["peer"] == peer and s["passed"]]
+        out.setdefault("capacity", {})[peer] = max(passing) if passing else 0
         print(f"burst capacity {peer}: {out['capacity'][peer]} calls (steps tried "
               f"{[s['calls'] for s in steps if s['peer'] == peer]})", flush=True)
     return out

@@ -192,7 +192,9 @@ def _direct_tcp(port: int) -> Callable[[], Awaitable[None]]:
 def _all_tasks() -> int:
     def count(task: trio.lowlevel.Task) -> int:
         return 1 + sum(count(child) for nursery in task.child_nurseries for child in nursery.child_tasks)
-    return count(trio.lowlevel.current_root_task())
+    root = trio.lowlevel.current_root_task()
+    assert root is not None     # only called inside trio.run
+    return count(root)
 
 
 async def live_calls(n: int) -> dict[str, float]:
@@ -219,7 +221,7 @@ async def live_calls(n: int) -> dict[str, float]:
             gc.collect()
             tasks0, objects0 = _all_tasks(), len(gc.get_objects())
             for i in range(n):
-                assert await ask(sup.inbox, lambda reply, i=i: Connect(f"rtc_parts_{i}", reply), timeout=10) == "connected"
+                assert await ask(sup.inbox, lambda reply: Connect(f"rtc_parts_{i}", reply), timeout=10) == "connected"
             with trio.fail_after(60):
                 while sum(1 for actor in sup.calls.values() if actor._ws is not None) < n:
                     await trio.sleep(0.05)

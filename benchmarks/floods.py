@@ -68,7 +68,6 @@ import gc
 import http.client
 import itertools
 import json
-import math
 import os
 import random
 import select
@@ -705,7 +704,7 @@ def run_repeat(repeat: int, args: argparse.Namespace, journal: Path, watch: Load
         server = serve_against_sim(sim_port, port, journal, run_dir, host_header=host_header,
                                    env=dict(kv.split("=", 1) for kv in args.server_env),
                                    repo=Path(args.server_repo) if args.server_repo else None)
-        connects = collections.Counter()
+        connects: collections.Counter[str] = collections.Counter()
         for n in range(args.calls):
             status, body = connect_live(port, host_header, f"{PREFIX}-{n}")
             connects[str(status)] += 1

@@ -35,9 +35,12 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar, TypeVarTuple, Unpack
 
 NS = time.perf_counter_ns
+# trio.run's type parameters: mypy accepts a wrapper put in its place only in its generic shape
+PosArgT = TypeVarTuple("PosArgT")
+RetT = TypeVar("RetT")
 _CALL_ID = re.compile(rb'"call_id": ?"([^"]+)"')
 _CALL_ID_S = re.compile(r'"call_id": ?"([^"]+)"')
 _FRAME_START = b'{"type": "'
@@ -202,10 +205,10 @@ def _patch_ours() -> None:
 
     answer_now = executor.ToolExecutor.answer_now
 
-    def stamped_answer(self: Any, request: Any, *args: Any) -> Any:
+    def stamped_answer(self: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
         t0 = NS()
-        out = answer_now(self, request, *args)
-        S["answer"].append((t0, NS(), request.tool_call_id, out is not None))
+        out = answer_now(self, req, *args, **kwargs)
+        S["answer"].append((t0, NS(), req.tool_call_id, out is not None))
         return out
 
     executor.ToolExecutor.answer_now = stamped_answer    # type: ignore[method-assign]
@@ -266,7 +269,8 @@ def install() -> None:
 
     run = trio.run
 
-    def stamped_run(async_fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def stamped_run(async_fn: Callable[[Unpack[PosArgT]], Awaitable[RetT]], *args: Unpack[PosArgT],
+                    **kwargs: Any) -> RetT:
         role = _role()     # sys.argv is not set yet while site imports this
         _patch_sockets()
         if role == "ours":
@@ -275,7 +279,7 @@ def install() -> None:
             _patch_peer()
         offset: list[float] = []
 
-        async def main(*a: Any) -> Any:
+        async def main(*a: Unpack[PosArgT]) -> RetT:
             offset.append(trio.current_time() - time.perf_counter())
             return await async_fn(*a)
 

@@ -111,6 +111,7 @@ def handler_ms(journal: Path, n: int = 40) -> dict[str, float]:
         from benchmarks.common import BENCH_TODAY
 
         spec = lookup("briefing.get")
+        assert spec is not None
         ctx = ToolContext(journal=journal, state_dir=journal.parent / "handler-state", today=lambda: BENCH_TODAY)
         times = []
         for _ in range(n):
@@ -157,14 +158,13 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
     timeout = play_s + 60 + calls * 0.1
     sim_out = run_dir / "sim.json"
     sim_module, sim_args = SIMS[sim]
-    sim_name = sim
-    sim = spawn("sim", sim_module, [
+    sim_proc = spawn("sim", sim_module, [
         *sim_args, "--calls", str(calls), "--prefix", "rtc_bench", "--workload", workload, "--rounds", str(rounds),
         "--gap", str(gap), "--rate-hz", str(rate_hz), "--wait", str(wait), "--timeout", str(timeout),
         "--out", str(sim_out)], workdir=run_dir)
     peer_proc = None
     try:
-        port = sim.expect("PORT", 60)
+        port = sim_proc.expect("PORT", 60)
         log_path = run_dir / "peer.log"
         peer_proc = spawn(peer, PEERS[peer], [
             "--base-url", f"http://127.0.0.1:{port}/v1", "--api-key", BENCH_KEY, "--prefix", "rtc_bench",
@@ -175,10 +175,10 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         peer_proc.expect("STARTED", 120)
         time.sleep(0.5)
         rss_before = peer_proc.rss()
-        window = CpuWindow({"peer": peer_proc, "sim": sim})
+        window = CpuWindow({"peer": peer_proc, "sim": sim_proc})
         joined_at = time.perf_counter()
         peer_proc.send("GO")
-        sim.expect("CONNECTED", timeout)
+        sim_proc.expect("CONNECTED", timeout)
         join_s = time.perf_counter() - joined_at
         window.start()
         measured_from = time.time()
@@ -187,10 +187,10 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         if workload == "idle":
             time.sleep(idle_settle_s)
             rss_joined = peer_proc.rss()
-            sim.send("STOP")
-        sim.expect("DONE", timeout + 30)
+            sim_proc.send("STOP")
+        sim_proc.expect("DONE", timeout + 30)
         cpu = window.stop()
-        if spy is not None:
+        if py_spy_s and spy is not None:
             try:
                 spy.wait(timeout=py_spy_s + 30)
             except subprocess.TimeoutExpired:
@@ -198,15 +198,15 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         rss_end = peer_proc.rss()
         peer_proc.close_stdin()
         peer_rc = peer_proc.wait(30)
-        sim.close_stdin()
-        sim.wait(10)
+        sim_proc.close_stdin()
+        sim_proc.wait(10)
         result = json.loads(sim_out.read_text())
     finally:
-        for proc in (peer_proc, sim):
+        for proc in (peer_proc, sim_proc):
             if proc is not None and proc.popen.poll() is None:
                 proc.popen.terminate()
                 proc.wait(10)
-    result.update(sim=sim_name, peer=peer, calls=calls, workload=workload, rounds=rounds, gap_s=gap, rate_hz=rate_hz,
+    result.update(sim=sim, peer=peer, calls=calls, workload=workload, rounds=rounds, gap_s=gap, rate_hz=rate_hz,
                   log_level=log_level, cpu=cpu, join_s=round(join_s, 3), peer_rc=peer_rc,
                   rss_before=rss_before, rss_joined=rss_joined, rss_end=rss_end, run_dir=str(run_dir),
                   peer_stderr_tail=peer_proc.tail(600) if peer_proc else "")

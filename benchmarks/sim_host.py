@@ -130,7 +130,9 @@ def batch_times(call: SimCall, wire: bool = False) -> list[BatchTimes]:
     creates: list[float] = []
     for event, t in zip(call.received, received_at):
         kind = event.get("type")
-        item = event.get("item") if isinstance(event.get("item"), dict) else {}
+        item = event.get("item")
+        if not isinstance(item, dict):
+            item = {}
         if kind == "conversation.item.create" and item.get("type") == "function_call_output":
             first_output.setdefault(str(item.get("call_id")), t)
         elif kind == "response.create":

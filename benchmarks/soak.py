@@ -125,7 +125,9 @@ def rss_mib() -> float:
 def count_tasks() -> int:
     """Every live trio task, by a walk of the task tree from the root."""
     count = 0
-    stack = [trio.lowlevel.current_root_task()]
+    root = trio.lowlevel.current_root_task()
+    assert root is not None     # only called inside trio.run
+    stack = [root]
     while stack:
         task = stack.pop()
         count += 1

@@ -20,7 +20,7 @@ import asyncio
 import sys
 from typing import Any
 
-from agents import FunctionTool, set_tracing_disabled
+from agents import FunctionTool, Tool, set_tracing_disabled
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
 from voiceactors.tools import REGISTRY
@@ -29,7 +29,7 @@ from benchmarks.peers.args import call_ids, run_asyncio_peer, serve_calls
 from benchmarks.peers.tool_calls import context, run_tool
 
 
-def make_tools(ctx) -> list[FunctionTool]:
+def make_tools(ctx) -> list[Tool]:
     def invoker(name: str):
         async def invoke(_tool_ctx: Any, arguments: str) -> str:
             return await asyncio.to_thread(run_tool, ctx, name, arguments)

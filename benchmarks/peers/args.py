@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import sys
-from typing import Any, Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Callable, Coroutine, Iterable
 
 
 def peer_parser(description: str) -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def join_due(first: float, n: int, rate: float) -> float:
     return first + n / rate if rate > 0 else first
 
 
-def run_asyncio_peer(description: str, main: Callable[[argparse.Namespace], Awaitable[None]],
+def run_asyncio_peer(description: str, main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
                      argv: list[str] | None = None) -> int:
     """Parse the command line, print ``STARTED``, wait for ``GO``, run ``main``."""
     args = peer_parser(description).parse_args(argv)

@@ -28,8 +28,8 @@ from benchmarks.peers.args import call_ids, peer_parser
 
 async def serve_call(base_url: str, api_key: str, call_id: str) -> None:
     url = urlsplit(base_url)
-    async with trio_websocket.open_websocket(url.hostname, url.port, f"{url.path}/realtime?call_id={call_id}",
-                                             use_ssl=False,
+    async with trio_websocket.open_websocket(url.hostname or "127.0.0.1", url.port or 80,
+                                             f"{url.path}/realtime?call_id={call_id}", use_ssl=False,
                                              extra_headers=[(b"authorization", f"Bearer {api_key}".encode())]) as ws:
         try:
             while True:

@@ -87,7 +87,7 @@ async def _serve_calls(rt, ids: list[str], lags: list[float], scope: trio.Cancel
         rate, first = join_rate(), trio.current_time()
         for n, cid in enumerate(ids):
             await trio.sleep_until(join_due(first, n, rate))     # BENCH_JOIN_RATE: paced joins
-            answer = await ask(rt.calls, lambda r, cid=cid: Connect(cid, r), timeout=10)
+            answer = await ask(rt.calls, lambda r: Connect(cid, r), timeout=10)
             if answer != "connected":
                 print(f"connect {cid}: {answer}", file=sys.stderr, flush=True)
         print("JOINED", flush=True)

@@ -169,6 +169,17 @@ def test_burst_long_mode_and_sweep(bench):
     assert data["capacity"]["nothing"] in (0, 2) and step["passed"] == (data["capacity"]["nothing"] == 2)
 
 
+def test_the_do_nothing_server_with_our_frame_fast_path_answers_every_round(bench, monkeypatch):
+    # the stricter floor of docs/benchmarks.md § 46: the peer process reads the variable
+    monkeypatch.setenv("BENCH_NOTHING_FAST_FRAMES", "1")
+    data = _main(bench, "benchmarks.burst", "--mode", "sweep", "--peers", "nothing", "--steps", "3",
+                 "--rounds", "2", "--spread", "0.1", "--settle-max-s", "1", "--warm-calls", "0",
+                 "--idle-s", "0")
+    burst = data["steps"][0]["result"]["phases"]["burst"]
+    assert burst["rounds_done"] == 6 and burst["unanswered"] == 0 and burst["errors"] == 0
+    assert burst["violations"] == 0 and burst["duplicate_outputs"] == 0
+
+
 def test_connect_cost_counts_every_call_and_its_lines(bench):
     r = _main(bench, "benchmarks.connect_cost", "--calls", "5", "--rate", "50", "--repeats", "1", "--idle-s", "0.5")
     run = r["runs"][0]

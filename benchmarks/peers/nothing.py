@@ -15,6 +15,9 @@ refused). Nothing is logged; the cyclic garbage collector is off.
 Its latencies are what the simulator, the loopback and one scheduler turn
 cost by themselves, under the same burst: the floor our server is compared
 with in the same run.
+``BENCH_NOTHING_FAST_FRAMES=1`` gives its sideband our own frame fast path
+(``voiceactors.realtime.ws_frames``), which our server has used since
+docs/benchmarks.md § 44: a stricter floor (§ 46).
 
 Run by ``benchmarks.burst``: prints ``STARTED`` once listening; exits when
 stdin closes or after ``--max-seconds``.
@@ -25,12 +28,19 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 from urllib.parse import urlsplit
 
 import trio
 import trio_websocket
 
+from voiceactors.realtime import ws_frames
+
+# BENCH_NOTHING_FAST_FRAMES=1: our own frame fast path (``ws_frames``: whole
+# text frames decoded past wsproto, every queued message handed over at once)
+# on this peer's sideband too, a stricter floor (docs/benchmarks.md § 46)
+FAST_FRAMES = os.environ.get("BENCH_NOTHING_FAST_FRAMES") == "1"
 FIXED_OUTPUT = '{"ok": true}'
 CREATE = json.dumps({"type": "response.create"})
 # json.dumps of a server event starts with its type: '{"type": "response.done", ...'
@@ -43,6 +53,8 @@ async def sideband(base_url: str, api_key: str, call_id: str, opened: trio.Event
     async with trio_websocket.open_websocket(url.hostname or "127.0.0.1", url.port or 80,
                                              f"{url.path}/realtime?call_id={call_id}", use_ssl=False,
                                              extra_headers=[(b"authorization", f"Bearer {api_key}".encode())]) as ws:
+        if FAST_FRAMES:
+            ws_frames.hand_off_at_once(ws)
         opened.set()
         answered = False
         try:

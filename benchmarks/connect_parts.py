@@ -65,6 +65,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 import trio
 
+from benchmarks.soak import count_tasks
 from voiceactors import config, context, storage
 from voiceactors.realtime import tls
 from voiceactors.actors.call_context import CallContext, LinkedContext
@@ -189,14 +190,6 @@ def _direct_tcp(port: int) -> Callable[[], Awaitable[None]]:
     return connect
 
 
-def _all_tasks() -> int:
-    def count(task: trio.lowlevel.Task) -> int:
-        return 1 + sum(count(child) for nursery in task.child_nurseries for child in nursery.child_tasks)
-    root = trio.lowlevel.current_root_task()
-    assert root is not None     # only called inside trio.run
-    return count(root)
-
-
 async def live_calls(n: int) -> dict[str, float]:
     import gc
 
@@ -219,7 +212,7 @@ async def live_calls(n: int) -> dict[str, float]:
                 sim.add_call(f"rtc_parts_{i}", silence)
             await trio.sleep(0.2)
             gc.collect()
-            tasks0, objects0 = _all_tasks(), len(gc.get_objects())
+            tasks0, objects0 = count_tasks(), len(gc.get_objects())
             for i in range(n):
                 assert await ask(sup.inbox, lambda reply: Connect(f"rtc_parts_{i}", reply), timeout=10) == "connected"
             with trio.fail_after(60):
@@ -227,7 +220,7 @@ async def live_calls(n: int) -> dict[str, float]:
                     await trio.sleep(0.05)
             await trio.sleep(0.5)
             gc.collect()
-            tasks1, objects1 = _all_tasks(), len(gc.get_objects())
+            tasks1, objects1 = count_tasks(), len(gc.get_objects())
             assert await ask(sup.inbox, CountCalls, timeout=5) == n
             nursery.cancel_scope.cancel()
     return {"tasks_per_live_call": round((tasks1 - tasks0) / n, 2),

@@ -37,9 +37,6 @@ import trio_websocket
 
 from voiceactors.realtime import ws_frames
 
-# BENCH_NOTHING_FAST_FRAMES=1: our own frame fast path (``ws_frames``: whole
-# text frames decoded past wsproto, every queued message handed over at once)
-# on this peer's sideband too, a stricter floor (docs/benchmarks.md § 46)
 FAST_FRAMES = os.environ.get("BENCH_NOTHING_FAST_FRAMES") == "1"
 FIXED_OUTPUT = '{"ok": true}'
 CREATE = json.dumps({"type": "response.create"})

@@ -207,6 +207,10 @@ async def test_wrong_tokens_on_any_route_draw_from_the_sign_ins_bucket(journal, 
             # locked out before the comparison: the right token waits too, on every route
             for other in ("/api/voice/status", "/mcp", "/api/voice/connect"):
                 assert (await _guess(port, source, other, right))[0] == 429, (name, other)
+            server["sim"].add_call(f"rtc_locked_{source}")       # a plain connect too (answered below Quart)
+            status, _headers, body = await _send(port, source, "POST", "/api/voice/connect", **right,
+                                                 body=json.dumps({"call_id": f"rtc_locked_{source}"}).encode())
+            assert (status, body) == (429, {"error": "too many requests"}), name
             # another client's right token still gets in
             assert (await _guess(port, sources.next(), route, right))[0] == 200, name
         # one bucket for all routes and the sign-in: three guesses here, two there, then none anywhere

@@ -149,6 +149,9 @@ async def test_sign_in_in_absolute_form_locks_out_as_the_origin_form(journal, tm
         assert "voiceactors_session=" in headers["set-cookie"]
 
 
+MCP_LIST = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+
+
 async def test_what_each_spelling_reaches(journal, tmp_path):
     """Through hypercorn: the spellings Quart routes reach their route behind
     every guard (the token); the ones it does not route reach nothing."""
@@ -168,11 +171,12 @@ async def test_what_each_spelling_reaches(journal, tmp_path):
         # /mcp in any spelling is the MCP endpoint (which answers a GET 405), not Quart's 404
         for target in _spellings("/mcp", port).values():
             assert (await _send(port, source, "GET", target, Authorization=BEARER))[0] == 405, target
+            status, _headers, body = await _send(port, source, "POST", target, body=MCP_LIST, Authorization=BEARER,
+                                                 Accept="application/json, text/event-stream")
+            assert status == 200 and len(body["result"]["tools"]) == 9, (target, body)
 
 
 # --- refused credentials, any route ------------------------------------------------------------
-
-MCP_LIST = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
 
 
 async def _guess(port: int, source: str, route: str, credential: dict[str, str]) -> tuple[int, dict[str, str], Any]:
@@ -300,3 +304,38 @@ async def test_on_open_loopback_another_port_is_refused_too(journal, tmp_path):
         status, _headers, body = await _send(port, "127.0.0.2", "GET", "/api/voice/observer-actions",
                                              Sec_Fetch_Site="same-origin")
         assert (status, body) == (200, {"actions": [], "consumed": True})
+
+
+# --- the one rule is Quart's --------------------------------------------------------------------
+
+TARGETS = ["/api/voice/connect", "http://x/api/voice/connect", "http://x:1/api/voice/connect?a=b", "//api/voice/status",
+           "///api/voice/status", "http://x//api/voice/status", "/api/voice/%63onnect", "/api/voice/status;x",
+           "http://x/api/voice/status;x", "/api//voice/status", "/api/voice/./connect", "/%6Dcp", "http://x/mcp",
+           "http://x", "http://x?y", "*", "/%2F%2Fapi/voice/status", "https://x/%2Fmcp", "/api/voice/status?x=http://y/z"]
+
+
+def test_the_routed_path_is_the_path_quart_routes(tmp_path):
+    """``targets.target_path`` (what every guard keys on) is the path Quart
+    builds its request from, for the scope hypercorn gives it; pinned
+    against Quart's own code (its ``_create_request_from_scope``), so an
+    upgrade that changes either is seen here."""
+    from urllib.parse import unquote
+
+    from voiceactors.http import create_app
+    from voiceactors.http.asgi import ClosingHTTPConnection
+    from voiceactors.http.targets import scope_path, target_path
+    from voiceactors.settings import Settings
+
+    app = create_app(Settings(journal=tmp_path, state_dir=tmp_path / "state"))
+
+    async def send(_message: Any) -> None:
+        pass
+
+    for target in TARGETS:
+        raw = target.encode()
+        path, _, query = raw.partition(b"?")
+        scope = {"type": "http", "http_version": "1.1", "method": "GET", "scheme": "http",
+                 "path": unquote(path.decode("ascii")), "raw_path": path, "query_string": query, "root_path": "",
+                 "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+        request = ClosingHTTPConnection(app, scope)._create_request_from_scope(send)
+        assert target_path(raw) == scope_path(scope) == request.path, target

@@ -229,6 +229,12 @@ async def test_wrong_tokens_on_any_route_draw_from_the_sign_ins_bucket(journal, 
                                                  Authorization="Bearer wrong-guess")
             assert status == 200 and body["signed_in"] is False
         assert (await _send(port, source, "GET", "/api/voice/console-config", Authorization=BEARER))[0] == 429
+        # a stale session cookie (a restart signs everyone out) draws once: the console's config drops it
+        source = sources.next()
+        status, headers, body = await _send(port, source, "GET", "/api/voice/console-config",
+                                            Cookie="voiceactors_session=from-before-a-restart")
+        assert status == 200 and body["signed_in"] is False
+        assert headers["set-cookie"].startswith("voiceactors_session=;") and "Max-Age=0" in headers["set-cookie"]
         # a request presenting nothing guessed nothing: never locked out by its 401s
         source = sources.next()
         assert [(await _send(port, source, "GET", "/api/voice/status"))[0] for _ in range(8)] == [401] * 8

@@ -129,8 +129,13 @@ async def console_config() -> Any:
         check = auth.request_credential(settings)
         refuse_after(check.locked_s)
         signed_in = check.accepted
-    return jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
-                    "signed_in": bool(signed_in), "demo": settings.demo})
+    response = jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
+                        "signed_in": bool(signed_in), "demo": settings.demo})
+    if not signed_in and request.cookies.get(console_sessions.COOKIE_NAME) is not None:
+        # a session the server no longer knows (a restart, an expiry): the browser drops it now,
+        # so each page load before signing in again does not draw from the failure bucket
+        console_sessions.clear_cookie(response)
+    return response
 
 
 @console_bp.post("/api/voice/login")

@@ -169,7 +169,8 @@ async def real_server_for(journal: Path, tmp_path: Path, **changes: Any) -> Asyn
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.serve, 0)
         settings = settings_for(journal, tmp_path, port=0, openai_base_url=sim.base_url, keep_alive_timeout_s=2.0,
-                                brain_ready_wait_s=5.0, shutdown_deadline_s=3.0, close_deadline_s=1.0).replace(**changes)
+                                brain_ready_wait_s=5.0, shutdown_deadline_s=3.0, close_deadline_s=1.0)
+        settings = settings.replace(**changes)
         info: dict[str, Any] = {"sim": sim, "settings": settings}
         stopped = trio.Event()
 

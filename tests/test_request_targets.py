@@ -240,11 +240,11 @@ async def test_wrong_tokens_on_any_route_draw_from_the_sign_ins_bucket(journal, 
         assert [(await _send(port, source, "GET", "/api/voice/status"))[0] for _ in range(8)] == [401] * 8
         assert (await _send(port, source, "GET", "/api/voice/status", Authorization=BEARER))[0] == 200
         # behind a trusted proxy the bucket is the forwarded client's
+        proxy, wrong = "127.0.0.1", GUESSES["bearer on /status"][1]
         for _ in range(5):
-            await _guess(port, "127.0.0.1", "/api/voice/status", {**GUESSES["bearer on /status"][1],
-                                                                   "X-Forwarded-For": "10.9.8.7"})
-        assert (await _guess(port, "127.0.0.1", "/api/voice/status", {**right, "X-Forwarded-For": "10.9.8.7"}))[0] == 429
-        assert (await _guess(port, "127.0.0.1", "/api/voice/status", {**right, "X-Forwarded-For": "10.9.8.6"}))[0] == 200
+            await _guess(port, proxy, "/api/voice/status", {**wrong, "X-Forwarded-For": "10.9.8.7"})
+        assert (await _guess(port, proxy, "/api/voice/status", {**right, "X-Forwarded-For": "10.9.8.7"}))[0] == 429
+        assert (await _guess(port, proxy, "/api/voice/status", {**right, "X-Forwarded-For": "10.9.8.6"}))[0] == 200
 
 
 # --- Last-Event-ID ------------------------------------------------------------------------------
@@ -317,7 +317,8 @@ async def test_on_open_loopback_another_port_is_refused_too(journal, tmp_path):
 TARGETS = ["/api/voice/connect", "http://x/api/voice/connect", "http://x:1/api/voice/connect?a=b", "//api/voice/status",
            "///api/voice/status", "http://x//api/voice/status", "/api/voice/%63onnect", "/api/voice/status;x",
            "http://x/api/voice/status;x", "/api//voice/status", "/api/voice/./connect", "/%6Dcp", "http://x/mcp",
-           "http://x", "http://x?y", "*", "/%2F%2Fapi/voice/status", "https://x/%2Fmcp", "/api/voice/status?x=http://y/z"]
+           "http://x", "http://x?y", "*", "/%2F%2Fapi/voice/status", "https://x/%2Fmcp",
+           "/api/voice/status?x=http://y/z"]
 
 
 def test_the_routed_path_is_the_path_quart_routes(tmp_path):

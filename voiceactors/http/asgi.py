@@ -254,9 +254,9 @@ async def _answer_busy(send: Any) -> None:
 
 class PathSwitch:
     """The app's ASGI entry (``app.asgi_app``): ``/mcp`` (exactly, as Quart
-    would route it: ``targets.py``; a POST there is never redirected) goes to the MCP endpoint
-    (``voiceactors/http/mcp.py``), everything else — lifespan included —
-    to Quart. ``/mcp`` requests count toward ``max_requests_in_flight`` like
+    would route it: ``targets.py``; a POST there is never redirected) goes
+    to the MCP endpoint (``voiceactors/http/mcp.py``), everything else —
+    lifespan included — to Quart. ``/mcp`` requests count toward ``max_requests_in_flight`` like
     every other request."""
 
     def __init__(self, app: Any, quart: Any, path: str, endpoint: Any) -> None:

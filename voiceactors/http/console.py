@@ -23,6 +23,7 @@ from quart import Blueprint, Response, jsonify, request
 from voiceactors.http import auth, console_sessions, history, timeline_svg
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
+from voiceactors.http.ratelimit import refuse_after
 from voiceactors.http.routes import CALL_ID_RE, _json_object, state
 from voiceactors.logs import get_logger
 from voiceactors.storage import run_sync
@@ -123,10 +124,18 @@ async def asset(name: str) -> Any:
 async def console_config() -> Any:
     settings = state().settings
     required = auth.token_required(settings)
-    signed_in = not required or auth.authorized(settings, request.headers.get("Authorization")) \
-        or console_sessions.has_valid_cookie()
-    return jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
-                    "signed_in": bool(signed_in), "demo": settings.demo})
+    signed_in = not required
+    if required:         # this answer tells a right token from a wrong one: the same check as every route's
+        check = auth.request_credential(settings)
+        refuse_after(check.locked_s)
+        signed_in = check.accepted
+    response = jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
+                        "signed_in": bool(signed_in), "demo": settings.demo})
+    if not signed_in and request.cookies.get(console_sessions.COOKIE_NAME) is not None:
+        # a session the server no longer knows (a restart, an expiry): the browser drops it now,
+        # so each page load before signing in again does not draw from the failure bucket
+        console_sessions.clear_cookie(response)
+    return response
 
 
 @console_bp.post("/api/voice/login")

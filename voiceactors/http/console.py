@@ -15,10 +15,11 @@ import functools
 import mimetypes
 import re
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
-from quart import Blueprint, Response, jsonify, request
+from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors.http import auth, console_sessions, history, timeline_svg
 from voiceactors.http import errors as E
@@ -35,6 +36,8 @@ TOKEN_REQUIRED = "token is required"
 NOT_FOUND = "not found"
 
 _log = get_logger(actor="http")
+
+T = TypeVar("T")
 
 console_bp = Blueprint("console", __name__)
 
@@ -175,11 +178,15 @@ async def list_calls() -> Any:
     return jsonify({"calls": calls})
 
 
-async def _detail(call_id: str) -> dict[str, Any]:
+async def _from_record(call_id: str, make: Callable[[Path, str], T]) -> T:
+    """``make(state folder, call_id)`` in a worker thread: reading a record,
+    summarising it, drawing it and encoding the answer are work in
+    proportion to the record (up to ``history.MAX_RECORD_BYTES``), which on
+    the trio thread held up every other request meanwhile."""
     if not CALL_ID_RE.fullmatch(call_id):
         raise ApiError(400, E.CALL_ID_INVALID)
     try:
-        return await run_sync(history.call_detail, history.history_root(state().settings), call_id)
+        return await run_sync(make, history.history_root(state().settings), call_id)
     except FileNotFoundError:
         raise ApiError(404, E.CALL_NOT_FOUND) from None
     except (history.RecordUnreadable, OSError) as error:
@@ -189,11 +196,14 @@ async def _detail(call_id: str) -> dict[str, Any]:
 
 @console_bp.get("/api/voice/calls/<call_id>")
 async def call_detail(call_id: str) -> Any:
-    return jsonify(await _detail(call_id))
+    provider = current_app.json     # jsonify's encoding, run in the worker thread with the rest
+    body = await _from_record(call_id, lambda root, cid: provider.dumps(
+        history.call_detail(root, cid), separators=(",", ":")) + "\n")
+    return current_app.response_class(body, mimetype=provider.mimetype)   # type: ignore[attr-defined]
 
 
 @console_bp.get("/api/voice/calls/<call_id>/timeline.svg")
 async def call_timeline(call_id: str) -> Any:
-    detail = await _detail(call_id)
-    response = Response(timeline_svg.render(detail["lines"]), status=200, content_type="image/svg+xml; charset=utf-8")
+    svg = await _from_record(call_id, lambda root, cid: timeline_svg.render(history.call_lines(root, cid)))
+    response = Response(svg, status=200, content_type="image/svg+xml; charset=utf-8")
     return _hardened(response, "default-src 'none'")

@@ -187,15 +187,21 @@ def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any
     return out
 
 
-def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
-    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
-    (``usage``: one entry per response, from the ``usage`` lines).
+def call_lines(state_dir: Path, call_id: str) -> list[dict[str, Any]]:
+    """One call's record lines over every state folder that has its record.
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
     found = [record_path(folder, call_id) for folder in state_folders(state_dir)]
     paths = sorted((p for p in found if p.exists()), key=lambda p: p.stat().st_mtime)
     if not paths:
         raise FileNotFoundError(found[0])
-    lines = load_call_lines(tuple(paths))
+    return load_call_lines(tuple(paths))
+
+
+def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
+    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
+    (``usage``: one entry per response, from the ``usage`` lines).
+    Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
+    lines = call_lines(state_dir, call_id)
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
              for line in lines if line.get("kind") == "usage"]

@@ -1,0 +1,96 @@
+"""Work in proportion to a call record stays off the trio thread and linear
+(issue 34): a ``voiceactors serve`` child with a large record in its state
+folder draws its timeline quickly and answers other requests meanwhile.
+The record is a real file, as a long call leaves it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+from calls_support import DAY, KEY
+from test_call_crash import Server, stop_all, stop_cleanly
+from voiceactors.http import timeline_svg
+from voiceactors.http.history import MAX_RECORD_BYTES
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.simulator import Simulator
+
+BIG_CALL = "rtc_big_record"
+RESPONSES = 7_000
+
+
+def big_record(responses: int = RESPONSES) -> list[dict]:
+    """A call of ``responses`` model responses, each with one tool call."""
+    lines: list[dict] = [{"kind": "start", "t": 0.0, "call_id": BIG_CALL, "at": "2026-03-27T09:00:00+00:00"}]
+    for i in range(responses):
+        response_id = f"resp_{i:06d}"
+        lines.append({"kind": "tool_call", "t": round(i * 0.01, 3), "tool_call_id": f"call_{i:06d}",
+                      "tool": "calendar.today", "response_id": response_id, "epoch": 0, "turn": i,
+                      "duration_ms": 1.5, "outcome": "ok"})
+        lines.append({"kind": "response", "t": round(i * 0.01 + 0.005, 3), "response_id": response_id,
+                      "status": "completed", "epoch": 0, "origin": "model", "tool_calls": [f"call_{i:06d}"]})
+    lines.append({"kind": "end", "t": responses * 0.01, "reason": "hangup", "duration_s": responses * 0.01})
+    return lines
+
+
+def write_record(state: Path, lines: list[dict]) -> Path:
+    path = state / "calls" / f"{BIG_CALL}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert path.stat().st_size < MAX_RECORD_BYTES      # a record the history does load
+    return path
+
+
+def test_a_timeline_is_drawn_in_time_linear_in_its_record():
+    lines = big_record()
+    started = time.perf_counter()
+    svg = timeline_svg.render(lines)
+    took = time.perf_counter() - started
+    assert svg.count("<title>response resp_") == RESPONSES      # every response drawn
+    assert took < 1.0, f"{RESPONSES} responses drawn in {took:.2f} s"
+
+
+async def test_a_large_records_timeline_does_not_hold_up_other_requests(tmp_path):
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    state = tmp_path / "state"
+    write_record(state, big_record())
+    sim = Simulator(None, api_key=KEY)
+    server: Server | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sim.serve, 0)
+            server = Server(journal, state, sim)
+            url = await server.start(nursery)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                assert (await client.get("/api/voice/status")).status_code == 200
+                drawn = trio.Event()
+                timeline: dict = {}
+
+                async def draw() -> None:
+                    began = trio.current_time()
+                    answer = await client.get(f"/api/voice/calls/{BIG_CALL}/timeline.svg")
+                    timeline.update(status=answer.status_code, took=trio.current_time() - began,
+                                    svg=answer.text)
+                    drawn.set()
+
+                nursery.start_soon(draw)
+                await trio.sleep(0.02)          # the timeline's request goes first
+                waits = []
+                while not drawn.is_set():
+                    began = trio.current_time()
+                    assert (await client.get("/api/voice/status")).status_code == 200
+                    waits.append(trio.current_time() - began)
+                assert timeline["status"] == 200 and timeline["svg"].startswith("<svg")
+                assert timeline["took"] < 1.0, timeline["took"]
+                assert waits and max(waits) < 0.5, waits
+                detail = await client.get(f"/api/voice/calls/{BIG_CALL}")
+                assert detail.status_code == 200 and detail.headers["content-type"] == "application/json"
+                assert detail.json()["call"]["responses"] == RESPONSES
+            await stop_cleanly(server)
+            nursery.cancel_scope.cancel()
+    finally:
+        stop_all(server)

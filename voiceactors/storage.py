@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 import trio
 
@@ -309,6 +309,64 @@ def file_lock(path: Path, timeout_s: float | None = None) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# --- reading a file we did not write ---------------------------------------------------
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a file that is not a regular one is (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` open for reading in binary, or ``ValueError`` naming what it
+    is when it is not a regular file: a FIFO blocks the open (or the read)
+    until a writer comes, a device such as ``/dev/zero`` never ends. Checked
+    by ``stat`` before the open, and again on the descriptor (the name may
+    have been swapped meanwhile: ``O_NONBLOCK`` keeps that open from waiting
+    for a FIFO's writer)."""
+    kind = _not_regular(os.stat(path).st_mode)
+    if kind is not None:
+        raise ValueError(f"{path}: not a regular file ({kind})")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = _not_regular(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise ValueError(f"{path}: not a regular file ({kind})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):g} MiB"
+
+
+def bounded_lines(handle: BinaryIO, name: str, *, max_line: int, max_total: int) -> Iterator[bytes]:
+    """The lines of ``handle`` (split at ``"\n"`` only, each without it and
+    a trailing ``"\r"``), never reading more than ``max_line`` bytes for a
+    line or ``max_total`` in all: past either, ``ValueError`` naming ``name``
+    and the bound (a line read whole first could take every byte of memory)."""
+    if os.fstat(handle.fileno()).st_size > max_total:
+        raise ValueError(f"{name}: larger than {_mib(max_total)}")
+    total = 0
+    number = 0
+    while raw := handle.readline(max_line + 1):
+        number += 1
+        total += len(raw)
+        if len(raw) > max_line and not raw.endswith(b"\n"):
+            raise ValueError(f"{name}: line {number} is longer than {_mib(max_line)}")
+        if total > max_total:
+            raise ValueError(f"{name}: larger than {_mib(max_total)}")
+        yield raw[:-1].removesuffix(b"\r") if raw.endswith(b"\n") else raw.removesuffix(b"\r")
 
 
 # --- JSONL --------------------------------------------------------------------------

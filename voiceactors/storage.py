@@ -160,6 +160,65 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+# --- private files ------------------------------------------------------------------
+
+#: What the state folder holds (call records with their transcripts, captures,
+#: the write log, usage, the search index) is its user's alone, whatever the
+#: umask: files are made with this mode ...
+PRIVATE_FILE_MODE = 0o600
+#: ... and folders with this one.
+PRIVATE_FOLDER_MODE = 0o700
+
+
+def private_folder(folder: Path) -> None:
+    """``folder`` and its missing parents, each made with mode 0700 (a plain
+    ``mkdir -p`` makes them 0777 less the umask: 0755 under 022). A folder
+    that already exists is left as it is."""
+    folder = Path(folder)
+    missing: list[Path] = []
+    while not folder.is_dir() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, PRIVATE_FOLDER_MODE)
+        except FileExistsError:
+            continue                     # made meanwhile by another writer
+        os.chmod(path, PRIVATE_FOLDER_MODE)      # exactly 0700: a umask may take the owner's bits too
+
+
+def private_state_folder(state_dir: Path) -> None:
+    """A server's state folder made (``private_folder``), or, made before
+    with a looser mode (an older version, ``mkdir`` by hand), closed to
+    everyone but its owner: then files written looser before are out of
+    reach too."""
+    private_folder(state_dir)
+    info = os.stat(state_dir)
+    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(state_dir, stat.S_IMODE(info.st_mode) & ~0o077)
+
+
+def open_private(path: Path, flags: int) -> tuple[int, bool]:
+    """``os.open(path, flags | O_CLOEXEC)``, creating a missing file with
+    mode 0600 exactly, whatever the umask (an existing file keeps its own);
+    and whether this call created it."""
+    flags |= os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+        except FileExistsError:
+            try:
+                return os.open(path, flags), False
+            except FileNotFoundError:
+                continue                 # removed between the two opens: make it
+        try:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, True
+
+
 # --- temp files ---------------------------------------------------------------------
 
 def _temp_path(path: Path) -> Path:
@@ -217,10 +276,10 @@ class Fenced(Exception):
 def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` atomically and durably. An existing file's
     mode (and owner, where permitted) is kept; a new file gets ``new_mode``
-    less the umask (0600 by default, what ``tempfile.mkstemp`` gave before).
+    (0600 by default), whatever the umask, and new folders 0700.
     ``Fenced`` (nothing replaced) when ``replace_guard`` says no."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         old: os.stat_result | None = os.stat(path)
@@ -232,6 +291,8 @@ def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> Non
         with os.fdopen(fd, "wb") as handle:
             if old is not None:
                 _keep_owner_and_mode(handle.fileno(), old)
+            else:
+                os.fchmod(handle.fileno(), new_mode)     # exactly: not less a umask
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
@@ -303,7 +364,8 @@ def file_lock(path: Path, timeout_s: float | None = None) -> Iterator[None]:
     until it is free; otherwise ``LockTimeout`` once ``timeout_s`` has passed
     (non-blocking attempts, backing off from 5 ms to 250 ms)."""
     lock_path = Path(f"{path}.lock")
-    with open(lock_path, "a+b") as handle:
+    fd, _created = open_private(lock_path, os.O_RDWR | os.O_APPEND)
+    with os.fdopen(fd, "a+b") as handle:
         _lock_within(handle.fileno(), lock_path, timeout_s)
         try:
             yield
@@ -491,9 +553,10 @@ def append_lines(path: Path, lines: list[str]) -> None:
     """Append lines with one write and one fsync (records that only grow).
     As with any append, a crash mid-write can leave a torn last line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     block = "".join(line.rstrip("\n") + "\n" for line in lines)
-    with open(path, "a", encoding="utf-8") as handle:
+    fd, _created = open_private(path, os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
         handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
@@ -501,15 +564,11 @@ def append_lines(path: Path, lines: list[str]) -> None:
 
 def open_append(path: Path) -> tuple[int, bool]:
     """An ``O_APPEND`` descriptor on ``path`` (created, with its folder, when
-    missing) and whether this call created the file (its folder then needs
-    an fsync for the name to survive a power loss)."""
+    missing: mode 0600, folders 0700) and whether this call created the file
+    (its folder then needs an fsync for the name to survive a power loss)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-    try:
-        return os.open(path, flags), False
-    except FileNotFoundError:
-        return os.open(path, flags | os.O_CREAT, 0o666), True
+    private_folder(path.parent)
+    return open_private(path, os.O_WRONLY | os.O_APPEND)
 
 
 def write_all(fd: int, data: bytes) -> None:

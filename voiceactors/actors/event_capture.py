@@ -37,6 +37,7 @@ The call goes on unchanged; a replay of a truncated capture says so.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +167,10 @@ class EventCapture:
         if end is not None:
             end.update(events=self.events, dropped=self.dropped, audio_dropped=self.audio_dropped)
             lines.append(end)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        storage.private_folder(self.path.parent)
         text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-        with open(self.path, "a", encoding="utf-8") as handle:
+        fd, _created = storage.open_private(self.path, os.O_WRONLY | os.O_APPEND)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(text)
         self._head_written = True
 

@@ -190,7 +190,7 @@ async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, ma
     driver = ReplayDriver(script, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
     sim = Simulator(None, api_key=None, validate_sent=False)   # recorded events go out as recorded
     with replay_folder() as folder:
-        copy = await trio.to_thread.run_sync(_journal_copy, journal, folder)
+        copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
             sim.add_call(script.call_id).replay = driver
@@ -209,7 +209,7 @@ async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str
     call_id = call_id or "rtc_capture_" + "".join(ch if ch.isalnum() else "_" for ch in Path(name).stem)
     sim = Simulator(scenario, api_key=None)
     with replay_folder() as folder:
-        copy = await trio.to_thread.run_sync(_journal_copy, journal, folder)
+        copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
         state = folder / "state"
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
@@ -350,12 +350,17 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
 
 @contextlib.contextmanager
 def _terminate_as_interrupt(received: list[int]) -> Iterator[None]:
-    """SIGTERM handled as SIGINT (a ``KeyboardInterrupt``, delivered by
-    trio at a safe point inside a run), so either unwinds the replay and its
-    folder is removed at once; each signal noted in ``received``."""
+    """SIGTERM handled as SIGINT is (a ``KeyboardInterrupt``; inside a trio
+    run, trio's own SIGINT handler delivers it where that is safe), so either
+    unwinds the replay and its folder is removed at once; each SIGTERM noted
+    in ``received``."""
     def on_terminate(signum: int, frame: Any) -> None:
         received.append(signum)
-        signal.raise_signal(signal.SIGINT)
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt     # SIGINT ignored (a background job): SIGTERM still stops the replay
 
     previous = signal.signal(signal.SIGTERM, on_terminate)
     try:

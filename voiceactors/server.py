@@ -213,7 +213,7 @@ def state_dir_lock(state_dir: Path) -> Iterator[Path]:
     cache, the search index) would corrupt each other. The lock goes with
     the process, however it ends. Raises StateDirInUse when it is held."""
     state_dir = Path(state_dir)
-    storage.private_state_folder(state_dir)
+    storage.private_folder(state_dir)
     path = state_dir / LOCK_FILE
     fd, _created = storage.open_private(path, os.O_RDWR)
     try:

@@ -187,17 +187,6 @@ def private_folder(folder: Path) -> None:
         os.chmod(path, PRIVATE_FOLDER_MODE)      # exactly 0700: a umask may take the owner's bits too
 
 
-def private_state_folder(state_dir: Path) -> None:
-    """A server's state folder made (``private_folder``), or, made before
-    with a looser mode (an older version, ``mkdir`` by hand), closed to
-    everyone but its owner: then files written looser before are out of
-    reach too."""
-    private_folder(state_dir)
-    info = os.stat(state_dir)
-    if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o077:
-        os.chmod(state_dir, stat.S_IMODE(info.st_mode) & ~0o077)
-
-
 def open_private(path: Path, flags: int) -> tuple[int, bool]:
     """``os.open(path, flags | O_CLOEXEC)``, creating a missing file with
     mode 0600 exactly, whatever the umask (an existing file keeps its own);

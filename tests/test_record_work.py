@@ -5,16 +5,19 @@ The record is a real file, as a long call leaves it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from calls_support import DAY, KEY
 from test_call_crash import Server, stop_all, stop_cleanly
-from voiceactors.http import timeline_svg
+from voiceactors.http import history, timeline_svg
 from voiceactors.http.history import MAX_RECORD_BYTES
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
@@ -94,3 +97,30 @@ async def test_a_large_records_timeline_does_not_hold_up_other_requests(tmp_path
             nursery.cancel_scope.cancel()
     finally:
         stop_all(server)
+
+
+async def test_a_fifo_among_the_records_is_listed_unreadable_at_once(tmp_path):
+    """A FIFO named like a record: its open waited for a writer for good,
+    holding a worker thread and the request."""
+    state = tmp_path / "state"
+    write_record(state, big_record(3))
+    fifo = state / "calls" / "rtc_fifo.jsonl"
+    os.mkfifo(fifo)
+    try:
+        with trio.fail_after(10):
+            calls = await trio.to_thread.run_sync(history.list_calls, state, abandon_on_cancel=True)
+            assert {c["call_id"]: c.get("unreadable", False) for c in calls} == {BIG_CALL: False, "rtc_fifo": True}
+            with pytest.raises(history.RecordUnreadable):
+                await trio.to_thread.run_sync(history.call_detail, state, "rtc_fifo", abandon_on_cancel=True)
+    finally:
+        with contextlib.suppress(OSError):     # a reader still blocked in its open (the old code) gets its EOF
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def test_a_record_past_the_bound_is_unreadable_and_read_no_further(tmp_path):
+    state = tmp_path / "state"
+    path = write_record(state, big_record(3))
+    with open(path, "ab") as handle:
+        handle.write(b" " * MAX_RECORD_BYTES)
+    with pytest.raises(history.RecordUnreadable, match="too large"):
+        history.call_detail(state, BIG_CALL)

@@ -16,10 +16,13 @@ import pytest
 import trio
 
 from calls_support import DAY, KEY
+from clock_support import serving
 from test_call_crash import Server, stop_all, stop_cleanly
-from voiceactors.http import history, timeline_svg
+from voiceactors import storage
+from voiceactors.http import create_app, history, timeline_svg
 from voiceactors.http.history import MAX_RECORD_BYTES
 from voiceactors.journal.sample import write_sample_journal
+from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 
 BIG_CALL = "rtc_big_record"
@@ -40,8 +43,8 @@ def big_record(responses: int = RESPONSES) -> list[dict]:
     return lines
 
 
-def write_record(state: Path, lines: list[dict]) -> Path:
-    path = state / "calls" / f"{BIG_CALL}.jsonl"
+def write_record(state: Path, lines: list[dict], name: str = BIG_CALL) -> Path:
+    path = state / "calls" / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert path.stat().st_size < MAX_RECORD_BYTES      # a record the history does load
@@ -124,3 +127,35 @@ def test_a_record_past_the_bound_is_unreadable_and_read_no_further(tmp_path):
         handle.write(b" " * MAX_RECORD_BYTES)
     with pytest.raises(history.RecordUnreadable, match="too large"):
         history.call_detail(state, BIG_CALL)
+
+
+async def test_history_requests_leave_the_tools_worker_threads_free(tmp_path):
+    """Sixteen history lists of large records at once, in the app's own
+    process: a tool's thread hop (``storage.run_sync``, as a journal read
+    takes it) is not queued behind them (the history read on the same 16
+    slots, and a read waited for the first of them to finish)."""
+    journal = write_sample_journal(tmp_path / "journal", days=3, today=DAY)
+    state = tmp_path / "state"
+    for i in range(4):
+        write_record(state, big_record(), name=f"{BIG_CALL}_{i}")
+    app = create_app(Settings(journal=journal, state_dir=state, openai_api_key_env="VOICEACTORS_TEST_NO_KEY"))
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        listed = 0
+
+        async def list_all() -> None:
+            nonlocal listed
+            response = await client.get("/api/voice/calls")
+            assert response.status_code == 200 and len((await response.get_json())["calls"]) == 4
+            listed += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(storage.THREADS):
+                nursery.start_soon(list_all)
+            await trio.sleep(0.05)              # every request has reached its thread hop
+            began = trio.current_time()
+            await storage.run_sync(time.monotonic)
+            hop = trio.current_time() - began
+            assert listed < storage.THREADS     # measured while they still ran
+        assert hop < 0.5, hop
+        assert listed == storage.THREADS

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
+import trio
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors.http import auth, console_sessions, history, timeline_svg
@@ -26,7 +27,6 @@ from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.http.routes import CALL_ID_RE, _json_object, state
 from voiceactors.logs import get_logger
-from voiceactors.storage import run_sync
 
 ASSET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(?:html|js|css|png|svg)$")
 PAGE_NAMES = {"console": "index.html", "calls": "calls.html", "call": "call.html"}
@@ -171,10 +171,29 @@ def _limit() -> int:
     return int(raw)
 
 
+#: Worker threads reading call records for the history at once. Each may
+#: read up to ``history.MAX_RECORD_BYTES`` a record (``MAX_LIST`` records for
+#: a list): on ``storage.limiter()``'s slots, a few such requests took every
+#: slot the tool calls' reads use, and a read waited for them.
+RECORD_READERS = 2
+_record_readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("voiceactors_record_readers")
+
+
+async def _read_records(make: Callable[..., T], *args: Any) -> T:
+    """``make(*args)`` in a worker thread of the history's own, at most
+    ``RECORD_READERS`` at once (the others wait their turn, not the tools)."""
+    try:
+        readers = _record_readers.get()
+    except LookupError:
+        readers = trio.CapacityLimiter(RECORD_READERS)
+        _record_readers.set(readers)
+    return await trio.to_thread.run_sync(make, *args, limiter=readers, abandon_on_cancel=True)
+
+
 @console_bp.get("/api/voice/calls")
 async def list_calls() -> Any:
     limit = _limit()
-    calls = await run_sync(history.list_calls, history.history_root(state().settings), limit)
+    calls = await _read_records(history.list_calls, history.history_root(state().settings), limit)
     return jsonify({"calls": calls})
 
 
@@ -186,7 +205,7 @@ async def _from_record(call_id: str, make: Callable[[Path, str], T]) -> T:
     if not CALL_ID_RE.fullmatch(call_id):
         raise ApiError(400, E.CALL_ID_INVALID)
     try:
-        return await run_sync(make, history.history_root(state().settings), call_id)
+        return await _read_records(make, history.history_root(state().settings), call_id)
     except FileNotFoundError:
         raise ApiError(404, E.CALL_NOT_FOUND) from None
     except (history.RecordUnreadable, OSError) as error:

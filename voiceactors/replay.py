@@ -59,6 +59,7 @@ from voiceactors import clock, logs, storage
 from voiceactors.actors.event_capture import capture_path, read_capture
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
+from voiceactors.journal.days import RECORDING_SUFFIXES
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
@@ -161,14 +162,26 @@ def replay_folder() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _copy_journal_file(source: str, target: str) -> str:
+    """One file of a journal's copy: its bytes, but a recording's (audio,
+    screen video: gigabytes in a real journal) only its name, an empty file,
+    since no surface reads more of one than its name."""
+    if Path(source).suffix.lower() in RECORDING_SUFFIXES:
+        Path(target).touch()
+        return target
+    return str(shutil.copy2(source, target))
+
+
 def _journal_copy(journal: Path, folder: Path) -> Path:
     """A copy of ``journal`` in ``folder`` for one run's tools: what a
     capture's write tools do (a ``ledger_close``, a lock file) lands in the
     copy; the journal given is only read. Links are copied as what they
-    point to, so no write through the copy reaches the original."""
+    point to, so no write through the copy reaches the original; recordings
+    as empty files of their names (``_copy_journal_file``)."""
     copy = folder / "journal"
     try:
-        shutil.copytree(journal, copy, symlinks=False, ignore_dangling_symlinks=True)
+        shutil.copytree(journal, copy, symlinks=False, ignore_dangling_symlinks=True,
+                        copy_function=_copy_journal_file)
     except shutil.Error as error:
         failed = error.args[0] if error.args and isinstance(error.args[0], list) else []
         raise ValueError(f"{journal}: the journal could not be copied for the replay "

@@ -320,7 +320,7 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     if expect.exists():
         try:
             expected = load_expectation(expect)
-        except ValueError as error:
+        except (OSError, ValueError) as error:
             if not args.update:
                 print(f"voiceactors replay: {error}", file=sys.stderr)
                 return 2
@@ -332,10 +332,10 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     clock.pin(today)
     try:
         with _journal(args.journal, today) as journal:
-            if args.capture:
-                trio.run(capture_scenario, args.capture, capture, journal)
-                print(f"captured scenario {args.capture} into {capture}", file=out)
             try:
+                if args.capture:
+                    trio.run(capture_scenario, args.capture, capture, journal)
+                    print(f"captured scenario {args.capture} into {capture}", file=out)
                 blocks = read_capture(capture)      # before anything starts: a hostile file is refused at once
                 actual = trio.run(lambda: replay_capture(capture, journal, speed=args.speed, timeout_s=args.timeout,
                                                          blocks=blocks))

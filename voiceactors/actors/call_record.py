@@ -708,8 +708,13 @@ class CallRecord:
 def read_record(path: Path) -> list[dict[str, Any]]:
     """The lines of a record file, every block in order. A line that does
     not parse as a JSON object (torn by a crash mid-append) is skipped."""
+    return parse_record(Path(path).read_text(encoding="utf-8", errors="replace"))
+
+
+def parse_record(text: str) -> list[dict[str, Any]]:
+    """``read_record`` for a record's text already read."""
     lines: list[dict[str, Any]] = []
-    for raw in storage.jsonl_lines(Path(path).read_text(encoding="utf-8", errors="replace")):
+    for raw in storage.jsonl_lines(text):
         if not raw.strip():
             continue
         try:

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics
+from voiceactors import clock, gc_policy, logs, metrics, notices
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
@@ -152,6 +152,13 @@ async def _first_signal(signals: Any) -> None:
         return
 
 
+async def _log_startup_notices(settings: Settings) -> None:
+    """Say at start what a person would otherwise find out at their first
+    call (``notices``): a warning each, with what to do."""
+    for notice in await trio.to_thread.run_sync(notices.startup_notices, settings):
+        _log.warning("server.startup_notice", notice=notice.value, what_to_do=notices.WHAT_TO_DO[notice])
+
+
 async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
                      brain_backend: Any | None = None, tune_gc: bool = False,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -193,6 +200,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
             nursery.start_soon(scheduled_gc)
         _log.info("server.serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
                   demo=settings.demo, token_required=auth.token_required(settings))
+        await _log_startup_notices(settings)
         task_status.started(binds)
     _log.info("server.stopped", served_s=round(trio.current_time() - started, 1))
 

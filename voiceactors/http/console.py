@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from quart import Blueprint, Response, jsonify, request
 
+from voiceactors import notices
 from voiceactors.http import auth, console_sessions, history, timeline_svg
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
@@ -125,8 +126,12 @@ async def console_config() -> Any:
     required = auth.token_required(settings)
     signed_in = not required or auth.authorized(settings, request.headers.get("Authorization")) \
         or console_sessions.has_valid_cookie()
+    # what the first screen should say before Start (no key, an empty journal):
+    # only to a page that may use the API
+    said = await run_sync(notices.startup_notices, settings) if signed_in else []
     return jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
-                    "signed_in": bool(signed_in), "demo": settings.demo})
+                    "signed_in": bool(signed_in), "demo": settings.demo,
+                    "notices": [notice.value for notice in said]})
 
 
 @console_bp.post("/api/voice/login")

@@ -22,7 +22,8 @@ each answering ``{"error": "..."}`` with the app's strings:
    with GET and no session to end with DELETE; the SDK would hold a GET
    open until the client left); a POST not declared JSON: 415;
 4. the bearer token where one is required (``http/auth.py``: off loopback,
-   or whenever configured): 401 with ``WWW-Authenticate: Bearer``;
+   or whenever configured): 401 with ``WWW-Authenticate: Bearer`` and
+   parameters that say which token (``TOKEN_CHALLENGE``);
 5. the client's rate (``mcp_rate_limit_per_s``, one token per request, a
    bucket per client address, ``http/ratelimit.py``): 429 with
    ``Retry-After``. This stands in for the voice calls' per-turn bound;
@@ -63,6 +64,12 @@ from voiceactors.settings import Settings
 MCP_PATH = "/mcp"
 METHOD_NOT_ALLOWED = "method not allowed"     # the app's 405 message (http/errors.py)
 RESTART_AFTER_S = 1.0      # after the SDK's task group failed, until the next one starts
+# A bare ``Bearer`` challenge reads to an MCP client as "go and find an OAuth
+# server" (MCP Inspector 2.x starts its OAuth flow on it); this server takes a
+# fixed API token and has no OAuth server. The realm and description say which
+# token, for a client (or a person reading the response) to ask for it.
+TOKEN_CHALLENGE = ('Bearer realm="voiceactors", error_description="this server takes its API token '
+                   '(VOICEACTORS_API_TOKEN) as the bearer token; it has no OAuth server"')
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -187,7 +194,7 @@ class McpEndpoint:
         if not auth.declared_json(header(scope, b"content-type")):
             raise Refusal(415, NOT_JSON_CONTENT)
         if self.token_required and not auth.authorized(self.settings, header(scope, b"authorization")):
-            raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+            raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": TOKEN_CHALLENGE})
         wait = self.limiter.take((MCP_PATH, client_address(scope)))
         if wait > 0:
             raise Refusal(429, RATE_LIMITED, {"Retry-After": retry_after(wait)})

@@ -246,10 +246,14 @@ def console_url(binds: list[str]) -> str:
 
 
 async def _serve_announced(settings: Settings, shutdown_trigger: Callable[[], Awaitable[None]]) -> None:
-    """Serve, and once serving print where the console is (stdout, one line)."""
+    """Serve, and once serving print where the console is (stdout, one line),
+    then each start-up notice (no OpenAI key, an empty journal) in words."""
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(run_server, settings, shutdown_trigger=shutdown_trigger, tune_gc=True))
         print(f"voiceactors: the voice console is at {console_url(binds)} — open it in a browser", flush=True)
+        # the same words as the log's server.startup_notice, where a person reads them
+        for notice in await trio.to_thread.run_sync(notices.startup_notices, settings):
+            print(f"voiceactors: note: {notices.WHAT_TO_DO[notice]}", flush=True)
 
 
 #: Prepares the folders a run serves: given the settings, yields the settings

@@ -168,7 +168,8 @@ def test_webrtc_failure_is_said_in_words(harness, page):
                                             "errorReason": "ConnectionRefused"})
         assert time.monotonic() < deadline, "no error shown"
         time.sleep(0.1)
-    assert "WebRTC failed" in page.text("#error-text") and "could not be reached" in page.text("#error-text")
+    assert "The call could not connect" in page.text("#error-text") and "could not be reached" in page.text("#error-text")
+    assert "WebRTC" not in page.text("#error-text")
     assert page.js("document.body.dataset.callState") == "ended" and page.visible("#retry")
     assert page.problems(allow_network=("ERR_CONNECTION_REFUSED",)) == []
 

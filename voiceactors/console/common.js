@@ -16,12 +16,12 @@ const VA = (() => {
     "voice at capacity":
       "The voice server is at capacity: too many calls are live. Retry when one has ended.",
     "voice session unavailable":
-      "The Realtime service did not give us a session. Retry; if it keeps failing, check the server's log.",
+      "The voice service did not start a session. Retry; if it keeps failing, the server's log says why.",
     "voice runtime unavailable":
-      "The voice server's runtime is not running. Retry; if it keeps failing, restart the server.",
+      "The voice server is not ready to take calls. Retry; if it keeps failing, restart the server.",
     "unauthorized": "You are not signed in (or your session expired). Sign in again.",
     "call not found": "The call has already ended on the server.",
-    "cross-site request refused": "The server refused a cross-site request.",
+    "cross-site request refused": "The server refused a request from another site. Open the console at the server's own address.",
   };
 
   class ApiFailure extends Error {
@@ -91,13 +91,13 @@ const VA = (() => {
   const REASONS = {
     closed_by_service: "it ended normally",
     hangup: "you hung up",
-    call_gone: "the Realtime service no longer knew the call",
+    call_gone: "the voice service no longer knew the call",
     idle_timeout: "nothing was said for too long",
     max_duration: "the call reached its maximum length",
-    reconnect_exhausted: "the connection to the Realtime service was lost",
+    reconnect_exhausted: "the connection to the voice service was lost",
     no_api_key: "the server has no OpenAI key",
     config_unreadable: "the journal's config could not be read",
-    unauthorized: "the Realtime service refused the server's OpenAI key",
+    unauthorized: "the voice service refused the server's OpenAI key",
     insufficient_quota: "the OpenAI account is out of credit",
     shutdown: "the server shut down",
     budget_spent: "the call reached its spending limit",

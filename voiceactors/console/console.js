@@ -286,7 +286,7 @@
       }
       case "error":
         $("tools").append(el("li", { class: "service-error" },
-          `the Realtime service reported a problem: ${(event.error && event.error.message) || "no details"}`));
+          `the voice service reported a problem: ${(event.error && event.error.message) || "no details"}`));
         break;
     }
   }
@@ -337,13 +337,13 @@
         headers: { "Content-Type": "application/sdp", "Authorization": `Bearer ${key}` },
       });
     } catch (e) {
-      throw new CallFailure("webrtc", `WebRTC failed: the Realtime service at ${config.realtime_base_url} could not be reached. Retry.`);
+      throw new CallFailure("webrtc", `The call could not connect: the voice service at ${config.realtime_base_url} could not be reached. Check the network, then retry.`);
     }
     if (response.status !== 201 && response.status !== 200)
-      throw new CallFailure("webrtc", `WebRTC failed: the Realtime service refused the call (${response.status}). Retry.`);
+      throw new CallFailure("webrtc", `The call could not connect: the voice service refused it (${response.status}). Retry.`);
     const location = response.headers.get("Location") || "";
     const callId = location.split("/").filter(Boolean).pop();
-    if (!callId) throw new CallFailure("webrtc", "WebRTC failed: the Realtime service gave no call id. Retry.");
+    if (!callId) throw new CallFailure("webrtc", "The call could not connect: the voice service answered without a call id. Retry.");
     await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
     return callId;
   }
@@ -352,10 +352,10 @@
     return new Promise((resolve, reject) => {
       if (channel.readyState === "open") return resolve();
       const timer = setTimeout(() => reject(new CallFailure("webrtc",
-        "WebRTC failed: the call's connection did not open. Check the network (or a firewall), then retry.")), CHANNEL_OPEN_TIMEOUT_MS);
+        "The call could not connect: its audio connection did not open. Check the network (or a firewall), then retry.")), CHANNEL_OPEN_TIMEOUT_MS);
       channel.addEventListener("open", () => { clearTimeout(timer); resolve(); }, { once: true });
       channel.addEventListener("close", () => { clearTimeout(timer); reject(new CallFailure("webrtc",
-        "WebRTC failed: the call's connection closed before it opened. Retry.")); }, { once: true });
+        "The call could not connect: its audio connection closed before it opened. Retry.")); }, { once: true });
     });
   }
 
@@ -401,8 +401,8 @@
       pc.ontrack = (event) => { $("remote-audio").srcObject = event.streams[0]; };
       pc.onconnectionstatechange = () => {
         if (pc.connectionState === "failed" && !mine.ended && mine === call) {
-          endCall("ended: the WebRTC connection failed", "webrtc", mine);
-          showError("WebRTC failed: the connection to the Realtime service broke. Retry.", "webrtc");
+          endCall("ended: the audio connection broke", "webrtc", mine);
+          showError("The call dropped: the audio connection to the voice service broke. Retry.", "webrtc");
         }
       };
       const channel = pc.createDataChannel("oai-events");
@@ -410,7 +410,7 @@
       channel.onmessage = (message) => {
         try { onServerEvent(JSON.parse(message.data)); } catch (e) { console.warn("unreadable server event"); }
       };
-      setState("connecting", "calling the Realtime service…");
+      setState("connecting", "calling the voice service…");
       mine.callId = await sendOffer(pc, session.ephemeral_key);
       document.body.dataset.callId = mine.callId;
       $("detail-call-id").textContent = mine.callId;

@@ -51,6 +51,17 @@ def test_a_zero_budget_says_it_means_no_budget(capsys):
     assert "(default 0 = no budget; $VOICEACTORS_DAILY_BUDGET_USD)" in out
 
 
+def test_serve_says_what_it_serves_and_what_a_call_needs(capsys):
+    """``serve --help`` was a bare list of flags: nothing said that calls
+    need an OpenAI key, where it goes, or which place needs a restart."""
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Serve the voice console" in out
+    assert "OPENAI_API_KEY, read when the server starts" in out
+    assert "voice.openai_api_key in the journal's config/journal.json, read again at each call" in out
+
+
 @pytest.mark.parametrize("argv, usage", [
     (["serve", "--bogus"], "usage: voiceactors serve "),
     (["calls", "--bogus"], "usage: voiceactors calls "),

@@ -47,6 +47,10 @@ def _limit(text: str) -> int:
     return int(text)
 
 
+_SERVE_ABOUT = ("Serve the voice console (open the address it prints in a browser) and its API on your journal. "
+                "Calls need an OpenAI key: OPENAI_API_KEY, read when the server starts, or voice.openai_api_key "
+                "in the journal's config/journal.json, read again at each call (no restart). With --demo: a "
+                "sample journal and the simulator, no key.")
 _EPILOG = "New here? `voiceactors serve --demo` serves the console on a sample journal, no OpenAI key needed."
 
 # one-shot commands that print their own result: their info log lines (JSON on stderr) would only
@@ -58,11 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="voiceactors", description=__doc__.splitlines()[0], epilog=_EPILOG)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the voice server")
+    serve = sub.add_parser("serve", help="run the voice server", description=_SERVE_ABOUT)
     _add_serve_flags(serve)
     settings.add_flags(serve, ("demo", "redis_url", "workers"))
 
-    demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
+    demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened",
+                          description="Without a browser: start the server and the Realtime simulator on a sample "
+                                      "journal, play the demo's scripted call, and print what happened. No OpenAI key "
+                                      "needed.")
     _add_serve_flags(demo)
 
     mcp = sub.add_parser("mcp", help="serve the journal's tools over MCP on stdin/stdout (for desktop assistants)")

@@ -315,6 +315,9 @@ def test_the_demo_call_from_start_to_end(harness, page):
     # no protocol words on the tool rows; the demo's "you" lines said to be scripted
     assert "epoch" not in page.text("#tools")
     assert set(page.texts("#conversation li[data-role='user'] .who")) == {"you (scripted)"}
+    # the transcript is a polite live region; no turn is left busy (half-said) once the call is over
+    assert page.js("document.getElementById('conversation').closest('[role=log]').getAttribute('aria-live')") == "polite"
+    assert page.js("document.querySelectorAll('#conversation [aria-busy]').length") == 0
     page.screenshot(harness.screens / "console-ended.png")
     # the call's record, as the history page reads it (written as the call goes or at its end)
     record = page.wait_for(f"fetch('/api/voice/calls/{call_id}').then(r => r.ok ? r.json() : null)"

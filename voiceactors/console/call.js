@@ -10,6 +10,7 @@
     detail = await api("GET", `/api/voice/calls/${encodeURIComponent(callId)}`);
   } catch (e) {
     $("call-title").textContent = "Call not found";
+    document.title = "voiceactors — call not found";
     const words = e.status === 404 ? "No call with this id is recorded on this server: the link may be wrong, or " +
       "the record was deleted." : e.message;
     const onward = e.kind === "unauthorized" ? el("a", { href: "/" }, "Sign in on the Talk page.")
@@ -20,6 +21,7 @@
   }
   const c = detail.call;
   $("call-title").textContent = c.started_at ? `Call of ${when(c.started_at)}` : "Call";
+  document.title = `voiceactors — ${$("call-title").textContent}`;
   const tokenWords = (s) => {
     const t = s.tokens || {};
     return `${s.total_tokens ?? 0}: text ${t.text_in ?? 0} in / ${t.text_out ?? 0} out, ` +

@@ -140,6 +140,9 @@
     const span = node.querySelector(".text");
     if (final || !node.dataset.final) span.textContent = append ? span.textContent + text : text;
     if (final) node.dataset.final = "1";
+    // a turn still streaming in is busy: a screen reader reads it once, whole,
+    // instead of word by word (the conversation is a polite live region)
+    if (node.dataset.final) node.removeAttribute("aria-busy"); else node.setAttribute("aria-busy", "true");
     node.hidden = !span.textContent;
   }
 
@@ -148,6 +151,7 @@
       const node = $("conversation").querySelector(`li[data-item-id="${CSS.escape(itemId)}"]`);
       if (node && !node.querySelector(".barge")) {
         node.classList.add("interrupted");
+        node.removeAttribute("aria-busy");
         node.append(el("span", { class: "barge" }, "cut off: you spoke over it"));
       }
     }
@@ -456,6 +460,7 @@
     stopTracks(resources);
     if (resources !== call) return;
     $("remote-audio").srcObject = null;
+    for (const turn of $("conversation").querySelectorAll("[aria-busy]")) turn.removeAttribute("aria-busy");
     document.body.dataset.endReason = why || words;
     $("detail-end-reason").textContent = why || "—";
     setState("ended", words.replace(/^ended: /, ""), resources.live ? "call ended" : "no call");

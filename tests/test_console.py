@@ -441,8 +441,9 @@ def test_a_barge_in_label_is_never_under_the_next_responses_mark():
     dots = [(float(c.get("cx")), float(c.get("cy")), float(c.get("r"))) for c in root.iter(f"{ns}circle")]
     labels = [t for t in root.iter(f"{ns}text") if t.text == "barge-in"]
     assert len(dots) == 3 and len(labels) == 2
-    boxes = [(float(t.get("x")), float(t.get("y")) - 11, float(t.get("x")) + timeline_svg.BARGE_IN_LABEL_W,
-              float(t.get("y")) + 2) for t in labels]
+    width = 52          # "barge-in" in 12 px bold, about
+    boxes = [(float(t.get("x")), float(t.get("y")) - 11, float(t.get("x")) + width, float(t.get("y")) + 2)
+             for t in labels]
     for left, top, right, bottom in boxes:
         for cx, cy, r in dots:        # no mark's dot overlaps a label
             assert not (cx + r > left and cx - r < right and cy + r > top and cy - r < bottom), (boxes, dots)

@@ -81,6 +81,7 @@ from voiceactors.tools.registry import (
     canonical_unparsed,
     lookup,
     parse_arguments,
+    without_nulls,
     validate,
 )
 
@@ -326,6 +327,8 @@ class ToolExecutor:
             spec = self.remote.lookup(req.call_id, req.name)
         try:
             parsed = parse_arguments(req.arguments)
+            if spec is not None and spec.remote is None:
+                parsed = without_nulls(spec, parsed)      # our schemas: a null is "left out"
             if spec is not None and req.selection is not None:
                 parsed = fill_from_selection(spec, parsed, req.selection)   # "this day / this person"
             args: dict[str, Any] | None = parsed

@@ -14,7 +14,7 @@ What it measures:
   calls joined and settled − RSS before joining) / calls. ``--idle-peers``
   adds the same measurement for the other peers.
 
-* **workers** (``--workers N``, issue 18) — the same step-up against a whole
+* **workers** (``--workers N``) — the same step-up against a whole
   ``voiceactors serve --workers N`` (the ``served`` peer: HTTP connects, one
   TCP connection each, so the kernel spreads them over the workers) and, at
   each step just before it, against one ``voiceactors serve`` process in the

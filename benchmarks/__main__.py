@@ -19,12 +19,13 @@ import argparse
 import contextlib
 import importlib
 import json
+import os
 import sys
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TextIO
 
 from benchmarks import page
 from benchmarks.common import code_label, machine_facts, work_dir, write_json
@@ -53,14 +54,30 @@ class Ticker:
         self._thread.join(1)
 
 
+@contextlib.contextmanager
+def output_to(stream: TextIO) -> Iterator[None]:
+    """This process's standard output, and so its children's (a benchmark's
+    servers and peers print too), goes to ``stream`` meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(stream.fileno(), 1)
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+    finally:
+        sys.stdout.flush()
+        stream.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def run_one(bench: Benchmark, size: Size, folder: Path, say: Callable[[str], None]) -> dict[str, Any]:
     """Run one benchmark; returns its stored result (rows, plots, when, what)."""
     folder.mkdir(parents=True, exist_ok=True)
     out, log = folder / f"{bench.name}.json", folder / f"{bench.name}.log"
     module = importlib.import_module(bench.module)
     started, when = time.monotonic(), machine_facts()
-    with open(log, "w") as stream, contextlib.redirect_stdout(stream), environment(bench.env), \
-            Ticker(bench.name, say):
+    with open(log, "w") as stream, output_to(stream), environment(bench.env), Ticker(bench.name, say):
         rc = module.main([*bench.argv(size), "--json", str(out)])
     wall = time.monotonic() - started
     if rc != 0 or not out.exists():
@@ -92,11 +109,31 @@ def run(names: list[str], size: Size, *, results_path: Path, page_path: Path | N
     chosen = [BY_NAME[n] for n in names] if names else list(BENCHMARKS)
     folder = work_dir() / "results" / time.strftime("%Y%m%d-%H%M%S")
 
-    def say(text: str) -> None:
-        print(text, flush=True)
+    # stays the terminal while a benchmark's output (and its children's) goes to its log
+    with os.fdopen(os.dup(1), "w", buffering=1) as terminal:
+        def say(text: str) -> None:
+            terminal.write(text + "\n")
 
+        done, skipped, failed = run_all(chosen, size, folder, say)
+        stored = page.load_results(results_path)
+        stored.update({r["name"]: r for r in done})
+        if done:
+            write_json(results_path, stored)
+        say("\n" + table(done))
+        if page_path is not None and plots_dir is not None and done:
+            page.write(page_path, plots_dir, stored, say)
+        if skipped or failed:
+            say(f"# skipped: {skipped or 'none'}; failed: {failed or 'none'}")
+    return 1 if failed else 0
+
+
+def run_all(chosen: list[Benchmark], size: Size, folder: Path,
+            say: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """Each benchmark in turn: (the results, the names skipped, the names failed)."""
     say(f"# {len(chosen)} benchmark(s), {size} size, commit {code_label() or '?'}; logs in {folder}")
-    done, skipped, failed = [], [], []
+    done: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    failed: list[str] = []
     for i, bench in enumerate(chosen, 1):
         if bench.needs_redis and not redis_available():
             say(f"[{i}/{len(chosen)}] {bench.name}: skipped (needs redis-server)")
@@ -114,16 +151,7 @@ def run(names: list[str], size: Size, *, results_path: Path, page_path: Path | N
         say(f"    done in {result['wall_s']:.0f} s")
         for row in result["rows"]:
             say(f"    {row['figure']}: {row['value']}")
-    stored = page.load_results(results_path)
-    stored.update({r["name"]: r for r in done})
-    if done:
-        write_json(results_path, stored)
-    print("\n" + table(done), flush=True)
-    if page_path is not None and plots_dir is not None and done:
-        page.write(page_path, plots_dir, stored, say)
-    if skipped or failed:
-        say(f"# skipped: {skipped or 'none'}; failed: {failed or 'none'}")
-    return 1 if failed else 0
+    return done, skipped, failed
 
 
 def listing() -> str:

@@ -63,11 +63,17 @@ def generated(results: dict[str, Any], plots: list[tuple[str, str]], page_dir: P
         lines += [f"**Not the reference numbers:** some figures below come from a `{'`/`'.join(sorted(sizes))}` "
                   "run (small sizes, a few seconds each); only a full run's figures are comparable with "
                   "the targets.", ""]
+    busy = [r["name"] for r in ordered
+            if r.get("other_test_processes", 0) or r["loadavg_1m"] > (r.get("machine") or {}).get("cores", 2)]
+    if busy:
+        lines += [f"**Measured on a busy machine:** {', '.join(f'`{n}`' for n in busy)} ran beside other "
+                  "work (the load and the other test processes below): their latencies and ratios are the "
+                  "machine's as much as the server's.", ""]
     machine = ordered[-1].get("machine") or {}
     if machine:
         lines += [f"Measured on {machine.get('cores')} cores, Python {machine.get('python')}, "
                   f"{machine.get('platform')}.", ""]
-    lines += ["| benchmark | measured (UTC) | commit | size | load (1 min) | other test runs | wall |",
+    lines += ["| benchmark | measured (UTC) | commit | size | load (1 min) | other test processes | wall |",
               "|---|---|---|---|---|---|---|"]
     for r in ordered:
         lines.append(f"| `{r['name']}` | {r['when_utc']} | {r['commit'] or '?'} | {r['size']} | "
@@ -105,9 +111,15 @@ def draw(results: dict[str, Any], plots_dir: Path) -> list[tuple[str, str]]:
                 drawn.append((file, title))
             continue
         fig, ax = plt.subplots(figsize=(7, 4))
+        colours: dict[str, str] = {}
         for label, points in series.items():
             xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", label=label)
+            who, _, stat = label.partition(", ")          # one colour per server, p99 dashed
+            colour = colours.setdefault(who, f"C{len(colours)}")
+            ax.plot(xs, ys, marker="o", label=label, color=colour, linestyle="--" if stat == "p99" else "-")
+        xs_all = [x for points in series.values() for x, _ in points]
+        if min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
+            ax.set_xscale("log")
         if plot == "capacity":
             ax.axhline(50, color="grey", linestyle="--", linewidth=1, label="target (50 ms)")
         if log_y:

@@ -296,15 +296,16 @@ def write_json(path: Path, obj: Any) -> None:
 
 def code_label(repo: Path | None = None) -> str:
     """The short commit of a checkout (this one by default; ``+dirty`` when
-    it has uncommitted changes to tracked files); "" when it is not a git
-    checkout."""
+    the measured code, the package or the benchmarks, has uncommitted
+    changes); "" when it is not a git checkout."""
     import subprocess
 
     where = str(repo or REPO)
     try:
         rev = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no", "--",
+                                "voiceactors", "benchmarks", "pyproject.toml"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""

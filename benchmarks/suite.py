@@ -305,7 +305,8 @@ def _takeover_summary(data: dict[str, Any]) -> Summary:
     ttl = runs[0]["ttl_s"] if runs else None
     median = _median(times)
     once = all(r["outputs_call_w"] == 1 and r["violations"] == 0 for r in runs)
-    span = f" ({min(times):.2f}–{max(times):.2f} s, {len(times)} repeats)" if times else ""
+    span = (f" ({min(times):.2f}–{max(times):.2f} s, {len(times)} repeats)" if len(times) > 1
+            else " (1 repeat)" if times else "")
     return Summary([Row(f"takeover: kill -9 of a call's holder → its pending write answered by another "
                         f"process (lease TTL {ttl:g} s)" if ttl is not None else "takeover",
                         (f"{median:.2f} s" if median is not None else "–") + span,
@@ -429,7 +430,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
                      "0.3", "--window", "0.5", "--spy", "0"],
          Size.QUICK: ["--calls", "150", "--modes", "serve", "redis", "--rounds", "3", "--gap", "2", "--settle",
                       "1.5", "--window", "3", "--spy", "0"],
-         Size.FULL: ["--calls", "1500", "--modes", "serve", "redis", "--repeats", "3", "--rounds", "6", "--gap",
+         Size.FULL: ["--calls", "1500", "--modes", "serve", "redis", "--repeats", "2", "--rounds", "6", "--gap",
                      "5", "--spy", "0"]},
         _scale_out_summary, needs_redis=True),
     Benchmark(

@@ -1,4 +1,4 @@
-"""One socket write per fixed-length HTTP response (issue 14, the connect).
+"""One socket write per fixed-length HTTP response (a connect's answer among them).
 
 hypercorn writes a response as separate sends: the head (``h11.Response``)
 when the app starts the response, the body (``h11.Data``) when it sends it,

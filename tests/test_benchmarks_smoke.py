@@ -62,6 +62,20 @@ def test_the_listing_names_every_benchmark_and_each_module_says_what_it_measures
         assert ast.get_docstring(ast.parse(path.read_text())), f"{module} has no docstring"
 
 
+def test_every_size_of_every_benchmark_is_a_valid_command_line(bench, capsys):
+    # the quick and full sizes are only run by hand: their arguments are checked here (parsed, then --help)
+    import importlib
+
+    from benchmarks.suite import BENCHMARKS, Size
+
+    for b in BENCHMARKS:
+        module = importlib.import_module(b.module)
+        for size in Size:
+            with pytest.raises(SystemExit) as exit_:
+                module.main([*b.argv(size), "--help"])
+            assert exit_.value.code == 0, (b.name, size, capsys.readouterr().err)
+
+
 def _private_names_of_the_product() -> set[str]:
     """Every ``_name`` the package defines: functions, methods, classes, attributes set on ``self``."""
     names = set()

@@ -288,7 +288,7 @@ class ToolExecutor:
         socket read), so the line costs the output's path nothing. The line
         and its fields are the same; only its timestamp is later.
 
-        The call actor's in-step answer (issue 14): the executor's own code,
+        The call actor's in-step answer: the executor's own code,
         state and rules, run synchronously by the caller's task instead of
         by the executor's after a hop through the inbox; it never awaits, so
         no other request comes between. Every rule of the inbox path holds:

@@ -6,11 +6,15 @@ executor with an ``McpHub``, the Realtime simulator, a call actor).
 ``McpTestServer`` records what reached it: every HTTP request (``requests``)
 and every tool call its handlers ran (``calls``). Its accepted tokens can be
 changed while it runs (a token revoked mid-conversation); ``redirect`` makes
-it answer every POST with a same-origin 307; ``stop()`` kills it.
+it answer every POST with a same-origin 307; ``streamed`` (tool name ->
+bytes) makes a call of that tool answer a JSON text of that many bytes,
+written in pieces as the client reads them, never held whole
+(``streamed_bytes`` counts what was written); ``stop()`` kills it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -61,6 +65,8 @@ class McpTestServer:
         self.list_pages = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.redirect = False
+        self.streamed: dict[str, int] = {}
+        self.streamed_bytes = 0
         self.url = ""
         self._scope = trio.CancelScope()
         self._server = Server("test", on_list_tools=self._list, on_call_tool=self._call)
@@ -91,7 +97,33 @@ class McpTestServer:
             if not token.startswith("Bearer ") or token[7:] not in self.tokens:
                 await _answer(send, 401, b'{"error":"unauthorized"}', [(b"content-type", b"application/json")])
                 return
+            if self.streamed and scope["method"] == "POST":
+                body = await _read_body(receive)
+                message = json.loads(body)
+                size = self.streamed.get(((message.get("params") or {}).get("name") or "")) \
+                    if message.get("method") == "tools/call" else None
+                if size is not None:
+                    await self._stream_answer(send, message["id"], size)
+                    return
+                receive = _replayed(body)
         await self._app(scope, receive, send)
+
+    async def _stream_answer(self, send: Any, request_id: Any, size: int) -> None:
+        """A tool result of ``size`` bytes of JSON text, 64 KiB a write."""
+        head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1].encode() + \
+            b',"result":{"content":[{"type":"text","text":"'
+        tail = b'"}]}}'
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": head, "more_body": True})
+        piece = b"x" * 65536
+        left = size - len(head) - len(tail)
+        while left > 0:
+            chunk = piece[:left]
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self.streamed_bytes += len(chunk)
+            left -= len(chunk)
+        await send({"type": "http.response.body", "body": tail})
 
     async def serve(self, port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         config = Config()
@@ -109,6 +141,30 @@ class McpTestServer:
     def stop(self) -> None:
         """Kill the server: open connections are dropped mid-request."""
         self._scope.cancel()
+
+
+async def _read_body(receive: Any) -> bytes:
+    parts = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+def _replayed(body: bytes) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """An ASGI ``receive`` that gives ``body`` again, then waits for the disconnect."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await trio.sleep_forever()
+        raise AssertionError
+
+    return receive
 
 
 async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:

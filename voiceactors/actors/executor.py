@@ -70,6 +70,7 @@ from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolReques
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
 from voiceactors.settings import Settings
+from voiceactors.tools import schema_bounds
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.select_tool import fill_from_selection
 from voiceactors.tools.registry import (
@@ -98,6 +99,7 @@ TOO_MANY_CALLS = {"error": "too many tool calls this turn; answer with what you 
 DUPLICATE_CALL = {"error": "duplicate call: this tool was already called with the same arguments this turn"}
 TURN_OUTPUT_FULL = {"error": "turn output limit reached; answer with what you have"}
 OUTPUT_TOO_LARGE = {"error": "output too large"}
+ARGUMENTS_TOO_COSTLY = {"error": "invalid arguments: too costly to check against the tool's schema"}
 JOURNAL_BUSY = {"error": "journal busy: another program holds the file; nothing was changed, try again"}
 # the shared write log's refusals (--redis; docs/operations.md § Scaling out)
 SHARED_LOG_DOWN = {"error": "shared write log unreachable; nothing was changed, try again"}
@@ -469,11 +471,11 @@ class ToolExecutor:
             return _error(UNKNOWN_TOOL, "invalid")
         if res.args is None:
             return _error(res.args_error or FAILED, "invalid")
+        if spec.remote is not None:
+            return await self._remote(req, spec, res.args)
         invalid = validate(spec, res.args)
         if invalid is not None:
             return _error(invalid, "invalid")
-        if spec.remote is not None:
-            return await self._remote(req, spec, res.args)
         if res.is_write:
             return await self._write(req, spec, res.args)
         return await self._read(spec, res.args)
@@ -556,8 +558,17 @@ class ToolExecutor:
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
 
     async def _remote(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
-        """A tool of an MCP source: ``mcp_execution`` has its rules; the caps are ours."""
+        """A tool of an MCP source: its arguments checked against the source's
+        schema in a worker thread within a budget (``schema_bounds``: the schema
+        is the source's to write); ``mcp_execution`` has its rules; the caps are ours."""
         assert self.remote is not None
+        try:
+            invalid = await schema_bounds.check_in_thread(
+                schema_bounds.Budget(schema_bounds.ARGUMENT_STEPS, schema_bounds.ARGUMENT_CHECK_S), validate, spec, args)
+        except schema_bounds.TooCostly:
+            return _error(ARGUMENTS_TOO_COSTLY, "invalid")
+        if invalid is not None:
+            return _error(invalid, "invalid")
 
         def render(body: dict[str, Any]) -> str:
             return cap_output(_dumps(body), self.settings.tool_output_cap) or _dumps(OUTPUT_TOO_LARGE)

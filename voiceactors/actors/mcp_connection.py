@@ -5,11 +5,18 @@ Streamable HTTP session over it, opened on the first request and reused
 until it fails or sits idle for ``IDLE_CLOSE_S``. Others hand it requests
 (``list_tools``, ``call_tool``) and get back a value: the SDK's result, or a
 ``Failure`` (``denied``, ``timeout``, ``transport``, ``protocol``,
-``closed``). Nothing here ever raises into the asker, and an SDK transport
-failure (under trio it cancels the task that holds the session and comes
-out as an ``ExceptionGroup``) ends only this task's session: the requests in
-flight answer ``transport`` and the next request opens a new session. The
-task runs in the sources actor's nursery, never in a call's.
+``closed``, ``too_large``). Nothing here ever raises into the asker. Under
+the SDK's client sits ``SourceTransport`` (``mcp_transport.py``): each
+request's exchange fails alone (an answer past ``ANSWER_MAX_BYTES``, a reset,
+a read timeout become that request's JSON-RPC error), and a request the SDK
+abandons (its timeout, the asker cancelled) has its exchange aborted at
+once, so no request's failure reaches the session another request uses. A
+failure of the session itself (under trio it cancels the task that holds the
+session and comes out as an ``ExceptionGroup``) ends only this task's
+session: the requests in flight answer ``transport`` and the next request
+opens a new session. The task runs in the sources actor's nursery, never in
+a call's. The SDK's results are turned into plain dicts in a worker thread
+(work in proportion to the answer stays off the trio thread).
 
 Authentication (``docs/mcp.md``): the token goes on every request through an
 ``httpx2.Auth`` hook, which is also where a 401/403 is seen (the SDK reports
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Generator
+from typing import Any, Generator, Sequence
 
 import httpx2
 import trio
@@ -31,7 +38,10 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import REQUEST_TIMEOUT, PaginatedRequestParams
+from pydantic import BaseModel
 
+from voiceactors import storage
+from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, SourceTransport
 from voiceactors.logs import get_logger
 from voiceactors.tools.mcp_sources import McpSource
 
@@ -39,6 +49,10 @@ IDLE_CLOSE_S = 300.0        # a session unused this long is closed (the next req
 HTTP_SLACK_S = 5.0          # httpx2's own timeouts sit above the MCP request timeout
 MAX_PAGES = 50              # tools/list pages followed at most
 ASK_SLACK_S = 2.0           # the asker's bound beyond the request's own timeout
+#: The most of one answer read (a JSON body, an event stream): past it the read
+#: stops and the request fails ``too_large`` (``mcp_transport``). It also bounds
+#: what the SDK decodes on the trio thread: about 5 ms for a full 1 MiB.
+ANSWER_MAX_BYTES = 1024 * 1024
 
 _log = get_logger(actor="mcp")
 
@@ -47,7 +61,7 @@ _log = get_logger(actor="mcp")
 class Failure:
     """A request that got no result: ``kind`` and a short detail for logs."""
 
-    kind: str       # denied | timeout | transport | protocol | closed
+    kind: str       # denied | timeout | transport | protocol | closed | too_large
     detail: str = ""
 
 
@@ -176,9 +190,11 @@ class SourceConnection:
         failure = Failure("transport", "session ended")
         timeout = httpx2.Timeout(self.timeout_s + HTTP_SLACK_S)
         try:
+            transport = SourceTransport(ANSWER_MAX_BYTES, self.timeout_s + HTTP_SLACK_S)
             async with httpx2.AsyncClient(auth=_Bearer(self._token, self), max_redirects=0, timeout=timeout,
-                                          follow_redirects=False) as client:
-                async with streamable_http_client(self.source.url, http_client=client) as (read, write):
+                                          follow_redirects=False, transport=transport) as client:
+                async with streamable_http_client(self.source.url, http_client=client,
+                                                  max_sse_event_size=ANSWER_MAX_BYTES) as (read, write):
                     async with ClientSession(read, write, read_timeout_seconds=self.timeout_s) as session:
                         with trio.fail_after(self.timeout_s + HTTP_SLACK_S):
                             await session.initialize()
@@ -242,6 +258,10 @@ class SourceConnection:
         code = getattr(getattr(exc, "error", None), "code", None)
         if code == REQUEST_TIMEOUT:
             return Failure("timeout", "request timed out")
+        if code == ANSWER_TOO_LARGE:
+            return Failure("too_large", f"answer larger than {ANSWER_MAX_BYTES} bytes")
+        if code == EXCHANGE_FAILED:
+            return Failure("transport", str(getattr(exc.error, "message", ""))[:64])
         return Failure("protocol", f"code {code}")
 
     async def _perform(self, session: ClientSession, op: _Op) -> Any:
@@ -251,7 +271,7 @@ class SourceConnection:
             for _ in range(MAX_PAGES):
                 params = PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await session.list_tools(params=params)
-                tools.extend(t.model_dump(by_alias=True, exclude_none=True, mode="json") for t in page.tools)
+                tools.extend(await storage.run_sync(_dump_all, page.tools))
                 cursor = page.next_cursor
                 if not cursor:
                     return tools
@@ -259,5 +279,14 @@ class SourceConnection:
             return tools
         tool, arguments = op.args
         result = await session.call_tool(tool, arguments, read_timeout_seconds=op.timeout_s)
-        dumped: dict[str, Any] = result.model_dump(by_alias=True, exclude_none=True, mode="json")
-        return dumped
+        return await storage.run_sync(_dump, result)
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    """An SDK model in its wire shape (worker thread: in proportion to the answer)."""
+    dumped: dict[str, Any] = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return dumped
+
+
+def _dump_all(models: Sequence[BaseModel]) -> list[dict[str, Any]]:
+    return [_dump(model) for model in models]

@@ -225,7 +225,9 @@ class McpHub:
             return None
         metrics.mcp_request(source.name, "discovery", "ok", seconds)
         try:
-            specs, left_out = mcp_discovery.build_specs(source.name, listed, self.settings.tool_name_style)
+            # in proportion to the listing (schemas checked, validators built): a worker thread
+            specs, left_out = await storage.run_sync(mcp_discovery.build_specs, source.name, listed,
+                                                     self.settings.tool_name_style)
         except Exception:   # a listing no rule foresaw must not take the hub (and the runtime) down
             _log.exception("mcp.discovery_failed", source=source.name, token=token, kind="listing")
             return None

@@ -174,6 +174,10 @@ async def test_a_hung_read_that_times_out_does_not_fail_another_calls_write(tmp_
         await trio.sleep(9.0)
         return text_result("saved")
 
+    # the clock jumps only after 0.1 s of real idleness: between loopback sockets an
+    # answer may take a few real milliseconds to arrive, and a jump at once would
+    # pass a deadline that it was on its way to meet
+    autojump_clock.autojump_threshold = 0.1
     server = McpTestServer([ToolDef("hang", hang), ToolDef("save", save, read_only=False)])
     async with mcp_rig(tmp_path, {"crm": server}, mcp_timeout_s=10.0) as (r, hub):
         results: dict[str, ToolResult] = {}

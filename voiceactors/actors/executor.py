@@ -559,12 +559,13 @@ class ToolExecutor:
 
     async def _remote(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
         """A tool of an MCP source: its arguments checked against the source's
-        schema in a worker thread within a budget (``schema_bounds``: the schema
-        is the source's to write); ``mcp_execution`` has its rules; the caps are ours."""
+        schema within a budget, away from the trio thread unless it is short
+        (``schema_bounds``: the schema is the source's to write);
+        ``mcp_execution`` has its rules; the caps are ours."""
         assert self.remote is not None
         try:
-            invalid = await schema_bounds.check_in_thread(
-                schema_bounds.Budget(schema_bounds.ARGUMENT_STEPS, schema_bounds.ARGUMENT_CHECK_S), validate, spec, args)
+            raw_chars = len(req.arguments) if isinstance(req.arguments, str) else schema_bounds.INLINE_ARGUMENTS + 1
+            invalid = await schema_bounds.check_arguments(raw_chars, validate, spec, args)
         except schema_bounds.TooCostly:
             return _error(ARGUMENTS_TOO_COSTLY, "invalid")
         if invalid is not None:

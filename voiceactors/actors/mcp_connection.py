@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Generator, Sequence
+from typing import Any, Callable, Generator, Sequence, TypeVar
 
 import httpx2
 import trio
@@ -41,7 +41,7 @@ from mcp.types import REQUEST_TIMEOUT, PaginatedRequestParams
 from pydantic import BaseModel
 
 from voiceactors import storage
-from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, SourceTransport
+from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, SourceTransport, answer_bytes
 from voiceactors.logs import get_logger
 from voiceactors.tools.mcp_sources import McpSource
 
@@ -53,8 +53,12 @@ ASK_SLACK_S = 2.0           # the asker's bound beyond the request's own timeout
 #: stops and the request fails ``too_large`` (``mcp_transport``). It also bounds
 #: what the SDK decodes on the trio thread: about 5 ms for a full 1 MiB.
 ANSWER_MAX_BYTES = 1024 * 1024
+#: An answer up to this size is turned into dicts (and rendered) on the trio
+#: thread; a bigger one in a worker thread (work in proportion to it).
+INLINE_MAX_BYTES = 64 * 1024
 
 _log = get_logger(actor="mcp")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,15 @@ class Failure:
 
     kind: str       # denied | timeout | transport | protocol | closed | too_large
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class ToolAnswer:
+    """A tool's result in its wire shape (``content``, ``structuredContent``,
+    ``isError``) and the size of the answer it came in (0: not measured)."""
+
+    result: dict[str, Any]
+    size: int
 
 
 @dataclass
@@ -142,11 +155,10 @@ class SourceConnection:
         answer: list[dict[str, Any]] | Failure = await self._ask("list_tools", (), self.timeout_s * 2)
         return answer
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> dict[str, Any] | Failure:
-        """The tool's result as a wire-shaped dict (``content``,
-        ``structuredContent``, ``isError``), or a Failure. Cancelling the
-        asker cancels the request (the SDK tells the server)."""
-        answer: dict[str, Any] | Failure = await self._ask("call_tool", (tool, arguments), timeout_s)
+    async def call_tool(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> ToolAnswer | Failure:
+        """The tool's result, or a Failure. Cancelling the asker cancels the
+        request (the SDK tells the server, and its exchange is aborted)."""
+        answer: ToolAnswer | Failure = await self._ask("call_tool", (tool, arguments), timeout_s)
         return answer
 
     async def _ask(self, method: str, args: tuple[Any, ...], timeout_s: float) -> Any:
@@ -239,6 +251,7 @@ class SourceConnection:
 
     async def _run_op(self, session: ClientSession, op: _Op, pending: list[_Op]) -> None:
         value: Any = Failure("closed", "cancelled")
+        answer_bytes.set([0])    # this task's requests: the transport notes each answer's size
         try:
             with op.scope:
                 value = await self._perform(session, op)
@@ -271,7 +284,7 @@ class SourceConnection:
             for _ in range(MAX_PAGES):
                 params = PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await session.list_tools(params=params)
-                tools.extend(await storage.run_sync(_dump_all, page.tools))
+                tools.extend(await _in_proportion(_dump_all, page.tools))
                 cursor = page.next_cursor
                 if not cursor:
                     return tools
@@ -279,7 +292,24 @@ class SourceConnection:
             return tools
         tool, arguments = op.args
         result = await session.call_tool(tool, arguments, read_timeout_seconds=op.timeout_s)
-        return await storage.run_sync(_dump, result)
+        return ToolAnswer(await _in_proportion(_dump, result), _measured())
+
+
+def _measured() -> int:
+    measured = answer_bytes.get()
+    return measured[0] if measured is not None else 0
+
+
+async def in_proportion(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, work in proportion to an answer of ``size`` bytes: on the
+    trio thread up to ``INLINE_MAX_BYTES``, else in a worker thread."""
+    if size <= INLINE_MAX_BYTES:
+        return fn(*args)
+    return await storage.run_sync(fn, *args, cancellable=False)
+
+
+async def _in_proportion(fn: Callable[..., T], *args: Any) -> T:
+    return await in_proportion(_measured(), fn, *args)
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:

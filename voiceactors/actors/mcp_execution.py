@@ -30,7 +30,7 @@ import trio
 
 from voiceactors import clock, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.mcp_connection import ANSWER_MAX_BYTES, Failure
+from voiceactors.actors.mcp_connection import ANSWER_MAX_BYTES, Failure, in_proportion
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.logs import get_logger
 from voiceactors.tools.registry import WRITE, ToolSpec
@@ -105,8 +105,8 @@ def _answer_body(spec: ToolSpec, answer: "Answer") -> tuple[dict[str, Any], str]
 
 
 def _rendered(spec: ToolSpec, answer: "Answer", render: Render) -> tuple[str, str]:
-    """The output and outcome of an answer. In a worker thread: an answer may
-    be up to ``ANSWER_MAX_BYTES``, and encoding and cutting it is in proportion."""
+    """The output and outcome of an answer: encoding and cutting it is in
+    proportion to it (up to ``ANSWER_MAX_BYTES``): ``in_proportion``."""
     body, outcome = _answer_body(spec, answer)
     return render(body), outcome
 
@@ -116,7 +116,7 @@ async def run(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpec, 
     if spec.effect == WRITE:
         return await _write(hub, state_dir, req, spec, args, render)
     answer = await hub.call(req.call_id, spec, args)
-    output, outcome = await storage.run_sync(_rendered, spec, answer, render)
+    output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)
     return RemoteDone(output, outcome, budgeted=answer.failure is None)
 
 
@@ -139,7 +139,7 @@ async def _write(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpe
                                    {**base, "outcome": "unknown", "output": render(unknown), "pending": True},
                                    cancellable=False)
             answer = await hub.call(req.call_id, spec, args)
-            output, outcome = await storage.run_sync(_rendered, spec, answer, render, cancellable=False)
+            output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)
             await storage.run_sync(_store, state_dir, req.tool_call_id,
                                    {**base, "outcome": outcome, "output": output}, cancellable=False)
         _log.info("tool.mcp_write_recorded", call_id=req.call_id, tool=spec.name, outcome=outcome)

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Mapping, TypeAlias
 import trio
 
 from voiceactors import config, metrics, storage
-from voiceactors.actors.mcp_connection import Failure, SourceConnection
+from voiceactors.actors.mcp_connection import Failure, SourceConnection, ToolAnswer
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import mcp_discovery
@@ -94,6 +94,7 @@ class Answer:
     result: dict[str, Any] | None
     failure: Failure | None
     token: str
+    size: int = 0       # the answer's bytes (``mcp_connection.ToolAnswer``)
 
 
 def configured_sources(settings: Settings) -> tuple[McpSource, ...]:
@@ -343,7 +344,8 @@ class McpHub:
         outcome = "cancelled"
         try:
             value = await connection.call_tool(remote.tool, arguments, self._timeout(state.source))
-            outcome = value.kind if isinstance(value, Failure) else ("tool_error" if value.get("isError") else "ok")
+            outcome = value.kind if isinstance(value, Failure) else \
+                ("tool_error" if value.result.get("isError") else "ok")
         finally:
             metrics.mcp_request(remote.source, "call", outcome, trio.current_time() - started)
         if isinstance(value, Failure):
@@ -354,7 +356,7 @@ class McpHub:
                     state.available = False
                     _log.warning("mcp.source_unavailable", source=remote.source, why="token refused")
             return Answer(None, value, kind)
-        return Answer(value, None, kind)
+        return Answer(value.result, None, kind, value.size)
 
 
 def _reply(reply: trio.MemorySendChannel[Any], value: Any) -> None:

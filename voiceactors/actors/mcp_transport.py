@@ -30,6 +30,7 @@ pass through; a failure of theirs becomes an empty 202, which the SDK ignores.
 from __future__ import annotations
 
 import json
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -42,6 +43,11 @@ ANSWER_TOO_LARGE = -32090
 EXCHANGE_FAILED = -32091
 
 CLOSE_S = 1.0               # closing an abandoned answer's connection, at most
+
+#: Set by the task that makes a request (the SDK sends a request's POST in the
+#: context of the task that made it): the size in bytes of the last JSON answer
+#: read for it, so that the asker knows how much work the answer is.
+answer_bytes: ContextVar[list[int] | None] = ContextVar("mcp_answer_bytes", default=None)
 
 
 class AnswerTooLarge(httpx2.StreamError):
@@ -154,6 +160,9 @@ class SourceTransport(httpx2.AsyncBaseTransport):
                     return self._ended(request, request_id, exchange)
                 return _error_answer(request, request_id, ANSWER_TOO_LARGE,
                                      f"answer larger than {self.max_bytes} bytes; not read")
+            measured = answer_bytes.get()
+            if measured is not None:
+                measured[0] = len(body)
             return httpx2.Response(response.status_code, headers=response.headers, content=body,
                                    request=request, extensions=response.extensions)
         except httpx2.TimeoutException:

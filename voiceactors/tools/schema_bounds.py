@@ -20,9 +20,11 @@ Three rules bound it:
   ``Budget`` (steps and a deadline); past either, the check stops with
   ``TooCostly``. The caller may stop it too (``Budget.stop``), so an
   abandoned check ends at its next step.
-* ``check_in_thread`` runs a check in a worker thread under its budget,
-  stopping it when the awaiting task is cancelled; the hub runs discovery's
-  checks in a worker thread too.
+* ``check_arguments`` runs a check of short arguments on the trio thread
+  within a small budget (about a millisecond), and any other, or one past
+  that, in a worker thread under the whole budget (``check_in_thread``),
+  stopped when the awaiting task is cancelled. The hub runs discovery's
+  checks in a worker thread.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ T = TypeVar("T")
 
 ARGUMENT_STEPS = 100_000        # keywords evaluated to check one call's arguments, at most
 ARGUMENT_CHECK_S = 1.0
+INLINE_STEPS = 2_000            # a check this short runs on the caller's thread (about 1 ms)...
+INLINE_ARGUMENTS = 1024         # ...when the arguments are this short (characters of JSON)
 SCHEMA_NODES = 5_000            # values in one tool's input schema, at most
 SCHEMA_DEPTH = 32               # and how deep
 
@@ -90,6 +94,19 @@ def run_within(budget: Budget, check: Callable[..., T], *args: Any) -> T:
         raise TooCostly("schema nested too deeply") from None
     finally:
         _budget.reset(token)
+
+
+async def check_arguments(raw_chars: int, check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)`` of a call's arguments (``raw_chars`` long as JSON):
+    first on this thread within ``INLINE_STEPS`` when they are short (a
+    worker thread's hop costs more than most checks), else, or past that, in
+    a worker thread with the whole budget. TooCostly past it."""
+    if raw_chars <= INLINE_ARGUMENTS:
+        try:
+            return run_within(Budget(INLINE_STEPS, ARGUMENT_CHECK_S), check, *args)
+        except TooCostly:
+            pass    # more than a moment's work: again, away from the trio thread
+    return await check_in_thread(Budget(ARGUMENT_STEPS, ARGUMENT_CHECK_S), check, *args)
 
 
 async def check_in_thread(budget: Budget, check: Callable[..., T], *args: Any) -> T:

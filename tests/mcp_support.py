@@ -49,6 +49,7 @@ class ToolDef:
     schema: dict[str, Any] = field(default_factory=lambda: dict(OBJECT))
     read_only: bool = True
     description: str = "a test tool"
+    output_schema: dict[str, Any] | None = None
 
 
 def text_result(text: str, *, is_error: bool = False, structured: Any = None) -> types.CallToolResult:
@@ -75,6 +76,7 @@ class McpTestServer:
     async def _list(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         self.list_pages += 1
         listed = [types.Tool(name=t.name, description=t.description, input_schema=t.schema,
+                             output_schema=t.output_schema,
                              annotations=types.ToolAnnotations(read_only_hint=t.read_only))
                   for t in self.tools.values()]
         start = int(params.cursor) if params is not None and params.cursor else 0
@@ -100,10 +102,9 @@ class McpTestServer:
             if self.streamed and scope["method"] == "POST":
                 body = await _read_body(receive)
                 message = json.loads(body)
-                size = self.streamed.get(((message.get("params") or {}).get("name") or "")) \
-                    if message.get("method") == "tools/call" else None
-                if size is not None:
-                    await self._stream_answer(send, message["id"], size)
+                name = (message.get("params") or {}).get("name") if message.get("method") == "tools/call" else None
+                if name in self.streamed:
+                    await self._stream_answer(send, message["id"], self.streamed[name])
                     return
                 receive = _replayed(body)
         await self._app(scope, receive, send)

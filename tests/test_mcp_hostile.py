@@ -123,6 +123,38 @@ async def test_an_exponential_schema_answers_an_error_within_its_budget(tmp_path
     assert result.outcome == "invalid" and server.calls == []
 
 
+class LongestStall:
+    """The longest the trio thread went without running a task that asks to
+    run every 5 ms (seconds of real time)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def watch(self) -> None:
+        last = time.monotonic()
+        while True:
+            await trio.sleep(0.005)
+            now = time.monotonic()
+            self.longest = max(self.longest, now - last - 0.005)
+            last = now
+
+
+async def test_a_catastrophic_output_schema_is_never_run(tmp_path):
+    """The SDK checks a result against the tool's ``outputSchema`` with Python's ``re``:
+    a structured result of 26 a's and '!' against ``^(a+)+$`` held the trio thread for seconds."""
+    async def catastrophic(args: dict[str, Any]) -> types.CallToolResult:
+        return text_result("see data", structured=CATASTROPHIC_ARGUMENT)
+
+    server = McpTestServer([ToolDef("regex", catastrophic, output_schema=CATASTROPHIC)])
+    stall = LongestStall()
+    async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
+        with real_time_limit(60):
+            r.nursery.start_soon(stall.watch)
+            result = await ask(r.executor, "rtc_out", "fc_out", "crm.regex", {})
+    assert json.loads(result.output)["data"] == CATASTROPHIC_ARGUMENT, result.output
+    assert stall.longest < 0.25, f"the trio thread stalled {stall.longest:.2f} s"
+
+
 class PeakRss:
     """The process's resident memory, sampled every 5 ms by a thread of its own
     (the trio thread may be the one busy): the highest seen, in bytes."""

@@ -15,8 +15,10 @@ failure of the session itself (under trio it cancels the task that holds the
 session and comes out as an ``ExceptionGroup``) ends only this task's
 session: the requests in flight answer ``transport`` and the next request
 opens a new session. The task runs in the sources actor's nursery, never in
-a call's. The SDK's results are turned into plain dicts in a worker thread
-(work in proportion to the answer stays off the trio thread).
+a call's. A tool's answer (``tools/call``, ``tools/list``) is decoded by
+the transport, in a worker thread past ``INLINE_MAX_BYTES``, and reaches the
+asker as the source's plain JSON (``ToolAnswer``); the SDK sees a placeholder,
+and a result is never checked against the tool's ``outputSchema``.
 
 Authentication (``docs/mcp.md``): the token goes on every request through an
 ``httpx2.Auth`` hook, which is also where a 401/403 is seen (the SDK reports
@@ -30,10 +32,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Sequence, TypeVar
+from typing import Any, Callable, Generator, TypeVar
 
 import httpx2
 import trio
+import mcp.types as types
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -41,7 +44,7 @@ from mcp.types import REQUEST_TIMEOUT, PaginatedRequestParams
 from pydantic import BaseModel
 
 from voiceactors import storage
-from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, SourceTransport, answer_bytes
+from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, Answered, SourceTransport, answered
 from voiceactors.logs import get_logger
 from voiceactors.tools.mcp_sources import McpSource
 
@@ -53,8 +56,8 @@ ASK_SLACK_S = 2.0           # the asker's bound beyond the request's own timeout
 #: stops and the request fails ``too_large`` (``mcp_transport``). It also bounds
 #: what the SDK decodes on the trio thread: about 5 ms for a full 1 MiB.
 ANSWER_MAX_BYTES = 1024 * 1024
-#: An answer up to this size is turned into dicts (and rendered) on the trio
-#: thread; a bigger one in a worker thread (work in proportion to it).
+#: An answer up to this size is decoded (and rendered) on the trio thread; a
+#: bigger one in a worker thread (work in proportion to it).
 INLINE_MAX_BYTES = 64 * 1024
 
 _log = get_logger(actor="mcp")
@@ -202,7 +205,7 @@ class SourceConnection:
         failure = Failure("transport", "session ended")
         timeout = httpx2.Timeout(self.timeout_s + HTTP_SLACK_S)
         try:
-            transport = SourceTransport(ANSWER_MAX_BYTES, self.timeout_s + HTTP_SLACK_S)
+            transport = SourceTransport(ANSWER_MAX_BYTES, self.timeout_s + HTTP_SLACK_S, INLINE_MAX_BYTES)
             async with httpx2.AsyncClient(auth=_Bearer(self._token, self), max_redirects=0, timeout=timeout,
                                           follow_redirects=False, transport=transport) as client:
                 async with streamable_http_client(self.source.url, http_client=client,
@@ -251,7 +254,7 @@ class SourceConnection:
 
     async def _run_op(self, session: ClientSession, op: _Op, pending: list[_Op]) -> None:
         value: Any = Failure("closed", "cancelled")
-        answer_bytes.set([0])    # this task's requests: the transport notes each answer's size
+        answered.set(Answered())    # this task's requests: the transport decodes their answers into it
         try:
             with op.scope:
                 value = await self._perform(session, op)
@@ -278,26 +281,40 @@ class SourceConnection:
         return Failure("protocol", f"code {code}")
 
     async def _perform(self, session: ClientSession, op: _Op) -> Any:
+        decoded = answered.get()
+        assert decoded is not None      # set by _run_op for this task's requests
         if op.method == "list_tools":
-            tools: list[dict[str, Any]] = []
-            cursor: str | None = None
-            for _ in range(MAX_PAGES):
-                params = PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await session.list_tools(params=params)
-                tools.extend(await _in_proportion(_dump_all, page.tools))
-                cursor = page.next_cursor
-                if not cursor:
-                    return tools
-            _log.warning("mcp.too_many_pages", source=self.source.name, pages=MAX_PAGES)
-            return tools
+            return await self._list(session, decoded)
         tool, arguments = op.args
-        result = await session.call_tool(tool, arguments, read_timeout_seconds=op.timeout_s)
-        return ToolAnswer(await _in_proportion(_dump, result), _measured())
+        # send_request, not call_tool: call_tool checks a result against the tool's
+        # outputSchema with stock jsonschema (Python's re), on the trio thread; the model
+        # gets structuredContent as data from the source, and it is not checked
+        request = types.CallToolRequest(params=types.CallToolRequestParams(name=tool, arguments=arguments))
+        result = await session.send_request(request, types.CallToolResult, request_read_timeout_seconds=op.timeout_s)
+        raw = decoded.take()
+        if raw is None:     # the SDK decoded it (``Answered``): its model
+            return ToolAnswer(_dump(result), 0)
+        return ToolAnswer(raw, decoded.size)
 
-
-def _measured() -> int:
-    measured = answer_bytes.get()
-    return measured[0] if measured is not None else 0
+    async def _list(self, session: ClientSession, decoded: Answered) -> list[dict[str, Any]]:
+        """Every page of ``tools/list``, each tool as the source sent it (a dict)."""
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(MAX_PAGES):
+            params = PaginatedRequestParams(cursor=cursor) if cursor else None
+            page = await session.list_tools(params=params)
+            raw = decoded.take()
+            if raw is None:     # the SDK decoded it: its models
+                tools.extend(_dump(t) for t in page.tools)
+                cursor = page.next_cursor
+            else:
+                listed = raw.get("tools")
+                tools.extend(t for t in (listed if isinstance(listed, list) else ()) if isinstance(t, dict))
+                cursor = raw.get("nextCursor") if isinstance(raw.get("nextCursor"), str) else None
+            if not cursor:
+                return tools
+        _log.warning("mcp.too_many_pages", source=self.source.name, pages=MAX_PAGES)
+        return tools
 
 
 async def in_proportion(size: int, fn: Callable[..., T], *args: Any) -> T:
@@ -308,15 +325,7 @@ async def in_proportion(size: int, fn: Callable[..., T], *args: Any) -> T:
     return await storage.run_sync(fn, *args, cancellable=False)
 
 
-async def _in_proportion(fn: Callable[..., T], *args: Any) -> T:
-    return await in_proportion(_measured(), fn, *args)
-
-
 def _dump(model: BaseModel) -> dict[str, Any]:
-    """An SDK model in its wire shape (worker thread: in proportion to the answer)."""
+    """An SDK model in its wire shape."""
     dumped: dict[str, Any] = model.model_dump(by_alias=True, exclude_none=True, mode="json")
     return dumped
-
-
-def _dump_all(models: Sequence[BaseModel]) -> list[dict[str, Any]]:
-    return [_dump(model) for model in models]

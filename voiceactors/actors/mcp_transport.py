@@ -16,6 +16,12 @@ each exchange's fate its own:
   JSON-RPC error of its own id (``ANSWER_TOO_LARGE``) in place of the body.
   An event stream's bytes count against the same cap (the stream fails past
   it; the SDK answers that request alone).
+* The answer to a ``tools/call`` or ``tools/list`` is decoded here, in a
+  worker thread when it is over ``inline_bytes``, and handed to the asker
+  (``Answered``); the SDK gets a placeholder ``result`` (``PLACEHOLDERS``),
+  so its decoding and its models never run in proportion to what the source
+  sent, on the trio thread. An error answer reaches the SDK rebuilt: its code
+  and the start of its message.
 * An exchange that fails (refused, reset, a read timeout, its deadline) is
   answered with a JSON-RPC error of its own id (``EXCHANGE_FAILED``, or
   ``REQUEST_TIMEOUT``) instead of raising into the session's task group.
@@ -35,8 +41,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import httpx2
+import orjson
 import trio
 from mcp.types import REQUEST_TIMEOUT
+
+from voiceactors import storage
 
 #: JSON-RPC codes of our own (the implementation-defined server error range).
 ANSWER_TOO_LARGE = -32090
@@ -44,10 +53,29 @@ EXCHANGE_FAILED = -32091
 
 CLOSE_S = 1.0               # closing an abandoned answer's connection, at most
 
-#: Set by the task that makes a request (the SDK sends a request's POST in the
-#: context of the task that made it): the size in bytes of the last JSON answer
-#: read for it, so that the asker knows how much work the answer is.
-answer_bytes: ContextVar[list[int] | None] = ContextVar("mcp_answer_bytes", default=None)
+#: What the SDK gets in place of a tool answer's ``result`` that this transport
+#: decoded itself (``Answered``).
+PLACEHOLDERS: dict[str, dict[str, Any]] = {"tools/call": {"content": []}, "tools/list": {"tools": []}}
+ERROR_TEXT_MAX = 256
+
+
+@dataclass
+class Answered:
+    """Where the transport puts the answer to a ``tools/call`` or ``tools/list``
+    it decoded itself: its ``result`` (plain JSON) and its size in bytes. Set
+    in ``answered`` by the task that makes the requests (the SDK sends a
+    request's POST in the context of the task that made it, so the transport
+    finds it there); None there: the SDK decodes the answer as it would."""
+
+    result: dict[str, Any] | None = None
+    size: int = 0
+
+    def take(self) -> dict[str, Any] | None:
+        result, self.result = self.result, None
+        return result
+
+
+answered: ContextVar[Answered | None] = ContextVar("mcp_answered", default=None)
 
 
 class AnswerTooLarge(httpx2.StreamError):
@@ -91,19 +119,23 @@ def _message_of(request: httpx2.Request) -> dict[str, Any] | None:
     return message if isinstance(message, dict) else None
 
 
+def _jsonrpc(request_id: Any, **answer: Any) -> bytes:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, **answer}).encode()
+
+
 def _error_answer(request: httpx2.Request, request_id: Any, code: int, text: str) -> httpx2.Response:
-    body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": text}}
     return httpx2.Response(200, headers={"content-type": "application/json"},
-                           content=json.dumps(body).encode(), request=request)
+                           content=_jsonrpc(request_id, error={"code": code, "message": text}), request=request)
 
 
 class SourceTransport(httpx2.AsyncBaseTransport):
     """See the module docstring. ``exchange_s``: the longest a request's
     exchange may take (its answer read included)."""
 
-    def __init__(self, max_bytes: int, exchange_s: float) -> None:
+    def __init__(self, max_bytes: int, exchange_s: float, inline_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.exchange_s = exchange_s
+        self.inline_bytes = inline_bytes
         self._inner = httpx2.AsyncHTTPTransport()
         self._exchanges: dict[Any, _Exchange] = {}    # JSON-RPC request id -> its exchange
 
@@ -124,7 +156,7 @@ class SourceTransport(httpx2.AsyncBaseTransport):
         exchange = _Exchange(deadline=trio.current_time() + self.exchange_s)
         self._exchanges[request_id] = exchange
         try:
-            return await self._exchange(request, request_id, exchange)
+            return await self._exchange(request, request_id, str(message["method"]), exchange)
         finally:
             if self._exchanges.get(request_id) is exchange:
                 del self._exchanges[request_id]
@@ -141,7 +173,8 @@ class SourceTransport(httpx2.AsyncBaseTransport):
         except httpx2.TransportError:
             return httpx2.Response(202, request=request)
 
-    async def _exchange(self, request: httpx2.Request, request_id: Any, exchange: _Exchange) -> httpx2.Response:
+    async def _exchange(self, request: httpx2.Request, request_id: Any, method: str, exchange: _Exchange
+                        ) -> httpx2.Response:
         response: httpx2.Response | None = None
         try:
             with exchange.scope():
@@ -160,9 +193,9 @@ class SourceTransport(httpx2.AsyncBaseTransport):
                     return self._ended(request, request_id, exchange)
                 return _error_answer(request, request_id, ANSWER_TOO_LARGE,
                                      f"answer larger than {self.max_bytes} bytes; not read")
-            measured = answer_bytes.get()
-            if measured is not None:
-                measured[0] = len(body)
+            target = answered.get()
+            if target is not None and method in PLACEHOLDERS and content_type.startswith("application/json"):
+                body = await self._decoded(body, request_id, method, target)
             return httpx2.Response(response.status_code, headers=response.headers, content=body,
                                    request=request, extensions=response.extensions)
         except httpx2.TimeoutException:
@@ -172,6 +205,25 @@ class SourceTransport(httpx2.AsyncBaseTransport):
         finally:
             if response is not None:
                 await _close(response)
+
+    async def _decoded(self, body: bytes, request_id: Any, method: str, target: Answered) -> bytes:
+        """The body the SDK gets for a tool answer decoded here (see the module docstring)."""
+        try:
+            if len(body) <= self.inline_bytes:
+                message = orjson.loads(body)
+            else:
+                message = await storage.run_sync(orjson.loads, body, cancellable=False)
+        except orjson.JSONDecodeError:
+            message = None
+        if isinstance(message, dict) and isinstance(message.get("result"), dict):
+            target.result, target.size = message["result"], len(body)
+            return _jsonrpc(request_id, result=PLACEHOLDERS[method])
+        error = message.get("error") if isinstance(message, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("code"), int) and not isinstance(error["code"], bool):
+            text = error.get("message")
+            return _jsonrpc(request_id, error={"code": error["code"],
+                                               "message": text[:ERROR_TEXT_MAX] if isinstance(text, str) else ""})
+        return _jsonrpc(request_id, error={"code": EXCHANGE_FAILED, "message": "not a JSON-RPC answer"})
 
     def _ended(self, request: httpx2.Request, request_id: Any, exchange: _Exchange) -> httpx2.Response:
         """An exchange cut short by its abort or deadline (nobody waits for the abandoned one's answer)."""

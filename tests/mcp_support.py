@@ -58,10 +58,12 @@ def text_result(text: str, *, is_error: bool = False, structured: Any = None) ->
 
 
 class McpTestServer:
-    def __init__(self, tools: list[ToolDef], *, tokens: set[str] | None = None, page_size: int = 100) -> None:
+    def __init__(self, tools: list[ToolDef], *, tokens: set[str] | None = None, page_size: int = 100,
+                 event_stream: bool = False) -> None:
         self.tools = {t.name: t for t in tools}
         self.tokens = set(tokens or {"server-token"})
         self.page_size = page_size
+        self.event_stream = event_stream     # answer as an SSE stream, not one JSON body
         self.requests = 0
         self.list_pages = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -132,7 +134,7 @@ class McpTestServer:
         config.accesslog = None
         config.errorlog = None
         self._scope = trio.CancelScope()   # a new one each start: the server may be restarted
-        self._app = self._server.streamable_http_app(stateless_http=True, json_response=True)
+        self._app = self._server.streamable_http_app(stateless_http=True, json_response=not self.event_stream)
         with self._scope:
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(serve, self._asgi, config)

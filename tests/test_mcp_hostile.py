@@ -195,6 +195,22 @@ async def test_a_huge_answer_is_refused_at_the_cap_and_never_held(tmp_path):
     assert json.loads(after.output)["text"] == "matched"      # the source's session carries on
 
 
+async def test_an_event_stream_answer_meets_the_cap_too(tmp_path):
+    async def big(args: dict[str, Any]) -> types.CallToolResult:
+        return text_result("x" * (2 * 1024 * 1024))
+
+    async def small(args: dict[str, Any]) -> types.CallToolResult:
+        return text_result("fine")
+
+    server = McpTestServer([ToolDef("big", big), ToolDef("small", small)], event_stream=True)
+    async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
+        with real_time_limit(60):
+            refused = await ask(r.executor, "rtc_sse", "fc_big", "crm.big", {})
+            answered = await ask(r.executor, "rtc_sse", "fc_small", "crm.small", {})
+    assert json.loads(refused.output) == {"error": "crm did not answer"}
+    assert json.loads(answered.output)["text"] == "fine"
+
+
 async def test_a_hung_read_that_times_out_does_not_fail_another_calls_write(tmp_path, autojump_clock):
     """The read times out at 10 s; its HTTP request, left open, used to time out
     itself at 15 s and take the shared session down under the write then in flight."""

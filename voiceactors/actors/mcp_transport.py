@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import httpx2
 import orjson
@@ -155,11 +155,17 @@ class SourceTransport(httpx2.AsyncBaseTransport):
         request_id = message["id"]
         exchange = _Exchange(deadline=trio.current_time() + self.exchange_s)
         self._exchanges[request_id] = exchange
+        response: httpx2.Response | None = None
         try:
-            return await self._exchange(request, request_id, str(message["method"]), exchange)
+            response = await self._exchange(request, request_id, str(message["method"]), exchange)
+            return response
         finally:
-            if self._exchanges.get(request_id) is exchange:
-                del self._exchanges[request_id]
+            if response is None or not isinstance(response.stream, _CappedStream):
+                self._forget(request_id, exchange)    # an event stream's is forgotten when it closes
+
+    def _forget(self, request_id: Any, exchange: _Exchange) -> None:
+        if self._exchanges.get(request_id) is exchange:
+            del self._exchanges[request_id]
 
     def _abort(self, params: Any) -> None:
         if isinstance(params, dict):
@@ -185,7 +191,8 @@ class SourceTransport(httpx2.AsyncBaseTransport):
             if content_type.startswith("text/event-stream"):
                 stream, response = response, None     # handed on: its reader closes it
                 return httpx2.Response(stream.status_code, headers=stream.headers, request=request,
-                                       stream=_CappedStream(stream, exchange, self.max_bytes),
+                                       stream=_CappedStream(stream, exchange, self.max_bytes,
+                                                            lambda: self._forget(request_id, exchange)),
                                        extensions=stream.extensions)
             body = await self._read_capped(response, exchange)
             if body is None:
@@ -263,10 +270,12 @@ async def _close(response: httpx2.Response) -> None:
 class _CappedStream(httpx2.AsyncByteStream):
     """An event stream's bytes, at most ``max_bytes``, within its exchange."""
 
-    def __init__(self, response: httpx2.Response, exchange: _Exchange, max_bytes: int) -> None:
+    def __init__(self, response: httpx2.Response, exchange: _Exchange, max_bytes: int,
+                 closed: Callable[[], None]) -> None:
         self._response = response
         self._exchange = exchange
         self._left = max_bytes
+        self._closed = closed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         chunks = aiter(_async_stream(self._response))
@@ -284,5 +293,6 @@ class _CappedStream(httpx2.AsyncByteStream):
             yield chunk
 
     async def aclose(self) -> None:
+        self._closed()
         await _close(self._response)
 

@@ -18,7 +18,9 @@ Rules, in the order a request meets them:
    under a different tool call id is rejected. The same tool call id again is
    a retry, not a new attempt.
 3. Unknown tool, bad JSON, non-object and schema failures answer the
-   registry's error objects (outcome ``invalid``).
+   registry's error objects (outcome ``invalid``). A tool of an MCP source
+   has its arguments checked within a budget (``tools/schema_bounds.py``),
+   past which it answers ``ARGUMENTS_TOO_COSTLY``.
 4. The handler runs in a worker thread. Reads: bounded by
    ``tool_timeout_read_s`` (``{"error": "tool timed out"}``) and cancellable by
    ``CancelReads`` (``{"error": "cancelled"}``). Writes: never cancelled once

@@ -29,8 +29,9 @@ each exchange's fate its own:
   aborts that request's exchange here at once: its connection closed, its
   answer never read.
 
-Messages that are not requests (notifications, the session's listening GET)
-pass through; a failure of theirs becomes an empty 202, which the SDK ignores.
+Messages that are not requests pass through; a notification POST that fails
+is answered an empty 202, which the SDK ignores (an exception there would end
+the session's writer).
 """
 
 from __future__ import annotations
@@ -174,9 +175,13 @@ class SourceTransport(httpx2.AsyncBaseTransport):
                 exchange.abort()
 
     async def _pass_through(self, request: httpx2.Request) -> httpx2.Response:
+        """A message that is not a request (a notification POST; the listening
+        GET and the closing DELETE, whose failures the SDK handles itself)."""
+        if request.method != "POST":
+            return await self._inner.handle_async_request(request)
         try:
             return await self._inner.handle_async_request(request)
-        except httpx2.TransportError:
+        except httpx2.TransportError:   # the SDK would end the session's writer on it
             return httpx2.Response(202, request=request)
 
     async def _exchange(self, request: httpx2.Request, request_id: Any, method: str, exchange: _Exchange
@@ -203,7 +208,10 @@ class SourceTransport(httpx2.AsyncBaseTransport):
             target = answered.get()
             if target is not None and method in PLACEHOLDERS and content_type.startswith("application/json"):
                 body = await self._decoded(body, request_id, method, target)
-            return httpx2.Response(response.status_code, headers=response.headers, content=body,
+            # the body is decoded (no content-encoding) and may be another length now
+            headers = [(k, v) for k, v in response.headers.multi_items()
+                       if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+            return httpx2.Response(response.status_code, headers=headers, content=body,
                                    request=request, extensions=response.extensions)
         except httpx2.TimeoutException:
             return _error_answer(request, request_id, REQUEST_TIMEOUT, "no answer in time")
@@ -239,22 +247,27 @@ class SourceTransport(httpx2.AsyncBaseTransport):
         return _error_answer(request, request_id, REQUEST_TIMEOUT, "no answer in time")
 
     async def _read_capped(self, response: httpx2.Response, exchange: _Exchange) -> bytes | None:
-        """The body, or None once it passes the cap or the exchange ends: the
+        """The body, decoded (gzip and the like: the cap counts what it
+        inflates to), or None once it passes the cap or the exchange ends: the
         rest is never read (the connection is closed instead)."""
         parts: list[bytes] = []
         size = 0
-        chunks = aiter(_async_stream(response))
-        while True:
-            with exchange.scope():
-                chunk = await anext(chunks, None)
-                if chunk is None:
-                    return b"".join(parts)
-                size += len(chunk)
-                if size > self.max_bytes:
-                    return None
-                parts.append(chunk)
-                continue
-            return None   # aborted, or past the deadline
+        chunks = response.aiter_bytes()
+        try:
+            while True:
+                with exchange.scope():
+                    chunk = await anext(chunks, None)
+                    if chunk is None:
+                        return b"".join(parts)
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        return None
+                    parts.append(chunk)
+                    continue
+                return None   # aborted, or past the deadline
+        finally:
+            with trio.CancelScope(shield=True):
+                await chunks.aclose()
 
 
 def _async_stream(response: httpx2.Response) -> httpx2.AsyncByteStream:

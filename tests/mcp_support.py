@@ -9,13 +9,15 @@ changed while it runs (a token revoked mid-conversation); ``redirect`` makes
 it answer every POST with a same-origin 307; ``streamed`` (tool name ->
 bytes) makes a call of that tool answer a JSON text of that many bytes,
 written in pieces as the client reads them, never held whole
-(``streamed_bytes`` counts what was written); ``stop()`` kills it.
+(``streamed_bytes`` counts what was written, before ``gzipped`` compresses
+it); ``stop()`` kills it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +72,7 @@ class McpTestServer:
         self.redirect = False
         self.streamed: dict[str, int] = {}
         self.streamed_bytes = 0
+        self.gzipped = False
         self.url = ""
         self._scope = trio.CancelScope()
         self._server = Server("test", on_list_tools=self._list, on_call_tool=self._call)
@@ -112,21 +115,28 @@ class McpTestServer:
         await self._app(scope, receive, send)
 
     async def _stream_answer(self, send: Any, request_id: Any, size: int) -> None:
-        """A tool result of ``size`` bytes of JSON text, 64 KiB a write."""
+        """A tool result of ``size`` bytes of JSON text, 64 KiB a write
+        (``gzipped``: compressed on the way, ``content-encoding: gzip``)."""
         head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1].encode() + \
             b',"result":{"content":[{"type":"text","text":"'
         tail = b'"}]}}'
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": head, "more_body": True})
+        compressor = zlib.compressobj(wbits=31) if self.gzipped else None
+
+        def encoded(data: bytes) -> bytes:
+            return compressor.compress(data) if compressor is not None else data
+
+        headers = [(b"content-type", b"application/json")] + ([(b"content-encoding", b"gzip")] if compressor else [])
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": encoded(head), "more_body": True})
         piece = b"x" * 65536
         left = size - len(head) - len(tail)
         while left > 0:
             chunk = piece[:left]
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": encoded(chunk), "more_body": True})
             self.streamed_bytes += len(chunk)
             left -= len(chunk)
-        await send({"type": "http.response.body", "body": tail})
+        end = encoded(tail) + (compressor.flush() if compressor is not None else b"")
+        await send({"type": "http.response.body", "body": end})
 
     async def serve(self, port: int = 0, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         config = Config()

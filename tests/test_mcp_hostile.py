@@ -195,6 +195,18 @@ async def test_a_huge_answer_is_refused_at_the_cap_and_never_held(tmp_path):
     assert json.loads(after.output)["text"] == "matched"      # the source's session carries on
 
 
+async def test_a_compressed_answer_is_capped_at_what_it_inflates_to(tmp_path):
+    """50 MB of text sent gzipped (about 50 KB on the wire): the cap counts the inflated bytes."""
+    server = McpTestServer([ToolDef("bomb", echo)])
+    server.streamed, server.gzipped = {"bomb": 50 * 1024 * 1024}, True
+    async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
+        with real_time_limit(60), PeakRss() as rss:
+            result = await ask(r.executor, "rtc_gzip", "fc_gzip", "crm.bomb", {})
+    assert json.loads(result.output) == {
+        "error": "crm answered more than 1048576 bytes; the answer was not read"}
+    assert rss.peak - rss.start < 24 * 1024 * 1024, f"grew by {(rss.peak - rss.start) >> 20} MiB"
+
+
 async def test_an_event_stream_answer_meets_the_cap_too(tmp_path):
     async def big(args: dict[str, Any]) -> types.CallToolResult:
         return text_result("x" * (2 * 1024 * 1024))

@@ -51,6 +51,7 @@ from voiceactors.tools.mcp_sources import McpSource
 IDLE_CLOSE_S = 300.0        # a session unused this long is closed (the next request opens one)
 HTTP_SLACK_S = 5.0          # httpx2's own timeouts sit above the MCP request timeout
 MAX_PAGES = 50              # tools/list pages followed at most
+LISTING_MAX_BYTES = 4 * 1024 * 1024     # and bytes of them: the pages past it are not asked for
 ASK_SLACK_S = 2.0           # the asker's bound beyond the request's own timeout
 #: The most of one answer read (a JSON body, an event stream): past it the read
 #: stops and the request fails ``too_large`` (``mcp_transport``). It also bounds
@@ -300,7 +301,11 @@ class SourceConnection:
         """Every page of ``tools/list``, each tool as the source sent it (a dict)."""
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
+        read = 0
         for _ in range(MAX_PAGES):
+            if read > LISTING_MAX_BYTES:
+                _log.warning("mcp.listing_too_large", source=self.source.name, bytes=read, tools=len(tools))
+                return tools
             params = PaginatedRequestParams(cursor=cursor) if cursor else None
             page = await session.list_tools(params=params)
             raw = decoded.take()
@@ -308,6 +313,7 @@ class SourceConnection:
                 tools.extend(_dump(t) for t in page.tools)
                 cursor = page.next_cursor
             else:
+                read += decoded.size
                 listed = raw.get("tools")
                 tools.extend(t for t in (listed if isinstance(listed, list) else ()) if isinstance(t, dict))
                 cursor = raw.get("nextCursor") if isinstance(raw.get("nextCursor"), str) else None

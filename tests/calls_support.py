@@ -1,5 +1,6 @@
 """Shared set-up for the call tests: a sample journal, a real ToolExecutor, the
-Realtime simulator on loopback, and protocol assertions over what it received.
+Realtime simulator on loopback (or, where no socket is needed, the in-memory
+transport: ``Rig.memory_actor``), and protocol assertions over what it received.
 
 Handlers run in real worker threads and ``autojump_clock`` jumps to the next
 deadline whenever every trio task waits (a running thread included). So tests
@@ -27,6 +28,7 @@ from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.feed import FeedHub
 from voiceactors.actors.executor import ToolExecutor
+from voiceactors.call.memory_transport import MemoryService
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
 from voiceactors.simulator.client_events import validate_client_event
@@ -88,6 +90,13 @@ class Rig:
         kw.setdefault("answer_now", self.executor.answer_now)   # as the runtime wires it (None: inbox only)
         return CallActor(self.settings, call_id, self.executor.inbox, kw.pop("api_key", KEY),
                          kw.pop("feed", None) or self.hub.open(call_id), **kw)
+
+    def memory_actor(self, call_id: str, **kw: Any) -> tuple[CallActor, MemoryService]:
+        """An actor whose connections are in memory (``call/memory_transport.py``):
+        the test plays the service on each ``await service.next_connection()``.
+        Its hangup still goes to the simulator's REST API."""
+        service = MemoryService()
+        return self.actor(call_id, open_transport=service.open, **kw), service
 
     async def run_call(self, call_id: str, scenario: Any = None, **kw: Any) -> tuple[CallActor, SimCall]:
         """Register ``call_id`` in the simulator and serve it until the actor ends."""

@@ -29,6 +29,7 @@ from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.feed import FeedHub
 from voiceactors.actors.executor import ToolExecutor
 from voiceactors.call.memory_transport import MemoryService
+from voiceactors.call.websocket_transport import WebSocketTransport
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
 from voiceactors.simulator.client_events import validate_client_event
@@ -140,6 +141,15 @@ async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None, **c
         nursery.cancel_scope.cancel()
 
 
+def sideband_stream(actor: CallActor) -> Any:
+    """The TCP stream under an actor's open sideband websocket (None: not connected)."""
+    transport = actor.transport
+    if transport is None:
+        return None
+    assert isinstance(transport, WebSocketTransport), transport
+    return transport.ws._stream
+
+
 def client_events(sim_call: SimCall) -> list[dict]:
     return list(sim_call.received)
 
@@ -193,7 +203,7 @@ def watch_output_writes(monkeypatch: Any, note: Callable[[CallActor, Any], None]
 
     def ours() -> CallActor | None:
         actor = watched.get("actor")
-        return actor if actor is not None and actor._ws is not None else None
+        return actor if actor is not None and actor.transport is not None else None
 
     def noted(actor: CallActor) -> None:
         for call in actor.calls.values():
@@ -201,12 +211,12 @@ def watch_output_writes(monkeypatch: Any, note: Callable[[CallActor, Any], None]
                 note(actor, call)
 
     async def noting_send_all(self: trio.SocketStream, data: Any) -> None:
-        if (actor := ours()) is not None and self is actor._ws._stream:
+        if (actor := ours()) is not None and self is sideband_stream(actor):
             noted(actor)
         await send_all(self, data)
 
     def noting_write(fd: int, data: Any) -> int:
-        if (actor := ours()) is not None and fd == actor._ws._stream.socket.fileno():
+        if (actor := ours()) is not None and fd == sideband_stream(actor).socket.fileno():
             noted(actor)
         return write(fd, data)
 

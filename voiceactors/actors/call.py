@@ -64,8 +64,9 @@ from voiceactors.realtime import events as rt
 from voiceactors.realtime import tls as client_tls
 from voiceactors.call.transport import (
     CallTransport, OpenTransport, TransportBroken, TransportClosed, TransportGone, TransportRefused,
-    TransportUnavailable, is_clean_close,
+    TransportUnavailable,
 )
+from voiceactors.realtime.sideband import is_clean_close
 from voiceactors.call.arrival import browser_connect
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import lookup
@@ -136,7 +137,7 @@ class CallActor:
     the call's linked context and first greeting (``call_context.py``).
 
     Read-only views for callers and tests: ``calls``, ``batches``, ``active``
-    and ``epoch`` (the protocol's), ``end_reason``, ``ended_at``,
+    and ``epoch`` (the protocol's), ``transport``, ``end_reason``, ``ended_at``,
     ``reconnects``, ``record``. ``open_transport``: how each connect
     attempt opens the call's transport (``call/transport.py``; by default
     the sideband websocket of a browser's connect, ``call/arrival.py``).
@@ -227,6 +228,11 @@ class CallActor:
     @property
     def epoch(self) -> int:
         return self.protocol.epoch
+
+    @property
+    def transport(self) -> CallTransport | None:
+        """The open transport, while connected (None between connections)."""
+        return self._transport
 
     # ------------------------------------------------------------------ run
 
@@ -762,7 +768,7 @@ class CallActor:
         self.log.debug("call.socket_closed", close_code=code, epoch=self.epoch)
         self._conn_done.set()
 
-    async def _tell_executor(self, message: Any) -> None:
+    async def _tell_executor(self, message: ExecutorMessage) -> None:
         try:
             await self._executor.send(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -23,24 +23,14 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from typing import Callable, Protocol
 
-__all__ = ["CLEAN_CLOSE_CODES", "CallTransport", "FrameFilter", "OpenTransport", "ServerFrame", "TransportBroken",
-           "TransportClosed", "TransportError", "TransportGone", "TransportRefused", "TransportUnavailable",
-           "is_clean_close"]
+__all__ = ["CallTransport", "FrameFilter", "OpenTransport", "ServerFrame", "TransportBroken",
+           "TransportClosed", "TransportError", "TransportGone", "TransportRefused", "TransportUnavailable"]
 
 #: One server event as the connection carried it (text JSON; bytes only from a peer that breaks the protocol).
 ServerFrame = str | bytes
 
 #: Says yes to a frame the reader would skip unread (``CallTransport.screen``).
 FrameFilter = Callable[[ServerFrame], bool]
-
-#: Close codes of a call the service ended itself (1001 at its 60-minute limit).
-CLEAN_CLOSE_CODES = frozenset({1000, 1001})
-
-
-def is_clean_close(code: int | None) -> bool:
-    """True for 1000/1001: the service ended the call."""
-    return code in CLEAN_CLOSE_CODES
-
 
 class TransportClosed(Exception):
     """The connection is closed: raised by a receive or a send on it.

@@ -10,7 +10,11 @@ is the error: trio-websocket's ``ConnectionClosed`` becomes the seam's
 ``TransportClosed`` with the close code as a plain int.
 
 ``sideband_opener`` opens one for a call (``realtime/sideband.py``'s
-``open_sideband``, whose failures are the seam's failure classes).
+``open_sideband``), its failures told as the seam's (``CallGone`` as
+``TransportGone``, ``SidebandRefused`` as ``TransportRefused``, any other
+``SidebandUnavailable`` as ``TransportUnavailable``, ``SidebandBroken`` as
+``TransportBroken``; the message and status kept). The realtime package
+below does not know the seam.
 """
 
 from __future__ import annotations
@@ -18,11 +22,17 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import AsyncIterator
 
-from voiceactors.call.transport import CallTransport, FrameFilter, OpenTransport, ServerFrame, TransportClosed
+from voiceactors.call.transport import (
+    CallTransport, FrameFilter, OpenTransport, ServerFrame, TransportBroken, TransportClosed, TransportError,
+    TransportGone, TransportRefused, TransportUnavailable,
+)
 from voiceactors.realtime import ws_frames
-from voiceactors.realtime.sideband import ConnectionClosed, WebSocketConnection, close_code, open_sideband
+from voiceactors.realtime.sideband import (
+    CallGone, ConnectionClosed, SidebandBroken, SidebandError, SidebandRefused, SidebandUnavailable,
+    WebSocketConnection, close_code, open_sideband,
+)
 
-__all__ = ["WebSocketTransport", "closed", "sideband_opener"]
+__all__ = ["WebSocketTransport", "closed", "failure", "sideband_opener"]
 
 
 def closed(exc: ConnectionClosed) -> TransportClosed:
@@ -96,5 +106,24 @@ def sideband_opener(base_url: str, call_id: str, *, connect_timeout: float) -> O
 
 @asynccontextmanager
 async def _open(base_url: str, api_key: str, call_id: str, connect_timeout: float) -> AsyncIterator[CallTransport]:
-    async with open_sideband(base_url, api_key, call_id, connect_timeout=connect_timeout) as ws:
-        yield WebSocketTransport(ws)
+    try:
+        async with open_sideband(base_url, api_key, call_id, connect_timeout=connect_timeout) as ws:
+            yield WebSocketTransport(ws)
+    except SidebandError as exc:     # the sideband's own failures only: the body's pass unchanged
+        raise failure(exc) from None
+
+
+def failure(exc: SidebandError) -> TransportError:
+    """The seam's failure for the sideband's (its message and status kept)."""
+    kind: type[TransportError]
+    if isinstance(exc, CallGone):
+        kind = TransportGone
+    elif isinstance(exc, SidebandRefused):
+        kind = TransportRefused
+    elif isinstance(exc, SidebandUnavailable):
+        kind = TransportUnavailable
+    elif isinstance(exc, SidebandBroken):
+        kind = TransportBroken
+    else:
+        kind = TransportUnavailable
+    return kind(str(exc), exc.status_code)

@@ -37,10 +37,6 @@ from trio_websocket import (
     WebSocketConnection,
 )
 
-from voiceactors.call.transport import (
-    CLEAN_CLOSE_CODES, TransportBroken, TransportError, TransportGone, TransportRefused, TransportUnavailable,
-    is_clean_close,
-)
 from voiceactors.realtime import tls as client_tls
 
 __all__ = [
@@ -59,6 +55,7 @@ __all__ = [
     "WebSocketConnection",
 ]
 
+CLEAN_CLOSE_CODES = frozenset({1000, 1001})
 GONE_STATUSES = frozenset({404, 410})
 REFUSED_STATUSES = frozenset({401, 403})
 #: Bytes asked of the socket per read by trio-websocket's reader (its own
@@ -69,26 +66,29 @@ REFUSED_STATUSES = frozenset({401, 403})
 RECEIVE_BYTES = 64 * 1024
 
 
-class SidebandError(TransportError):
+class SidebandError(Exception):
     """The sideband could not be opened. ``status_code`` is the handshake's HTTP
-    status when the server answered one, else None. Each kind is the
-    transport seam's failure of the same meaning (``call/transport.py``)."""
+    status when the server answered one, else None."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
 
 
-class CallGone(SidebandError, TransportGone):
+class CallGone(SidebandError):
     """The handshake answered 404 or 410: the call has ended (not a retry case)."""
 
 
-class SidebandUnavailable(SidebandError, TransportUnavailable):
+class SidebandUnavailable(SidebandError):
     """Any other handshake failure: refused, timed out, 5xx, bad URL, a peer
     that breaks the handshake protocol."""
 
 
-class SidebandRefused(SidebandUnavailable, TransportRefused):
+class SidebandRefused(SidebandUnavailable):
     """The handshake answered 401 or 403: the key is refused (not a retry case)."""
 
 
-class SidebandBroken(SidebandError, TransportBroken):
+class SidebandBroken(SidebandError):
     """The open connection failed with a protocol error (e.g. a frame over
     ``max_message_size``). Not raised for the body's own exceptions."""
 
@@ -105,6 +105,11 @@ def ws_url(base_url: str, call_id: str) -> str:
         raise ValueError(f"base URL must be http(s)://host[/path], got scheme {parts.scheme!r}")
     path = parts.path.rstrip("/") + "/realtime"
     return urlunsplit((scheme, parts.netloc, path, "call_id=" + quote(call_id, safe=""), ""))
+
+
+def is_clean_close(code: int | None) -> bool:
+    """True for 1000/1001: the service ended the call (1001 at its 60-minute limit)."""
+    return code in CLEAN_CLOSE_CODES
 
 
 def close_code(exc: ConnectionClosed) -> int | None:

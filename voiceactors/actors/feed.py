@@ -38,6 +38,7 @@ import trio
 
 from voiceactors.actors.messages import SubscribeRefusal
 from voiceactors.logs import get_logger
+from voiceactors.settings import default
 
 #: Events a subscriber may have buffered before newer ones are dropped.
 SUBSCRIBER_BUFFER = 64
@@ -230,8 +231,10 @@ class FeedHub:
     (a poll may race the end), then the feed is forgotten.
     """
 
-    def __init__(self, retention_s: float = 60.0, max_items: int = 8, *,
-                 max_per_call: int = 16, max_total: int = 1000) -> None:
+    def __init__(self, retention_s: float = default("feed_retention_s"),
+                 max_items: int = default("feed_max_items"), *,
+                 max_per_call: int = default("feed_max_subscribers_per_call"),
+                 max_total: int = default("feed_max_subscribers")) -> None:
         self.retention_s = retention_s
         self.max_items = max_items
         self.max_per_call = max_per_call

@@ -37,7 +37,7 @@ from voiceactors.actors.mcp_connection import Failure, SourceConnection, ToolAns
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import mcp_discovery
-from voiceactors.tools.mcp_sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
+from voiceactors.mcp_sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
 from voiceactors.tools.registry import ToolSpec
 
 CALLS_KEPT = 1024           # calls whose credentials are kept, oldest evicted

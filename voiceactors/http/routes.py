@@ -18,7 +18,7 @@ import trio
 from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
-from voiceactors import config, metrics
+from voiceactors import config, metrics, safe_text
 from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
@@ -83,7 +83,7 @@ async def _json_object(*, required: bool) -> dict[str, Any]:
             raise ApiError(400, E.INVALID_JSON)
         return {}
     try:
-        value = json.loads(raw)
+        value = safe_text.loads(raw)     # a lone surrogate's escape is U+FFFD
     except (ValueError, RecursionError):
         raise ApiError(400, E.INVALID_JSON if required else E.NOT_AN_OBJECT) from None
     if not isinstance(value, dict):

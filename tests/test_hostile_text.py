@@ -1,0 +1,159 @@
+"""Text no encoder can take (docs/reliability.md § 14.1): a lone surrogate
+(``\\udc80``, what ``json.dumps`` writes for a surrogate-escaped byte) in
+the journal or in the service's events comes in as U+FFFD, so nothing
+downstream (the call record, the feed, SSE, the history, Redis) raises on it.
+
+Real files, our simulator over real sockets, the HTTP app in process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from calls_support import DAY
+from clock_support import serving
+from voiceactors.http import create_app
+from voiceactors.journal import entities
+from voiceactors.settings import Settings
+from voiceactors.simulator import Simulator
+
+SIM_KEY = "sk-test-hostile-text-1a2b3c"
+#: The name as ``json.dumps`` writes it for the bytes ``Ba\x80d`` read with surrogateescape.
+HOSTILE_NAME_JSON = '"Ba\\udc80d Actor"'
+SAFE_NAME = "Ba\ufffdd Actor"
+
+
+def plant_hostile_entity(journal: Path, slug: str = "bad_actor") -> str:
+    folder = journal / "entities" / slug
+    folder.mkdir(parents=True)
+    (folder / "entity.json").write_text(
+        '{"id": "%s", "name": %s, "type": "Person", "aka": ["\\udc80"]}\n' % (slug, HOSTILE_NAME_JSON),
+        encoding="ascii")
+    return slug
+
+
+@pytest.fixture
+async def sim():
+    simulator = Simulator("silence", api_key=SIM_KEY)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(simulator.serve, 0)
+        yield simulator
+        nursery.cancel_scope.cancel()
+
+
+def app_for(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any) -> Any:
+    return create_app(Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=SIM_KEY,
+                               openai_base_url=sim.base_url, rate_limit_per_s=0, close_deadline_s=1.0,
+                               **changes))
+
+
+def select_and_get(slug: str) -> list[dict[str, Any]]:
+    return [
+        {"user_turn": {"text": "Let's talk about the bad actor."}},
+        {"response": {"tool_calls": [{"name": "journal.select", "arguments": {"kind": "entity", "id": slug},
+                                      "call_id": "call_select"}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Selected."}},
+        {"user_turn": {"text": "Who is that?"}},
+        {"response": {"tool_calls": [{"name": "entities.get", "arguments": {}, "call_id": "call_get"}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "That is them."}},
+        {"sleep": 0.5},
+        {"close": 1000},
+    ]
+
+
+def test_the_journal_reader_pair_replaces_a_lone_surrogate(make_sample):
+    journal = make_sample(days=2)
+    slug = plant_hostile_entity(journal)
+    entity = entities.load_entity(journal, slug)
+    assert entity is not None and entity.name == SAFE_NAME
+    assert SAFE_NAME.encode("utf-8")          # every encoder takes it
+
+
+async def test_an_entity_named_with_a_lone_surrogate_selected_in_a_call(make_sample, tmp_path, sim, pin_today):
+    """The reproduction: ``journal.select`` on the entity, then ``entities.get``;
+    the call goes on to the service's close and its history answers 200."""
+    pin_today(DAY.isoformat())
+    journal = make_sample(days=2)
+    slug = plant_hostile_entity(journal)
+    app = app_for(journal, tmp_path, sim)
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        call = sim.add_call("rtc_hostile_entity", select_and_get(slug))
+        response = await client.post("/api/voice/connect", json={"call_id": "rtc_hostile_entity"})
+        assert response.status_code == 200
+        with trio.fail_after(20):
+            await call.wait_until(lambda c: c.closed and c.connection is None)
+        assert json.loads(call.outputs["call_select"][0])["selected"]["name"] == SAFE_NAME
+        assert json.loads(call.outputs["call_get"][0])["name"] == SAFE_NAME
+        assert call.response_creates == 2 and call.violations == []
+        with trio.fail_after(10):
+            while True:
+                response = await client.get("/api/voice/calls/rtc_hostile_entity")
+                assert response.status_code == 200, await response.get_data()
+                detail = await response.get_json()
+                if any(line.get("kind") == "end" for line in detail["lines"]):
+                    break
+                await trio.sleep(0.05)
+        [end] = [line for line in detail["lines"] if line.get("kind") == "end"]
+        assert end["reason"] == "closed_by_service"
+        status = await client.get("/api/voice/status")
+        assert status.status_code == 200
+
+
+async def test_a_transcript_from_the_service_with_a_lone_surrogate(make_sample, tmp_path, sim, pin_today):
+    """The service's text: a transcription whose transcript holds the escape
+    of a lone surrogate (injected raw). The call goes on, the feed's
+    ``transcript`` event and the history carry U+FFFD."""
+    pin_today(DAY.isoformat())
+    app = app_for(make_sample(days=2), tmp_path, sim)
+    call_id = "rtc_hostile_transcript"
+    frame = json.dumps({"type": "conversation.item.input_audio_transcription.completed", "event_id": "event_x",
+                        "item_id": "item_hostile", "content_index": 0, "transcript": "caf\udc80 ok",
+                        "usage": {"type": "duration", "seconds": 1.0}})
+    assert "\\udc80" in frame
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        call = sim.add_call(call_id, [{"user_turn": {"text": "Hello."}}, {"response": {"text": "Hi."}},
+                                      {"sleep": 2.0}, {"user_turn": {"text": "Still there?"}},
+                                      {"response": {"text": "Yes."}}, {"sleep": 0.5}, {"close": 1000}])
+        from voiceactors.http.app import voice_state
+        response = await client.post("/api/voice/connect", json={"call_id": call_id})
+        assert response.status_code == 200
+        runtime = voice_state(app).runtime
+        assert runtime is not None
+        feed = runtime.actors["calls"].hub.live(call_id)   # what the SSE route subscribes to
+        assert feed is not None
+        sub = feed.subscribe()
+        with trio.fail_after(10):
+            await call.wait_until(lambda c: c.connection is not None and len(c.responses) >= 1)
+        await sim.inject(call_id, frame)
+        with trio.fail_after(20):
+            await call.wait_until(lambda c: c.closed and c.connection is None)
+        assert call.violations == [] and len(call.responses) == 2
+        events = []
+        while True:
+            try:
+                events.append(sub.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+        texts = [e.get("text") for e in events if e.get("type") == "transcript"]
+        assert "caf\ufffd ok" in texts, texts
+        for event in events:
+            json.dumps(event, ensure_ascii=False).encode("utf-8")      # what the SSE writer does
+        with trio.fail_after(10):
+            while True:
+                response = await client.get(f"/api/voice/calls/{call_id}")
+                assert response.status_code == 200, await response.get_data()
+                detail = await response.get_json()
+                if any(line.get("kind") == "end" for line in detail["lines"]):
+                    break
+                await trio.sleep(0.05)
+        [end] = [line for line in detail["lines"] if line.get("kind") == "end"]
+        assert end["reason"] == "closed_by_service"
+        assert any(line.get("text") == "caf\ufffd ok" for line in detail["lines"] if line.get("kind") == "transcript")

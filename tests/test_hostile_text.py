@@ -16,7 +16,10 @@ import trio
 
 from calls_support import DAY
 from clock_support import serving
+from redis_support import redis_server  # noqa: F401  (the fixture)
+from voiceactors.cluster.shared_feed import SharedFeed
 from voiceactors.http import create_app
+from voiceactors.http.app import voice_state
 from voiceactors.journal import entities
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
@@ -122,7 +125,6 @@ async def test_a_transcript_from_the_service_with_a_lone_surrogate(make_sample, 
         call = sim.add_call(call_id, [{"user_turn": {"text": "Hello."}}, {"response": {"text": "Hi."}},
                                       {"sleep": 2.0}, {"user_turn": {"text": "Still there?"}},
                                       {"response": {"text": "Yes."}}, {"sleep": 0.5}, {"close": 1000}])
-        from voiceactors.http.app import voice_state
         response = await client.post("/api/voice/connect", json={"call_id": call_id})
         assert response.status_code == 200
         runtime = voice_state(app).runtime
@@ -157,3 +159,55 @@ async def test_a_transcript_from_the_service_with_a_lone_surrogate(make_sample, 
         [end] = [line for line in detail["lines"] if line.get("kind") == "end"]
         assert end["reason"] == "closed_by_service"
         assert any(line.get("text") == "caf\ufffd ok" for line in detail["lines"] if line.get("kind") == "transcript")
+
+
+async def wait_for_end(client: Any, call_id: str) -> dict[str, Any]:
+    """The call's history once it has its ``end`` line (each answer 200)."""
+    with trio.fail_after(10):
+        while True:
+            response = await client.get(f"/api/voice/calls/{call_id}")
+            assert response.status_code == 200, await response.get_data()
+            detail: dict[str, Any] = await response.get_json()
+            if any(line.get("kind") == "end" for line in detail["lines"]):
+                return detail
+            await trio.sleep(0.05)
+
+
+async def test_under_redis_the_shared_feed_takes_the_entity_and_later_connects_work(
+        make_sample, tmp_path, sim, pin_today, redis_server):  # noqa: F811
+    """``--redis``: the selection event (the entity's name) goes through the
+    shared feed's batch to a real redis-server. The batch is written, the
+    runtime lives on: a later connect is answered 200 and its call served,
+    ``/status`` is 200, and a reader on another process gets U+FFFD."""
+    pin_today(DAY.isoformat())
+    journal = make_sample(days=2)
+    slug = plant_hostile_entity(journal)
+    app = app_for(journal, tmp_path, sim, redis_url=redis_server.url)
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        call = sim.add_call("rtc_hostile_shared", select_and_get(slug))
+        assert (await client.post("/api/voice/connect", json={"call_id": "rtc_hostile_shared"})).status_code == 200
+        with trio.fail_after(20):
+            await call.wait_until(lambda c: c.closed and c.connection is None)
+        end = [line for line in (await wait_for_end(client, "rtc_hostile_shared"))["lines"] if line["kind"] == "end"]
+        assert end[0]["reason"] == "closed_by_service"
+        reader = SharedFeed(redis_server.url, max_len=100, retention_s=30.0, max_items=8, max_duration_s=3600.0,
+                            max_per_call=2, max_total=3)
+        async with trio.open_nursery() as nursery:     # another process's reader
+            await nursery.start(reader.run)
+            with trio.fail_after(10):
+                while not (selections := [e for e in await reader.read("rtc_hostile_shared", "0-0", 0.5)
+                                          if e["type"] == "selection"]):
+                    pass
+            nursery.cancel_scope.cancel()
+        assert selections[0]["selection"]["name"] == SAFE_NAME
+        # the runtime lives: a later call connects and is served
+        later = sim.add_call("rtc_after_hostile", [{"user_turn": {"text": "Hello."}}, {"response": {"text": "Hi."}},
+                                                    {"sleep": 0.3}, {"close": 1000}])
+        response = await client.post("/api/voice/connect", json={"call_id": "rtc_after_hostile"})
+        assert response.status_code == 200, await response.get_data()
+        with trio.fail_after(20):
+            await later.wait_until(lambda c: c.closed and c.connection is None)
+        assert len(later.responses) == 1
+        assert voice_state(app).runtime is not None
+        assert (await client.get("/api/voice/status")).status_code == 200

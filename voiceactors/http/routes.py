@@ -50,12 +50,15 @@ metrics_bp = Blueprint("metrics", __name__)
 @dataclass
 class VoiceState:
     """What the routes share: the settings, the live runtime (None while not
-    serving, or after the runtime failed), the shutdown flag streams watch and
-    the shared OpenAI clients mints use."""
+    serving, or after the runtime failed), the shutdown flag streams watch,
+    the runtime's failure (set once it crashed or could not start: it does
+    not come back in this process, ``/status`` answers 503 and ``serve``
+    stops and exits non-zero) and the shared OpenAI clients mints use."""
 
     settings: Settings
     runtime: Runtime | None = None
     stopping: trio.Event = field(default_factory=trio.Event)
+    runtime_failed: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
     openai_clients: OpenAIClients | None = None
 
@@ -350,6 +353,9 @@ async def _cluster_sessions(runtime: Runtime, here: int) -> int:
 
 @bp.get("/status")
 async def status() -> Any:
+    if state().runtime_failed.is_set():
+        # a health check must see a failed process as failed (the fields would say "no calls")
+        raise ApiError(503, E.RUNTIME_FAILED)
     return jsonify(await _status_fields(state().settings))
 
 

@@ -211,3 +211,57 @@ async def test_under_redis_the_shared_feed_takes_the_entity_and_later_connects_w
         assert len(later.responses) == 1
         assert voice_state(app).runtime is not None
         assert (await client.get("/api/voice/status")).status_code == 200
+
+
+# --- beyond the sideband and the entity: names, the search index, a rewritten journal row ------------
+
+def test_a_journal_file_name_that_is_not_utf8_is_indexed_and_found(make_sample, tmp_path):
+    """A day's talent file named with an undecodable byte (``os.listdir``
+    gives a surrogate for it): the index build used to fail on it at
+    SQLite's encoder, every time (no search at all); now the file is
+    indexed under its name with U+FFFD and its text is found."""
+    import os
+
+    from voiceactors.journal import search
+
+    journal = make_sample(days=2)
+    day = sorted(p for p in (journal / "chronicle").iterdir() if p.is_dir())[0]
+    (day / "talents").mkdir(exist_ok=True)
+    (day / "talents" / os.fsdecode(b"caf\x80_summary.md")).write_text("the quetzalcoatl meeting went well\n")
+    search.build_index(journal, tmp_path / "state")
+    [hit] = search.search(journal, tmp_path / "state", "quetzalcoatl")
+    assert hit.path == f"{day.name}/talents/caf\ufffd_summary.md"
+    json.dumps(hit.__dict__, ensure_ascii=False).encode("utf-8")
+
+
+def test_a_journal_row_with_a_lone_surrogate_escape_can_be_rewritten_and_keeps_it(make_sample):
+    """``commitments.close`` appends an edit to the row that opened the item;
+    a row carrying ``\\udc80`` (in a field of its own) was written back with
+    the raw surrogate, which the file write refused (``tool failed`` for
+    that item, forever). The row is written back with the escape kept."""
+    from voiceactors.journal import ledger
+
+    journal = make_sample(days=3)
+    item = ledger.list_items(journal, state="open", top=1)[0]
+    opening = ledger._derived(journal).opening[item.id]   # noqa: SLF001 - where the item lives
+    path = journal / "facets" / opening.facet / "activities" / f"{opening.day}.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    path.write_text("".join(json.dumps({**row, "x_note": "caf\udc80"}) + "\n" for row in rows), encoding="ascii")
+    [same] = [i for i in ledger.list_items(journal, state="open", top=100) if i.id == item.id]
+    closed = ledger.close(journal, same.id, "closed", "done")
+    assert closed.state == "closed"
+    text = path.read_text(encoding="utf-8")          # still UTF-8 throughout
+    assert text.count('"x_note": "caf\\udc80"') == len(rows)
+
+
+def test_an_identity_file_name_that_is_not_utf8_reaches_the_prompt_as_text(make_sample):
+    import os
+
+    from voiceactors.journal import config as journal_config
+
+    journal = make_sample(days=2)
+    (journal / "identity").mkdir(exist_ok=True)
+    (journal / "identity" / os.fsdecode(b"s\x80lf.md")).write_text("me")
+    files = journal_config.identity_files(journal)
+    assert files["s\ufffdlf"] == "me"
+    json.dumps(files, ensure_ascii=False).encode("utf-8")

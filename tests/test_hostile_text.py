@@ -265,3 +265,25 @@ def test_an_identity_file_name_that_is_not_utf8_reaches_the_prompt_as_text(make_
     files = journal_config.identity_files(journal)
     assert files["s\ufffdlf"] == "me"
     json.dumps(files, ensure_ascii=False).encode("utf-8")
+
+
+async def test_a_brain_backend_answering_with_a_lone_surrogate(tmp_path, sim, monkeypatch):
+    """The brain's answer comes in once for every backend (``BrainActor``):
+    the Claude CLI stand-in (a real process) prints an instruction carrying
+    ``\\udc80``; the mint sends it to the service (an HTTP JSON body) and
+    answers 200."""
+    from test_reliability_faults import claude_settings
+
+    from voiceactors.journal.sample import write_sample_journal
+
+    journal = write_sample_journal(tmp_path / "journal", days=2, today=DAY)
+    monkeypatch.setenv("FAKE_CLAUDE_MODE", "lone_surrogate")
+    app = create_app(claude_settings(journal, tmp_path, sim).replace(openai_api_key_env=SIM_KEY))
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        response = await client.post("/api/voice/refresh-brain")
+        assert response.status_code == 200
+        assert "Caf\ufffd is open." in (await response.get_json())["instruction_preview"]
+        response = await client.post("/api/voice/session")
+        assert response.status_code == 200, await response.get_data()
+        assert "Caf\ufffd is open." in sim.client_secret_requests[-1]["body"]["session"]["instructions"]

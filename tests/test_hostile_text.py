@@ -287,3 +287,26 @@ async def test_a_brain_backend_answering_with_a_lone_surrogate(tmp_path, sim, mo
         response = await client.post("/api/voice/session")
         assert response.status_code == 200, await response.get_data()
         assert "Caf\ufffd is open." in sim.client_secret_requests[-1]["body"]["session"]["instructions"]
+
+
+async def test_a_record_written_with_a_lone_surrogate_escape_is_shown(make_sample, tmp_path, sim):
+    """A record from before the boundary: ``render_line``'s fallback wrote
+    the surrogate as ``\\udc80``. ``read_record`` reads it as U+FFFD, so the
+    history and its timeline picture (a UTF-8 body) answer 200."""
+    from voiceactors.actors.call_record import append_block, record_path, render_line
+
+    app = app_for(make_sample(days=2), tmp_path, sim)
+    path = record_path(tmp_path / "state", "rtc_old_record")
+    path.parent.mkdir(parents=True)
+    lines = [{"kind": "start", "t": 0.0, "call_id": "rtc_old_record", "at": "2026-03-27T10:00:00+00:00"},
+             {"kind": "transcript", "t": 1.0, "role": "user", "item_id": "item_1", "text": "caf\udc80"},
+             {"kind": "end", "t": 2.0, "reason": "closed_by_service", "duration_s": 2.0}]
+    append_block(path, [render_line(line).decode("utf-8").rstrip("\n") for line in lines])
+    assert "\\udc80" in path.read_text(encoding="utf-8")
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        detail = await client.get("/api/voice/calls/rtc_old_record")
+        assert detail.status_code == 200
+        assert [e["text"] for e in (await detail.get_json())["transcript"]] == ["caf\ufffd"]
+        picture = await client.get("/api/voice/calls/rtc_old_record/timeline.svg")
+        assert picture.status_code == 200, await picture.get_data()

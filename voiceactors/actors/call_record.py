@@ -106,7 +106,7 @@ from typing import Any, Callable
 import orjson
 import trio
 
-from voiceactors import clock, storage
+from voiceactors import clock, safe_text, storage
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="call_record")
@@ -707,13 +707,15 @@ class CallRecord:
 
 def read_record(path: Path) -> list[dict[str, Any]]:
     """The lines of a record file, every block in order. A line that does
-    not parse as a JSON object (torn by a crash mid-append) is skipped."""
+    not parse as a JSON object (torn by a crash mid-append) is skipped. A
+    lone surrogate's escape (``render_line``'s fallback wrote one for text
+    that came in before ``safe_text``) reads as U+FFFD."""
     lines: list[dict[str, Any]] = []
     for raw in storage.jsonl_lines(Path(path).read_text(encoding="utf-8", errors="replace")):
         if not raw.strip():
             continue
         try:
-            line = json.loads(raw)
+            line = safe_text.loads(raw)
         except ValueError:
             continue
         if isinstance(line, dict):

@@ -279,7 +279,8 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
     general path from the start, so its result and its line are the same.
     So does text that may hold a surrogate escape (``\\ud``): the general
     path's ``decode_frame`` makes it safe."""
-    if screened and type(raw) is str and raw[:1] == "{" and not may_hold_surrogate_escape(raw):
+    if (screened and type(raw) is str and raw[:1] == "{"
+            and ("\\" not in raw or not may_hold_surrogate_escape(raw))):   # no call for most frames
         try:
             obj, end = _SCAN_JSON(raw, 0)
         except (StopIteration, ValueError):

@@ -310,3 +310,20 @@ async def test_a_record_written_with_a_lone_surrogate_escape_is_shown(make_sampl
         assert [e["text"] for e in (await detail.get_json())["transcript"]] == ["caf\ufffd"]
         picture = await client.get("/api/voice/calls/rtc_old_record/timeline.svg")
         assert picture.status_code == 200, await picture.get_data()
+
+
+async def test_a_minted_secret_carrying_a_lone_surrogate_is_refused_cleanly(make_sample, tmp_path, sim):
+    """The service's answer to a mint is a credential, never text to
+    repair: one whose value is not ASCII (here ``\\udc80``) is the mint's
+    documented failure, 500 ``voice session unavailable`` (it was an
+    unhandled 500 from the JSON encoder); the next mint works."""
+    app = app_for(make_sample(days=2), tmp_path, sim)
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        sim.fail_next_mint("lone_surrogate")
+        response = await client.post("/api/voice/session")
+        assert response.status_code == 500
+        assert await response.get_json() == {"error": "voice session unavailable"}
+        response = await client.post("/api/voice/session")
+        assert response.status_code == 200
+        assert (await response.get_json())["ephemeral_key"] == sim.minted[-1]

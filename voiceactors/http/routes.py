@@ -177,7 +177,8 @@ def session_config(settings: Settings, model: str, instruction: str,
 async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: str, session: dict[str, Any]) -> str:
     """POST ``/realtime/client_secrets`` with the shared client for ``key``;
     the secret's value. Raises on any failure (HTTP error, timeout, a
-    response without a value)."""
+    response without a value, or with one that is not ASCII: a credential
+    is never text to repair, and a lone surrogate in it could not be sent)."""
     with trio.fail_after(settings.mint_timeout_s + 1.0):
         async with clients.use(key, settings.openai_base_url) as client:
             # session_config builds the SDK's realtime session shape as a plain dict
@@ -186,6 +187,8 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     value = getattr(secret, "value", None)
     if not isinstance(value, str) or not value:
         raise ValueError("client secret response has no value")
+    if not value.isascii():
+        raise ValueError("client secret value is not ASCII")
     return value
 
 

@@ -327,3 +327,23 @@ async def test_a_minted_secret_carrying_a_lone_surrogate_is_refused_cleanly(make
         response = await client.post("/api/voice/session")
         assert response.status_code == 200
         assert (await response.get_json())["ephemeral_key"] == sim.minted[-1]
+
+
+async def test_a_client_body_with_a_lone_surrogate_gets_the_documented_answers(make_sample, tmp_path, sim):
+    """A client's JSON comes in once (``routes._json_object``): a sign-in
+    token carrying ``\\udc80`` is a wrong token (401; the comparison's
+    encoder raised: 500), and a linked context naming one is 400."""
+    app = create_app(Settings(journal=make_sample(days=2), state_dir=tmp_path / "state", openai_api_key_env=SIM_KEY,
+                              openai_base_url=sim.base_url, rate_limit_per_s=0, api_token="tok-hostile-123456"))
+    hostile = b'{"token": "tok-hostile-\\udc80"}'
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        headers = {"Content-Type": "application/json"}
+        response = await client.post("/api/voice/login", data=hostile, headers=headers)
+        assert response.status_code == 401
+        assert await response.get_json() == {"error": "unauthorized"}
+        auth = {**headers, "Authorization": "Bearer tok-hostile-123456"}
+        response = await client.post("/api/voice/connect", headers=auth,
+                                     data=b'{"call_id": "rtc_x", "context": {"kind": "entity", "id": "caf\\udc80"}}')
+        assert response.status_code == 400
+        assert await response.get_json() == {"error": "context.id is invalid"}

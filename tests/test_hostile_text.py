@@ -11,20 +11,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import trio
 
 from calls_support import DAY
 from clock_support import serving
 from redis_support import redis_server  # noqa: F401  (the fixture)
+from test_context_calls import SIM_KEY, app_for, sim  # noqa: F401  (the fixture)
 from voiceactors.cluster.shared_feed import SharedFeed
 from voiceactors.http import create_app
 from voiceactors.http.app import voice_state
 from voiceactors.journal import entities
 from voiceactors.settings import Settings
-from voiceactors.simulator import Simulator
 
-SIM_KEY = "sk-test-hostile-text-1a2b3c"
 #: The name as ``json.dumps`` writes it for the bytes ``Ba\x80d`` read with surrogateescape.
 HOSTILE_NAME_JSON = '"Ba\\udc80d Actor"'
 SAFE_NAME = "Ba\ufffdd Actor"
@@ -37,21 +35,6 @@ def plant_hostile_entity(journal: Path, slug: str = "bad_actor") -> str:
         '{"id": "%s", "name": %s, "type": "Person", "aka": ["\\udc80"]}\n' % (slug, HOSTILE_NAME_JSON),
         encoding="ascii")
     return slug
-
-
-@pytest.fixture
-async def sim():
-    simulator = Simulator("silence", api_key=SIM_KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
-        yield simulator
-        nursery.cancel_scope.cancel()
-
-
-def app_for(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any) -> Any:
-    return create_app(Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=SIM_KEY,
-                               openai_base_url=sim.base_url, rate_limit_per_s=0, close_deadline_s=1.0,
-                               **changes))
 
 
 def select_and_get(slug: str) -> list[dict[str, Any]]:
@@ -95,14 +78,7 @@ async def test_an_entity_named_with_a_lone_surrogate_selected_in_a_call(make_sam
         assert json.loads(call.outputs["call_select"][0])["selected"]["name"] == SAFE_NAME
         assert json.loads(call.outputs["call_get"][0])["name"] == SAFE_NAME
         assert call.response_creates == 2 and call.violations == []
-        with trio.fail_after(10):
-            while True:
-                response = await client.get("/api/voice/calls/rtc_hostile_entity")
-                assert response.status_code == 200, await response.get_data()
-                detail = await response.get_json()
-                if any(line.get("kind") == "end" for line in detail["lines"]):
-                    break
-                await trio.sleep(0.05)
+        detail = await wait_for_end(client, "rtc_hostile_entity")
         [end] = [line for line in detail["lines"] if line.get("kind") == "end"]
         assert end["reason"] == "closed_by_service"
         status = await client.get("/api/voice/status")
@@ -148,14 +124,7 @@ async def test_a_transcript_from_the_service_with_a_lone_surrogate(make_sample, 
         assert "caf\ufffd ok" in texts, texts
         for event in events:
             json.dumps(event, ensure_ascii=False).encode("utf-8")      # what the SSE writer does
-        with trio.fail_after(10):
-            while True:
-                response = await client.get(f"/api/voice/calls/{call_id}")
-                assert response.status_code == 200, await response.get_data()
-                detail = await response.get_json()
-                if any(line.get("kind") == "end" for line in detail["lines"]):
-                    break
-                await trio.sleep(0.05)
+        detail = await wait_for_end(client, call_id)
         [end] = [line for line in detail["lines"] if line.get("kind") == "end"]
         assert end["reason"] == "closed_by_service"
         assert any(line.get("text") == "caf\ufffd ok" for line in detail["lines"] if line.get("kind") == "transcript")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -25,6 +24,7 @@ from calls_support import DAY, KEY
 from clock_support import serving
 from cluster_support import WorkersServer, stop_all
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
+from test_context_calls import SIM_KEY, sim  # noqa: F401  (the fixture)
 from voiceactors.http import create_app
 from voiceactors.http.app import voice_state
 from voiceactors.http.errors import RUNTIME_FAILED
@@ -40,17 +40,8 @@ TESTS = Path(__file__).resolve().parent
 FAILING_CALL = [{"user_turn": {"text": f"say {planted_surrogate.MARKER}"}}, {"sleep": 0.3}, {"close": 1000}]
 
 
-@pytest.fixture
-async def sim():
-    simulator = Simulator("silence", api_key=KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
-        yield simulator
-        nursery.cancel_scope.cancel()
-
-
 def settings_for(journal: Path, tmp_path: Path, sim: Simulator, redis_url: str) -> Settings:
-    return Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=KEY,
+    return Settings(journal=journal, state_dir=tmp_path / "state", openai_api_key_env=SIM_KEY,
                     openai_base_url=sim.base_url, rate_limit_per_s=0, close_deadline_s=1.0, redis_url=redis_url,
                     port=0)
 

@@ -316,3 +316,28 @@ async def test_a_client_body_with_a_lone_surrogate_gets_the_documented_answers(m
                                      data=b'{"call_id": "rtc_x", "context": {"kind": "entity", "id": "caf\\udc80"}}')
         assert response.status_code == 400
         assert await response.get_json() == {"error": "context.id is invalid"}
+
+
+async def test_the_mcp_server_answers_about_the_entity(make_sample, tmp_path, pin_today):
+    """``/mcp``: ``entities.get`` on the entity named with ``\\udc80``
+    answers its name with U+FFFD; a JSON-RPC request carrying the escape
+    itself is refused by the SDK's parser, in the JSON-RPC shape."""
+    import httpx
+
+    from mcp_server_support import POST_HEADERS, rpc, served
+
+    pin_today(DAY.isoformat())
+    journal = make_sample(days=2)
+    slug = plant_hostile_entity(journal)
+    settings = Settings(journal=journal, state_dir=tmp_path / "state").replace(rate_limit_per_s=0,
+                                                                             mcp_rate_limit_per_s=0)
+    async with served(settings) as base, httpx.AsyncClient(base_url=base) as http:
+        answer = await http.post("/mcp", json=rpc("tools/call", {"name": "entities.get",
+                                                                 "arguments": {"entity_slug": slug}}),
+                                 headers=POST_HEADERS)
+        refused = await http.post("/mcp", headers=POST_HEADERS, content=(
+            b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "journal.search",'
+            b' "arguments": {"query": "caf\\udc80"}}}'))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["structuredContent"]["name"] == SAFE_NAME
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == -32700

@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable, Iterator, TypeVar
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics
+from voiceactors import clock, gc_policy, logs, metrics, storage
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
@@ -229,9 +229,9 @@ def state_dir_lock(state_dir: Path) -> Iterator[Path]:
     cache, the search index) would corrupt each other. The lock goes with
     the process, however it ends. Raises StateDirInUse when it is held."""
     state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    storage.private_folder(state_dir)
     path = state_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd, _created = storage.open_private(path, os.O_RDWR)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -707,11 +707,16 @@ class CallRecord:
 
 def read_record(path: Path) -> list[dict[str, Any]]:
     """The lines of a record file, every block in order. A line that does
-    not parse as a JSON object (torn by a crash mid-append) is skipped. A
-    lone surrogate's escape (``render_line``'s fallback wrote one for text
-    that came in before ``safe_text``) reads as U+FFFD."""
+    not parse as a JSON object (torn by a crash mid-append) is skipped."""
+    return parse_record(Path(path).read_text(encoding="utf-8", errors="replace"))
+
+
+def parse_record(text: str) -> list[dict[str, Any]]:
+    """``read_record`` for a record's text already read. A lone surrogate's
+    escape (``render_line``'s fallback wrote one for text that came in
+    before ``safe_text``) reads as U+FFFD."""
     lines: list[dict[str, Any]] = []
-    for raw in storage.jsonl_lines(Path(path).read_text(encoding="utf-8", errors="replace")):
+    for raw in storage.jsonl_lines(text):
         if not raw.strip():
             continue
         try:

@@ -10,6 +10,7 @@ no script and no external reference, so it is safe as an ``<img>``.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -68,6 +69,18 @@ def _tool_rows(placed: list[Placed]) -> list[Placed]:
     return rows
 
 
+def _first_tool_at(tools: list[Placed]) -> dict[Any, float]:
+    """Each response id's earliest tool call time, in one pass: a model
+    response's bar starts there (a scan of every tool row per response was
+    quadratic, seconds for a record of thousands of responses)."""
+    first: dict[Any, float] = {}
+    for tool in tools:
+        key = tool.line.get("response_id")
+        if key not in first or tool.at < first[key]:
+            first[key] = tool.at
+    return first
+
+
 def _attr(**values: Any) -> str:
     return " ".join(f"{name.rstrip('_').replace('_', '-')}={quoteattr(str(v))}" for name, v in values.items())
 
@@ -94,6 +107,7 @@ def render(lines: list[dict[str, Any]]) -> str:
     tools = sorted(_tool_rows(placed), key=lambda p: p.at)
     shown_tools, hidden_tools = tools[:MAX_TOOL_ROWS], max(0, len(tools) - MAX_TOOL_ROWS)
     creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == "response_create"}
+    first_tool_at = _first_tool_at(tools)
     span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
     plot_w = WIDTH - LABEL_W - PLOT_RIGHT
 
@@ -116,8 +130,7 @@ def render(lines: list[dict[str, Any]]) -> str:
         line = p.line
         cancelled = line.get("status") == "cancelled"
         ours = line.get("origin") == "ours"
-        related = [t.at for t in tools if t.line.get("response_id") == line.get("response_id")]
-        begin = creates.get(line.get("response_id")) if ours else (min(related) if related else None)
+        begin = creates.get(line.get("response_id")) if ours else first_tool_at.get(line.get("response_id"))
         colour = CANCELLED_COLOUR if cancelled else (OURS_COLOUR if ours else RESPONSE_COLOUR)
         tip = f"response {line.get('response_id')} · {line.get('status')} · epoch {line.get('epoch')} · {line.get('origin')}"
         if begin is not None and begin < p.at:
@@ -148,8 +161,8 @@ def render(lines: list[dict[str, Any]]) -> str:
             out += _mark(x(p.at), plot_bottom, "new run", RECONNECT_COLOUR)
         elif kind == "end":
             out += _mark(x(p.at), plot_bottom, f"end: {p.line.get('reason', '?')}", MUTED)
-    kinds = [p.line.get("kind") for p in placed]
-    if kinds.count("start") > kinds.count("end") or "end" not in kinds:
+    kinds = Counter(p.line.get("kind") for p in placed)
+    if kinds["start"] > kinds["end"] or not kinds["end"]:
         out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
     out += _legend(legend_y)
     out.append("</svg>")

@@ -341,3 +341,34 @@ async def test_the_mcp_server_answers_about_the_entity(make_sample, tmp_path, pi
     assert answer.status_code == 200, answer.text
     assert answer.json()["result"]["structuredContent"]["name"] == SAFE_NAME
     assert refused.status_code == 400 and refused.json()["error"]["code"] == -32700
+
+
+async def test_a_captured_event_with_a_lone_surrogate_keeps_its_escape(tmp_path, autojump_clock):
+    """``record_events``: the capture decodes each event itself and wrote it
+    with ``ensure_ascii=False``, so a transcript carrying ``\\udc80`` failed
+    the capture's write (a ``UnicodeEncodeError`` in its worker thread, out
+    of the capture task). The capture keeps the escape, as received."""
+    from calls_support import rig
+    from voiceactors.actors.event_capture import capture_path, read_capture
+
+    frame = json.dumps({"type": "conversation.item.input_audio_transcription.completed", "event_id": "event_x",
+                        "item_id": "item_hostile", "content_index": 0, "transcript": "caf\udc80",
+                        "usage": {"type": "duration", "seconds": 1.0}})
+    async with rig(tmp_path, record_events=True) as r:
+        r.sim.add_call("rtc_capture_hostile", [{"sleep": 0.5}, {"close": 1000}])
+        sim_call = r.sim.calls["rtc_capture_hostile"]
+
+        async def inject() -> None:
+            await sim_call.wait_until(lambda c: c.connection is not None)
+            await r.sim.inject("rtc_capture_hostile", frame)
+
+        r.nursery.start_soon(inject)
+        actor, _ = await r.run_call("rtc_capture_hostile")
+    assert actor.end_reason == "closed_by_service"
+    path = capture_path(r.settings.state_dir, "rtc_capture_hostile")
+    assert '"transcript": "caf\\udc80"' in path.read_text(encoding="utf-8")
+    (block,) = read_capture(path)
+    assert block[-1]["kind"] == "end"
+    [event] = [line["event"] for line in block if line["kind"] == "event"
+               and line["event"]["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert event["transcript"] == "caf\udc80"          # read back as captured

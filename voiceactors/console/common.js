@@ -16,6 +16,8 @@ const VA = (() => {
       "The Realtime service did not give us a session. Retry; if it keeps failing, check the server's log.",
     "voice runtime unavailable":
       "The voice server's runtime is not running. Retry; if it keeps failing, restart the server.",
+    "voice unavailable — runtime failed":
+      "The voice server's runtime failed and the server is stopping (a supervisor starts it again). Retry in a moment.",
     "unauthorized": "You are not signed in (or your session expired). Sign in again.",
     "call not found": "The call is not live on the server any more.",
     "cross-site request refused": "The server refused a cross-site request.",
@@ -31,6 +33,8 @@ const VA = (() => {
 
   function explain(status, error) {
     if (status === 401) return new ApiFailure("unauthorized", MESSAGES.unauthorized, status);
+    // a failed runtime ended every call of its process: for a live call, the server is gone
+    if (error === "voice unavailable — runtime failed") return new ApiFailure("server-gone", MESSAGES[error], status);
     const words = MESSAGES[error] || `The server answered ${status}${error ? ": " + error : ""}.`;
     return new ApiFailure("api", words, status);
   }

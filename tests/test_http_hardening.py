@@ -1,4 +1,4 @@
-"""Hardening, round two (issue 11): DNS rebinding (Host), cross-origin
+"""Hardening: DNS rebinding (Host), cross-origin
 requests (Origin), per-client rate limits, connections the server closes,
 config I/O errors that are not "not configured", shared OpenAI clients.
 

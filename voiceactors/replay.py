@@ -315,6 +315,10 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     out = out or sys.stdout
     sweep_stale_folders()       # whatever this run does: a killed replay's folder goes with the next one
     capture = Path(args.file)
+    if not args.capture and not capture.exists():    # the file named first is the one to complain about
+        print(f"voiceactors replay: no capture at {capture} (a server writes them to <state_dir>/captures/ "
+              "with --record-events; --capture SCENARIO makes one)", file=sys.stderr)
+        return 2
     expect = Path(args.expect) if args.expect else expectation_path(capture)
     expected: dict[str, Any] | None = None
     if expect.exists():

@@ -101,7 +101,7 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
         the nursery's body, instead of a task of its own: the same nursery
         and the same cancellations (a disconnect cancels the nursery, the
         body with it; the handler cancels it when done), one task spawn and
-        its first step fewer per request (docs/benchmarks.md § 19)."""
+        its first step fewer per request."""
         request = self._create_request_from_scope(send)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.handle_messages, nursery, request, receive)

@@ -22,12 +22,14 @@ from urllib.parse import urlsplit
 import trio
 from quart import Blueprint, Response, current_app, jsonify, request
 
+from voiceactors import notices
 from voiceactors.http import auth, console_sessions, history, timeline_svg
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.http.ratelimit import refuse_after
 from voiceactors.http.routes import CALL_ID_RE, _json_object, state
 from voiceactors.logs import get_logger
+from voiceactors.storage import run_sync
 
 ASSET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(?:html|js|css|png|svg)$")
 PAGE_NAMES = {"console": "index.html", "calls": "calls.html", "call": "call.html"}
@@ -132,8 +134,12 @@ async def console_config() -> Any:
         check = auth.request_credential(settings)
         refuse_after(check.locked_s)
         signed_in = check.accepted
+    # what the first screen should say before Start (no key, an empty journal):
+    # only to a page that may use the API
+    said = await run_sync(notices.startup_notices, settings) if signed_in else []
     response = jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
-                        "signed_in": bool(signed_in), "demo": settings.demo})
+                        "signed_in": bool(signed_in), "demo": settings.demo,
+                        "notices": [notice.value for notice in said]})
     if not signed_in and request.cookies.get(console_sessions.COOKIE_NAME) is not None:
         # a session the server no longer knows (a restart, an expiry): the browser drops it now,
         # so each page load before signing in again does not draw from the failure bucket

@@ -4,7 +4,7 @@ Why: a connect is the costliest request the server gets in numbers (a
 capacity step's join, a burst), and Quart's request machinery (its request
 context, the werkzeug request and headers, the hooks, routing, ``jsonify``,
 the response object, ``finalize_request``) was about a millisecond of a
-connect's ~6 ms of CPU (docs/benchmarks.md § 28). The route itself is
+connect's ~6 ms of CPU. The route itself is
 synchronous for a plain connect (``Runtime.connect_now``, ``brain_now``, the
 key kept in memory), so the whole answer can be given from the ASGI scope.
 
@@ -313,7 +313,7 @@ class FirstReadConnect:
     connection from a trusted proxy, the app at its in-flight cap) goes to
     hypercorn as it came. Why: hypercorn's connection (three tasks, h11 both
     ways, its ASGI stream) was ~a third of a plain connect's CPU once Quart
-    was out of it (docs/benchmarks.md § 28)."""
+    was out of it."""
 
     def __init__(self, app: Any, server_headers: ServerHeaders) -> None:
         self._app = app                     # its ``fast_connect`` answers (None: this is off too)

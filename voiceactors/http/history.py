@@ -20,6 +20,7 @@ from voiceactors.usage import Tokens, round_usd
 
 DEFAULT_LIST = 50
 MAX_LIST = 200
+FIRST_WORDS_CHARS = 80        # the call list's "what was said": about one line
 MAX_RECORD_BYTES = 4 * 1024 * 1024    # a record larger than this is not loaded into a page
 
 
@@ -132,8 +133,24 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "barge_ins": sum(1 for r in responses if r.get("status") == "cancelled"),
         "reconnects": sum(1 for line in lines if line.get("kind") == "reconnect"),
         "runs": max(1, len(starts)),
+        "first_words": first_words(lines),
         **usage_summary(lines),
     }
+
+
+def first_words(lines: list[dict[str, Any]]) -> str | None:
+    """What the call was about, for a list a person scans: the first thing
+    the person said (else the assistant's first words), cut at a word
+    boundary near ``FIRST_WORDS_CHARS``; None when nothing was transcribed."""
+    spoken = [entry for entry in spoken_transcript(lines) if entry["text"].strip()]
+    first = next((e for e in spoken if e["role"] == "user"), spoken[0] if spoken else None)
+    if first is None:
+        return None
+    text = " ".join(first["text"].split())
+    if len(text) <= FIRST_WORDS_CHARS:
+        return text
+    cut = text[:FIRST_WORDS_CHARS].rsplit(" ", 1)[0] or text[:FIRST_WORDS_CHARS]
+    return cut.rstrip(",.;:") + "…"
 
 
 def usage_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:

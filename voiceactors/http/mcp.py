@@ -23,9 +23,10 @@ each answering ``{"error": "..."}`` with the app's strings:
    with GET and no session to end with DELETE; the SDK would hold a GET
    open until the client left); a POST not declared JSON: 415;
 4. the bearer token where one is required (``http/auth.py``: off loopback,
-   or whenever configured): 401 with ``WWW-Authenticate: Bearer``; a wrong
-   one draws from the client's token-failure bucket, the app's (shared
-   with every route and the sign-in), and a client over it is answered 429
+   or whenever configured): 401 with ``WWW-Authenticate: Bearer`` and
+   parameters that say which token (``TOKEN_CHALLENGE``); a wrong one
+   draws from the client's token-failure bucket, the app's (shared with
+   every route and the sign-in), and a client over it is answered 429
    with ``Retry-After`` before its token is compared;
 5. the client's rate (``mcp_rate_limit_per_s``, one token per request, a
    bucket per client address, ``http/ratelimit.py``): 429 with
@@ -66,6 +67,12 @@ from voiceactors.settings import Settings
 MCP_PATH = "/mcp"
 METHOD_NOT_ALLOWED = "method not allowed"     # the app's 405 message (http/errors.py)
 RESTART_AFTER_S = 1.0      # after the SDK's task group failed, until the next one starts
+# A bare ``Bearer`` challenge reads to an MCP client as "go and find an OAuth
+# server" (MCP Inspector 2.x starts its OAuth flow on it); this server takes a
+# fixed API token and has no OAuth server. The realm and description say which
+# token, for a client (or a person reading the response) to ask for it.
+TOKEN_CHALLENGE = ('Bearer realm="voiceactors", error_description="this server takes its API token '
+                   '(VOICEACTORS_API_TOKEN) as the bearer token; it has no OAuth server"')
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -206,7 +213,7 @@ class McpEndpoint:
         if check.locked_s > 0:
             raise Refusal(429, RATE_LIMITED, {"Retry-After": retry_after(check.locked_s)})
         if not check.accepted:
-            raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+            raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": TOKEN_CHALLENGE})
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole request body, at most ``body_limit`` bytes (guard 6)."""

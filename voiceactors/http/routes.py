@@ -236,7 +236,7 @@ async def _base_instruction(runtime: Runtime) -> str | None:
     (selection, linked context); None when there is none yet (never waits).
     Read in this step (``Runtime.brain_now``: what ``GetBrain`` would answer
     at once), not asked: an ask per connect was two scheduler turns and a
-    channel (docs/benchmarks.md § 19)."""
+    channel, a measurable share of a connect's CPU."""
     if runtime.brain_now is not None:
         brain: BrainState = runtime.brain_now()
         return brain.instruction if brain.ready else None

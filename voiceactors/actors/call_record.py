@@ -106,7 +106,7 @@ from typing import Any, Callable
 import orjson
 import trio
 
-from voiceactors import clock, storage
+from voiceactors import clock, safe_text, storage
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="call_record")
@@ -711,13 +711,15 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 
 
 def parse_record(text: str) -> list[dict[str, Any]]:
-    """``read_record`` for a record's text already read."""
+    """``read_record`` for a record's text already read. A lone surrogate's
+    escape (``render_line``'s fallback wrote one for text that came in
+    before ``safe_text``) reads as U+FFFD."""
     lines: list[dict[str, Any]] = []
     for raw in storage.jsonl_lines(text):
         if not raw.strip():
             continue
         try:
-            line = json.loads(raw)
+            line = safe_text.loads(raw)
         except ValueError:
             continue
         if isinstance(line, dict):

@@ -53,7 +53,7 @@ async def test_a_taken_over_call_replays_its_applied_write_and_the_old_holder_is
         exec_a = await _executor(nursery, journal, tmp_path / "state_a", a)
         exec_b = await _executor(nursery, journal, tmp_path / "state_b", b)
         old = await a.acquire(CALL)
-        assert old is not None
+        assert old is not None and await a.confirm(old)          # an actor runs it on a
         applied = await _complete(exec_a, "call_w", first.id)
         assert applied.outcome == "ok", applied.output
         assert len(ledger_close_edits(item_file(journal, first), first.id)) == 1

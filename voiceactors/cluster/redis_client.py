@@ -304,6 +304,19 @@ redis.call('SET', KEYS[2], 'applying:' .. ARGV[1], 'EX', ARGV[2])
 return {'claimed', ''}
 """
 
+#: KEYS: write. ARGV: the claim's marker (``applying:<token>``). A claim
+#: whose write applied nothing (its journal file's lock never came) given
+#: back in one step, only while the key still holds that marker: 1 when
+#: deleted, else 0. The next claim of the tool call id, here or elsewhere,
+#: then applies it.
+UNCLAIM_WRITE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
 #: KEYS: calls. ARGV: the lease keys' prefix. The ``calls`` entries whose
 #: lease key is gone, flat ``{call_id, token, ...}``: one round trip for the
 #: whole scan. (It reads lease keys it was not given, so it needs one Redis,

@@ -126,6 +126,7 @@ class CallRegistry(Protocol):
     def lease_stop(self, lease: Lease, margin: float) -> LeaseStop: ...
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
+    async def unclaim_write(self, call_id: str | None, tool_call_id: str) -> None: ...
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
     def note_context(self, call_id: str, linked: LinkedContext) -> None: ...
     async def orphans(self) -> list[tuple[str, str]]: ...
@@ -170,6 +171,9 @@ class LocalRegistry:
         return ClaimAnswer(WriteClaim.CLAIMED)
 
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None:
+        return None
+
+    async def unclaim_write(self, call_id: str | None, tool_call_id: str) -> None:
         return None
 
     def note_record(self, call_id: str, line: dict[str, Any]) -> None:
@@ -521,15 +525,20 @@ class RedisRegistry:
 
     # --- the shared write log --------------------------------------------------
 
+    def _claimer(self, call_id: str | None) -> str:
+        """The token a claim for ``call_id`` is made with: ``UNFENCED`` for a
+        request of no call, '' with no lease here (a record answers, nothing
+        claims)."""
+        if call_id is None:
+            return rc.UNFENCED
+        lease = self._held.get(call_id)
+        return lease.token if lease is not None else ""
+
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
         """Claim ``tool_call_id`` for the holder of ``call_id``'s lease (None:
         a request of no call, claimed unfenced)."""
-        if call_id is None:
-            token, lease_key = rc.UNFENCED, rc.lease_key("")
-        else:
-            lease = self._held.get(call_id)
-            token = lease.token if lease is not None else ""   # no lease here: a record answers, nothing claims
-            lease_key = rc.lease_key(call_id)
+        token = self._claimer(call_id)
+        lease_key = rc.lease_key(call_id if call_id is not None else "")
         state, value = await self._script(rc.CLAIM_WRITE, [lease_key, rc.write_key(tool_call_id)],
                                           [token, WRITE_RECORD_TTL_S])
         if state == WriteClaim.CLAIMED:
@@ -548,6 +557,13 @@ class RedisRegistry:
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None:
         text = json.dumps(record, ensure_ascii=False, sort_keys=True)
         await self._request(self._redis.set(rc.write_key(tool_call_id), text, ex=WRITE_RECORD_TTL_S))
+
+    async def unclaim_write(self, call_id: str | None, tool_call_id: str) -> None:
+        """Give back this process's claim of a write that applied nothing
+        (``UNCLAIM_WRITE``: only while the key holds our marker), so its
+        retry, or a request waiting for it elsewhere, applies it."""
+        marker = rc.APPLYING + self._claimer(call_id)
+        await self._script(rc.UNCLAIM_WRITE, [rc.write_key(tool_call_id)], [marker])
 
     # --- takeover ----------------------------------------------------------------
 

@@ -113,12 +113,14 @@ async def test_an_acquire_redis_ran_after_its_request_failed_is_voided(redis_ser
                 while not _abandoned(*logs):
                     await trio.sleep(0.02)
             [line] = _abandoned(*logs)
-            assert line["released"] is True and isinstance(line["fence"], int)
+            # Redis runs the late acquire and the void in either order (two
+            # connections): the lease it set deleted, or the request voided first
+            assert (line["released"], isinstance(line["fence"], int)) in ((True, True), (False, False)), line
             assert not await redis.exists([rc.lease_key(CALL)])
             assert not await redis.hexists(rc.CALLS_KEY, CALL)
             assert await b.orphans() == []
             won = await b.acquire(CALL)                   # free at once, a new call (no previous holder)
-            assert won is not None and won.previous is None and won.fence > line["fence"]
+            assert won is not None and won.previous is None and won.fence > (line["fence"] or 0)
             nursery.cancel_scope.cancel()
 
 

@@ -289,7 +289,8 @@ class RedisRegistry:
         broke after it was sent) is voided; the requests voided before it
         go first, so a connect retried here never finds its own abandoned
         lease in the way."""
-        await self._send_voids()
+        if self._voids:                 # (no lock, no schedule point, in the usual case)
+            await self._send_voids()
         request = f"{self.node}/{next(self._requests)}"
         sent = trio.current_time()
         keys = [*map(rc.lease_key, call_ids), rc.FENCE_KEY, rc.CALLS_KEY, rc.void_key(request)]

@@ -159,3 +159,42 @@ async def test_only_a_confirmed_lease_is_adopted_when_it_expires(redis_server):
         fresh = await b.acquire(CALL)
         assert fresh is not None and fresh.previous is None     # a new call, nobody's to take over
         nursery.cancel_scope.cancel()
+
+
+async def _evals(redis) -> int:
+    entry = (await redis.info("commandstats")).get("cmdstat_eval") or {}
+    return int(entry.get("calls", 0)) if isinstance(entry, dict) else 0
+
+
+async def test_a_connect_that_finds_an_unconfirmed_lease_waits_for_its_holder(redis_server):
+    """A lease won and not confirmed yet (its holder's connect still being
+    answered, or a refused connect's lease its void is about to delete):
+    another process's acquire asks again. Released a moment later, the asker
+    wins the call (before, it answered ``connected`` and nobody ran it);
+    confirmed, the asker finds it held."""
+    a, b = RedisRegistry(redis_server.url, TTL_S, node="a"), RedisRegistry(redis_server.url, TTL_S, node="b")
+    answers: dict[str, object] = {}
+
+    async def ask(name: str, call_id: str) -> None:
+        answers[name] = await b.acquire(call_id)
+
+    async with trio.open_nursery() as nursery, rc.client(redis_server.url) as redis:
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        for call_id, settle in ((CALL, "release"), ("rtc_answered", "confirm")):
+            lease = await a.acquire(call_id)
+            assert lease is not None
+            before = await _evals(redis)
+            async with trio.open_nursery() as asking:
+                asking.start_soon(ask, settle, call_id)
+                with trio.fail_after(5):                      # b's acquire found it held (not confirmed)
+                    while await _evals(redis) == before:
+                        await trio.sleep(0.005)
+                if settle == "release":
+                    await a.release(lease)
+                else:
+                    assert await a.confirm(lease)
+        won, held = answers["release"], answers["confirm"]
+        assert won is not None and b.lease_of(CALL) == won
+        assert held is None and b.lease_of("rtc_answered") is None
+        nursery.cancel_scope.cancel()

@@ -164,7 +164,8 @@ class Reachability:
 #: request: the tokens' prefix), ttl_ms, then one call_id per lease key. Per
 #: lease, in order, in one step: {1, token, previous} when won (previous: the
 #: ``calls`` entry of a holder that ran the call and never released it, ''
-#: when none), {0, holder's token} when held. A voided request (its sender
+#: when none), {0, holder's token, 1 when that token is confirmed (its
+#: ``calls`` entry) else 0} when held. A voided request (its sender
 #: gave up on it, ``VOID_ACQUIRE`` ran first) sets nothing: {0, ''} each.
 #: The ``calls`` entry is not written here: the holder's renewal writes it
 #: once an actor runs the call (``RENEW_MANY``). One round trip for every
@@ -179,7 +180,7 @@ end
 for i = 1, #KEYS - 3 do
   local held = redis.call('GET', KEYS[i])
   if held then
-    answers[i] = {0, held}
+    answers[i] = {0, held, redis.call('HGET', calls_key, ARGV[i + 2]) == held and 1 or 0}
   else
     if redis.call('EXISTS', fence_key) == 0 then
       local now = redis.call('TIME')

@@ -27,6 +27,9 @@ stalled) may still have its lease set by Redis later; that lease is never
 confirmed, so no scan adopts the call, and the request is voided as soon as
 Redis answers again (``VOID_ACQUIRE``: the lease deleted, or a tombstone that
 keeps the late request from setting it; ``registry.acquire_abandoned``).
+An acquire that finds a lease not confirmed yet asks again within its bound
+(``acquire``), so it wins a call whose lease is voided or released a moment
+later instead of answering it held by nobody that runs it.
 
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
@@ -71,6 +74,10 @@ OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for sho
 # answer in a starved process stopped every call at once, § 23), for one
 # request per 1.7 s.
 RENEWALS_PER_TTL = 6
+# A lease held by a token not confirmed yet is asked for again (its holder's
+# first renewal is a round trip away, or it is a refused connect's, about to
+# be voided), pausing from the first to the last, doubling (``acquire``)
+UNCONFIRMED_POLL_S = (0.005, 0.1)
 VOIDS_KEPT = 4096                      # acquire requests waiting to be voided (Redis down meanwhile)
 MIRROR_PASS_INTERVAL_S = 0.05          # the mirror's passes at most this often (a takeover's view lags by that)
 
@@ -102,6 +109,14 @@ class WriteClaim(StrEnum):
 class ClaimAnswer:
     state: WriteClaim
     record: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class _Unconfirmed:
+    """An acquire's answer: the call is held by a token whose holder has not
+    confirmed it (no actor known to run it yet)."""
+
+    token: str
 
 
 @dataclass(frozen=True)
@@ -218,7 +233,7 @@ class RedisRegistry:
         # the leases asked for and released at once go in one script each
         # (a join's connects, many calls' ends): cluster/batched.py
         self._ask_bound_s = 2 * self.op_timeout_s      # a batch in flight ahead of ours, then ours
-        self._acquires = Batched[str, Lease | None](self._acquire_many, self._unwanted)
+        self._acquires = Batched[str, Lease | _Unconfirmed | None](self._acquire_many, self._unwanted)
         self._releases = Batched[Lease, int](self._release_many, send_when_gone=True)
         self._confirms = Batched[Lease, int](self._confirm_many, send_when_gone=True)
         self._requests = itertools.count(1)             # each acquire request's number, in its tokens
@@ -279,10 +294,26 @@ class RedisRegistry:
 
     async def acquire(self, call_id: str) -> Lease | None:
         """The call's lease when this process wins it (None: another token
-        holds it). The leases asked for at once go in one ``ACQUIRE_MANY``."""
-        return await self._acquires.ask(call_id, self._ask_bound_s)
+        holds it). The leases asked for at once go in one ``ACQUIRE_MANY``.
+        A token whose holder has not confirmed it yet may be a refused
+        connect's, about to be voided, or released by a holder at capacity:
+        asked again until it is confirmed (None), gone (won here) or while
+        one more request fits in the bound (then None, as held), so a
+        connect answered here as held elsewhere is one some actor runs,
+        unless that holder dies first. The whole stays within the bound a
+        single ask had."""
+        until = trio.current_time() + self._ask_bound_s
+        pause = UNCONFIRMED_POLL_S[0]
+        while True:
+            answer = await self._acquires.ask(call_id, until - trio.current_time())
+            if not isinstance(answer, _Unconfirmed):
+                return answer
+            if trio.current_time() + pause + self.op_timeout_s > until:
+                return None
+            await trio.sleep(pause)
+            pause = min(pause * 2, UNCONFIRMED_POLL_S[1])
 
-    async def _acquire_many(self, call_ids: list[str]) -> list[Lease | None]:
+    async def _acquire_many(self, call_ids: list[str]) -> list[Lease | _Unconfirmed | None]:
         """One batch: each lease's fence and stop count from just before the
         batch was sent (before Redis set any of its TTLs). A request whose
         outcome is unknown (``RegistryDown``: it timed out, or its connection
@@ -302,20 +333,21 @@ class RedisRegistry:
             raise
         return [self._won(call_id, answer, sent) for call_id, answer in zip(call_ids, answers, strict=True)]
 
-    def _won(self, call_id: str, answer: list[Any], sent: float) -> Lease | None:
+    def _won(self, call_id: str, answer: list[Any], sent: float) -> Lease | _Unconfirmed | None:
         if int(answer[0]) != 1:
-            return None
+            confirmed = len(answer) < 3 or int(answer[2]) == 1
+            return None if confirmed else _Unconfirmed(str(answer[1]))
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
         self._fences.setdefault(call_id, SendFence())
         self._granted(call_id, sent)
         return lease
 
-    def _unwanted(self, call_id: str, lease: Lease | None) -> None:
+    def _unwanted(self, call_id: str, lease: Lease | _Unconfirmed | None) -> None:
         """A lease won for a caller that stopped waiting (its bound, or its
         cancel): no actor will run it, so it is released. It was never
         confirmed: a dead holder's call keeps that holder's takeover entry
         and mirror (``RELEASE_MANY``), and the scan finds it again at once."""
-        if lease is None or not self._holds(lease):
+        if not isinstance(lease, Lease) or not self._holds(lease):
             return
         self._forget_held(lease)
         self._releases.submit(lease)

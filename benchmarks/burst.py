@@ -1,4 +1,4 @@
-"""Burst: calls joining as traffic really arrives, every event its own frame (issue 14).
+"""Burst: calls joining as traffic really arrives, every event its own frame.
 
 Workload (``--mode burst``, the default): ``--calls`` (100) calls join over
 ``--spread`` seconds (1.0; join times drawn uniformly, seeded), each by a
@@ -25,7 +25,7 @@ Two servers run the same workload, one after the other, in the same run
   harness's own latency under the same burst.
 
 Measured at the simulator (one process, one clock, ``trio.current_time()``
-stamps), on the wire (docs/benchmarks.md § 20): ``output`` = the server's
+stamps), on the wire: ``output`` = the server's
 ``function_call_output`` read off the socket (``SimCall.read_at``) − the
 function call's ``response.output_item.done`` frame written to it
 (``written_at``: the call is complete from then on; a server that answers
@@ -33,7 +33,7 @@ at ``function_call_arguments.done``, as the do-nothing one does, can come
 in below zero); ``create`` = its ``response.create`` read − the
 ``response.done`` written (the response must have ended first); ``join`` =
 the ``/connect`` answered − sent. Each p50/p99/max over every round of
-every call of the phase. The measure before § 20 (``output_queued_ms``,
+every call of the phase. The queued measure (``output_queued_ms``,
 ``create_queued_ms``: from the event queued in the simulator to the reply
 taken by its reader) is reported alongside; it adds the simulator's own
 waits, reported too (``sim_write_wait_ms``: an ``output_item.done`` queued →
@@ -83,13 +83,13 @@ Run::
     .venv/bin/python -m benchmarks.burst --mode sweep --steps 50 100 150 200 --json B-sweep.json
     .venv/bin/python -m benchmarks.burst --peers ours --py-spy 5      # + where the server's CPU goes
     .venv/bin/python -m benchmarks.burst --sim lean --json B-lean.json # the lean peer as the load generator
-    git worktree add /tmp/before 4237744 && \\
+    git worktree add /tmp/before <commit> && \\
       BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.burst --json B-before.json
 
 Processes: this driver (CPU windows), the simulator (the ``_sim`` role of
 this module: the measuring side, and the joins; ``--sim lean``: the lean
 peer, ``benchmarks/lean_sim.py``, the same steps and frames at about a
-third of the simulator's CPU, docs/benchmarks.md § 22), the server under test. On
+third of the simulator's CPU), the server under test. On
 2 cores the simulator and the server share the machine; the simulator's
 CPU is in the report. Bounded: every phase has a timeout, every process is
 a child on loopback.
@@ -111,7 +111,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    BENCH_KEY, CpuWindow, Proc, fmt, free_loopback_port, machine_facts, percentile,
+    BENCH_KEY, CpuWindow, Proc, code_label, fmt, free_loopback_port, machine_facts, percentile,
     sample_journal, spawn, summary, work_dir, write_json,
 )
 
@@ -191,8 +191,8 @@ def output_times(call: Any, wire: bool = True) -> list[float]:
     first ``function_call_output`` for it: ``wire``, from its frame written
     to the socket to the output's frame read off it (``written_at`` →
     ``read_at``); else from the event queued to the output taken by the
-    simulator's reader (``sent_at`` → ``received_at``, the measure before
-    § 20, which counts the simulator's own queues). Calls never answered
+    simulator's reader (``sent_at`` → ``received_at``, the queued measure,
+    which counts the simulator's own queues). Calls never answered
     are left out (``unanswered`` counts them)."""
     from benchmarks.sim_host import stamps
 
@@ -294,7 +294,7 @@ async def _post_connect(port: int, host_header: str, call_id: str) -> dict[str, 
     return {"call_id": call_id, "status": status, "ms": (trio.current_time() - t0) * 1000}
 
 
-async def _join_phase(sim: Any, phase: Phase, port: int, host_header: str, rng: random.Random,
+async def join_phase(sim: Any, phase: Phase, port: int, host_header: str, rng: random.Random,
                       wait_s: float) -> list[dict[str, Any]]:
     """Join every call of ``phase`` on its schedule; return once each has
     closed (or its join failed), bounded by the phase's budget."""
@@ -323,7 +323,7 @@ async def _join_phase(sim: Any, phase: Phase, port: int, host_header: str, rng: 
     return joins
 
 
-async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
+async def sim_run(args: argparse.Namespace) -> dict[str, Any]:
     import trio
 
     from voiceactors.simulator import Simulator
@@ -347,7 +347,7 @@ async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 _, name, server_port, host_header = line.split(" ", 3)   # JOIN <phase> <port> <host>
                 phase = by_name[name]
-                joins = await _join_phase(sim, phase, int(server_port), host_header, rng, args.wait)
+                joins = await join_phase(sim, phase, int(server_port), host_header, rng, args.wait)
                 reports[name] = phase_report(phase, [sim.calls[c] for c in phase.call_ids()], joins, args.trace)
                 print(f"PHASE_DONE {name}", flush=True)
         nursery.cancel_scope.cancel()
@@ -373,7 +373,7 @@ def sim_main(argv: list[str]) -> int:
     logs.configure("json", "warning")
     gc.freeze()   # the records only grow: full collections would stall every call (see sim_host)
     gc.disable()
-    result = trio.run(_sim_run, args)
+    result = trio.run(sim_run, args)
     Path(args.out).write_text(json.dumps(result, default=str))
     print(f"DONE {args.out}", flush=True)
     return 0
@@ -404,9 +404,9 @@ def profile_start(server: Proc, phase: Phase, args: argparse.Namespace, run_dir:
     from the start of the mode's main phase (``server.pyspy.txt``)."""
     if not args.py_spy or phase.name not in ("burst", "one", "long"):
         return None
-    from benchmarks.roundtrip import _start_py_spy
+    from benchmarks.roundtrip import start_py_spy
 
-    spy = _start_py_spy(server.popen.pid, args.py_spy, run_dir)
+    spy = start_py_spy(server.popen.pid, args.py_spy, run_dir)
     return spy
 
 
@@ -528,7 +528,7 @@ def add_cpu_per_unit(phases: dict[str, Any], idle_core_pct: float = 0.0) -> None
 def add_sim_cpu_per_unit(phases: dict[str, Any]) -> None:
     """The load generator's own CPU ms per connect and per round (gross; net
     of the connects at the connect phase's cost per call), as for the server:
-    what ``--sim`` costs per unit of load (docs/benchmarks.md § 22)."""
+    what ``--sim`` costs per unit of load."""
     def sim_ms(p: dict[str, Any]) -> float:
         return 1000 * p["cpu"]["sim"]["cpu_s"]
 
@@ -549,7 +549,7 @@ def phase_line(peer: str, name: str, p: dict[str, Any]) -> str:
     cpu = p.get("cpu") or {}
     parts = [f"{peer:>7} {name:<7} calls={p['phase']['calls']:<4} rounds={p['rounds_done']:<5}",
              f"output {fmt(p['output_ms'])}", f"create {fmt(p['create_ms'])}", f"join {fmt(p['join_ms'])}"]
-    if "output_queued_ms" in p:   # the measure before § 20 (the simulator's queues counted)
+    if "output_queued_ms" in p:   # the queued measure (the simulator's queues counted)
         parts.append(f"queued-measure output {fmt(p['output_queued_ms'])} create {fmt(p['create_queued_ms'])} "
                      f"(sim waits: write {fmt(p['sim_write_wait_ms'])}, read {fmt(p['sim_read_wait_ms'])})")
     if cpu:
@@ -636,24 +636,8 @@ def run_mode(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def code_label(repo: Path | None) -> str:
-    """The short commit of the server's checkout (``+dirty`` when it has
-    uncommitted changes); "" when it is not a git checkout."""
-    import subprocess
-
-    where = str(repo or Path(__file__).resolve().parent.parent)
-    try:
-        rev = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return rev + ("+dirty" if rev and dirty else "")
-
-
 def markdown_rows(out: dict[str, Any]) -> list[str]:
-    """One table row per reported phase (docs/benchmarks.md § 8)."""
+    """One table row per reported phase."""
     def ms(s: dict[str, Any]) -> str:
         return f"{s['p50']:.1f} / {s['p99']:.1f}" if s.get("n") else ""
 

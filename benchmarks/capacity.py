@@ -14,7 +14,7 @@ What it measures:
   calls joined and settled − RSS before joining) / calls. ``--idle-peers``
   adds the same measurement for the other peers.
 
-* **workers** (``--workers N``, issue 18) — the same step-up against a whole
+* **workers** (``--workers N``) — the same step-up against a whole
   ``voiceactors serve --workers N`` (the ``served`` peer: HTTP connects, one
   TCP connection each, so the kernel spreads them over the workers) and, at
   each step just before it, against one ``voiceactors serve`` process in the
@@ -44,7 +44,6 @@ Run::
     .venv/bin/python -m benchmarks.capacity
     .venv/bin/python -m benchmarks.capacity --steps 250 500 --rounds 5 --idle 500 1000
     .venv/bin/python -m benchmarks.capacity --steps 100 --rate-hz 0     # tool traffic only
-    .venv/bin/python -m benchmarks.capacity --gap 5 --rate-hz 0 --peer floor --idle   # the harness's limit
     .venv/bin/python -m benchmarks.capacity --workers 2 --idle --steps 250 500 750 1000 1250 1500
     .venv/bin/python -m benchmarks.capacity --sim lean --workers 2 --idle --steps 500 750 1000 1250 1500 \\
         --rounds 4 --gap 5 --rate-hz 0     # the lean peer (benchmarks/lean_sim.py) as the load generator
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=float, default=1.0)
     p.add_argument("--rate-hz", type=float, default=20.0)
     p.add_argument("--target-ms", type=float, default=50.0)
-    p.add_argument("--peer", default="ours", help="the peer stepped up (floor: the harness's own limit)")
+    p.add_argument("--peer", default="ours", help="the peer stepped up (ours, served)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--idle", type=int, nargs="*", default=[1000])
     p.add_argument("--idle-peers", nargs="*", default=["ours"])

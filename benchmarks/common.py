@@ -294,20 +294,19 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, default=str))
 
 
-def add_pairs_arguments(parser: Any) -> None:
-    """``--repeats`` (runs of this checkout alone) and ``--pairs`` (runs of
-    ``$BENCH_PEER_REPO`` and this checkout, interleaved): see ``run_plan``."""
-    parser.add_argument("--repeats", type=int, default=0, help="runs of this checkout alone (1 without --pairs)")
-    parser.add_argument("--pairs", type=int, default=0, help="interleaved ($BENCH_PEER_REPO, this) pairs")
+def code_label(repo: Path | None = None) -> str:
+    """The short commit of a checkout (this one by default; ``+dirty`` when
+    the measured code, the package or the benchmarks, has uncommitted
+    changes); "" when it is not a git checkout."""
+    import subprocess
 
-
-def run_plan(parser: Any, args: Any, other_label: str) -> list[tuple[str, Path]]:
-    """The runs ``add_pairs_arguments``'s options ask for, in order: each a
-    label (``this`` or ``other_label``) and the checkout it runs."""
-    peer = os.environ.get("BENCH_PEER_REPO")
-    if args.pairs and not peer:
-        parser.error("--pairs needs $BENCH_PEER_REPO (the checkout to compare with)")
-    plan = [("this", REPO)] * (args.repeats or (0 if args.pairs else 1))
-    for _ in range(args.pairs):
-        plan += [(other_label, Path(peer or "")), ("this", REPO)]
-    return plan
+    where = str(repo or REPO)
+    try:
+        rev = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no", "--",
+                                "voiceactors", "benchmarks", "pyproject.toml"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return rev + ("+dirty" if rev and dirty else "")

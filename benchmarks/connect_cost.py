@@ -1,4 +1,4 @@
-"""CPU per connect and per call end, on the server (issue 14, "a cheap connect").
+"""CPU per connect and per call end, on the server.
 
 What it measures: a real ``voiceactors serve`` process (the 14-day sample
 journal, the Realtime simulator standing in for OpenAI, both on loopback,
@@ -25,7 +25,7 @@ socket, no persistence) of the driver's, and reports for both the CPU per
 connect, the ``/connect`` latency (the driver's round trip: the route
 answers once the call's lease is taken and its actor started) and, with
 Redis, ``redis_server_ms`` (redis-server's own CPU per connect): the
-registry's cost per connect is the difference (issue 18).
+registry's cost per connect is the difference.
 
 ``--hold-s S``: between the connects and the ends, the server's CPU (and
 redis-server's) per second over ``S`` seconds of every call held and
@@ -66,7 +66,7 @@ import psutil
 from benchmarks.common import (Proc, free_loopback_port, machine_facts, redis_socket_path, sample_journal, spawn, summary,
                                work_dir)
 from benchmarks.floods import http_call, serve_against_sim
-from benchmarks.roundtrip import _start_py_spy
+from benchmarks.roundtrip import start_py_spy
 
 PREFIX = "rtc_conn"
 
@@ -151,7 +151,7 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[
         result["idle_core_pct"] = round(100 * idle_core, 1)
 
         lines_before = len(server.stderr_path.read_text(errors="replace").splitlines())
-        spy = _start_py_spy(server.popen.pid, args.calls / args.rate + 1, run_dir) if args.py_spy else None
+        spy = start_py_spy(server.popen.pid, args.calls / args.rate + 1, run_dir) if args.py_spy else None
         t0, c0, r0 = time.monotonic(), server.cpu_s(), _cpu(redis_ps)
         statuses: dict[str, int] = {}
         latencies: list[float] = []
@@ -182,7 +182,7 @@ def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[
                               "redis_cpu_ms_per_s": round(1000 * (_cpu(redis_ps) - r0) / wall, 2)}
         if spy is not None:   # the connects' samples are in; sample the ends into their own file
             spy.wait(30)
-            spy = _start_py_spy(server.popen.pid, 4, run_dir, "end.pyspy.txt")
+            spy = start_py_spy(server.popen.pid, 4, run_dir, "end.pyspy.txt")
         t0, c0 = time.monotonic(), server.cpu_s()
         sim.send("STOP")
         sim.expect("DONE", 60)

@@ -1,4 +1,4 @@
-"""Live calls' tool round trip while the HTTP API is flooded (issue 11, item 9).
+"""Live calls' tool round trip while the HTTP API is flooded.
 
 What it measures: a real ``voiceactors serve`` process (the generated 14-day
 sample journal; the Realtime simulator standing in for OpenAI, over loopback)
@@ -230,13 +230,13 @@ async def _live_subscriber(host: str, port: int, host_header: str, call_id: str,
                 feed.events.append([time.monotonic(), n])
 
 
-async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
+async def sim_run(args: argparse.Namespace) -> dict[str, Any]:
     import trio
 
     from voiceactors.simulator import Simulator
     from voiceactors.simulator.scenario import Scenario
 
-    from benchmarks.sim_host import _stdin_lines, aggregate, analyse, end_open_calls, roundtrip_steps
+    from benchmarks.sim_host import stdin_lines, aggregate, analyse, end_open_calls, roundtrip_steps
 
     rng = random.Random(args.seed)
     to_monotonic = time.monotonic() - trio.current_time()   # both clocks are CLOCK_MONOTONIC
@@ -252,7 +252,7 @@ async def _sim_run(args: argparse.Namespace) -> dict[str, Any]:
             sim.add_call(cid, Scenario("bench_floods", "floods benchmark workload", tuple(steps)))
         print(f"PORT {port}", flush=True)
         commands_send, commands = trio.open_memory_channel[str](8)
-        nursery.start_soon(_stdin_lines, commands_send)
+        nursery.start_soon(stdin_lines, commands_send)
         with trio.move_on_after(args.timeout) as bound:
             async with trio.open_nursery() as live:
                 async for line in commands:
@@ -304,7 +304,7 @@ def sim_main(argv: list[str]) -> int:
     logs.configure("json", "warning")
     gc.freeze()      # as sim_host: the records only grow, full collections would stall every call
     gc.disable()
-    result = trio.run(_sim_run, args)
+    result = trio.run(sim_run, args)
     Path(args.out).write_text(json.dumps(result, default=str))
     print(f"DONE {args.out}", flush=True)
     return 0

@@ -3,7 +3,7 @@ runs them: ``python -m benchmarks.lean_sim burst|host``).
 
 * ``burst`` — the burst's sim side (``benchmarks.burst --sim lean``): the
   same ``PORT`` / ``JOIN`` / ``PHASE_DONE`` / ``STOP`` / ``DONE`` protocol and
-  phase reports as ``benchmarks.burst._sim_run`` (without its queue
+  phase reports as ``benchmarks.burst.sim_run`` (without its queue
   measures: this peer has none), plus ``sim_loop_lag_ms``;
 * ``host`` — ``benchmarks.sim_host``'s protocol, arguments and aggregate keys
   (``benchmarks.roundtrip`` / ``capacity --sim lean``), workloads
@@ -111,7 +111,7 @@ def burst_phase_report(phase: Any, calls: list[LeanCall], joins: list[dict[str, 
 # --- role: the burst's sim side (``benchmarks.burst --sim lean``) -----------------------------------
 
 async def _burst_run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.burst import Phase, _join_phase, call_steps
+    from benchmarks.burst import Phase, join_phase, call_steps
 
     phases = [Phase(**{**p, "think_ms": tuple(p["think_ms"])}) for p in json.loads(args.phases)]
     rng = random.Random(args.seed)
@@ -133,7 +133,7 @@ async def _burst_run(args: argparse.Namespace) -> dict[str, Any]:
                     break
                 _, name, server_port, host_header = line.split(" ", 3)   # JOIN <phase> <port> <host>
                 phase = by_name[name]
-                joins = await _join_phase(peer, phase, int(server_port), host_header, rng, args.wait)
+                joins = await join_phase(peer, phase, int(server_port), host_header, rng, args.wait)
                 reports[name] = burst_phase_report(phase, [peer.calls[c] for c in phase.call_ids()], joins)
                 reports[name]["sim_loop_lag_ms"] = summary(lags)
                 lags.clear()

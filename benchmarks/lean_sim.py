@@ -1,9 +1,10 @@
 """The benchmarks' own Realtime peer: the simulator's frames for the benchmark
-workloads, at a fraction of its CPU (issues 14 and 18; docs/benchmarks.md § 22).
+workloads, at a fraction of its CPU.
 
 Why: in the burst and capacity benchmarks the simulator (the load
 generator) used as much CPU per round as the server under test, and its own
-write queue held frames for tens of milliseconds (§ 21). This peer plays
+write queue held frames for tens of milliseconds: on two cores the load
+generator measured itself as much as the server. This peer plays
 the same workloads — the same step lists (``benchmarks.burst.call_steps``,
 ``benchmarks.sim_host.make_scenario``), answered with the same server
 events in the same order (``benchmarks/lean_frames.py``) — with one trio
@@ -32,7 +33,7 @@ events against the SDK's models, does not pace deltas or hold responses
 event as a dict: only the stamps a report needs (and, with ``--trace``,
 the first call's frames).
 
-Stamps (``trio.current_time()``, as § 20's harness): a frame's
+Stamps (``trio.current_time()``, as the simulator's): a frame's
 ``written_at`` is taken right before its bytes go to the socket (no
 schedule point between); ``read_at`` right after the socket read that
 completed a client frame returned.

@@ -1,4 +1,4 @@
-"""What a worker pays for Redis (issue 18): CPU per call of one serving
+"""Scaling out: what a process pays for the shared registry. CPU per call of one serving
 process in three set-ups, at equal calls per process.
 
 * ``serve`` — one ``voiceactors serve`` process, no Redis;
@@ -170,7 +170,7 @@ def run_one(mode: str, calls_per_process: int, *, rounds: int, gap: float, settl
             spy_s: float) -> dict[str, Any]:
     measures: list[_Measure] = []
 
-    def start_measure(pid: int, seconds: float, run_dir: Path, name: str = "") -> _Measure:
+    def start_measure(pid: int, run_dir: Path) -> _Measure:
         # the served peer's pid: the serving processes are under it
         m = _Measure(pid, run_dir, settle, window, spy_s, [redis.pid] if redis is not None else [],
                      str(folder / "redis.sock") if redis is not None else None)
@@ -186,13 +186,8 @@ def run_one(mode: str, calls_per_process: int, *, rounds: int, gap: float, settl
         if mode == "redis":
             redis, url = _private_redis(folder)
             os.environ["BENCH_SERVE_REDIS"] = url
-        original = roundtrip._start_py_spy
-        roundtrip._start_py_spy = start_measure         # type: ignore[assignment]
-        try:
-            r = roundtrip.run_sideband("served", total, rounds=rounds, gap=gap, rate_hz=0, tag=f"rcost-{mode}",
-                                       py_spy_s=settle + window + spy_s)
-        finally:
-            roundtrip._start_py_spy = original           # type: ignore[assignment]
+        r = roundtrip.run_sideband("served", total, rounds=rounds, gap=gap, rate_hz=0, tag=f"rcost-{mode}",
+                                   py_spy_s=settle + window + spy_s, on_joined=start_measure)
     finally:
         os.environ.pop("BENCH_SERVE_WORKERS", None)
         os.environ.pop("BENCH_SERVE_REDIS", None)

@@ -28,17 +28,15 @@ Simulator and peer are separate processes (``benchmarks.sim_host`` and
 Run::
 
     .venv/bin/python -m benchmarks.roundtrip --peer ours --calls 1 100 500
-    .venv/bin/python -m benchmarks.roundtrip --peer baseline --calls 1 100 --rounds 5
     .venv/bin/python -m benchmarks.roundtrip --calls 2 --rounds 2 --gap 0.2 --json /tmp/rt.json
     .venv/bin/python -m benchmarks.roundtrip --calls 500 --py-spy 8     # + where our CPU goes
     .venv/bin/python -m benchmarks.roundtrip --calls 500 1000 --sim lean   # the lean peer instead of the simulator
     git worktree add /tmp/before <commit> && \
     BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.roundtrip --calls 100   # that commit's server
 
-``--peer`` is ``ours`` (default), ``baseline`` (asyncio + openai SDK),
-``agents`` (OpenAI Agents SDK) or ``floor`` (a raw-websocket client that
-answers at once without running a tool: the harness's own latency). Bounded: each run ends by itself after its
-rounds, or at its timeout.
+``--peer`` is ``ours`` (default: the runtime joined by ``Connect``
+messages) or ``served`` (a whole ``voiceactors serve``, joined over HTTP).
+Bounded: each run ends by itself after its rounds, or at its timeout.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
 from benchmarks.common import (
     BENCH_KEY, work_dir, CpuWindow, fmt, machine_facts, sample_journal, spawn, summary, write_json,
@@ -61,9 +59,6 @@ from voiceactors import storage
 PEERS = {
     "ours": "benchmarks.peers.ours",
     "served": "benchmarks.peers.served",     # a whole `voiceactors serve` (BENCH_SERVE_WORKERS=N: --workers N)
-    "baseline": "benchmarks.peers.baseline_asyncio",
-    "agents": "benchmarks.peers.agents_sdk",
-    "floor": "benchmarks.peers.floor",
 }
 
 
@@ -122,7 +117,15 @@ def handler_ms(journal: Path, n: int = 40) -> dict[str, float]:
     return _HANDLER_MS[key]
 
 
-def _start_py_spy(pid: int, seconds: float, run_dir: Path, name: str = "peer.pyspy.txt") -> subprocess.Popen:
+class Watcher(Protocol):
+    """What ``run_sideband``'s ``on_joined`` starts: something that watches
+    the peer while the calls play, waited for once they have ended."""
+
+    def wait(self, timeout: float) -> Any: ...
+
+
+def start_py_spy(pid: int, seconds: float, run_dir: Path, name: str = "peer.pyspy.txt") -> subprocess.Popen[bytes]:
+    """Sample ``pid`` with py-spy for ``seconds`` into ``run_dir/name``."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     extra = os.environ.get("BENCH_PY_SPY_ARGS", "").split()   # e.g. --gil: only the thread holding the GIL
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200",
@@ -140,12 +143,16 @@ def _peer_repo() -> Path | None:
 def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: int = 10, gap: float = 1.0,
                  rate_hz: float = 20.0, wait: float = 10.0, journal_days: int = 14, log_level: str = "info",
                  idle_settle_s: float = 3.0, tag: str = "rt", keep: bool = False,
-                 py_spy_s: float | None = None, sim: str = "simulator") -> dict[str, Any]:
+                 py_spy_s: float | None = None, sim: str = "simulator",
+                 on_joined: Callable[[int, Path], Watcher] | None = None) -> dict[str, Any]:
     """One run: a simulator process (``sim``: see ``SIMS``) and a peer process, ``calls`` calls of
     ``workload``. Returns the simulator's aggregate plus CPU, RSS and (ours)
     the overhead join. With ``py_spy_s`` the peer is sampled by py-spy for
     that long once every call has joined (``peer.pyspy.txt`` in the run
-    folder; summarised into ``profile``). Every wait is bounded."""
+    folder; summarised into ``profile``). ``on_joined(peer pid, run folder)``,
+    when given, starts a watcher of the benchmark's own at the same moment
+    (``benchmarks.scale_out``'s CPU and Redis window); it is waited for
+    before the run's folder is read. Every wait is bounded."""
     run_dir = work_dir() / "runs" / f"{tag}-{peer}-{workload.replace(':', '_')}-{calls}-{int(time.time() * 1000)}"
     run_dir.mkdir(parents=True, exist_ok=True)
     journal = sample_journal(journal_days)
@@ -182,7 +189,11 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         join_s = time.perf_counter() - joined_at
         window.start()
         measured_from = time.time()
-        spy = _start_py_spy(peer_proc.popen.pid, py_spy_s, run_dir) if py_spy_s else None
+        spy: Watcher | None = None
+        if on_joined is not None:
+            spy = on_joined(peer_proc.popen.pid, run_dir)
+        elif py_spy_s:
+            spy = start_py_spy(peer_proc.popen.pid, py_spy_s, run_dir)
         rss_joined = None
         if workload == "idle":
             time.sleep(idle_settle_s)
@@ -190,11 +201,12 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
             sim_proc.send("STOP")
         sim_proc.expect("DONE", timeout + 30)
         cpu = window.stop()
-        if py_spy_s and spy is not None:
+        if spy is not None:
             try:
-                spy.wait(timeout=py_spy_s + 30)
+                spy.wait(timeout=(py_spy_s or 0) + 30)
             except subprocess.TimeoutExpired:
-                spy.kill()
+                if isinstance(spy, subprocess.Popen):
+                    spy.kill()
         rss_end = peer_proc.rss()
         peer_proc.close_stdin()
         peer_rc = peer_proc.wait(30)

@@ -241,7 +241,7 @@ def aggregate(per_call: dict[str, dict[str, Any]], handshakes: list[dict]) -> di
     }
 
 
-async def _stdin_lines(send: trio.MemorySendChannel[str]) -> None:
+async def stdin_lines(send: trio.MemorySendChannel[str]) -> None:
     async with send:
         while True:
             line = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
@@ -258,7 +258,7 @@ async def play_calls(nursery: trio.Nursery, calls: list[Any], timeout_s: float) 
     every call closed or ``STOP`` / end of stdin. Returns when every call
     connected (trio time) and whether ``timeout_s`` ran out first."""
     commands_send, commands = trio.open_memory_channel[str](8)
-    nursery.start_soon(_stdin_lines, commands_send)
+    nursery.start_soon(stdin_lines, commands_send)
     connected_at = trio.current_time()
     with trio.move_on_after(timeout_s) as bound:
         for call in calls:

@@ -1,4 +1,4 @@
-"""Takeover time (issue 18): kill -9 of a call's holder → the call's next tool output, from the taker.
+"""Takeover time: kill -9 of a call's holder → the call's next tool output, from the taker.
 
 What it measures, per repeat: a fresh 3-day sample journal, a throwaway
 ``redis-server`` (unix socket, no persistence), the Realtime simulator (in
@@ -136,8 +136,7 @@ async def one_repeat(repeat: int, ttl: float, redis_url: str, folder: Path, kill
 
     journal = write_sample_journal(folder / "journal", days=3, today=BENCH_TODAY)
     item = ledger.list_items(journal, state="open", top=1)[0]
-    opening = ledger._derived(journal).opening[item.id]   # noqa: SLF001 - the file the write locks
-    day_file = journal / "facets" / opening.facet / "activities" / f"{opening.day}.jsonl"
+    day_file = ledger.opening_file(journal, item.id)      # the file the write locks
     sim = Simulator(None, api_key=BENCH_KEY)
     sc = sim.add_call(CALL, _scenario(item.id))
     a = b = None

@@ -24,6 +24,45 @@ from child_support import die_with_parent
 
 CHROMIUM = "/usr/lib/chromium/chromium"
 HARNESS = Path(__file__).with_name("console_harness.py")
+# axe-core, vendored unmodified (tests/vendor/axe-core/README.md says why and which)
+AXE = Path(__file__).with_name("vendor") / "axe-core" / "axe.min.js"
+#: where the browser tests keep their screenshots (git-ignored; CI keeps the folder as its artefacts)
+ARTIFACTS = Path(__file__).with_name("artifacts") / "console"
+KEYS = {"Tab": 9, "Enter": 13, "Escape": 27, "Space": 32}
+
+# Everything that sticks out: the page wider than its window, or an element
+# past its card's edges (an element inside a sideways scroller is its
+# scroller's business, not the page's). Hidden elements do not count.
+OVERFLOW_PROBE = """
+(() => {
+  const found = [];
+  const root = document.documentElement;
+  if (root.scrollWidth > window.innerWidth)
+    found.push(`page ${root.scrollWidth} px wide in a ${window.innerWidth} px window`);
+  const name = (e) => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') +
+    (e.className && typeof e.className === 'string' ? '.' + e.className.split(' ')[0] : '');
+  for (const e of document.querySelectorAll('body *')) {
+    const box = e.getBoundingClientRect();
+    if (!box.width || !box.height || e.closest('[hidden]') || getComputedStyle(e).visibility === 'hidden') continue;
+    if (e.closest('.timeline-scroll') && !e.classList.contains('timeline-scroll')) continue;
+    if (e.classList.contains('visually-hidden') || e.classList.contains('skip') || e.closest('thead')) continue;
+    if (box.right > window.innerWidth + 0.5 || box.left < -0.5)
+      found.push(`${name(e)} spans ${Math.round(box.left)}..${Math.round(box.right)} in ${window.innerWidth}`);
+    const card = e.parentElement && e.parentElement.closest('.card');
+    if (card) {
+      const edge = card.getBoundingClientRect();
+      if (box.right > edge.right + 0.5 || box.left < edge.left - 0.5)
+        found.push(`${name(e)} spans ${Math.round(box.left)}..${Math.round(box.right)}, its card ${Math.round(edge.left)}..${Math.round(edge.right)}`);
+    }
+  }
+  return found;
+})()
+"""
+
+AXE_RUN = """
+axe.run(document, {resultTypes: ['violations']}).then((result) => result.violations.map((v) => ({
+  id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 5).map((n) => n.target.join(' '))})))
+"""
 # setup, in real time: six servers and Chromium (up to two 20 s tries) on a loaded machine
 HARNESS_START_S = 120.0
 
@@ -236,6 +275,46 @@ class Page:
             violations = []
         found += [f"CSP violation: {v}" for v in violations]
         return found
+
+    def set_width(self, width: int, height: int = 800) -> None:
+        """Lay the page out as a window ``width`` CSS pixels wide (a phone's
+        viewport rules below 800 px)."""
+        self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,
+                                                         "mobile": width < 800})
+
+    def press(self, key: str) -> None:
+        """One key, pressed and released, as the keyboard sends it (to whatever has focus)."""
+        code = KEYS[key]
+        down = {"type": "keyDown", "key": " " if key == "Space" else key, "code": key,
+                "windowsVirtualKeyCode": code, "nativeVirtualKeyCode": code}
+        if key == "Enter":
+            down["text"] = "\r"
+        self.send("Input.dispatchKeyEvent", down)
+        self.send("Input.dispatchKeyEvent", {**down, "type": "keyUp", "text": ""} if "text" in down
+                  else {**down, "type": "keyUp"})
+
+    def focused(self) -> str:
+        """What has focus: ``#id``, ``tag[href]``, or ``body``."""
+        return self.js("(() => { const e = document.activeElement; if (!e || e === document.body) return 'body';"
+                       " if (e.id) return '#' + e.id;"
+                       " return e.tagName.toLowerCase() + (e.getAttribute('href') ? `[href=\"${e.getAttribute('href')}\"]` : ''); })()")
+
+    def tab_to(self, selector: str, most: int = 30) -> None:
+        """Press Tab until ``selector`` has focus (at most ``most`` times)."""
+        for _ in range(most):
+            self.press("Tab")
+            if self.js(f"document.activeElement === document.querySelector({json.dumps(selector)})"):
+                return
+        raise AssertionError(f"{selector} never took focus in {most} Tabs (stopped at {self.focused()})")
+
+    def overflow(self) -> list[str]:
+        return self.js(OVERFLOW_PROBE)
+
+    def accessibility_violations(self, impacts: tuple[str, ...] = ("serious", "critical")) -> list[dict[str, Any]]:
+        """axe-core's violations of ``impacts`` on the page as it is now."""
+        if not self.js("typeof window.axe === 'object'"):
+            self.js(AXE.read_text(encoding="utf-8"))        # DevTools evaluation: not subject to the page's CSP
+        return [v for v in self.js(AXE_RUN, timeout=60) if v["impact"] in impacts]
 
     def close(self) -> None:
         self.harness.send("Target.closeTarget", {"targetId": self.target})

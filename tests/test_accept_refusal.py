@@ -1,4 +1,4 @@
-"""Refusals below hypercorn (issue 11 item 9's remaining gap, docs/benchmarks.md § 5).
+"""Refusals below hypercorn (a flood's refusals cost the trio thread less; the `floods` benchmark).
 
 A rate-limited client whose bucket is empty gets its 429 from the
 connection's first read (``serving.serve_connection`` with the app's

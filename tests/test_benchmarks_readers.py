@@ -1,4 +1,4 @@
-"""Two benchmark helpers that drifted from the server (issue 11, leftovers).
+"""Two benchmark helpers that drifted from the server.
 
 ``benchmarks/roundtrip.py`` read the call records with ``str.splitlines``
 (a record holding U+2028 was split in two and lost, as the server's own

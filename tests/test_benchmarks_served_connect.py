@@ -1,4 +1,4 @@
-"""The ``served`` peer's hand-made ``/connect`` (docs/benchmarks.md § 45):
+"""The ``served`` peer's hand-made ``/connect``:
 the driver of ``benchmarks.capacity --workers`` posts each connect on a
 plain socket instead of ``http.client``, so its status must be read as
 ``http.client`` would have: the whole response taken (by its

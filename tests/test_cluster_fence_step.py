@@ -1,4 +1,4 @@
-"""A leased call's sideband write in its own step (docs/benchmarks.md § 36).
+"""A leased call's sideband write in its own step.
 
 The call's fence comes from a real ``RedisRegistry`` on a real redis-server:
 while its lease is good, each frame goes to the socket as one process's does

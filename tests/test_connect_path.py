@@ -1,6 +1,6 @@
-"""The connect path stays cheap (issue 14, "the connect"; docs/benchmarks.md
-§ 13): a call's start does no worker-thread hop for its model (and the
-model read still prices the call, or falls back to the default with a
+"""The connect path stays cheap (the ``connect`` benchmark measures it): a
+call's start does no worker-thread hop for its model (and the model read
+still prices the call, or falls back to the default with a
 warning when the journal config cannot be read); a quiet call runs no
 writer task; a supervised call runs in one task and still stops cleanly
 when the supervisor is cancelled. Real actors against the simulator on

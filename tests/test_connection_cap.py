@@ -72,7 +72,7 @@ async def _waiting_clients(n: int) -> tuple[socket.socket, list[trio.SocketStrea
 @pytest.mark.parametrize("cap", [0, 3])
 async def test_one_accept_takes_the_whole_backlog_and_the_next_accepts_do_not_wait(cap):
     # One connection per scheduler pass queued a burst of joins behind a busy
-    # trio thread's rounds (docs/benchmarks.md § 38).
+    # trio thread's rounds (the `burst` benchmark's join p99).
     sock, clients = await _waiting_clients(5)
     capped = CappedListener(sock, trio.Semaphore(cap) if cap else None, cap=cap)
     taken = [await capped.accept()]

@@ -16,6 +16,7 @@ from html.parser import HTMLParser
 from importlib import resources
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -143,7 +144,45 @@ async def test_console_config_on_loopback_needs_no_sign_in(journal, tmp_path):
         response = await test_app.test_client().get("/api/voice/console-config")
         assert response.status_code == 200
         assert await response.get_json() == {"realtime_base_url": REALTIME, "token_required": False,
-                                             "signed_in": True, "demo": True}
+                                             "signed_in": True, "demo": True, "notices": []}
+
+
+async def test_the_first_screen_hears_of_no_key_and_an_empty_journal_before_start(tmp_path, log_stream):
+    """Both used to be found out only at Start (or never): the console config
+    names them, and ``serve`` logs each at start with what to do."""
+    from voiceactors.server import run_server
+    empty = tmp_path / "empty-journal"
+    empty.mkdir()
+    bare = settings(empty, tmp_path, openai_api_key_env=None, port=0, shutdown_deadline_s=3.0, close_deadline_s=1.0)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        [base] = await nursery.start(lambda task_status: run_server(bare, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            config = (await client.get("/api/voice/console-config")).json()
+        stop.set()
+    assert config["notices"] == ["no_openai_key", "journal_empty"]
+    said = [json.loads(line) for line in log_stream.getvalue().splitlines() if "server.startup_notice" in line]
+    assert [(line["notice"], line["level"]) for line in said] == [("no_openai_key", "warning"),
+                                                                  ("journal_empty", "warning")]
+    assert "restart with OPENAI_API_KEY set" in said[0]["what_to_do"]
+    assert "voice.openai_api_key" in said[0]["what_to_do"] and "no restart" in said[0]["what_to_do"]
+    # a key in the journal's config is read again without a restart: the notice goes
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / "config").mkdir()
+    (journal / "config" / "journal.json").write_text(json.dumps({"voice": {"openai_api_key": "sk-from-journal"}}))
+    from voiceactors.notices import Notice, startup_notices
+    assert startup_notices(settings(journal, tmp_path, openai_api_key_env=None)) == [Notice.JOURNAL_EMPTY]
+
+
+async def test_notices_are_only_for_a_signed_in_page(tmp_path):
+    empty = tmp_path / "empty-journal"
+    empty.mkdir()
+    app = create_app(settings(empty, tmp_path, openai_api_key_env=None, api_token=TOKEN))
+    async with serving(app) as test_app:
+        config = await (await test_app.test_client().get("/api/voice/console-config")).get_json()
+    assert config["signed_in"] is False and config["notices"] == []
 
 
 async def test_sign_in_sets_a_strict_cookie_that_stands_in_for_the_token(journal, tmp_path, log_stream):
@@ -297,7 +336,7 @@ async def test_history_lists_newest_first_and_tolerates_live_crashed_and_unknown
         assert garbled.get("unreadable") is True
         assert finished == {"call_id": "rtc_done", "started_at": finished["started_at"], "duration_s": 6.5,
                             "ended": "closed_by_service", "tool_calls": 3, "tool_failures": 2, "responses": 2,
-                            "barge_ins": 1, "reconnects": 1, "runs": 1, "model": None,
+                            "barge_ins": 1, "reconnects": 1, "runs": 1, "first_words": "What's on today?", "model": None,
                             "tokens": {"text_in": 0, "text_out": 0, "audio_in": 0, "audio_out": 0, "cached_in": 0},
                             "total_tokens": 0, "cost_usd": 0.0}
         assert [c["call_id"] for c in (await (await client.get("/api/voice/calls?limit=1")).get_json())["calls"]] \
@@ -366,7 +405,9 @@ async def test_the_timeline_picture_draws_tools_barge_ins_and_reconnects(journal
         svg = (await response.get_data()).decode()
     root = ET.fromstring(svg)        # well-formed, and the tool name with <> was escaped
     texts = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    assert "briefing.get · epoch 1" in texts and "calendar<today> · epoch 2" in texts
+    assert "briefing.get" in texts and "calendar<today>" in texts      # the protocol's epoch only in a tooltip
+    titles = [t.text or "" for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert any(t.startswith("calendar<today> · tool call ") and t.endswith("· epoch 2") for t in titles), titles
     assert "ok · 4.2 ms" in texts and "timeout · 120.0 ms" in texts and "unanswered · no duration" in texts
     assert "barge-in" in texts and "reconnect 1" in texts and "end: closed_by_service" in texts
     assert "cancelled response (barge-in)" in texts          # the legend
@@ -382,8 +423,45 @@ def test_a_second_run_continues_the_timeline_and_an_open_one_is_marked():
     assert [p.at for p in timeline_svg.place(lines)] == [0, 3.0, 3.0, 4.0, 4.5]
     svg = timeline_svg.render(lines)
     assert "new run" in svg and "no end recorded" in svg
-    assert "entity.get · epoch 1" in svg and "pending · no duration" in svg
+    assert ">entity.get</text>" in svg and "pending · no duration" in svg
     ET.fromstring(svg)
+
+
+def test_a_barge_in_label_is_never_under_the_next_responses_mark():
+    """Two responses 0.2 s apart, the first cancelled: the label used to be
+    drawn beside the first mark, where the second mark's dot covered it."""
+    from voiceactors.http import timeline_svg
+    lines = [{"kind": "start", "t": 0},
+             {"kind": "response", "t": 5.0, "response_id": "r1", "status": "cancelled", "origin": "model"},
+             {"kind": "response", "t": 5.2, "response_id": "r2", "status": "completed", "origin": "model"},
+             {"kind": "response", "t": 5.3, "response_id": "r3", "status": "cancelled", "origin": "model"},
+             {"kind": "end", "t": 30.0, "duration_s": 30.0, "reason": "hangup"}]
+    root = ET.fromstring(timeline_svg.render(lines))
+    ns = "{http://www.w3.org/2000/svg}"
+    dots = [(float(c.get("cx")), float(c.get("cy")), float(c.get("r"))) for c in root.iter(f"{ns}circle")]
+    labels = [t for t in root.iter(f"{ns}text") if t.text == "barge-in"]
+    assert len(dots) == 3 and len(labels) == 2
+    width = 52          # "barge-in" in 12 px bold, about
+    boxes = [(float(t.get("x")), float(t.get("y")) - 11, float(t.get("x")) + width, float(t.get("y")) + 2)
+             for t in labels]
+    for left, top, right, bottom in boxes:
+        for cx, cy, r in dots:        # no mark's dot overlaps a label
+            assert not (cx + r > left and cx - r < right and cy + r > top and cy - r < bottom), (boxes, dots)
+    (a, b) = boxes                    # nor do the two labels overlap each other
+    assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], boxes
+
+
+def test_the_call_list_says_what_was_said_first(tmp_path):
+    long = "Could you tell me what is on my calendar today and whether the launch review moved to the afternoon?"
+    write_raw(tmp_path, "rtc_words", [
+        {"kind": "start", "t": 0, "call_id": "rtc_words"},
+        {"kind": "transcript", "t": 1.0, "role": "assistant", "item_id": "a1", "text": "Hello.", "order": 2.0},
+        {"kind": "transcript", "t": 1.2, "role": "user", "item_id": "u1", "text": long, "order": 1.0}], mtime=1000)
+    write_raw(tmp_path, "rtc_quiet", [{"kind": "start", "t": 0, "call_id": "rtc_quiet"}], mtime=999)
+    words, quiet = history.list_calls(tmp_path)
+    assert words["first_words"] == "Could you tell me what is on my calendar today and whether the launch review…"
+    assert len(words["first_words"]) <= history.FIRST_WORDS_CHARS + 1
+    assert quiet["first_words"] is None
 
 
 def test_the_history_of_serve_workers_shows_every_workers_calls_and_joins_a_taken_over_call(tmp_path):

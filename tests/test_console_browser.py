@@ -7,7 +7,8 @@ an OpenAI key; ``full`` with ``max_calls=0``; ``token`` requiring an API token;
 one Chromium; each test opens its own tab.
 Every test ends by asserting that the browser reported no JavaScript error,
 console error or CSP violation (besides network errors the test provoked).
-Screenshots are written under the module's temp dir (paths printed).
+Screenshots are written to ``tests/artifacts/console/`` (git-ignored: CI keeps
+that folder as its artefacts; paths printed).
 
 Tests that need a live WebRTC answer skip, saying so, when the simulator does
 not answer a browser's preflight for ``POST /v1/realtime/calls``.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser_support import Harness, unavailable
+from tests.browser_support import ARTIFACTS, Harness, unavailable
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"browser tests: {REASON}")
@@ -41,8 +42,8 @@ CALL_DEADLINE_S = 60.0      # the demo call takes about 15 s
 def harness(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("console-browser")
     h = Harness(tmp, SERVERS)
-    h.screens = tmp / "screenshots"
-    h.screens.mkdir()
+    h.screens = ARTIFACTS
+    h.screens.mkdir(parents=True, exist_ok=True)
     try:
         yield h
     finally:
@@ -167,7 +168,8 @@ def test_webrtc_failure_is_said_in_words(harness, page):
                                             "errorReason": "ConnectionRefused"})
         assert time.monotonic() < deadline, "no error shown"
         time.sleep(0.1)
-    assert "WebRTC failed" in page.text("#error-text") and "could not be reached" in page.text("#error-text")
+    assert "The call could not connect" in page.text("#error-text") and "could not be reached" in page.text("#error-text")
+    assert "WebRTC" not in page.text("#error-text")
     assert page.js("document.body.dataset.callState") == "ended" and page.visible("#retry")
     assert page.problems(allow_network=("ERR_CONNECTION_REFUSED",)) == []
 
@@ -253,9 +255,10 @@ def test_call_history_lists_a_call_and_draws_its_timeline(harness, page):
     harness.send("Harness.seed", {"server": "main", "call_id": "rtc_seeded_1", "lines": RECORD})
     page.goto(url(harness, "main", "/calls"), ready="!document.getElementById('calls').hidden")
     row = page.js("[...document.querySelector('tr[data-call-id=\"rtc_seeded_1\"]').cells].map(c => c.textContent)")
-    assert row[1] == "rtc_seeded_1" and row[2] == "14.0 s" and "closed" in row[3]
-    assert row[4] == "3 (1 failed)" and row[5] == "1" and row[6] == "1"
-    assert row[7] == "500" and row[8] == "$0.0125"
+    # named by when and what was said (the call id only in the link's tooltip and the call's page)
+    assert row[1] == "“What's on today?”" and row[2] == "14.0 s" and row[3] == "it ended normally"
+    assert row[4] == "3 (1 failed)" and row[5] == "$0.0125"
+    assert "rtc_seeded_1" not in "".join(row)
     page.screenshot(harness.screens / "history.png")
     page.click("tr[data-call-id='rtc_seeded_1'] a")
     page.wait_for("location.pathname === '/calls/rtc_seeded_1' && document.getElementById('timeline').complete"
@@ -263,7 +266,8 @@ def test_call_history_lists_a_call_and_draws_its_timeline(harness, page):
     assert page.texts("#transcript .text") == ["What's on today?", "Standup at 9:30, then the launch review.",
                                                "Let me search for"]
     assert page.texts("#transcript li.interrupted .text") == ["Let me search for"]
-    assert "barge-ins1" in page.text("#call-summary").replace(" ", "")
+    assert "interruptions1" in page.text("#call-summary").replace(" ", "")
+    assert "call idrtc_seeded_1" in page.text("#call-summary") and "end reasonclosed_by_service" in page.text("#call-summary")
     summary = page.text("#call-summary")
     assert "500: text 10 in / 20 out, audio 300 in / 100 out, cached 70" in summary
     assert "$0.0125 (gpt-realtime)" in summary
@@ -302,10 +306,18 @@ def test_the_demo_call_from_start_to_end(harness, page):
     assert cancelled, "the demo scenario has a barge-in"
     assert page.texts("#tools li.barge-in"), "the barge-in is not shown"
     assert page.texts("#conversation li.interrupted"), "the cut-off reply is not marked"
-    # nav hints as links
-    hints = page.js("[...document.querySelectorAll('#nav-hints a')].map(a => a.textContent)")
-    assert any("search" in h for h in hints), hints
-    assert "closed_by_service" in page.text("#state-detail")      # the reason, from the feed
+    # the demo's hints ("today", searches) name no place this console can open: no dead links
+    assert page.js("document.querySelectorAll('#nav-hints a[href^=\"#\"]').length") == 0
+    assert not page.visible("#suggestions")
+    # the reason in words on the state line, its code in the details
+    assert page.text("#state-detail") == "· it ended normally"
+    assert page.text("#detail-end-reason") == "closed_by_service" and page.text("#detail-call-id") == call_id
+    # no protocol words on the tool rows; the demo's "you" lines said to be scripted
+    assert "epoch" not in page.text("#tools")
+    assert set(page.texts("#conversation li[data-role='user'] .who")) == {"you (scripted)"}
+    # the transcript is a polite live region; no turn is left busy (half-said) once the call is over
+    assert page.js("document.getElementById('conversation').closest('[role=log]').getAttribute('aria-live')") == "polite"
+    assert page.js("document.querySelectorAll('#conversation [aria-busy]').length") == 0
     page.screenshot(harness.screens / "console-ended.png")
     # the call's record, as the history page reads it (written as the call goes or at its end)
     record = page.wait_for(f"fetch('/api/voice/calls/{call_id}').then(r => r.ok ? r.json() : null)"
@@ -347,7 +359,7 @@ def test_hang_up_from_the_page(harness, page):
     page.wait_for("document.querySelectorAll('#tools li.tool').length > 0", 15, "a first tool call")
     page.click("#hangup")
     wait_state(page, "ended", 5)
-    assert "hung up" in page.text("#state-detail")
+    assert page.text("#state-detail") == "· you hung up"
     call_id = page.js("document.body.dataset.callId")
     deadline = time.monotonic() + 15
     while not harness.send("Harness.simulator")["calls"][call_id]["closed"]:
@@ -383,3 +395,179 @@ def test_at_capacity_is_said_in_words(harness, page):
     assert "at capacity" in page.text("#error-text")
     assert page.js("document.body.dataset.callState") == "ended"
     assert page.problems(allow_network=("status of 503",)) == []
+
+
+# --- as a person meets it: words, widths, the keyboard, a screen reader ----------------------
+
+WIDTHS = (360, 390, 768, 1280)
+LONG_CALL = "rtc_seeded_with_a_long_id_0123456789abcdef0123456789"
+LONG_WORDS = ("Could you look through everything I wrote about the Hartley-Okonkwo partnership renewal and tell "
+              "me what I promised to send them before Thursday's review?")
+CONSOLE_READY = "document.body && document.body.dataset.ready === '1'"
+ERROR_SHOWN = "!document.getElementById('error').hidden"
+
+
+def seed_history(harness) -> None:
+    harness.send("Harness.seed", {"server": "main", "call_id": "rtc_seeded_1", "lines": RECORD})
+    long = [dict(line, call_id=LONG_CALL) if line["kind"] == "start" else dict(line) for line in RECORD]
+    for line in long:
+        if line["kind"] == "transcript" and line["role"] == "user":
+            line["text"] = LONG_WORDS
+    harness.send("Harness.seed", {"server": "main", "call_id": LONG_CALL, "lines": long})
+
+
+def start_and_wait_for_the_error(page) -> None:
+    page.click("#start")
+    page.wait_for(ERROR_SHOWN, 20, "the error")
+
+
+# (name, server, path, ready, then): every page a person meets, in the state worth looking at
+PAGES = [
+    ("console", "main", "/", CONSOLE_READY, None),
+    ("console-no-key", "nokey", "/", CONSOLE_READY, start_and_wait_for_the_error),
+    ("console-bad-link", "main", "/?day=2026-13-01", CONSOLE_READY, start_and_wait_for_the_error),
+    ("sign-in", "token", "/", CONSOLE_READY, None),
+    ("history", "main", "/calls", "!document.getElementById('calls').hidden", None),
+    ("call", "main", "/calls/rtc_seeded_1",
+     "document.getElementById('timeline').complete && document.getElementById('timeline').naturalWidth > 0", None),
+    ("call-long", "main", f"/calls/{LONG_CALL}",
+     "document.getElementById('timeline').complete && document.getElementById('timeline').naturalWidth > 0", None),
+    ("call-unknown", "main", "/calls/rtc_nobody_1",
+     "document.getElementById('call-status').classList.contains('error-text')", None),
+]
+NETWORK_ERRORS = ("status of 503", "status of 400", "status of 404")
+
+
+def open_as_a_person(page, harness, server: str, path: str, ready: str, then) -> None:
+    page.goto(url(harness, server, path), ready=ready)
+    if then is not None:
+        then(page)
+
+
+def test_every_page_holds_from_a_phone_to_a_wide_screen(harness, page):
+    seed_history(harness)
+    found = {}
+    for width in WIDTHS:
+        page.set_width(width)
+        for name, server, path, ready, then in PAGES:
+            open_as_a_person(page, harness, server, path, ready, then)
+            problems = page.overflow()
+            # the header stays at most two lines; the status dot stays round
+            header = page.js("document.querySelector('.bar').getBoundingClientRect().height")
+            if header > 80:
+                problems.append(f"header {header:.0f} px tall")
+            dot = page.js("(() => { const d = document.getElementById('state-dot');"
+                          " if (!d || !d.getClientRects().length) return null; const b = d.getBoundingClientRect();"
+                          " return [b.width, b.height]; })()")
+            if dot and abs(dot[0] - dot[1]) > 0.5:
+                problems.append(f"status dot {dot[0]:.1f} x {dot[1]:.1f}")
+            if name.startswith("call") and name != "call-unknown":
+                # the timeline is never shrunk (its 12 px text stayed readable): it scrolls sideways instead
+                scale = page.js("(() => { const i = document.getElementById('timeline');"
+                                " return i.getBoundingClientRect().width / i.naturalWidth; })()")
+                if scale < 0.99:
+                    problems.append(f"timeline drawn at {scale:.2f} of its size")
+            if problems:
+                found[f"{name} at {width} px"] = problems
+            page.screenshot(harness.screens / f"{name}-{width}.png")
+    assert found == {}, json.dumps(found, indent=1)
+    assert page.problems(allow_network=NETWORK_ERRORS) == []
+
+
+def test_every_page_passes_an_accessibility_check(harness, page):
+    seed_history(harness)
+    found = {}
+    for width in (390, 1280):
+        page.set_width(width)
+        for name, server, path, ready, then in PAGES:
+            open_as_a_person(page, harness, server, path, ready, then)
+            violations = page.accessibility_violations()
+            if violations:
+                found[f"{name} at {width} px"] = violations
+    assert found == {}, json.dumps(found, indent=1)
+    assert page.problems(allow_network=NETWORK_ERRORS) == []
+
+
+def test_the_first_screen_says_what_is_missing_before_start(harness, page):
+    open_console(page, harness, "nokey")
+    assert page.visible("#notices")
+    notice = page.text("#notices")
+    assert "No OpenAI key is configured" in notice and "restart the server with OPENAI_API_KEY set" in notice
+    assert "no restart needed" in notice           # the journal's key is read again at each call
+    open_console(page, harness, "main")
+    assert not page.visible("#notices")
+    assert page.visible("#demo-note") and "not listened to" in page.text("#demo-note")
+    assert "Talk to your journal" in page.text("h1") and "Press Start" in page.text("#intro")
+    assert page.problems() == []
+
+
+def test_a_link_to_a_day_that_cannot_be_says_so_without_a_useless_retry(harness, page):
+    page.goto(url(harness, "main", "/?day=2026-13-01"), ready=CONSOLE_READY)
+    start_and_wait_for_the_error(page)
+    words = page.text("#error-text")
+    assert "“2026-13-01” is not one the server can look for" in words and "The server answered" not in words
+    assert not page.visible("#retry") and page.visible("#error-link")
+    assert page.js("document.getElementById('error-link').getAttribute('href')") == "/"
+    assert page.focused() == "#error-link"
+    assert page.problems(allow_network=("status of 400",)) == []
+
+
+def test_an_unknown_call_page_says_so_and_draws_nothing(harness, page):
+    page.goto(url(harness, "main", "/calls/rtc_nobody_1"), ready=PAGES[-1][3])
+    assert page.text("#call-title") == "Call not found"
+    assert "No call with this id is recorded on this server" in page.text("#call-status")
+    assert "not live" not in page.text("#call-status")
+    assert not page.visible("#call-body") and not page.visible("#call-summary")
+    assert page.js("document.querySelector('#call-status a').getAttribute('href')") == "/calls"
+    assert page.problems(allow_network=("status of 404",)) == []
+
+
+def test_the_history_by_keyboard_alone(harness, page):
+    seed_history(harness)
+    page.goto(url(harness, "main", "/calls"), ready="!document.getElementById('calls').hidden")
+    page.press("Tab")
+    assert page.focused() == 'a[href="#main"]'          # the first stop skips the header
+    page.tab_to("tr[data-call-id='rtc_seeded_1'] a")
+    page.press("Enter")
+    page.wait_for("location.pathname === '/calls/rtc_seeded_1' && document.getElementById('call-title')"
+                  ".textContent.startsWith('Call of')", 10, "the call's page")
+    page.tab_to("#back")
+    page.tab_to(".timeline-scroll")                      # the sideways-scrolling timeline takes focus
+    page.press("Escape")
+    page.goto(url(harness, "main", "/calls/rtc_seeded_1"), ready="document.getElementById('call-title')"
+              ".textContent.startsWith('Call of')")
+    page.tab_to("#back")
+    page.press("Enter")
+    page.wait_for("location.pathname === '/calls' && !document.getElementById('calls').hidden", 10, "the list")
+    assert page.problems() == []
+
+
+def test_a_call_by_keyboard_alone_on_a_phone(harness, page):
+    """Start, the call's end, Start again and Hang up, all from the keyboard
+    at 390 px: focus moves to the button that takes the pressed one's place,
+    never to the page's body."""
+    needs_webrtc(harness)
+    page.set_width(390)
+    open_console(page, harness)
+    page.tab_to("#start")
+    page.press("Enter")
+    page.wait_for("['connecting', 'live'].includes(document.body.dataset.callState)", 20, "the call to start")
+    assert page.focused() == "#hangup"
+    wait_state(page, "live", 20)
+    page.wait_for("document.querySelectorAll('#tools li[data-status=\"finished\"]').length >= 4", 30,
+                  "the demo's look-ups")
+    assert page.focused() == "#hangup"
+    page.screenshot(harness.screens / "console-phone-live.png")
+    wait_state(page, "ended", CALL_DEADLINE_S)             # the demo ends the call itself
+    assert page.focused() == "#start"
+    assert page.overflow() == []
+    page.screenshot(harness.screens / "console-phone-ended.png")
+    assert page.accessibility_violations() == []
+    page.press("Enter")                                    # Start again, from where focus was left
+    wait_state(page, "live", 20)
+    assert page.focused() == "#hangup"
+    page.press("Enter")                                    # Hang up
+    wait_state(page, "ended", 5)
+    assert page.focused() == "#start"
+    assert page.text("#state-detail") == "· you hung up"
+    assert page.problems(allow_network=("status of 404",)) == []

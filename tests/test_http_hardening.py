@@ -1,4 +1,4 @@
-"""Hardening, round two (issue 11): DNS rebinding (Host), cross-origin
+"""Hardening: DNS rebinding (Host), cross-origin
 requests (Origin), per-client rate limits, connections the server closes,
 config I/O errors that are not "not configured", shared OpenAI clients.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -156,12 +157,20 @@ async def test_an_origin_that_is_not_ours_is_403(journal, tmp_path):
 async def real_server(journal, tmp_path) -> AsyncIterator[dict[str, Any]]:
     """The real app under hypercorn on an ephemeral loopback port, with the
     simulator as OpenAI, in this test's trio run."""
+    async with real_server_for(journal, tmp_path) as info:
+        yield info
+
+
+@asynccontextmanager
+async def real_server_for(journal: Path, tmp_path: Path, **changes: Any) -> AsyncIterator[dict[str, Any]]:
+    """``real_server`` with some settings changed (``Settings.replace``)."""
     sim = Simulator(None, api_key=KEY)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.serve, 0)
         settings = settings_for(journal, tmp_path, port=0, openai_base_url=sim.base_url, keep_alive_timeout_s=2.0,
                                 brain_ready_wait_s=5.0, shutdown_deadline_s=3.0, close_deadline_s=1.0)
+        settings = settings.replace(**changes)
         info: dict[str, Any] = {"sim": sim, "settings": settings}
         stopped = trio.Event()
 
@@ -269,10 +278,12 @@ def test_the_bucket_table_is_bounded():
 
 # --- 8. connections the server closes ------------------------------------------------------
 
-async def _exchange(port: int, request: bytes, *, read_until_eof_s: float = 10.0) -> tuple[bytes, bool]:
-    """Send ``request`` raw; read until the server closes (True) or the
-    deadline passes (False: the connection was held)."""
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
+async def _exchange(port: int, request: bytes, *, read_until_eof_s: float = 10.0,
+                    source: str | None = None) -> tuple[bytes, bool]:
+    """Send ``request`` raw (from the loopback address ``source``, if given:
+    a client of its own to the rate limits); read until the server closes
+    (True) or the deadline passes (False: the connection was held)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port, local_address=source)
     data = b""
     async with stream:
         await stream.send_all(request)

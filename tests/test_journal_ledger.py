@@ -129,6 +129,22 @@ def test_same_id_in_several_records_is_one_item_with_earliest_fields(journal):
     )
 
 
+def test_opening_file_is_the_day_file_a_close_writes(journal):
+    # the earliest record opens the item, wherever later mentions are; a close
+    # appends its edit to that file (and waits for that file's lock)
+    write_facet(journal, "home")
+    write_day(journal, "work", "20260305", [record("a_9", T0 + 5 * DAY_MS, commitments=[commitment("send the deck")])])
+    opened = write_day(journal, "home", "20260310", [record("b_1", T0, commitments=[commitment("send the deck")])])
+    (item,) = ledger.derive(journal)
+    assert ledger.opening_file(journal, item.id) == opened
+    before = (journal / "facets" / "work" / "activities" / "20260305.jsonl").read_text()
+    ledger.close(journal, item.id, "closed", "sent")
+    assert "ledger_close" in opened.read_text()
+    assert (journal / "facets" / "work" / "activities" / "20260305.jsonl").read_text() == before
+    with pytest.raises(KeyError):
+        ledger.opening_file(journal, "no-such-item")
+
+
 def test_closure_worded_slightly_differently_closes(journal):
     write_day(journal, "work", "20260301", [
         record("a_1", T0, commitments=[commitment("send the signed contract to Bob")]),

@@ -201,7 +201,10 @@ async def test_off_loopback_the_token_is_required(journal, tmp_path):
                                     headers={**POST_HEADERS, "Authorization": f"Bearer {TOKEN}x"})
         for response in (missing, wrong):
             assert response.status_code == 401 and response.json() == {"error": "unauthorized"}
-            assert response.headers["www-authenticate"] == "Bearer"
+            # not a bare "Bearer" (an MCP client reads that as "find an OAuth server"): which token, in words
+            challenge = response.headers["www-authenticate"]
+            assert challenge.startswith('Bearer realm="voiceactors", ') and "VOICEACTORS_API_TOKEN" in challenge
+            assert "no OAuth server" in challenge
         with pytest.raises((MCPError, ExceptionGroup)):
             async with mcp_client(base, token="not-the-token") as client:
                 await client.list_tools()

@@ -97,6 +97,9 @@ def test_the_tool_captures_a_scenario_and_holds_the_server_to_it(tmp_path, journ
 
 def test_no_expectation_or_no_capture_is_a_usage_error(tmp_path, capsys):
     capture = tmp_path / "none.jsonl"
+    code, out = run(capsys, str(capture))       # a missing capture is said first, not its expectation
+    assert code == 2 and f"no capture at {capture}" in out and "--update" not in out
+    capture.write_text("")
     code, out = run(capsys, str(capture))
     assert code == 2 and "no expectation" in out and "--update" in out
     capture.write_text('{"kind": "event", "t": 0}\n')

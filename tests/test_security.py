@@ -80,8 +80,10 @@ def test_serve_command_off_loopback_without_token_exits_2_without_binding(journa
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
 async def test_every_voice_route_is_401_json_without_the_right_token(journal, tmp_path, host):
+    # the answer to each wrong token, not their throttling (five a client, then 429:
+    # tests/test_request_targets.py): the limits are off
     app = create_app(Settings(journal=journal, state_dir=tmp_path / "state", host=host, api_token=TOKEN,
-                              openai_api_key_env=OPENAI_KEY))
+                              openai_api_key_env=OPENAI_KEY, rate_limit_per_s=0))
     async with serving(app) as test_app:
         client = test_app.test_client()
         for headers in ({}, {"Authorization": f"Bearer {WRONG_TOKEN}"}, {"Authorization": TOKEN},

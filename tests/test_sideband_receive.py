@@ -3,7 +3,7 @@
 trio-websocket's reader asks the socket for 4 KiB at a time by default; the
 service writes a response's ~16 frames (6–7 KB in the benchmarks' rounds)
 back to back, so they came in several reads, each a hand-off and a schedule
-point, with our reader woken between them (docs/benchmarks.md § 35). The
+point, with our reader woken between them. The
 sideband asks for 64 KiB (``sideband.RECEIVE_BYTES``, the public
 ``receive_buffer_size``): what one TCP write put in the socket reaches our
 reader in one ``get_messages`` batch. Over real loopback sockets, with the

@@ -172,7 +172,7 @@ async def test_coalesce_writes_off_sends_each_event_in_its_own_segment(nursery, 
         assert segments >= frames                 # every frame its own write, so its own segment
 
 
-# -- the wire stamps: written_at / read_at (benchmarks § 20)
+# -- the wire stamps: written_at / read_at (the burst benchmark's measure)
 
 async def _slow_reader(sim: Simulator, call_id: str):
     """A websocket client by hand on a socket with a tiny receive buffer, so

@@ -83,10 +83,59 @@ def test_generic_errors_never_echo_values(tool, raw, reason):
 
 
 def test_valid_arguments_pass_unchanged():
-    assert prepare(REGISTRY["journal.search"], '{"query": "x", "facet": null, "days": 30, "limit": 5}') == {
-        "query": "x", "facet": None, "days": 30, "limit": 5}
+    assert prepare(REGISTRY["journal.search"], '{"query": "x", "days": 30, "limit": 5}') == {
+        "query": "x", "days": 30, "limit": 5}
     assert prepare(REGISTRY["calendar.today"], "") == {}       # empty string means no arguments
-    assert prepare(REGISTRY["commitments.list"], '{"state": null}') == {"state": None}
+
+
+def test_an_optional_null_is_taken_as_left_out():
+    # the schemas publish one plain type per argument; a model may still send null
+    assert prepare(REGISTRY["journal.search"], '{"query": "x", "facet": null, "days": null, "limit": 5}') == {
+        "query": "x", "limit": 5}
+    assert prepare(REGISTRY["commitments.list"], '{"state": null}') == {}
+    with pytest.raises(ArgumentError) as refused:          # a required one is not optional for being null
+        prepare(REGISTRY["journal.search"], '{"query": null}')
+    assert refused.value.error == {"error": "query is required"}
+
+
+def _type_arrays(schema, where=""):
+    found = []
+    if isinstance(schema, dict):
+        if isinstance(schema.get("type"), list):
+            found.append(where or "(root)")
+        for key, value in schema.items():
+            found += _type_arrays(value, f"{where}.{key}" if where else key)
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            found += _type_arrays(value, f"{where}[{i}]")
+    return found
+
+
+def test_no_schema_writes_a_field_as_a_type_array():
+    """Nullable fields were ``"type": ["integer", "null"]``: seven portability
+    warnings in the MCP Inspector, and a shape some models' tool schemas refuse."""
+    found = {spec.name: _type_arrays(spec.parameters) for spec in REGISTRY.values()}
+    found.update({f"manifest:{t['name']}": _type_arrays(t["parameters"]) for t in manifest()})
+    assert {name: where for name, where in found.items() if where} == {}
+
+
+def test_leave_it_out_is_said_only_where_a_selection_fills_it():
+    """``journal.get_day`` and ``entities.*`` said "leave it out for the
+    selected day/entity" while the schema (the one MCP clients get) marked the
+    field required; over MCP, where there is no selection, leaving it out
+    answers ``invalid day``."""
+    to_model = {t["name"]: t["parameters"] for t in manifest()}
+    for name, field, kind in (("journal.get_day", "day", "day"), ("entities.get", "entity_slug", "entity"),
+                              ("entities.recent_with", "entity_slug", "entity")):
+        published = REGISTRY[name].parameters             # what MCP clients get
+        assert field in published["required"]
+        assert "leave it out" not in published["properties"][field]["description"].lower()
+        model = to_model[name]                            # what a voice call's model gets
+        assert field not in model["required"]
+        assert model["properties"][field]["description"].endswith(f"Leave it out for the selected {kind}.")
+    with pytest.raises(ArgumentError) as refused:
+        prepare(REGISTRY["journal.get_day"], "{}")
+    assert refused.value.error == {"error": "invalid day"}    # required, as the published schema says
 
 
 NESTED = ToolSpec(

@@ -38,9 +38,9 @@ def row(call: dict[str, Any]) -> tuple[str, ...]:
 
 
 def render_table(calls: list[dict[str, Any]]) -> str:
-    """The calls as an aligned text table, then the totals."""
+    """The calls as an aligned text table, then the totals (``""`` for no calls)."""
     if not calls:
-        return "no calls recorded\n"
+        return ""
     rows = [COLUMNS, *(row(c) for c in calls)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in rows]
@@ -52,14 +52,24 @@ def render_table(calls: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+NO_CALLS = ("no calls recorded in {records}\n"
+            "A server keeps its calls in its state folder (--state-dir, default .state); "
+            "`serve --demo` and `demo` keep theirs in a temporary folder unless given --state-dir.\n")
+
+
 def report(state_dir: Path, limit: int, as_json: bool, out: TextIO) -> None:
     calls = list_calls(state_dir, limit)
     if as_json:
         out.write(json.dumps({"calls": calls}, ensure_ascii=False, indent=2) + "\n")
     else:
-        out.write(render_table(calls))
+        out.write(render_table(calls) or NO_CALLS.format(records=state_dir / "calls"))
 
 
 def cli_calls(args: argparse.Namespace) -> int:
-    report(Path(args.state_dir), args.limit, args.json, sys.stdout)
+    state_dir = Path(args.state_dir)
+    if not state_dir.is_dir():   # a mistyped folder is not "no calls"
+        print(f"voiceactors calls: no state folder at {state_dir} (--state-dir names the folder a server "
+              "was started with)", file=sys.stderr)
+        return 2
+    report(state_dir, args.limit, args.json, sys.stdout)
     return 0

@@ -1,4 +1,4 @@
-"""The ``voiceactors`` command.
+"""voiceactors: talk with your journal through OpenAI's voice models.
 
 Each subcommand lives beside what it runs; this module only parses arguments
 and dispatches (imports are lazy so ``voiceactors --help`` stays fast).
@@ -47,15 +47,29 @@ def _limit(text: str) -> int:
     return int(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="voiceactors", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+_SERVE_ABOUT = ("Serve the voice console (open the address it prints in a browser) and its API on your journal. "
+                "Calls need an OpenAI key: OPENAI_API_KEY, read when the server starts, or voice.openai_api_key "
+                "in the journal's config/journal.json, read again at each call (no restart). With --demo: a "
+                "sample journal and the simulator, no key.")
+_EPILOG = "New here? `voiceactors serve --demo` serves the console on a sample journal, no OpenAI key needed."
 
-    serve = sub.add_parser("serve", help="run the voice server")
+# one-shot commands that print their own result: their info log lines (JSON on stderr) would only
+# repeat it, or land in the middle of a progress bar
+_QUIET_COMMANDS = frozenset({"index", "journal-sample", "calls"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="voiceactors", description=__doc__.splitlines()[0], epilog=_EPILOG)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the voice server", description=_SERVE_ABOUT)
     _add_serve_flags(serve)
     settings.add_flags(serve, ("demo", "redis_url", "workers"))
 
-    demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened")
+    demo = sub.add_parser("demo", help="run server and simulator, drive one scripted call, print what happened",
+                          description="Without a browser: start the server and the Realtime simulator on a sample "
+                                      "journal, play the demo's scripted call, and print what happened. No OpenAI key "
+                                      "needed.")
     _add_serve_flags(demo)
 
     mcp = sub.add_parser("mcp", help="serve the journal's tools over MCP on stdin/stdout (for desktop assistants)")
@@ -63,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--today", help="pin today to YYYY-MM-DD (default: the local date; $VOICEACTORS_TODAY)")
 
     simulate = sub.add_parser("simulate", help="run the local OpenAI Realtime simulator")
-    simulate.add_argument("--host", default="127.0.0.1")
-    simulate.add_argument("--port", type=int, default=8766)
+    simulate.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    simulate.add_argument("--port", type=int, default=8766,
+                          help="port to listen on (default 8766; point OPENAI_BASE_URL at http://HOST:PORT/v1)")
     simulate.add_argument("--scenario", help="scenario played on every joined call (name or file)")
 
     replay = sub.add_parser("replay", help="play a captured call against this server; report what we sent that differs")
@@ -80,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds a gate waits for our output or response.create (default 10)")
 
     index = sub.add_parser("index", help="build or refresh the journal search index")
-    index.add_argument("--journal", required=True)
+    index.add_argument("--journal", required=True, metavar="DIR", help="the journal folder to index")
     index.add_argument("--state-dir", help="state folder (default .state)")
     index.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -94,21 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     journal = sub.add_parser("journal", help="journal utilities")
     jsub = journal.add_subparsers(dest="journal_command", required=True)
     sample = jsub.add_parser("sample", help="write a realistic sample journal")
-    sample.add_argument("dir")
-    sample.add_argument("--days", type=int, default=14)
+    sample.add_argument("dir", help="where to write it: a missing or empty folder, or an earlier sample")
+    sample.add_argument("--days", type=int, default=14,
+                        help="how many days, ending --today (default 14; over 60 days the sample is much bigger)")
     sample.add_argument("--today", help="the sample's today, YYYY-MM-DD (default: today)")
-    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--seed", type=int, default=0,
+                        help="the random seed: the same seed and days give the same journal (default 0)")
+    for command in sub.choices.values():
+        command.set_defaults(parser_of_command=command)
+    sample.set_defaults(parser_of_command=sample)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, unknown = build_parser().parse_known_args(argv)
+    if unknown:   # the subcommand's own usage, not the top level's
+        args.parser_of_command.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.argv = list(sys.argv[1:] if argv is None else argv)   # `serve --workers` starts its workers with these
     from voiceactors import logs
 
     # Logs go to stderr as JSON lines (console for people); stdout stays for command output.
-    logs.configure(fmt=getattr(args, "log_format", None) or "json")
     key = "journal-sample" if args.command == "journal" else args.command
+    logs.configure(fmt=getattr(args, "log_format", None) or "json",
+                   level="warning" if key in _QUIET_COMMANDS else "info")
     if key == "serve" and args.demo:
         key = "serve-demo"
     module_name, func_name = _COMMANDS[key].split(":")

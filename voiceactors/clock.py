@@ -50,7 +50,7 @@ def check_env() -> None:
 def _env_day(text: str) -> _dt.date:
     """``parse_day`` of the variable's text, once per text: ``today()`` runs
     on the trio thread a few times a tool round, and ``strptime`` each time
-    was 2 % of a busy server's trio thread (docs/benchmarks.md § 43). A bad
+    was 2 % of a busy server's trio thread. A bad
     text raises each time (lru_cache keeps no exception)."""
     return parse_day(text)
 

@@ -197,7 +197,7 @@ def _process_fields(_logger: Any, _name: str, event: MutableMapping[str, Any]) -
 def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog once per process. ``fmt`` is ``json`` or ``console``.
 
-    Cheap by construction (docs/benchmarks.md, "connect and log cost"): the
+    Cheap by construction (a log line is on every connect's and tool round's path): the
     level is filtered by the bound logger's class, so a dropped ``debug``
     line runs no processor; the scrubber skips numbers and flags and tests
     strings for a key's prefix before the pattern; the timestamp's date and

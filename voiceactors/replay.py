@@ -17,10 +17,21 @@ the suite will hold the server to). ``--capture SCENARIO`` first makes FILE:
 it runs a simulator scenario against the server with ``record_events`` on
 and copies the call's capture there (then ``--update`` applies as given).
 
-The journal: ``--journal DIR`` (used as it is; the replay writes only its
-own temporary state dir), else a sample journal (``journal sample``: 14
-days, seed 0) for the day ``--today`` (default: the expectation's ``today``,
-else today), so a replay is reproducible.
+The journal: ``--journal DIR``, else a sample journal (``journal sample``:
+14 days, seed 0) for the day ``--today`` (default: the expectation's
+``today``, else today), so a replay is reproducible. Each run (the capture
+of ``--capture``, the replay) works on its own copy of it: the capture's
+write tools change the copy, never DIR.
+
+Everything a replay writes (its state dir, its copies of the journal) is in
+one private temporary folder, ``voiceactors-replay-<pid>-*``, removed at its
+end, at once on SIGINT or SIGTERM too; a replay killed outright (SIGKILL)
+leaves its folder to the next replay, which removes every such folder of a
+process that is gone (``sweep_stale_folders``).
+
+A capture is read bounded (``event_capture.read_capture``): a file that is
+not a regular one (a FIFO, a device) or is larger than a capture can be is
+refused with one line and exit 2.
 
 This module is plumbing like ``demo.py`` (it may import the simulator; the
 server never imports it).
@@ -32,7 +43,11 @@ import argparse
 import contextlib
 import difflib
 import json
+import os
+import re
 import shutil
+import signal
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -40,17 +55,18 @@ from typing import Any, Iterator
 
 import trio
 
-from voiceactors import clock, logs
+from voiceactors import clock, logs, storage
 from voiceactors.actors.event_capture import capture_path, read_capture
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
+from voiceactors.journal.days import RECORDING_SUFFIXES
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.replay import ReplayDriver, ReplayScript
 
 __all__ = ["EXPECTATION_VERSION", "capture_scenario", "cli_replay", "compare", "expectation_path",
-           "replay_capture"]
+           "replay_capture", "replay_folder", "sweep_stale_folders"]
 
 EXPECTATION_VERSION = 1
 REPLAY_KEY = "sk-replay-voiceactors-simulator"
@@ -59,6 +75,12 @@ CALL_DEADLINE_S = 300.0
 COMPARED = ("outputs", "unechoed_outputs", "response_creates", "protocol_errors", "other_client_events",
             "stalls", "truncated")
 DIFF_LINES = 40
+#: An expectation is a small JSON file; a reader takes at most this much of one.
+MAX_EXPECTATION_BYTES = 64 * 1024 * 1024
+#: ``<tmp>/voiceactors-replay-<pid>-<random>``: one replay's folder, named by
+#: the process that made it (``replay_folder``, ``sweep_stale_folders``).
+FOLDER_PREFIX = "voiceactors-replay-"
+_FOLDER_RE = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
 
 
 def expectation_path(capture: Path) -> Path:
@@ -87,21 +109,105 @@ async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str) -> N
                 await trio.sleep(0.05)
 
 
+# --- the folders --------------------------------------------------------------
+
+def _process_gone(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:       # alive, another user's
+        return False
+    return False
+
+
+def sweep_stale_folders(root: Path | None = None) -> list[str]:
+    """Remove the replay folders (``voiceactors-replay-<pid>-*`` in ``root``,
+    the temporary folder by default) of processes that are gone: a replay
+    killed outright (SIGKILL) could not remove its own. Only folders of
+    ours (our uid, not a link) are touched. Returns the names removed."""
+    root = Path(root) if root is not None else Path(tempfile.gettempdir())
+    removed: list[str] = []
+    try:
+        with os.scandir(root) as entries:
+            candidates = [(entry.name, entry.path) for entry in entries if _FOLDER_RE.fullmatch(entry.name)]
+    except OSError:
+        return removed
+    for name, path in candidates:
+        match = _FOLDER_RE.fullmatch(name)
+        assert match is not None
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or not _process_gone(int(match[1])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+@contextlib.contextmanager
+def replay_folder() -> Iterator[Path]:
+    """A private temporary folder (0700) for one replay, named with this
+    process's id; removed when the block ends. Stale folders of replays that
+    were killed are swept first."""
+    sweep_stale_folders()
+    folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy_journal_file(source: str, target: str) -> str:
+    """One file of a journal's copy: its bytes, but a recording's (audio,
+    screen video: gigabytes in a real journal) only its name, an empty file,
+    since no surface reads more of one than its name."""
+    if Path(source).suffix.lower() in RECORDING_SUFFIXES:
+        Path(target).touch()
+        return target
+    return str(shutil.copy2(source, target))
+
+
+def _journal_copy(journal: Path, folder: Path) -> Path:
+    """A copy of ``journal`` in ``folder`` for one run's tools: what a
+    capture's write tools do (a ``ledger_close``, a lock file) lands in the
+    copy; the journal given is only read. Links are copied as what they
+    point to, so no write through the copy reaches the original; recordings
+    as empty files of their names (``_copy_journal_file``)."""
+    copy = folder / "journal"
+    try:
+        shutil.copytree(journal, copy, symlinks=False, ignore_dangling_symlinks=True,
+                        copy_function=_copy_journal_file)
+    except shutil.Error as error:
+        failed = error.args[0] if error.args and isinstance(error.args[0], list) else []
+        raise ValueError(f"{journal}: the journal could not be copied for the replay "
+                         f"({len(failed)} file(s) unreadable)") from None
+    return copy
+
+
+# --- the runs -------------------------------------------------------------------
+
 async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
-                         timeout_s: float = 10.0, block: int = -1) -> dict[str, Any]:
+                         timeout_s: float = 10.0, block: int = -1,
+                         blocks: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
     """Replay one block of ``capture`` (the last: the latest actor run)
-    against this version's runtime on ``journal``; returns what we sent,
-    normalised (``ReplayDriver.result``). Raises ValueError for a file that
-    is not a capture."""
-    blocks = read_capture(capture)
+    against this version's runtime on a copy of ``journal``; returns what we
+    sent, normalised (``ReplayDriver.result``). ``blocks``: the capture
+    already read. Raises ValueError for a file that is not a capture."""
+    blocks = read_capture(capture) if blocks is None else blocks
     script = ReplayScript.from_block(blocks[block])
     driver = ReplayDriver(script, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
     sim = Simulator(None, api_key=None, validate_sent=False)   # recorded events go out as recorded
-    with tempfile.TemporaryDirectory(prefix="voiceactors-replay-") as tmp:
+    with replay_folder() as folder:
+        copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
             sim.add_call(script.call_id).replay = driver
-            await _serve_one_call(_settings(journal, Path(tmp) / "state", sim.base_url), sim, script.call_id)
+            await _serve_one_call(_settings(copy, folder / "state", sim.base_url), sim, script.call_id)
             nursery.cancel_scope.cancel()
     result = driver.result()
     if not driver.finished.is_set():
@@ -110,17 +216,18 @@ async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, ma
 
 
 async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None) -> Path:
-    """Run ``scenario`` on the simulator against the server with
-    ``record_events`` on; copy the call's capture to ``out``."""
+    """Run ``scenario`` on the simulator against the server, on a copy of
+    ``journal``, with ``record_events`` on; copy the call's capture to ``out``."""
     name = scenario if isinstance(scenario, str) else "inline"
     call_id = call_id or "rtc_capture_" + "".join(ch if ch.isalnum() else "_" for ch in Path(name).stem)
     sim = Simulator(scenario, api_key=None)
-    with tempfile.TemporaryDirectory(prefix="voiceactors-capture-") as tmp:
-        state = Path(tmp) / "state"
+    with replay_folder() as folder:
+        copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
+        state = folder / "state"
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
             sim.add_call(call_id)
-            await _serve_one_call(_settings(journal, state, sim.base_url, record_events=True), sim, call_id)
+            await _serve_one_call(_settings(copy, state, sim.base_url, record_events=True), sim, call_id)
             nursery.cancel_scope.cancel()
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(capture_path(state, call_id), out)
@@ -170,7 +277,14 @@ def compare(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
 
 
 def load_expectation(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+    with storage.open_regular(path) as handle:    # a FIFO or a device refused before it is read
+        raw = handle.read(MAX_EXPECTATION_BYTES + 1)
+    if len(raw) > MAX_EXPECTATION_BYTES:
+        raise ValueError(f"{path}: larger than an expectation can be ({MAX_EXPECTATION_BYTES // (1024 * 1024)} MiB)")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path}: nested too deeply to read") from None
     if not isinstance(data, dict) or data.get("version") != EXPECTATION_VERSION or not isinstance(data.get("sent"), dict):
         raise ValueError(f"{path}: not a replay expectation (version {EXPECTATION_VERSION})")
     return data
@@ -187,24 +301,30 @@ def write_expectation(path: Path, actual: dict[str, Any], today: str) -> None:
 
 @contextlib.contextmanager
 def _journal(given: str | None, today: str) -> Iterator[Path]:
+    """The journal the runs copy: ``--journal``'s, else a sample one."""
     if given:
         yield Path(given)
         return
     from voiceactors.journal.sample import write_sample_journal
 
-    with tempfile.TemporaryDirectory(prefix="voiceactors-replay-journal-") as tmp:
-        yield write_sample_journal(Path(tmp) / "journal", days=14, today=clock.parse_day(today), seed=0)
+    with replay_folder() as folder:
+        yield write_sample_journal(folder / "sample", days=14, today=clock.parse_day(today), seed=0)
 
 
 def run(args: argparse.Namespace, out: Any = None) -> int:
     out = out or sys.stdout
+    sweep_stale_folders()       # whatever this run does: a killed replay's folder goes with the next one
     capture = Path(args.file)
+    if not args.capture and not capture.exists():    # the file named first is the one to complain about
+        print(f"voiceactors replay: no capture at {capture} (a server writes them to <state_dir>/captures/ "
+              "with --record-events; --capture SCENARIO makes one)", file=sys.stderr)
+        return 2
     expect = Path(args.expect) if args.expect else expectation_path(capture)
     expected: dict[str, Any] | None = None
     if expect.exists():
         try:
             expected = load_expectation(expect)
-        except ValueError as error:
+        except (OSError, ValueError) as error:
             if not args.update:
                 print(f"voiceactors replay: {error}", file=sys.stderr)
                 return 2
@@ -216,11 +336,13 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     clock.pin(today)
     try:
         with _journal(args.journal, today) as journal:
-            if args.capture:
-                trio.run(capture_scenario, args.capture, capture, journal)
-                print(f"captured scenario {args.capture} into {capture}", file=out)
             try:
-                actual = trio.run(lambda: replay_capture(capture, journal, speed=args.speed, timeout_s=args.timeout))
+                if args.capture:
+                    trio.run(capture_scenario, args.capture, capture, journal)
+                    print(f"captured scenario {args.capture} into {capture}", file=out)
+                blocks = read_capture(capture)      # before anything starts: a hostile file is refused at once
+                actual = trio.run(lambda: replay_capture(capture, journal, speed=args.speed, timeout_s=args.timeout,
+                                                         blocks=blocks))
             except (OSError, ValueError) as error:
                 print(f"voiceactors replay: {error}", file=sys.stderr)
                 return 2
@@ -243,8 +365,45 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     return 1
 
 
+@contextlib.contextmanager
+def _terminate_as_interrupt(received: list[int]) -> Iterator[None]:
+    """SIGTERM handled as SIGINT is (a ``KeyboardInterrupt``; inside a trio
+    run, trio's own SIGINT handler delivers it where that is safe), so either
+    unwinds the replay and its folder is removed at once; each SIGTERM noted
+    in ``received``."""
+    def on_terminate(signum: int, frame: Any) -> None:
+        received.append(signum)
+        interrupt = signal.getsignal(signal.SIGINT)
+        if callable(interrupt):
+            interrupt(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt     # SIGINT ignored (a background job): SIGTERM still stops the replay
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is a ``KeyboardInterrupt``, alone or in a group."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.split(KeyboardInterrupt)[0] is not None
+    return isinstance(error, KeyboardInterrupt)
+
+
 def cli_replay(args: argparse.Namespace) -> int:
     """``voiceactors replay``: the report on stdout; only warnings and worse
     are logged (stderr), the call's own lines would drown it."""
     logs.configure("console", "warning")
-    return run(args)
+    received: list[int] = []
+    with _terminate_as_interrupt(received):
+        try:
+            return run(args)
+        except BaseException as error:     # trio hands it on in an exception group
+            if not _interrupted(error):
+                raise
+            stopped_by = signal.Signals(received[0] if received else signal.SIGINT)
+            print(f"voiceactors replay: stopped by {stopped_by.name}", file=sys.stderr)
+            return 128 + int(stopped_by)      # as a shell reports a process a signal ended

@@ -28,7 +28,7 @@ from typing import Any, Awaitable, Callable, Iterator
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics
+from voiceactors import clock, gc_policy, logs, metrics, notices, storage
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
@@ -152,6 +152,13 @@ async def _first_signal(signals: Any) -> None:
         return
 
 
+async def _log_startup_notices(settings: Settings) -> None:
+    """Say at start what a person would otherwise find out at their first
+    call (``notices``): a warning each, with what to do."""
+    for notice in await trio.to_thread.run_sync(notices.startup_notices, settings):
+        _log.warning("server.startup_notice", notice=notice.value, what_to_do=notices.WHAT_TO_DO[notice])
+
+
 async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
                      brain_backend: Any | None = None, tune_gc: bool = False,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
@@ -193,6 +200,7 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
             nursery.start_soon(scheduled_gc)
         _log.info("server.serving", urls=binds, journal=str(settings.journal), state_dir=str(settings.state_dir),
                   demo=settings.demo, token_required=auth.token_required(settings))
+        await _log_startup_notices(settings)
         task_status.started(binds)
     _log.info("server.stopped", served_s=round(trio.current_time() - started, 1))
 
@@ -213,9 +221,9 @@ def state_dir_lock(state_dir: Path) -> Iterator[Path]:
     cache, the search index) would corrupt each other. The lock goes with
     the process, however it ends. Raises StateDirInUse when it is held."""
     state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    storage.private_folder(state_dir)
     path = state_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd, _created = storage.open_private(path, os.O_RDWR)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -238,10 +246,14 @@ def console_url(binds: list[str]) -> str:
 
 
 async def _serve_announced(settings: Settings, shutdown_trigger: Callable[[], Awaitable[None]]) -> None:
-    """Serve, and once serving print where the console is (stdout, one line)."""
+    """Serve, and once serving print where the console is (stdout, one line),
+    then each start-up notice (no OpenAI key, an empty journal) in words."""
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(run_server, settings, shutdown_trigger=shutdown_trigger, tune_gc=True))
         print(f"voiceactors: the voice console is at {console_url(binds)} — open it in a browser", flush=True)
+        # the same words as the log's server.startup_notice, where a person reads them
+        for notice in await trio.to_thread.run_sync(notices.startup_notices, settings):
+            print(f"voiceactors: note: {notices.WHAT_TO_DO[notice]}", flush=True)
 
 
 #: Prepares the folders a run serves: given the settings, yields the settings

@@ -20,6 +20,7 @@ import functools
 import ipaddress
 import math
 import os
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -556,6 +557,18 @@ def _default_text(item: Declared) -> str:
     return str(value)
 
 
+_ZERO_MEANS = re.compile(r"`0` = ([^;.(]+)")
+
+
+def _zero_meaning(item: Declared) -> str:
+    """" = no limit" where the default is 0 and the declaration says what 0 means
+    (a bare "default 0" reads as a limit of nothing)."""
+    found = _ZERO_MEANS.search(item.spec.help)
+    if found is None or item.default != 0 or isinstance(item.default, bool):
+        return ""
+    return f" = {found.group(1).strip()}"
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -568,7 +581,7 @@ def add_flags(parser: argparse.ArgumentParser, names: Sequence[str]) -> None:
         spec = item.spec
         assert spec.flag, f"{name} has no flag"
         sources = ", then ".join(f"${env}" for env in spec.env)
-        default = f"default {_default_text(item)}" + (f"; {sources}" if sources else "")
+        default = f"default {_default_text(item)}{_zero_meaning(item)}" + (f"; {sources}" if sources else "")
         text = (spec.short or spec.help.split(";")[0]).replace("`", "").replace("%", "%%")
         kwargs: dict[str, Any] = {"help": f"{text} ({default})" if not isinstance(item.default, bool) else text}
         if isinstance(item.default, bool):

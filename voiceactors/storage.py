@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 import trio
 
@@ -160,6 +160,54 @@ def _fsync_dir(folder: Path) -> None:
             os.close(fd)
 
 
+# --- private files ------------------------------------------------------------------
+
+#: What the state folder holds (call records with their transcripts, captures,
+#: the write log, usage, the search index) is its user's alone, whatever the
+#: umask: files are made with this mode ...
+PRIVATE_FILE_MODE = 0o600
+#: ... and folders with this one.
+PRIVATE_FOLDER_MODE = 0o700
+
+
+def private_folder(folder: Path) -> None:
+    """``folder`` and its missing parents, each made with mode 0700 (a plain
+    ``mkdir -p`` makes them 0777 less the umask: 0755 under 022). A folder
+    that already exists is left as it is."""
+    folder = Path(folder)
+    missing: list[Path] = []
+    while not folder.is_dir() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, PRIVATE_FOLDER_MODE)
+        except FileExistsError:
+            continue                     # made meanwhile by another writer
+        os.chmod(path, PRIVATE_FOLDER_MODE)      # exactly 0700: a umask may take the owner's bits too
+
+
+def open_private(path: Path, flags: int) -> tuple[int, bool]:
+    """``os.open(path, flags | O_CLOEXEC)``, creating a missing file with
+    mode 0600 exactly, whatever the umask (an existing file keeps its own);
+    and whether this call created it."""
+    flags |= os.O_CLOEXEC
+    while True:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+        except FileExistsError:
+            try:
+                return os.open(path, flags), False
+            except FileNotFoundError:
+                continue                 # removed between the two opens: make it
+        try:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, True
+
+
 # --- temp files ---------------------------------------------------------------------
 
 def _temp_path(path: Path) -> Path:
@@ -217,10 +265,10 @@ class Fenced(Exception):
 def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` atomically and durably. An existing file's
     mode (and owner, where permitted) is kept; a new file gets ``new_mode``
-    less the umask (0600 by default, what ``tempfile.mkstemp`` gave before).
+    (0600 by default), whatever the umask, and new folders 0700.
     ``Fenced`` (nothing replaced) when ``replace_guard`` says no."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         old: os.stat_result | None = os.stat(path)
@@ -232,6 +280,8 @@ def atomic_write(path: Path, data: str | bytes, *, new_mode: int = 0o600) -> Non
         with os.fdopen(fd, "wb") as handle:
             if old is not None:
                 _keep_owner_and_mode(handle.fileno(), old)
+            else:
+                os.fchmod(handle.fileno(), new_mode)     # exactly: not less a umask
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
@@ -303,12 +353,71 @@ def file_lock(path: Path, timeout_s: float | None = None) -> Iterator[None]:
     until it is free; otherwise ``LockTimeout`` once ``timeout_s`` has passed
     (non-blocking attempts, backing off from 5 ms to 250 ms)."""
     lock_path = Path(f"{path}.lock")
-    with open(lock_path, "a+b") as handle:
+    fd, _created = open_private(lock_path, os.O_RDWR | os.O_APPEND)
+    with os.fdopen(fd, "a+b") as handle:
         _lock_within(handle.fileno(), lock_path, timeout_s)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+# --- reading a file we did not write ---------------------------------------------------
+
+_SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                  (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def _not_regular(mode: int) -> str | None:
+    """What a file that is not a regular one is (None for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _SPECIAL_KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` open for reading in binary, or ``ValueError`` naming what it
+    is when it is not a regular file: a FIFO blocks the open (or the read)
+    until a writer comes, a device such as ``/dev/zero`` never ends. Checked
+    by ``stat`` before the open, and again on the descriptor (the name may
+    have been swapped meanwhile: ``O_NONBLOCK`` keeps that open from waiting
+    for a FIFO's writer)."""
+    kind = _not_regular(os.stat(path).st_mode)
+    if kind is not None:
+        raise ValueError(f"{path}: not a regular file ({kind})")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        kind = _not_regular(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise ValueError(f"{path}: not a regular file ({kind})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1024 * 1024):g} MiB"
+
+
+def bounded_lines(handle: BinaryIO, name: str, *, max_line: int, max_total: int) -> Iterator[bytes]:
+    """The lines of ``handle`` (split at ``"\n"`` only, each without it and
+    a trailing ``"\r"``), never reading more than ``max_line`` bytes for a
+    line or ``max_total`` in all: past either, ``ValueError`` naming ``name``
+    and the bound (a line read whole first could take every byte of memory)."""
+    if os.fstat(handle.fileno()).st_size > max_total:
+        raise ValueError(f"{name}: larger than {_mib(max_total)}")
+    total = 0
+    number = 0
+    while raw := handle.readline(max_line + 1):
+        number += 1
+        total += len(raw)
+        if len(raw) > max_line and not raw.endswith(b"\n"):
+            raise ValueError(f"{name}: line {number} is longer than {_mib(max_line)}")
+        if total > max_total:
+            raise ValueError(f"{name}: larger than {_mib(max_total)}")
+        yield raw[:-1].removesuffix(b"\r") if raw.endswith(b"\n") else raw.removesuffix(b"\r")
 
 
 # --- JSONL --------------------------------------------------------------------------
@@ -433,9 +542,10 @@ def append_lines(path: Path, lines: list[str]) -> None:
     """Append lines with one write and one fsync (records that only grow).
     As with any append, a crash mid-write can leave a torn last line."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     block = "".join(line.rstrip("\n") + "\n" for line in lines)
-    with open(path, "a", encoding="utf-8") as handle:
+    fd, _created = open_private(path, os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(fd, "a", encoding="utf-8") as handle:
         handle.write(block)
         handle.flush()
         os.fsync(handle.fileno())
@@ -443,15 +553,11 @@ def append_lines(path: Path, lines: list[str]) -> None:
 
 def open_append(path: Path) -> tuple[int, bool]:
     """An ``O_APPEND`` descriptor on ``path`` (created, with its folder, when
-    missing) and whether this call created the file (its folder then needs
-    an fsync for the name to survive a power loss)."""
+    missing: mode 0600, folders 0700) and whether this call created the file
+    (its folder then needs an fsync for the name to survive a power loss)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-    try:
-        return os.open(path, flags), False
-    except FileNotFoundError:
-        return os.open(path, flags | os.O_CREAT, 0o666), True
+    private_folder(path.parent)
+    return open_private(path, os.O_WRONLY | os.O_APPEND)
 
 
 def write_all(fd: int, data: bytes) -> None:

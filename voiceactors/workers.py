@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import trio
 
+from voiceactors import storage
 from voiceactors.http.history import WORKERS_FOLDER
 from voiceactors.logs import get_logger
 from voiceactors.server import (EXIT_INTERRUPTED, EXIT_USAGE, StateDirInUse, console_url, state_dir_lock)
@@ -406,7 +407,7 @@ def _parent(args: argparse.Namespace, settings: Settings, root: Path, port: int,
     workers = []
     for index in range(settings.workers):
         state_dir = worker_state_dir(root, index)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        storage.private_folder(state_dir)
         workers.append(Worker(index, worker_argv(argv, index=index, state_dir=state_dir, port=port,
                                                  redis_url=redis_url),
                               {**env, "VOICEACTORS_WORKER_INDEX": str(index)}))

@@ -16,8 +16,8 @@ Its latencies are what the simulator, the loopback and one scheduler turn
 cost by themselves, under the same burst: the floor our server is compared
 with in the same run.
 ``BENCH_NOTHING_FAST_FRAMES=1`` gives its sideband our own frame fast path
-(``voiceactors.realtime.ws_frames``), which our server has used since
-docs/benchmarks.md § 44: a stricter floor (§ 46).
+(``voiceactors.realtime.ws_frames``), which our server uses: a stricter
+floor (the ``burst`` benchmark sets it).
 
 Run by ``benchmarks.burst``: prints ``STARTED`` once listening; exits when
 stdin closes or after ``--max-seconds``.

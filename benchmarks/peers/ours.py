@@ -134,7 +134,7 @@ def run(argv: list[str] | None = None) -> int:
     switch = os.environ.get("BENCH_SWITCH_INTERVAL")
     if switch:   # experiment knob: the GIL switch interval (default 0.005 s)
         sys.setswitchinterval(float(switch))
-    if os.environ.get("BENCH_INLINE_SYNC"):   # experiment knob: no worker-thread hop (see docs/benchmarks.md)
+    if os.environ.get("BENCH_INLINE_SYNC"):   # experiment knob: no worker-thread hop
         _inline_run_sync()
     gc_policy.watch_pauses(_gc_pause)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ def _connect(port: int, call_id: str) -> int:
     ``http.client``: the driver runs on the machine under test and inside
     the measured process tree, and ``http.client`` (its ``email`` header
     parser, its response object) cost ~165 us of CPU a request against
-    ~55 us here (docs/benchmarks.md § 45), the load generator's, not the
+    ~55 us here, the load generator's, not the
     server's."""
     body = json.dumps({"call_id": call_id}).encode()
     request = (b"POST /api/voice/connect HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"

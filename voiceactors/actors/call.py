@@ -908,7 +908,7 @@ class CallActor:
         unreadable config prices the call as the default model. The provider
         runs on the trio thread: the journal's voice block is kept in memory
         (``config.py``), and a worker-thread hop here was a tenth of a
-        connect's CPU (docs/benchmarks.md § 13)."""
+        connect's CPU."""
         model = self._model
         if callable(model):
             try:

@@ -120,7 +120,7 @@ BATCH_S = 1.0
 #: At most this many record files are kept open (fewer under a low
 #: ``RLIMIT_NOFILE``: an eighth of it). A record past it is fsynced by
 #: reopening its file: at 256 that was every call past the 256th of a busy
-#: process (4 % of a worker's samples at 375 calls, benchmarks § 15).
+#: process (4 % of a worker's CPU samples at 375 calls).
 MAX_OPEN_FILES = 2048
 #: Write passes start at least this far apart: urgent lines of many calls
 #: ride in one worker-thread hop under load; a lone call's go out at once
@@ -129,7 +129,7 @@ MAX_OPEN_FILES = 2048
 PASS_GAP_S = 0.01
 #: ... and at least this far apart after a pass that carried more than one
 #: record (under load): a thread hop costs the process ~75-130 us of CPU
-#: (benchmarks § 26), so a burst's 100 hops a second became 20. An urgent
+#: (measured), so a burst's 100 hops a second became 20. An urgent
 #: line of a loaded process is written at most this long (plus the pass's
 #: own time) after it was added.
 LOADED_PASS_GAP_S = 0.05
@@ -140,8 +140,7 @@ FSYNC_RIDE_ALONG_S = 0.25
 #: folder's filesystem in one ``syncfs`` instead of an fsync per file (where
 #: the platform has it, ``storage.syncfs``). Three syscalls a file each gave
 #: the GIL to the worker thread and back: at 2,500 live calls 7,500 times a
-#: second, and the trio thread waited on the GIL a seventh of its time
-#: (benchmarks § 43).
+#: second, and the trio thread waited on the GIL a seventh of its time.
 #: Fewer files fsync one by one, which never waits on other writers' data.
 SYNCFS_MIN_FILES = 16
 
@@ -157,8 +156,8 @@ def render_line(line: dict[str, Any]) -> bytes:
     unescaped, each value what ``json.dumps(line, ensure_ascii=False,
     default=str)`` gave (a dataclass, a datetime, a path: its ``str``; a
     NaN or an infinity, which JSON has no number for, is null). orjson
-    renders it (~4 us for a round's nine lines, the json encoder ~35 us,
-    benchmarks § 26); what orjson refuses (an int past 64 bits, a key that
+    renders it (~4 us for a round's nine lines, the json encoder ~35 us);
+    what orjson refuses (an int past 64 bits, a key that
     is not a string, a lone surrogate, which UTF-8 has no bytes for) goes
     through the json encoder, escaped, instead of failing the record."""
     try:
@@ -708,8 +707,13 @@ class CallRecord:
 def read_record(path: Path) -> list[dict[str, Any]]:
     """The lines of a record file, every block in order. A line that does
     not parse as a JSON object (torn by a crash mid-append) is skipped."""
+    return parse_record(Path(path).read_text(encoding="utf-8", errors="replace"))
+
+
+def parse_record(text: str) -> list[dict[str, Any]]:
+    """``read_record`` for a record's text already read."""
     lines: list[dict[str, Any]] = []
-    for raw in storage.jsonl_lines(Path(path).read_text(encoding="utf-8", errors="replace")):
+    for raw in storage.jsonl_lines(text):
         if not raw.strip():
             continue
         try:

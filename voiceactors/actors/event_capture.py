@@ -37,6 +37,7 @@ The call goes on unchanged; a replay of a truncated capture says so.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,18 @@ from voiceactors.actors.call_record import record_path
 from voiceactors.logs import get_logger, scrub
 from voiceactors.realtime.sideband import ConnectionClosed, close_code
 
-__all__ = ["CAPTURE_VERSION", "EventCapture", "MAX_CAPTURE_CHARS", "capture_path", "read_capture"]
+__all__ = ["CAPTURE_VERSION", "EventCapture", "MAX_CAPTURE_CHARS", "MAX_CAPTURE_FILE_BYTES", "MAX_CAPTURE_LINE_BYTES",
+           "capture_path", "read_capture"]
 
 CAPTURE_VERSION = 1
 #: Characters of server frames one actor run captures at most (about 8 MB).
 MAX_CAPTURE_CHARS = 8 * 1024 * 1024
+#: A capture line holds one frame's event (at most ``MAX_CAPTURE_CHARS``
+#: characters, each at most 4 bytes of UTF-8): a longer line is not ours.
+MAX_CAPTURE_LINE_BYTES = 4 * MAX_CAPTURE_CHARS
+#: A capture file holds one block per actor run of its call: a reader takes
+#: at most this much of one (32 runs that each reached the bound).
+MAX_CAPTURE_FILE_BYTES = 32 * MAX_CAPTURE_CHARS
 #: What the reader handed over is written within this long.
 FLUSH_S = 0.5
 
@@ -159,9 +167,10 @@ class EventCapture:
         if end is not None:
             end.update(events=self.events, dropped=self.dropped, audio_dropped=self.audio_dropped)
             lines.append(end)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        storage.private_folder(self.path.parent)
         text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
-        with open(self.path, "a", encoding="utf-8") as handle:
+        fd, _created = storage.open_private(self.path, os.O_WRONLY | os.O_APPEND)
+        with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(text)
         self._head_written = True
 
@@ -190,25 +199,45 @@ class EventCapture:
 def read_capture(path: Path) -> list[list[dict[str, Any]]]:
     """The blocks of a capture file (one per actor run), each a list of its
     lines from its ``capture`` head. Raises ``ValueError`` for a file that
-    is not a capture (no head line, a newer version)."""
+    is not a capture (no head line, a newer version), that is not a regular
+    file (a FIFO, a device: refused before it is opened for reading), or
+    that is past the bounds a capture keeps within (a line longer than
+    ``MAX_CAPTURE_LINE_BYTES``, a file larger than ``MAX_CAPTURE_FILE_BYTES``,
+    nesting too deep to decode): nothing more than the bound is read."""
     blocks: list[list[dict[str, Any]]] = []
-    for raw in storage.jsonl_lines(Path(path).read_text(encoding="utf-8")):
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue   # a torn last line
-        if not isinstance(line, dict):
-            continue
-        if line.get("kind") == "capture":
-            version = line.get("version")
-            if not isinstance(version, int) or version > CAPTURE_VERSION:
-                raise ValueError(f"{path}: capture version {version!r} is not one this version reads")
-            blocks.append([line])
-        elif blocks:
-            blocks[-1].append(line)
+    with storage.open_regular(path) as handle:
+        lines = storage.bounded_lines(handle, str(path), max_line=MAX_CAPTURE_LINE_BYTES,
+                                      max_total=MAX_CAPTURE_FILE_BYTES)
+        for number, raw in enumerate(lines, 1):
+            line = _capture_line(path, number, raw)
+            if line is None:
+                continue
+            if line.get("kind") == "capture":
+                version = line.get("version")
+                if not isinstance(version, int) or version > CAPTURE_VERSION:
+                    raise ValueError(f"{path}: capture version {version!r} is not one this version reads")
+                blocks.append([line])
+            elif blocks:
+                blocks[-1].append(line)
     if not blocks:
         raise ValueError(f"{path}: not an event capture (no 'capture' line)")
     return blocks
+
+
+def _capture_line(path: Path, number: int, raw: bytes) -> dict[str, Any] | None:
+    """One line of a capture as an object; None for a blank line or one that
+    does not parse as an object (a torn last line)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: line {number} is not UTF-8 text") from None
+    if not text.strip():
+        return None
+    try:
+        line = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{path}: line {number} is nested too deeply to read") from None
+    except ValueError:
+        return None
+    return line if isinstance(line, dict) else None
 

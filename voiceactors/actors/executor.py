@@ -21,7 +21,9 @@ Rules, in the order a request meets them:
    under a different tool call id is rejected. The same tool call id again is
    a retry, not a new attempt.
 3. Unknown tool, bad JSON, non-object and schema failures answer the
-   registry's error objects (outcome ``invalid``).
+   registry's error objects (outcome ``invalid``). A tool of an MCP source
+   has its arguments checked within a budget (``tools/schema_bounds.py``),
+   past which it answers ``ARGUMENTS_TOO_COSTLY``.
 4. The handler runs in a worker thread. Reads: bounded by
    ``tool_timeout_read_s`` (``{"error": "tool timed out"}``) and cancellable by
    ``CancelReads`` (``{"error": "cancelled"}``). Writes: never cancelled once
@@ -73,6 +75,7 @@ from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolReques
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
 from voiceactors.settings import Settings
+from voiceactors.tools import schema_bounds
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.select_tool import fill_from_selection
 from voiceactors.tools.registry import (
@@ -84,6 +87,7 @@ from voiceactors.tools.registry import (
     canonical_unparsed,
     lookup,
     parse_arguments,
+    without_nulls,
     validate,
 )
 
@@ -101,6 +105,7 @@ TOO_MANY_CALLS = {"error": "too many tool calls this turn; answer with what you 
 DUPLICATE_CALL = {"error": "duplicate call: this tool was already called with the same arguments this turn"}
 TURN_OUTPUT_FULL = {"error": "turn output limit reached; answer with what you have"}
 OUTPUT_TOO_LARGE = {"error": "output too large"}
+ARGUMENTS_TOO_COSTLY = {"error": "invalid arguments: too costly to check against the tool's schema"}
 JOURNAL_BUSY = {"error": "journal busy: another program holds the file; nothing was changed, try again"}
 # the shared write log's refusals (--redis; docs/operations.md § Scaling out)
 SHARED_LOG_DOWN = {"error": "shared write log unreachable; nothing was changed, try again"}
@@ -298,7 +303,7 @@ class ToolExecutor:
         socket read), so the line costs the output's path nothing. The line
         and its fields are the same; only its timestamp is later.
 
-        The call actor's in-step answer (issue 14): the executor's own code,
+        The call actor's in-step answer: the executor's own code,
         state and rules, run synchronously by the caller's task instead of
         by the executor's after a hop through the inbox; it never awaits, so
         no other request comes between. Every rule of the inbox path holds:
@@ -337,6 +342,8 @@ class ToolExecutor:
             spec = self.remote.lookup(req.call_id, req.name)
         try:
             parsed = parse_arguments(req.arguments)
+            if spec is not None and spec.remote is None:
+                parsed = without_nulls(spec, parsed)      # our schemas: a null is "left out"
             if spec is not None and req.selection is not None:
                 parsed = fill_from_selection(spec, parsed, req.selection)   # "this day / this person"
             args: dict[str, Any] | None = parsed
@@ -480,11 +487,11 @@ class ToolExecutor:
             return _error(UNKNOWN_TOOL, "invalid")
         if res.args is None:
             return _error(res.args_error or FAILED, "invalid")
+        if spec.remote is not None:
+            return await self._remote(req, spec, res.args)
         invalid = validate(spec, res.args)
         if invalid is not None:
             return _error(invalid, "invalid")
-        if spec.remote is not None:
-            return await self._remote(req, spec, res.args)
         if res.is_write:
             return await self._write(req, spec, res.args)
         return await self._read(spec, res.args)
@@ -572,8 +579,18 @@ class ToolExecutor:
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
 
     async def _remote(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
-        """A tool of an MCP source: ``mcp_execution`` has its rules; the caps are ours."""
+        """A tool of an MCP source: its arguments checked against the source's
+        schema within a budget, away from the trio thread unless it is short
+        (``schema_bounds``: the schema is the source's to write);
+        ``mcp_execution`` has its rules; the caps are ours."""
         assert self.remote is not None
+        try:
+            raw_chars = len(req.arguments) if isinstance(req.arguments, str) else schema_bounds.INLINE_ARGUMENTS + 1
+            invalid = await schema_bounds.check_arguments(raw_chars, validate, spec, args)
+        except schema_bounds.TooCostly:
+            return _error(ARGUMENTS_TOO_COSTLY, "invalid")
+        if invalid is not None:
+            return _error(invalid, "invalid")
 
         def render(body: dict[str, Any]) -> str:
             return cap_output(_dumps(body), self.settings.tool_output_cap) or _dumps(OUTPUT_TOO_LARGE)

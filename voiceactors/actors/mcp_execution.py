@@ -30,7 +30,7 @@ import trio
 
 from voiceactors import clock, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.mcp_connection import Failure
+from voiceactors.actors.mcp_connection import ANSWER_MAX_BYTES, Failure, in_proportion
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.logs import get_logger
 from voiceactors.tools.registry import WRITE, ToolSpec
@@ -88,6 +88,9 @@ def failure_body(source: str, failure: Failure, token: str, *, write: bool) -> t
         return {"error": "the outcome of this change is unknown (it was interrupted); it will not be repeated"}, \
             "failed"
     maybe = "; the change may or may not have been made, and it will not be repeated" if write else ""
+    if failure.kind == "too_large":
+        return {"error": f"{source} answered more than {ANSWER_MAX_BYTES} bytes; the answer was not read{maybe}"}, \
+            "failed"
     if failure.kind == "timeout":
         return {"error": f"tool timed out{maybe}"}, "timeout"
     return {"error": f"{source} did not answer{maybe}"}, "failed"
@@ -101,13 +104,20 @@ def _answer_body(spec: ToolSpec, answer: "Answer") -> tuple[dict[str, Any], str]
     return result_body(source, answer.result), ("error" if answer.result.get("isError") else "ok")
 
 
+def _rendered(spec: ToolSpec, answer: "Answer", render: Render) -> tuple[str, str]:
+    """The output and outcome of an answer: encoding and cutting it is in
+    proportion to it (up to ``ANSWER_MAX_BYTES``): ``in_proportion``."""
+    body, outcome = _answer_body(spec, answer)
+    return render(body), outcome
+
+
 async def run(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpec, args: dict[str, Any],
               render: Render) -> RemoteDone:
     if spec.effect == WRITE:
         return await _write(hub, state_dir, req, spec, args, render)
     answer = await hub.call(req.call_id, spec, args)
-    body, outcome = _answer_body(spec, answer)
-    return RemoteDone(render(body), outcome, budgeted=answer.failure is None)
+    output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)
+    return RemoteDone(output, outcome, budgeted=answer.failure is None)
 
 
 def _store(state_dir: Path, tool_call_id: str, record: dict[str, Any]) -> None:
@@ -129,8 +139,7 @@ async def _write(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpe
                                    {**base, "outcome": "unknown", "output": render(unknown), "pending": True},
                                    cancellable=False)
             answer = await hub.call(req.call_id, spec, args)
-            body, outcome = _answer_body(spec, answer)
-            output = render(body)
+            output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)
             await storage.run_sync(_store, state_dir, req.tool_call_id,
                                    {**base, "outcome": outcome, "output": output}, cancellable=False)
         _log.info("tool.mcp_write_recorded", call_id=req.call_id, tool=spec.name, outcome=outcome)

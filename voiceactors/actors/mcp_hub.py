@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Mapping, TypeAlias
 import trio
 
 from voiceactors import config, metrics, storage
-from voiceactors.actors.mcp_connection import Failure, SourceConnection
+from voiceactors.actors.mcp_connection import Failure, SourceConnection, ToolAnswer
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import mcp_discovery
@@ -94,6 +94,7 @@ class Answer:
     result: dict[str, Any] | None
     failure: Failure | None
     token: str
+    size: int = 0       # the answer's bytes (``mcp_connection.ToolAnswer``)
 
 
 def configured_sources(settings: Settings) -> tuple[McpSource, ...]:
@@ -225,7 +226,9 @@ class McpHub:
             return None
         metrics.mcp_request(source.name, "discovery", "ok", seconds)
         try:
-            specs, left_out = mcp_discovery.build_specs(source.name, listed, self.settings.tool_name_style)
+            # in proportion to the listing (schemas checked, validators built): a worker thread
+            specs, left_out = await storage.run_sync(mcp_discovery.build_specs, source.name, listed,
+                                                     self.settings.tool_name_style)
         except Exception:   # a listing no rule foresaw must not take the hub (and the runtime) down
             _log.exception("mcp.discovery_failed", source=source.name, token=token, kind="listing")
             return None
@@ -341,7 +344,8 @@ class McpHub:
         outcome = "cancelled"
         try:
             value = await connection.call_tool(remote.tool, arguments, self._timeout(state.source))
-            outcome = value.kind if isinstance(value, Failure) else ("tool_error" if value.get("isError") else "ok")
+            outcome = value.kind if isinstance(value, Failure) else \
+                ("tool_error" if value.result.get("isError") else "ok")
         finally:
             metrics.mcp_request(remote.source, "call", outcome, trio.current_time() - started)
         if isinstance(value, Failure):
@@ -352,7 +356,7 @@ class McpHub:
                     state.available = False
                     _log.warning("mcp.source_unavailable", source=remote.source, why="token refused")
             return Answer(None, value, kind)
-        return Answer(value, None, kind)
+        return Answer(value.result, None, kind, value.size)
 
 
 def _reply(reply: trio.MemorySendChannel[Any], value: Any) -> None:

@@ -71,8 +71,7 @@ def apply_once(state_dir: Path, tool_call_id: str,
     holds it, and that run's own waits are bounded (the journal lock), so a
     duplicate learns the first run's real outcome instead of a "busy" that
     may be untrue."""
-    folder = writes_dir(state_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    storage.private_folder(writes_dir(state_dir))
     path = record_path(state_dir, tool_call_id)
     with storage.file_lock(lock_path(state_dir, tool_call_id)):
         storage.sweep_temp_files(path)

@@ -7,7 +7,7 @@ on a timer: a lone item goes at once, and the items that arrive while a
 request is out go together in the next one. So a quiet process pays what it
 paid before, and a burst (a join, the ends of many calls) pays one round trip
 per batch instead of one per item: a request costs our process about the
-same however few it carries (docs/benchmarks.md § 16, § 23, § 29).
+same however few it carries (its connection's tasks wake for each).
 
 The sender, not the caller, runs the request, so a caller that gives up
 (its bound passed, or it was cancelled) never cancels a request carrying

@@ -71,7 +71,7 @@ OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for sho
 # Renewals per TTL. A call stops ``stop_margin`` (5 s of the default 10 s
 # TTL) after its last grant, so a renewal's answer may take the rest of that
 # minus the interval: 3.3 s at a sixth (1.7 s at a third, where one stalled
-# answer in a starved process stopped every call at once, § 23), for one
+# answer in a starved process stopped every call at once), for one
 # request per 1.7 s.
 RENEWALS_PER_TTL = 6
 # A lease held by a token not confirmed yet is asked for again (its holder's

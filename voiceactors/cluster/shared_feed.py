@@ -64,8 +64,8 @@ OP_TIMEOUT_S = 2.0
 
 _log = get_logger(actor="shared_feed")
 # One encoder for every event and item: ``json.dumps`` with these options
-# builds a new ``JSONEncoder`` per call, a few us of each event's append
-# (docs/benchmarks.md § 36); the text is the same.
+# builds a new ``JSONEncoder`` per call, a few us of each event's append;
+# the text is the same.
 _ENCODE = json.JSONEncoder(ensure_ascii=False, default=str).encode
 
 
@@ -171,8 +171,8 @@ class SharedFeed:
             # the first event after a quiet spell goes at once; under load the
             # passes are spaced, so each carries more calls' events: a request
             # costs 0.25-0.7 ms of our CPU however few it carries (the client's
-            # connection tasks wake for each), a few us per event more
-            # (docs/benchmarks.md § 16, § 23), so at most 20 passes a second
+            # connection tasks wake for each), a few us per event more,
+            # so at most 20 passes a second
             # bound the writer's requests to 1-2 % of a core
             if len(self._waiting) < BATCH_ENTRIES:      # a backlog goes as fast as Redis takes it
                 await trio.sleep_until(last_pass + PASS_INTERVAL_S)

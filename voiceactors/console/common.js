@@ -4,8 +4,11 @@
 const VA = (() => {
   // Our API's error strings (docs/api.md) → what the person reads.
   const MESSAGES = {
+    // the journal's key is read again at each call; OPENAI_API_KEY only when the server starts
     "voice unavailable — openai key not configured":
-      "No OpenAI key is configured on the server. Set OPENAI_API_KEY (or voice.openai_api_key in the journal config), then retry.",
+      "No OpenAI key is configured on the server, so no call can start. Put voice.openai_api_key in the journal's " +
+      "config/journal.json and press Retry (it is read again, no restart needed), or restart the server with " +
+      "OPENAI_API_KEY set.",
     "voice unavailable — brain not ready":
       "The assistant is still reading your journal (brain not ready). Retry in a moment.",
     "voice unavailable — budget spent":
@@ -13,26 +16,27 @@ const VA = (() => {
     "voice at capacity":
       "The voice server is at capacity: too many calls are live. Retry when one has ended.",
     "voice session unavailable":
-      "The Realtime service did not give us a session. Retry; if it keeps failing, check the server's log.",
+      "The voice service did not start a session. Retry; if it keeps failing, the server's log says why.",
     "voice runtime unavailable":
-      "The voice server's runtime is not running. Retry; if it keeps failing, restart the server.",
+      "The voice server is not ready to take calls. Retry; if it keeps failing, restart the server.",
     "unauthorized": "You are not signed in (or your session expired). Sign in again.",
-    "call not found": "The call is not live on the server any more.",
-    "cross-site request refused": "The server refused a cross-site request.",
+    "call not found": "The call has already ended on the server.",
+    "cross-site request refused": "The server refused a request from another site. Open the console at the server's own address.",
   };
 
   class ApiFailure extends Error {
-    constructor(kind, message, status) {
+    constructor(kind, message, status, error) {
       super(message);
       this.kind = kind;        // "api" | "server-gone" | "unauthorized"
       this.status = status;
+      this.error = error;      // the API's own error string, for a page that says it better
     }
   }
 
   function explain(status, error) {
-    if (status === 401) return new ApiFailure("unauthorized", MESSAGES.unauthorized, status);
+    if (status === 401) return new ApiFailure("unauthorized", MESSAGES.unauthorized, status, error);
     const words = MESSAGES[error] || `The server answered ${status}${error ? ": " + error : ""}.`;
-    return new ApiFailure("api", words, status);
+    return new ApiFailure("api", words, status, error);
   }
 
   // A same-origin JSON request; resolves to the parsed body or throws ApiFailure.
@@ -82,21 +86,27 @@ const VA = (() => {
     return isNaN(date) ? iso : date.toLocaleString();
   }
 
-  // Why a call ended, in words (reasons from the call actor and this page).
+  // Why a call ended, in a person's words (the reason codes of docs/calls.md;
+  // the code itself belongs in a details view, see ``reasonCode``).
   const REASONS = {
-    closed_by_service: "the call was closed",
-    call_gone: "the service no longer knew the call",
-    idle_timeout: "no activity for too long",
+    closed_by_service: "it ended normally",
+    hangup: "you hung up",
+    call_gone: "the voice service no longer knew the call",
+    idle_timeout: "nothing was said for too long",
     max_duration: "the call reached its maximum length",
-    reconnect_exhausted: "the connection to the service was lost",
+    reconnect_exhausted: "the connection to the voice service was lost",
     no_api_key: "the server has no OpenAI key",
+    config_unreadable: "the journal's config could not be read",
+    unauthorized: "the voice service refused the server's OpenAI key",
+    insufficient_quota: "the OpenAI account is out of credit",
     shutdown: "the server shut down",
     budget_spent: "the call reached its spending limit",
-    error: "the server hit an error",
+    auth_expired: "a connected service refused the call's access",
+    error: "the server hit an error (see its log)",
   };
   function reason(text) {
-    if (!text) return "still live, or cut short (no end recorded)";
-    return REASONS[text] ? `${REASONS[text]} (${text})` : text.replace(/_/g, " ");
+    if (!text) return "still going, or cut short (no end recorded)";
+    return REASONS[text] || text.replace(/_/g, " ");
   }
 
   // A cost in US dollars (null: the model has no prices).
@@ -105,5 +115,22 @@ const VA = (() => {
     return `$${Number(usd).toFixed(4)}`;
   }
 
-  return { api, ApiFailure, el, duration, when, reason, money };
+  // What a tool does, in words (the tool's own name stays in a tooltip).
+  const TOOLS = {
+    "journal.get_day": "read a day of the journal",
+    "journal.search": "searched the journal",
+    "entities.get": "looked up who or what someone is",
+    "entities.recent_with": "looked up recent time with someone",
+    "commitments.list": "listed your commitments",
+    "commitments.complete": "marked a commitment as finished",
+    "calendar.today": "read today's calendar",
+    "briefing.get": "read today's briefing",
+    "observer.start_listening": "asked your observer to start recording",
+    "journal.select": "changed what the call is about",
+  };
+  function toolWords(name) {
+    return TOOLS[name] || TOOLS[String(name).replace("_", ".")] || `used ${name}`;
+  }
+
+  return { api, ApiFailure, el, duration, when, reason, money, toolWords };
 })();

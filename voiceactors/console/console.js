@@ -8,7 +8,7 @@
 "use strict";
 
 (() => {
-  const { api, ApiFailure, el, reason, money } = VA;
+  const { api, ApiFailure, el, reason, money, toolWords } = VA;
   const $ = (id) => document.getElementById(id);
   const CHANNEL_OPEN_TIMEOUT_MS = 15000;
   const FEED_END_GRACE_MS = 1500;
@@ -18,28 +18,69 @@
 
   // --- state and errors -------------------------------------------------------
 
-  function setState(name, detail) {
+  // What the state line says (the state's name stays in data-state for styles and tests).
+  const STATE_WORDS = { idle: "ready", connecting: "connecting…", live: "live — talk now", ended: "call ended" };
+
+  function setState(name, detail, words) {
     $("state").dataset.state = name;
     $("state-dot").dataset.state = name;
-    $("state").textContent = name;
-    $("state-detail").textContent = detail || "";
+    $("state").textContent = words || STATE_WORDS[name] || name;
+    $("state-detail").textContent = detail ? `· ${detail}` : "";
     const busy = name === "connecting" || name === "live";
+    // the button that has focus is about to be hidden: hand focus to the one
+    // that takes its place, so a keyboard user is not dropped to the page
+    const focused = document.activeElement;
+    const moveFocus = focused === $("start") || focused === $("hangup") || focused === $("retry")
+      || focused === document.body || focused === null;
     $("start").hidden = busy;
     $("hangup").hidden = !busy;
+    if (moveFocus && !$("call-panel").hidden) (busy ? $("hangup") : $("start")).focus();
     document.body.dataset.callState = name;
   }
 
-  function showError(words, kind) {
+  // ``link``: {href, words} for a way on when a retry cannot help (Retry is then hidden).
+  function showError(words, kind, link) {
     $("error-text").textContent = words;
     $("error").dataset.kind = kind || "error";
+    $("error-link").hidden = !link;
+    $("retry").hidden = Boolean(link);
+    if (link) {
+      $("error-link").href = link.href;
+      $("error-link").textContent = link.words;
+    }
     $("error").hidden = false;
-    $("retry").focus();
+    (link ? $("error-link") : $("retry")).focus();
   }
 
   function clearError() {
     $("error").hidden = true;
     $("error-text").textContent = "";
     delete $("error").dataset.kind;
+  }
+
+  // A refused link (``/?day=2026-13-01``) cannot start however often it is retried.
+  function linkError(e, linked) {
+    if (!(e instanceof ApiFailure) || e.status !== 400 || !String(e.error || "").startsWith("context")) return null;
+    const what = { day: "a day (YYYY-MM-DD)", entity: "a person or thing", commitment: "a commitment",
+                   facet: "a journal area" }[linked.kind] || "an item";
+    return `This page's address asks for a call about ${what}, but “${linked.id}” is not one the server can ` +
+      "look for. Correct the address, or open the console without it.";
+  }
+
+  // --- before Start: what the server told us to say -----------------------------------
+
+  const NOTICES = {
+    no_openai_key: "No OpenAI key is configured on this server, so Start will be refused. Put " +
+      "voice.openai_api_key in the journal's config/journal.json (read again at the next Start, no restart " +
+      "needed), or restart the server with OPENAI_API_KEY set.",
+    journal_empty: "The journal folder has no days in it, so the assistant will find nothing to talk about. " +
+      "Check the folder the server was started with (--journal).",
+  };
+
+  function showNotices(kinds) {
+    const known = (kinds || []).filter((kind) => NOTICES[kind]);
+    $("notices").replaceChildren(...known.map((kind) => el("li", { dataset: { notice: kind } }, NOTICES[kind])));
+    $("notices").hidden = known.length === 0;
   }
 
   class CallFailure extends Error {
@@ -95,10 +136,13 @@
     if (role !== "user" && role !== "assistant") return;
     const node = itemNode(itemId, role);
     node.dataset.role = role;
-    node.querySelector(".who").textContent = role === "user" ? "you" : "assistant";
+    node.querySelector(".who").textContent = role === "user" ? (config && config.demo ? "you (scripted)" : "you") : "assistant";
     const span = node.querySelector(".text");
     if (final || !node.dataset.final) span.textContent = append ? span.textContent + text : text;
     if (final) node.dataset.final = "1";
+    // a turn still streaming in is busy: a screen reader reads it once, whole,
+    // instead of word by word (the conversation is a polite live region)
+    if (node.dataset.final) node.removeAttribute("aria-busy"); else node.setAttribute("aria-busy", "true");
     node.hidden = !span.textContent;
   }
 
@@ -107,7 +151,8 @@
       const node = $("conversation").querySelector(`li[data-item-id="${CSS.escape(itemId)}"]`);
       if (node && !node.querySelector(".barge")) {
         node.classList.add("interrupted");
-        node.append(el("span", { class: "barge" }, "interrupted (barge-in)"));
+        node.removeAttribute("aria-busy");
+        node.append(el("span", { class: "barge" }, "cut off: you spoke over it"));
       }
     }
   }
@@ -118,10 +163,11 @@
     const list = $("tools");
     let node = list.querySelector(`li[data-tool-call-id="${CSS.escape(event.tool_call_id)}"]`);
     if (!node) {
-      node = el("li", { class: "tool", dataset: { toolCallId: event.tool_call_id, status: "running" } },
-        el("span", { class: "tool-name" }, event.tool),
-        el("span", { class: "tool-epoch" }, `epoch ${event.epoch}`),
-        el("span", { class: "tool-status" }, "running…"));
+      // the protocol's words (tool name, epoch) only in the row's tooltip
+      node = el("li", { class: "tool", title: `${event.tool} · epoch ${event.epoch}`,
+                        dataset: { toolCallId: event.tool_call_id, status: "running", tool: event.tool } },
+        el("span", { class: "tool-name" }, toolWords(event.tool)),
+        el("span", { class: "tool-status" }, "working…"));
       list.append(node);
     }
     return node;
@@ -138,15 +184,15 @@
         const ok = event.type === "tool.finished";
         node.dataset.status = ok ? "finished" : "failed";
         node.querySelector(".tool-status").textContent =
-          `${ok ? "✓" : "✗"} ${event.outcome} · ${Number(event.duration_ms).toFixed(1)} ms`;
+          `${ok ? "✓ done" : `✗ ${OUTCOME_WORDS[event.outcome] || "failed"}`} · ${took(event.duration_ms)}`;
         break;
       }
       case "nav.hint":
-        $("nav-hints").append(el("li", { dataset: { tool: event.tool } },
-          el("a", { href: `#${event.target}`, class: "nav", title: `from ${event.tool}` }, event.target)));
+        suggest(event);
         break;
       case "observer.action":
-        $("observer").append(el("li", {}, `${event.tool}: `, el("code", {}, JSON.stringify(event.action))));
+        $("observer").append(el("li", { title: JSON.stringify(event.action) }, observerWords(event.action)));
+        $("observer-box").hidden = false;
         break;
       case "transcript":
         // the data channel usually got there first; this fills what it missed
@@ -166,6 +212,44 @@
         endCall(`ended: ${reason(event.reason)}`, event.reason);
         break;
     }
+  }
+
+  const OUTCOME_WORDS = { timeout: "took too long", error: "failed", invalid: "asked wrongly",
+                          busy: "journal busy", rejected: "refused", unavailable: "unavailable" };
+
+  function took(ms) {
+    const n = Number(ms);
+    return n >= 1000 ? `${(n / 1000).toFixed(1)} s` : `${Math.max(1, Math.round(n))} ms`;
+  }
+
+  // A nav hint names a place in the journal's own app (docs/tools.md): one
+  // this console can open is offered as a new call about it; the rest
+  // ("today", a search) name no place here and are left out.
+  function suggestion(target) {
+    const [kind, ...rest] = String(target).split("/");
+    const id = rest.join("/");
+    if (kind === "entity" && id) return { href: `/?entity=${encodeURIComponent(id)}`, words: id.replace(/_/g, " ") };
+    if (kind === "today" && rest[0] === "journal" && rest[1])
+      return { href: `/?day=${encodeURIComponent(rest[1])}`, words: `the day ${rest[1]}` };
+    if (kind === "commitment" && id) return { href: `/?commitment=${encodeURIComponent(id)}`, words: "this commitment" };
+    if (kind === "facet" && id) return { href: `/?facet=${encodeURIComponent(id)}`, words: `your ${id} area` };
+    return null;
+  }
+
+  function suggest(event) {
+    const found = suggestion(event.target);
+    if (!found || $("nav-hints").querySelector(`a[href="${CSS.escape(found.href)}"]`)) return;
+    $("nav-hints").append(el("li", { dataset: { tool: event.tool, target: event.target } },
+      el("a", { href: found.href, target: "_blank", rel: "noopener" }, found.words,
+        el("span", { class: "visually-hidden" }, " (opens a new call in a new tab)"))));
+    $("suggestions").hidden = false;
+  }
+
+  function observerWords(action) {
+    const mode = action && (action.mode || action.kind);
+    if (mode === "meeting") return "start recording a meeting";
+    if (mode === "voice_memo") return "start recording a voice memo";
+    return mode ? `request: ${mode}` : "a request";
   }
 
   function itemHasWords(itemId) {
@@ -200,13 +284,13 @@
         if (response.status === "cancelled") {
           markInterrupted((response.output || []).map((item) => item.id).filter(Boolean));
           $("tools").append(el("li", { class: "barge-in", dataset: { responseId: response.id || "" } },
-            "barge-in: you spoke over the assistant; its reply was cut off"));
+            "you spoke over the assistant: it stopped its reply"));
         }
         break;
       }
       case "error":
         $("tools").append(el("li", { class: "service-error" },
-          `service error: ${(event.error && event.error.message) || "unknown"}`));
+          `the voice service reported a problem: ${(event.error && event.error.message) || "no details"}`));
         break;
     }
   }
@@ -257,13 +341,13 @@
         headers: { "Content-Type": "application/sdp", "Authorization": `Bearer ${key}` },
       });
     } catch (e) {
-      throw new CallFailure("webrtc", `WebRTC failed: the Realtime service at ${config.realtime_base_url} could not be reached. Retry.`);
+      throw new CallFailure("webrtc", `The call could not connect: the voice service at ${config.realtime_base_url} could not be reached. Check the network, then retry.`);
     }
     if (response.status !== 201 && response.status !== 200)
-      throw new CallFailure("webrtc", `WebRTC failed: the Realtime service refused the call (${response.status}). Retry.`);
+      throw new CallFailure("webrtc", `The call could not connect: the voice service refused it (${response.status}). Retry.`);
     const location = response.headers.get("Location") || "";
     const callId = location.split("/").filter(Boolean).pop();
-    if (!callId) throw new CallFailure("webrtc", "WebRTC failed: the Realtime service gave no call id. Retry.");
+    if (!callId) throw new CallFailure("webrtc", "The call could not connect: the voice service answered without a call id. Retry.");
     await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
     return callId;
   }
@@ -272,10 +356,10 @@
     return new Promise((resolve, reject) => {
       if (channel.readyState === "open") return resolve();
       const timer = setTimeout(() => reject(new CallFailure("webrtc",
-        "WebRTC failed: the call's connection did not open. Check the network (or a firewall), then retry.")), CHANNEL_OPEN_TIMEOUT_MS);
+        "The call could not connect: its audio connection did not open. Check the network (or a firewall), then retry.")), CHANNEL_OPEN_TIMEOUT_MS);
       channel.addEventListener("open", () => { clearTimeout(timer); resolve(); }, { once: true });
       channel.addEventListener("close", () => { clearTimeout(timer); reject(new CallFailure("webrtc",
-        "WebRTC failed: the call's connection closed before it opened. Retry.")); }, { once: true });
+        "The call could not connect: its audio connection closed before it opened. Retry.")); }, { once: true });
     });
   }
 
@@ -306,8 +390,8 @@
     setState("connecting", "getting a session…");
     call = { ended: false, pc: null, channel: null, source: null, stopMeter: null, stream: null, callId: null };
     const mine = call;
+    const linked = linkedContext();
     try {
-      const linked = linkedContext();
       const session = await api("POST", "/api/voice/session", linked ? { context: linked } : {});
       if (mine.ended) return;
       showAbout(session.context, session.context);
@@ -321,8 +405,8 @@
       pc.ontrack = (event) => { $("remote-audio").srcObject = event.streams[0]; };
       pc.onconnectionstatechange = () => {
         if (pc.connectionState === "failed" && !mine.ended && mine === call) {
-          endCall("ended: the WebRTC connection failed", "webrtc", mine);
-          showError("WebRTC failed: the connection to the Realtime service broke. Retry.", "webrtc");
+          endCall("ended: the audio connection broke", "webrtc", mine);
+          showError("The call dropped: the audio connection to the voice service broke. Retry.", "webrtc");
         }
       };
       const channel = pc.createDataChannel("oai-events");
@@ -330,9 +414,11 @@
       channel.onmessage = (message) => {
         try { onServerEvent(JSON.parse(message.data)); } catch (e) { console.warn("unreadable server event"); }
       };
-      setState("connecting", "calling the Realtime service…");
+      setState("connecting", "calling the voice service…");
       mine.callId = await sendOffer(pc, session.ephemeral_key);
       document.body.dataset.callId = mine.callId;
+      $("detail-call-id").textContent = mine.callId;
+      $("call-details").hidden = false;
       await channelOpen(channel);
       if (mine.ended) return;
       // The channel closes first on a hangup; the feed's call.ended (with the
@@ -345,12 +431,15 @@
       if (mine.ended) return;
       mine.source = follow(mine.callId);
       $("live").hidden = false;
-      setState("live", `call ${mine.callId}`);
+      mine.live = true;
+      setState("live", "");
     } catch (e) {
       // already ended (Hang up while connecting): what failed since is a consequence
       if (mine.ended || mine !== call) return endCall("", null, mine);
-      endCall("ended: the call did not start", null, mine);
+      endCall("ended: it did not start", null, mine);
       if (e instanceof ApiFailure && e.kind === "unauthorized") return showSignIn(e.message);
+      const badLink = linked && linkError(e, linked);
+      if (badLink) return showError(badLink, "link", { href: "/", words: "Open the console without the link" });
       showError(e.message || String(e), e.kind || "error");
     }
   }
@@ -371,12 +460,19 @@
     stopTracks(resources);
     if (resources !== call) return;
     $("remote-audio").srcObject = null;
+    for (const turn of $("conversation").querySelectorAll("[aria-busy]")) turn.removeAttribute("aria-busy");
     document.body.dataset.endReason = why || words;
-    setState("ended", words.replace(/^ended: /, ""));
+    $("detail-end-reason").textContent = why || "—";
+    setState("ended", words.replace(/^ended: /, ""), resources.live ? "call ended" : "no call");
   }
 
   function resetView() {
     for (const id of ["conversation", "tools", "nav-hints", "observer"]) $(id).replaceChildren();
+    $("suggestions").hidden = true;
+    $("observer-box").hidden = true;
+    $("call-details").hidden = true;
+    $("detail-call-id").textContent = "—";
+    $("detail-end-reason").textContent = "—";
     showAbout(null, null);
     delete document.body.dataset.callId;
     delete document.body.dataset.endReason;
@@ -400,6 +496,9 @@
     $("call-panel").hidden = false;
     $("logout").hidden = !config.token_required;
     $("demo-badge").hidden = !config.demo;
+    $("demo-note").hidden = !config.demo;
+    $("mic-level").title = config.demo ? "the demo does not listen to it" : "";
+    showNotices(config.notices);
   }
 
   async function signIn(event) {
@@ -409,8 +508,9 @@
     field.value = "";          // the token lives nowhere in the page after this
     try {
       await api("POST", "/api/voice/login", { token });
-      config.signed_in = true;
+      config = await api("GET", "/api/voice/console-config");   // now with what a signed-in page is told
       showConsole();
+      $("start").focus();
     } catch (e) {
       showSignIn(e.kind === "unauthorized" ? "That token was not accepted." : e.message);
     }

@@ -168,17 +168,18 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     voice = VoiceState(settings=settings, brain_backend=brain_backend)
     app.extensions["voiceactors"] = voice
     _install_request_hooks(app, settings)
+    failures = ratelimit.TokenFailures(settings)   # every refused credential's bucket, any route
     hosts.install(app, settings)          # first: a rebound page learns nothing, not even 401
-    auth.install(app, settings)
-    limiter = ratelimit.install(app, settings)
+    auth.install(app, settings, failures)
+    limiter = ratelimit.install(app, settings, failures)
     errors.install(app)
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)
     app.register_blueprint(console_bp)
-    mcp = McpEndpoint(settings, lambda: voice.runtime.tools if voice.runtime is not None else None)
+    mcp = McpEndpoint(settings, lambda: voice.runtime.tools if voice.runtime is not None else None, failures)
     app.asgi_app = PathSwitch(app, app.asgi_app, MCP_PATH, mcp)  # type: ignore[method-assign]
     app.trusted_proxies = TrustedProxies(settings.trusted_proxies)
-    app.fast_connect = FastConnect(settings, voice, limiter)
+    app.fast_connect = FastConnect(settings, voice, limiter, failures)
     if app.trusted_proxies:               # outermost: everything after it sees the forwarded client
         app.asgi_app = ForwardedScope(app.asgi_app, app.trusted_proxies)  # type: ignore[method-assign]
     _install_lifespan(app, voice, mcp)

@@ -53,6 +53,7 @@ from voiceactors.http.errors import BUSY, RATE_LIMITED
 from voiceactors.http.fast_connect import replaying
 from voiceactors.http.forwarded import TrustedProxies
 from voiceactors.http.ratelimit import RATE_LIMITED_POSTS, bucket_key, retry_after
+from voiceactors.http.targets import scope_path, target_path
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="http")
@@ -100,7 +101,7 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
         the nursery's body, instead of a task of its own: the same nursery
         and the same cancellations (a disconnect cancels the nursery, the
         body with it; the handler cancels it when done), one task spawn and
-        its first step fewer per request (docs/benchmarks.md § 19)."""
+        its first step fewer per request."""
         request = self._create_request_from_scope(send)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.handle_messages, nursery, request, receive)
@@ -200,8 +201,8 @@ class RateLimitRefusal:
 
 
 def whole_request(data: bytes) -> tuple[str, str] | None:
-    """``(method, path)`` when ``data`` is exactly one whole HTTP/1.x request
-    with a ``Content-Length`` body (or none), else None."""
+    """``(method, routed path)`` when ``data`` is exactly one whole HTTP/1.x
+    request with a ``Content-Length`` body (or none), else None."""
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
@@ -221,7 +222,8 @@ def whole_request(data: bytes) -> tuple[str, str] | None:
             length = int(value.strip())
     if len(data) - end - 4 != (length or 0):
         return None                          # body not all here, or more than one request
-    return parts[0].decode("latin-1"), parts[1].decode("latin-1").split("?", 1)[0]
+    path = target_path(parts[1])             # the path Quart would route (targets.py), as every limit keys on
+    return None if path is None else (parts[0].decode("latin-1"), path)
 
 
 _date_cache: tuple[int, str] = (0, "")
@@ -251,17 +253,17 @@ async def _answer_busy(send: Any) -> None:
 
 
 class PathSwitch:
-    """The app's ASGI entry (``app.asgi_app``): ``/mcp`` (exactly: a POST
-    there is never redirected) goes to the MCP endpoint
-    (``voiceactors/http/mcp.py``), everything else — lifespan included —
-    to Quart. ``/mcp`` requests count toward ``max_requests_in_flight`` like
+    """The app's ASGI entry (``app.asgi_app``): ``/mcp`` (exactly, as Quart
+    would route it: ``targets.py``; a POST there is never redirected) goes
+    to the MCP endpoint (``voiceactors/http/mcp.py``), everything else —
+    lifespan included — to Quart. ``/mcp`` requests count toward ``max_requests_in_flight`` like
     every other request."""
 
     def __init__(self, app: Any, quart: Any, path: str, endpoint: Any) -> None:
         self.app, self.quart, self.path, self.endpoint = app, quart, path, endpoint
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("path") != self.path:
+        if scope.get("type") != "http" or scope_path(scope) != self.path:
             await self.quart(scope, receive, send)
             return
         app = self.app

@@ -12,20 +12,39 @@ preflight (a ``text/plain`` POST, or one without a body); unguarded, any page
 could mint sessions on the user's OpenAI account or force brain refreshes.
 So a request a browser marks ``Sec-Fetch-Site: cross-site`` is refused (403),
 and a POST body must be declared JSON (415): a cross-origin JSON POST needs a
-CORS preflight, which this server never grants.
+CORS preflight, which this server never grants. A request it marks
+``same-site`` (a page on another port of the same host) is refused too (403
+``origin not allowed``): such a page's GETs carry no ``Origin`` and, on the
+same site, the console's ``SameSite=Strict`` cookie, so without this it could
+drain ``/api/voice/observer-actions`` or hold an event stream open. The
+console's own requests are ``same-origin``; nothing of the API is meant for
+another origin (no CORS is granted), so the rule holds for every
+``/api/voice/*`` request, with a cookie, a token or neither (open loopback).
+
+Guessing the token is throttled wherever a credential is checked: a request
+that presents one (an ``Authorization`` header, the console's session
+cookie) and is refused draws from the client's ``ratelimit.TokenFailures``
+bucket, the sign-in's; a client over it is answered 429 before its
+credential is compared (``check_credential``, for every route, ``/mcp`` and
+the console's config too). A request that presents none guessed nothing
+and draws nothing.
 """
 
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
+from typing import Callable
 
-from quart import Quart, request
+from quart import Quart, current_app, request
 
 from voiceactors.http import console_sessions
-from voiceactors.http.errors import CROSS_SITE, NOT_JSON_CONTENT, UNAUTHORIZED, ApiError
+from voiceactors.http.errors import CROSS_SITE, NOT_JSON_CONTENT, ORIGIN_NOT_ALLOWED, UNAUTHORIZED, ApiError
+from voiceactors.http.ratelimit import TokenFailures, client_address, refuse_after
 from voiceactors.settings import Settings
 
 PROTECTED_PREFIX = "/api/voice/"
+_FAILURES = "voiceactors_token_failures"     # the app's TokenFailures, in app.extensions
 
 
 class InsecureSettings(ValueError):
@@ -54,10 +73,58 @@ def authorized(settings: Settings, header: str | None) -> bool:
     return hmac.compare_digest(presented.strip().encode("utf-8"), settings.api_token.encode("utf-8"))
 
 
-def cross_site(fetch_site: str | None) -> bool:
-    """A ``Sec-Fetch-Site`` value a browser sends with a cross-site request
-    (the browser guard refuses it; the rule of every path that guards)."""
-    return (fetch_site or "").strip().lower() == "cross-site"
+@dataclass(frozen=True)
+class TokenCheck:
+    """A request's credential checked: ``accepted``, or refused; ``locked_s``
+    > 0 when its client is over the failure bucket (answer 429, that long)."""
+
+    accepted: bool
+    locked_s: float = 0.0
+
+
+def check_credential(failures: TokenFailures, client: str, presented: bool, matches: Callable[[], bool]) -> TokenCheck:
+    """The one rule of every credential check: nothing ``presented`` is
+    refused and draws nothing (nothing was guessed); a client over its
+    failure bucket is locked out before ``matches`` is asked (a right token
+    too: a 200 would confirm a guess); a credential that does not match
+    draws one token."""
+    if not presented:
+        return TokenCheck(False)
+    locked = failures.locked_for(client)
+    if locked > 0:
+        return TokenCheck(False, locked)
+    if matches():
+        return TokenCheck(True)
+    failures.refused(client)
+    return TokenCheck(False)
+
+
+def request_credential(settings: Settings) -> TokenCheck:
+    """The current Quart request's bearer token or session cookie (either
+    one stands in), checked by ``check_credential``."""
+    header = request.headers.get("Authorization")
+    cookie = request.cookies.get(console_sessions.COOKIE_NAME)
+    failures: TokenFailures = current_app.extensions[_FAILURES]
+    return check_credential(failures, client_address(request.scope), header is not None or cookie is not None,
+                            lambda: authorized(settings, header) or console_sessions.store().valid(cookie))
+
+
+def foreign_fetch(fetch_site: str | None) -> str | None:
+    """The 403 message for a request a browser marks as sent by a page of
+    another origin (``Sec-Fetch-Site``): ``cross-site`` another site,
+    ``same-site`` another origin of this site (another port on localhost,
+    another subdomain), which ``SameSite=Strict`` still sends the console's
+    cookie with and whose GETs carry no ``Origin``. None for what the
+    console itself sends (``same-origin``), a person's own navigation
+    (``none``) and no header at all (not a browser, or one without Fetch
+    Metadata: ``hosts.py``'s ``Origin`` check stays the guard there). The
+    rule of every path that guards."""
+    site = (fetch_site or "").strip().lower()
+    if site == "cross-site":
+        return CROSS_SITE
+    if site == "same-site":
+        return ORIGIN_NOT_ALLOWED
+    return None
 
 
 def json_mimetype(mimetype: str) -> bool:
@@ -78,17 +145,19 @@ def _declared_json_or_empty() -> bool:
     return not chunked and not request.content_length
 
 
-def install(app: Quart, settings: Settings) -> None:
+def install(app: Quart, settings: Settings, failures: TokenFailures) -> None:
     """Guard every ``/api/voice/*`` request before routing: the browser guard
     always, the token when one is required (unknown paths under the prefix
-    answer 401, not 404)."""
+    answer 401, not 404), each refused credential drawing from ``failures``."""
+    app.extensions[_FAILURES] = failures
 
     @app.before_request
     async def _browser_guard() -> None:
         if not request.path.startswith(PROTECTED_PREFIX):
             return
-        if cross_site(request.headers.get("Sec-Fetch-Site")):
-            raise ApiError(403, CROSS_SITE)
+        foreign = foreign_fetch(request.headers.get("Sec-Fetch-Site"))
+        if foreign is not None:
+            raise ApiError(403, foreign)
         if request.method == "POST" and not _declared_json_or_empty():
             raise ApiError(415, NOT_JSON_CONTENT)
 
@@ -99,6 +168,9 @@ def install(app: Quart, settings: Settings) -> None:
     async def _require_token() -> None:
         # The console's session cookie (console_sessions) stands in for the
         # token, and its sign-in paths are reachable without either.
-        if request.path.startswith(PROTECTED_PREFIX) and not console_sessions.is_public(request.path) and not (
-                authorized(settings, request.headers.get("Authorization")) or console_sessions.has_valid_cookie()):
+        if not request.path.startswith(PROTECTED_PREFIX) or console_sessions.is_public(request.path):
+            return
+        check = request_credential(settings)
+        refuse_after(check.locked_s)
+        if not check.accepted:
             raise ApiError(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})

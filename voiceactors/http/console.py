@@ -15,14 +15,18 @@ import functools
 import mimetypes
 import re
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
-from quart import Blueprint, Response, jsonify, request
+import trio
+from quart import Blueprint, Response, current_app, jsonify, request
 
+from voiceactors import notices
 from voiceactors.http import auth, console_sessions, history, timeline_svg
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
+from voiceactors.http.ratelimit import refuse_after
 from voiceactors.http.routes import CALL_ID_RE, _json_object, state
 from voiceactors.logs import get_logger
 from voiceactors.storage import run_sync
@@ -35,6 +39,8 @@ TOKEN_REQUIRED = "token is required"
 NOT_FOUND = "not found"
 
 _log = get_logger(actor="http")
+
+T = TypeVar("T")
 
 console_bp = Blueprint("console", __name__)
 
@@ -123,10 +129,22 @@ async def asset(name: str) -> Any:
 async def console_config() -> Any:
     settings = state().settings
     required = auth.token_required(settings)
-    signed_in = not required or auth.authorized(settings, request.headers.get("Authorization")) \
-        or console_sessions.has_valid_cookie()
-    return jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
-                    "signed_in": bool(signed_in), "demo": settings.demo})
+    signed_in = not required
+    if required:         # this answer tells a right token from a wrong one: the same check as every route's
+        check = auth.request_credential(settings)
+        refuse_after(check.locked_s)
+        signed_in = check.accepted
+    # what the first screen should say before Start (no key, an empty journal):
+    # only to a page that may use the API
+    said = await run_sync(notices.startup_notices, settings) if signed_in else []
+    response = jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
+                        "signed_in": bool(signed_in), "demo": settings.demo,
+                        "notices": [notice.value for notice in said]})
+    if not signed_in and request.cookies.get(console_sessions.COOKIE_NAME) is not None:
+        # a session the server no longer knows (a restart, an expiry): the browser drops it now,
+        # so each page load before signing in again does not draw from the failure bucket
+        console_sessions.clear_cookie(response)
+    return response
 
 
 @console_bp.post("/api/voice/login")
@@ -168,18 +186,41 @@ def _limit() -> int:
     return int(raw)
 
 
+#: Worker threads reading call records for the history at once. Each may
+#: read up to ``history.MAX_RECORD_BYTES`` a record (``MAX_LIST`` records for
+#: a list): on ``storage.limiter()``'s slots, a few such requests took every
+#: slot the tool calls' reads use, and a read waited for them.
+RECORD_READERS = 2
+_record_readers: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("voiceactors_record_readers")
+
+
+async def _read_records(make: Callable[..., T], *args: Any) -> T:
+    """``make(*args)`` in a worker thread of the history's own, at most
+    ``RECORD_READERS`` at once (the others wait their turn, not the tools)."""
+    try:
+        readers = _record_readers.get()
+    except LookupError:
+        readers = trio.CapacityLimiter(RECORD_READERS)
+        _record_readers.set(readers)
+    return await trio.to_thread.run_sync(make, *args, limiter=readers, abandon_on_cancel=True)
+
+
 @console_bp.get("/api/voice/calls")
 async def list_calls() -> Any:
     limit = _limit()
-    calls = await run_sync(history.list_calls, history.history_root(state().settings), limit)
+    calls = await _read_records(history.list_calls, history.history_root(state().settings), limit)
     return jsonify({"calls": calls})
 
 
-async def _detail(call_id: str) -> dict[str, Any]:
+async def _from_record(call_id: str, make: Callable[[Path, str], T]) -> T:
+    """``make(state folder, call_id)`` in a worker thread: reading a record,
+    summarising it, drawing it and encoding the answer are work in
+    proportion to the record (up to ``history.MAX_RECORD_BYTES``), which on
+    the trio thread held up every other request meanwhile."""
     if not CALL_ID_RE.fullmatch(call_id):
         raise ApiError(400, E.CALL_ID_INVALID)
     try:
-        return await run_sync(history.call_detail, history.history_root(state().settings), call_id)
+        return await _read_records(make, history.history_root(state().settings), call_id)
     except FileNotFoundError:
         raise ApiError(404, E.CALL_NOT_FOUND) from None
     except (history.RecordUnreadable, OSError) as error:
@@ -189,11 +230,14 @@ async def _detail(call_id: str) -> dict[str, Any]:
 
 @console_bp.get("/api/voice/calls/<call_id>")
 async def call_detail(call_id: str) -> Any:
-    return jsonify(await _detail(call_id))
+    provider = current_app.json     # jsonify's encoding, run in the worker thread with the rest
+    body = await _from_record(call_id, lambda root, cid: provider.dumps(
+        history.call_detail(root, cid), separators=(",", ":")) + "\n")
+    return current_app.response_class(body, mimetype=provider.mimetype)   # type: ignore[attr-defined]
 
 
 @console_bp.get("/api/voice/calls/<call_id>/timeline.svg")
 async def call_timeline(call_id: str) -> Any:
-    detail = await _detail(call_id)
-    response = Response(timeline_svg.render(detail["lines"]), status=200, content_type="image/svg+xml; charset=utf-8")
+    svg = await _from_record(call_id, lambda root, cid: timeline_svg.render(history.call_lines(root, cid)))
+    response = Response(svg, status=200, content_type="image/svg+xml; charset=utf-8")
     return _hardened(response, "default-src 'none'")

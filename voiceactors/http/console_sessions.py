@@ -85,11 +85,6 @@ def token_matches(token: str, presented: object) -> bool:
     return isinstance(presented, str) and hmac.compare_digest(presented.encode("utf-8"), token.encode("utf-8"))
 
 
-def has_valid_cookie() -> bool:
-    """True when the current request carries a live session cookie."""
-    return store().valid(request.cookies.get(COOKIE_NAME))
-
-
 def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS
 

@@ -4,11 +4,12 @@ Why: a connect is the costliest request the server gets in numbers (a
 capacity step's join, a burst), and Quart's request machinery (its request
 context, the werkzeug request and headers, the hooks, routing, ``jsonify``,
 the response object, ``finalize_request``) was about a millisecond of a
-connect's ~6 ms of CPU (docs/benchmarks.md § 28). The route itself is
+connect's ~6 ms of CPU. The route itself is
 synchronous for a plain connect (``Runtime.connect_now``, ``brain_now``, the
 key kept in memory), so the whole answer can be given from the ASGI scope.
 
-Which requests: ``POST /api/voice/connect`` whose body is exactly
+Which requests: ``POST /api/voice/connect`` (the path Quart routes, in any
+spelling of the target: ``targets.py``) whose body is exactly
 ``{"call_id": "<valid id>"}`` (declared JSON, a ``Content-Length`` within the
 body limit, no ``Transfer-Encoding`` or ``Expect``), that every guard lets
 through (the Host and Origin check, the browser guard, the bearer token when
@@ -51,9 +52,10 @@ from voiceactors.actors.messages import ConnectOutcome
 from voiceactors.http import auth, in_flight
 from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE
 from voiceactors.http.hosts import HostPolicy, host_refusal
-from voiceactors.http.ratelimit import RateLimiter, bucket_key
+from voiceactors.http.ratelimit import RateLimiter, TokenFailures, bucket_key, client_address
 from voiceactors.http.request_ids import request_id_for
 from voiceactors.http.routes import CALL_ID_RE
+from voiceactors.http.targets import scope_path, target_path
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -95,15 +97,16 @@ class FastConnect:
     """The plain connect's answer for one app: ``serve`` answers it, or
     returns the messages it read for Quart to be given again."""
 
-    def __init__(self, settings: Settings, voice: Any, limiter: RateLimiter) -> None:
+    def __init__(self, settings: Settings, voice: Any, limiter: RateLimiter, failures: TokenFailures) -> None:
         self._settings = settings
         self._voice = voice                 # routes.VoiceState: the live runtime
         self._hosts = HostPolicy.from_settings(settings)
         self._limiter = limiter
+        self._failures = failures
         self._token_required = auth.token_required(settings)
 
     def wants(self, scope: Any) -> bool:
-        return scope.get("path") == CONNECT_PATH and scope.get("method") == "POST" and self.can_answer()
+        return scope.get("method") == "POST" and scope_path(scope) == CONNECT_PATH and self.can_answer()
 
     def can_answer(self) -> bool:
         """The runtime answers a connect in its step (``connect_now``) or,
@@ -211,12 +214,14 @@ class FastConnect:
         if host_refusal(self._hosts, host_text, origin.decode("latin-1") if origin is not None else None,
                         scope.get("server")) is not None:
             return False
-        if auth.cross_site(headers.get(b"sec-fetch-site", b"").decode("latin-1")):
+        if auth.foreign_fetch(headers.get(b"sec-fetch-site", b"").decode("latin-1")) is not None:
             return False
         if self._token_required:
             authorization = headers.get(b"authorization")
             if not auth.authorized(self._settings, authorization.decode("latin-1") if authorization else None):
                 return False       # the console's cookie may stand in: Quart's hook decides
+            if self._failures.locked_for(client_address(scope)) > 0:
+                return False       # locked out by its refused tokens: Quart's hook answers 429
         key = bucket_key(scope)
         return key is None or self._limiter.wait_for(key) <= 0
 
@@ -294,8 +299,6 @@ def replaying(read: list[Any], receive: Receive) -> Receive:
     return replay
 
 
-#: the first bytes of a request this path may answer from a connection's first read
-_CONNECT_LINE = (b"POST " + CONNECT_PATH.encode() + b" ", b"POST " + CONNECT_PATH.encode() + b"?")
 ServerHeaders = Callable[[], list[tuple[bytes, bytes]]]
 
 
@@ -310,7 +313,7 @@ class FirstReadConnect:
     connection from a trusted proxy, the app at its in-flight cap) goes to
     hypercorn as it came. Why: hypercorn's connection (three tasks, h11 both
     ways, its ASGI stream) was ~a third of a plain connect's CPU once Quart
-    was out of it (docs/benchmarks.md § 28)."""
+    was out of it."""
 
     def __init__(self, app: Any, server_headers: ServerHeaders) -> None:
         self._app = app                     # its ``fast_connect`` answers (None: this is off too)
@@ -329,7 +332,7 @@ class FirstReadConnect:
         Without a shared registry in this step; with one (``--redis``) the
         lease is won in this task, counted in the app's requests in flight
         meanwhile, as hypercorn's request would be."""
-        if not data.startswith(_CONNECT_LINE):
+        if _posted_path(data) != CONNECT_PATH:
             return None
         app = self._app
         fast: FastConnect | None = getattr(app, "fast_connect", None)
@@ -360,6 +363,15 @@ class FirstReadConnect:
         if close:
             lines.append(b"Connection: close")       # what h11 adds for a client that asked to close
         return b"\r\n".join(lines) + b"\r\n\r\n" + response_body, close
+
+
+def _posted_path(data: bytes) -> str | None:
+    """The routed path (``targets.py``) of the POST whose request line
+    starts ``data``; None for any other method or a line not all here."""
+    if not data.startswith(b"POST "):
+        return None
+    end = data.find(b" ", 5)
+    return target_path(data[5:end]) if end > 5 else None
 
 
 def _one_request(data: bytes) -> tuple[h11.Request, bytes] | None:

@@ -1,12 +1,12 @@
-"""One socket write per fixed-length HTTP response (issue 14, the connect).
+"""One socket write per fixed-length HTTP response (a connect's answer among them).
 
 hypercorn writes a response as separate sends: the head (``h11.Response``)
 when the app starts the response, the body (``h11.Data``) when it sends it,
 then the end (``h11.EndOfMessage``: no bytes for a body of known length).
 Each non-empty send is a system call, and on loopback the sender's call also
 runs the receiver's TCP path: the response's two sends were 6–8 % of a
-connect's Python samples (docs/benchmarks.md § 13; § 19 counts the sends
-and the scheduler turns saved). ``HeadHold`` is the rule
+connect's Python samples, and each saved send is a scheduler turn saved
+too. ``HeadHold`` is the rule
 that joins them, with no I/O: a *whole head of a fixed-length response*
 (one write that is exactly a head, ``content-length`` above 0, no
 ``transfer-encoding``) is kept back and goes out in front of the next write,

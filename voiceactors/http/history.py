@@ -1,6 +1,7 @@
 """Call history: summaries and lines of the call records, for the console.
 
-Records are read only through ``call_record.read_record``. A record may lack
+Records are read only through ``call_record.parse_record`` (the file read
+bounded, regular files only). A record may lack
 its ``end`` line (the call is still live, or the server died mid-call) and
 may hold line kinds this module does not know: both are shown for what they
 are, never an error. Listing is bounded (``MAX_LIST``) and newest first by
@@ -13,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from voiceactors.actors.call_record import read_record, record_path
+from voiceactors import storage
+from voiceactors.actors.call_record import parse_record, record_path
 from voiceactors.usage import Tokens, round_usd
 
 DEFAULT_LIST = 50
 MAX_LIST = 200
+FIRST_WORDS_CHARS = 80        # the call list's "what was said": about one line
 MAX_RECORD_BYTES = 4 * 1024 * 1024    # a record larger than this is not loaded into a page
 
 
@@ -78,15 +81,22 @@ def list_record_files(state_dir: Path, limit: int = DEFAULT_LIST) -> list[Record
 
 
 def load_lines(path: Path) -> list[dict[str, Any]]:
-    """A record's lines (objects only). Raises ``RecordUnreadable``;
-    ``FileNotFoundError`` when there is no record."""
-    if path.stat().st_size > MAX_RECORD_BYTES:
+    """A record's lines (objects only). Raises ``RecordUnreadable`` (also
+    for a file that is not a regular one: a FIFO in ``calls/`` held a worker
+    thread, and the request, for good); ``FileNotFoundError`` when there is
+    no record. At most ``MAX_RECORD_BYTES`` are read."""
+    try:
+        with storage.open_regular(path) as handle:
+            data = handle.read(MAX_RECORD_BYTES + 1)
+    except ValueError:
+        raise RecordUnreadable("not a regular file") from None
+    if len(data) > MAX_RECORD_BYTES:
         raise RecordUnreadable("record too large")
     try:
-        lines = [line for line in read_record(path) if isinstance(line, dict)]
-    except (ValueError, UnicodeDecodeError) as error:
+        lines = [line for line in parse_record(data.decode("utf-8", "replace")) if isinstance(line, dict)]
+    except (ValueError, RecursionError) as error:
         raise RecordUnreadable(type(error).__name__) from None
-    if not lines and path.stat().st_size > 0:
+    if not lines and data:
         raise RecordUnreadable("no record line")    # a reader that skips torn lines found nothing whole
     return lines
 
@@ -123,8 +133,24 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "barge_ins": sum(1 for r in responses if r.get("status") == "cancelled"),
         "reconnects": sum(1 for line in lines if line.get("kind") == "reconnect"),
         "runs": max(1, len(starts)),
+        "first_words": first_words(lines),
         **usage_summary(lines),
     }
+
+
+def first_words(lines: list[dict[str, Any]]) -> str | None:
+    """What the call was about, for a list a person scans: the first thing
+    the person said (else the assistant's first words), cut at a word
+    boundary near ``FIRST_WORDS_CHARS``; None when nothing was transcribed."""
+    spoken = [entry for entry in spoken_transcript(lines) if entry["text"].strip()]
+    first = next((e for e in spoken if e["role"] == "user"), spoken[0] if spoken else None)
+    if first is None:
+        return None
+    text = " ".join(first["text"].split())
+    if len(text) <= FIRST_WORDS_CHARS:
+        return text
+    cut = text[:FIRST_WORDS_CHARS].rsplit(" ", 1)[0] or text[:FIRST_WORDS_CHARS]
+    return cut.rstrip(",.;:") + "…"
 
 
 def usage_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -187,15 +213,21 @@ def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any
     return out
 
 
-def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
-    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
-    (``usage``: one entry per response, from the ``usage`` lines).
+def call_lines(state_dir: Path, call_id: str) -> list[dict[str, Any]]:
+    """One call's record lines over every state folder that has its record.
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
     found = [record_path(folder, call_id) for folder in state_folders(state_dir)]
     paths = sorted((p for p in found if p.exists()), key=lambda p: p.stat().st_mtime)
     if not paths:
         raise FileNotFoundError(found[0])
-    lines = load_call_lines(tuple(paths))
+    return load_call_lines(tuple(paths))
+
+
+def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
+    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
+    (``usage``: one entry per response, from the ``usage`` lines).
+    Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
+    lines = call_lines(state_dir, call_id)
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
              for line in lines if line.get("kind") == "usage"]

@@ -17,12 +17,17 @@ each answering ``{"error": "..."}`` with the app's strings:
 1. a declared body over ``body_limit``: 413 ``request body too large``;
 2. ``Host`` not one of ours: 421; an ``Origin`` not our own: 403
    (DNS rebinding, ``http/hosts.py``);
-3. a browser's ``Sec-Fetch-Site: cross-site``: 403; any method but POST:
+3. a browser's ``Sec-Fetch-Site: cross-site`` (or ``same-site``: another
+   origin of this site): 403; any method but POST:
    405 ``method not allowed`` (a stateless server has no stream to open
    with GET and no session to end with DELETE; the SDK would hold a GET
    open until the client left); a POST not declared JSON: 415;
 4. the bearer token where one is required (``http/auth.py``: off loopback,
-   or whenever configured): 401 with ``WWW-Authenticate: Bearer``;
+   or whenever configured): 401 with ``WWW-Authenticate: Bearer`` and
+   parameters that say which token (``TOKEN_CHALLENGE``); a wrong one
+   draws from the client's token-failure bucket, the app's (shared with
+   every route and the sign-in), and a client over it is answered 429
+   with ``Retry-After`` before its token is compared;
 5. the client's rate (``mcp_rate_limit_per_s``, one token per request, a
    bucket per client address, ``http/ratelimit.py``): 429 with
    ``Retry-After``. This stands in for the voice calls' per-turn bound;
@@ -46,7 +51,6 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from voiceactors import metrics
 from voiceactors.http import auth
 from voiceactors.http.errors import (
-    CROSS_SITE,
     NOT_JSON_CONTENT,
     RATE_LIMITED,
     RUNTIME_UNAVAILABLE,
@@ -54,7 +58,7 @@ from voiceactors.http.errors import (
     UNAUTHORIZED,
 )
 from voiceactors.http.hosts import HostPolicy, host_refusal
-from voiceactors.http.ratelimit import RateLimiter, client_address, retry_after
+from voiceactors.http.ratelimit import RateLimiter, TokenFailures, client_address, retry_after
 from voiceactors.logs import get_logger
 from voiceactors.mcp_server.server import build_server
 from voiceactors.mcp_server.tools import ExecutorInbox, ToolCaller
@@ -63,6 +67,12 @@ from voiceactors.settings import Settings
 MCP_PATH = "/mcp"
 METHOD_NOT_ALLOWED = "method not allowed"     # the app's 405 message (http/errors.py)
 RESTART_AFTER_S = 1.0      # after the SDK's task group failed, until the next one starts
+# A bare ``Bearer`` challenge reads to an MCP client as "go and find an OAuth
+# server" (MCP Inspector 2.x starts its OAuth flow on it); this server takes a
+# fixed API token and has no OAuth server. The realm and description say which
+# token, for a client (or a person reading the response) to ask for it.
+TOKEN_CHALLENGE = ('Bearer realm="voiceactors", error_description="this server takes its API token '
+                   '(VOICEACTORS_API_TOKEN) as the bearer token; it has no OAuth server"')
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,8 +103,10 @@ class McpEndpoint:
     """The ``/mcp`` ASGI app (see the module docstring). ``inbox`` answers
     the live ToolExecutor's inbox, or None while no runtime is up."""
 
-    def __init__(self, settings: Settings, inbox: Callable[[], ExecutorInbox | None]) -> None:
+    def __init__(self, settings: Settings, inbox: Callable[[], ExecutorInbox | None],
+                 failures: TokenFailures) -> None:
         self.settings = settings
+        self.failures = failures
         self.hosts = HostPolicy.from_settings(settings)
         self.token_required = auth.token_required(settings)
         self.limiter = RateLimiter(settings.mcp_rate_limit_burst, settings.mcp_rate_limit_per_s,
@@ -180,17 +192,28 @@ class McpEndpoint:
         refused = host_refusal(self.hosts, header(scope, b"host"), header(scope, b"origin"), scope.get("server"))
         if refused is not None:
             raise Refusal(*refused)
-        if auth.cross_site(header(scope, b"sec-fetch-site")):
-            raise Refusal(403, CROSS_SITE)
+        foreign = auth.foreign_fetch(header(scope, b"sec-fetch-site"))
+        if foreign is not None:
+            raise Refusal(403, foreign)
         if scope.get("method") != "POST":
             raise Refusal(405, METHOD_NOT_ALLOWED, {"Allow": "POST"})
         if not auth.declared_json(header(scope, b"content-type")):
             raise Refusal(415, NOT_JSON_CONTENT)
-        if self.token_required and not auth.authorized(self.settings, header(scope, b"authorization")):
-            raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
-        wait = self.limiter.take((MCP_PATH, client_address(scope)))
+        client = client_address(scope)
+        if self.token_required:
+            self._check_token(client, header(scope, b"authorization"))
+        wait = self.limiter.take((MCP_PATH, client))
         if wait > 0:
             raise Refusal(429, RATE_LIMITED, {"Retry-After": retry_after(wait)})
+
+    def _check_token(self, client: str, authorization: str | None) -> None:
+        """Guard 4: the bearer token, by the app's one rule (``auth.check_credential``)."""
+        check = auth.check_credential(self.failures, client, authorization is not None,
+                                      lambda: auth.authorized(self.settings, authorization))
+        if check.locked_s > 0:
+            raise Refusal(429, RATE_LIMITED, {"Retry-After": retry_after(check.locked_s)})
+        if not check.accepted:
+            raise Refusal(401, UNAUTHORIZED, {"WWW-Authenticate": TOKEN_CHALLENGE})
 
     async def _read_body(self, receive: Receive) -> bytes:
         """The whole request body, at most ``body_limit`` bytes (guard 6)."""

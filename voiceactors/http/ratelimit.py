@@ -18,6 +18,12 @@ tries, then waits a minute per try, while a browser signing in with the
 right token is never slowed down. The reservation is taken before the
 token is compared, so parallel guesses cannot overdraw the bucket. Both
 buckets are off when ``rate_limit_per_s`` is 0.
+
+That stricter bucket is the app's one ``TokenFailures``: every refused
+credential draws from it, not only the sign-in's — a wrong bearer token or
+session cookie on any route, ``/mcp`` included (``auth.py``), so the same
+token cannot be guessed on a route that costs nothing instead. A client
+over it is refused 429 before its credential is compared.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import trio
 from quart import Quart, g, request
 
 from voiceactors.http.errors import RATE_LIMITED, ApiError
+from voiceactors.http.targets import scope_path
 from voiceactors.settings import Settings
 
 LOGIN_PATH = "/api/voice/login"
@@ -93,6 +100,39 @@ class RateLimiter:
             bucket.tokens = min(float(self.burst), bucket.tokens + 1.0)
 
 
+class TokenFailures:
+    """The per-client bucket every refused credential draws from (one per
+    app): ``LOGIN_FAILURE_BURST`` refusals at once, then one every
+    ``1 / LOGIN_FAILURE_PER_S`` seconds. Keyed by the client address
+    (``client_address``: a trusted proxy's forwarded client), so one
+    client's guesses never lock another out. Off with the rate limits."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._bucket = RateLimiter(LOGIN_FAILURE_BURST, LOGIN_FAILURE_PER_S if settings.rate_limit_per_s > 0 else 0.0,
+                                   settings.rate_limit_clients)
+
+    @property
+    def enabled(self) -> bool:
+        return self._bucket.enabled
+
+    def locked_for(self, client: str) -> float:
+        """The seconds until ``client`` may present a credential again (0.0: now); takes nothing."""
+        return self._bucket.wait_for(client)
+
+    def refused(self, client: str) -> None:
+        """A credential of ``client``'s was refused: it draws one token."""
+        self._bucket.take(client)
+
+    def reserve(self, client: str) -> float:
+        """Take a token before a comparison that awaits (the sign-in reads
+        its body first): 0.0 when taken, else the wait (nothing taken)."""
+        return self._bucket.take(client)
+
+    def give_back(self, client: str) -> None:
+        """The reserved comparison succeeded: its token comes back."""
+        self._bucket.give_back(client)
+
+
 def client_address(scope: Mapping[str, Any]) -> str:
     client = scope.get("client")
     if isinstance(client, (tuple, list)) and client:
@@ -103,18 +143,21 @@ def client_address(scope: Mapping[str, Any]) -> str:
 def bucket_key(scope: Mapping[str, Any]) -> tuple[str, str] | None:
     """The bucket a request draws from — ``(path, client address)`` for a
     rate-limited POST, None for every other request. One rule for the app's
-    hook and the ASGI layer's early refusal (asgi.py)."""
-    path = scope.get("path")
-    if scope.get("method") != "POST" or path not in RATE_LIMITED_POSTS:
+    hook and the early refusals (asgi.py, fast_connect.py); the path is the
+    one Quart routes (``targets.py``: an absolute-form or doubled-slash
+    target draws from the same bucket as the origin form)."""
+    if scope.get("method") != "POST":
         return None
-    return str(path), client_address(scope)
+    path = scope_path(scope)
+    if path not in RATE_LIMITED_POSTS:
+        return None
+    return path, client_address(scope)
 
 
-def install(app: Quart, settings: Settings) -> RateLimiter:
-    """Limit the costly POSTs per client (after the host, browser and token guards)."""
+def install(app: Quart, settings: Settings, failed_logins: TokenFailures) -> RateLimiter:
+    """Limit the costly POSTs per client (after the host, browser and token
+    guards); a sign-in reserves a token of ``failed_logins``."""
     limiter = RateLimiter(settings.rate_limit_burst, settings.rate_limit_per_s, settings.rate_limit_clients)
-    failed_logins = RateLimiter(LOGIN_FAILURE_BURST, LOGIN_FAILURE_PER_S if limiter.enabled else 0.0,
-                                settings.rate_limit_clients)
 
     app.extensions["voiceactors_rate_limiter"] = limiter   # the ASGI layer refuses early (asgi.py)
 
@@ -124,9 +167,9 @@ def install(app: Quart, settings: Settings) -> RateLimiter:
         if key is None:
             return
         _path, client = key
-        _refuse_after(limiter.take(key))
+        refuse_after(limiter.take(key))
         if request.path == LOGIN_PATH and failed_logins.enabled:
-            _refuse_after(failed_logins.take(client))
+            refuse_after(failed_logins.reserve(client))
             g.login_reserved = client          # kept only if the token is refused
 
     @app.after_request
@@ -144,6 +187,7 @@ def retry_after(wait: float) -> str:
     return str(max(1, math.ceil(wait)))
 
 
-def _refuse_after(wait: float) -> None:
+def refuse_after(wait: float) -> None:
+    """Raise the 429 ``ApiError`` for a client that must wait ``wait`` seconds (none when 0)."""
     if wait > 0:
         raise ApiError(429, RATE_LIMITED, {"Retry-After": retry_after(wait)})

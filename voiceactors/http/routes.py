@@ -230,7 +230,7 @@ async def _base_instruction(runtime: Runtime) -> str | None:
     (selection, linked context); None when there is none yet (never waits).
     Read in this step (``Runtime.brain_now``: what ``GetBrain`` would answer
     at once), not asked: an ask per connect was two scheduler turns and a
-    channel (docs/benchmarks.md § 19)."""
+    channel, a measurable share of a connect's CPU."""
     if runtime.brain_now is not None:
         brain: BrainState = runtime.brain_now()
         return brain.instruction if brain.ready else None
@@ -443,13 +443,28 @@ def _shared_feed() -> Any:
     return runtime.actors.get("feed") if runtime is not None else None
 
 
+#: each number of a Redis stream id is an unsigned 64-bit one: a larger one
+#: passes the pattern but Redis refuses it (which read as "unreachable"), and
+#: so does a resume after the largest id of all (nothing can follow it)
+STREAM_ID_PART_MAX = 2**64 - 1
+
+
+def resumable_event_id(value: str) -> bool:
+    """``value`` is an event id a stream can be read after (``Last-Event-ID``)."""
+    if not EVENT_ID_RE.fullmatch(value):
+        return False
+    parts = [int(part) for part in value.split("-")]
+    return all(part <= STREAM_ID_PART_MAX for part in parts) and parts != [STREAM_ID_PART_MAX] * 2
+
+
 def _last_event_id() -> str | None:
     value = request.headers.get("Last-Event-ID")
     if value is None or not value.strip():
         return None
-    if not EVENT_ID_RE.fullmatch(value.strip()):
+    value = value.strip()
+    if not resumable_event_id(value):
         raise ApiError(400, E.LAST_EVENT_ID_INVALID)
-    return value.strip()
+    return value
 
 
 def _stream_response(body: AsyncIterator[bytes]) -> Any:

@@ -19,7 +19,7 @@ an address the refusal is ``watching`` is read once before hypercorn sees
 it; a whole request that the refusal ``answer``s gets those bytes and is
 closed, without h11, hypercorn's connection setup or the ASGI app (each of
 those cost the trio thread about a millisecond per refused request under a
-flood, docs/benchmarks.md § 5). Everything else — a client not watched,
+flood: live calls' round trips stretched with it). Everything else — a client not watched,
 another request, a request not whole in that first read, nothing sent
 within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 
@@ -156,8 +156,8 @@ class CappedListener(trio.abc.Listener[SlotStream]):
     accepts return those without a checkpoint. Why: ``trio.serve_listeners``
     accepts one connection per scheduler pass, and on a busy trio thread a
     pass takes as long as every runnable task's step, so a burst of joins
-    queued behind the calls' rounds one pass each (docs/benchmarks.md § 38:
-    connects' p99 of seconds while the do-nothing server's were 0.1 s). The
+    queued behind the calls' rounds one pass each (connects' p99 of seconds
+    under a burst, where a server that accepted the whole backlog took 0.1 s). The
     drained connections' handlers then all start in the same pass.
 
     Cancellation: an accept with connections in hand returns one even when

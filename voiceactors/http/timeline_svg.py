@@ -3,13 +3,14 @@
 Time runs left to right in seconds since the call's first actor started (a
 later run of the same call id continues where the previous one ended). Rows:
 the model's responses (bars where the start is known, a cancelled one marked
-as a barge-in), one row per tool call (its epoch, duration and outcome), and
-vertical marks for reconnects and the end. Text is escaped; the picture has
+as a barge-in on a line under the marks), one row per tool call (its duration
+and outcome; its id and epoch in the bar's tooltip), and vertical marks for reconnects and the end. Text is escaped; the picture has
 no script and no external reference, so it is safe as an ``<img>``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -20,6 +21,8 @@ PLOT_RIGHT = 130       # room after the plot for the last bar's text
 ROW_H = 22
 TOP = 34
 MAX_TOOL_ROWS = 40
+LABEL_LINE_H = 14      # a line of "barge-in" labels under the responses' marks
+BARGE_IN_LABEL_W = 56  # "barge-in" at 12 px, bold
 
 OUTCOME_COLOURS = {"ok": "#2f9e6b", "replayed": "#3a86c8", "unanswered": "#9a9a9a", "pending": "#c9b458"}
 FAILED_COLOUR = "#d9534f"
@@ -68,6 +71,18 @@ def _tool_rows(placed: list[Placed]) -> list[Placed]:
     return rows
 
 
+def _first_tool_at(tools: list[Placed]) -> dict[Any, float]:
+    """Each response id's earliest tool call time, in one pass: a model
+    response's bar starts there (a scan of every tool row per response was
+    quadratic, seconds for a record of thousands of responses)."""
+    first: dict[Any, float] = {}
+    for tool in tools:
+        key = tool.line.get("response_id")
+        if key not in first or tool.at < first[key]:
+            first[key] = tool.at
+    return first
+
+
 def _attr(**values: Any) -> str:
     return " ".join(f"{name.rstrip('_').replace('_', '-')}={quoteattr(str(v))}" for name, v in values.items())
 
@@ -87,6 +102,23 @@ def _tool_label(line: dict[str, Any]) -> str:
     return f"{line.get('outcome', '?')} · {took}"
 
 
+def _barge_in_labels(cancelled_xs: list[float]) -> list[tuple[float, int]]:
+    """Where each "barge-in" label goes: its x and its line under the
+    responses' marks (0, 1, ...). Labels sit below the marks, never beside
+    them, so the next response's dot cannot cover one; a label that would
+    run into the one before it on a line takes the next line."""
+    placed: list[tuple[float, int]] = []
+    line_ends: list[float] = []
+    for at_x in cancelled_xs:
+        left = at_x - 4
+        line = next((i for i, end in enumerate(line_ends) if end + 6 <= left), len(line_ends))
+        if line == len(line_ends):
+            line_ends.append(0.0)
+        line_ends[line] = left + BARGE_IN_LABEL_W
+        placed.append((left, line))
+    return placed
+
+
 def render(lines: list[dict[str, Any]]) -> str:
     """The SVG document for one call's record lines."""
     placed = place(lines)
@@ -94,14 +126,19 @@ def render(lines: list[dict[str, Any]]) -> str:
     tools = sorted(_tool_rows(placed), key=lambda p: p.at)
     shown_tools, hidden_tools = tools[:MAX_TOOL_ROWS], max(0, len(tools) - MAX_TOOL_ROWS)
     creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == "response_create"}
+    first_tool_at = _first_tool_at(tools)
     span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
     plot_w = WIDTH - LABEL_W - PLOT_RIGHT
 
     def x(at: float) -> float:
         return LABEL_W + plot_w * at / span
 
-    rows = 1 + len(shown_tools) + (1 if hidden_tools else 0)
-    plot_bottom = TOP + rows * ROW_H
+    cancelled = [p for p in responses if p.line.get("status") == "cancelled"]
+    labels = _barge_in_labels([x(p.at) for p in cancelled])
+    label_lines = 1 + max((line for _, line in labels), default=-1)
+    responses_h = ROW_H + label_lines * LABEL_LINE_H
+    rows = len(shown_tools) + (1 if hidden_tools else 0)
+    plot_bottom = TOP + responses_h + rows * ROW_H
     legend_y = plot_bottom + 40
     height = legend_y + 40
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" {_attr(width=WIDTH, height=height, viewBox=f"0 0 {WIDTH} {height}")} '
@@ -114,31 +151,34 @@ def render(lines: list[dict[str, Any]]) -> str:
     out.append(_text(8, y + 15, "responses", font_weight="600"))
     for p in responses:
         line = p.line
-        cancelled = line.get("status") == "cancelled"
+        is_cancelled = line.get("status") == "cancelled"
         ours = line.get("origin") == "ours"
-        related = [t.at for t in tools if t.line.get("response_id") == line.get("response_id")]
-        begin = creates.get(line.get("response_id")) if ours else (min(related) if related else None)
-        colour = CANCELLED_COLOUR if cancelled else (OURS_COLOUR if ours else RESPONSE_COLOUR)
+        begin = creates.get(line.get("response_id")) if ours else first_tool_at.get(line.get("response_id"))
+        colour = CANCELLED_COLOUR if is_cancelled else (OURS_COLOUR if ours else RESPONSE_COLOUR)
         tip = f"response {line.get('response_id')} · {line.get('status')} · epoch {line.get('epoch')} · {line.get('origin')}"
         if begin is not None and begin < p.at:
             out.append(_rect(x(begin), y + 4, x(p.at) - x(begin), 14, colour, rx=3) [:-2]
                        + f"><title>{escape(tip)}</title></rect>")
         else:
             out.append(f'<circle {_attr(cx=round(x(p.at), 1), cy=y + 11, r=5, fill=colour)}><title>{escape(tip)}</title></circle>')
-        if cancelled:
-            out.append(_text(x(p.at) + 6, y + 15, "barge-in", fill=CANCELLED_COLOUR, font_weight="600"))
+    for label_x, label_line in labels:
+        out.append(_text(label_x, y + ROW_H + label_line * LABEL_LINE_H + 10, "barge-in",
+                         fill=CANCELLED_COLOUR, font_weight="600"))
     # tool calls
     for i, p in enumerate(shown_tools):
         line = p.line
-        y = TOP + (i + 1) * ROW_H
+        y = TOP + responses_h + i * ROW_H
         outcome = str(line.get("outcome", "unanswered"))
         colour = OUTCOME_COLOURS.get(outcome, FAILED_COLOUR)
         end = p.at + _num(line.get("duration_ms")) / 1000
-        out.append(_text(8, y + 15, f"{line.get('tool', '?')} · epoch {line.get('epoch', '?')}"))
-        out.append(_rect(x(p.at), y + 5, x(end) - x(p.at), 12, colour, rx=2))
+        tip = f"{line.get('tool', '?')} · tool call {line.get('tool_call_id', '?')} · epoch {line.get('epoch', '?')}"
+        out.append(_text(8, y + 15, str(line.get("tool", "?"))))
+        out.append(_rect(x(p.at), y + 5, x(end) - x(p.at), 12, colour, rx=2)[:-2]
+                   + f"><title>{escape(tip)}</title></rect>")
         out.append(_text(max(x(end), x(p.at) + 3) + 5, y + 15, _tool_label(line), fill=MUTED))
     if hidden_tools:
-        out.append(_text(8, TOP + (len(shown_tools) + 1) * ROW_H + 15, f"… {hidden_tools} more tool calls", fill=MUTED))
+        out.append(_text(8, TOP + responses_h + len(shown_tools) * ROW_H + 15, f"… {hidden_tools} more tool calls",
+                         fill=MUTED))
     # reconnects, later runs, the end
     for p in placed:
         kind = p.line.get("kind")
@@ -148,8 +188,8 @@ def render(lines: list[dict[str, Any]]) -> str:
             out += _mark(x(p.at), plot_bottom, "new run", RECONNECT_COLOUR)
         elif kind == "end":
             out += _mark(x(p.at), plot_bottom, f"end: {p.line.get('reason', '?')}", MUTED)
-    kinds = [p.line.get("kind") for p in placed]
-    if kinds.count("start") > kinds.count("end") or "end" not in kinds:
+    kinds = Counter(p.line.get("kind") for p in placed)
+    if kinds["start"] > kinds["end"] or not kinds["end"]:
         out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
     out += _legend(legend_y)
     out.append("</svg>")

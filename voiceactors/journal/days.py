@@ -25,6 +25,8 @@ from voiceactors.journal.paths import (
 NOT_STREAMS = frozenset({"health", "indexer", "talents"})
 _AUDIO_EXT = (".flac", ".opus", ".ogg", ".m4a", ".wav", ".mp3")
 _SCREEN_EXT = (".webm", ".mp4", ".mov")
+#: Recordings: a segment's kinds come from their names; no surface reads their bytes.
+RECORDING_SUFFIXES = frozenset(_AUDIO_EXT + _SCREEN_EXT)
 
 
 @dataclass(frozen=True)

@@ -682,6 +682,21 @@ def stamp_after(latest_ms: int | None) -> str:
     return after.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _day_file(root: Path, ref: SourceRef) -> Path:
+    return inside(root, "facets", check_slug(ref.facet), "activities", f"{ref.day}.jsonl")
+
+
+def opening_file(root: Path, item_id: str) -> Path:
+    """The activity file ``close`` writes for ``item_id``: the day file of the
+    record that opened the item (its lock, ``<file>.lock``, is the one a close
+    waits for). KeyError for an unknown item."""
+    root = Path(root)
+    d = _derived(root)
+    if not isinstance(item_id, str) or item_id not in d.items:
+        raise KeyError(item_id)
+    return _day_file(root, d.opening[item_id])
+
+
 def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voice", *,
           lock_timeout_s: float | None = storage.DEFAULT_LOCK_TIMEOUT_S) -> LedgerItem:
     """Close (``as_state="closed"``) or drop an item by appending a
@@ -706,7 +721,7 @@ def close(root: Path, item_id: str, as_state: str, note: str, actor: str = "voic
     if not isinstance(item_id, str) or item_id not in d.items:
         raise KeyError(item_id)
     opening = d.opening[item_id]
-    path = inside(root, "facets", check_slug(opening.facet), "activities", f"{opening.day}.jsonl")
+    path = _day_file(root, opening)
     elsewhere = [m for m in d.manual.get(item_id, ()) if (m.source.facet, m.source.day) != (opening.facet, opening.day)]
     outcome = {"status": "missing"}
 

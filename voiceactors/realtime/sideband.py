@@ -61,7 +61,7 @@ REFUSED_STATUSES = frozenset({401, 403})
 #: Bytes asked of the socket per read by trio-websocket's reader (its own
 #: default is 4 KiB): a response's frames, written back to back by the
 #: service, then come in one read and one hand-off instead of several, each
-#: with a schedule point between (docs/benchmarks.md § 35). trio's own
+#: with a schedule point between, which one call's output waited for. trio's own
 #: default for a stream's read.
 RECEIVE_BYTES = 64 * 1024
 

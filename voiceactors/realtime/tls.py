@@ -5,7 +5,8 @@ A TLS client context loads a CA store when it is made: ~30 ms of CPU for
 httpx's default (certifi's bundle) on this machine. trio-websocket makes
 one for every ``wss`` connect it is not given one for, and an
 ``httpx.AsyncClient`` for every client it builds, on the trio thread. The
-sideband and the call's hangup use these instead (docs/benchmarks.md § 24).
+sideband and the call's hangup use these instead: one per process, not
+one per connect.
 Each is the library's own default, so what is trusted and verified
 (certificates, host names) does not change. The sideband's is made at the
 first ``wss`` connect in a worker thread (loading the store is blocking file

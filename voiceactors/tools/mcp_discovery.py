@@ -5,13 +5,15 @@
 ``annotations``) and returns a ``ToolSpec`` per usable tool, keyed by its
 dotted name ``<source>.<tool>``, plus the tools left out and why. A tool is
 left out when its name is not an MCP tool name, its manifest name is too
-long, its input schema is not a JSON Schema of an object
-(``check_schema`` with the schema's own draft), it is listed twice, or two
-of its source's tools spell the same in the manifest's style. The whole
-input schema is kept: the model gets it and the executor validates
-arguments against it. A tool annotated ``readOnlyHint: true`` is a read;
-any other is a write (shielded, recorded, never repeated). Pure and
-synchronous.
+long, its input schema is not a JSON Schema of an object (checked against
+the schema's own draft's metaschema, with patterns RE2 can run, after its
+size, depth and references are found in bounds: ``schema_bounds``), it is listed twice, or two of its source's
+tools spell the same in the manifest's style. The whole input schema is
+kept: the model gets it and the executor validates arguments against it
+(``schema_bounds.bounded``: RE2 patterns, a budget). A tool annotated
+``readOnlyHint: true`` is a read; any other is a write (shielded, recorded,
+never repeated). Pure and synchronous, in proportion to the listing: the
+hub runs it in a worker thread.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from jsonschema import validators
 from jsonschema.exceptions import SchemaError
 
+from voiceactors.tools import schema_bounds
 from voiceactors.tools.mcp_sources import FUNCTION_NAME_MAX, MCP_TOOL_NAME_RE, spelled
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import READ, WRITE, ToolSpec
@@ -48,10 +50,9 @@ def _schema_problem(schema: Any) -> str | None:
     if schema.get("type") != "object":
         return "input schema does not describe an object"
     try:
-        validators.validator_for(schema).check_schema(schema)
-    except SchemaError as error:
-        return f"invalid input schema: {error.message[:200]}"
-    return None
+        return schema_bounds.schema_problem(schema)
+    except RecursionError:
+        return "input schema nested too deeply"
 
 
 def _spec(source: str, item: Mapping[str, Any]) -> ToolSpec:
@@ -64,9 +65,8 @@ def _spec(source: str, item: Mapping[str, Any]) -> ToolSpec:
     spec = ToolSpec(name=f"{source}.{name}", description=(label + description)[:DESCRIPTION_MAX],
                     parameters=schema, effect=READ if read_only else WRITE, handler=_never_local,
                     remote=RemoteTool(source, name, read_only))
-    # validate with the draft the schema declares, not always 2020-12
-    cls = validators.validator_for(schema)
-    object.__setattr__(spec, "validator", cls(schema, format_checker=cls.FORMAT_CHECKER))
+    # validate with the draft the schema declares, not always 2020-12; patterns on RE2, within a budget
+    object.__setattr__(spec, "validator", schema_bounds.validator_of(schema))
     return spec
 
 

@@ -72,10 +72,14 @@ class ToolSpec:
 
 # --- schema pieces --------------------------------------------------------
 
+# An optional argument is one plain type, never ``["integer", "null"]``: type
+# arrays are a portability warning in MCP clients (the MCP Inspector lists
+# one per field) and some models' tool schemas refuse them. A null the model
+# sends anyway means "left out" (``prepare`` drops it before validation).
 _FACET = {
-    "type": ["string", "null"],
+    "type": "string",
     "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
-    "description": "Optional facet (journal area) name, e.g. \"work\"; null for all facets.",
+    "description": "Optional facet (journal area) name, e.g. \"work\"; leave it out for all facets.",
 }
 
 
@@ -98,7 +102,7 @@ def _specs() -> list[ToolSpec]:
             ),
             parameters=_object({
                 "day": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$", "format": "date",
-                        "description": "The day, YYYY-MM-DD. Leave it out for the selected day."},
+                        "description": "The day, YYYY-MM-DD."},
             }, ("day",)),
             effect=READ,
             handler=journal_tools.get_day,
@@ -115,9 +119,9 @@ def _specs() -> list[ToolSpec]:
                 "query": {"type": "string", "minLength": 1, "maxLength": 500, "pattern": r"\S",
                           "description": "Words to search for."},
                 "facet": _FACET,
-                "days": {"type": ["integer", "null"], "minimum": 1, "maximum": 365,
-                         "description": "Only the last N days (1-365); null for all time."},
-                "limit": {"type": ["integer", "null"], "minimum": 1, "maximum": 50,
+                "days": {"type": "integer", "minimum": 1, "maximum": 365,
+                         "description": "Only the last N days (1-365); leave it out for all time."},
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50,
                           "description": "Maximum results (1-50, default 10)."},
             }, ("query",)),
             effect=READ,
@@ -133,8 +137,7 @@ def _specs() -> list[ToolSpec]:
             ),
             parameters=_object({
                 "entity_slug": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
-                                "description": "The entity id (e.g. \"alice_johnson\") or its name. Leave it "
-                                               "out for the selected entity."},
+                                "description": "The entity id (e.g. \"alice_johnson\") or its name."},
             }, ("entity_slug",)),
             effect=READ,
             handler=entity_tools.get,
@@ -148,8 +151,8 @@ def _specs() -> list[ToolSpec]:
             ),
             parameters=_object({
                 "entity_slug": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S",
-                                "description": "The entity id or its name. Leave it out for the selected entity."},
-                "days": {"type": ["integer", "null"], "minimum": 1, "maximum": 365,
+                                "description": "The entity id or its name."},
+                "days": {"type": "integer", "minimum": 1, "maximum": 365,
                          "description": "How many days back to look (1-365, default 7)."},
                 "facet": _FACET,
             }, ("entity_slug",)),
@@ -165,10 +168,10 @@ def _specs() -> list[ToolSpec]:
                 "state, and the days opened and closed. Defaults to all states, 20 items."
             ),
             parameters=_object({
-                "state": {"enum": ["open", "closed", "dropped", None],
-                          "description": "open, closed or dropped; null for all."},
+                "state": {"enum": ["open", "closed", "dropped"],
+                          "description": "open, closed or dropped; leave it out for all."},
                 "facet": _FACET,
-                "limit": {"type": ["integer", "null"], "minimum": 1, "maximum": 50,
+                "limit": {"type": "integer", "minimum": 1, "maximum": 50,
                           "description": "Maximum items (1-50, default 20)."},
             }),
             effect=READ,
@@ -289,11 +292,17 @@ def manifest(style: str = "dotted", registry: Mapping[str, ToolSpec] | None = No
 
 def _model_parameters(spec: ToolSpec) -> dict[str, Any]:
     """The schema the model sees: arguments the current selection can fill
-    are optional there."""
+    are optional there, and their descriptions say so. (Only a voice call has
+    a selection: elsewhere, as over MCP, they stay required and say nothing
+    of one.)"""
     if not spec.selection_defaults:
         return spec.parameters
     required = [name for name in spec.parameters.get("required", ()) if name not in spec.selection_defaults]
-    return {**spec.parameters, "required": required}
+    properties = dict(spec.parameters["properties"])
+    for name, kind in spec.selection_defaults.items():
+        said = properties[name].get("description", "")
+        properties[name] = {**properties[name], "description": f"{said} Leave it out for the selected {kind}.".strip()}
+    return {**spec.parameters, "properties": properties, "required": required}
 
 
 # --- arguments ------------------------------------------------------------
@@ -404,9 +413,18 @@ def validate(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any] | None:
     return {"error": f"invalid arguments: {_reason(errors[0], spec)}"}
 
 
+def without_nulls(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` less the optional arguments sent as null: a null means "left
+    out" (the schemas publish one plain type per argument, see ``_FACET``)."""
+    required = set(spec.parameters.get("required", ()))
+    if not any(value is None and name not in required for name, value in args.items()):
+        return args
+    return {name: value for name, value in args.items() if value is not None or name in required}
+
+
 def prepare(spec: ToolSpec, raw: Any) -> dict[str, Any]:
     """Parse and validate the raw argument string; ArgumentError on failure."""
-    args = parse_arguments(raw)
+    args = without_nulls(spec, parse_arguments(raw))
     error = validate(spec, args)
     if error is not None:
         raise ArgumentError(error)

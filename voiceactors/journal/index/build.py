@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import sqlite3
 import threading
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from voiceactors import storage
 from voiceactors.journal.index.discovery import Unit, discover
 from voiceactors.journal.index.extraction import extract
 from voiceactors.journal.index.locations import (
@@ -60,8 +62,9 @@ def file_lock(db: Path, *, wait: bool) -> Iterator[bool]:
     """Hold the exclusive flock on ``<db>.lock``; yields whether it was taken
     (always True when ``wait``; False at once when another holds it). The
     kernel drops it when the holder exits, even when killed."""
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{db}.lock", "a+b") as handle:
+    storage.private_folder(db.parent)
+    fd, _created = storage.open_private(Path(f"{db}.lock"), os.O_RDWR | os.O_APPEND)
+    with os.fdopen(fd, "a+b") as handle:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             taken = True

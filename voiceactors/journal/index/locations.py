@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from pathlib import Path
+
+from voiceactors import storage
 
 SCHEMA_VERSION = 1
 ROW_SHIFT = 16                      # chunk rowid = files.rowid << 16 | idx
@@ -35,10 +38,19 @@ def index_path(root: Path, state_dir: Path) -> Path:
     return state / "search" / f"{digest}.sqlite"
 
 
+def make_private(db: Path) -> None:
+    """Our index file made, with its folder, before SQLite opens it: SQLite
+    makes a new one 0644 less the umask, and the index holds the journal's
+    text. Its ``-wal`` and ``-shm`` files take the database file's mode."""
+    storage.private_folder(db.parent)
+    fd, _created = storage.open_private(db, os.O_RDONLY)   # an empty file is a new database to SQLite
+    os.close(fd)
+
+
 def connect(db: Path) -> sqlite3.Connection:
     """A read-write connection to our index (WAL), creating the schema. The
     caller owns and closes it; connections are never shared across threads."""
-    db.parent.mkdir(parents=True, exist_ok=True)
+    make_private(db)
     conn = sqlite3.connect(db, timeout=30.0)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")

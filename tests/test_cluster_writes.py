@@ -2,7 +2,10 @@
 executors, each with its own state folder and registry, on one journal.
 A write applied by a call's holder is answered from the shared log by the
 process that takes the call over, never applied again; the old holder, its
-lease gone, can apply nothing; a Redis that does not answer applies nothing."""
+lease gone, can apply nothing; a Redis that does not answer applies nothing.
+A write whose id another run has claimed and is still applying waits for
+that run's record and answers it; a write that applied nothing (its journal
+lock never came) gives its claim back, so its retry elsewhere applies it."""
 
 from __future__ import annotations
 

@@ -12,7 +12,10 @@ Rules, in the order a request meets them:
 
 1. A write whose tool call id is already recorded answers the recorded output
    (outcome ``replayed``) without running again and without counting toward
-   the turn.
+   the turn. With a shared registry (``--redis``) the id is claimed in the
+   cluster's write log first; one claimed by a run still applying it, here
+   or on another process, waits for that run's record and answers it the
+   same way (``_claim_shared``).
 2. Turn bounds (per call id and turn): at most ``tool_calls_per_turn``
    attempts; an identical call (canonical name + canonical JSON arguments)
    under a different tool call id is rejected. The same tool call id again is
@@ -115,6 +118,14 @@ TRUNCATED_NOTE = "output exceeded the size limit; partial is the beginning of th
 TURNS_KEPT = 4096          # (call_id, turn) bound states remembered, oldest evicted
 REPLY_DEADLINE_S = 5.0     # how long a full reply channel may hold up a result
 FRESH_KEPT = 256           # reusable answers kept (distinct tool + arguments + day)
+# A write claimed in the shared log by another run (another process, or a
+# duplicate here) is waited for until its record is there: polled from the
+# first to the last pause, doubling; at most the write's own deadline less
+# the margin (one more claim request's bound and its answer), at most the cap
+# when that deadline is unbounded
+CLAIMED_POLL_S = (0.01, 0.25)
+CLAIMED_WAIT_MARGIN_S = 2.5
+CLAIMED_WAIT_MAX_S = 60.0
 
 
 def observe_result(result: ToolResult) -> None:
@@ -532,11 +543,16 @@ class ToolExecutor:
             # Started: only our own deadline reaches inside. On it the thread
             # is left to finish; it records the real outcome itself.
             with trio.CancelScope(shield=True, deadline=deadline) as running:
-                refused = await self._claim_shared(req) if self.cluster is not None else None
+                refused = await self._claim_shared(req, deadline) if self.cluster is not None else None
                 if refused is not None:
                     return refused
-                record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
-                                                                   self._replace_guard(req))
+                try:
+                    record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
+                                                                       self._replace_guard(req))
+                except storage.LockTimeout:
+                    if self.cluster is not None:        # nothing applied: its retry, anywhere, applies it
+                        await self._unclaim_shared(req)
+                    raise
                 if self.cluster is not None and not replayed:
                     await self._record_shared(req, record)
         except storage.Fenced:
@@ -619,13 +635,25 @@ class ToolExecutor:
 
         return write_log.apply_once(self.ctx.state_dir, req.tool_call_id, apply)
 
-    async def _claim_shared(self, req: ToolRequest) -> _Run | None:
+    async def _claim_shared(self, req: ToolRequest, deadline: float) -> _Run | None:
         """Claim the write in the shared log (one Lua step: not recorded, not
         claimed, and this process holds the call's current lease); None when
-        it is ours to apply, else the answer instead of applying."""
+        it is ours to apply, else the answer instead of applying. Claimed by
+        another run still applying it: its record is waited for (the same
+        answer a duplicate on one process gets from the local log's lock),
+        the claim asked again until it is there, or the claim given back
+        (that run applied nothing: ours to apply), or the wait's bound
+        (``_claimed_wait_until``): only then is the outcome unknown."""
         assert self.cluster is not None
+        call_id = req.call_id if req.fenced_by_call else None
         try:
-            answer = await self.cluster.claim_write(req.call_id if req.fenced_by_call else None, req.tool_call_id)
+            answer = await self.cluster.claim_write(call_id, req.tool_call_id)
+            until = self._claimed_wait_until(deadline)
+            pause = CLAIMED_POLL_S[0]
+            while answer.state == WriteClaim.TAKEN and answer.record is None and trio.current_time() + pause < until:
+                await trio.sleep(pause)
+                pause = min(pause * 2, CLAIMED_POLL_S[1])
+                answer = await self.cluster.claim_write(call_id, req.tool_call_id)
         except RegistryDown:
             _log.error("tool.shared_log_down", call_id=req.call_id, tool_call_id=req.tool_call_id)
             return _error(SHARED_LOG_DOWN, "busy")
@@ -637,6 +665,24 @@ class ToolExecutor:
         if answer.record is not None:
             return self._replayed(answer.record)
         return _error(WRITE_ELSEWHERE, "restarted")
+
+    @staticmethod
+    def _claimed_wait_until(deadline: float) -> float:
+        """Until when a write claimed by another run is waited for: its
+        record can come while the write's own deadline allows one more
+        claim request (a claim request is never cut short: one Redis ran
+        would leave a claim nobody applies)."""
+        return min(deadline, trio.current_time() + CLAIMED_WAIT_MAX_S) - CLAIMED_WAIT_MARGIN_S
+
+    async def _unclaim_shared(self, req: ToolRequest) -> None:
+        """Give the shared claim back (the write applied nothing); a Redis
+        that fails here leaves it, and the retry answers the unknown
+        outcome as before."""
+        assert self.cluster is not None
+        try:
+            await self.cluster.unclaim_write(req.call_id if req.fenced_by_call else None, req.tool_call_id)
+        except RegistryDown:
+            _log.error("tool.shared_record_failed", call_id=req.call_id, tool_call_id=req.tool_call_id)
 
     async def _record_shared(self, req: ToolRequest, record: dict[str, Any]) -> None:
         """The applied write's record into the shared log (the local file has

@@ -630,8 +630,9 @@ class CallRecord:
 
     def add_fields(self, kind: RecordKind | str, fields: dict[str, Any], *, t: float | None = None) -> None:
         """``add`` with the fields as a dict (copied into the line). ``kind``
-        is a ``RecordKind`` (a plain ``str`` is taken as the member it
-        spells; ``test_record_kind`` checks every line a call writes). The line's
+        is a ``RecordKind``; a bare string is written as it is, the same
+        bytes (``tests/test_record_kind.py`` checks every literal kind in the
+        package and every line a call writes is a member). The line's
         ``kind`` and ``t`` are the record's: a field naming either is a
         caller's bug (ValueError, nothing added; it used to replace them
         silently). ``t``: a moment already past, in seconds since the start

@@ -191,8 +191,8 @@ def shape(raw: Any, cap: int) -> _Run:
     if output is None:
         return _error(OUTPUT_TOO_LARGE, ToolOutcome.ERROR)
     is_error = set(body) == {"error"}
-    return _Run(output=output, outcome=ToolOutcome.ERROR if is_error else ToolOutcome.OK, client_events=tuple(events),
-                truncated=output is not text, budgeted=not is_error)
+    return _Run(output=output, outcome=ToolOutcome.ERROR if is_error else ToolOutcome.OK,
+                client_events=tuple(events), truncated=output is not text, budgeted=not is_error)
 
 
 FreshKey = tuple[str, str, str]     # (tool, canonical arguments, today)

@@ -27,8 +27,8 @@ MAX_TOOL_ROWS = 40
 LABEL_LINE_H = 14      # a line of "barge-in" labels under the responses' marks
 BARGE_IN_LABEL_W = 56  # "barge-in" at 12 px, bold
 
-OUTCOME_COLOURS: dict[str, str] = {ToolOutcome.OK: "#2f9e6b", ToolOutcome.REPLAYED: "#3a86c8", ToolOutcome.UNANSWERED: "#9a9a9a",
-                   ToolOutcome.PENDING: "#c9b458"}
+OUTCOME_COLOURS: dict[str, str] = {ToolOutcome.OK: "#2f9e6b", ToolOutcome.REPLAYED: "#3a86c8",
+                                   ToolOutcome.UNANSWERED: "#9a9a9a", ToolOutcome.PENDING: "#c9b458"}
 FAILED_COLOUR = "#d9534f"
 RESPONSE_COLOUR = "#7b68c8"
 OURS_COLOUR = "#b39ddb"

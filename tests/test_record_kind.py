@@ -27,6 +27,7 @@ import trio
 
 from calls_support import rig, steady
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
+from test_budgets import BUDGET_CALL     # a call past a $0.001 budget
 from voiceactors.actors.call_context import LinkedContext, carried_view
 from voiceactors.actors.call_record import CallRecord, read_record, record_path, render_line
 from voiceactors.actors.call_state import ToolCallState, ToolOutcome
@@ -151,14 +152,6 @@ CALL = [
     {"wait_outputs": {}},
     {"response": {"text": "On Thursday ..."}},
     {"sleep": 0.5},
-    {"close": 1000},
-]
-BUDGET_CALL = [
-    {"user_turn": {"text": "hello there"}},
-    {"response": {"text": "Hi."}},                 # past a $0.001 budget (test_budgets.py)
-    {"wait_outputs": {}},
-    {"response": {"text": "Sorry, this call has to end now."}},
-    {"sleep": 600},
     {"close": 1000},
 ]
 

@@ -56,6 +56,7 @@ from typing import Any, Protocol
 import trio
 
 from voiceactors.actors.call_context import LinkedContext, carried_view, taken_over_context
+from voiceactors.actors.record_kind import TOOL_KINDS, RecordKind
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.batched import MAX_ITEMS, Batched
@@ -607,13 +608,13 @@ class RedisRegistry:
         carried context with the new selection). Never blocks; a full queue
         drops the line (logged: a takeover then misses it)."""
         kind = line.get("kind")
-        if kind == "selection":
+        if kind == RecordKind.SELECTION:
             carried = self._contexts.get(call_id)
             if carried is None:
                 return
             carried["selection"] = line.get("selection")
             line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
-        elif kind not in ("tool_started", "tool_call"):
+        elif kind not in TOOL_KINDS:
             return
         self._queue_mirror(call_id, line)
 
@@ -665,7 +666,8 @@ class RedisRegistry:
                 answers = await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
                 for call_id, field, text in ops:
-                    kind = rc.CONTEXT_FIELD if field == rc.CONTEXT_FIELD else "tool_started" if text else "tool_call"
+                    kind = (rc.CONTEXT_FIELD if field == rc.CONTEXT_FIELD
+                            else RecordKind.TOOL_STARTED if text else RecordKind.TOOL_CALL)
                     _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
                 continue
             refused = self._settle_mirror(ops, leases, [int(a) for a in answers])
@@ -712,7 +714,7 @@ class RedisRegistry:
             if not isinstance(tool_call_id, str) or call_id not in self._held:
                 continue
             key = (call_id, tool_call_id)
-            if line["kind"] == "tool_started":
+            if line["kind"] == RecordKind.TOOL_STARTED:
                 ops[key] = json.dumps(line)
             elif ops.get(key) and tool_call_id not in self._mirrored.get(call_id, ()):
                 del ops[key]

@@ -36,7 +36,7 @@ LAZY_ONLY = {"voiceactors.cli"}
 #: holds a module decides (the call's pure core still lives in ``actors/``).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: logging, time, files, settings and their plain data", (
-        "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings",
+        "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
         "voiceactors.mcp_sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
         "voiceactors.context", "voiceactors.openai_clients")),
     ("the journal and its configuration", (
@@ -45,7 +45,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the call's pure core, the Realtime client, the brain's backends, the actors' messages, the day's usage", (
         "voiceactors.realtime", "voiceactors.brain",
         "voiceactors.actors.call_protocol", "voiceactors.actors.call_state", "voiceactors.actors.call_context",
-        "voiceactors.actors.call_record", "voiceactors.actors.call_usage", "voiceactors.actors.transcript_order",
+        "voiceactors.actors.call_record", "voiceactors.actors.record_kind", "voiceactors.actors.call_usage",
+        "voiceactors.actors.transcript_order",
         "voiceactors.actors.recovery", "voiceactors.actors.messages", "voiceactors.actors.daily_usage")),
     ("the call registry and the rest of scaling out", ("voiceactors.cluster",)),
     ("the actors", ("voiceactors.actors",)),

@@ -15,6 +15,7 @@ from typing import Iterator
 from voiceactors import storage
 
 EXIT_USAGE = 2
+EXIT_RUNTIME_FAILED = 3       # ``serve``: the voice runtime failed and the server stopped for it
 EXIT_INTERRUPTED = 130
 
 

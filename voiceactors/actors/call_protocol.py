@@ -43,6 +43,7 @@ from voiceactors.actors.call_state import (
     ToolCall, ToolCallState, ToolOutcome,
 )
 from voiceactors.actors.call_context import CallContext
+from voiceactors.actors.record_kind import RecordKind
 from voiceactors.actors.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
@@ -118,7 +119,7 @@ class ToolFinished:
     tool_call_id: str
     tool: str
     output: str
-    outcome: str
+    outcome: ToolOutcome
     duration_ms: float = 0.0
     client_events: tuple[dict[str, Any], ...] = ()
     prefetch: bool = False     # the answer of a ``Prefetch`` run (not of a ``StartTool``)
@@ -234,7 +235,7 @@ class RecordLine:
     """A line for the call record (``t``: when it happened, seconds since
     the start, for a line written later; None: when it is added)."""
 
-    kind: str
+    kind: RecordKind
     fields: dict[str, Any]
     t: float | None = None
 
@@ -432,7 +433,7 @@ class CallProtocol:
     def closing_lines(self) -> list[RecordLine]:
         """The record lines written at the end: every ``response.create`` and
         the ``tool_call`` line of each call not settled yet."""
-        lines = [RecordLine("response_create", {
+        lines = [RecordLine(RecordKind.RESPONSE_CREATE, {
             "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
             "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
         }, t=create.t) for create in self.creates.values()]
@@ -440,7 +441,7 @@ class CallProtocol:
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
         if self.meter.usage.responses:    # the call's usage totals (call_usage.py)
-            lines.append(RecordLine("usage_total", self.meter.totals()))
+            lines.append(RecordLine(RecordKind.USAGE_TOTAL, self.meter.totals()))
         return lines
 
     # ------------------------------------------------------------ helpers
@@ -470,7 +471,7 @@ class CallProtocol:
             fields["tool_call_id"] = rt.clip(fields["tool_call_id"], PEER_STRING_MAX)
         self._effects.append(Log(level, event, fields))
 
-    def _record(self, kind: str, **fields: Any) -> None:
+    def _record(self, kind: RecordKind, **fields: Any) -> None:
         self._effects.append(RecordLine(kind, fields))
 
     # ------------------------------------------------------- server events
@@ -493,7 +494,7 @@ class CallProtocol:
         elif kind == "response.done":
             response = event.response
             for item_id in self.spoken.response_done(response):
-                self._record("transcript_cut", item_id=item_id)
+                self._record(RecordKind.TRANSCRIPT_CUT, item_id=item_id)
             self._on_response_done(response)
         elif kind == "response.created":
             self._on_response_created(event.response)
@@ -638,7 +639,7 @@ class CallProtocol:
         if self.debug_logs:
             self._log("debug", "response.done", response_id=rid, status=batch.status, origin=batch.origin,
                       epoch=batch.epoch, tool_calls=len(batch.calls))
-        self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
+        self._record(RecordKind.RESPONSE, response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
         usage = getattr(response, "usage", None)
         # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
@@ -725,7 +726,8 @@ class CallProtocol:
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
         if not text:
             return
-        self._record("transcript", role=role, item_id=item_id, text=text, **self.spoken.place_transcript(item_id))
+        self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
+                     **self.spoken.place_transcript(item_id))
         if self.publishing():
             self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
 
@@ -860,8 +862,9 @@ class CallProtocol:
             self._maybe_start(call)
             return
         self._record_started(call)
-        call.output, call.outcome, call.state = pending.output, pending.outcome, ToolCallState.READY
-        call.synthetic = pending.outcome == ToolOutcome.RESTARTED
+        outcome = None if pending.outcome is None else ToolOutcome(pending.outcome)
+        call.output, call.outcome, call.state = pending.output, outcome, ToolCallState.READY
+        call.synthetic = outcome == ToolOutcome.RESTARTED
         self._log("info", "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=pending.outcome)
 
     # ------------------------------------------------------------ outputs
@@ -1018,7 +1021,7 @@ class CallProtocol:
             self._log("warning", "usage.malformed", response_id=rt.clip(rid, PEER_STRING_MAX),
                       fields=[rt.clip(f, PEER_STRING_MAX) for f in malformed[:8]])
         line = meter.line(entry)
-        self._record("usage", **line)
+        self._record(RecordKind.USAGE, **line)
         if self.publishing():
             self._emit(Publish("usage", {**line, "call": meter.totals()}))
         self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
@@ -1033,7 +1036,7 @@ class CallProtocol:
         if meter.budget_reached_now(self._now):
             cost = meter.usage.cost_usd
             self._log("info", "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
-            self._record("budget", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._record(RecordKind.BUDGET, budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
             self._emit(WakeAt(self.budget_wake))
 
     def _farewell(self) -> None:
@@ -1075,13 +1078,13 @@ class CallProtocol:
                                   "effect": effect}
         if effect == "read":
             fields["arguments"] = call.arguments
-        self._record("tool_started", **fields)
+        self._record(RecordKind.TOOL_STARTED, **fields)
 
     def _record_settled(self, call: ToolCall) -> None:
         """The one ``tool_call`` line of a call (when it settled, or at the end)."""
         if not call.recorded:
             call.recorded = True
-            self._record("tool_call", **call.record_fields())
+            self._record(RecordKind.TOOL_CALL, **call.record_fields())
 
     # ----------------------------------------------------- linked context
     # The rules are CallContext's (call_context.py); these hooks only turn
@@ -1111,7 +1114,7 @@ class CallProtocol:
         if chosen is None:
             return
         views = self.context.views()
-        self._record("selection", tool_call_id=call.tool_call_id, **views)
+        self._record(RecordKind.SELECTION, tool_call_id=call.tool_call_id, **views)
         self._log("info", "call.selection", kind=chosen.kind, epoch=self.epoch)
         if self.publishing():
             self._emit(Publish("selection", {"tool_call_id": call.tool_call_id, **views}))

@@ -84,7 +84,9 @@ class CreateResult(StrEnum):
 class ToolOutcome(StrEnum):
     """A tool call's outcome: the executor's, or one the call actor sets itself
     (``cancelled``/``failed`` for an abandoned call, ``restarted``/``replayed``
-    for one taken over after a crash)."""
+    for one taken over after a crash). Every outcome the executor answers is a
+    member (``executor.py``); the strings are what records, logs, metrics
+    labels and the client feed have always carried."""
 
     OK = "ok"
     ERROR = "error"
@@ -96,6 +98,11 @@ class ToolOutcome(StrEnum):
     REPLAYED = "replayed"
     RESTARTED = "restarted"
     AUTH_EXPIRED = "auth_expired"   # an MCP source refused the call's own token: the call ends
+    BUSY = "busy"                   # a write's journal file stayed locked, or the shared write log was down
+    # not the executor's: what a record or a reader says of a call without one
+    UNANSWERED = "unanswered"       # the ``tool_call`` line of a call that never got an outcome
+    PENDING = "pending"             # history's row for a call with only its ``tool_started`` line
+    UNKNOWN = "unknown"             # the write log's intent of an MCP write sent before its answer came
 
 
 UNANSWERED = frozenset({ToolCallState.SEEN, ToolCallState.RUNNING})
@@ -118,7 +125,7 @@ class ToolCall:
     complete: bool = False            # arguments are final (item done, or response completed)
     state: ToolCallState = ToolCallState.SEEN
     output: str | None = None
-    outcome: str | None = None
+    outcome: ToolOutcome | None = None
     synthetic: bool = False
     duration_ms: float | None = None
     sends: int = 0
@@ -147,7 +154,7 @@ class ToolCall:
             "tool_call_id": self.tool_call_id, "tool": self.name, "response_id": self.response_id,
             "epoch": self.epoch, "turn": self.turn,
             "duration_ms": None if self.duration_ms is None else round(self.duration_ms, 1),
-            "outcome": self.outcome or "unanswered",
+            "outcome": self.outcome or ToolOutcome.UNANSWERED,
             "output_bytes": len(self.output.encode("utf-8")) if self.output is not None else 0,
             "sends": self.sends, "delivered": self.state == ToolCallState.CONFIRMED, "synthetic": self.synthetic,
             "state": self.state, "overhead_ms": self.overhead_ms,

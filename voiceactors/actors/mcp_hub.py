@@ -1,6 +1,6 @@
 """McpHub: the MCP tool sources, their discovered tools and their sessions.
 
-The hub owns, per configured source (``tools/mcp_sources.py``), one shared
+The hub owns, per configured source (``mcp_sources.py``), one shared
 ``SourceConnection`` with the source's configured token (read from its
 ``token_env`` at each discovery) and the tools that discovery found; and per
 call that brought credentials (``POST /api/voice/connect``), that call's

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
 
+from voiceactors import safe_text
 from voiceactors.mcp_sources import JOURNAL_TOOL_FAMILIES
 from voiceactors.settings import default
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
@@ -328,7 +329,8 @@ _ARGUMENTS = json.JSONDecoder(parse_constant=_reject_constant)
 
 def parse_arguments(raw: Any) -> dict[str, Any]:
     """The model's argument string as a dict. An empty string means ``{}``
-    (models send it for tools without parameters). ArgumentError otherwise."""
+    (models send it for tools without parameters). ArgumentError otherwise.
+    A lone surrogate an escape puts in a string is U+FFFD (``safe_text``)."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
     if not isinstance(raw, (str, bytes, bytearray)):
@@ -340,7 +342,8 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
         raise ArgumentError({"error": "arguments must be valid JSON"}) from None
     if not isinstance(value, dict):
         raise ArgumentError({"error": "arguments must be a JSON object"})
-    return value
+    # a JSON text inside the event's: its escapes are decoded only here
+    return safe_text.decoded(raw, value)  # type: ignore[no-any-return]
 
 
 def canonical_arguments(raw: Any) -> str:

@@ -23,27 +23,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
 import os
 import signal
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, TypeVar
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics, notices, storage
+from voiceactors import clock, gc_policy, logs, metrics, notices
+from voiceactors.commands import (EXIT_INTERRUPTED, EXIT_RUNTIME_FAILED, EXIT_USAGE, StateDirInUse, console_url,
+                                  state_dir_lock)
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
 
 GRACEFUL_S = 2.0        # hypercorn's wait for in-flight requests before the lifespan stops
-EXIT_USAGE = 2
-EXIT_RUNTIME_FAILED = 3
-EXIT_INTERRUPTED = 130
 
 _log = get_logger(actor="server")
 _hypercorn_log = get_logger(actor="hypercorn")
@@ -217,49 +215,11 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
         raise RuntimeFailed("the voice runtime failed (http.runtime_failed): the server stopped")
 
 
-# --- one server per state directory -----------------------------------------------
-
-LOCK_FILE = "server.lock"
-
-
 class RuntimeFailed(RuntimeError):
     """The app's runtime crashed or could not start; the server stopped for it."""
 
 
-class StateDirInUse(RuntimeError):
-    """Another server holds the state directory's lock."""
-
-
-@contextlib.contextmanager
-def state_dir_lock(state_dir: Path) -> Iterator[Path]:
-    """Hold an exclusive ``flock`` on ``<state_dir>/server.lock`` for the
-    block: two servers writing one state dir (call records, the brain's
-    cache, the search index) would corrupt each other. The lock goes with
-    the process, however it ends. Raises StateDirInUse when it is held."""
-    state_dir = Path(state_dir)
-    storage.private_folder(state_dir)
-    path = state_dir / LOCK_FILE
-    fd, _created = storage.open_private(path, os.O_RDWR)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise StateDirInUse(f"another server is using the state folder {state_dir} (pid {holder}); "
-                                "stop it or choose another --state-dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield path
-    finally:
-        os.close(fd)          # releases the lock
-
-
 # --- serving and announcing -----------------------------------------------------
-
-def console_url(binds: list[str]) -> str:
-    """The console's address for the first bound URL (``http://127.0.0.1:8765/``)."""
-    return binds[0].rstrip("/") + "/"
-
 
 async def _serve_announced(settings: Settings, shutdown_trigger: Callable[[], Awaitable[None]]) -> None:
     """Serve, and once serving print where the console is (stdout, one line),

@@ -49,6 +49,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 import trio
 
 from voiceactors.logs import get_logger
+from voiceactors.settings import default
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ THREADS = 16
 WRITE_THREADS = 32
 
 #: How long a write waits for a file lock unless told otherwise (seconds).
-DEFAULT_LOCK_TIMEOUT_S = 5.0
+DEFAULT_LOCK_TIMEOUT_S: float = default("journal_lock_timeout_s")
 #: Non-blocking lock attempts start this far apart and back off to ``LOCK_POLL_MAX_S``.
 LOCK_POLL_MIN_S = 0.005
 LOCK_POLL_MAX_S = 0.25

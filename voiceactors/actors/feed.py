@@ -39,6 +39,7 @@ import trio
 from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.actors.messages import SubscribeRefusal
 from voiceactors.logs import get_logger
+from voiceactors.settings import default
 
 #: The outcomes a ``tool.finished`` event carries (any other is ``tool.failed``).
 FINISHED_OUTCOMES = frozenset({ToolOutcome.OK, ToolOutcome.REPLAYED})
@@ -234,8 +235,10 @@ class FeedHub:
     (a poll may race the end), then the feed is forgotten.
     """
 
-    def __init__(self, retention_s: float = 60.0, max_items: int = 8, *,
-                 max_per_call: int = 16, max_total: int = 1000) -> None:
+    def __init__(self, retention_s: float = default("feed_retention_s"),
+                 max_items: int = default("feed_max_items"), *,
+                 max_per_call: int = default("feed_max_subscribers_per_call"),
+                 max_total: int = default("feed_max_subscribers")) -> None:
         self.retention_s = retention_s
         self.max_items = max_items
         self.max_per_call = max_per_call

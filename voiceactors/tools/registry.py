@@ -19,6 +19,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
 
 from voiceactors import safe_text
+from voiceactors.mcp_sources import JOURNAL_TOOL_FAMILIES
+from voiceactors.settings import default
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
 from voiceactors.tools.context import ToolContext
 
@@ -248,7 +250,17 @@ def _specs() -> list[ToolSpec]:
     ]
 
 
-REGISTRY: dict[str, ToolSpec] = {spec.name: spec for spec in _specs()}
+def _families_reserved(specs: list[ToolSpec]) -> list[ToolSpec]:
+    """``specs``, once their families are exactly the names MCP sources may not take
+    (``mcp_sources.JOURNAL_TOOL_FAMILIES``, declared below the settings that check them)."""
+    families = {spec.name.split(".", 1)[0] for spec in specs}
+    if families != JOURNAL_TOOL_FAMILIES:
+        raise RuntimeError(f"the journal's tool families {sorted(families)} differ from "
+                           f"mcp_sources.JOURNAL_TOOL_FAMILIES {sorted(JOURNAL_TOOL_FAMILIES)}")
+    return specs
+
+
+REGISTRY: dict[str, ToolSpec] = {spec.name: spec for spec in _families_reserved(_specs())}
 #: The tools that stand on the journal alone (every one but the call-scoped
 #: ``journal.select``): what the journal's MCP server offers.
 JOURNAL_TOOLS: dict[str, ToolSpec] = {name: spec for name, spec in REGISTRY.items() if not spec.call_scoped}
@@ -274,7 +286,7 @@ def lookup(name: str, registry: Mapping[str, ToolSpec] | None = None) -> ToolSpe
     return None
 
 
-def manifest(style: str = "dotted", registry: Mapping[str, ToolSpec] | None = None) -> list[dict[str, Any]]:
+def manifest(style: str = default("tool_name_style"), registry: Mapping[str, ToolSpec] | None = None) -> list[dict[str, Any]]:
     """The ``tools`` array of an OpenAI Realtime session, names in ``style``
     (``dotted`` or ``underscore``)."""
     if style not in ("dotted", "underscore"):

@@ -1,14 +1,15 @@
 """The bookkeeping of one call's tool calls and responses (plain data).
 
-A ``ToolCall`` walks one way through its states; ``TRANSITIONS`` below is
-every step it may take (state × event → next state) and ``advance`` the one
-way a state changes (any other step raises ``ToolCallLifecycleError``)::
+A ``ToolCall`` walks one way through its states. ``TRANSITIONS`` below is
+every step it may take (state × event → next state, in the manner of h11's
+connection states) and ``advance`` the one way a state changes; any other
+step raises ``ToolCallLifecycleError``::
 
     seen ─▶ prefetching ─▶ prefetched      (a read run early on done arguments)
       │  ◀─────┘ (no answer) │
       └───────┴──────────────┴─▶ running ─▶ ready ─▶ queued ─▶ sent ─▶ confirmed
       └─────────────────────────────┴──────▶ ready (abandoned: a synthetic output)
-                                                             sent ─▶ rejected (the service refused it)
+                                                   queued, sent ─▶ rejected (the service refused it)
 
 ``seen``, ``prefetching`` and ``prefetched`` are the states before the
 arguments are known final; the record calls all three ``seen``. A call
@@ -154,49 +155,40 @@ UNSTARTED = frozenset({_S.SEEN, _S.PREFETCHING, _S.PREFETCHED})
 UNANSWERED = UNSTARTED | {_S.RUNNING}
 UNSENT = frozenset({_S.READY, _S.QUEUED})
 ANSWERED = frozenset({_S.READY, _S.QUEUED, _S.SENT, _S.CONFIRMED, _S.REJECTED})
+ENDED_OK = frozenset({BatchStatus.COMPLETED, BatchStatus.LOST})
 
-#: Every step a tool call may take: (state, event) -> next state. The
+#: Every step a tool call may take: state -> {event: next state}. The
 #: protocol asks before it steps where an event applies to some states only
-#: (a late answer of an abandoned call changes nothing); a pair not here is a bug.
-TRANSITIONS: dict[tuple[ToolCallState, ToolCallEvent], ToolCallState] = {
-    (_S.SEEN, _E.PREFETCH): _S.PREFETCHING,
-    (_S.PREFETCHING, _E.PREFETCH_ANSWERED): _S.PREFETCHED,
-    (_S.PREFETCHING, _E.PREFETCH_ENDED): _S.SEEN,   # never prefetched again: it runs when it starts
-    **{(state, _E.START): _S.RUNNING for state in UNSTARTED},
-    (_S.RUNNING, _E.ANSWER): _S.READY,
-    **{(state, _E.ABANDON): _S.READY for state in UNANSWERED},
-    (_S.SEEN, _E.RECOVER): _S.READY,
-    (_S.READY, _E.QUEUE): _S.QUEUED,
-    (_S.QUEUED, _E.WRITE): _S.SENT,
-    (_S.READY, _E.WRITE_AT_CLOSE): _S.SENT,
-    # the service may echo an output in any state (one a crashed run sent, or a peer's mistake)
-    **{(state, _E.CONFIRM): _S.CONFIRMED for state in ToolCallState if state != _S.CONFIRMED},
-    (_S.QUEUED, _E.REJECT): _S.REJECTED,
-    (_S.SENT, _E.REJECT): _S.REJECTED,
-    (_S.QUEUED, _E.DISCONNECT): _S.READY,
-    (_S.QUEUED, _E.DROP): _S.READY,
-    (_S.SENT, _E.DROP): _S.READY,
+#: (a late answer of an abandoned call changes nothing); a step not here is a
+#: bug. The service may echo an output in any state (one a crashed run sent,
+#: or a peer's mistake), so every state but ``confirmed`` takes ``confirm``.
+TRANSITIONS: dict[ToolCallState, dict[ToolCallEvent, ToolCallState]] = {
+    _S.SEEN: {_E.PREFETCH: _S.PREFETCHING, _E.START: _S.RUNNING, _E.ABANDON: _S.READY,
+              _E.RECOVER: _S.READY, _E.CONFIRM: _S.CONFIRMED},
+    _S.PREFETCHING: {_E.PREFETCH_ANSWERED: _S.PREFETCHED,
+                     _E.PREFETCH_ENDED: _S.SEEN,      # never prefetched again: it runs when it starts
+                     _E.START: _S.RUNNING, _E.ABANDON: _S.READY, _E.CONFIRM: _S.CONFIRMED},
+    _S.PREFETCHED: {_E.START: _S.RUNNING, _E.ABANDON: _S.READY, _E.CONFIRM: _S.CONFIRMED},
+    _S.RUNNING: {_E.ANSWER: _S.READY, _E.ABANDON: _S.READY, _E.CONFIRM: _S.CONFIRMED},
+    _S.READY: {_E.QUEUE: _S.QUEUED, _E.WRITE_AT_CLOSE: _S.SENT, _E.CONFIRM: _S.CONFIRMED},
+    _S.QUEUED: {_E.WRITE: _S.SENT, _E.DISCONNECT: _S.READY, _E.DROP: _S.READY, _E.REJECT: _S.REJECTED,
+                _E.CONFIRM: _S.CONFIRMED},
+    _S.SENT: {_E.DROP: _S.READY, _E.REJECT: _S.REJECTED, _E.CONFIRM: _S.CONFIRMED},
+    _S.CONFIRMED: {},
+    _S.REJECTED: {_E.CONFIRM: _S.CONFIRMED},
 }
-#: ``TRANSITIONS`` by state, for the per-event lookup (no tuple built).
-_NEXT: dict[ToolCallState, dict[ToolCallEvent, ToolCallState]] = {state: {} for state in ToolCallState}
-for (_state, _event), _next in TRANSITIONS.items():
-    _NEXT[_state][_event] = _next
-del _state, _event, _next
 
 #: The state a call's record line names (the record keeps the public walk).
 RECORDED_STATE = {state: _S.SEEN if state in UNSTARTED else state for state in ToolCallState}
 
 
-def advance(call: "ToolCall", event: ToolCallEvent) -> ToolCallState:
+def advance(call: ToolCall, event: ToolCallEvent) -> ToolCallState:
     """Step ``call`` on ``event`` by ``TRANSITIONS``; return its new state."""
-    state = _NEXT[call.state].get(event)
+    state = TRANSITIONS[call.state].get(event)
     if state is None:
         raise ToolCallLifecycleError(call.tool_call_id, call.state, event)
     call.state = state
     return state
-
-
-ENDED_OK = frozenset({BatchStatus.COMPLETED, BatchStatus.LOST})
 
 
 @dataclass

@@ -81,6 +81,7 @@ def round_frames(n: int) -> list[str]:
 
 def run(rounds: int, window: int) -> dict[str, Any]:
     from voiceactors.actors import call_protocol as cp
+    from voiceactors.actors.call_state import ToolOutcome
     from voiceactors.realtime import events as rt
 
     protocol = cp.CallProtocol("rtc_bench", effect_of=lambda name: "read")
@@ -117,7 +118,7 @@ def run(rounds: int, window: int) -> dict[str, Any]:
             if i == answer_at:
                 tool_call_id = f"call_{n}"
                 if protocol.calls[tool_call_id].state == "running":
-                    sends += feed(cp.ToolFinished(tool_call_id, "briefing.get", '{"ok": true}', "ok", 0.3))
+                    sends += feed(cp.ToolFinished(tool_call_id, "briefing.get", '{"ok": true}', ToolOutcome.OK, 0.3))
             written(sends)
         per_round.append(time.process_time() - started)
     first, last = per_round[:window], per_round[-window:]

@@ -37,7 +37,7 @@ from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.tools import REGISTRY, ToolContext
-from voiceactors.tools.mcp_sources import McpSource
+from voiceactors.mcp_sources import McpSource
 
 Handler = Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]
 

@@ -189,7 +189,8 @@ async def test_a_line_with_a_lone_surrogate_is_written_and_the_record_goes_on(tm
     """A transcript whose text holds a lone surrogate (JSON's ``\\ud800``
     decodes to one) used to fail its record's every pass: UTF-8 has no
     bytes for it, the lines stayed in memory and the end never reached the
-    file. It is written escaped, and so is everything after it."""
+    file. It is written escaped, and so is everything after it; it reads
+    back as U+FFFD (``read_record``, docs/reliability.md § 14.1)."""
     record = CallRecord("rtc_surrogate", tmp_path)
     record.opened()
     record.add("transcript", role="user", item_id="item_1", text=json.loads('"bad \\udc80 half"'))
@@ -198,7 +199,8 @@ async def test_a_line_with_a_lone_surrogate_is_written_and_the_record_goes_on(tm
     assert await record.close() is True and record.failed is None
     lines = read_record(record.path)
     assert [x["kind"] for x in lines] == ["start", "transcript", "tool_call", "end"]
-    assert lines[1]["text"] == "bad \udc80 half"
+    assert lines[1]["text"] == "bad \ufffd half"
+    assert "bad \\udc80 half" in record.path.read_text(encoding="utf-8")
 
 
 async def test_a_line_s_own_kind_and_time_cannot_be_overridden_by_its_fields(tmp_path, autojump_clock):

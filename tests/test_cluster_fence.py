@@ -134,6 +134,8 @@ async def test_the_fence_never_allows_while_another_process_could_win_the_lease(
         fence = holder.fence_of(CALL)
         # counted from before the request went out, never from its answer
         assert fence is not None and sent + ttl - guard <= fence.until <= answered + ttl - guard
+        # its actor runs (confirmed): another's acquire finds it held at once, not a lease to wait for
+        assert await holder.confirm(lease)
         sent = trio.current_time()
         assert await holder.renew(lease) is lease                  # a renewal moves it on
         answered = trio.current_time()

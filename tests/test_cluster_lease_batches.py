@@ -44,7 +44,10 @@ async def test_leases_asked_for_at_once_share_a_request_and_stay_exclusive(redis
         leases = [won[c] for c in CALLS]
         assert all(lease is not None and a.lease_of(lease.call_id) == lease for lease in leases)
         assert len({lease.fence for lease in leases if lease is not None}) == len(CALLS)   # a token each
-        assert await redis.hget(rc.CALLS_KEY, CALLS[7]) == a.lease_of(CALLS[7]).token     # the takeover entry
+        # no takeover entry until an actor runs the call (its first renewal confirms it)
+        assert not await redis.hexists(rc.CALLS_KEY, CALLS[7])
+        assert await a.confirm(leases[7])
+        assert await redis.hget(rc.CALLS_KEY, CALLS[7]) == a.lease_of(CALLS[7]).token
 
         async with trio.open_nursery() as asking:         # held: b wins none of them, in a batch too
             for call_id in CALLS:

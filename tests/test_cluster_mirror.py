@@ -154,6 +154,7 @@ async def test_a_stale_holders_mirror_is_refused_and_it_loses_the_call(redis_ser
         stale = await a.acquire(CALL)
         assert stale is not None
         stop = a.lease_stop(stale, 10.0)
+        assert await a.confirm(stale)                          # its actor runs (lease_stop sent it too)
         fence = a.fence_of(CALL)
         a.note_record(CALL, {"kind": "tool_started", "tool_call_id": "call_a", "tool": "t"})
         await _wait_pending(redis, CALL, {"call_a"})          # a's own, before the takeover

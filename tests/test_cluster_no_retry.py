@@ -129,7 +129,7 @@ async def test_a_claim_whose_reply_was_lost_is_not_run_again(redis_server, tmp_p
 
 async def test_an_acquire_whose_reply_was_lost_is_not_run_again(redis_server, tmp_path):
     proxy = ReplyDroppingProxy(tmp_path, redis_server.socket)
-    keys = [rc.lease_key(CALL), rc.FENCE_KEY, rc.CALLS_KEY]
+    keys = [rc.lease_key(CALL), rc.FENCE_KEY, rc.CALLS_KEY, rc.void_key("noretry-node")]
     async with rc.client(redis_server.url) as direct, trio.open_nursery() as nursery:
         await nursery.start(proxy.serve)
         async with rc.client(proxy.url) as redis:

@@ -33,7 +33,7 @@ async def test_one_lease_per_call_released_only_by_its_holder(redis_server):
     async with trio.open_nursery() as nursery:
         a, b = await _two(redis_server, nursery)
         first = await a.acquire("rtc_1")
-        assert first is not None and first.token.startswith("a:") and first.previous is None
+        assert first is not None and first.token.startswith("a/") and first.previous is None
         assert await b.acquire("rtc_1") is None              # held: no second holder
         await b.release(type(first)("rtc_1", "b:1"))          # a wrong token deletes nothing
         assert await b.acquire("rtc_1") is None
@@ -50,12 +50,14 @@ async def test_an_unreleased_lease_expires_and_the_next_holder_learns_whose_it_w
         a, b = await _two(redis_server, nursery)
         dead = await a.acquire("rtc_2")
         assert dead is not None
+        assert await a.confirm(dead)                        # an actor ran it: a call to take over
         assert await b.orphans() == []                      # still leased
         await expire_lease_now(redis_server, "rtc_2", TTL)  # a "died": never renewed
         assert await b.orphans() == [("rtc_2", dead.token)]
         taken = await b.acquire("rtc_2")
         assert taken is not None and taken.previous == dead.token and taken.fence > dead.fence
         assert await a.renew(dead) is None                  # b holds it now: a's is lost
+        assert await b.confirm(taken)                       # b ran it: the takeover entry is b's now
         await b.release(taken)
         assert await b.orphans() == []                      # released cleanly: nothing to take over
         nursery.cancel_scope.cancel()

@@ -45,7 +45,7 @@ async def test_the_scan_takes_over_a_dead_holders_call_and_answers_each_pending_
             await registries.start(dead.run)
             await registries.start(alive.run)
             lease = await dead.acquire(CALL)
-            assert lease is not None
+            assert lease is not None and await dead.confirm(lease)    # its actor ran: a call to take over
             # the mirror of its record as the holder's writer left it (call_ok had settled)
             async with rc.client(redis_server.url) as redis:
                 await redis.hset(rc.pending_key(CALL), {

@@ -8,6 +8,7 @@ jump to) and the timeout tests use handlers that block until released.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import threading
@@ -19,6 +20,7 @@ from structlog.testing import capture_logs
 
 from voiceactors import storage
 from voiceactors.actors import write_log
+from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.actors.messages import CancelReads, ToolRequest, ask
 from voiceactors.actors.executor import ToolExecutor, cap_output
 from voiceactors.journal import ledger
@@ -643,3 +645,64 @@ async def test_each_request_is_looked_up_once(nursery, autojump_clock, journal, 
         result = await client.call(name, raw=args if isinstance(args, str) else json.dumps(args))
         assert registry.gets - before == 1, (name, result.outcome)
     assert result.outcome == "invalid"
+
+
+async def test_every_outcome_the_executor_answers_is_a_tool_outcome(nursery, autojump_clock, journal, state):
+    """Each outcome the executor can answer here is a ``ToolOutcome`` member,
+    not a bare string that only looks like one: ``busy`` (a write whose
+    journal file another holder keeps locked, a real ``flock``) was a string
+    the enum did not have. ``restarted`` and ``auth_expired`` need a second
+    server or an MCP source (tests/test_cluster_no_retry.py, test_mcp_sources.py)."""
+    held = journal / "held.jsonl"
+    gate, cancelled_gate = Gate(), Gate()
+
+    def locked_write(ctx, args):
+        storage.update_jsonl(held, lambda rows: rows.append({"n": 1}) or True, lock_timeout_s=1.0)
+        return {"done": True}
+
+    registry = make_registry([
+        spec("test.echo", echo), spec("test.boom", boom),
+        spec("test.refuse", lambda ctx, args: {"error": "no such item"}),
+        spec("test.block", lambda ctx, args: gate.enter() or {"late": True}),
+        spec("test.slow", lambda ctx, args: cancelled_gate.enter() or {"late": True}),
+        spec("test.write", lambda ctx, args: {"done": True}, effect="write"),
+        spec("test.locked", locked_write, effect="write"),
+    ])
+    # reads without a deadline (autojump would jump past one while a handler's
+    # thread runs); the timeout from an executor of its own
+    ex = await start(nursery, settings_for(journal, state), registry, journal, state)
+    client = Client(ex)
+    timing_out = await start(nursery, settings_for(journal, state, tool_timeout_read_s=10.0), registry,
+                             journal, state)
+    seen = {
+        "ok": await client.call("test.echo", {"i": 0}, turn=0),
+        "rejected": await client.call("test.echo", {"i": 0}, turn=0),          # a duplicate
+        "error": await client.call("test.refuse", turn=1),
+        "invalid": await client.call("nope.tool", turn=1),
+        "failed": await client.call("test.boom", turn=1),
+        "timeout": await Client(timing_out).call("test.block"),
+    }
+    gate.release.set()
+    seen["ok_write"] = await client.call("test.write", tool_call_id="call_w", turn=3)
+    seen["replayed"] = await client.call("test.write", tool_call_id="call_w", turn=3)
+    lock = open(f"{held}.lock", "a+b")     # another holder of the journal file's lock
+    try:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        seen["busy"] = await client.call("test.locked", turn=4)
+    finally:
+        lock.close()
+    async with trio.open_nursery() as inner:
+        async def read() -> None:
+            seen["cancelled"] = await client.call("test.slow", turn=5, epoch=1)
+        inner.start_soon(read)
+        await cancelled_gate.started.wait()
+        await ex.inbox.send(CancelReads("rtc_test", before_epoch=2))
+    cancelled_gate.release.set()
+
+    for name, result in seen.items():
+        assert type(result.outcome) is ToolOutcome, (name, result.outcome)
+        assert result.outcome == name.removesuffix("_write"), name
+    assert json.loads(seen["busy"].output)["error"].startswith("journal busy")
+    assert not held.exists()                       # nothing applied
+    assert {o.value for o in ToolOutcome} >= {"ok", "error", "invalid", "rejected", "timeout", "busy",
+                                               "cancelled", "failed", "replayed", "restarted", "auth_expired"}

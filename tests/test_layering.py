@@ -5,8 +5,12 @@ plus ``importlib.import_module("...")`` with a literal name):
 - the product never imports the simulator, directly or through another
   module: only ``voiceactors.demo``, ``voiceactors.replay``, ``voiceactors.cli`` (lazily) and the
   simulator itself (and tests and benchmarks, not checked here) may;
-- ``voiceactors.journal`` and ``voiceactors.tools`` reach none of
-  ``voiceactors.actors``, ``voiceactors.http``, ``voiceactors.realtime``.
+- every module sits in one layer of ``LAYERS`` and imports nothing from a
+  layer above its own, at module level or inside a function (a lazy import
+  that hides a loop is still a loop), but for the few ``UPWARD`` imports
+  named with their reason. A new module must be given its layer here;
+- within a layer, no two of its entries (packages or modules) import each
+  other, directly or through others: the entries of one layer form no loop.
 
 A failure names the offending import (file and line) and the chain that
 leads to it.
@@ -26,9 +30,36 @@ SIMULATOR = "voiceactors.simulator"
 #: May import the simulator: the demo and replay plumbing, and the command line (lazily).
 SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli", "voiceactors.replay"}
 LAZY_ONLY = {"voiceactors.cli"}
-#: The journal and the tools are below the actors, the HTTP layer and the Realtime client.
-LOWER = ("voiceactors.journal", "voiceactors.tools")
-ABOVE_LOWER = ("voiceactors.actors", "voiceactors.http", "voiceactors.realtime", SIMULATOR)
+
+#: The layers, bottom first: a module imports from its own layer and those below.
+#: An entry is a package (all its modules) or a module; the longest entry that
+#: holds a module decides (the call's pure core still lives in ``actors/``).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation: logging, time, files, settings and their plain data", (
+        "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
+        "voiceactors.mcp_sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
+        "voiceactors.context", "voiceactors.openai_clients")),
+    ("the journal and its configuration", (
+        "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.context_resolve")),
+    ("the tools", ("voiceactors.tools",)),
+    ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
+     "the day's usage", (
+        "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
+        "voiceactors.actors.call_protocol", "voiceactors.actors.call_state", "voiceactors.actors.call_context",
+        "voiceactors.actors.call_record", "voiceactors.actors.record_kind", "voiceactors.actors.call_usage",
+        "voiceactors.actors.transcript_order",
+        "voiceactors.actors.recovery", "voiceactors.actors.messages", "voiceactors.actors.daily_usage")),
+    ("the call registry and the rest of scaling out", ("voiceactors.cluster",)),
+    ("the actors", ("voiceactors.actors",)),
+    ("the runtime, the HTTP app and its console, the journal's MCP server, the Realtime stand-in", (
+        "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp_server", SIMULATOR)),
+    ("the commands", (
+        "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp_server.stdio",
+        "voiceactors.calls_report",
+        "voiceactors.cli", "voiceactors.demo", "voiceactors.demo_mcp", "voiceactors.replay")),
+)
+#: Imports allowed to go up a layer: (importer, imported) -> why.
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -157,8 +188,6 @@ def violations(package_dir: Path) -> list[str]:
                              for edge in graph[module] if not edge.lazy and within(edge.target, SIMULATOR)]
             continue
         rules = [("the product must not import the simulator", (SIMULATOR,))]
-        if any(within(module, m) for m in LOWER):
-            rules.append(("the journal and the tools must not import actors, http, realtime", ABOVE_LOWER))
         for rule, forbidden in rules:
             chain = path_to(graph, module, forbidden)
             if chain is not None:
@@ -174,6 +203,95 @@ def violations(package_dir: Path) -> list[str]:
         problems.append(f"{edge.where(root)}: {edge.source} imports {edge.target} ({rule}; "
                         f"reached by {route}" + (f", and from {', '.join(others)}" if others else "") + ")")
     return problems
+
+
+def layer_of(module: str) -> int | None:
+    """The index in ``LAYERS`` of ``module`` (None: not placed; the root package is below all)."""
+    if module == "voiceactors":
+        return 0
+    best: tuple[int, int] | None = None     # (length of the entry, layer)
+    for index, (_, entries) in enumerate(LAYERS):
+        for entry in entries:
+            if within(module, entry) and (best is None or len(entry) > best[0]):
+                best = (len(entry), index)
+    return None if best is None else best[1]
+
+
+def _runs_nothing(path: Path) -> bool:
+    """A package's ``__init__`` of a docstring alone: importing it for a submodule runs nothing."""
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
+
+
+def upward_imports(package_dir: Path) -> list[str]:
+    """Every module not placed in ``LAYERS``, and every import of a module in
+    a higher layer than the importer's (``UPWARD`` aside)."""
+    graph = import_graph(package_dir)
+    modules = modules_of(package_dir)
+    root = package_dir.parent
+    problems = [f"{module} has no layer in LAYERS" for module in graph if layer_of(module) is None]
+    for module, edges in graph.items():
+        own = layer_of(module)
+        for edge in edges:
+            theirs = layer_of(edge.target)
+            if own is None or theirs is None or theirs <= own or (module, edge.target) in UPWARD:
+                continue
+            if modules[edge.target].name == "__init__.py" and _runs_nothing(modules[edge.target]):
+                continue
+            problems.append(f"{edge.where(root)}: {module} ({LAYERS[own][0]}) imports {edge.target}, "
+                            f"a layer above ({LAYERS[theirs][0]})")
+    return sorted(set(problems))
+
+
+def entry_of(module: str) -> str:
+    """The ``LAYERS`` entry that holds ``module`` (the longest), or the module itself."""
+    held = [entry for _, entries in LAYERS for entry in entries if within(module, entry)]
+    return max(held, key=len) if held else module
+
+
+def loops_between_entries(package_dir: Path) -> list[str]:
+    """Each loop of imports between different entries of ``LAYERS`` (lazy
+    imports included), as the chain of entries and the import that closes it."""
+    graph = import_graph(package_dir)
+    modules = modules_of(package_dir)
+    edges: dict[str, dict[str, Import]] = {}
+    for module, imports in graph.items():
+        for edge in imports:
+            if modules[edge.target].name == "__init__.py" and _runs_nothing(modules[edge.target]):
+                continue
+            source, target = entry_of(module), entry_of(edge.target)
+            if source != target:
+                edges.setdefault(source, {}).setdefault(target, edge)
+    root = package_dir.parent
+    found = set()
+    for start in sorted(edges):
+        # the shortest way back to ``start`` from each entry it imports
+        frontier: list[list[str]] = [[start, target] for target in sorted(edges[start])]
+        seen = {start}
+        while frontier:
+            chain = frontier.pop(0)
+            if chain[-1] == start:
+                loop = chain[:-1]
+                turn = loop.index(min(loop))
+                loop = loop[turn:] + loop[:turn]
+                closing = edges[loop[-1]][loop[0]]
+                found.add(" → ".join(loop + [loop[0]]) + f" (closed by {closing.where(root)})")
+                break
+            if chain[-1] in seen:
+                continue
+            seen.add(chain[-1])
+            frontier += [chain + [target] for target in sorted(edges.get(chain[-1], {}))]
+    return sorted(found)
+
+
+def test_no_loop_between_packages_and_modules():
+    loops = loops_between_entries(PACKAGE_DIR)
+    assert not loops, "import loops:\n" + "\n".join(loops)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    problems = upward_imports(PACKAGE_DIR)
+    assert not problems, "imports going up:\n" + "\n".join(problems)
 
 
 def test_the_package_keeps_its_layers():
@@ -228,9 +346,9 @@ def test_the_product_importing_the_demo_is_named_at_its_own_import(tmp_path):
 def test_the_journal_reaching_the_actors_is_named(tmp_path):
     package = _tree(tmp_path, {"journal/__init__.py": "", "journal/index.py": "from voiceactors.actors import call\n",
                                "actors/__init__.py": "", "actors/call.py": ""})
-    [problem] = violations(package)
-    assert problem.startswith("voiceactors/journal/index.py:1: voiceactors.journal.index imports voiceactors.actors "
-                              "(the journal and the tools must not import actors, http, realtime"), problem
+    assert upward_imports(package) == [
+        "voiceactors/journal/index.py:1: voiceactors.journal.index (the journal and its configuration) imports "
+        "voiceactors.actors.call, a layer above (the actors)"]
 
 
 def test_the_cli_may_import_the_simulator_only_lazily(tmp_path):
@@ -239,3 +357,29 @@ def test_the_cli_may_import_the_simulator_only_lazily(tmp_path):
     eager = _tree(tmp_path / "b", {"cli.py": "import voiceactors.simulator\n"})
     [problem] = violations(eager)
     assert problem.startswith("voiceactors/cli.py:1: voiceactors.cli imports voiceactors.simulator at module level")
+
+
+def test_an_import_from_a_layer_above_is_named_lazy_or_not(tmp_path):
+    package = _tree(tmp_path, {"settings.py": "def check():\n    from voiceactors.tools import registry\n",
+                               "tools/__init__.py": "", "tools/registry.py": "",
+                               "cluster/__init__.py": "", "cluster/registry.py": "from voiceactors.actors import feed\n",
+                               "actors/__init__.py": "", "actors/feed.py": "",
+                               "actors/call_context.py": "", "cluster/leases.py": "import voiceactors.actors.call_context\n"})
+    assert upward_imports(package) == [
+        "voiceactors/cluster/registry.py:1: voiceactors.cluster.registry (the call registry and the rest of scaling "
+        "out) imports voiceactors.actors.feed, a layer above (the actors)",
+        "voiceactors/settings.py:2 (inside a function): voiceactors.settings (foundation: logging, time, files, "
+        "settings and their plain data) imports voiceactors.tools.registry, a layer above (the tools)"]
+
+
+def test_a_module_without_a_layer_is_named(tmp_path):
+    package = _tree(tmp_path, {"newcomer.py": ""})
+    assert upward_imports(package) == ["voiceactors.newcomer has no layer in LAYERS"]
+
+
+def test_a_loop_inside_one_layer_is_named_even_through_a_lazy_import(tmp_path):
+    package = _tree(tmp_path, {"server.py": "def serve():\n    from voiceactors import workers\n",
+                               "workers.py": "from voiceactors.server import EXIT\n"})
+    assert upward_imports(package) == []
+    assert loops_between_entries(package) == [
+        "voiceactors.server → voiceactors.workers → voiceactors.server (closed by voiceactors/workers.py:1)"]

@@ -22,7 +22,7 @@ from voiceactors.actors.messages import ToolRequest, ToolResult
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import REGISTRY, ToolContext
 from voiceactors.tools.mcp_discovery import build_specs
-from voiceactors.tools.mcp_sources import McpSource
+from voiceactors.mcp_sources import McpSource
 
 NESTED = {
     "type": "object",

@@ -383,7 +383,7 @@ def test_a_second_server_on_the_same_state_dir_refuses_to_start(journal, tmp_pat
         first.terminate()
         assert first.wait(timeout=30) == 0
     # the lock went with the first server: the folder is free again
-    from voiceactors.server import state_dir_lock
+    from voiceactors.commands import state_dir_lock
 
     with state_dir_lock(state):
         pass

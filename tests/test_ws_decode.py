@@ -52,6 +52,8 @@ STREAMS = {
     "a binary frame": text("one") + frame(b"\x00\x01", opcode=0x2) + text("two"),
     "a close, then more": text("one") + frame(struct.pack("!H", 1000) + b"bye", opcode=0x8) + text("late"),
     "invalid UTF-8": text("one") + frame(b"\xff\xfe") + text("two"),
+    # a lone surrogate's would-be UTF-8 bytes: refused, so a frame's text never holds one (safe_text)
+    "an encoded surrogate": text("one") + frame(b'{"t":"\xed\xb2\x80"}') + text("two"),
     "UTF-8 cut by a fragment": frame("é".encode()[:1], fin=False) + frame("é".encode()[1:], opcode=0x0),
     "a masked frame": text("one") + text("two", mask=b"\x01\x02\x03\x04"),
     "a length not in its shortest form": text("one") + text("short", length_bytes=2),

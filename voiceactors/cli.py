@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     calls = sub.add_parser("calls", help="recent calls from the call records: duration, tool calls, tokens, cost")
-    calls.add_argument("--state-dir", default=os.environ.get("VOICEACTORS_STATE_DIR") or ".state",
+    calls.add_argument("--state-dir", default=os.environ.get("VOICEACTORS_STATE_DIR") or str(settings.default("state_dir")),
                        help="state folder (default .state; $VOICEACTORS_STATE_DIR)")
     calls.add_argument("--limit", type=_limit, default=20, metavar="N",
                        help="how many of the newest calls (1-200, default 20)")

@@ -25,6 +25,8 @@ from typing import Any, MutableMapping, TextIO, cast
 
 import structlog
 
+from voiceactors.settings import default
+
 _SECRET_FIELDS = frozenset({
     "api_key", "apikey", "api_token", "token", "access_token", "refresh_token", "openai_api_key",
     "openai_api_key_env", "authorization", "proxy_authorization", "ephemeral_key", "client_secret",
@@ -194,7 +196,8 @@ def _process_fields(_logger: Any, _name: str, event: MutableMapping[str, Any]) -
     return event
 
 
-def configure(fmt: str = "json", level: str = "info", stream: TextIO | None = None) -> None:
+def configure(fmt: str = default("log_format"), level: str = default("log_level"),
+              stream: TextIO | None = None) -> None:
     """Configure structlog once per process. ``fmt`` is ``json`` or ``console``.
 
     Cheap by construction (a log line is on every connect's and tool round's path): the

@@ -7,6 +7,13 @@ outputs, closes its sideband and flushes its call record) within
 ``settings.shutdown_deadline_s``; the process then exits 0. A second signal
 during that shutdown interrupts it.
 
+A runtime that crashes or cannot start (``http.runtime_failed``: every live
+call of the process ended with it, and it does not come back) starts the same
+shutdown, and the process exits ``EXIT_RUNTIME_FAILED`` (3): a process that
+can serve no call must not look alive, and whatever supervises it
+(``serve --workers``' parent, systemd's ``Restart=on-failure``) starts it
+again. Meanwhile ``/api/voice/status`` answers 503.
+
 ``--demo`` (``voiceactors.demo``) serves a generated sample journal with the
 Realtime simulator in the same process standing in for OpenAI; this module
 never imports the simulator, it takes the demo's folders and backend as hooks.
@@ -16,26 +23,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import logging
 import os
 import signal
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, TypeVar
 
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics, notices, storage
+from voiceactors import clock, gc_policy, logs, metrics, notices
+from voiceactors.commands import (EXIT_INTERRUPTED, EXIT_RUNTIME_FAILED, EXIT_USAGE, StateDirInUse, console_url,
+                                  state_dir_lock)
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings, flag_values, shutdown_deadlines
 
 GRACEFUL_S = 2.0        # hypercorn's wait for in-flight requests before the lifespan stops
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 
 _log = get_logger(actor="server")
 _hypercorn_log = get_logger(actor="hypercorn")
@@ -162,8 +168,10 @@ async def _log_startup_notices(settings: Settings) -> None:
 async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
                      brain_backend: Any | None = None, tune_gc: bool = False,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``settings`` until ``shutdown_trigger`` returns, then shut down
-    gracefully (bounded). ``task_status.started`` gets the bound URLs.
+    """Serve ``settings`` until ``shutdown_trigger`` returns or the runtime
+    fails, then shut down gracefully (bounded); raises ``RuntimeFailed``
+    after the shutdown in the second case. ``task_status.started`` gets the
+    bound URLs.
     ``tune_gc``: once serving (the runtime started, its lazy imports done),
     move the heap out of the garbage collector's sight and schedule full
     collections every ``gc_full_interval_s`` (``gc_policy``) — process-wide,
@@ -174,9 +182,9 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
     _check_connection_cap(settings.max_connections)
 
     async def trigger() -> None:
-        await shutdown_trigger()
+        await _first_of(shutdown_trigger, voice.runtime_failed.wait)
         voice.stopping.set()    # event streams end now, not after the graceful wait
-        _log.info("server.shutdown_started")
+        _log.info("server.shutdown_started", runtime_failed=voice.runtime_failed.is_set())
 
     background = trio.CancelScope()   # process upkeep: ends when serving ends
 
@@ -203,47 +211,15 @@ async def run_server(settings: Settings, *, shutdown_trigger: Callable[[], Await
         await _log_startup_notices(settings)
         task_status.started(binds)
     _log.info("server.stopped", served_s=round(trio.current_time() - started, 1))
+    if voice.runtime_failed.is_set():
+        raise RuntimeFailed("the voice runtime failed (http.runtime_failed): the server stopped")
 
 
-# --- one server per state directory -----------------------------------------------
-
-LOCK_FILE = "server.lock"
-
-
-class StateDirInUse(RuntimeError):
-    """Another server holds the state directory's lock."""
-
-
-@contextlib.contextmanager
-def state_dir_lock(state_dir: Path) -> Iterator[Path]:
-    """Hold an exclusive ``flock`` on ``<state_dir>/server.lock`` for the
-    block: two servers writing one state dir (call records, the brain's
-    cache, the search index) would corrupt each other. The lock goes with
-    the process, however it ends. Raises StateDirInUse when it is held."""
-    state_dir = Path(state_dir)
-    storage.private_folder(state_dir)
-    path = state_dir / LOCK_FILE
-    fd, _created = storage.open_private(path, os.O_RDWR)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise StateDirInUse(f"another server is using the state folder {state_dir} (pid {holder}); "
-                                "stop it or choose another --state-dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        yield path
-    finally:
-        os.close(fd)          # releases the lock
+class RuntimeFailed(RuntimeError):
+    """The app's runtime crashed or could not start; the server stopped for it."""
 
 
 # --- serving and announcing -----------------------------------------------------
-
-def console_url(binds: list[str]) -> str:
-    """The console's address for the first bound URL (``http://127.0.0.1:8765/``)."""
-    return binds[0].rstrip("/") + "/"
-
 
 async def _serve_announced(settings: Settings, shutdown_trigger: Callable[[], Awaitable[None]]) -> None:
     """Serve, and once serving print where the console is (stdout, one line),
@@ -321,7 +297,7 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
               backend: Backend | None = None) -> int:
     """``voiceactors serve``: exit 0 after a signalled shutdown, 2 on a usage
     error, an insecure address without a token or a state folder another
-    server holds. ``serve --demo`` comes through ``voiceactors.demo``, which
+    server holds, 3 after the runtime failed (``EXIT_RUNTIME_FAILED``). ``serve --demo`` comes through ``voiceactors.demo``, which
     passes its ``folders`` and ``backend``."""
     prepared = prepare(args)
     if isinstance(prepared, int):
@@ -352,8 +328,12 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
         # a second Ctrl-C during the graceful shutdown
         print("voiceactors: interrupted during shutdown", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (OSError, ExceptionGroup) as error:
-        cause = _os_error(error)
+    except (RuntimeFailed, OSError, ExceptionGroup) as error:
+        if _found(error, RuntimeFailed) is not None:
+            print("voiceactors: the voice runtime failed (see the log's http.runtime_failed); "
+                  "the server stopped", file=sys.stderr)
+            return EXIT_RUNTIME_FAILED
+        cause = _found(error, OSError)
         if cause is None:
             raise
         print(f"voiceactors: cannot serve on {settings.host}:{settings.port}: {cause}", file=sys.stderr)
@@ -361,12 +341,16 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
     return 0
 
 
-def _os_error(error: BaseException) -> OSError | None:
-    """The OSError (a port in use, an address not here) in ``error``, if any."""
-    if isinstance(error, OSError):
+E = TypeVar("E", bound=BaseException)
+
+
+def _found(error: BaseException, kind: type[E]) -> E | None:
+    """The ``kind`` in ``error`` or its groups, if any (an OSError: a port in
+    use, an address not here; ``RuntimeFailed``)."""
+    if isinstance(error, kind):
         return error
     for inner in getattr(error, "exceptions", ()):
-        found = _os_error(inner)
+        found = _found(inner, kind)
         if found is not None:
             return found
     return None

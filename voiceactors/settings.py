@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from voiceactors import mcp_sources
+
 SPEC = "voiceactors.setting"
 
 
@@ -66,11 +68,6 @@ def setting(default: Any, group: str, help: str, *, env: str | tuple[str, ...] =
     if required:
         return field(metadata=metadata)
     return field(default=default, metadata=metadata)
-
-
-def _mcp_sources_problem(value: Any) -> str | None:
-    from voiceactors.tools.mcp_sources import settings_problem   # tools import settings: keep it lazy
-    return settings_problem(value)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -212,7 +209,7 @@ class Settings:
         "\"token_env\": \"CRM_TOKEN\"}]` (optional `timeout_s`); when unset, the journal's `voice.mcp_sources`. "
         "Names are slugs without `.` or `_` and not a journal tool family (docs/mcp.md)",
         env="VOICEACTORS_MCP_SOURCES", doc_default="unset (the journal's)",
-        short="MCP tool sources as a JSON list (docs/mcp.md)", check=_mcp_sources_problem)
+        short="MCP tool sources as a JSON list (docs/mcp.md)", check=mcp_sources.settings_problem)
     mcp_discovery_ttl_s: float = setting(
         300.0, TOOLS, "how often each MCP source's tools are listed again (a source down or refused is retried "
         "then)", env="VOICEACTORS_MCP_DISCOVERY_TTL", unit="s", positive=True)
@@ -451,6 +448,18 @@ def declarations() -> tuple[Declared, ...]:
     hints = typing.get_type_hints(Settings)
     return tuple(Declared(item.name, hints[item.name], item.metadata["default"], item.metadata[SPEC])
                  for item in dataclasses.fields(Settings))
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return {item.name: item.metadata["default"] for item in dataclasses.fields(Settings)}
+
+
+def default(name: str) -> Any:
+    """The declared default of the setting ``name``: code that needs it without a
+    ``Settings`` at hand takes it from here, never from a second literal
+    (``tests/test_defaults_once.py``)."""
+    return _defaults()[name]
 
 
 def _from_env(item: Declared, env: Mapping[str, str]) -> Any:

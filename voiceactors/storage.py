@@ -49,6 +49,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 import trio
 
 from voiceactors.logs import get_logger
+from voiceactors.settings import default
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ THREADS = 16
 WRITE_THREADS = 32
 
 #: How long a write waits for a file lock unless told otherwise (seconds).
-DEFAULT_LOCK_TIMEOUT_S = 5.0
+DEFAULT_LOCK_TIMEOUT_S: float = default("journal_lock_timeout_s")
 #: Non-blocking lock attempts start this far apart and back off to ``LOCK_POLL_MAX_S``.
 LOCK_POLL_MIN_S = 0.005
 LOCK_POLL_MAX_S = 0.25
@@ -445,15 +446,21 @@ def read_text_exact(path: Path, errors: str = "strict") -> str:
 
 # Raw in a JSON string these are valid, but readers that split with
 # ``str.splitlines`` break lines at them: what we serialize carries them escaped.
-_LINE_BREAKERS = {"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"}
-_LINE_BREAKERS_RE = re.compile("[\u2028\u2029\x85]")
+# So does a lone surrogate, which UTF-8 has no bytes for: a journal row we
+# rewrite (``update_jsonl``) keeps the ``\udc80`` escape it was read with.
+_ESCAPED_RE = re.compile("[\u2028\u2029\x85\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
 
 
 def dumps_line(row: Any) -> str:
     """One JSONL line for ``row``: UTF-8 JSON, with the characters some readers
-    split lines at escaped (they can only occur inside strings)."""
+    split lines at and lone surrogates escaped (they can only occur inside
+    strings)."""
     text = json.dumps(row, ensure_ascii=False)
-    return _LINE_BREAKERS_RE.sub(lambda m: _LINE_BREAKERS[m.group()], text)
+    return _ESCAPED_RE.sub(_escape, text)
 
 
 @dataclass

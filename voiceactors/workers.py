@@ -54,7 +54,7 @@ import trio
 from voiceactors import storage
 from voiceactors.http.history import WORKERS_FOLDER
 from voiceactors.logs import get_logger
-from voiceactors.server import (EXIT_INTERRUPTED, EXIT_USAGE, StateDirInUse, console_url, state_dir_lock)
+from voiceactors.commands import EXIT_INTERRUPTED, EXIT_USAGE, StateDirInUse, console_url, state_dir_lock
 from voiceactors.settings import Settings, shutdown_deadlines
 
 REDIS_FOLDER = "redis"

@@ -50,7 +50,7 @@ from typing import Any
 
 import trio
 
-from voiceactors import clock, config, metrics
+from voiceactors import clock, config, metrics, safe_text
 from voiceactors.actors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
 from voiceactors.brain.context import gather
@@ -218,7 +218,8 @@ class BrainActor:
                 raise BrainTimeout(f"brain backend timed out after {timeout:g}s") from None
             if not isinstance(instruction, str) or not instruction.strip():
                 raise BrainError("brain backend returned an empty instruction")
-            return instruction.strip(), session_id
+            # every backend's answer comes in here: it goes to the service, Redis, the records
+            return safe_text.clean_str(instruction.strip()), session_id
 
         if self._flight is None:
             result = await backend_run()

@@ -52,6 +52,7 @@ from voiceactors.actors.call_protocol import (
     PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
+from voiceactors.actors.record_kind import RecordKind
 from voiceactors.actors.call_usage import meter_for
 from voiceactors.cluster.fence import SendFence
 from voiceactors.actors.feed import CallFeed
@@ -463,7 +464,7 @@ class CallActor:
         if self._linked is not None:
             # what a rejoin after a crash carries the call on with (recovery.py),
             # as a taker does from the mirror: the instruction, link and selection
-            self.record.add("context", context=carried_view(self._linked))
+            self.record.add(RecordKind.CONTEXT, context=carried_view(self._linked))
         self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
         if self.capture is None:
             # The record has no task of its own (the process's one RecordWriter
@@ -545,7 +546,7 @@ class CallActor:
                     opened_at = trio.current_time()
                     if self.record is not None:
                         self.record.opened()
-                    self.record_line("connect", reconnects=self.reconnects)
+                    self.record_line(RecordKind.CONNECT, reconnects=self.reconnects)
                     self.log.info("call.connected", epoch=self.epoch, reconnects=self.reconnects)
                     reason = await self._serve(transport)
                     if reason is not None:
@@ -576,7 +577,7 @@ class CallActor:
                                   self._reconnect_rng())
             self.reconnects += 1
             metrics.reconnect()
-            self.record_line("reconnect", attempt=failures, delay_s=round(delay, 3), close_code=self._close_code)
+            self.record_line(RecordKind.RECONNECT, attempt=failures, delay_s=round(delay, 3), close_code=self._close_code)
             self.log.info("call.reconnecting", attempt=failures, delay_s=round(delay, 3),
                           close_code=self._close_code, epoch=self.epoch)
             with trio.move_on_at(min(self.deadline, trio.current_time() + delay)):
@@ -936,10 +937,10 @@ class CallActor:
             return self._api_key()  # the journal config is kept in memory (config.py): no thread hop
         return self._api_key
 
-    def record_line(self, kind: str, **fields: Any) -> None:
+    def record_line(self, kind: RecordKind, **fields: Any) -> None:
         self._record_fields(kind, fields)
 
-    def _record_fields(self, kind: str, fields: dict[str, Any], *, t: float | None = None) -> None:
+    def _record_fields(self, kind: RecordKind, fields: dict[str, Any], *, t: float | None = None) -> None:
         """A record line (``t``: when, if not now) and the ``on_record`` hook's
         copy; the fields as a dict, not unpacked again (nine lines a round)."""
         if self.record is not None:
@@ -953,7 +954,7 @@ class CallActor:
             return
         for line in self.protocol.closing_lines():
             record.add_fields(line.kind, line.fields, t=line.t)
-        record.add("end", reason=reason, duration_s=round(trio.current_time() - self.started, 3),
+        record.add(RecordKind.END, reason=reason, duration_s=round(trio.current_time() - self.started, 3),
                    epoch=self.epoch, reconnects=self.reconnects, tool_calls=len(self.calls),
                    responses=len(self.batches), close_code=self._close_code,
                    feed_dropped=self.feed.dropped if self.feed is not None else 0)

@@ -37,6 +37,7 @@ from enum import StrEnum
 from typing import Any
 
 from voiceactors import context
+from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.realtime import events as rt
 
 SELECT_TOOL = "journal.select"
@@ -164,12 +165,12 @@ class CallContext:
                 self.greeting = Greeting.DROPPED
         return events, dropped
 
-    def on_tool_finished(self, tool: str, output: str, outcome: str) -> context.Reference | None:
+    def on_tool_finished(self, tool: str, output: str, outcome: ToolOutcome) -> context.Reference | None:
         """A tool output the model is about to get: for a successful
         ``journal.select``, the new selection, applied now (a ``session.update``
         becomes due: ``take_update``). None for everything else, which
         changes nothing."""
-        if tool != SELECT_TOOL or outcome != "ok":
+        if tool != SELECT_TOOL or outcome != ToolOutcome.OK:
             return None
         chosen = selected_reference(output)
         if chosen is None:

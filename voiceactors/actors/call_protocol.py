@@ -39,10 +39,11 @@ from typing import Any, Callable
 
 from voiceactors.actors.call_usage import FAREWELL, BudgetState, CallMeter
 from voiceactors.actors.call_state import (
-    ANSWERED, ENDED_OK, UNANSWERED, UNSENT, Batch, BatchStatus, CreateResult, CreateSent, FollowUp, Origin,
-    ToolCall, ToolCallState, ToolOutcome,
+    ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
+    Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
 )
 from voiceactors.actors.call_context import CallContext
+from voiceactors.actors.record_kind import RecordKind
 from voiceactors.actors.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
@@ -118,7 +119,7 @@ class ToolFinished:
     tool_call_id: str
     tool: str
     output: str
-    outcome: str
+    outcome: ToolOutcome
     duration_ms: float = 0.0
     client_events: tuple[dict[str, Any], ...] = ()
     prefetch: bool = False     # the answer of a ``Prefetch`` run (not of a ``StartTool``)
@@ -234,7 +235,7 @@ class RecordLine:
     """A line for the call record (``t``: when it happened, seconds since
     the start, for a line written later; None: when it is added)."""
 
-    kind: str
+    kind: RecordKind
     fields: dict[str, Any]
     t: float | None = None
 
@@ -387,7 +388,7 @@ class CallProtocol:
     def _in_written_at_close(self, message: WrittenAtClose) -> None:
         call = self.calls[message.tool_call_id]
         call.sends += 1
-        call.state = ToolCallState.SENT
+        advance(call, ToolCallEvent.WRITE_AT_CLOSE)
 
     def skipped_frame(self) -> None:
         """The same as ``handle(Received(None), now)``, which has no effects:
@@ -432,7 +433,7 @@ class CallProtocol:
     def closing_lines(self) -> list[RecordLine]:
         """The record lines written at the end: every ``response.create`` and
         the ``tool_call`` line of each call not settled yet."""
-        lines = [RecordLine("response_create", {
+        lines = [RecordLine(RecordKind.RESPONSE_CREATE, {
             "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
             "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
         }, t=create.t) for create in self.creates.values()]
@@ -440,7 +441,7 @@ class CallProtocol:
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
         if self.meter.usage.responses:    # the call's usage totals (call_usage.py)
-            lines.append(RecordLine("usage_total", self.meter.totals()))
+            lines.append(RecordLine(RecordKind.USAGE_TOTAL, self.meter.totals()))
         return lines
 
     # ------------------------------------------------------------ helpers
@@ -470,7 +471,7 @@ class CallProtocol:
             fields["tool_call_id"] = rt.clip(fields["tool_call_id"], PEER_STRING_MAX)
         self._effects.append(Log(level, event, fields))
 
-    def _record(self, kind: str, **fields: Any) -> None:
+    def _record(self, kind: RecordKind, **fields: Any) -> None:
         self._effects.append(RecordLine(kind, fields))
 
     # ------------------------------------------------------- server events
@@ -493,7 +494,7 @@ class CallProtocol:
         elif kind == "response.done":
             response = event.response
             for item_id in self.spoken.response_done(response):
-                self._record("transcript_cut", item_id=item_id)
+                self._record(RecordKind.TRANSCRIPT_CUT, item_id=item_id)
             self._on_response_done(response)
         elif kind == "response.created":
             self._on_response_created(event.response)
@@ -574,19 +575,18 @@ class CallProtocol:
         if getattr(item, "type", None) != "function_call":
             return
         call = self._tool_call(response_id, item.call_id, item.name, item.id)
-        if call is None or not done or call.state != ToolCallState.SEEN:
+        if call is None or not done or call.state not in UNSTARTED:
             return
         if item.arguments is not None:
             call.arguments = item.arguments
         if item.status in (None, "completed") and call.arguments is not None:
-            call.complete = True
-            self._maybe_start(call)
+            self._maybe_start(call)     # the arguments are final
 
     def _on_arguments_done(self, event: Any) -> None:
         # Also emitted for an interrupted response, with partial arguments: not
         # a reason to run. The item's done event or the response's done decides.
         call = self._tool_call(event.response_id, event.call_id, event.name, event.item_id)
-        if call is not None and call.state == ToolCallState.SEEN and not call.complete:
+        if call is not None and call.state in UNSTARTED:
             call.arguments = event.arguments
             self._maybe_prefetch(call)
 
@@ -602,7 +602,7 @@ class CallProtocol:
         if batch.status is not None or batch.epoch < self.epoch or self._effect_of(call.name) != "read":
             return
         call.prefetch = call.arguments
-        call.prefetching = True
+        advance(call, ToolCallEvent.PREFETCH)
         call.started_t = self._now
         self._prefetching.add(call.tool_call_id)
         # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
@@ -623,22 +623,20 @@ class CallProtocol:
             if getattr(item, "type", None) != "function_call":
                 continue
             call = self._tool_call(rid, item.call_id, item.name, item.id)
-            if (call is not None and call.state == ToolCallState.SEEN and not call.complete
-                    and item.arguments is not None):
+            if call is not None and call.state in UNSTARTED and item.arguments is not None:
                 call.arguments = item.arguments
         for tool_call_id in batch.calls:
             call = self.calls[tool_call_id]
-            if call.state != ToolCallState.SEEN:
+            if call.state not in UNSTARTED:
                 continue
             if batch.status == BatchStatus.COMPLETED and call.arguments is not None:
-                call.complete = True
-                self._maybe_start(call)
+                self._maybe_start(call)     # the arguments are final
             else:
                 self._abandon(call)
         if self.debug_logs:
             self._log("debug", "response.done", response_id=rid, status=batch.status, origin=batch.origin,
                       epoch=batch.epoch, tool_calls=len(batch.calls))
-        self._record("response", response_id=rid, status=batch.status, epoch=batch.epoch,
+        self._record(RecordKind.RESPONSE, response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
         usage = getattr(response, "usage", None)
         # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
@@ -658,7 +656,7 @@ class CallProtocol:
         if kind == "function_call_output":
             call = self.calls.get(item.call_id)
             if call is not None and call.state != ToolCallState.CONFIRMED:
-                call.state = ToolCallState.CONFIRMED
+                advance(call, ToolCallEvent.CONFIRM)
                 call.confirmed_seq = self.seq
                 self._record_settled(call)
                 if self.debug_logs:
@@ -687,7 +685,7 @@ class CallProtocol:
             if call.state in (ToolCallState.SENT, ToolCallState.QUEUED):
                 # The service refused this output (already answered after a
                 # resend, or an id it no longer knows): never send it again.
-                call.state = ToolCallState.REJECTED
+                advance(call, ToolCallEvent.REJECT)
                 self._record_settled(call)
             self._maybe_follow_up()
 
@@ -725,7 +723,8 @@ class CallProtocol:
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
         if not text:
             return
-        self._record("transcript", role=role, item_id=item_id, text=text, **self.spoken.place_transcript(item_id))
+        self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
+                     **self.spoken.place_transcript(item_id))
         if self.publishing():
             self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
 
@@ -744,24 +743,28 @@ class CallProtocol:
     # -------------------------------------------------------------- tools
 
     def _maybe_start(self, call: ToolCall) -> None:
+        """Start a call whose arguments are final (or abandon it)."""
         batch = self.batches[call.response_id]
-        if call.state != ToolCallState.SEEN or not call.complete:
+        if call.state not in UNSTARTED:
             return
         if batch.status not in (None, BatchStatus.COMPLETED) or batch.epoch < self.epoch:
             # cancelled, or the user took the floor before it ran: never start it
             self._abandon(call)
             return
-        call.state = ToolCallState.RUNNING
+        # the prefetch's run is this call's run when it ran on these arguments
+        # and has not ended without an answer (so it is prefetching or prefetched)
+        prefetched = call.state != ToolCallState.SEEN and call.prefetch == call.arguments
+        held = call.held
+        call.held = None
+        advance(call, ToolCallEvent.START)
         if not call.recovered:
             call.turn = self.turn
-        # the prefetch's run is this call's run when it ran on these arguments
-        # and has not ended without an answer
-        prefetched = (call.prefetch is not None and call.prefetch == call.arguments
-                      and (call.prefetching or call.held is not None))
         if prefetched:
-            call.adopted = True    # started_t stays the prefetch's start: the run began then
+            # started_t stays the prefetch's start: the run began then
+            call.run = ToolRun.PREFETCH if held is None else ToolRun.PREFETCH_ANSWERED
         else:
-            call.held = None
+            held = None
+            call.run = ToolRun.OWN
             call.started_t = self._now
             self._running.add(call.tool_call_id)
         self._record_started(call)
@@ -773,9 +776,7 @@ class CallProtocol:
         if self.publishing():
             self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
                                                 "epoch": call.epoch}))
-        if prefetched and call.held is not None:
-            held, call.held = call.held, None
-            call.ran_early = True
+        if held is not None:
             call.started_t = self._now     # the answer was there: the overhead counts from here
             self._finish(call, held)
 
@@ -783,8 +784,8 @@ class CallProtocol:
         call = self.calls[result.tool_call_id]
         if result.prefetch and not call.adopted:
             self._prefetching.discard(call.tool_call_id)
-            call.prefetching = False
-            if call.state == ToolCallState.SEEN:
+            if call.state == ToolCallState.PREFETCHING:
+                advance(call, ToolCallEvent.PREFETCH_ANSWERED)
                 call.held = result     # kept for the call's start (used if its arguments match)
             return                     # else dropped: abandoned, or started on other arguments
         if call.adopted:
@@ -799,7 +800,7 @@ class CallProtocol:
             call.name = result.tool  # the canonical dotted name
         if call.state == ToolCallState.RUNNING:
             call.output = result.output
-            call.state = ToolCallState.READY
+            advance(call, ToolCallEvent.ANSWER)
             self._context_tool_finished(call, result)
             self._queue_output(call)
         if self.debug_logs:
@@ -829,7 +830,8 @@ class CallProtocol:
             # a prefetch that ended without an answer: the call starts (or
             # not) by the rules, on a run of its own
             self._prefetching.discard(call.tool_call_id)
-            call.prefetching = False
+            if call.state == ToolCallState.PREFETCHING:
+                advance(call, ToolCallEvent.PREFETCH_ENDED)
             return
         if call.adopted:
             self._prefetching.discard(call.tool_call_id)
@@ -852,7 +854,7 @@ class CallProtocol:
         batch = self._batch(pending.response_id or f"resp_recovered_{pending.tool_call_id}")
         batch.status = BatchStatus.COMPLETED
         call = ToolCall(pending.tool_call_id, pending.tool, batch.response_id, 0, 0, 0.0,
-                        recovered=True, complete=True, arguments=pending.arguments)
+                        recovered=True, arguments=pending.arguments)
         self.calls[call.tool_call_id] = call
         batch.calls.append(call.tool_call_id)
         self._undecided[batch.response_id] = batch
@@ -860,8 +862,10 @@ class CallProtocol:
             self._maybe_start(call)
             return
         self._record_started(call)
-        call.output, call.outcome, call.state = pending.output, pending.outcome, ToolCallState.READY
-        call.synthetic = pending.outcome == ToolOutcome.RESTARTED
+        outcome = None if pending.outcome is None else ToolOutcome(pending.outcome)
+        call.output, call.outcome = pending.output, outcome
+        advance(call, ToolCallEvent.RECOVER)
+        call.synthetic = outcome == ToolOutcome.RESTARTED
         self._log("info", "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=pending.outcome)
 
     # ------------------------------------------------------------ outputs
@@ -873,7 +877,7 @@ class CallProtocol:
             return
         event = rt.function_call_output(call.tool_call_id, call.output)
         self._output_events[event["event_id"]] = call.tool_call_id
-        call.state = ToolCallState.QUEUED
+        advance(call, ToolCallEvent.QUEUE)
         self._emit(Send(event, call.tool_call_id))
 
     def _on_written(self, send: Send) -> None:
@@ -885,12 +889,12 @@ class CallProtocol:
         if call.sends == 1 and not call.synthetic and call.started_t is not None and call.duration_ms is not None:
             # what the actors add around the tool: the hops to the executor
             # and back and the writer's turn (the executor times the rest)
-            spent = 0.0 if call.ran_early else call.duration_ms
+            spent = 0.0 if call.run == ToolRun.PREFETCH_ANSWERED else call.duration_ms
             overhead = max(0.0, (self._now - call.started_t) * 1000 - spent)
             call.overhead_ms = round(overhead, 2)
             self._emit(Measure("tool_overhead", overhead / 1000))
         if call.state == ToolCallState.QUEUED:
-            call.state = ToolCallState.SENT
+            advance(call, ToolCallEvent.WRITE)
         self._maybe_follow_up()
 
     def _on_create_written(self, event_id: str | None) -> None:
@@ -908,7 +912,7 @@ class CallProtocol:
         self.connected = False
         for call in self.calls.values():
             if call.state == ToolCallState.QUEUED:
-                call.state = ToolCallState.READY
+                advance(call, ToolCallEvent.DISCONNECT)
 
     def _on_connected(self) -> None:
         self.connected = True
@@ -925,7 +929,7 @@ class CallProtocol:
         self.connected = False
         for call in self.calls.values():
             if call.state in (ToolCallState.QUEUED, ToolCallState.SENT):
-                call.state = ToolCallState.READY
+                advance(call, ToolCallEvent.DROP)
         if self.create_inflight is not None:
             create = self.creates[self.create_inflight]
             create.result = CreateResult.LOST
@@ -938,10 +942,10 @@ class CallProtocol:
             batch = self.batches[rid]
             batch.status = BatchStatus.LOST
             for tool_call_id in batch.calls:
-                # complete calls already run (a started write must report its
-                # real result); the rest will never complete
+                # started calls run on (a started write must report its real
+                # result); the rest will never have final arguments
                 call = self.calls[tool_call_id]
-                if not call.complete:
+                if call.state in UNSTARTED:
                     self._abandon(call)
         self.active.clear()
         self.retry_at = None
@@ -1018,7 +1022,7 @@ class CallProtocol:
             self._log("warning", "usage.malformed", response_id=rt.clip(rid, PEER_STRING_MAX),
                       fields=[rt.clip(f, PEER_STRING_MAX) for f in malformed[:8]])
         line = meter.line(entry)
-        self._record("usage", **line)
+        self._record(RecordKind.USAGE, **line)
         if self.publishing():
             self._emit(Publish("usage", {**line, "call": meter.totals()}))
         self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
@@ -1033,7 +1037,7 @@ class CallProtocol:
         if meter.budget_reached_now(self._now):
             cost = meter.usage.cost_usd
             self._log("info", "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
-            self._record("budget", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._record(RecordKind.BUDGET, budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
             self._emit(WakeAt(self.budget_wake))
 
     def _farewell(self) -> None:
@@ -1075,13 +1079,13 @@ class CallProtocol:
                                   "effect": effect}
         if effect == "read":
             fields["arguments"] = call.arguments
-        self._record("tool_started", **fields)
+        self._record(RecordKind.TOOL_STARTED, **fields)
 
     def _record_settled(self, call: ToolCall) -> None:
         """The one ``tool_call`` line of a call (when it settled, or at the end)."""
         if not call.recorded:
             call.recorded = True
-            self._record("tool_call", **call.record_fields())
+            self._record(RecordKind.TOOL_CALL, **call.record_fields())
 
     # ----------------------------------------------------- linked context
     # The rules are CallContext's (call_context.py); these hooks only turn
@@ -1111,7 +1115,7 @@ class CallProtocol:
         if chosen is None:
             return
         views = self.context.views()
-        self._record("selection", tool_call_id=call.tool_call_id, **views)
+        self._record(RecordKind.SELECTION, tool_call_id=call.tool_call_id, **views)
         self._log("info", "call.selection", kind=chosen.kind, epoch=self.epoch)
         if self.publishing():
             self._emit(Publish("selection", {"tool_call_id": call.tool_call_id, **views}))

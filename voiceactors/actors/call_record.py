@@ -49,12 +49,14 @@ and, unless the server died during it, ends with an ``end`` line. A block
 without an ``end`` is a run that crashed: the next server rejoins the call
 (``recovery.py``) and its block starts with ``"rejoined": true``.
 
-Line kinds (``kind``), each with ``t`` (seconds since the actor started, trio
-clock):
+Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
+(seconds since the actor started, trio clock):
 
 * ``start`` — ``call_id``, ``at`` (UTC wall clock), ``rejoined`` (true when
   this run picks up a call live at a crash), ``recovered`` (tool call ids it
   answers for the crashed run).
+* ``context`` — ``context``: the call's linked context (instruction, link,
+  selection) as the run starts, when it has one (a rejoin carries it on).
 * ``connect`` — ``reconnects`` (how many reconnects came before).
 * ``reconnect`` — ``attempt``, ``delay_s``, ``close_code`` (None for a failed handshake).
 * ``response`` — ``response_id``, ``status``, ``epoch``, ``origin``
@@ -70,6 +72,8 @@ clock):
   ``response_id``, ``epoch``, ``turn``, ``duration_ms``, ``outcome``,
   ``output_bytes``, ``sends``, ``delivered`` (confirmed by the service),
   ``synthetic``, ``state``, ``overhead_ms``.
+* ``selection`` — ``tool_call_id``, ``selection``, ``link``: a
+  ``journal.select`` output chose what the call is about.
 * ``transcript`` — ``role`` (``user``|``assistant``), ``item_id``, ``text``:
   one final utterance, as the service transcribed it; ``order`` (its place
   in the conversation: sort a run's transcripts by it for the spoken order,
@@ -106,15 +110,14 @@ from typing import Any, Callable
 import orjson
 import trio
 
-from voiceactors import clock, storage
+from voiceactors import clock, safe_text, storage
+from voiceactors.actors.record_kind import URGENT_KINDS, RecordKind
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="call_record")
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_\-]{1,128}$")
 
-#: Kinds flushed at once (the ones a restart needs).
-URGENT_KINDS = frozenset({"start", "tool_started", "tool_call", "end"})
 #: Other lines wait at most this long for a flush.
 BATCH_S = 1.0
 #: At most this many record files are kept open (fewer under a low
@@ -617,16 +620,19 @@ class CallRecord:
         self._closed = False
         self.flushes = 0
         self.failed: str | None = None
-        self.lines.append({"kind": "start", "t": 0.0, "call_id": call_id,
+        self.lines.append({"kind": RecordKind.START, "t": 0.0, "call_id": call_id,
                            "at": clock.now_utc().isoformat(timespec="seconds"), **start_fields})
         if write_now:
             self._writer.want(self, urgent=True)
 
-    def add(self, kind: str, **fields: Any) -> None:
+    def add(self, kind: RecordKind | str, **fields: Any) -> None:
         self.add_fields(kind, fields)
 
-    def add_fields(self, kind: str, fields: dict[str, Any], *, t: float | None = None) -> None:
-        """``add`` with the fields as a dict (copied into the line). The line's
+    def add_fields(self, kind: RecordKind | str, fields: dict[str, Any], *, t: float | None = None) -> None:
+        """``add`` with the fields as a dict (copied into the line). ``kind``
+        is a ``RecordKind``; a bare string is written as it is, the same
+        bytes (``tests/test_record_kind.py`` checks every literal kind in the
+        package and every line a call writes is a member). The line's
         ``kind`` and ``t`` are the record's: a field naming either is a
         caller's bug (ValueError, nothing added; it used to replace them
         silently). ``t``: a moment already past, in seconds since the start
@@ -711,13 +717,15 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 
 
 def parse_record(text: str) -> list[dict[str, Any]]:
-    """``read_record`` for a record's text already read."""
+    """``read_record`` for a record's text already read. A lone surrogate's
+    escape (``render_line``'s fallback wrote one for text that came in
+    before ``safe_text``) reads as U+FFFD."""
     lines: list[dict[str, Any]] = []
     for raw in storage.jsonl_lines(text):
         if not raw.strip():
             continue
         try:
-            line = json.loads(raw)
+            line = safe_text.loads(raw)
         except ValueError:
             continue
         if isinstance(line, dict):
@@ -727,5 +735,5 @@ def parse_record(text: str) -> list[dict[str, Any]]:
 
 def last_block(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The lines of the last run (from its ``start``)."""
-    starts = [i for i, line in enumerate(lines) if line.get("kind") == "start"]
+    starts = [i for i, line in enumerate(lines) if line.get("kind") == RecordKind.START]
     return lines[starts[-1]:] if starts else []

@@ -168,7 +168,9 @@ class EventCapture:
             end.update(events=self.events, dropped=self.dropped, audio_dropped=self.audio_dropped)
             lines.append(end)
         storage.private_folder(self.path.parent)
-        text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        # dumps_line: a lone surrogate an event's escape decoded to is written
+        # escaped again (the capture keeps what was received; UTF-8 has no bytes for it)
+        text = "".join(storage.dumps_line(line) + "\n" for line in lines)
         fd, _created = storage.open_private(self.path, os.O_WRONLY | os.O_APPEND)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(text)

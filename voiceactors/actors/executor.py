@@ -12,7 +12,10 @@ Rules, in the order a request meets them:
 
 1. A write whose tool call id is already recorded answers the recorded output
    (outcome ``replayed``) without running again and without counting toward
-   the turn.
+   the turn. With a shared registry (``--redis``) the id is claimed in the
+   cluster's write log first; one claimed by a run still applying it, here
+   or on another process, waits for that run's record and answers it the
+   same way (``_claim_shared``).
 2. Turn bounds (per call id and turn): at most ``tool_calls_per_turn``
    attempts; an identical call (canonical name + canonical JSON arguments)
    under a different tool call id is rejected. The same tool call id again is
@@ -67,6 +70,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import mcp_execution, write_log
+from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.cluster.registry import CallRegistry, RegistryDown, WriteClaim
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
@@ -109,12 +113,24 @@ SHARED_LOG_DOWN = {"error": "shared write log unreachable; nothing was changed, 
 NOT_HOLDER = {"error": "this server no longer holds the call; nothing was changed"}
 WRITE_ELSEWHERE = {"error": "another server started this write and its outcome is unknown; it is not applied again"}
 
+#: Outcomes of a run whose answer holds for the same request made meanwhile
+#: (and, for ``ok``, for a while after: ``FRESH_KEPT``): what the journal said.
+SHARED_OUTCOMES = frozenset({ToolOutcome.OK, ToolOutcome.ERROR})
+
 PEER_ID_LOG_MAX = 64        # peer-sent ids and names are clipped in log lines
 TOOL_NAME_LOG_MAX = 128
 TRUNCATED_NOTE = "output exceeded the size limit; partial is the beginning of the JSON text"
 TURNS_KEPT = 4096          # (call_id, turn) bound states remembered, oldest evicted
 REPLY_DEADLINE_S = 5.0     # how long a full reply channel may hold up a result
 FRESH_KEPT = 256           # reusable answers kept (distinct tool + arguments + day)
+# A write claimed in the shared log by another run (another process, or a
+# duplicate here) is waited for until its record is there: polled from the
+# first to the last pause, doubling; at most the write's own deadline less
+# the margin (one more claim request's bound and its answer), at most the cap
+# when that deadline is unbounded
+CLAIMED_POLL_S = (0.01, 0.25)
+CLAIMED_WAIT_MARGIN_S = 2.5
+CLAIMED_WAIT_MAX_S = 60.0
 
 
 def observe_result(result: ToolResult) -> None:
@@ -128,7 +144,7 @@ class _Run:
     """What a request produced, before the turn budget and the reply."""
 
     output: str
-    outcome: str
+    outcome: ToolOutcome
     client_events: tuple[dict[str, Any], ...] = ()
     truncated: bool = False
     budgeted: bool = True     # read outputs share the turn budget; writes and error objects are never cut
@@ -144,7 +160,7 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def _error(obj: dict[str, Any], outcome: str) -> _Run:
+def _error(obj: dict[str, Any], outcome: ToolOutcome) -> _Run:
     return _Run(output=_dumps(obj), outcome=outcome, budgeted=False)
 
 
@@ -184,10 +200,10 @@ def shape(raw: Any, cap: int) -> _Run:
     text = _dumps(body)
     output = cap_output(text, cap)
     if output is None:
-        return _error(OUTPUT_TOO_LARGE, "error")
+        return _error(OUTPUT_TOO_LARGE, ToolOutcome.ERROR)
     is_error = set(body) == {"error"}
-    return _Run(output=output, outcome="error" if is_error else "ok", client_events=tuple(events),
-                truncated=output is not text, budgeted=not is_error)
+    return _Run(output=output, outcome=ToolOutcome.ERROR if is_error else ToolOutcome.OK,
+                client_events=tuple(events), truncated=output is not text, budgeted=not is_error)
 
 
 FreshKey = tuple[str, str, str]     # (tool, canonical arguments, today)
@@ -421,7 +437,7 @@ class ToolExecutor:
                 self._nursery.start_soon(self._serve, waiter, self._scope_for(waiter), None)   # admitted to wait
 
     def _keep(self, key: FreshKey | None, run: _Run, started: float) -> None:
-        if key is None or run.outcome != "ok":
+        if key is None or run.outcome != ToolOutcome.OK:
             return
         self._fresh[key] = (started, run)
         self._fresh.move_to_end(key)
@@ -444,23 +460,23 @@ class ToolExecutor:
             with scope:
                 run = await self._handle(res, rejection)
             if scope.cancelled_caught:
-                run = _error(CANCELLED, "cancelled")
-            elif run is not None and writes_before == self._writes_applied and run.outcome in ("ok", "error"):
+                run = _error(CANCELLED, ToolOutcome.CANCELLED)
+            elif run is not None and writes_before == self._writes_applied and run.outcome in SHARED_OUTCOMES:
                 shared = True
                 self._keep(key, run, started)
         except trio.Cancelled:   # the executor itself is shutting down
-            run = _error(CANCELLED, "cancelled")
+            run = _error(CANCELLED, ToolOutcome.CANCELLED)
             raise
         except Exception as exc:
             _log.error("tool.failed", call_id=req.call_id, tool=res.tool,
                        tool_call_id=req.tool_call_id, error=type(exc).__name__, exc_info=True)
-            run = _error(FAILED, "failed")
+            run = _error(FAILED, ToolOutcome.FAILED)
         finally:
             self._forget(req, scope)
             if leading:
                 assert key is not None
                 self._land(key, run, shared)
-            self._answer(res, run or _error(FAILED, "failed"), started)
+            self._answer(res, run or _error(FAILED, ToolOutcome.FAILED), started)
 
     async def _handle(self, res: _Resolved, rejection: _Run | None) -> _Run:
         """Run one request; ``rejection`` is the turn's verdict taken at its
@@ -473,14 +489,14 @@ class ToolExecutor:
         if rejection is not None:
             return rejection
         if spec is None:
-            return _error(UNKNOWN_TOOL, "invalid")
+            return _error(UNKNOWN_TOOL, ToolOutcome.INVALID)
         if res.args is None:
-            return _error(res.args_error or FAILED, "invalid")
+            return _error(res.args_error or FAILED, ToolOutcome.INVALID)
         if spec.remote is not None:
             return await self._remote(req, spec, res.args)
         invalid = validate(spec, res.args)
         if invalid is not None:
-            return _error(invalid, "invalid")
+            return _error(invalid, ToolOutcome.INVALID)
         if res.is_write:
             return await self._write(req, spec, res.args)
         return await self._read(spec, res.args)
@@ -494,10 +510,10 @@ class ToolExecutor:
         if req.tool_call_id in turn.calls:
             return None     # a retry of the same call, not a new attempt
         if len(turn.calls) >= self.settings.tool_calls_per_turn:
-            return _error({**TOO_MANY_CALLS, "limit": self.settings.tool_calls_per_turn}, "rejected")
+            return _error({**TOO_MANY_CALLS, "limit": self.settings.tool_calls_per_turn}, ToolOutcome.REJECTED)
         duplicate = key in turn.calls.values()
         turn.calls[req.tool_call_id] = key
-        return _error(DUPLICATE_CALL, "rejected") if duplicate else None
+        return _error(DUPLICATE_CALL, ToolOutcome.REJECTED) if duplicate else None
 
     def _turn(self, call_id: str, number: int) -> _Turn:
         key = (call_id, number)
@@ -515,7 +531,7 @@ class ToolExecutor:
             async with self._limiter:
                 raw = await storage.run_sync(spec.handler, self.ctx, args)
             return shape(raw, self.settings.tool_output_cap)
-        return _error(TIMED_OUT, "timeout")
+        return _error(TIMED_OUT, ToolOutcome.TIMEOUT)
 
     async def _write(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
         timeout = self.settings.tool_timeout_write_s
@@ -527,28 +543,33 @@ class ToolExecutor:
         with trio.move_on_at(deadline) as waiting:
             await limiter.acquire()   # not started yet: shutdown may still cancel it
         if waiting.cancelled_caught:
-            return _error(TIMED_OUT, "timeout")
+            return _error(TIMED_OUT, ToolOutcome.TIMEOUT)
         try:
             # Started: only our own deadline reaches inside. On it the thread
             # is left to finish; it records the real outcome itself.
             with trio.CancelScope(shield=True, deadline=deadline) as running:
-                refused = await self._claim_shared(req) if self.cluster is not None else None
+                refused = await self._claim_shared(req, deadline) if self.cluster is not None else None
                 if refused is not None:
                     return refused
-                record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
-                                                                   self._replace_guard(req))
+                try:
+                    record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
+                                                                       self._replace_guard(req))
+                except storage.LockTimeout:
+                    if self.cluster is not None:        # nothing applied: its retry, anywhere, applies it
+                        await self._unclaim_shared(req)
+                    raise
                 if self.cluster is not None and not replayed:
                     await self._record_shared(req, record)
         except storage.Fenced:
             # the lease may have expired while the write waited (a paused holder):
             # the journal file was left as it was, the shared claim stays unfinished
             _log.error("tool.write_fenced", call_id=req.call_id, tool_call_id=req.tool_call_id)
-            return _error(NOT_HOLDER, "rejected")
+            return _error(NOT_HOLDER, ToolOutcome.REJECTED)
         except storage.LockTimeout as exc:
             # nothing applied, nothing recorded: a retry with the same id tries again
             _log.warning("tool.write_lock_busy", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, file=exc.path.name, timeout_s=exc.timeout_s)
-            return _error(JOURNAL_BUSY, "busy")
+            return _error(JOURNAL_BUSY, ToolOutcome.BUSY)
         finally:
             limiter.release()
             self._writes_applied += 1
@@ -556,10 +577,10 @@ class ToolExecutor:
         if running.cancelled_caught:
             _log.warning("tool.write_overran", call_id=req.call_id, tool=spec.name,
                          tool_call_id=req.tool_call_id, timeout_s=timeout)
-            return _error(TIMED_OUT, "timeout")
+            return _error(TIMED_OUT, ToolOutcome.TIMEOUT)
         if replayed:
             return self._replayed(record)
-        return _Run(output=record["output"], outcome=record["outcome"],
+        return _Run(output=record["output"], outcome=ToolOutcome(record["outcome"]),
                     client_events=tuple(record.get("client_events") or ()), budgeted=False)
 
     async def _remote(self, req: ToolRequest, spec: ToolSpec, args: dict[str, Any]) -> _Run:
@@ -572,9 +593,9 @@ class ToolExecutor:
             raw_chars = len(req.arguments) if isinstance(req.arguments, str) else schema_bounds.INLINE_ARGUMENTS + 1
             invalid = await schema_bounds.check_arguments(raw_chars, validate, spec, args)
         except schema_bounds.TooCostly:
-            return _error(ARGUMENTS_TOO_COSTLY, "invalid")
+            return _error(ARGUMENTS_TOO_COSTLY, ToolOutcome.INVALID)
         if invalid is not None:
-            return _error(invalid, "invalid")
+            return _error(invalid, ToolOutcome.INVALID)
 
         def render(body: dict[str, Any]) -> str:
             return cap_output(_dumps(body), self.settings.tool_output_cap) or _dumps(OUTPUT_TOO_LARGE)
@@ -619,24 +640,54 @@ class ToolExecutor:
 
         return write_log.apply_once(self.ctx.state_dir, req.tool_call_id, apply)
 
-    async def _claim_shared(self, req: ToolRequest) -> _Run | None:
+    async def _claim_shared(self, req: ToolRequest, deadline: float) -> _Run | None:
         """Claim the write in the shared log (one Lua step: not recorded, not
         claimed, and this process holds the call's current lease); None when
-        it is ours to apply, else the answer instead of applying."""
+        it is ours to apply, else the answer instead of applying. Claimed by
+        another run still applying it: its record is waited for (the same
+        answer a duplicate on one process gets from the local log's lock),
+        the claim asked again until it is there, or the claim given back
+        (that run applied nothing: ours to apply), or the wait's bound
+        (``_claimed_wait_until``): only then is the outcome unknown."""
         assert self.cluster is not None
+        call_id = req.call_id if req.fenced_by_call else None
         try:
-            answer = await self.cluster.claim_write(req.call_id if req.fenced_by_call else None, req.tool_call_id)
+            answer = await self.cluster.claim_write(call_id, req.tool_call_id)
+            until = self._claimed_wait_until(deadline)
+            pause = CLAIMED_POLL_S[0]
+            while answer.state == WriteClaim.TAKEN and answer.record is None and trio.current_time() + pause < until:
+                await trio.sleep(pause)
+                pause = min(pause * 2, CLAIMED_POLL_S[1])
+                answer = await self.cluster.claim_write(call_id, req.tool_call_id)
         except RegistryDown:
             _log.error("tool.shared_log_down", call_id=req.call_id, tool_call_id=req.tool_call_id)
-            return _error(SHARED_LOG_DOWN, "busy")
+            return _error(SHARED_LOG_DOWN, ToolOutcome.BUSY)
         if answer.state == WriteClaim.CLAIMED:
             return None
         if answer.state == WriteClaim.STALE:
             _log.error("tool.write_fenced", call_id=req.call_id, tool_call_id=req.tool_call_id)
-            return _error(NOT_HOLDER, "rejected")
+            return _error(NOT_HOLDER, ToolOutcome.REJECTED)
         if answer.record is not None:
             return self._replayed(answer.record)
-        return _error(WRITE_ELSEWHERE, "restarted")
+        return _error(WRITE_ELSEWHERE, ToolOutcome.RESTARTED)
+
+    @staticmethod
+    def _claimed_wait_until(deadline: float) -> float:
+        """Until when a write claimed by another run is waited for: its
+        record can come while the write's own deadline allows one more
+        claim request (a claim request is never cut short: one Redis ran
+        would leave a claim nobody applies)."""
+        return min(deadline, trio.current_time() + CLAIMED_WAIT_MAX_S) - CLAIMED_WAIT_MARGIN_S
+
+    async def _unclaim_shared(self, req: ToolRequest) -> None:
+        """Give the shared claim back (the write applied nothing); a Redis
+        that fails here leaves it, and the retry answers the unknown
+        outcome as before."""
+        assert self.cluster is not None
+        try:
+            await self.cluster.unclaim_write(req.call_id if req.fenced_by_call else None, req.tool_call_id)
+        except RegistryDown:
+            _log.error("tool.shared_record_failed", call_id=req.call_id, tool_call_id=req.tool_call_id)
 
     async def _record_shared(self, req: ToolRequest, record: dict[str, Any]) -> None:
         """The applied write's record into the shared log (the local file has
@@ -651,7 +702,7 @@ class ToolExecutor:
     @staticmethod
     def _replayed(record: dict[str, Any]) -> _Run:
         events = record.get("client_events")
-        return _Run(output=record["output"], outcome="replayed",
+        return _Run(output=record["output"], outcome=ToolOutcome.REPLAYED,
                     client_events=tuple(events) if isinstance(events, list) else (), budgeted=False)
 
     # --- the reply --------------------------------------------------------------
@@ -664,7 +715,7 @@ class ToolExecutor:
         if run.budgeted and len(run.output) > left:
             output = cap_output(run.output, max(0, left))
             if output is None:
-                run = _error(TURN_OUTPUT_FULL, "rejected")
+                run = _error(TURN_OUTPUT_FULL, ToolOutcome.REJECTED)
             else:
                 run = _Run(output=output, outcome=run.outcome, client_events=run.client_events,
                            truncated=True, budgeted=True)

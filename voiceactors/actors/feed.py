@@ -36,9 +36,13 @@ from typing import Any, Iterable, Protocol
 
 import trio
 
+from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.actors.messages import SubscribeRefusal
 from voiceactors.logs import get_logger
+from voiceactors.settings import default
 
+#: The outcomes a ``tool.finished`` event carries (any other is ``tool.failed``).
+FINISHED_OUTCOMES = frozenset({ToolOutcome.OK, ToolOutcome.REPLAYED})
 #: Events a subscriber may have buffered before newer ones are dropped.
 SUBSCRIBER_BUFFER = 64
 
@@ -169,8 +173,9 @@ class CallFeed:
     def tool_started(self, *, tool: str, tool_call_id: str, epoch: int) -> None:
         self.publish({"type": "tool.started", "tool": tool, "tool_call_id": tool_call_id, "epoch": epoch})
 
-    def tool_done(self, *, tool: str, tool_call_id: str, epoch: int, outcome: str, duration_ms: float) -> None:
-        kind = "tool.finished" if outcome in ("ok", "replayed") else "tool.failed"
+    def tool_done(self, *, tool: str, tool_call_id: str, epoch: int, outcome: ToolOutcome,
+                  duration_ms: float) -> None:
+        kind = "tool.finished" if outcome in FINISHED_OUTCOMES else "tool.failed"
         self.publish({"type": kind, "tool": tool, "tool_call_id": tool_call_id, "epoch": epoch,
                       "outcome": outcome, "duration_ms": round(duration_ms, 1)})
 
@@ -230,8 +235,10 @@ class FeedHub:
     (a poll may race the end), then the feed is forgotten.
     """
 
-    def __init__(self, retention_s: float = 60.0, max_items: int = 8, *,
-                 max_per_call: int = 16, max_total: int = 1000) -> None:
+    def __init__(self, retention_s: float = default("feed_retention_s"),
+                 max_items: int = default("feed_max_items"), *,
+                 max_per_call: int = default("feed_max_subscribers_per_call"),
+                 max_total: int = default("feed_max_subscribers")) -> None:
         self.retention_s = retention_s
         self.max_items = max_items
         self.max_per_call = max_per_call

@@ -46,7 +46,7 @@ from pydantic import BaseModel
 from voiceactors import storage
 from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, Answered, SourceTransport, answered
 from voiceactors.logs import get_logger
-from voiceactors.tools.mcp_sources import McpSource
+from voiceactors.mcp_sources import McpSource
 
 IDLE_CLOSE_S = 300.0        # a session unused this long is closed (the next request opens one)
 HTTP_SLACK_S = 5.0          # httpx2's own timeouts sit above the MCP request timeout

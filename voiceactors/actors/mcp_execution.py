@@ -30,6 +30,7 @@ import trio
 
 from voiceactors import clock, storage
 from voiceactors.actors import write_log
+from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.actors.mcp_connection import ANSWER_MAX_BYTES, Failure, in_proportion
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.logs import get_logger
@@ -38,7 +39,6 @@ from voiceactors.tools.registry import WRITE, ToolSpec
 if TYPE_CHECKING:
     from voiceactors.actors.mcp_hub import Answer, McpHub
 
-AUTH_EXPIRED_OUTCOME = "auth_expired"
 TEXT_MAX_BLOCKS = 64
 _log = get_logger(actor="tools")
 
@@ -48,7 +48,7 @@ Render = Callable[[dict[str, Any]], str]
 @dataclass(frozen=True)
 class RemoteDone:
     output: str
-    outcome: str
+    outcome: ToolOutcome
     budgeted: bool      # a read's data shares the turn's output budget
 
 
@@ -78,33 +78,35 @@ def result_body(source: str, result: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
-def failure_body(source: str, failure: Failure, token: str, *, write: bool) -> tuple[dict[str, Any], str]:
+def failure_body(source: str, failure: Failure, token: str, *,
+                 write: bool) -> tuple[dict[str, Any], ToolOutcome]:
     """The error object and outcome for a request that got no result."""
     if failure.kind == "denied" and token == "call":
-        return {"error": f"authentication with {source} expired; the conversation ends"}, AUTH_EXPIRED_OUTCOME
+        return {"error": f"authentication with {source} expired; the conversation ends"}, ToolOutcome.AUTH_EXPIRED
     if failure.kind in ("denied", "unavailable"):
-        return {"error": f"{source} is unavailable right now"}, "error"
+        return {"error": f"{source} is unavailable right now"}, ToolOutcome.ERROR
     if failure.kind == "restarted":
         return {"error": "the outcome of this change is unknown (it was interrupted); it will not be repeated"}, \
-            "failed"
+            ToolOutcome.FAILED
     maybe = "; the change may or may not have been made, and it will not be repeated" if write else ""
     if failure.kind == "too_large":
         return {"error": f"{source} answered more than {ANSWER_MAX_BYTES} bytes; the answer was not read{maybe}"}, \
-            "failed"
+            ToolOutcome.FAILED
     if failure.kind == "timeout":
-        return {"error": f"tool timed out{maybe}"}, "timeout"
-    return {"error": f"{source} did not answer{maybe}"}, "failed"
+        return {"error": f"tool timed out{maybe}"}, ToolOutcome.TIMEOUT
+    return {"error": f"{source} did not answer{maybe}"}, ToolOutcome.FAILED
 
 
-def _answer_body(spec: ToolSpec, answer: "Answer") -> tuple[dict[str, Any], str]:
+def _answer_body(spec: ToolSpec, answer: "Answer") -> tuple[dict[str, Any], ToolOutcome]:
     source = spec.remote.source
     if answer.failure is not None:
         return failure_body(source, answer.failure, answer.token, write=spec.effect == WRITE)
     assert answer.result is not None
-    return result_body(source, answer.result), ("error" if answer.result.get("isError") else "ok")
+    outcome = ToolOutcome.ERROR if answer.result.get("isError") else ToolOutcome.OK
+    return result_body(source, answer.result), outcome
 
 
-def _rendered(spec: ToolSpec, answer: "Answer", render: Render) -> tuple[str, str]:
+def _rendered(spec: ToolSpec, answer: "Answer", render: Render) -> tuple[str, ToolOutcome]:
     """The output and outcome of an answer: encoding and cutting it is in
     proportion to it (up to ``ANSWER_MAX_BYTES``): ``in_proportion``."""
     body, outcome = _answer_body(spec, answer)
@@ -130,13 +132,13 @@ async def _write(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpe
     async with hub.write_lock(req.tool_call_id):
         recorded = await storage.run_sync(write_log.load, state_dir, req.tool_call_id)
         if recorded is not None:
-            return RemoteDone(recorded["output"], "replayed", budgeted=False)
+            return RemoteDone(recorded["output"], ToolOutcome.REPLAYED, budgeted=False)
         unknown, _ = failure_body(spec.remote.source, Failure("restarted"), "configured", write=True)
         base = {"tool": spec.name, "call_id": req.call_id, "tool_call_id": req.tool_call_id,
                 "recorded_at": clock.now_utc().isoformat()}
         with trio.CancelScope(shield=True):   # from the intent on, nothing cuts it short
             await storage.run_sync(_store, state_dir, req.tool_call_id,
-                                   {**base, "outcome": "unknown", "output": render(unknown), "pending": True},
+                                   {**base, "outcome": ToolOutcome.UNKNOWN, "output": render(unknown), "pending": True},
                                    cancellable=False)
             answer = await hub.call(req.call_id, spec, args)
             output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)

@@ -1,6 +1,6 @@
 """McpHub: the MCP tool sources, their discovered tools and their sessions.
 
-The hub owns, per configured source (``tools/mcp_sources.py``), one shared
+The hub owns, per configured source (``mcp_sources.py``), one shared
 ``SourceConnection`` with the source's configured token (read from its
 ``token_env`` at each discovery) and the tools that discovery found; and per
 call that brought credentials (``POST /api/voice/connect``), that call's
@@ -37,7 +37,7 @@ from voiceactors.actors.mcp_connection import Failure, SourceConnection, ToolAns
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import mcp_discovery
-from voiceactors.tools.mcp_sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
+from voiceactors.mcp_sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
 from voiceactors.tools.registry import ToolSpec
 
 CALLS_KEPT = 1024           # calls whose credentials are kept, oldest evicted

@@ -12,6 +12,8 @@ from typing import Any, AsyncIterator, Callable, TypeAlias, TypeVar
 
 import trio
 
+from voiceactors.actors.call_state import ToolOutcome
+
 
 # --- ToolExecutor ---------------------------------------------------------
 
@@ -50,7 +52,7 @@ class ToolResult:
     tool_call_id: str
     tool: str             # canonical dotted name, or the raw name when unknown
     output: str           # the JSON string sent as function_call_output
-    outcome: str          # ok|error|invalid|rejected|timeout|cancelled|failed|replayed
+    outcome: ToolOutcome  # ok|error|invalid|rejected|timeout|busy|cancelled|failed|replayed|restarted|auth_expired
     epoch: int
     duration_ms: float = 0.0
     client_events: tuple[dict[str, Any], ...] = ()   # _nav_target / _observer_action for the client

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from voiceactors.actors.call_context import LinkedContext, taken_over_context
 from voiceactors.actors.call_record import last_block, read_record
+from voiceactors.actors.record_kind import RecordKind
 from voiceactors.logs import get_logger
 
 RESTARTED_OUTPUT = json.dumps({"error": "the server restarted before this tool call finished"})
@@ -63,9 +64,9 @@ def carried_context(block: list[dict[str, Any]]) -> LinkedContext | None:
     view: dict[str, Any] | None = None
     for line in block:
         kind = line.get("kind")
-        if kind == "context" and isinstance(line.get("context"), dict):
+        if kind == RecordKind.CONTEXT and isinstance(line.get("context"), dict):
             view = dict(line["context"])
-        elif kind == "selection" and view is not None:
+        elif kind == RecordKind.SELECTION and view is not None:
             view["selection"] = line.get("selection")
     return taken_over_context(view) if view is not None else None
 
@@ -73,13 +74,14 @@ def carried_context(block: list[dict[str, Any]]) -> LinkedContext | None:
 def pending_calls(block: list[dict[str, Any]]) -> list[PendingCall] | None:
     """The unsettled tool calls of one run's lines; None when the run ended
     (its block has an ``end``) or is not a run at all."""
-    if not block or block[0].get("kind") != "start" or any(line.get("kind") == "end" for line in block):
+    if (not block or block[0].get("kind") != RecordKind.START
+            or any(line.get("kind") == RecordKind.END for line in block)):
         return None
-    settled = {line.get("tool_call_id") for line in block if line.get("kind") == "tool_call"}
+    settled = {line.get("tool_call_id") for line in block if line.get("kind") == RecordKind.TOOL_CALL}
     pending: dict[str, PendingCall] = {}
     for line in block:
         tool_call_id = line.get("tool_call_id")
-        if line.get("kind") != "tool_started" or not isinstance(tool_call_id, str) or tool_call_id in settled:
+        if line.get("kind") != RecordKind.TOOL_STARTED or not isinstance(tool_call_id, str) or tool_call_id in settled:
             continue
         arguments = line.get("arguments")
         pending[tool_call_id] = PendingCall(tool_call_id, str(line.get("tool") or ""),
@@ -103,7 +105,7 @@ def _ends_with_end(path: Path, tail: int = 4096) -> bool:
         line = json.loads(last)
     except ValueError:
         return False
-    return isinstance(line, dict) and line.get("kind") == "end"
+    return isinstance(line, dict) and line.get("kind") == RecordKind.END
 
 
 def find_crashed(state_dir: Path, *, max_age_s: float, limit: int) -> list[CrashedCall]:

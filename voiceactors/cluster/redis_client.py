@@ -11,8 +11,15 @@ Keys (``PREFIX`` first):
 * ``fence`` — the fencing counter. The first lease after Redis lost its data
   (a restart without persistence) seeds it from Redis's clock in milliseconds,
   so a token never repeats one issued before the restart.
-* ``calls`` — a hash ``call_id -> token`` of the calls leased now or whose
-  holder died (the lease expired, the entry stays): what a takeover scans.
+* ``calls`` — a hash ``call_id -> token`` of the calls a holder confirmed it
+  runs (its renewal writes the entry, ``RENEW_MANY``; an acquire never does)
+  and whose holder died (the lease expired, the entry stays): what a
+  takeover scans. A lease won for a connect that was then refused is never
+  confirmed, so nothing ever adopts its call.
+* ``voided:<request>`` — a tombstone of an acquire request whose outcome its
+  sender never learnt (it timed out or its connection broke): written by
+  ``VOID_ACQUIRE``, checked first by that request's ``ACQUIRE_MANY``, so the
+  request sets nothing if Redis runs it after the void (``VOID_TTL_S``).
 * ``pending:<call_id>`` — a hash ``tool_call_id -> JSON`` of the call's tool
   calls started and not yet settled (its holder's call record, mirrored),
   and in field ``CONTEXT_FIELD`` the call's linked context when it has one
@@ -81,6 +88,7 @@ FENCE_KEY = PREFIX + "fence"
 CALLS_KEY = PREFIX + "calls"
 OBSERVER_ACTIONS_KEY = PREFIX + "observer_actions"
 APPLYING = "applying:"
+VOID_TTL_S = 24 * 3600  # a voided acquire request's tombstone: far longer than it can sit in a socket
 UNFENCED = "*"          # a claim's token for a write of no call (an MCP client's)
 CONTEXT_FIELD = "~context"  # a pending hash's field that is not a tool call: the call's linked context
 T = TypeVar("T")
@@ -88,6 +96,10 @@ T = TypeVar("T")
 
 def lease_key(call_id: str) -> str:
     return f"{PREFIX}lease:{call_id}"
+
+
+def void_key(request: str) -> str:
+    return f"{PREFIX}voided:{request}"
 
 
 def pending_key(call_id: str) -> str:
@@ -147,19 +159,28 @@ class Reachability:
         return back
 
 
-#: KEYS: per lease asked for, its lease key; then the fence, then calls.
-#: ARGV: node, ttl_ms, then one call_id per lease key. Per lease, in order,
-#: in one step: {1, token, previous} when won (previous: the ``calls`` entry
-#: of a holder that never released the call, '' when none), {0, holder's
-#: token} when held. One round trip for every lease asked for at once
-#: (``cluster/batched.py``).
+#: KEYS: per lease asked for, its lease key; then the fence, calls and the
+#: request's ``void_key``. ARGV: the request (``<node>/<n>``, unique per
+#: request: the tokens' prefix), ttl_ms, then one call_id per lease key. Per
+#: lease, in order, in one step: {1, token, previous} when won (previous: the
+#: ``calls`` entry of a holder that ran the call and never released it, ''
+#: when none), {0, holder's token, 1 when that token is confirmed (its
+#: ``calls`` entry) else 0} when held. A voided request (its sender
+#: gave up on it, ``VOID_ACQUIRE`` ran first) sets nothing: {0, ''} each.
+#: The ``calls`` entry is not written here: the holder's renewal writes it
+#: once an actor runs the call (``RENEW_MANY``). One round trip for every
+#: lease asked for at once (``cluster/batched.py``).
 ACQUIRE_MANY = """
-local fence_key, calls_key = KEYS[#KEYS - 1], KEYS[#KEYS]
+local fence_key, calls_key, void_key = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
 local answers = {}
-for i = 1, #KEYS - 2 do
+if redis.call('EXISTS', void_key) == 1 then
+  for i = 1, #KEYS - 3 do answers[i] = {0, ''} end
+  return answers
+end
+for i = 1, #KEYS - 3 do
   local held = redis.call('GET', KEYS[i])
   if held then
-    answers[i] = {0, held}
+    answers[i] = {0, held, redis.call('HGET', calls_key, ARGV[i + 2]) == held and 1 or 0}
   else
     if redis.call('EXISTS', fence_key) == 0 then
       local now = redis.call('TIME')
@@ -167,12 +188,39 @@ for i = 1, #KEYS - 2 do
     end
     local token = ARGV[1] .. ':' .. string.format('%d', redis.call('INCR', fence_key))
     redis.call('SET', KEYS[i], token, 'PX', ARGV[2])
-    local previous = redis.call('HGET', calls_key, ARGV[i + 2]) or ''
-    redis.call('HSET', calls_key, ARGV[i + 2], token)
-    answers[i] = {1, token, previous}
+    answers[i] = {1, token, redis.call('HGET', calls_key, ARGV[i + 2]) or ''}
   end
 end
 return answers
+"""
+
+#: KEYS: per acquire request voided, its ``void_key`` then the lease key of
+#: each call it asked for. ARGV: the tombstones' ttl_s, then per request its
+#: tokens' prefix (``<request>:``) and how many calls it asked for. In one
+#: step, per request in order: its tombstone set (the request, run later,
+#: sets nothing), and each lease key holding one of its tokens deleted (it
+#: ran before this). Per call, in order, the token deleted, '' when none.
+#: The ``calls`` entry and the mirror are never touched: the request's
+#: leases were never confirmed (no actor ran them), so an entry there is a
+#: previous holder's, still to be taken over.
+VOID_ACQUIRE = """
+local deleted = {}
+local k = 1
+for a = 2, #ARGV, 2 do
+  local prefix, asked = ARGV[a], tonumber(ARGV[a + 1])
+  redis.call('SET', KEYS[k], '1', 'EX', ARGV[1])
+  for i = k + 1, k + asked do
+    local held = redis.call('GET', KEYS[i])
+    if held and string.sub(held, 1, #prefix) == prefix then
+      redis.call('DEL', KEYS[i])
+      deleted[#deleted + 1] = held
+    else
+      deleted[#deleted + 1] = ''
+    end
+  end
+  k = k + asked + 1
+end
+return deleted
 """
 
 #: Who holds a lease key, as the scripts that act only for its holder ask:
@@ -194,14 +242,23 @@ if answer == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return answer
 """
 
-#: KEYS: every lease a process renews. ARGV: ttl_ms, then one token per key.
-#: Per lease ``RENEW``'s answer (1, 0 or -1), in order: one round trip per
-#: process per renewal tick, however many calls it holds.
+#: KEYS: every lease a process renews, then calls. ARGV: ttl_ms, then per
+#: lease its token and its call_id. Per lease ``RENEW``'s answer (1, 0 or
+#: -1), in order: one round trip per process per renewal tick, however many
+#: calls it holds. A lease renewed here is also confirmed: its ``calls``
+#: entry names its token (what a takeover adopts once the lease expires
+#: unreleased). Only a holder whose actor runs the call renews it, so only a
+#: call some connect was answered for is ever taken over.
 RENEW_MANY = _HOLDER + """
+local calls_key = KEYS[#KEYS]
 local answers = {}
-for i = 1, #KEYS do
-  answers[i] = holder(KEYS[i], ARGV[i + 1])
-  if answers[i] == 1 then redis.call('PEXPIRE', KEYS[i], ARGV[1]) end
+for i = 1, #KEYS - 1 do
+  local token, call_id = ARGV[i * 2], ARGV[i * 2 + 1]
+  answers[i] = holder(KEYS[i], token)
+  if answers[i] == 1 then
+    redis.call('PEXPIRE', KEYS[i], ARGV[1])
+    if redis.call('HGET', calls_key, call_id) ~= token then redis.call('HSET', calls_key, call_id, token) end
+  end
 end
 return answers
 """
@@ -209,17 +266,25 @@ return answers
 #: KEYS: per lease released, its lease key then its pending key; calls last.
 #: ARGV: per lease its token then its call_id. Deletes only what is ours, per
 #: lease in order, in one step: 1 when its lease key was ours (deleted), else 0.
+#: The ``calls`` entry and the mirror go with a lease that was confirmed
+#: (the entry names it) or with a new call's never confirmed (no entry); a
+#: taker's lease never confirmed leaves the dead holder's entry and mirror,
+#: so the call is taken over again at once.
 RELEASE_MANY = """
 local calls_key = KEYS[#KEYS]
 local answers = {}
 for i = 1, (#KEYS - 1) / 2 do
   local lease_key, pending_key = KEYS[i * 2 - 1], KEYS[i * 2]
   local token, call_id = ARGV[i * 2 - 1], ARGV[i * 2]
-  if redis.call('HGET', calls_key, call_id) == token then
+  local entry = redis.call('HGET', calls_key, call_id)
+  local ours = redis.call('GET', lease_key) == token
+  if entry == token then
     redis.call('HDEL', calls_key, call_id)
     redis.call('DEL', pending_key)
+  elseif ours and not entry then
+    redis.call('DEL', pending_key)
   end
-  if redis.call('GET', lease_key) == token then
+  if ours then
     redis.call('DEL', lease_key)
     answers[i] = 1
   else
@@ -238,6 +303,19 @@ if done then return {'taken', done} end
 if ARGV[1] == '' or (ARGV[1] ~= '*' and redis.call('GET', KEYS[1]) ~= ARGV[1]) then return {'stale', ''} end
 redis.call('SET', KEYS[2], 'applying:' .. ARGV[1], 'EX', ARGV[2])
 return {'claimed', ''}
+"""
+
+#: KEYS: write. ARGV: the claim's marker (``applying:<token>``). A claim
+#: whose write applied nothing (its journal file's lock never came) given
+#: back in one step, only while the key still holds that marker: 1 when
+#: deleted, else 0. The next claim of the tool call id, here or elsewhere,
+#: then applies it.
+UNCLAIM_WRITE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
 """
 
 #: KEYS: calls. ARGV: the lease keys' prefix. The ``calls`` entries whose

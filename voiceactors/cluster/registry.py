@@ -19,6 +19,18 @@ ends. The executor asks ``claim_write`` before it applies a write and
   renews every lease whose actor runs here (``_renew_kept``): one request per
   process per tick, not one per call.
 
+A call is taken over only when a holder confirmed it runs it: the takeover
+entry (``calls``) is written by a renewal, and the first renewal of a lease
+is sent as its actor starts (``lease_stop``), never by the acquire. A
+connect refused after its acquire went out (its bound passed while Redis
+stalled) may still have its lease set by Redis later; that lease is never
+confirmed, so no scan adopts the call, and the request is voided as soon as
+Redis answers again (``VOID_ACQUIRE``: the lease deleted, or a tombstone that
+keeps the late request from setting it; ``registry.acquire_abandoned``).
+An acquire that finds a lease not confirmed yet asks again within its bound
+(``acquire``), so it wins a call whose lease is voided or released a moment
+later instead of answering it held by nobody that runs it.
+
 A lease alone is not mutual exclusion (a paused holder may act after it
 expired): the write log refuses a claim whose token is not the call's current
 lease in the same Lua step that claims, so a stale holder cannot apply a
@@ -31,10 +43,12 @@ replace) the holder fences itself with each held call's ``SendFence``
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
 import socket
+from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -42,9 +56,10 @@ from typing import Any, Protocol
 import trio
 
 from voiceactors.actors.call_context import LinkedContext, carried_view, taken_over_context
+from voiceactors.actors.record_kind import TOOL_KINDS, RecordKind
 from voiceactors.actors.recovery import PendingCall
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.batched import Batched
+from voiceactors.cluster.batched import MAX_ITEMS, Batched
 from voiceactors.cluster.fence import LeaseStop, SendFence
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger
@@ -60,6 +75,11 @@ OP_TIMEOUT_MAX_S = 2.0                 # one Redis request's bound (less for sho
 # answer in a starved process stopped every call at once), for one
 # request per 1.7 s.
 RENEWALS_PER_TTL = 6
+# A lease held by a token not confirmed yet is asked for again (its holder's
+# first renewal is a round trip away, or it is a refused connect's, about to
+# be voided), pausing from the first to the last, doubling (``acquire``)
+UNCONFIRMED_POLL_S = (0.005, 0.1)
+VOIDS_KEPT = 4096                      # acquire requests waiting to be voided (Redis down meanwhile)
 MIRROR_PASS_INTERVAL_S = 0.05          # the mirror's passes at most this often (a takeover's view lags by that)
 
 _log = get_logger(actor="registry")
@@ -67,7 +87,8 @@ _log = get_logger(actor="registry")
 
 @dataclass(frozen=True)
 class Lease:
-    """A call held by one process: ``token`` is ``<node>:<fence>``."""
+    """A call held by one process: ``token`` is ``<node>/<request>:<fence>``
+    (``<request>``: the acquire request that won it, numbered per process)."""
 
     call_id: str
     token: str
@@ -92,6 +113,14 @@ class ClaimAnswer:
 
 
 @dataclass(frozen=True)
+class _Unconfirmed:
+    """An acquire's answer: the call is held by a token whose holder has not
+    confirmed it (no actor known to run it yet)."""
+
+    token: str
+
+
+@dataclass(frozen=True)
 class Carried:
     """What a dead holder's call carries on with (its mirror in Redis): the
     tool calls it left unsettled and its linked context (None: it had none)."""
@@ -113,6 +142,7 @@ class CallRegistry(Protocol):
     def lease_stop(self, lease: Lease, margin: float) -> LeaseStop: ...
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer: ...
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None: ...
+    async def unclaim_write(self, call_id: str | None, tool_call_id: str) -> None: ...
     def note_record(self, call_id: str, line: dict[str, Any]) -> None: ...
     def note_context(self, call_id: str, linked: LinkedContext) -> None: ...
     async def orphans(self) -> list[tuple[str, str]]: ...
@@ -159,6 +189,9 @@ class LocalRegistry:
     async def record_write(self, tool_call_id: str, record: dict[str, Any]) -> None:
         return None
 
+    async def unclaim_write(self, call_id: str | None, tool_call_id: str) -> None:
+        return None
+
     def note_record(self, call_id: str, line: dict[str, Any]) -> None:
         return None
 
@@ -201,8 +234,16 @@ class RedisRegistry:
         # the leases asked for and released at once go in one script each
         # (a join's connects, many calls' ends): cluster/batched.py
         self._ask_bound_s = 2 * self.op_timeout_s      # a batch in flight ahead of ours, then ours
-        self._acquires = Batched[str, Lease | None](self._acquire_many, self._unwanted)
+        self._acquires = Batched[str, Lease | _Unconfirmed | None](self._acquire_many, self._unwanted)
         self._releases = Batched[Lease, int](self._release_many, send_when_gone=True)
+        self._confirms = Batched[Lease, int](self._confirm_many, send_when_gone=True)
+        self._requests = itertools.count(1)             # each acquire request's number, in its tokens
+        # acquire requests given up on, (request, call_ids), to void; past the
+        # cap the oldest are dropped: such a lease is never confirmed, so it
+        # only stays in the way until its TTL
+        self._voids: deque[tuple[str, list[str]]] = deque(maxlen=VOIDS_KEPT)
+        self._voiding = trio.Lock()
+        self._void_wake = trio.Event()
         self._mirror_send, self._mirror_receive = trio.open_memory_channel[tuple[str, dict[str, Any]]](4096)
 
     @property
@@ -219,6 +260,8 @@ class RedisRegistry:
             nursery.start_soon(self._mirror_writer)
             nursery.start_soon(self._acquires.run)
             nursery.start_soon(self._releases.run)
+            nursery.start_soon(self._confirms.run)
+            nursery.start_soon(self._void_abandoned)
             await self._ping()
             _log.info("registry.started", node=self.node, reachable=self._reach.reachable, ttl_s=self.ttl_s)
             task_status.started()
@@ -252,37 +295,99 @@ class RedisRegistry:
 
     async def acquire(self, call_id: str) -> Lease | None:
         """The call's lease when this process wins it (None: another token
-        holds it). The leases asked for at once go in one ``ACQUIRE_MANY``."""
-        return await self._acquires.ask(call_id, self._ask_bound_s)
+        holds it). The leases asked for at once go in one ``ACQUIRE_MANY``.
+        A token whose holder has not confirmed it yet may be a refused
+        connect's, about to be voided, or released by a holder at capacity:
+        asked again until it is confirmed (None), gone (won here) or while
+        one more request fits in the bound (then None, as held), so a
+        connect answered here as held elsewhere is one some actor runs,
+        unless that holder dies first. The whole stays within the bound a
+        single ask had."""
+        until = trio.current_time() + self._ask_bound_s
+        pause = UNCONFIRMED_POLL_S[0]
+        while True:
+            answer = await self._acquires.ask(call_id, until - trio.current_time())
+            if not isinstance(answer, _Unconfirmed):
+                return answer
+            if trio.current_time() + pause + self.op_timeout_s > until:
+                return None
+            await trio.sleep(pause)
+            pause = min(pause * 2, UNCONFIRMED_POLL_S[1])
 
-    async def _acquire_many(self, call_ids: list[str]) -> list[Lease | None]:
+    async def _acquire_many(self, call_ids: list[str]) -> list[Lease | _Unconfirmed | None]:
         """One batch: each lease's fence and stop count from just before the
-        batch was sent (before Redis set any of its TTLs)."""
+        batch was sent (before Redis set any of its TTLs). A request whose
+        outcome is unknown (``RegistryDown``: it timed out, or its connection
+        broke after it was sent) is voided; the requests voided before it
+        go first, so a connect retried here never finds its own abandoned
+        lease in the way."""
+        if self._voids:                 # (no lock, no schedule point, in the usual case)
+            await self._send_voids()
+        request = f"{self.node}/{next(self._requests)}"
         sent = trio.current_time()
-        answers = await self._script(rc.ACQUIRE_MANY, [*map(rc.lease_key, call_ids), rc.FENCE_KEY, rc.CALLS_KEY],
-                                     [self.node, round(self.ttl_s * 1000), *call_ids])
+        keys = [*map(rc.lease_key, call_ids), rc.FENCE_KEY, rc.CALLS_KEY, rc.void_key(request)]
+        try:
+            answers = await self._script(rc.ACQUIRE_MANY, keys, [request, round(self.ttl_s * 1000), *call_ids])
+        except RegistryDown:
+            self._voids.append((request, call_ids))
+            self._void_wake.set()
+            raise
         return [self._won(call_id, answer, sent) for call_id, answer in zip(call_ids, answers, strict=True)]
 
-    def _won(self, call_id: str, answer: list[Any], sent: float) -> Lease | None:
+    def _won(self, call_id: str, answer: list[Any], sent: float) -> Lease | _Unconfirmed | None:
         if int(answer[0]) != 1:
-            return None
+            confirmed = len(answer) < 3 or int(answer[2]) == 1
+            return None if confirmed else _Unconfirmed(str(answer[1]))
         lease = self._held[call_id] = Lease(call_id, str(answer[1]), sent, str(answer[2]) or None)
         self._fences.setdefault(call_id, SendFence())
         self._granted(call_id, sent)
         return lease
 
-    def _unwanted(self, call_id: str, lease: Lease | None) -> None:
+    def _unwanted(self, call_id: str, lease: Lease | _Unconfirmed | None) -> None:
         """A lease won for a caller that stopped waiting (its bound, or its
-        cancel): no actor will run it. A new call's is released; a dead
-        holder's call is left to expire, so the takeover scan finds it again
-        with its mirror kept (a release would delete both)."""
-        if lease is None or not self._holds(lease):
+        cancel): no actor will run it, so it is released. It was never
+        confirmed: a dead holder's call keeps that holder's takeover entry
+        and mirror (``RELEASE_MANY``), and the scan finds it again at once."""
+        if not isinstance(lease, Lease) or not self._holds(lease):
             return
         self._forget_held(lease)
-        if lease.previous is None:
-            self._releases.submit(lease)
-        _log.warning("registry.acquire_abandoned", call_id=call_id, fence=lease.fence,
-                     released=lease.previous is None)
+        self._releases.submit(lease)
+        _log.warning("registry.acquire_abandoned", call_id=call_id, fence=lease.fence, released=True)
+
+    async def _void_abandoned(self) -> None:
+        """Void the acquire requests given up on as soon as Redis answers
+        (tried again every twelfth of a lease while it does not)."""
+        while True:
+            await self._void_wake.wait()
+            self._void_wake = trio.Event()
+            while self._voids:
+                try:
+                    await self._send_voids()
+                except RegistryDown:
+                    await trio.sleep(self.ttl_s / 12)
+
+    async def _send_voids(self) -> None:
+        """Void the requests given up on, oldest first, as many at once as
+        one script carries (``VOID_ACQUIRE``); each call asked for logged once
+        its void is in Redis: ``fence`` the lease it had set (deleted,
+        ``released``), None when it had set none (and now never will)."""
+        async with self._voiding:
+            while self._voids:
+                batch: list[tuple[str, list[str]]] = []
+                while self._voids and (not batch or sum(len(c) for _, c in batch) + len(self._voids[0][1])
+                                       <= MAX_ITEMS):
+                    batch.append(self._voids.popleft())
+                keys = [k for request, call_ids in batch for k in (rc.void_key(request), *map(rc.lease_key, call_ids))]
+                args = [a for request, call_ids in batch for a in (f"{request}:", len(call_ids))]
+                try:
+                    deleted = await self._script(rc.VOID_ACQUIRE, keys, [rc.VOID_TTL_S, *args])
+                except RegistryDown:
+                    self._voids.extendleft(reversed(batch))     # kept, in order, for the next try
+                    raise
+                asked = [call_id for _, call_ids in batch for call_id in call_ids]
+                for call_id, token in zip(asked, deleted, strict=True):
+                    fence = Lease(call_id, str(token)).fence if token else None
+                    _log.warning("registry.acquire_abandoned", call_id=call_id, fence=fence, released=bool(token))
 
     def _granted(self, call_id: str, sent: float) -> None:
         """A request sent at ``sent`` set or renewed the held call's lease:
@@ -345,6 +450,27 @@ class RedisRegistry:
         self._forget_held(lease)
         await self._releases.ask(lease, self._ask_bound_s)
 
+    async def confirm(self, lease: Lease) -> bool:
+        """Tell Redis an actor runs ``lease``'s call: its first renewal,
+        which writes the call's takeover entry (``RENEW_MANY``). True when
+        Redis renewed it (answers settled as a renewal's). ``lease_stop``
+        sends it without waiting; every later renewal confirms again."""
+        return await self._confirms.ask(lease, self._ask_bound_s) == 1
+
+    async def _confirm_many(self, leases: list[Lease]) -> list[int]:
+        kept = [(lease.call_id, lease) for lease in leases]
+        sent = trio.current_time()
+        answers = await self._renew_many(kept)
+        await self._reacquire(self._settle_renewals(kept, answers, sent))
+        return answers
+
+    async def _renew_many(self, kept: list[tuple[str, Lease]]) -> list[int]:
+        """``RENEW_MANY`` for ``kept``: each lease renewed and confirmed
+        when its key holds its token; the answers in order."""
+        keys = [*(rc.lease_key(call_id) for call_id, _ in kept), rc.CALLS_KEY]
+        args = [a for call_id, lease in kept for a in (lease.token, call_id)]
+        return [int(a) for a in await self._script(rc.RENEW_MANY, keys, [round(self.ttl_s * 1000), *args])]
+
     async def _release_many(self, leases: list[Lease]) -> list[int]:
         keys = [k for lease in leases for k in (rc.lease_key(lease.call_id), rc.pending_key(lease.call_id))]
         answers = await self._script(rc.RELEASE_MANY, [*keys, rc.CALLS_KEY],
@@ -360,13 +486,15 @@ class RedisRegistry:
     def lease_stop(self, lease: Lease, margin: float) -> LeaseStop:
         """The stop of ``lease``'s actor (see ``LeaseStop``): from now on the
         lease is renewed in every tick's batch until it is released or lost.
-        A lease no longer held here is lost at once."""
+        A lease no longer held here is lost at once. Its first renewal goes
+        now (``confirm``): the call can be taken over from then on."""
         stop = LeaseStop(margin)
         if not self._holds(lease):
             stop.lost()
             return stop
         self._stops[lease.call_id] = stop
         stop.granted(self._granted_at[lease.call_id], self.ttl_s)
+        self._confirms.submit(lease)
         return stop
 
     # --- renewing every kept lease in one request ---------------------------------
@@ -388,14 +516,12 @@ class RedisRegistry:
             if not kept:
                 await self._ping()
                 continue
-            keys = [rc.lease_key(call_id) for call_id, _ in kept]
             try:
-                answers = await self._script(rc.RENEW_MANY, keys,
-                                             [round(self.ttl_s * 1000)] + [lease.token for _, lease in kept])
+                answers = await self._renew_many(kept)
             except RegistryDown:
                 next_tick = trio.current_time() + self.ttl_s / 12
                 continue
-            vanished = self._settle_renewals(kept, [int(a) for a in answers], sent)
+            vanished = self._settle_renewals(kept, answers, sent)
             await self._reacquire(vanished)
 
     def _settle_renewals(self, kept: list[tuple[str, Lease]], answers: list[int], sent: float) -> list[Lease]:
@@ -433,15 +559,20 @@ class RedisRegistry:
 
     # --- the shared write log --------------------------------------------------
 
+    def _claimer(self, call_id: str | None) -> str:
+        """The token a claim for ``call_id`` is made with: ``UNFENCED`` for a
+        request of no call, '' with no lease here (a record answers, nothing
+        claims)."""
+        if call_id is None:
+            return rc.UNFENCED
+        lease = self._held.get(call_id)
+        return lease.token if lease is not None else ""
+
     async def claim_write(self, call_id: str | None, tool_call_id: str) -> ClaimAnswer:
         """Claim ``tool_call_id`` for the holder of ``call_id``'s lease (None:
         a request of no call, claimed unfenced)."""
-        if call_id is None:
-            token, lease_key = rc.UNFENCED, rc.lease_key("")
-        else:
-            lease = self._held.get(call_id)
-            token = lease.token if lease is not None else ""   # no lease here: a record answers, nothing claims
-            lease_key = rc.lease_key(call_id)
+        token = self._claimer(call_id)
+        lease_key = rc.lease_key(call_id if call_id is not None else "")
         state, value = await self._script(rc.CLAIM_WRITE, [lease_key, rc.write_key(tool_call_id)],
                                           [token, WRITE_RECORD_TTL_S])
         if state == WriteClaim.CLAIMED:
@@ -461,6 +592,13 @@ class RedisRegistry:
         text = json.dumps(record, ensure_ascii=False, sort_keys=True)
         await self._request(self._redis.set(rc.write_key(tool_call_id), text, ex=WRITE_RECORD_TTL_S))
 
+    async def unclaim_write(self, call_id: str | None, tool_call_id: str) -> None:
+        """Give back this process's claim of a write that applied nothing
+        (``UNCLAIM_WRITE``: only while the key holds our marker), so its
+        retry, or a request waiting for it elsewhere, applies it."""
+        marker = rc.APPLYING + self._claimer(call_id)
+        await self._script(rc.UNCLAIM_WRITE, [rc.write_key(tool_call_id)], [marker])
+
     # --- takeover ----------------------------------------------------------------
 
     def note_record(self, call_id: str, line: dict[str, Any]) -> None:
@@ -470,13 +608,13 @@ class RedisRegistry:
         carried context with the new selection). Never blocks; a full queue
         drops the line (logged: a takeover then misses it)."""
         kind = line.get("kind")
-        if kind == "selection":
+        if kind == RecordKind.SELECTION:
             carried = self._contexts.get(call_id)
             if carried is None:
                 return
             carried["selection"] = line.get("selection")
             line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
-        elif kind not in ("tool_started", "tool_call"):
+        elif kind not in TOOL_KINDS:
             return
         self._queue_mirror(call_id, line)
 
@@ -528,7 +666,8 @@ class RedisRegistry:
                 answers = await self._script(rc.MIRROR, keys, args)
             except RegistryDown:
                 for call_id, field, text in ops:
-                    kind = rc.CONTEXT_FIELD if field == rc.CONTEXT_FIELD else "tool_started" if text else "tool_call"
+                    kind = (rc.CONTEXT_FIELD if field == rc.CONTEXT_FIELD
+                            else RecordKind.TOOL_STARTED if text else RecordKind.TOOL_CALL)
                     _log.warning("registry.mirror_failed", call_id=call_id, kind=kind)
                 continue
             refused = self._settle_mirror(ops, leases, [int(a) for a in answers])
@@ -575,7 +714,7 @@ class RedisRegistry:
             if not isinstance(tool_call_id, str) or call_id not in self._held:
                 continue
             key = (call_id, tool_call_id)
-            if line["kind"] == "tool_started":
+            if line["kind"] == RecordKind.TOOL_STARTED:
                 ops[key] = json.dumps(line)
             elif ops.get(key) and tool_call_id not in self._mirrored.get(call_id, ()):
                 del ops[key]

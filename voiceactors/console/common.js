@@ -19,6 +19,8 @@ const VA = (() => {
       "The voice service did not start a session. Retry; if it keeps failing, the server's log says why.",
     "voice runtime unavailable":
       "The voice server is not ready to take calls. Retry; if it keeps failing, restart the server.",
+    "voice unavailable — runtime failed":
+      "The voice server failed and is stopping (whatever runs it starts it again). Retry in a moment.",
     "unauthorized": "You are not signed in (or your session expired). Sign in again.",
     "call not found": "The call has already ended on the server.",
     "cross-site request refused": "The server refused a request from another site. Open the console at the server's own address.",
@@ -35,6 +37,8 @@ const VA = (() => {
 
   function explain(status, error) {
     if (status === 401) return new ApiFailure("unauthorized", MESSAGES.unauthorized, status, error);
+    // a failed runtime ended every call of its process: for a live call, the server is gone
+    if (error === "voice unavailable — runtime failed") return new ApiFailure("server-gone", MESSAGES[error], status, error);
     const words = MESSAGES[error] || `The server answered ${status}${error ? ": " + error : ""}.`;
     return new ApiFailure("api", words, status, error);
   }

@@ -49,16 +49,20 @@ _log = get_logger(actor="http")
 async def _host_runtime(voice: VoiceState, mcp: McpEndpoint, stop: trio.Event, done: trio.Event, *,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Own the runtime for as long as the app serves. A runtime that fails to
-    start or crashes is logged and leaves ``voice.runtime`` None, so routes
-    answer "voice runtime unavailable" instead of the server dying. ``/mcp``
-    serves inside the runtime: it stops first, before the executor it feeds."""
+    start or crashes is logged, leaves ``voice.runtime`` None (routes answer
+    "voice runtime unavailable", ``/status`` 503) and sets
+    ``voice.runtime_failed``: ``serve`` then stops and exits non-zero, so a
+    supervisor (``serve --workers``' parent, systemd) starts it again.
+    ``/mcp`` serves inside the runtime: it stops first, before the executor it feeds."""
     try:
         async with open_runtime(voice.settings, brain_backend=voice.brain_backend) as runtime, mcp.running():
             voice.runtime = runtime
             task_status.started()
             await stop.wait()
-    except Exception as error:  # noqa: BLE001 - logged; the app keeps answering
+    except Exception as error:  # noqa: BLE001 - logged; the process is stopped by its server
         _log.error("http.runtime_failed", error_type=type(error).__name__, exc_info=error)
+        if not stop.is_set():       # failed while serving, not on its way down
+            voice.runtime_failed.set()
     finally:
         voice.runtime = None
         done.set()
@@ -74,6 +78,7 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState, mcp: McpEndpoint) -> No
             await app.nursery.start(_host_runtime, voice, mcp, stop, done)
         except RuntimeError:
             _log.error("http.runtime_not_started")
+            voice.runtime_failed.set()
         yield
         # Streams (SSE) end first; then the actors, bounded.
         voice.stopping.set()

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 import trio
 from quart import current_app, request
 
+from voiceactors.settings import default
+
 COOKIE_NAME = "voiceactors_session"
-SESSION_TTL_S = 12 * 3600.0       # without an app's settings; served apps use settings.console_session_ttl_s
+SESSION_TTL_S: float = default("console_session_ttl_s")   # without an app's settings; served apps use theirs
 MAX_SESSIONS = 64                 # oldest signed-in browser is signed out past this
 _EXTENSION = "voiceactors.console_sessions"
 

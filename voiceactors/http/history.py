@@ -16,12 +16,18 @@ from typing import Any
 
 from voiceactors import storage
 from voiceactors.actors.call_record import parse_record, record_path
+from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.actors.record_kind import RecordKind
 from voiceactors.usage import Tokens, round_usd
 
 DEFAULT_LIST = 50
 MAX_LIST = 200
 FIRST_WORDS_CHARS = 80        # the call list's "what was said": about one line
 MAX_RECORD_BYTES = 4 * 1024 * 1024    # a record larger than this is not loaded into a page
+#: The outcomes a call summary does not count as a tool failure (``pending``: the
+#: call has only its ``tool_started`` line: still running, or the server died).
+#: A tuple, not a set: an outcome read from a file may be any JSON value, hashable or not.
+NOT_FAILED = (ToolOutcome.OK, ToolOutcome.REPLAYED, ToolOutcome.PENDING)
 
 
 class RecordUnreadable(Exception):
@@ -115,9 +121,9 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     ``start`` to ``end``, or cut short by a crash); the summary covers them
     all: first start, every run's time summed, the last run's end reason
     (None while the last run has no ``end``: live, or the server died)."""
-    starts = [line for line in lines if line.get("kind") == "start"]
+    starts = [line for line in lines if line.get("kind") == RecordKind.START]
     tool_calls = settled_and_pending_tool_calls(lines)
-    responses = [line for line in lines if line.get("kind") == "response"]
+    responses = [line for line in lines if line.get("kind") == RecordKind.RESPONSE]
     started_at = next((s.get("at") for s in starts if isinstance(s.get("at"), str)), None)
     runs = [_run_time(run) for run in _runs(lines)]
     duration_s = sum(t for t, _ in runs) if runs else None
@@ -128,10 +134,10 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
         "ended": last_end.get("reason") if last_end is not None else None,
         "tool_calls": len(tool_calls),
-        "tool_failures": sum(1 for c in tool_calls if c.get("outcome") not in ("ok", "replayed", "pending")),
+        "tool_failures": sum(1 for c in tool_calls if c.get("outcome") not in NOT_FAILED),
         "responses": len(responses),
         "barge_ins": sum(1 for r in responses if r.get("status") == "cancelled"),
-        "reconnects": sum(1 for line in lines if line.get("kind") == "reconnect"),
+        "reconnects": sum(1 for line in lines if line.get("kind") == RecordKind.RECONNECT),
         "runs": max(1, len(starts)),
         "first_words": first_words(lines),
         **usage_summary(lines),
@@ -157,7 +163,7 @@ def usage_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """A call's tokens and cost from its ``usage`` lines (every run's):
     ``model`` (the last one named), ``tokens`` by kind, ``total_tokens``,
     ``cost_usd`` (None when some response's model had no prices)."""
-    usage = [line for line in lines if line.get("kind") == "usage"]
+    usage = [line for line in lines if line.get("kind") == RecordKind.USAGE]
     tokens = Tokens()
     cost: float | None = 0.0
     for line in usage:
@@ -172,12 +178,12 @@ def settled_and_pending_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str
     """One line per tool call: its ``tool_call`` line (settled), or for a call
     whose record has only its ``tool_started`` (still running, or the server
     died), that line with outcome ``pending``."""
-    settled = {line.get("tool_call_id"): line for line in lines if line.get("kind") == "tool_call"}
-    out = [line for line in lines if line.get("kind") == "tool_call"]
+    settled = {line.get("tool_call_id"): line for line in lines if line.get("kind") == RecordKind.TOOL_CALL}
+    out = [line for line in lines if line.get("kind") == RecordKind.TOOL_CALL]
     for line in lines:
-        if line.get("kind") == "tool_started" and line.get("tool_call_id") not in settled:
+        if line.get("kind") == RecordKind.TOOL_STARTED and line.get("tool_call_id") not in settled:
             settled[line.get("tool_call_id")] = line
-            out.append({**line, "kind": "tool_call", "outcome": "pending", "duration_ms": None})
+            out.append({**line, "kind": RecordKind.TOOL_CALL, "outcome": ToolOutcome.PENDING, "duration_ms": None})
     return out
 
 
@@ -186,7 +192,7 @@ def _runs(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     record cut at its head, count with the first run)."""
     runs: list[list[dict[str, Any]]] = []
     for line in lines:
-        if line.get("kind") == "start" or not runs:
+        if line.get("kind") == RecordKind.START or not runs:
             runs.append([])
         runs[-1].append(line)
     return runs
@@ -195,7 +201,7 @@ def _runs(lines: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 def _run_time(run: list[dict[str, Any]]) -> tuple[float, dict[str, Any] | None]:
     """A run's duration and its ``end`` line: the end's ``duration_s``, or,
     for a run with no end (live, or cut by a crash), its last line's time."""
-    end = next((line for line in reversed(run) if line.get("kind") == "end"), None)
+    end = next((line for line in reversed(run) if line.get("kind") == RecordKind.END), None)
     if end is not None and (duration := _number(end.get("duration_s"))) is not None:
         return duration, end
     return max((_number(line.get("t")) or 0.0 for line in run), default=0.0), end
@@ -230,7 +236,7 @@ def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
     lines = call_lines(state_dir, call_id)
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
-             for line in lines if line.get("kind") == "usage"]
+             for line in lines if line.get("kind") == RecordKind.USAGE]
     return {"call": summarize(call_id, lines), "lines": lines, "transcript": spoken_transcript(lines),
             "usage": usage}
 
@@ -246,11 +252,11 @@ def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     block = 0
     for index, line in enumerate(lines):
         kind = line.get("kind")
-        if kind == "start":
+        if kind == RecordKind.START:
             block += 1
-        elif kind == "transcript_cut":
+        elif kind == RecordKind.TRANSCRIPT_CUT:
             cut.add((block, line.get("item_id")))
-        elif kind == "transcript" and isinstance(line.get("text"), str):
+        elif kind == RecordKind.TRANSCRIPT and isinstance(line.get("text"), str):
             order = _number(line.get("order"))
             entry = {"role": line.get("role"), "text": line.get("text"), "item_id": line.get("item_id"),
                      "t": line.get("t"), "cut_short": line.get("cut_short") is True, "_block": block}

@@ -17,7 +17,7 @@ from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.runtime import Runtime
-from voiceactors.tools.mcp_sources import TOKEN_MAX
+from voiceactors.mcp_sources import TOKEN_MAX
 
 QUICK_ASK_S = 5.0
 _log = get_logger(actor="http")

@@ -18,7 +18,7 @@ import trio
 from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
-from voiceactors import config, metrics
+from voiceactors import config, metrics, safe_text
 from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
@@ -50,12 +50,15 @@ metrics_bp = Blueprint("metrics", __name__)
 @dataclass
 class VoiceState:
     """What the routes share: the settings, the live runtime (None while not
-    serving, or after the runtime failed), the shutdown flag streams watch and
-    the shared OpenAI clients mints use."""
+    serving, or after the runtime failed), the shutdown flag streams watch,
+    the runtime's failure (set once it crashed or could not start: it does
+    not come back in this process, ``/status`` answers 503 and ``serve``
+    stops and exits non-zero) and the shared OpenAI clients mints use."""
 
     settings: Settings
     runtime: Runtime | None = None
     stopping: trio.Event = field(default_factory=trio.Event)
+    runtime_failed: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
     openai_clients: OpenAIClients | None = None
 
@@ -83,7 +86,7 @@ async def _json_object(*, required: bool) -> dict[str, Any]:
             raise ApiError(400, E.INVALID_JSON)
         return {}
     try:
-        value = json.loads(raw)
+        value = safe_text.loads(raw)     # a lone surrogate's escape is U+FFFD
     except (ValueError, RecursionError):
         raise ApiError(400, E.INVALID_JSON if required else E.NOT_AN_OBJECT) from None
     if not isinstance(value, dict):
@@ -174,7 +177,8 @@ def session_config(settings: Settings, model: str, instruction: str,
 async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: str, session: dict[str, Any]) -> str:
     """POST ``/realtime/client_secrets`` with the shared client for ``key``;
     the secret's value. Raises on any failure (HTTP error, timeout, a
-    response without a value)."""
+    response without a value, or with one that is not ASCII: a credential
+    is never text to repair, and a lone surrogate in it could not be sent)."""
     with trio.fail_after(settings.mint_timeout_s + 1.0):
         async with clients.use(key, settings.openai_base_url) as client:
             # session_config builds the SDK's realtime session shape as a plain dict
@@ -183,6 +187,8 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     value = getattr(secret, "value", None)
     if not isinstance(value, str) or not value:
         raise ValueError("client secret response has no value")
+    if not value.isascii():
+        raise ValueError("client secret value is not ASCII")
     return value
 
 
@@ -350,6 +356,9 @@ async def _cluster_sessions(runtime: Runtime, here: int) -> int:
 
 @bp.get("/status")
 async def status() -> Any:
+    if state().runtime_failed.is_set():
+        # a health check must see a failed process as failed (the fields would say "no calls")
+        raise ApiError(503, E.RUNTIME_FAILED)
     return jsonify(await _status_fields(state().settings))
 
 

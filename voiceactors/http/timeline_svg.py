@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.actors.record_kind import RecordKind
+
 WIDTH = 780
 LABEL_W = 170          # the left column: row labels
 PLOT_RIGHT = 130       # room after the plot for the last bar's text
@@ -24,7 +27,8 @@ MAX_TOOL_ROWS = 40
 LABEL_LINE_H = 14      # a line of "barge-in" labels under the responses' marks
 BARGE_IN_LABEL_W = 56  # "barge-in" at 12 px, bold
 
-OUTCOME_COLOURS = {"ok": "#2f9e6b", "replayed": "#3a86c8", "unanswered": "#9a9a9a", "pending": "#c9b458"}
+OUTCOME_COLOURS: dict[str, str] = {ToolOutcome.OK: "#2f9e6b", ToolOutcome.REPLAYED: "#3a86c8",
+                                   ToolOutcome.UNANSWERED: "#9a9a9a", ToolOutcome.PENDING: "#c9b458"}
 FAILED_COLOUR = "#d9534f"
 RESPONSE_COLOUR = "#7b68c8"
 OURS_COLOUR = "#b39ddb"
@@ -51,23 +55,23 @@ def place(lines: list[dict[str, Any]]) -> list[Placed]:
     placed: list[Placed] = []
     offset, block_end = 0.0, 0.0
     for line in lines:
-        if line.get("kind") == "start" and placed:
+        if line.get("kind") == RecordKind.START and placed:
             offset += block_end
             block_end = 0.0
         t = _num(line.get("t"))
-        block_end = max(block_end, t, _num(line.get("duration_s")) if line.get("kind") == "end" else 0.0)
+        block_end = max(block_end, t, _num(line.get("duration_s")) if line.get("kind") == RecordKind.END else 0.0)
         placed.append(Placed(offset + t, line))
     return placed
 
 
 def _tool_rows(placed: list[Placed]) -> list[Placed]:
     """Each settled tool call, and each one only started (``pending``)."""
-    settled = {p.line.get("tool_call_id") for p in placed if p.line.get("kind") == "tool_call"}
-    rows = [p for p in placed if p.line.get("kind") == "tool_call"]
+    settled = {p.line.get("tool_call_id") for p in placed if p.line.get("kind") == RecordKind.TOOL_CALL}
+    rows = [p for p in placed if p.line.get("kind") == RecordKind.TOOL_CALL]
     for p in placed:
-        if p.line.get("kind") == "tool_started" and p.line.get("tool_call_id") not in settled:
+        if p.line.get("kind") == RecordKind.TOOL_STARTED and p.line.get("tool_call_id") not in settled:
             settled.add(p.line.get("tool_call_id"))
-            rows.append(Placed(p.at, {**p.line, "outcome": "pending", "duration_ms": None}))
+            rows.append(Placed(p.at, {**p.line, "outcome": ToolOutcome.PENDING, "duration_ms": None}))
     return rows
 
 
@@ -122,10 +126,10 @@ def _barge_in_labels(cancelled_xs: list[float]) -> list[tuple[float, int]]:
 def render(lines: list[dict[str, Any]]) -> str:
     """The SVG document for one call's record lines."""
     placed = place(lines)
-    responses = [p for p in placed if p.line.get("kind") == "response"]
+    responses = [p for p in placed if p.line.get("kind") == RecordKind.RESPONSE]
     tools = sorted(_tool_rows(placed), key=lambda p: p.at)
     shown_tools, hidden_tools = tools[:MAX_TOOL_ROWS], max(0, len(tools) - MAX_TOOL_ROWS)
-    creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == "response_create"}
+    creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == RecordKind.RESPONSE_CREATE}
     first_tool_at = _first_tool_at(tools)
     span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
     plot_w = WIDTH - LABEL_W - PLOT_RIGHT
@@ -168,7 +172,7 @@ def render(lines: list[dict[str, Any]]) -> str:
     for i, p in enumerate(shown_tools):
         line = p.line
         y = TOP + responses_h + i * ROW_H
-        outcome = str(line.get("outcome", "unanswered"))
+        outcome = str(line.get("outcome", ToolOutcome.UNANSWERED))
         colour = OUTCOME_COLOURS.get(outcome, FAILED_COLOUR)
         end = p.at + _num(line.get("duration_ms")) / 1000
         tip = f"{line.get('tool', '?')} · tool call {line.get('tool_call_id', '?')} · epoch {line.get('epoch', '?')}"
@@ -182,14 +186,14 @@ def render(lines: list[dict[str, Any]]) -> str:
     # reconnects, later runs, the end
     for p in placed:
         kind = p.line.get("kind")
-        if kind == "reconnect":
+        if kind == RecordKind.RECONNECT:
             out += _mark(x(p.at), plot_bottom, f"reconnect {p.line.get('attempt', '')}".strip(), RECONNECT_COLOUR)
-        elif kind == "start" and p.at > 0:
+        elif kind == RecordKind.START and p.at > 0:
             out += _mark(x(p.at), plot_bottom, "new run", RECONNECT_COLOUR)
-        elif kind == "end":
+        elif kind == RecordKind.END:
             out += _mark(x(p.at), plot_bottom, f"end: {p.line.get('reason', '?')}", MUTED)
     kinds = Counter(p.line.get("kind") for p in placed)
-    if kinds["start"] > kinds["end"] or not kinds["end"]:
+    if kinds[RecordKind.START] > kinds[RecordKind.END] or not kinds[RecordKind.END]:
         out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
     out += _legend(legend_y)
     out.append("</svg>")
@@ -216,9 +220,9 @@ def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
 
 def _legend(y: float) -> list[str]:
     items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
-             ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS["ok"]),
-             ("tool replayed", OUTCOME_COLOURS["replayed"]), ("tool failed / timed out", FAILED_COLOUR),
-             ("tool pending (no outcome recorded)", OUTCOME_COLOURS["pending"]),
+             ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS[ToolOutcome.OK]),
+             ("tool replayed", OUTCOME_COLOURS[ToolOutcome.REPLAYED]), ("tool failed / timed out", FAILED_COLOUR),
+             ("tool pending (no outcome recorded)", OUTCOME_COLOURS[ToolOutcome.PENDING]),
              ("reconnect", RECONNECT_COLOUR)]
     out, at = [], 8.0
     for label, colour in items:

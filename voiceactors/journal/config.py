@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from voiceactors import safe_text
 from voiceactors.journal.paths import read_json
 from voiceactors.logs import get_logger
 
@@ -70,7 +71,8 @@ def identity_files(root: Path) -> dict[str, str]:
         if not path.is_file():
             continue
         try:
-            out[path.stem] = path.read_text(encoding="utf-8", errors="replace")
+            # the name goes into the brain's prompt: its undecodable bytes as U+FFFD (safe_text)
+            out[safe_text.clean_str(path.stem)] = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
             _log.warning("journal.identity_file_unreadable", file=str(path), error=type(exc).__name__)
     return out

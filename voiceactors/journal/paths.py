@@ -39,13 +39,14 @@ def inside(root: Path, *parts: str) -> Path:
 
 # --- tolerant readers -------------------------------------------------------
 # Every journal surface reads through these two, so "missing → nothing,
-# corrupt → skipped and logged, never fatal" holds in one place. They only
+# corrupt → skipped and logged, never fatal" holds in one place, and so does
+# "no lone surrogate gets out" (``safe_text``: a string's ``\udc80`` escape
+# comes out as U+FFFD). They only
 # read: nothing here creates a file or a folder.
 
-import json as _json
 from typing import Any as _Any
 
-from voiceactors import storage
+from voiceactors import safe_text, storage
 from voiceactors.logs import get_logger as _get_logger
 
 _log = _get_logger(actor="journal")
@@ -67,7 +68,7 @@ def read_json(path: Path, *, raise_unreadable: bool = False) -> _Any | None:
         _log.warning("journal.file_unreadable", file=str(path), error=type(exc).__name__)
         return None
     try:
-        return _json.loads(text)
+        return safe_text.loads(text)
     except ValueError as exc:
         _log.warning("journal.json_corrupt", file=str(path), error=str(exc)[:200])
         return None
@@ -90,6 +91,7 @@ def read_jsonl(path: Path, *, log_each_skipped: bool = True) -> list[dict[str, _
         return []
     rows: list[dict[str, _Any]] = []
     skipped = 0
+    escaped = safe_text.may_hold_surrogate_escape(text)   # one search for the file, not one a line
     for lineno, line in enumerate(storage.jsonl_lines(text), start=1):
         if not line.strip():
             continue
@@ -98,7 +100,7 @@ def read_jsonl(path: Path, *, log_each_skipped: bool = True) -> list[dict[str, _
         except ValueError:
             obj = None
         if isinstance(obj, dict):
-            rows.append(obj)
+            rows.append(safe_text.clean(obj) if escaped else obj)
         elif log_each_skipped:
             _log.warning("journal.jsonl_line_skipped", file=str(path), line=lineno)
         else:

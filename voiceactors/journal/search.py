@@ -45,11 +45,12 @@ from voiceactors.journal.index import (
     solstone_index,
 )
 from voiceactors.journal.paths import SLUG_RE
+from voiceactors.settings import default
 
 __all__ = ["SearchHit", "IndexStats", "search", "build_index", "build_query", "cli_index",
            "REFRESH_INTERVAL_S"]
 
-REFRESH_INTERVAL_S = 300.0  # how stale our index may get before a search starts a refresh
+REFRESH_INTERVAL_S: float = default("search_refresh_interval_s")  # how stale our index may get before a refresh
 SNIPPET_TOKENS = 12
 MAX_LIMIT = 100
 _FTS_KEYWORDS = {"AND", "OR", "NOT", "NEAR"}
@@ -207,7 +208,7 @@ def cli_index(args: argparse.Namespace) -> int:
     if not root.is_dir():
         print(f"journal not found: {root}", file=sys.stderr)
         return 2
-    state_dir = Path(args.state_dir or ".state")
+    state_dir = Path(args.state_dir or default("state_dir"))
     bar = None
 
     def progress(done: int, total: int) -> None:

@@ -33,13 +33,12 @@ from mcp.server.stdio import stdio_server
 
 from voiceactors.actors.executor import ToolExecutor
 from voiceactors.cluster.registry import make_registry
+from voiceactors.commands import EXIT_USAGE
 from voiceactors.logs import get_logger
 from voiceactors.mcp_server.server import build_server
 from voiceactors.mcp_server.tools import ToolCaller
 from voiceactors.settings import Settings
 from voiceactors.tools.context import ToolContext
-
-EXIT_USAGE = 2
 
 _log = get_logger(actor="mcp")
 

@@ -23,8 +23,10 @@ import pydantic
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
+from voiceactors import safe_text
 from voiceactors.logs import get_logger
 from voiceactors.realtime.event_view import Check, EventView, compile_checks
+from voiceactors.safe_text import may_hold_surrogate_escape
 
 __all__ = [
     "EventUnion",
@@ -136,11 +138,13 @@ def new_event_id() -> str:
 
 
 def decode_frame(raw: str | bytes) -> tuple[Any, str | None]:
-    """(object, None) or (None, reason). Binary websocket frames are not events."""
+    """(object, None) or (None, reason). Binary websocket frames are not events.
+    Every lone surrogate an escape puts in a string is U+FFFD (``safe_text``):
+    the one place the service's text comes in."""
     if isinstance(raw, (bytes, bytearray)):
         return None, "binary frame"
     try:
-        return json.loads(raw), None
+        return safe_text.loads(raw), None
     except (ValueError, TypeError):
         return None, "not JSON"
 
@@ -272,8 +276,11 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
     character to its last, decoded by the scanner ``json.loads`` itself uses,
     whose acted-on type passes its check, is its view in this one call (the
     general path is six calls deep). Anything else, valid or not, goes the
-    general path from the start, so its result and its line are the same."""
-    if screened and type(raw) is str and raw[:1] == "{":
+    general path from the start, so its result and its line are the same.
+    So does text that may hold a surrogate escape (``\\ud``): the general
+    path's ``decode_frame`` makes it safe."""
+    if (screened and type(raw) is str and raw[:1] == "{"
+            and ("\\" not in raw or not may_hold_surrogate_escape(raw))):   # no call for most frames
         try:
             obj, end = _SCAN_JSON(raw, 0)
         except (StopIteration, ValueError):

@@ -38,6 +38,7 @@ from trio_websocket import (
 )
 
 from voiceactors.realtime import tls as client_tls
+from voiceactors.settings import default
 
 __all__ = [
     "SidebandError",
@@ -130,7 +131,7 @@ async def open_sideband(
     api_key: str,
     call_id: str,
     *,
-    connect_timeout: float = 10.0,
+    connect_timeout: float = default("connect_timeout_s"),
     disconnect_timeout: float = 5.0,
     message_queue_size: int = 64,
     max_message_size: int = 4 * 1024 * 1024,

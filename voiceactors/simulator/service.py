@@ -211,8 +211,9 @@ class Simulator:
 
     def fail_next_mint(self, status: int | str = 500, times: int = 1) -> None:
         """Make the next ``times`` client-secret requests fail: an HTTP status
-        (OpenAI-shaped error body), ``"timeout"`` (never answer) or
-        ``"garbage"`` (200 with a non-JSON body)."""
+        (OpenAI-shaped error body), ``"timeout"`` (never answer),
+        ``"garbage"`` (200 with a non-JSON body) or ``"lone_surrogate"`` (200,
+        a secret whose value carries the escape ``\\udc80``)."""
         self._mint_faults.extend([status] * times)
 
     async def end_call(self, call_id: str, code: int = 1000) -> None:
@@ -295,13 +296,15 @@ class Simulator:
         return json_response(404, _error_body(f"Invalid URL (POST {req.path})"))
 
     async def _client_secrets(self, req: HttpRequest) -> HttpResponse:
+        fault: int | str | None = None
         if self._mint_faults:
             fault = self._mint_faults.pop(0)
             if fault == "timeout":
                 await trio.sleep_forever()
             if fault == "garbage":
                 return HttpResponse(200, b"<html>upstream hiccup", "text/html")
-            return json_response(int(fault), _error_body("The server had an error.", "server_error"))
+            if fault != "lone_surrogate":
+                return json_response(int(fault), _error_body("The server had an error.", "server_error"))
         try:
             body = json.loads(req.body or b"{}")
         except ValueError:
@@ -332,7 +335,7 @@ class Simulator:
             loc = ".".join(str(p) for p in first.get("loc", ()))
             return json_response(400, _error_body(f"Invalid session: {loc}: {first.get('msg')}",
                                                   code="invalid_value", param=f"session.{loc}".rstrip(".")))
-        value = "ek_" + secrets.token_hex(16)
+        value = "ek_" + secrets.token_hex(16) + ("\udc80" if fault == "lone_surrogate" else "")
         register_secret(value)
         self.minted.append(value)
         record["status"] = 200

@@ -18,6 +18,9 @@ from typing import Any, Callable, Mapping
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
 
+from voiceactors import safe_text
+from voiceactors.mcp_sources import JOURNAL_TOOL_FAMILIES
+from voiceactors.settings import default
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
 from voiceactors.tools.context import ToolContext
 
@@ -247,7 +250,17 @@ def _specs() -> list[ToolSpec]:
     ]
 
 
-REGISTRY: dict[str, ToolSpec] = {spec.name: spec for spec in _specs()}
+def _families_reserved(specs: list[ToolSpec]) -> list[ToolSpec]:
+    """``specs``, once their families are exactly the names MCP sources may not take
+    (``mcp_sources.JOURNAL_TOOL_FAMILIES``, declared below the settings that check them)."""
+    families = {spec.name.split(".", 1)[0] for spec in specs}
+    if families != JOURNAL_TOOL_FAMILIES:
+        raise RuntimeError(f"the journal's tool families {sorted(families)} differ from "
+                           f"mcp_sources.JOURNAL_TOOL_FAMILIES {sorted(JOURNAL_TOOL_FAMILIES)}")
+    return specs
+
+
+REGISTRY: dict[str, ToolSpec] = {spec.name: spec for spec in _families_reserved(_specs())}
 #: The tools that stand on the journal alone (every one but the call-scoped
 #: ``journal.select``): what the journal's MCP server offers.
 JOURNAL_TOOLS: dict[str, ToolSpec] = {name: spec for name, spec in REGISTRY.items() if not spec.call_scoped}
@@ -273,7 +286,7 @@ def lookup(name: str, registry: Mapping[str, ToolSpec] | None = None) -> ToolSpe
     return None
 
 
-def manifest(style: str = "dotted", registry: Mapping[str, ToolSpec] | None = None) -> list[dict[str, Any]]:
+def manifest(style: str = default("tool_name_style"), registry: Mapping[str, ToolSpec] | None = None) -> list[dict[str, Any]]:
     """The ``tools`` array of an OpenAI Realtime session, names in ``style``
     (``dotted`` or ``underscore``)."""
     if style not in ("dotted", "underscore"):
@@ -316,7 +329,8 @@ _ARGUMENTS = json.JSONDecoder(parse_constant=_reject_constant)
 
 def parse_arguments(raw: Any) -> dict[str, Any]:
     """The model's argument string as a dict. An empty string means ``{}``
-    (models send it for tools without parameters). ArgumentError otherwise."""
+    (models send it for tools without parameters). ArgumentError otherwise.
+    A lone surrogate an escape puts in a string is U+FFFD (``safe_text``)."""
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return {}
     if not isinstance(raw, (str, bytes, bytearray)):
@@ -328,7 +342,8 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
         raise ArgumentError({"error": "arguments must be valid JSON"}) from None
     if not isinstance(value, dict):
         raise ArgumentError({"error": "arguments must be a JSON object"})
-    return value
+    # a JSON text inside the event's: its escapes are decoded only here
+    return safe_text.decoded(raw, value)  # type: ignore[no-any-return]
 
 
 def canonical_arguments(raw: Any) -> str:

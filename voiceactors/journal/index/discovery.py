@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from voiceactors import safe_text
 from voiceactors.journal.paths import DAY_RE, SEGMENT_RE, SLUG_RE, STREAM_RE
 
 _SKIP_DAY_CHILDREN = {"health", "indexer", "talents"}
@@ -62,7 +63,8 @@ def _stat_sig(entries: list[os.DirEntry[str]]) -> int | None:
         return None
     if len(parts) == 1 and len(entries) == 1:
         return mtime
-    digest = hashlib.sha1("\n".join(parts).encode("utf-8")).digest()
+    # a name's undecodable bytes are surrogates here: hashed as the bytes they were
+    digest = hashlib.sha1("\n".join(parts).encode("utf-8", "surrogateescape")).digest()
     return int.from_bytes(digest[:8], "big") >> 1
 
 
@@ -103,7 +105,9 @@ def _day_units(root: Path) -> Iterator[Unit]:
         for talent in _md_files(day_dir / "talents"):
             sig = _stat_sig([talent])
             if sig is not None:
-                yield Unit(f"{day}/talents/{talent.name}", "day_talent", (Path(talent.path),), sig, day=day)
+                # the key is stored and shown: a name's undecodable bytes as U+FFFD (safe_text)
+                yield Unit(f"{day}/talents/{safe_text.clean_str(talent.name)}", "day_talent", (Path(talent.path),),
+                           sig, day=day)
 
 
 def _entity_units(root: Path) -> Iterator[Unit]:

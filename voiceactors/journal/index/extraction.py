@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from voiceactors import safe_text
 from voiceactors.journal.index.discovery import Unit
 from voiceactors.journal.paths import read_json, read_jsonl
 
@@ -114,7 +115,7 @@ def extract(unit: Unit) -> list[Chunk]:
         bucket = _time_bucket(unit.key.rsplit("/", 1)[-1])
         return [Chunk(t, unit.day, "", "segment", unit.stream, bucket) for t in split_text(text)]
     if unit.kind == "day_talent":
-        agent = unit.files[0].stem
+        agent = safe_text.clean_str(unit.files[0].stem)      # a file name: U+FFFD for undecodable bytes
         return [Chunk(t, unit.day, "", agent, "", "") for t in split_text(_read_text(unit.files[0]))]
     if unit.kind == "entity":
         return [Chunk(t, "", "", "entity", "", "") for t in split_text(_entity_text(unit))]

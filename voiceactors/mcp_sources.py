@@ -15,7 +15,8 @@ Names: a source's name is a slug without ``.`` or ``_`` (``[a-z][a-z0-9-]*``,
 at most 32 characters), so ``<source>.<tool>`` and its underscore spelling
 ``<source>_<tool>`` always say which source a tool belongs to; the names of
 the journal's own tool families (``journal``, ``entities``, ...) are taken.
-Everything here is pure and synchronous.
+Everything here is pure and synchronous, and imports nothing of the package
+(``settings`` checks a source list with it).
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ class McpSource:
         return self.timeout_s if self.timeout_s is not None else default_s
 
 
-def reserved_names() -> frozenset[str]:
-    """The families of the journal's own tools (``journal`` of ``journal.get_day``)."""
-    from voiceactors.tools.registry import REGISTRY   # the registry imports its handlers: keep this light
-    return frozenset(name.split(".", 1)[0] for name in REGISTRY)
+#: The families of the journal's own tools (``journal`` of ``journal.get_day``): names no source may
+#: take. Declared here, below the settings that check a source list, rather than read from the tool
+#: registry above them; the registry refuses a tool whose family is missing (``tools.registry``).
+JOURNAL_TOOL_FAMILIES = frozenset({"journal", "entities", "commitments", "calendar", "briefing", "observer"})
 
 
 def _source(index: int, item: Any) -> McpSource:
@@ -106,7 +107,7 @@ def parse_sources(value: Any) -> tuple[McpSource, ...]:
         raise SourceConfigError(f"mcp_sources lists {len(value)} sources; at most {MAX_SOURCES}")
     sources = tuple(_source(i, item) for i, item in enumerate(value))
     seen: set[str] = set()
-    taken = reserved_names()
+    taken = JOURNAL_TOOL_FAMILIES
     for source in sources:
         if source.name in taken:
             raise SourceConfigError(

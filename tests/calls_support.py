@@ -1,5 +1,6 @@
 """Shared set-up for the call tests: a sample journal, a real ToolExecutor, the
-Realtime simulator on loopback, and protocol assertions over what it received.
+Realtime simulator on loopback (or, where no socket is needed, the in-memory
+transport: ``Rig.memory_actor``), and protocol assertions over what it received.
 
 Handlers run in real worker threads and ``autojump_clock`` jumps to the next
 deadline whenever every trio task waits (a running thread included). So tests
@@ -27,6 +28,8 @@ from voiceactors.actors.call import CallActor
 from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.feed import FeedHub
 from voiceactors.actors.executor import ToolExecutor
+from voiceactors.call.memory_transport import MemoryService
+from voiceactors.call.websocket_transport import WebSocketTransport
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
 from voiceactors.simulator.client_events import validate_client_event
@@ -89,6 +92,13 @@ class Rig:
         return CallActor(self.settings, call_id, self.executor.inbox, kw.pop("api_key", KEY),
                          kw.pop("feed", None) or self.hub.open(call_id), **kw)
 
+    def memory_actor(self, call_id: str, **kw: Any) -> tuple[CallActor, MemoryService]:
+        """An actor whose connections are in memory (``call/memory_transport.py``):
+        the test plays the service on each ``await service.next_connection()``.
+        Its hangup still goes to the simulator's REST API."""
+        service = MemoryService()
+        return self.actor(call_id, open_transport=service.open, **kw), service
+
     async def run_call(self, call_id: str, scenario: Any = None, **kw: Any) -> tuple[CallActor, SimCall]:
         """Register ``call_id`` in the simulator and serve it until the actor ends."""
         sim_call = self.sim.calls.get(call_id) or self.sim.add_call(call_id, scenario)
@@ -129,6 +139,15 @@ async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None, **c
         yield Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
                   nursery, sim_scope)
         nursery.cancel_scope.cancel()
+
+
+def sideband_stream(actor: CallActor) -> Any:
+    """The TCP stream under an actor's open sideband websocket (None: not connected)."""
+    transport = actor.transport
+    if transport is None:
+        return None
+    assert isinstance(transport, WebSocketTransport), transport
+    return transport.ws._stream
 
 
 def client_events(sim_call: SimCall) -> list[dict]:
@@ -184,7 +203,7 @@ def watch_output_writes(monkeypatch: Any, note: Callable[[CallActor, Any], None]
 
     def ours() -> CallActor | None:
         actor = watched.get("actor")
-        return actor if actor is not None and actor._ws is not None else None
+        return actor if actor is not None and actor.transport is not None else None
 
     def noted(actor: CallActor) -> None:
         for call in actor.calls.values():
@@ -192,12 +211,12 @@ def watch_output_writes(monkeypatch: Any, note: Callable[[CallActor, Any], None]
                 note(actor, call)
 
     async def noting_send_all(self: trio.SocketStream, data: Any) -> None:
-        if (actor := ours()) is not None and self is actor._ws._stream:
+        if (actor := ours()) is not None and self is sideband_stream(actor):
             noted(actor)
         await send_all(self, data)
 
     def noting_write(fd: int, data: Any) -> int:
-        if (actor := ours()) is not None and fd == actor._ws._stream.socket.fileno():
+        if (actor := ours()) is not None and fd == sideband_stream(actor).socket.fileno():
             noted(actor)
         return write(fd, data)
 

@@ -1,5 +1,6 @@
 """CallActor against the Realtime simulator over real loopback websockets:
-tool batches, barge-in, a model response first, active-response recovery.
+tool batches, barge-in, a model response first, active-response recovery
+(one round, with the service played in memory: the first test).
 
 Reconnects, end conditions and the call record: ``test_call_lifecycle.py``.
 """
@@ -14,6 +15,9 @@ import trio
 from structlog.testing import capture_logs
 
 from voiceactors import logs
+
+from test_call_protocol import args_done, confirmed, created, done, fc_item, item_added, item_done, speech
+from voiceactors.simulator.client_events import validate_client_event
 
 from calls_support import (
     ACTIVE, Gate, assert_clean_protocol, assert_valid_client_events, gated_registry, received_types,
@@ -34,15 +38,27 @@ def _create_indexes(sim_call) -> list[int]:
 
 
 async def test_single_tool_one_output_then_one_response_create(tmp_path, autojump_clock):
+    """One tool call's round through the shell, the service played in memory
+    (the same round against the simulator: the tests below)."""
     async with rig(tmp_path) as r:
-        actor, sc = await r.run_call("rtc_single", steady("single_tool"))
+        actor, service = r.memory_actor("rtc_single")
+        async with trio.open_nursery() as n:
+            n.start_soon(actor.run)
+            peer = await service.next_connection()
+            peer.push(speech(), created("r1"), item_added("r1", "c1"), args_done("r1", "c1", "{}"))
+            peer.push(item_done("r1", "c1"), done("r1", output=[fc_item("c1")]))
+            output = await peer.next_sent()
+            assert (await peer.next_sent())["type"] == "response.create"
+            peer.push(confirmed("c1"), created("r2"), done("r2"))
+            await trio.testing.wait_all_tasks_blocked()
+            peer.close(1000)
     assert actor.end_reason == "closed_by_service"
-    assert_clean_protocol(sc, creates=1)
-    assert received_types(sc) == ["conversation.item.create", "response.create"]
-    (call_id,) = sc.tool_calls
-    assert json.loads(sc.outputs[call_id][0])["date"] == "2026-03-27"   # the real tool ran on the journal
-    assert [r.origin for r in sc.responses] == ["scenario", "client"]
-    assert actor.calls[call_id].state == "confirmed"
+    for event in peer.sent:
+        validate_client_event(event)
+    assert [e["type"] for e in peer.sent] == ["conversation.item.create", "response.create"]
+    assert output["item"]["call_id"] == "c1"
+    assert json.loads(output["item"]["output"])["date"] == "2026-03-27"   # the real tool ran on the journal
+    assert actor.calls["c1"].state == "confirmed" and actor.batches["r2"].origin == "ours"
 
 
 async def test_a_read_starts_on_its_prefetch_and_runs_once(tmp_path, autojump_clock):

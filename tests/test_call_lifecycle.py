@@ -1,5 +1,7 @@
 """CallActor lifecycle against the simulator: reconnects, end conditions,
 bounded close and the call record. Timeouts and backoff on ``autojump_clock``.
+Where no socket matters (a close code, the reconnect policy, the key asked at
+every attempt) the service is the in-memory transport (``Rig.memory_actor``).
 (The protocol's own bookkeeping across a drop, without sockets:
 test_call_protocol.py.)"""
 
@@ -15,6 +17,7 @@ from calls_support import (
 )
 from voiceactors.actors.call import CallActor, backoff_delay
 from voiceactors.actors.call_record import record_path
+from voiceactors.call.transport import TransportUnavailable
 
 SYNTHETIC = json.dumps({"error": "cancelled: the user interrupted"})
 
@@ -54,12 +57,18 @@ async def test_confirmed_outputs_are_not_resent_after_a_drop(tmp_path, autojump_
 
 async def test_clean_close_1001_ends_the_call(tmp_path, autojump_clock):
     async with rig(tmp_path) as r:
-        actor, sc = await r.run_call("rtc_1001", steady("clean_close"))
+        actor, service = r.memory_actor("rtc_1001")
+        async with trio.open_nursery() as n:
+            n.start_soon(actor.run)
+            peer = await service.next_connection()
+            peer.push({"type": "session.updated", "session": {}})
+            await trio.sleep(1)
+            peer.close(1001)
         record = r.record("rtc_1001")
     assert actor.end_reason == "closed_by_service"
-    assert sc.connections == 1 and actor.reconnects == 0
+    assert len(service.keys) == 1 and actor.reconnects == 0
     assert record[-1]["reason"] == "closed_by_service" and record[-1]["close_code"] == 1001
-    assert_valid_client_events(sc)
+    assert peer.sent == [] and peer.closed_with is None     # nothing to answer; the service closed it
 
 
 @pytest.mark.parametrize("status", [404, 410])
@@ -126,17 +135,16 @@ async def test_max_duration_ends_a_busy_call(tmp_path, autojump_clock):
 
 async def test_reconnect_attempts_exhausted_with_exponential_backoff(tmp_path, autojump_clock):
     async with rig(tmp_path, reconnect_base_s=0.5, reconnect_max_s=4.0, reconnect_attempts=5) as r:
-        sc = r.sim.add_call("rtc_flaky", [{"sleep": 1.0}, {"drop": True}])
-        actor = r.actor("rtc_flaky")
+        actor, service = r.memory_actor("rtc_flaky")
         async with trio.open_nursery() as n:
             n.start_soon(actor.run)
-            with real_time_limit():
-                await sc.wait_until(lambda c: c.drops == 1)
-                r.sim_scope.cancel()                   # the service is unreachable from now on
-                while actor.end_reason is None:
-                    await trio.sleep(0.1)
+            peer = await service.next_connection()
+            for _ in range(6):                         # the service is unreachable from now on
+                service.fail_next(TransportUnavailable("sideband connection failed: OSError"))
+            await trio.sleep(1.0)
+            peer.close(1006)                           # a drop
         record = r.record("rtc_flaky")
-    assert actor.end_reason == "reconnect_exhausted"
+    assert actor.end_reason == "reconnect_exhausted" and len(service.keys) == 6
     delays = [line["delay_s"] for line in record if line["kind"] == "reconnect"]
     assert len(delays) == 5 == actor.reconnects
     caps = [0.5, 1.0, 2.0, 4.0, 4.0]
@@ -244,9 +252,13 @@ async def test_actor_api_key_provider_is_called_per_connect(tmp_path, autojump_c
         return KEY
 
     async with rig(tmp_path) as r:
-        actor, sc = await r.run_call("rtc_provider", steady("drop_and_resume"), api_key=provider)
+        actor, service = r.memory_actor("rtc_provider", api_key=provider)
+        async with trio.open_nursery() as n:
+            n.start_soon(actor.run)
+            (await service.next_connection()).close(1006)    # a drop: the next connect asks again
+            (await service.next_connection()).close(1000)
     assert actor.end_reason == "closed_by_service" and len(calls) == 2
-    assert isinstance(actor, CallActor)
+    assert service.keys == [KEY, KEY] and isinstance(actor, CallActor)
 
 
 async def test_an_unreadable_key_config_is_a_failed_connect_that_is_retried(tmp_path, autojump_clock):
@@ -264,9 +276,12 @@ async def test_an_unreadable_key_config_is_a_failed_connect_that_is_retried(tmp_
         return KEY
 
     async with rig(tmp_path) as r:
-        actor, sc = await r.run_call("rtc_unreadable", steady("clean_close"), api_key=provider)
+        actor, service = r.memory_actor("rtc_unreadable", api_key=provider)
+        async with trio.open_nursery() as n:
+            n.start_soon(actor.run)
+            (await service.next_connection()).close(1000)
         record = r.record("rtc_unreadable")
     assert actor.end_reason == "closed_by_service"
-    assert len(attempts) == 2 and actor.reconnects == 1 and sc.connections == 1
+    assert len(attempts) == 2 and actor.reconnects == 1 and len(service.keys) == 1
     (reconnect,) = [line for line in record if line["kind"] == "reconnect"]
     assert reconnect["attempt"] == 1 and reconnect["close_code"] is None

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-from calls_support import assert_clean_protocol, rig, steady
+from calls_support import assert_clean_protocol, rig, sideband_stream, steady
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
@@ -59,8 +59,7 @@ class SidebandWrites:
         monkeypatch.setattr(trio.SocketStream, "send_all", counting_send_all)
 
     def _stream(self) -> Any:
-        ws = self.actor._ws if self.actor is not None else None
-        return ws._stream if ws is not None else None
+        return sideband_stream(self.actor) if self.actor is not None else None
 
 
 def _is_text(data: Any) -> bool:

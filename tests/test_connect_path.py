@@ -68,7 +68,7 @@ async def test_a_connected_quiet_call_runs_no_writer_task(tmp_path):
             nursery.start_soon(actor.run, name="quiet-call")
             with trio.fail_after(10):
                 await sim_call.wait_until(lambda c: c.connections >= 1)
-                while actor._ws is None:
+                while actor.transport is None:
                     await trio.sleep(0.01)
             task = next(t for t in nursery.child_tasks if t.name == "quiet-call")
             tasks = _tasks_under(task)
@@ -91,7 +91,7 @@ async def test_a_supervised_call_runs_in_one_task_and_a_cancelled_supervisor_sti
                 assert await ask(sup.inbox, lambda reply: Connect("rtc_one_task", reply), timeout=5) == "connected"
                 with trio.fail_after(10):
                     await sim_call.wait_until(lambda c: c.connections >= 1)
-                    while sup.calls["rtc_one_task"]._ws is None:
+                    while sup.calls["rtc_one_task"].transport is None:
                         await trio.sleep(0.01)
                 tasks = _tasks_under(trio.lowlevel.current_task())
                 call_task = [name for name in tasks if name == "call:rtc_one_task"]
@@ -134,7 +134,7 @@ async def test_a_call_without_capture_starts_no_task_for_its_record_and_still_re
                 nursery.start_soon(actor.run, name="quiet-call")
                 with trio.fail_after(10):
                     await sim_call.wait_until(lambda c: c.connections >= 1)
-                    while actor._ws is None:
+                    while actor.transport is None:
                         await trio.sleep(0.01)
                 nursery.cancel_scope.cancel()
         finally:

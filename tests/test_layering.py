@@ -42,8 +42,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the journal and its configuration", (
         "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.context_resolve")),
     ("the tools", ("voiceactors.tools",)),
-    ("the call's pure core, the Realtime client, the brain's backends, the actors' messages, the day's usage", (
-        "voiceactors.realtime", "voiceactors.brain",
+    ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
+     "the day's usage", (
+        "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
         "voiceactors.actors.call_protocol", "voiceactors.actors.call_state", "voiceactors.actors.call_context",
         "voiceactors.actors.call_record", "voiceactors.actors.record_kind", "voiceactors.actors.call_usage",
         "voiceactors.actors.transcript_order",

@@ -1,16 +1,18 @@
 """CallActor: one live call's sideband, from connect to call record.
 
 The actor is the async shell around its ``CallProtocol`` (``call_protocol.py``,
-where every protocol rule lives, with no I/O): it owns the websocket, the
-connect loop, the tool tasks and the call record, feeds the protocol its
+where every protocol rule lives, with no I/O): it owns the call's transport
+(``call/transport.py``: the sideband websocket, or any other connection
+behind the same seam), the connect loop, the tool tasks and the call record, feeds the protocol its
 inputs (server events, tool results, writes done, connects and drops, the
 time) and carries out the effects it returns. Nothing outside touches its
 state.
 
 Inside ``run`` it keeps a nursery for its tool tasks (they outlive a dropped
 socket), and per connection a reader task and, once a send must wait
-(backpressure), a writer task. The reader takes every frame of one socket read at once
-(``realtime/ws_frames.py``) and hands each to the protocol in that one step.
+(backpressure), a writer task. The reader takes every frame of one read of the
+connection at once (``CallTransport.receive_batch``) and hands each to the
+protocol in that one step.
 An event the protocol sends is written by the task whose step produced it
 (the reader, a tool task, the watch) right after that step, when no write is
 in progress and nothing is queued; otherwise it joins the writer's queue,
@@ -45,12 +47,12 @@ from voiceactors.actors.call_context import CallContext, LinkedContext, carried_
 from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.event_capture import EventCapture
 from voiceactors.actors.call_protocol import (
-    BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected,
+    BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Prefetch, Publish, Recovered, RecordLine,
     PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
-from voiceactors.actors.call_protocol import CountUsage
+from voiceactors.actors.record_kind import RecordKind
 from voiceactors.actors.call_usage import meter_for
 from voiceactors.cluster.fence import SendFence
 from voiceactors.actors.feed import CallFeed
@@ -61,11 +63,12 @@ from voiceactors.config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime import tls as client_tls
-from voiceactors.realtime import ws_frames
-from voiceactors.realtime.sideband import (
-    CallGone, ConnectionClosed, SidebandBroken, SidebandRefused, SidebandUnavailable, close_code,
-    is_clean_close, open_sideband,
+from voiceactors.call.transport import (
+    CallTransport, OpenTransport, TransportBroken, TransportClosed, TransportGone, TransportRefused,
+    TransportUnavailable,
 )
+from voiceactors.realtime.sideband import is_clean_close
+from voiceactors.call.arrival import browser_connect
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import lookup
 
@@ -135,8 +138,10 @@ class CallActor:
     the call's linked context and first greeting (``call_context.py``).
 
     Read-only views for callers and tests: ``calls``, ``batches``, ``active``
-    and ``epoch`` (the protocol's), ``end_reason``, ``ended_at``,
-    ``reconnects``, ``record``.
+    and ``epoch`` (the protocol's), ``transport``, ``end_reason``, ``ended_at``,
+    ``reconnects``, ``record``. ``open_transport``: how each connect
+    attempt opens the call's transport (``call/transport.py``; by default
+    the sideband websocket of a browser's connect, ``call/arrival.py``).
     """
 
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
@@ -144,7 +149,8 @@ class CallActor:
                  recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
                  model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
                  on_record: Callable[[str, dict[str, Any]], None] | None = None,
-                 fence: SendFence | None = None, answer_now: AnswerNow | None = None) -> None:
+                 fence: SendFence | None = None, answer_now: AnswerNow | None = None,
+                 open_transport: OpenTransport | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -167,7 +173,11 @@ class CallActor:
         # a feed no one listens to: the protocol does not build its events (six a round)
         self.protocol.publishing = feed.listened if feed is not None else _never_published
         # connection state
-        self._ws: Any = None                       # the open sideband, while connected
+        # how each connect attempt opens the call's transport (its arrival's: by default a browser's
+        # connect, over the sideband websocket)
+        self._open_transport = open_transport or browser_connect(
+            settings.openai_base_url, call_id, connect_timeout=settings.connect_timeout_s).open_transport
+        self._transport: CallTransport | None = None   # the open transport, while connected
         self._outbox: trio.MemorySendChannel[Send] | None = None   # the writer's queue
         self._start_writer: Callable[[], None] | None = None    # starts the writer at its first queued send
         self._queued = 0                           # sends in the writer's queue, not written yet
@@ -219,6 +229,11 @@ class CallActor:
     @property
     def epoch(self) -> int:
         return self.protocol.epoch
+
+    @property
+    def transport(self) -> CallTransport | None:
+        """The open transport, while connected (None between connections)."""
+        return self._transport
 
     # ------------------------------------------------------------------ run
 
@@ -298,11 +313,12 @@ class CallActor:
         self._step.append(effect)   # written (or queued) by the task that fed the input, after its step
 
     def _do_log(self, effect: Log) -> None:
+        write = _log_at(self.log, effect.level)
         later = self._later
         if later:    # behind a report that waits for the write: in the order they were made
-            later.append(functools.partial(getattr(self.log, effect.level), effect.event, **effect.fields))
+            later.append(functools.partial(write, effect.event, **effect.fields))
             return
-        getattr(self.log, effect.level)(effect.event, **effect.fields)
+        write(effect.event, **effect.fields)
 
     def _do_record(self, effect: RecordLine) -> None:
         self._record_fields(effect.kind, effect.fields, t=effect.t)
@@ -314,10 +330,10 @@ class CallActor:
         # (they are queued for polling)
         feed = self.feed
         if feed is not None:
-            getattr(feed, effect.kind)(**effect.fields)
+            _PUBLISHERS[effect.kind](feed, **effect.fields)
 
     def _do_measure(self, effect: Measure) -> None:
-        getattr(metrics, effect.name)(effect.seconds)
+        _MEASURES[effect.name](effect.seconds)
 
     def _do_cancel_older(self, effect: CancelOlderReads) -> None:
         if self._tools is not None:
@@ -353,18 +369,18 @@ class CallActor:
         what cannot go out so joins the queue, behind what is there. A
         ``Written`` may produce more sends (a ``response.create`` once the
         last output is out): they go out in the same way, in this turn."""
-        step, ws = self._step, self._ws
-        while step and self._queued == 0 and not self._write_lock.locked() and ws is not None:
+        step, transport = self._step, self._transport
+        while step and self._queued == 0 and not self._write_lock.locked() and transport is not None:
             out = step.popleft()
             self._write_lock.acquire_nowait()
             try:
-                written = await self._write(ws, out)
+                written = await self._write(transport, out)
             finally:
                 self._write_lock.release()
             if not written:
                 step.clear()      # the connection ended: Disconnected makes them ready again
                 return
-            if self._ws is ws:    # not after the protocol heard Disconnected
+            if self._transport is transport:    # not after the protocol heard Disconnected
                 self._feed(Written(out))
         self._queue_step()
 
@@ -390,7 +406,7 @@ class CallActor:
         if start is not None:
             start()
 
-    async def _write(self, ws: Any, out: Send) -> bool:
+    async def _write(self, transport: CallTransport, out: Send) -> bool:
         """Write one frame; False when the connection ended (it is told)."""
         data = _SEND_ENCODER.encode(out.event)
         fence = self._fence
@@ -401,7 +417,7 @@ class CallActor:
         # point, so it needs no scope (the usual case on a ws:// sideband). A
         # leased call's too: its fence was read just above, in this step, and
         # the bytes leave before any schedule point (the fence's rule).
-        rest = ws_frames.start_send(ws, data)
+        rest = transport.start_send(data)
         if rest == b"":
             return True
         try:
@@ -412,14 +428,14 @@ class CallActor:
                 if fence is not None:
                     scope.deadline = min(scope.deadline, fence.until)
                 if rest is not None:
-                    await ws_frames.finish_send(ws, rest)     # what the socket did not take at once
+                    await transport.finish_send(rest)     # what the socket did not take at once
                 elif fence is None:
-                    await ws_frames.send_now(ws, data)
-                elif not await ws_frames.send_before(ws, data, fence.until):
+                    await transport.send(data)
+                elif not await transport.send_before(data, fence.until):
                     self._fenced()
                     return False
-        except ConnectionClosed as exc:
-            self._end_connection(close_code(exc))
+        except TransportClosed as exc:
+            self._end_connection(exc.code)
             return False
         if scope.cancelled_caught and fence is not None and not fence.allows():
             self._fenced()
@@ -448,7 +464,7 @@ class CallActor:
         if self._linked is not None:
             # what a rejoin after a crash carries the call on with (recovery.py),
             # as a taker does from the mirror: the instruction, link and selection
-            self.record.add("context", context=carried_view(self._linked))
+            self.record.add(RecordKind.CONTEXT, context=carried_view(self._linked))
         self.capture = EventCapture.for_settings(self.settings, self.call_id, self.started)
         if self.capture is None:
             # The record has no task of its own (the process's one RecordWriter
@@ -526,29 +542,28 @@ class CallActor:
                 if not key:
                     self.log.warning("call.no_api_key")
                     return EndReason.NO_KEY
-                async with open_sideband(self.settings.openai_base_url, key, self.call_id,
-                                         connect_timeout=self.settings.connect_timeout_s) as ws:
+                async with self._open_transport(key) as transport:
                     opened_at = trio.current_time()
                     if self.record is not None:
                         self.record.opened()
-                    self.record_line("connect", reconnects=self.reconnects)
+                    self.record_line(RecordKind.CONNECT, reconnects=self.reconnects)
                     self.log.info("call.connected", epoch=self.epoch, reconnects=self.reconnects)
-                    reason = await self._serve(ws)
+                    reason = await self._serve(transport)
                     if reason is not None:
                         return reason
-            except CallGone as exc:
+            except TransportGone as exc:
                 self.log.info("call.gone", status=exc.status_code)
                 return EndReason.GONE
-            except SidebandRefused as exc:
+            except TransportRefused as exc:
                 self.log.error("call.refused", status=exc.status_code)
                 return EndReason.UNAUTHORIZED
-            except SidebandUnavailable as exc:
+            except TransportUnavailable as exc:
                 self.log.warning("call.connect_failed", error=str(exc), status=exc.status_code)
                 self._close_code = None
             except ConfigUnreadable as exc:     # an I/O error, not "no key": a failed attempt
                 self.log.warning("call.config_unreadable", error=str(exc))
                 self._close_code, unreadable = None, True
-            except SidebandBroken as exc:
+            except TransportBroken as exc:
                 self.log.warning("call.connection_broken", error=str(exc), epoch=self.epoch)
                 self._conn_events = 0
             self._feed(Dropped())
@@ -562,13 +577,13 @@ class CallActor:
                                   self._reconnect_rng())
             self.reconnects += 1
             metrics.reconnect()
-            self.record_line("reconnect", attempt=failures, delay_s=round(delay, 3), close_code=self._close_code)
+            self.record_line(RecordKind.RECONNECT, attempt=failures, delay_s=round(delay, 3), close_code=self._close_code)
             self.log.info("call.reconnecting", attempt=failures, delay_s=round(delay, 3),
                           close_code=self._close_code, epoch=self.epoch)
             with trio.move_on_at(min(self.deadline, trio.current_time() + delay)):
                 await self._stop.wait()
 
-    async def _serve(self, ws: Any) -> EndReason | None:
+    async def _serve(self, transport: CallTransport) -> EndReason | None:
         """One connection: reader + writer until it closes or the call ends.
         Returns the end reason, or None when the socket dropped (reconnect).
 
@@ -584,15 +599,15 @@ class CallActor:
         if self._stop.is_set():
             self._request_stop()
         # frames the reader would skip unread never wake it (all of them reach a capture)
-        ws_frames.hand_off_at_once(ws, skip=None if self.capture is not None else _SKIP_UNREAD)
-        self._outbox, self._ws, self._queued = send, ws, 0
+        transport.screen(None if self.capture is not None else _SKIP_UNREAD)
+        self._outbox, self._transport, self._queued = send, transport, 0
         self._step.clear()
         try:
             self._feed(Connected())
             self._queue_step()       # the outputs a reconnect writes again: the writer's
             async with trio.open_nursery() as conn:
-                conn.start_soon(self._reader, ws)
-                self._start_writer = lambda: conn.start_soon(self._writer, ws, receive)
+                conn.start_soon(self._reader, transport)
+                self._start_writer = lambda: conn.start_soon(self._writer, transport, receive)
                 if self._queued:
                     self._writer_needed()
                 reason = await self._watch()
@@ -605,15 +620,15 @@ class CallActor:
             self._feed(Disconnected())
             with trio.CancelScope(shield=True) as scope:
                 scope.deadline = trio.current_time() + self.settings.close_deadline_s
-                await self._finish_on_socket(ws, EndReason.SHUTDOWN, scope.deadline)
+                await self._finish_on_socket(transport, EndReason.SHUTDOWN, scope.deadline)
             raise
         finally:
-            self._outbox, self._ws, self._start_writer = None, None, None
+            self._outbox, self._transport, self._start_writer = None, None, None
             send.close()
         self._feed(Disconnected())
         if reason in SOCKET_UP_ENDS:
             with trio.move_on_after(self.settings.close_deadline_s) as scope:
-                await self._finish_on_socket(ws, reason, scope.deadline)
+                await self._finish_on_socket(transport, reason, scope.deadline)
         return reason
 
     async def _detach(self) -> None:
@@ -625,7 +640,7 @@ class CallActor:
             with trio.move_on_after(SEND_TIMEOUT_S + 1):
                 await self._write_lock.acquire()
                 self._write_lock.release()
-        self._outbox, self._ws, self._queued = None, None, 0
+        self._outbox, self._transport, self._queued = None, None, 0
         self._step.clear()
 
     async def _watch(self) -> EndReason | None:
@@ -654,13 +669,13 @@ class CallActor:
 
     def _last_heard(self) -> float:
         """When the service last sent a frame: one the reader handled, or
-        one the hand-off skipped for it (``ws_frames.last_skipped_at``)."""
-        ws = self._ws
-        return max(self._last_event, ws_frames.last_skipped_at(ws)) if ws is not None else self._last_event
+        one the transport's screen dropped for it (``last_skipped_at``)."""
+        transport = self._transport
+        return max(self._last_event, transport.last_skipped_at()) if transport is not None else self._last_event
 
-    async def _reader(self, ws: Any) -> None:
+    async def _reader(self, transport: CallTransport) -> None:
         """Read until the socket closes: every frame of one socket read is
-        handed to the protocol in turn (``ws_frames.get_messages``), and what
+        handed to the protocol in turn (``receive_batch``), and what
         a frame's step sends is written (``_write_step``) before the next
         frame is handled: an output does not wait for the ``response.done``
         behind it. Its write is shielded, so a cancellation still reaches the
@@ -679,9 +694,9 @@ class CallActor:
             capture.connected(trio.current_time())
         try:
             while True:
-                frames = await ws_frames.get_messages(ws)
+                frames = await transport.receive_batch()
                 now = self._last_event = trio.current_time()
-                skipped = ws_frames.take_skipped(ws)
+                skipped = transport.take_skipped()
                 if skipped:
                     protocol.skipped_frames(skipped)    # dropped unread by the hand-off, counted here
                 if capture is not None:
@@ -719,12 +734,12 @@ class CallActor:
                         await self._write_step()
                 finally:
                     _run_later(later)     # before the next read's wait, or as the reader ends
-        except ConnectionClosed as exc:
+        except TransportClosed as exc:
             if capture is not None:
-                capture.closed(close_code(exc), trio.current_time())
-            self._end_connection(close_code(exc))
+                capture.closed(exc.code, trio.current_time())
+            self._end_connection(exc.code)
 
-    async def _writer(self, ws: Any, receive: trio.MemoryReceiveChannel[Send]) -> None:
+    async def _writer(self, transport: CallTransport, receive: trio.MemoryReceiveChannel[Send]) -> None:
         """Write the sends that could not go out from their own step (a write
         was in progress, or others were queued), in order, reporting each as
         ``Written``. Cancellation waits for a frame being written (each write
@@ -732,7 +747,7 @@ class CallActor:
         stays ``queued`` until ``Disconnected`` makes it ready again."""
         async for out in receive:
             async with self._write_lock:
-                written = await self._write(ws, out)
+                written = await self._write(transport, out)
             self._queued -= 1
             if not written:
                 return
@@ -749,13 +764,12 @@ class CallActor:
     def _end_connection(self, code: int | None) -> None:
         if self._conn_done.is_set():
             return
-        code = int(code) if code is not None else None  # an IntEnum from trio-websocket
         self._close_code = code
         self._conn_reason = EndReason.CLOSED if is_clean_close(code) else None
         self.log.debug("call.socket_closed", close_code=code, epoch=self.epoch)
         self._conn_done.set()
 
-    async def _tell_executor(self, message: Any) -> None:
+    async def _tell_executor(self, message: ExecutorMessage) -> None:
         try:
             await self._executor.send(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -844,7 +858,7 @@ class CallActor:
 
     # ----------------------------------------------------------- ending
 
-    async def _finish_on_socket(self, ws: Any, reason: EndReason, deadline: float) -> None:
+    async def _finish_on_socket(self, transport: CallTransport, reason: EndReason, deadline: float) -> None:
         """End with the socket still up: settle tools, answer every call id
         not yet written (synthetic output for abandoned ones), hang up when
         the browser is gone, close cleanly. Bounded by ``deadline`` (a
@@ -859,19 +873,19 @@ class CallActor:
                     with trio.fail_after(SEND_TIMEOUT_S):
                         data = json.dumps(out.event, ensure_ascii=False)
                         if fence is None:
-                            await ws.send_message(data)
-                        elif not await ws_frames.send_before(ws, data, fence.until):
+                            await transport.send(data)
+                        elif not await transport.send_before(data, fence.until):
                             self._fenced()
                             break
-                except (ConnectionClosed, trio.TooSlowError):
+                except (TransportClosed, trio.TooSlowError):
                     break
                 assert out.tool_call_id is not None   # closing_outputs holds outputs only
                 self._feed(WrittenAtClose(out.tool_call_id))
             if reason in HANGUP_ENDS and self._hangup_enabled and (self._fence is None or self._fence.allows()):
                 await self._hangup()
             try:
-                await ws.aclose(1000)
-            except ConnectionClosed:
+                await transport.aclose(1000)
+            except TransportClosed:
                 pass
 
     async def _hangup(self) -> None:
@@ -923,10 +937,10 @@ class CallActor:
             return self._api_key()  # the journal config is kept in memory (config.py): no thread hop
         return self._api_key
 
-    def record_line(self, kind: str, **fields: Any) -> None:
+    def record_line(self, kind: RecordKind, **fields: Any) -> None:
         self._record_fields(kind, fields)
 
-    def _record_fields(self, kind: str, fields: dict[str, Any], *, t: float | None = None) -> None:
+    def _record_fields(self, kind: RecordKind, fields: dict[str, Any], *, t: float | None = None) -> None:
         """A record line (``t``: when, if not now) and the ``on_record`` hook's
         copy; the fields as a dict, not unpacked again (nine lines a round)."""
         if self.record is not None:
@@ -940,7 +954,7 @@ class CallActor:
             return
         for line in self.protocol.closing_lines():
             record.add_fields(line.kind, line.fields, t=line.t)
-        record.add("end", reason=reason, duration_s=round(trio.current_time() - self.started, 3),
+        record.add(RecordKind.END, reason=reason, duration_s=round(trio.current_time() - self.started, 3),
                    epoch=self.epoch, reconnects=self.reconnects, tool_calls=len(self.calls),
                    responses=len(self.batches), close_code=self._close_code,
                    feed_dropped=self.feed.dropped if self.feed is not None else 0)
@@ -1001,6 +1015,39 @@ def _debug_enabled(log: Any) -> bool:
     is_enabled_for = getattr(log, "is_enabled_for", None)
     return bool(is_enabled_for(logging.DEBUG)) if callable(is_enabled_for) else True
 
+
+def _log_at(log: Any, level: str) -> Callable[..., None]:
+    """The logger's method for a ``Log`` effect's level (one of four)."""
+    write: Callable[..., None]
+    match level:
+        case "debug":
+            write = log.debug
+        case "info":
+            write = log.info
+        case "warning":
+            write = log.warning
+        case "error":
+            write = log.error
+        case _:
+            raise ValueError(f"no log level {level!r}")
+    return write
+
+
+#: The feed's method for each kind of ``Publish`` effect, named once here.
+_PUBLISHERS: dict[str, Callable[..., None]] = {
+    "tool_started": CallFeed.tool_started,
+    "tool_done": CallFeed.tool_done,
+    "client_events": CallFeed.client_events,
+    "transcript": CallFeed.transcript,
+    "usage": CallFeed.usage,
+    "selection": CallFeed.selection,
+}
+
+#: The metric each ``Measure`` effect observes.
+_MEASURES: dict[str, Callable[[float], None]] = {
+    "tool_overhead": metrics.tool_overhead,
+    "tool_turnaround": metrics.tool_turnaround,
+}
 
 _EFFECT_HANDLERS: dict[type, Callable[[CallActor, Any], None]] = {
     Send: CallActor._do_send,

@@ -1,0 +1,50 @@
+"""How a call arrives: what the server is given to serve a call, apart from
+how it carries the call's events.
+
+Today every call arrives one way: a browser's ``POST /api/voice/connect``
+(decided in ``http/``: its guards, the token, the rate limit) names a
+Realtime call the browser opened itself, and the supervisor starts its actor
+(``actors/supervisor.py``), which reaches the call over the sideband
+websocket. A rejoin after a crash and a takeover from another process are
+the same call arriving again, over the same sideband.
+
+A new kind of call (one accepted from a SIP webhook, one attached to a Live
+session) is a new ``ArrivalKind`` and a function here that makes its
+``CallArrival``: the call's id and the opener of its transport
+(``transport.py``; a new transport only where its protocol differs). The
+call's shell (``actors/call.py``) does not change: it takes the opener
+(``CallActor(..., open_transport=...)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from voiceactors.call.transport import OpenTransport
+from voiceactors.call.websocket_transport import sideband_opener
+
+__all__ = ["ArrivalKind", "CallArrival", "browser_connect"]
+
+
+class ArrivalKind(StrEnum):
+    """Where a call came from."""
+
+    BROWSER = "browser"     # a browser's /api/voice/connect, over the Realtime sideband
+
+
+@dataclass(frozen=True, slots=True)
+class CallArrival:
+    """A call to serve: its id, where it came from, and how each connect
+    attempt opens its transport."""
+
+    kind: ArrivalKind
+    call_id: str
+    open_transport: OpenTransport
+
+
+def browser_connect(base_url: str, call_id: str, *, connect_timeout: float) -> CallArrival:
+    """A browser's connect: the call's sideband websocket under the REST
+    ``base_url`` (``OPENAI_BASE_URL``; the simulator's in tests)."""
+    return CallArrival(ArrivalKind.BROWSER, call_id,
+                       sideband_opener(base_url, call_id, connect_timeout=connect_timeout))

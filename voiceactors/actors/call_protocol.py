@@ -42,6 +42,8 @@ from voiceactors.actors.call_state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
     Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
 )
+# an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
+from voiceactors.actors.call_state import ToolFinished as ToolFinished
 from voiceactors.actors.call_context import CallContext
 from voiceactors.actors.record_kind import RecordKind
 from voiceactors.actors.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
@@ -110,19 +112,6 @@ class Written:
     """The writer wrote this ``Send`` on the socket."""
 
     send: "Send"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolFinished:
-    """The executor answered a tool call (a ``ToolResult``'s fields)."""
-
-    tool_call_id: str
-    tool: str
-    output: str
-    outcome: ToolOutcome
-    duration_ms: float = 0.0
-    client_events: tuple[dict[str, Any], ...] = ()
-    prefetch: bool = False     # the answer of a ``Prefetch`` run (not of a ``StartTool``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,10 +36,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:   # the protocol's input; call_protocol.py imports this module
-    from voiceactors.actors.call_protocol import ToolFinished
+from typing import Any
 
 #: The output a tool call gets when its result was abandoned (the rule-1 synthetic answer).
 CANCELLED_OUTPUT = json.dumps({"error": "cancelled: the user interrupted"})
@@ -196,6 +193,20 @@ def advance(call: ToolCall, event: ToolCallEvent) -> ToolCallState:
         raise ToolCallLifecycleError(call.tool_call_id, call.state, event)
     call.state = state
     return state
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFinished:
+    """The executor answered a tool call (a ``ToolResult``'s fields): the
+    protocol's input, defined here since a tool call holds a prefetch's."""
+
+    tool_call_id: str
+    tool: str
+    output: str
+    outcome: ToolOutcome
+    duration_ms: float = 0.0
+    client_events: tuple[dict[str, Any], ...] = ()
+    prefetch: bool = False     # the answer of a ``Prefetch`` run (not of a ``StartTool``)
 
 
 @dataclass

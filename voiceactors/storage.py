@@ -548,10 +548,8 @@ def append_line(path: Path, line: str) -> None:
 def append_lines(path: Path, lines: list[str]) -> None:
     """Append lines with one write and one fsync (records that only grow).
     As with any append, a crash mid-write can leave a torn last line."""
-    path = Path(path)
-    private_folder(path.parent)
     block = "".join(line.rstrip("\n") + "\n" for line in lines)
-    fd, _created = open_private(path, os.O_WRONLY | os.O_APPEND)
+    fd, _created = open_append(path)
     with os.fdopen(fd, "a", encoding="utf-8") as handle:
         handle.write(block)
         handle.flush()

@@ -167,11 +167,10 @@ class EventCapture:
         if end is not None:
             end.update(events=self.events, dropped=self.dropped, audio_dropped=self.audio_dropped)
             lines.append(end)
-        storage.private_folder(self.path.parent)
         # dumps_line: a lone surrogate an event's escape decoded to is written
         # escaped again (the capture keeps what was received; UTF-8 has no bytes for it)
         text = "".join(storage.dumps_line(line) + "\n" for line in lines)
-        fd, _created = storage.open_private(self.path, os.O_WRONLY | os.O_APPEND)
+        fd, _created = storage.open_append(self.path)
         with os.fdopen(fd, "a", encoding="utf-8") as handle:
             handle.write(text)
         self._head_written = True

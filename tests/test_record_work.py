@@ -94,7 +94,12 @@ async def test_a_large_records_timeline_does_not_hold_up_other_requests(tmp_path
                 # 4.8 s before the drawing was linear; well under a second on a quiet machine, and the
                 # bound leaves room for a loaded one (the in-process test above bounds the drawing itself)
                 assert timeline["took"] < 3.0, timeline["took"]
-                assert waits and max(waits) < 0.5, waits
+                # Drawn on the trio thread, the first status request waited for the whole drawing and
+                # was the only one. Off it, several are answered meanwhile, each in a fraction of the
+                # drawing's time; on a loaded machine the GIL stretches both alike, so the bound is
+                # relative to the drawing rather than an absolute wall-clock figure.
+                assert len(waits) >= 2, (waits, timeline["took"])
+                assert max(waits) < max(0.5, timeline["took"] / 2), (waits, timeline["took"])
                 detail = await client.get(f"/api/voice/calls/{BIG_CALL}")
                 assert detail.status_code == 200 and detail.headers["content-type"] == "application/json"
                 assert detail.json()["call"]["responses"] == RESPONSES

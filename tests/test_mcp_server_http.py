@@ -10,8 +10,12 @@ from functools import partial
 from pathlib import Path
 
 import httpx
+import httpx2
 import pytest
 import trio
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.auth.exceptions import OAuthRegistrationError
+from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from mcp.shared.exceptions import MCPError
 
 from conftest import SAMPLE_TODAY
@@ -19,6 +23,7 @@ from mcp_server_support import MODES, POST_HEADERS, TOKEN, mcp_client, rpc, serv
 from voiceactors import clock, storage
 from voiceactors.actors import write_log
 from voiceactors.http import create_app, serving
+from voiceactors.http.errors import NO_OAUTH
 from voiceactors.journal import ledger
 from voiceactors.mcp_server.tools import CLIENT_EVENTS_META_KEY, IDEMPOTENCY_META_KEY
 from voiceactors.server import hypercorn_config
@@ -201,7 +206,8 @@ async def test_off_loopback_the_token_is_required(journal, tmp_path):
                                     headers={**POST_HEADERS, "Authorization": f"Bearer {TOKEN}x"})
         for response in (missing, wrong):
             assert response.status_code == 401 and response.json() == {"error": "unauthorized"}
-            # not a bare "Bearer" (an MCP client reads that as "find an OAuth server"): which token, in words
+            # not a bare "Bearer": which token, in words, for a person reading the answer
+            # (a client that looks for OAuth on a 401 is answered by the next test)
             challenge = response.headers["www-authenticate"]
             assert challenge.startswith('Bearer realm="voiceactors", ') and "VOICEACTORS_API_TOKEN" in challenge
             assert "no OAuth server" in challenge
@@ -213,6 +219,55 @@ async def test_off_loopback_the_token_is_required(journal, tmp_path):
                 assert len((await client.list_tools()).tools) == len(JOURNAL_TOOLS)
                 result = await client.call_tool("journal.get_day", {"day": SAMPLE_TODAY})
                 assert not result.is_error
+
+
+class NothingStored:
+    """An OAuth client's storage with nothing in it: a first connection."""
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return None
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        raise AssertionError("no token can be issued: the server has no OAuth")
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return None
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        raise AssertionError("no client can be registered: the server has no OAuth")
+
+
+#: Where MCP Inspector 2.x's client SDK looks for OAuth after a 401 on
+#: ``/mcp``, in its order: protected-resource metadata (path-aware, then at
+#: the root), authorization-server metadata, OpenID discovery, and when none
+#: is found, registration at the origin's ``/register``, whose answer's body
+#: its error shows.
+INSPECTOR_DISCOVERY = (("GET", "/.well-known/oauth-protected-resource/mcp"),
+                       ("GET", "/.well-known/oauth-protected-resource"),
+                       ("GET", "/.well-known/oauth-authorization-server"),
+                       ("GET", "/.well-known/openid-configuration"),
+                       ("POST", "/register"))
+
+
+async def test_a_client_looking_for_oauth_is_told_to_send_the_token(journal, tmp_path):
+    settings = settings_for(journal, tmp_path, api_token=TOKEN)
+    async with served(settings) as base:
+        # The SDK's own OAuth client, as a client that meets the 401 without a token: its
+        # discovery finds nothing and its registration is refused with our words.
+        oauth = OAuthClientProvider(f"{base}/mcp", OAuthClientMetadata(redirect_uris=["http://127.0.0.1:9/callback"]),
+                                    NothingStored())
+        async with httpx2.AsyncClient(auth=oauth, timeout=20) as http:
+            with pytest.raises(OAuthRegistrationError) as refused:
+                await http.post(f"{base}/mcp", json=rpc("tools/list"), headers=POST_HEADERS)
+        assert NO_OAUTH in str(refused.value) and "404" in str(refused.value)
+        async with httpx.AsyncClient(base_url=base) as http:
+            answers = [await http.request(method, path, json={} if method == "POST" else None)
+                       for method, path in INSPECTOR_DISCOVERY]
+            elsewhere = await http.get("/.well-known/security.txt")
+    for response in answers:
+        assert (response.status_code, response.json()) == (404, {"error": NO_OAUTH})
+    assert "VOICEACTORS_API_TOKEN" in NO_OAUTH and "Authorization: Bearer" in NO_OAUTH
+    assert (elsewhere.status_code, elsewhere.json()) == (404, {"error": "not found"})
 
 
 async def test_a_configured_token_is_required_on_loopback_too(journal, tmp_path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Quart, jsonify
+from quart import Quart, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from voiceactors.logs import get_logger
@@ -42,6 +42,18 @@ BUSY = "server busy"
 INTERNAL = "internal error"
 CREDENTIALS_INVALID = "credentials must be an object of source name to token"
 CREDENTIALS_UNKNOWN_SOURCE = "credentials name an unknown mcp source"
+NO_OAUTH = ("this server has no OAuth: send its API token (VOICEACTORS_API_TOKEN) "
+            "as the header Authorization: Bearer <token>")
+
+# Where an MCP client looks for OAuth after a 401 on /mcp: the protected
+# resource's and the authorization server's metadata (RFC 9728, RFC 8414,
+# OpenID discovery) and, when it finds none, registration at the origin's
+# /register. MCP Inspector 2.x starts that search on any 401 or 403 whatever
+# the WWW-Authenticate header says, and shows the /register answer's body in
+# its error; so these answer 404 (nothing is there) with NO_OAUTH, which names
+# the token.
+_OAUTH_DISCOVERY_PREFIXES = ("/.well-known/oauth-", "/.well-known/openid-configuration")
+_OAUTH_REGISTRATION_PATH = "/register"
 
 # werkzeug's titles ("Not Found") lower-cased, for the statuses we expect to see.
 _STATUS_MESSAGES = {
@@ -69,6 +81,13 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers or {}
+
+
+def not_found_message(path: str) -> str:
+    """The 404 message for ``path``: NO_OAUTH where an MCP client looks for OAuth."""
+    if path == _OAUTH_REGISTRATION_PATH or path.startswith(_OAUTH_DISCOVERY_PREFIXES):
+        return NO_OAUTH
+    return _STATUS_MESSAGES[404]
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
@@ -102,6 +121,8 @@ def install(app: Quart) -> None:
     async def _http_error(error: HTTPException) -> Any:
         status = error.code or 500
         message = _STATUS_MESSAGES.get(status) or (error.name or "error").lower()
+        if status == 404:
+            message = not_found_message(request.path)
         response = error_response(status, message)
         allowed = getattr(error, "valid_methods", None)
         if status == 405 and allowed:

@@ -67,10 +67,11 @@ from voiceactors.settings import Settings
 MCP_PATH = "/mcp"
 METHOD_NOT_ALLOWED = "method not allowed"     # the app's 405 message (http/errors.py)
 RESTART_AFTER_S = 1.0      # after the SDK's task group failed, until the next one starts
-# A bare ``Bearer`` challenge reads to an MCP client as "go and find an OAuth
-# server" (MCP Inspector 2.x starts its OAuth flow on it); this server takes a
-# fixed API token and has no OAuth server. The realm and description say which
-# token, for a client (or a person reading the response) to ask for it.
+# This server takes a fixed API token and has no OAuth server. The realm and
+# description say which token, for a person reading the response or a client
+# that shows it. They do not stop a client from looking for OAuth (MCP
+# Inspector 2.x does on any 401 whatever this header says): the paths it looks
+# at answer 404 with ``errors.NO_OAUTH``, which names the token too.
 TOKEN_CHALLENGE = ('Bearer realm="voiceactors", error_description="this server takes its API token '
                    '(VOICEACTORS_API_TOKEN) as the bearer token; it has no OAuth server"')
 

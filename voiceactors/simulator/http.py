@@ -129,7 +129,7 @@ async def _read_head(stream: trio.abc.Stream, conn: h11.Connection, raw: bytearr
             if not data:
                 return None
             raw += data
-            conn.receive_data(data)
+            conn.receive_data(bytes(data))   # the stream's bytes as they are (a bytearray copied)
             continue
         return event if isinstance(event, h11.Request) else None
 
@@ -140,7 +140,7 @@ async def _read_body(stream: trio.abc.Stream, conn: h11.Connection) -> bytes:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             data = await stream.receive_some(65536)
-            conn.receive_data(data)  # b"" means EOF; h11 then raises on a short body
+            conn.receive_data(bytes(data))  # b"" means EOF; h11 then raises on a short body
             continue
         if isinstance(event, h11.Data):
             body += event.data

@@ -70,6 +70,7 @@ from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, Ex
 from voiceactors.logs import get_logger
 from voiceactors.realtime import tls as client_tls
 from voiceactors.settings import Settings
+from voiceactors.tool_effect import WRITE
 
 INBOX_SIZE = 256
 
@@ -307,7 +308,7 @@ class CallSupervisor:
         carried = await self.registry.carried(lease.call_id)
         pending = carried.pending
         for call in pending:
-            if call.effect != "write":
+            if call.effect != WRITE:
                 continue
             answer = await self.registry.claim_write(lease.call_id, call.tool_call_id)
             if answer.record is not None:

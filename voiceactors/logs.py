@@ -24,6 +24,7 @@ import time
 from typing import Any, MutableMapping, TextIO, cast
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from voiceactors.settings import default
 
@@ -266,8 +267,10 @@ class ActorLogger:
             self._logger, self._processors = logger, processors
         return logger
 
-    def bind(self, **values: Any) -> Any:
-        return self._current().bind(**values)
+    def bind(self, **values: object) -> FilteringBoundLogger:
+        # structlog's wrapper class: make_filtering_bound_logger's (configure), also by default
+        bound: FilteringBoundLogger = self._current().bind(**values)
+        return bound
 
     # the level methods: each a descriptor handing out the built logger's own
     # method, so a call's fields are packed once (a dropped ``debug`` costs

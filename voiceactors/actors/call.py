@@ -40,6 +40,7 @@ from typing import Any, Callable, Protocol, assert_never
 
 import httpx
 import trio
+from structlog.typing import FilteringBoundLogger
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
@@ -938,7 +939,7 @@ class CallActor:
             return self._api_key()  # the journal config is kept in memory (config.py): no thread hop
         return self._api_key
 
-    def record_line(self, kind: RecordKind, **fields: Any) -> None:
+    def record_line(self, kind: RecordKind, **fields: object) -> None:
         self._record_fields(kind, fields)
 
     def _record_fields(self, kind: RecordKind, fields: dict[str, Any], *, t: float | None = None) -> None:
@@ -1010,14 +1011,14 @@ def _run_later(later: list[Callable[[], None]]) -> None:
             report()
 
 
-def _debug_enabled(log: Any) -> bool:
+def _debug_enabled(log: FilteringBoundLogger) -> bool:
     """Whether ``log`` writes debug lines (the protocol makes no debug ``Log``
     effects otherwise)."""
     is_enabled_for = getattr(log, "is_enabled_for", None)
     return bool(is_enabled_for(logging.DEBUG)) if callable(is_enabled_for) else True
 
 
-def _log_at(log: Any, level: LogLevel) -> Callable[..., None]:
+def _log_at(log: FilteringBoundLogger, level: LogLevel) -> Callable[..., None]:
     """The logger's method for a ``Log`` effect's level."""
     write: Callable[..., None]
     match level:

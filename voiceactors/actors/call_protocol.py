@@ -480,7 +480,7 @@ class CallProtocol:
     def _emit(self, effect: Effect) -> None:
         self._effects.append(effect)
 
-    def _log(self, level: LogLevel, event: str, **fields: Any) -> None:
+    def _log(self, level: LogLevel, event: str, **fields: object) -> None:
         # the per-event debug lines are asked for under ``if self.debug_logs:``
         # at their call sites: with debug off not even their fields are packed
         if level is LogLevel.DEBUG and not self.debug_logs:
@@ -491,7 +491,7 @@ class CallProtocol:
             fields["tool_call_id"] = rt.clip(fields["tool_call_id"], PEER_STRING_MAX)
         self._effects.append(Log(level, event, fields))
 
-    def _record(self, kind: RecordKind, **fields: Any) -> None:
+    def _record(self, kind: RecordKind, **fields: object) -> None:
         self._effects.append(RecordLine(kind, fields))
 
     # ------------------------------------------------------- server events

@@ -63,7 +63,7 @@ class EventView:
             return tuple(EventView(v) if type(v) is dict else v for v in value)
         return value
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("an EventView is read-only")
 
     def __eq__(self, other: object) -> bool:
@@ -84,7 +84,7 @@ _OWN = frozenset({"_fields", "to_dict"})
 _fields_of: Callable[[EventView], dict[str, Any]] = vars(EventView)["_fields"].__get__
 
 
-Check = Callable[[Any], bool]
+Check = Callable[[object], bool]
 #: A compiled field: a tuple of exact JSON types, a frozenset of literal
 #: values, or a ``Check``.
 Spec = tuple[type, ...] | frozenset[Any] | Check
@@ -95,15 +95,15 @@ _SCALARS: dict[Any, tuple[type, ...]] = {str: (str,), int: (int,), float: (float
                                          _NONE: (_NONE,)}
 
 
-def _never(_value: Any) -> bool:
+def _never(_value: object) -> bool:
     return False
 
 
-def _anything(_value: Any) -> bool:
+def _anything(_value: object) -> bool:
     return True
 
 
-def _fits(value: Any, spec: Spec) -> bool:
+def _fits(value: object, spec: Spec) -> bool:
     if spec.__class__ is tuple:
         return type(value) in spec
     if spec.__class__ is frozenset:
@@ -121,7 +121,7 @@ class _Compiler:
     def __init__(self) -> None:
         self._models: dict[type[BaseModel], Check] = {}
 
-    def annotation(self, ann: Any) -> Spec:
+    def annotation(self, ann: object) -> Spec:
         if ann is Any or ann is object:
             return _anything
         scalar = _SCALARS.get(ann) if isinstance(ann, Hashable) else None
@@ -202,7 +202,7 @@ class _Source:
         self.lines: list[str] = []
         self.names: dict[str, Any] = {"_HASHABLE": _HASHABLE, "_MISSING": _MISSING}
 
-    def name(self, value: Any) -> str:
+    def name(self, value: object) -> str:
         """A name for ``value`` in the function's globals."""
         key = f"_c{len(self.names)}"
         self.names[key] = value
@@ -245,7 +245,7 @@ class _Either:
     def __init__(self, types: tuple[type, ...], check: Spec) -> None:
         self.types, self.check = types, check
 
-    def __call__(self, value: Any) -> bool:
+    def __call__(self, value: object) -> bool:
         return type(value) in self.types or _fits(value, self.check)
 
 
@@ -307,7 +307,7 @@ class _ListOf:
     def __init__(self, element: Spec, check: Check) -> None:
         self.element, self.check = element, check
 
-    def __call__(self, value: Any) -> bool:
+    def __call__(self, value: object) -> bool:
         return self.check(value)
 
 
@@ -318,7 +318,7 @@ def _list_of(element: Spec) -> Check:
     if element.__class__ is tuple:
         element_types = element
 
-        def of_types(value: Any) -> bool:
+        def of_types(value: object) -> bool:
             if type(value) is not list:
                 return False
             for x in value:
@@ -329,13 +329,13 @@ def _list_of(element: Spec) -> Check:
     if element.__class__ is frozenset:
         element_values = element
 
-        def of_values(value: Any) -> bool:
+        def of_values(value: object) -> bool:
             return type(value) is list and all(type(x) in _HASHABLE and x in element_values for x in value)
         return of_values
     assert callable(element)
     element_check = element
 
-    def of_checked(value: Any) -> bool:
+    def of_checked(value: object) -> bool:
         if type(value) is not list:
             return False
         for x in value:

@@ -297,8 +297,8 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
 #: The scanner of ``json.loads`` (``JSONDecoder().scan_once``: the C one), for
 #: ``read_server_event``'s short path: ``loads`` = skip leading whitespace, this,
 #: then refuse anything but whitespace after it.
-# (typeshed does not declare the attribute, which every JSONDecoder has)
-_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# (an attribute JSONDecoder's __init__ sets, which typeshed does not declare)
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
 
 
 def skippable(raw: str | bytes, only: Container[str]) -> bool:

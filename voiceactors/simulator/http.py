@@ -105,7 +105,10 @@ class ReplayStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:  # pragma: no cover - not used by trio-websocket
-        await self.inner.send_eof()  # type: ignore[attr-defined]
+        inner = self.inner
+        if not isinstance(inner, trio.abc.HalfCloseableStream):
+            raise TypeError(f"{type(inner).__name__} cannot send an EOF")
+        await inner.send_eof()
 
     async def aclose(self) -> None:
         try:

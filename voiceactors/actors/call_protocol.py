@@ -1031,7 +1031,7 @@ class CallProtocol:
         end = self.meter.end_at
         return end if end is not None and not self._budget_ended else math.inf
 
-    def _count_usage(self, rid: str, usage: Any) -> None:
+    def _count_usage(self, rid: str, usage: object) -> None:
         """A response.done's usage: record, feed, metrics; then the budget."""
         meter = self.meter
         if usage is None:     # nothing reported (the service always reports; an old peer may not)

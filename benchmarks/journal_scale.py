@@ -81,7 +81,8 @@ def _call(name: str, ctx: ToolContext, args: dict[str, Any]) -> tuple[float, dic
     return _timed(lambda: spec.handler(ctx, prepare(spec, json.dumps(args))))
 
 
-def _series(name: str, ctx: ToolContext, arg_list: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+def _series(name: str, ctx: ToolContext,
+            arg_list: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
     times: list[float] = []
     outs: list[dict[str, Any]] = []
     for args in arg_list:
@@ -344,7 +345,8 @@ def _profile(fn: Callable[[], object]) -> str:
     profiler.start()
     fn()
     profiler.stop()
-    text: str = profiler.output_text(unicode=False, color=False, show_all=False)   # Any where pyinstrument is absent (CI)
+    # (Any where pyinstrument is not installed: CI installs no bench extra)
+    text: str = profiler.output_text(unicode=False, color=False, show_all=False)
     return text
 
 

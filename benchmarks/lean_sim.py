@@ -569,7 +569,8 @@ class Connection:
             call_ids.append(cid)
         self._finish(resp, items, call_ids)
 
-    def _finish(self, resp: Response, items: list[tuple[dict[str, Any], str]], call_ids: list[str] | None = None) -> None:
+    def _finish(self, resp: Response, items: list[tuple[dict[str, Any], str]],
+                call_ids: list[str] | None = None) -> None:
         call = self.call
         usage = call.tokens.response_usage([u for u, _ in items], call.session.get("instructions"))
         resp.status = "completed"

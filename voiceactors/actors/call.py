@@ -50,7 +50,8 @@ from voiceactors.actors.event_capture import EventCapture
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish,
-    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished,
+    WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
 from voiceactors.actors.record_kind import RecordKind

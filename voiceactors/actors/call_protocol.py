@@ -627,7 +627,8 @@ class CallProtocol:
         self._prefetching.add(call.tool_call_id)
         # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
         if self.debug_logs:
-            self._log(LogLevel.DEBUG, "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+            self._log(LogLevel.DEBUG, "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id,
+                      epoch=call.epoch)
         self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
 
     def _on_response_done(self, response: Any) -> None:
@@ -885,7 +886,8 @@ class CallProtocol:
         call.output, call.outcome = pending.output, pending.outcome
         advance(call, ToolCallEvent.RECOVER)
         call.synthetic = pending.outcome is ToolOutcome.RESTARTED
-        self._log(LogLevel.INFO, "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=pending.outcome)
+        self._log(LogLevel.INFO, "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id,
+                  outcome=pending.outcome)
 
     # ------------------------------------------------------------ outputs
 
@@ -987,7 +989,8 @@ class CallProtocol:
         event = rt.response_create()
         create = self._create_for(event, due)
         if self.debug_logs:
-            self._log(LogLevel.DEBUG, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
+            self._log(LogLevel.DEBUG, "response.create", event_id=create.event_id, epoch=self.epoch,
+                      batches=create.batches)
         self._emit(Send(event))
 
     def _finished_batches(self) -> list[Batch]:

@@ -108,12 +108,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import (
     BENCH_KEY, CpuWindow, Proc, code_label, fmt, free_loopback_port, machine_facts, percentile,
     sample_journal, spawn, summary, work_dir, write_json,
 )
+
+if TYPE_CHECKING:
+    from voiceactors.simulator.scenario import Step
 
 PREFIX = "rtc_burst"
 TOOL_TEXT = "What does my day look like?"
@@ -167,11 +170,11 @@ def phases_for(mode: str, args: argparse.Namespace, calls: int | None = None) ->
 
 # --- the simulator side (``python -m benchmarks.burst _sim``) -------------------------------
 
-def call_steps(phase: Phase, rng: random.Random) -> list[dict]:
+def call_steps(phase: Phase, rng: random.Random) -> list[Step]:
     """One call of ``phase``: its rounds with think times drawn from ``rng``."""
     if phase.rounds == 0:
         return [{"sleep": phase.hold_s}, {"close": 1000}]
-    steps: list[dict] = []
+    steps: list[Step] = []
     lo, hi = phase.think_ms
     for k in range(phase.rounds):
         steps += [
@@ -508,7 +511,9 @@ def add_cpu_per_unit(phases: dict[str, Any], idle_core_pct: float = 0.0) -> None
     out what the idle server spends over the window (``idle_core_pct``)."""
     def busy_ms(p: dict[str, Any]) -> float:
         cpu = p["cpu"]
-        return 1000 * max(0.0, cpu["server"]["cpu_s"] - idle_core_pct / 100 * cpu["wall_s"])
+        cpu_s: float = cpu["server"]["cpu_s"]
+        wall_s: float = cpu["wall_s"]
+        return 1000 * max(0.0, cpu_s - idle_core_pct / 100 * wall_s)
 
     connect = phases.get("connect")
     per_connect = None
@@ -530,7 +535,8 @@ def add_sim_cpu_per_unit(phases: dict[str, Any]) -> None:
     of the connects at the connect phase's cost per call), as for the server:
     what ``--sim`` costs per unit of load."""
     def sim_ms(p: dict[str, Any]) -> float:
-        return 1000 * p["cpu"]["sim"]["cpu_s"]
+        cpu_s: float = p["cpu"]["sim"]["cpu_s"]
+        return 1000 * cpu_s
 
     connect = phases.get("connect")
     per_connect = None

@@ -89,7 +89,7 @@ class Proc:
     """
 
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen[str]
     stderr_path: Path
     lines: "queue.Queue[str | None]" = field(default_factory=queue.Queue)
     tree: bool = False      # CPU and RSS of the process and every process under it (a serve and its workers)
@@ -286,7 +286,8 @@ def free_loopback_port() -> int:
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]   # an AF_INET address: (host, port)
+        return port
 
 
 def write_json(path: Path, obj: Any) -> None:

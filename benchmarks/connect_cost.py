@@ -123,7 +123,8 @@ def _cpu(ps: psutil.Process | None) -> float:
     if ps is None:
         return 0.0
     t = ps.cpu_times()
-    return t.user + t.system
+    seconds: float = t.user + t.system
+    return seconds
 
 
 def run_once(args: argparse.Namespace, journal: Path, repeat: int, redis: tuple[str, psutil.Process] | None = None

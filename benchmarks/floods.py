@@ -198,8 +198,8 @@ def rounds_of(call: Any, to_monotonic: float) -> list[list[Any]]:
 class LiveFeed:
     """What the live calls' own event-stream subscribers saw."""
 
-    statuses: collections.Counter = field(default_factory=collections.Counter)
-    errors: collections.Counter = field(default_factory=collections.Counter)
+    statuses: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
     events: list[list[float]] = field(default_factory=list)   # [time.monotonic(), data lines]
 
 
@@ -316,8 +316,8 @@ def sim_main(argv: list[str]) -> int:
 class Tally:
     """What one flood's requests got."""
 
-    statuses: collections.Counter = field(default_factory=collections.Counter)
-    errors: collections.Counter = field(default_factory=collections.Counter)
+    statuses: collections.Counter[str] = field(default_factory=collections.Counter)
+    errors: collections.Counter[str] = field(default_factory=collections.Counter)
     sent: int = 0
     skipped: int = 0          # not sent: --max-in-flight requests were already waiting
     in_flight: int = 0
@@ -467,7 +467,7 @@ def flood_main(argv: list[str]) -> int:
 
 # --- the driver -----------------------------------------------------------------------------
 
-def http_call(port: int, method: str, path: str, host_header: str, body: dict | None = None,
+def http_call(port: int, method: str, path: str, host_header: str, body: dict[str, str] | None = None,
               timeout: float = 10.0) -> tuple[int, Any]:
     """One blocking request from the driver (loopback ``Host``, no ``Origin``)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
@@ -504,7 +504,9 @@ def wait_ready(server: Proc, port: int, host_header: str, timeout: float = 60.0)
             if str(status) in REFUSED_STATUSES:
                 raise Refused(f"/api/voice/session answered {status} to Host {host_header!r}: {body}")
             if status == 200:
-                return http_call(port, "GET", "/api/voice/status", host_header)[1]
+                answer = http_call(port, "GET", "/api/voice/status", host_header)[1]
+                assert isinstance(answer, dict), answer     # /status answers a JSON object
+                return answer
             last = (status, body)
         except OSError as error:
             last = error
@@ -757,7 +759,9 @@ def _counts(d: dict[str, int]) -> str:
 
 def phase_row(repeat: int, p: dict[str, Any]) -> str:
     cpu = p.get("cpu", {})
-    core = lambda k: f"{cpu[k]['core_pct']:.0f} %" if k in cpu else "–"   # noqa: E731
+    def core(k: str) -> str:
+        return f"{cpu[k]['core_pct']:.0f} %" if k in cpu else "–"
+
     ratio = f"{p['ratio_p50']:.2f} / {p['ratio_p99']:.2f}" if "ratio_p99" in p else "–"
     flood = p.get("flood", {})
     answered = _counts(flood.get("statuses", {})) if flood else "–"

@@ -49,22 +49,28 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from benchmarks.common import BENCH_TODAY, work_dir, fmt, machine_facts, sample_journal, summary, write_json
+
+if TYPE_CHECKING:
+    from voiceactors.tools import ToolContext
 
 QUERIES = ["budget", "roadmap", "pricing page", "kiln firing", "summer camp", "incident review",
            "board deck", "glaze", "hiring plan", "dentist", "launch checklist", "SOC 2 audit",
            "onboarding", "migration", "weekend hike", "gallery submission"]
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+_T = TypeVar("_T")
+
+
+def _timed(fn: Callable[[], _T]) -> tuple[float, _T]:
     t0 = time.perf_counter()
     out = fn()
     return (time.perf_counter() - t0) * 1000, out
 
 
-def _call(name: str, ctx, args: dict[str, Any]) -> tuple[float, dict]:
+def _call(name: str, ctx: ToolContext, args: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     """One tool call the way the executor runs it (schema check + handler)."""
     import json
 
@@ -75,8 +81,10 @@ def _call(name: str, ctx, args: dict[str, Any]) -> tuple[float, dict]:
     return _timed(lambda: spec.handler(ctx, prepare(spec, json.dumps(args))))
 
 
-def _series(name: str, ctx, arg_list: list[dict[str, Any]]) -> tuple[dict, list[dict]]:
-    times, outs = [], []
+def _series(name: str, ctx: ToolContext,
+            arg_list: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    times: list[float] = []
+    outs: list[dict[str, Any]] = []
     for args in arg_list:
         ms, out = _call(name, ctx, args)
         times.append(ms)
@@ -188,7 +196,7 @@ def refresh_lag(root: Path, state: Path, rounds: int = 2) -> dict[str, Any]:
     for _ in range(max(1, rounds)):
         runs += [("thread", in_thread), ("child", in_child)]
     runs.append(("idle", lambda: (lambda: False)))
-    pooled: dict[str, dict[str, list]] = {}
+    pooled: dict[str, dict[str, list[float]]] = {}
     for mode, start in runs:
         took = [t for e in pooled.values() for t in e["seconds"]]
         idle_s = max(0.2, sum(took) / len(took)) if mode == "idle" else 0.0
@@ -283,7 +291,7 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
         searches.append(args)
     _call("journal.search", ctx, {"query": "warm up"})   # connection open, index checked
 
-    def do_searches() -> tuple[dict, list[dict]]:
+    def do_searches() -> tuple[dict[str, float], list[dict[str, Any]]]:
         return _series("journal.search", ctx, searches)
 
     if profile == "search":
@@ -297,7 +305,7 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
     ms, first = _call("commitments.list", ctx, {"state": "open"})
     out["commitments.list_first"] = {"ms": round(ms, 1), "items": len(first.get("commitments", []))}
 
-    def do_lists() -> tuple[dict, list[dict]]:
+    def do_lists() -> tuple[dict[str, float], list[dict[str, Any]]]:
         return _series("commitments.list", ctx, [{"state": s} for s in ("open", "closed", None) * (n // 3 + 1)][:n])
 
     if profile == "list":
@@ -330,14 +338,16 @@ def run(days: int, n: int, seed: int = 7, profile: str | None = None, reuse: boo
     return out
 
 
-def _profile(fn: Callable[[], Any]) -> str:
+def _profile(fn: Callable[[], object]) -> str:
     from pyinstrument import Profiler
 
     profiler = Profiler(interval=0.0005)
     profiler.start()
     fn()
     profiler.stop()
-    return profiler.output_text(unicode=False, color=False, show_all=False)
+    # (Any where pyinstrument is not installed: CI installs no bench extra)
+    text: str = profiler.output_text(unicode=False, color=False, show_all=False)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

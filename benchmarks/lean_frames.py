@@ -23,6 +23,7 @@ import http
 import itertools
 import json
 import struct
+from typing import Any
 
 WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
@@ -261,7 +262,7 @@ def audio_buffer(kind: str, resp: str) -> str:
     return '{"type": "output_audio_buffer.%s", "response_id": "%s", "event_id": "%s"}' % (kind, resp, event_id())
 
 
-def response_done(resp: str, output_json: str, usage: dict) -> str:
+def response_done(resp: str, output_json: str, usage: dict[str, Any]) -> str:
     u, i, o = usage, usage["input_token_details"], usage["output_token_details"]
     c = i["cached_tokens_details"]
     usage_json = ('{"total_tokens": %d, "input_tokens": %d, "output_tokens": %d, "input_token_details": '
@@ -275,7 +276,7 @@ def response_done(resp: str, output_json: str, usage: dict) -> str:
             % (resp, output_json, usage_json, event_id()))
 
 
-def session_updated(session: dict) -> str:
+def session_updated(session: dict[str, Any]) -> str:
     return '{"type": "session.updated", "session": %s, "event_id": "%s"}' % (json.dumps(session), event_id())
 
 

@@ -64,11 +64,11 @@ def analyse(call: LeanCall) -> dict[str, Any]:
 def output_times(call: LeanCall) -> list[float]:
     """``benchmarks.burst.output_times`` (wire): each tool call's output read − its output_item.done written."""
     done = call.item_done_at
-    return [(call.output_at[c] - done[c][0]) * 1000 for c in call.output_order
-            if c in done and done[c][0] is not None]
+    return [(call.output_at[c] - written) * 1000 for c in call.output_order
+            if c in done and (written := done[c][0]) is not None]
 
 
-def trace_events(call: LeanCall) -> list[dict]:
+def trace_events(call: LeanCall) -> list[dict[str, Any]]:
     return [json.loads(t) for t in call.trace or []]
 
 

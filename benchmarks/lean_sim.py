@@ -59,7 +59,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import trio
@@ -67,11 +67,22 @@ import trio
 from benchmarks import lean_frames as F
 from benchmarks.common import BENCH_KEY
 
+if TYPE_CHECKING:
+    from voiceactors.simulator.scenario import Step
+
 DEFAULT_REPLY = "Okay."
 CLOSE_WAIT_S = 2.0          # how long a close waits for the client's close frame
 HEAD_TIMEOUT_S = 30.0
 RECV_SIZE = 256 * 1024
 _DEFAULT_REPLY_JSON = json.dumps(DEFAULT_REPLY)
+
+
+#: A frame's write stamp: a one-element list filled with ``trio.current_time()``
+#: when the frame's first bytes go to the socket (see ``Connection.send``).
+Box = list[float | None]
+
+#: A client event as read from the socket (a JSON object).
+ClientEvent = dict[str, Any]
 
 
 def _audio_ms() -> int:
@@ -89,14 +100,25 @@ class Response:
 class Batch:
     """A completed ``response.done`` carrying function calls."""
 
-    done_at: list              # [when its frame was written] (a box: see Connection.send)
+    done_at: Box               # when its frame was written
     call_ids: list[str]
+
+
+@dataclass
+class Noise:
+    """The background transcript deltas a ``transcript_deltas`` step plays."""
+
+    item: str
+    count: int
+    period: float
+    next_at: float
+    sent: int = 0
 
 
 class LeanCall:
     """One call id: its steps, its conversation state and the stamps a report needs."""
 
-    def __init__(self, call_id: str, steps: tuple | list, *, trace: bool = False) -> None:
+    def __init__(self, call_id: str, steps: tuple[Step, ...] | list[Step], *, trace: bool = False) -> None:
         from voiceactors.simulator.usage import ConversationTokens   # the simulator's token counts, exactly
 
         self.call_id = call_id
@@ -109,7 +131,7 @@ class LeanCall:
         self.started_at: float | None = None
         self._changed = trio.Event()
         # conversation
-        self.session: dict = {"type": "realtime"}
+        self.session: dict[str, Any] = {"type": "realtime"}   # the merged session.update objects
         self.tokens = ConversationTokens()
         self._item_before: dict[str, str | None] = {}
         self._last_item: str | None = None
@@ -123,7 +145,7 @@ class LeanCall:
         self.answered: set[str] = set()
         self.open: dict[str, None] = {}           # issued, no output yet, in issue order
         self.output_counts: collections.Counter[str] = collections.Counter()
-        self.item_done_at: dict[str, list] = {}   # call id -> [its output_item.done written] (a box)
+        self.item_done_at: dict[str, Box] = {}    # call id -> its output_item.done written
         self.output_at: dict[str, float] = {}     # call id -> its first output read
         self.output_order: list[str] = []
         self.creates_at: list[float] = []         # every response.create read, in order
@@ -162,12 +184,12 @@ class Connection:
         self.leftover = leftover
         self.coalesce = coalesce
         self._held: list[bytes] | None = None     # --coalesce: one step's frames, written together
-        self._held_boxes: list[list] = []
-        self._backlog: list[tuple[memoryview, list[list] | None]] = []   # what the socket did not take yet
+        self._held_boxes: list[Box] = []
+        self._backlog: list[tuple[memoryview, list[Box] | None]] = []   # what the socket did not take yet
         self.player: Iterator[float] | None = None
         self.player_at = math.inf
         self.waiting = False                      # the player is in wait_outputs
-        self.noise: list[Any] | None = None        # [item, i, count, period, next_at]
+        self.noise: Noise | None = None
         self.closing_at = math.inf                # we sent a close: give up on its reply then
         self.end_requested = False
         self.scope: trio.CancelScope | None = None
@@ -180,7 +202,7 @@ class Connection:
     # step (--coalesce) or a full socket's backlog goes out. Reports read
     # the boxes afterwards.
 
-    def send(self, text: str, box: list | None = None) -> None:
+    def send(self, text: str, box: Box | None = None) -> None:
         """One event, its own frame (its own write unless the step is held)."""
         call = self.call
         call.frames_sent += 1
@@ -194,7 +216,7 @@ class Connection:
             return
         self._write(data, [box] if box is not None else None)
 
-    def _write(self, data: bytes, boxes: list[list] | None) -> None:
+    def _write(self, data: bytes, boxes: list[Box] | None) -> None:
         if self._backlog:
             self._backlog.append((memoryview(data), boxes))
             return
@@ -267,7 +289,7 @@ class Connection:
                     await self._flush_backlog()
                     continue
                 deadline = min(self.player_at, self.closing_at,
-                               self.noise[4] if self.noise is not None else math.inf)
+                               self.noise.next_at if self.noise is not None else math.inf)
                 readable = False
                 with trio.move_on_at(deadline) as self.scope:
                     await trio.lowlevel.wait_readable(self.sock)
@@ -297,12 +319,11 @@ class Connection:
             self.finished = True
             return
         noise = self.noise
-        if noise is not None and now >= noise[4]:
-            item, i, count, period, _ = noise
-            self.send(F.noise_delta(item, i))
-            noise[1] = i + 1
-            noise[4] = now + period
-            if noise[1] >= count:
+        if noise is not None and now >= noise.next_at:
+            self.send(F.noise_delta(noise.item, noise.sent))
+            noise.sent += 1
+            noise.next_at = now + noise.period
+            if noise.sent >= noise.count:
                 self.noise = None
         if now >= self.player_at:
             self._resume()
@@ -402,13 +423,13 @@ class Connection:
         self.send(F.error_event(message, code, event_id, param))
         self.call.notify()
 
-    def _on_session_update(self, obj: dict, event_id: str | None, read_at: float) -> None:
+    def _on_session_update(self, obj: ClientEvent, event_id: str | None, read_at: float) -> None:
         session = obj.get("session")
         if isinstance(session, dict):
             self.call.session = {**self.call.session, **session}
         self.send(F.session_updated(self.call.session))
 
-    def _on_conversation_item_create(self, obj: dict, event_id: str | None, read_at: float) -> None:
+    def _on_conversation_item_create(self, obj: ClientEvent, event_id: str | None, read_at: float) -> None:
         call = self.call
         item = dict(obj.get("item") or {})
         item_id = item.get("id") or F.item_id()
@@ -435,7 +456,7 @@ class Connection:
         self.send(F.item_event("added", item_json, previous))
         self.send(F.item_event("done", item_json, previous))
 
-    def _on_response_create(self, obj: dict, event_id: str | None, read_at: float) -> None:
+    def _on_response_create(self, obj: ClientEvent, event_id: str | None, read_at: float) -> None:
         call = self.call
         call.response_creates += 1
         call.creates_at.append(read_at)
@@ -458,10 +479,10 @@ class Connection:
         self._play_text(resp, DEFAULT_REPLY, _DEFAULT_REPLY_JSON)
         self._finish(resp, [])
 
-    def _on_response_cancel(self, obj: dict, event_id: str | None, read_at: float) -> None:
+    def _on_response_cancel(self, obj: ClientEvent, event_id: str | None, read_at: float) -> None:
         self.error("Cancellation failed: no active response found.", "response_cancel_not_active", event_id)
 
-    def _on_output_audio_buffer_clear(self, obj: dict, event_id: str | None, read_at: float) -> None:
+    def _on_output_audio_buffer_clear(self, obj: ClientEvent, event_id: str | None, read_at: float) -> None:
         self.send(F.audio_buffer("cleared", self.call.active.id if self.call.active else ""))
 
     # -- the steps (a generator: it yields the time it wants to go on at)
@@ -496,7 +517,7 @@ class Connection:
             elif kind == "transcript_deltas":
                 # background only (the benchmarks'): the period follows each delta, as the simulator's
                 period = 1.0 / float(arg.get("rate_hz", 20))
-                self.noise = [F.item_id(), 0, int(arg.get("count", 40)), period, trio.current_time()]
+                self.noise = Noise(F.item_id(), int(arg.get("count", 40)), period, trio.current_time())
             else:
                 raise ValueError(f"the lean peer does not play {kind!r} steps")
             call.step_index += 1
@@ -527,7 +548,7 @@ class Connection:
         self.call.responses.append(resp)
         return resp
 
-    def _response(self, spec: dict) -> None:
+    def _response(self, spec: dict[str, Any]) -> None:
         call = self.call
         resp = call.claimed
         if resp is not None:
@@ -537,7 +558,7 @@ class Connection:
             resp = self._new_response("scenario")
             self.send(F.response_created(resp.id))
         call.active = None     # from here to response.done nothing can be read: no other task
-        items: list[tuple[dict, str]] = []
+        items: list[tuple[dict[str, Any], str]] = []
         if spec.get("text"):
             text = spec["text"]
             items.append(self._play_text(resp, text, json.dumps(text)))
@@ -548,7 +569,8 @@ class Connection:
             call_ids.append(cid)
         self._finish(resp, items, call_ids)
 
-    def _finish(self, resp: Response, items: list[tuple[dict, str]], call_ids: list[str] | None = None) -> None:
+    def _finish(self, resp: Response, items: list[tuple[dict[str, Any], str]],
+                call_ids: list[str] | None = None) -> None:
         call = self.call
         usage = call.tokens.response_usage([u for u, _ in items], call.session.get("instructions"))
         resp.status = "completed"
@@ -561,7 +583,7 @@ class Connection:
             self.send(text)
         call.notify()
 
-    def _play_text(self, resp: Response, text: str, text_json: str, index: int = 0) -> tuple[dict, str]:
+    def _play_text(self, resp: Response, text: str, text_json: str, index: int = 0) -> tuple[dict[str, Any], str]:
         call = self.call
         item = F.item_id()
         added = F.message_item(item, "in_progress", "[]")
@@ -581,7 +603,7 @@ class Connection:
         self.send(F.audio_buffer("stopped", resp.id))
         return {"type": "message", "content": [{"transcript": text}]}, done
 
-    def _play_tool_call(self, resp: Response, spec: dict, index: int) -> tuple[dict, str, str]:
+    def _play_tool_call(self, resp: Response, spec: dict[str, Any], index: int) -> tuple[dict[str, Any], str, str]:
         call = self.call
         item = F.item_id()
         cid = spec.get("call_id") or F.call_id()
@@ -601,13 +623,13 @@ class Connection:
                 self.send(F.arguments_delta(resp.id, item, index, cid, json.dumps(chunk)))
         self.send(F.arguments_done(resp.id, item, index, cid, name_json, args_json))
         done = F.function_call_item(item, "completed", name_json, cid, args_json)
-        box: list = [None]
+        box: Box = [None]
         call.item_done_at[cid] = box
         self.send(F.output_item("done", resp.id, index, done), box)
         self.send(F.item_event("done", done, previous))
         return {"type": "function_call", "name": name, "arguments": arguments}, done, cid
 
-    def _wait_outputs(self, spec: dict) -> Iterator[float]:
+    def _wait_outputs(self, spec: dict[str, Any]) -> Iterator[float]:
         call = self.call
         need_create = spec.get("response_create", True)
         call.waiting_create = need_create
@@ -633,7 +655,7 @@ class Connection:
             self._finish(resp, [])
 
 
-_HANDLERS: dict[str, Callable[..., None]] = {
+_HANDLERS: dict[str, Callable[[Connection, ClientEvent, str | None, float], None]] = {
     "session.update": Connection._on_session_update,
     "conversation.item.create": Connection._on_conversation_item_create,
     "response.create": Connection._on_response_create,

@@ -38,7 +38,8 @@ PLOT_SPECS = (
 def load_results(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
-    return json.loads(path.read_text())  # type: ignore[no-any-return]
+    results: dict[str, Any] = json.loads(path.read_text())   # results.json: one JSON object
+    return results
 
 
 def _met(value: bool | None) -> str:

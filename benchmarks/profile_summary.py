@@ -39,9 +39,9 @@ def _key(frame: str) -> tuple[str, str]:
 
 
 def summarise(text: str, top: int = 25) -> str:
-    own: collections.Counter = collections.Counter()
-    incl: collections.Counter = collections.Counter()
-    files: collections.Counter = collections.Counter()
+    own: collections.Counter[tuple[str, str]] = collections.Counter()
+    incl: collections.Counter[tuple[str, str]] = collections.Counter()
+    files: collections.Counter[str] = collections.Counter()
     total = 0
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -61,7 +61,7 @@ def summarise(text: str, top: int = 25) -> str:
     if not total:
         return "no samples"
 
-    def table(counter: collections.Counter, title: str) -> list[str]:
+    def table(counter: collections.Counter[tuple[str, str]], title: str) -> list[str]:
         rows = [f"{title} (of {total} samples)"]
         for (func, file), n in counter.most_common(top):
             rows.append(f"  {100 * n / total:5.1f}%  {func}  [{file}]")

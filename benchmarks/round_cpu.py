@@ -83,8 +83,9 @@ def run(rounds: int, window: int) -> dict[str, Any]:
     from voiceactors.actors import call_protocol as cp
     from voiceactors.actors.call_state import ToolOutcome
     from voiceactors.realtime import events as rt
+    from voiceactors.tools.registry import READ   # (where an older commit has it too)
 
-    protocol = cp.CallProtocol("rtc_bench", effect_of=lambda name: "read")
+    protocol = cp.CallProtocol("rtc_bench", effect_of=lambda name: READ)
     viewed = hasattr(rt, "read_server_event")
     if hasattr(protocol, "debug_logs"):
         protocol.debug_logs = False        # as under the default log level

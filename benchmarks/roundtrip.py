@@ -212,7 +212,7 @@ def run_sideband(peer: str, calls: int, *, workload: str = "roundtrip", rounds: 
         peer_rc = peer_proc.wait(30)
         sim_proc.close_stdin()
         sim_proc.wait(10)
-        result = json.loads(sim_out.read_text())
+        result: dict[str, Any] = json.loads(sim_out.read_text())   # sim_host's report (a JSON object)
     finally:
         for proc in (peer_proc, sim_proc):
             if proc is not None and proc.popen.poll() is None:

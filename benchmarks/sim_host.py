@@ -63,18 +63,18 @@ import trio
 
 from voiceactors import logs
 from voiceactors.simulator import SimCall, Simulator
-from voiceactors.simulator.scenario import Scenario, as_scenario
+from voiceactors.simulator.scenario import Scenario, Step, as_scenario
 
 from benchmarks.common import BENCH_KEY, summary
 
 TOOL_TEXT = "What does my day look like?"
 
 
-def roundtrip_steps(rounds: int, gap_s: float, rate_hz: float, offset_s: float, wait_s: float) -> list[dict]:
+def roundtrip_steps(rounds: int, gap_s: float, rate_hz: float, offset_s: float, wait_s: float) -> list[Step]:
     """The ``roundtrip`` workload of one call (see the module docstring):
     round ``k`` starts ``offset_s + k * gap_s`` after the call joined."""
     total = offset_s + rounds * (gap_s + 0.1) + 1.0
-    steps: list[dict] = [{"sleep_until": round(offset_s, 4)}]
+    steps: list[Step] = [{"sleep_until": round(offset_s, 4)}]
     if rate_hz > 0:
         steps.append({"transcript_deltas": {"rate_hz": rate_hz, "count": int(rate_hz * total),
                                             "background": True}})
@@ -212,12 +212,12 @@ def create_phases(per_call: dict[str, dict[str, Any]], since: float) -> dict[str
     return {"join": summary(join), "steady": summary(steady)}
 
 
-def aggregate(per_call: dict[str, dict[str, Any]], handshakes: list[dict]) -> dict[str, Any]:
+def aggregate(per_call: dict[str, dict[str, Any]], handshakes: list[dict[str, Any]]) -> dict[str, Any]:
     outputs = [(i, ms) for r in per_call.values() for i, ms in r["outputs"]]
     creates = [ms for r in per_call.values() for ms in r["create_ms"]]
     errors = collections.Counter(c for r in per_call.values() for c in r["error_codes"])
     violations = [v for r in per_call.values() for v in r["violations"]]
-    responses: collections.Counter = collections.Counter()
+    responses: collections.Counter[str] = collections.Counter()
     for r in per_call.values():
         responses.update(r["responses"])
     return {

@@ -57,6 +57,7 @@ from voiceactors.actors.call_record import read_record, record_path
 from voiceactors.actors.messages import Connect, CountCalls, ask
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
+from voiceactors.simulator.scenario import Step
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 
@@ -138,10 +139,10 @@ def count_tasks() -> int:
 
 # --- scripts ----------------------------------------------------------------------------
 
-def script(index: int, cfg: SoakConfig) -> tuple[list[dict], int]:
+def script(index: int, cfg: SoakConfig) -> tuple[list[Step], int]:
     """The scenario steps of call ``index`` and how many barge-ins it has."""
     rng = random.Random(cfg.seed * 1_000_003 + index)
-    steps: list[dict] = []
+    steps: list[Step] = []
     barge_ins = 0
     for turn in range(rng.randint(*cfg.rounds)):
         steps.append({"user_turn": {"text": f"turn {turn}", "duration_ms": 20}})
@@ -263,7 +264,7 @@ async def soak(cfg: SoakConfig, workdir: Path | None = None) -> SoakReport:
                     deadline = time.monotonic() + cfg.duration_s
                     peak = [report.rss_warm_mib]
 
-                    async def sample_rss(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                    async def sample_rss(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
                         task_status.started()
                         while True:
                             peak[0] = max(peak[0], rss_mib())

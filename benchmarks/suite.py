@@ -116,7 +116,8 @@ _BURST_TINY = ["--rounds", "2", "--spread", "0.2", "--think-ms", "10", "20", "--
 def _phase(data: dict[str, Any], peer: str, phase: str) -> dict[str, Any] | None:
     for r in data.get("results", []):
         if r["peer"] == peer:
-            return r["phases"].get(phase)  # type: ignore[no-any-return]
+            found: dict[str, Any] | None = r["phases"].get(phase)
+            return found
     return None
 
 

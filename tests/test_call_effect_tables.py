@@ -1,35 +1,64 @@
-"""The shell carries out a ``Publish`` or ``Measure`` effect through a table
-named once (``actors/call.py``: ``_PUBLISHERS``, ``_MEASURES``), not by
-looking an attribute up by its name: every kind the protocol can emit has
-its entry, and each entry is the feed's method or the metric of that name."""
+"""The shell carries out a ``Publish`` or ``Measure`` effect by its kind, an
+enum member (``PublishKind``, ``Metric``), through a table made from an
+exhaustive match (``actors/call.py``: ``_publisher``, ``_metric``; mypy
+refuses a member without its case). These tests check that each member
+reaches the feed method or the metric it names: a real ``CallFeed`` with a
+subscriber, the process's metrics registry."""
 
 from __future__ import annotations
 
-import ast
-import inspect
+import pytest
 
 from voiceactors import metrics
-from voiceactors.actors import call, call_protocol
-from voiceactors.actors.feed import CallFeed
+from voiceactors.actors import call
+from voiceactors.actors.call_protocol import Metric, PublishKind
+from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.actors.feed import FeedHub
+
+#: For each kind: the fields the protocol gives it, and the feed event's type it makes.
+PUBLISHED = {
+    PublishKind.TOOL_STARTED: ({"tool": "calendar.today", "tool_call_id": "c1", "epoch": 0}, "tool.started"),
+    PublishKind.TOOL_DONE: ({"tool": "calendar.today", "tool_call_id": "c1", "epoch": 0,
+                             "outcome": ToolOutcome.OK, "duration_ms": 3.0}, "tool.finished"),
+    PublishKind.CLIENT_EVENTS: ({"events": [{"type": "nav_hint", "target": "/day/2026-12-06"}],
+                                 "tool": "journal.select", "tool_call_id": "c1"}, "nav.hint"),
+    PublishKind.TRANSCRIPT: ({"role": "assistant", "text": "hello", "item_id": "i1"}, "transcript"),
+    PublishKind.USAGE: ({"response_id": "r1", "model": "gpt-realtime", "tokens": {}, "cost_usd": None,
+                         "call": {}}, "usage"),
+    PublishKind.SELECTION: ({"tool_call_id": "c1", "selection": None, "link": None}, "selection"),
+}
+
+#: The histogram each metric observes into.
+OBSERVED = {
+    Metric.TOOL_OVERHEAD: "voiceactors_tool_overhead_seconds",
+    Metric.TOOL_TURNAROUND: "voiceactors_tool_turnaround_seconds",
+}
 
 
-def _emitted(effect: str) -> set[str]:
-    """The literal first argument of every ``effect(...)`` in the protocol's source."""
-    tree = ast.parse(inspect.getsource(call_protocol))
-    return {node.args[0].value for node in ast.walk(tree)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == effect
-            and node.args and isinstance(node.args[0], ast.Constant)}
+def test_every_kind_is_covered_here():
+    assert set(PUBLISHED) == set(PublishKind) == set(call._PUBLISHERS)
+    assert set(OBSERVED) == set(Metric) == set(call._MEASURES)
 
 
-def test_every_published_kind_has_its_feed_method():
-    kinds = _emitted("Publish")
-    assert kinds and kinds <= set(call._PUBLISHERS)
-    for kind, method in call._PUBLISHERS.items():
-        assert method is getattr(CallFeed, kind)
+@pytest.mark.parametrize("kind", list(PublishKind))
+async def test_a_published_kind_reaches_its_feed_method(kind: PublishKind):
+    fields, event_type = PUBLISHED[kind]
+    feed = FeedHub().open("rtc_tables")
+    events = feed.subscribe()
+    call._PUBLISHERS[kind](feed, **fields)
+    event = events.receive_nowait()
+    assert event["type"] == event_type
+    assert event["call_id"] == "rtc_tables"
 
 
-def test_every_measure_has_its_metric():
-    names = _emitted("Measure")
-    assert names and names <= set(call._MEASURES)
-    for name, observe in call._MEASURES.items():
-        assert observe is getattr(metrics, name)
+def _observed(histogram: str) -> float:
+    value = metrics.METRICS.registry.get_sample_value(f"{histogram}_count")
+    return value or 0.0
+
+
+@pytest.mark.parametrize("name", list(Metric))
+def test_a_measure_reaches_its_metric(name: Metric):
+    before = {m: _observed(h) for m, h in OBSERVED.items()}
+    call._MEASURES[name](0.25)
+    after = {m: _observed(h) for m, h in OBSERVED.items()}
+    assert {m: after[m] - before[m] for m in OBSERVED} == {m: 1.0 if m is name else 0.0 for m in OBSERVED}

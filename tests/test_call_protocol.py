@@ -21,6 +21,7 @@ from voiceactors.actors.call_protocol import (
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
     Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
+from voiceactors.actors.call_state import ToolOutcome
 from voiceactors.realtime.event_view import EventView
 from voiceactors.realtime.events import parse_server_event, read_server_event
 
@@ -643,8 +644,8 @@ def test_an_executor_gone_fails_the_call_with_the_synthetic_output():
 
 def test_recovered_calls_are_answered_on_connect_then_one_create():
     w = Wire(connect=False)
-    w.feed(Recovered("c_w", "commitments.add", "r_old", None, '{"added": 1}', "replayed"))
-    w.feed(Recovered("c_x", "mystery.tool", "r_old", None, '{"error": "restarted"}', "restarted"))
+    w.feed(Recovered("c_w", "commitments.add", "r_old", None, '{"added": 1}', ToolOutcome.REPLAYED))
+    w.feed(Recovered("c_x", "mystery.tool", "r_old", None, '{"error": "restarted"}', ToolOutcome.RESTARTED))
     w.feed(Recovered("c_r", "journal.search", "r_old", '{"q": 1}'))
     assert w.started() == ["c_r"] and w.outputs() == []
     assert [line["tool_call_id"] for line in w.records("tool_started")] == ["c_w", "c_x", "c_r"]
@@ -659,7 +660,7 @@ def test_recovered_calls_are_answered_on_connect_then_one_create():
 
 def test_a_recovered_call_without_a_response_id_gets_a_batch_of_its_own():
     w = Wire(connect=False)
-    w.feed(Recovered("c_x", "mystery.tool", None, None, '{"error": "restarted"}', "restarted"))
+    w.feed(Recovered("c_x", "mystery.tool", None, None, '{"error": "restarted"}', ToolOutcome.RESTARTED))
     assert w.p.batches["resp_recovered_c_x"].calls == ["c_x"]
     assert w.p.batches["resp_recovered_c_x"].status == "completed" and w.p.calls["c_x"].outcome == "restarted"
 

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: logging, time, files, settings and their plain data", (
         "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
         "voiceactors.mcp_sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
-        "voiceactors.context", "voiceactors.openai_clients")),
+        "voiceactors.context", "voiceactors.openai_clients", "voiceactors.tool_effect")),
     ("the journal and its configuration", (
         "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.context_resolve")),
     ("the tools", ("voiceactors.tools",)),

@@ -20,7 +20,7 @@ from voiceactors.actors.call_protocol import (
 )
 from voiceactors.actors.call_state import (
     ANSWERED, TRANSITIONS, UNANSWERED, UNSTARTED, ToolCall, ToolCallEvent, ToolCallLifecycleError, ToolCallState,
-    ToolRun, advance,
+    ToolOutcome, ToolRun, advance,
 )
 
 S, E = ToolCallState, ToolCallEvent
@@ -217,7 +217,7 @@ def test_no_order_of_inputs_asks_for_a_transition_the_table_lacks(recovered: boo
     w = Wire(connect=not recovered)
     if recovered:      # a rejoin: one call to run again, one answered by the crashed run
         w.feed(Recovered("c_run", "calendar.today", "r_old", "{}"))
-        w.feed(Recovered("c_done", "calendar.today", "r_old", "{}", '{"ok": true}', "ok"))
+        w.feed(Recovered("c_done", "calendar.today", "r_old", "{}", '{"ok": true}', ToolOutcome.OK))
         w.feed(Connected())
     executor = Executor(w)
     for kind, arg in script:

@@ -64,7 +64,7 @@ class Reference:
     entity_type: str | None = None   # Person, Company, ... (entities only)
 
     @classmethod
-    def from_view(cls, view: Any) -> "Reference | None":
+    def from_view(cls, view: object) -> "Reference | None":
         """The reference a ``view()`` holds (a ``journal.select`` output), or None."""
         if not isinstance(view, dict) or view.get("kind") not in KINDS:
             return None

@@ -24,6 +24,7 @@ import time
 from typing import Any, MutableMapping, TextIO, cast
 
 import structlog
+from structlog.typing import FilteringBoundLogger
 
 from voiceactors.settings import default
 
@@ -56,13 +57,13 @@ def register_secret(value: str | None) -> None:
         _CLEAN_TEXT = set()     # what was clean may hold this one
 
 
-def is_secret_field(name: Any) -> bool:
+def is_secret_field(name: object) -> bool:
     """True when a field called ``name`` holds a secret (not merely names one)."""
     key = str(name).strip().lower().replace("-", "_")
     return key in _SECRET_FIELDS or key.endswith(_SECRET_SUFFIXES)
 
 
-def _secret_field(name: Any) -> bool:
+def _secret_field(name: object) -> bool:
     """``is_secret_field``, remembered per name (a line's field names repeat)."""
     verdict = _FIELD_VERDICTS.get(name) if type(name) is str else None
     if verdict is None:
@@ -72,7 +73,7 @@ def _secret_field(name: Any) -> bool:
     return verdict
 
 
-def _scrub_field(name: Any, value: Any) -> Any:
+def _scrub_field(name: object, value: object) -> Any:
     if value is not None and not isinstance(value, bool) and _secret_field(name):
         return "[redacted]"
     return scrub(value)
@@ -266,8 +267,10 @@ class ActorLogger:
             self._logger, self._processors = logger, processors
         return logger
 
-    def bind(self, **values: Any) -> Any:
-        return self._current().bind(**values)
+    def bind(self, **values: object) -> FilteringBoundLogger:
+        # structlog's wrapper class: make_filtering_bound_logger's (configure), also by default
+        bound: FilteringBoundLogger = self._current().bind(**values)
+        return bound
 
     # the level methods: each a descriptor handing out the built logger's own
     # method, so a call's fields are packed once (a dropped ``debug`` costs

@@ -33,7 +33,7 @@ REPLACEMENT = "\ufffd"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def may_hold_surrogate_escape(raw: str | bytes) -> bool:
+def may_hold_surrogate_escape(raw: str | bytes | bytearray) -> bool:
     """Whether JSON text ``raw`` has an escape that may decode to a surrogate
     (``\\ud`` or ``\\uD``; a false alarm costs one walk, never a miss)."""
     # a one-character search is a memchr (~0.1 ns a byte, a multi-character
@@ -62,7 +62,7 @@ def clean(value: Any) -> Any:
     return value
 
 
-def decoded(raw: str | bytes, value: Any) -> Any:
+def decoded(raw: str | bytes | bytearray, value: Any) -> Any:
     """``value`` (what ``raw`` decoded to) made safe: walked only when
     ``raw`` may hold a surrogate escape."""
     return clean(value) if may_hold_surrogate_escape(raw) else value

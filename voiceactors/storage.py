@@ -44,7 +44,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar, TypeVarTuple, Unpack
 
 import trio
 
@@ -52,6 +52,7 @@ from voiceactors.logs import get_logger
 from voiceactors.settings import default
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 _log = get_logger(actor="storage")
 
@@ -97,13 +98,13 @@ def write_limiter() -> trio.CapacityLimiter:
     return _write_limiter
 
 
-async def run_sync(fn: Callable[..., T], *args: Any, cancellable: bool = True) -> T:
+async def run_sync(fn: Callable[[Unpack[Args]], T], *args: Unpack[Args], cancellable: bool = True) -> T:
     """Run ``fn(*args)`` in a thread. ``cancellable=False`` for writes: a
     cancelled caller still waits for the write to finish (shield it as well)."""
     return await trio.to_thread.run_sync(fn, *args, limiter=limiter(), abandon_on_cancel=cancellable)
 
 
-async def run_in_write_slot(fn: Callable[..., T], *args: Any) -> T:
+async def run_in_write_slot(fn: Callable[[Unpack[Args]], T], *args: Unpack[Args]) -> T:
     """Run ``fn(*args)`` in a thread for a caller that already holds a
     ``write_limiter()`` token (it acquires and releases it itself, so that
     waiting for the token stays cancellable while the run itself is shielded).

@@ -108,11 +108,11 @@ def round_usd(value: float | None) -> float | None:
 
 # --- reading the service's usage ---------------------------------------------------------
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _field(obj: Any, name: str) -> Any:
+def _field(obj: object, name: str) -> Any:
     if obj is None:
         return None
     if isinstance(obj, dict):
@@ -133,7 +133,7 @@ class _Reader:
     def __init__(self) -> None:
         self.malformed: list[str] = []
 
-    def count(self, obj: Any, path: str) -> int:
+    def count(self, obj: object, path: str) -> int:
         value: Any = obj
         walked: list[str] = []
         parts = _PATH_PARTS.get(path)
@@ -157,7 +157,7 @@ class _Reader:
         return count
 
 
-def _plain_count(value: Any) -> int | None:
+def _plain_count(value: object) -> int | None:
     """A well-formed count as it is, an absent one as 0; None: not plain
     (``read_usage``'s general path decides)."""
     if value is None:
@@ -167,7 +167,7 @@ def _plain_count(value: Any) -> int | None:
     return None
 
 
-def _read_plain(usage: Any) -> Tokens | None:
+def _read_plain(usage: object) -> Tokens | None:
     """``read_usage`` of the usual case, in one pass: a decoded JSON object
     whose detail objects are objects (or absent) and whose counts are plain
     whole numbers (or absent). Anything else (None: not the usual case) goes
@@ -206,7 +206,7 @@ def _read_plain(usage: Any) -> Tokens | None:
 _NO_DETAILS: dict[str, Any] = {}
 
 
-def read_usage(usage: Any) -> tuple[Tokens, list[str]]:
+def read_usage(usage: object) -> tuple[Tokens, list[str]]:
     """The priced kinds of one ``response.done``'s ``usage`` and the names of
     its malformed fields (counted zero). ``usage`` None: no tokens."""
     plain = _read_plain(usage)
@@ -215,7 +215,7 @@ def read_usage(usage: Any) -> tuple[Tokens, list[str]]:
     return _read_general(usage)
 
 
-def _read_general(usage: Any) -> tuple[Tokens, list[str]]:
+def _read_general(usage: object) -> tuple[Tokens, list[str]]:
     """``read_usage`` of any usage: a model, a view or a dict, malformed or not."""
     reader = _Reader()
     text = reader.count(usage, "input_token_details.text_tokens")
@@ -298,7 +298,7 @@ class CallUsage:
     def cost_usd(self) -> float | None:
         return cost_usd(self.total, self.prices)
 
-    def add(self, response_id: str, usage: Any) -> tuple[ResponseUsage, list[str]]:
+    def add(self, response_id: str, usage: object) -> tuple[ResponseUsage, list[str]]:
         """Count one response's ``usage``; the entry and its malformed fields."""
         tokens, malformed = read_usage(usage)
         entry = ResponseUsage(response_id, tokens, cost_usd(tokens, self.prices))

@@ -93,7 +93,7 @@ async def _read_request(stream: trio.SocketStream) -> bytes:
     return body
 
 
-def _answer(status: str, obj: dict) -> bytes:
+def _answer(status: str, obj: dict[str, str]) -> bytes:
     body = json.dumps(obj).encode()
     return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             f"Connection: close\r\n\r\n").encode() + body

@@ -17,17 +17,19 @@ Started by the drivers; the stdin/stdout protocol is in ``benchmarks.peers``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import trio
 
 from voiceactors import gc_policy, logs
 from voiceactors.actors.messages import Connect, CountCalls, ask
-from voiceactors.runtime import open_runtime
+from voiceactors.runtime import Runtime, open_runtime
 from voiceactors.settings import Settings
 
 from benchmarks.peers.args import call_ids, join_due, join_rate, peer_parser
@@ -50,7 +52,7 @@ async def _lag_probe(out: list[float], period: float = 0.01) -> None:
         out.append((trio.current_time() - t0 - period) * 1000)
 
 
-async def main(args) -> None:
+async def main(args: argparse.Namespace) -> None:
     ids = call_ids(args.prefix, args.calls)
     lags: list[float] = []
     settings = Settings(
@@ -78,7 +80,7 @@ async def main(args) -> None:
         Path(args.log + ".gc.json").write_text(json.dumps(GC_PAUSES))
 
 
-async def _serve_calls(rt, ids: list[str], lags: list[float], scope: trio.CancelScope) -> None:
+async def _serve_calls(rt: Runtime, ids: list[str], lags: list[float], scope: trio.CancelScope) -> None:
     """Join every call at GO, then wait until they have all ended."""
     await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)   # GO
     async with trio.open_nursery() as nursery:
@@ -96,6 +98,8 @@ async def _serve_calls(rt, ids: list[str], lags: list[float], scope: trio.Cancel
         nursery.cancel_scope.cancel()
 
 
+T = TypeVar("T")
+
 GC_PAUSES: list[tuple[int, float, float]] = []
 
 
@@ -110,11 +114,11 @@ def _inline_run_sync() -> None:
     thread, to measure what the hop costs under load."""
     from voiceactors import storage
 
-    async def run_sync(fn, *args, cancellable=True):
+    async def run_sync(fn: Callable[..., T], *args: object, cancellable: bool = True) -> T:
         await trio.lowlevel.checkpoint()
         return fn(*args)
 
-    async def run_in_write_slot(fn, *args):
+    async def run_in_write_slot(fn: Callable[..., T], *args: object) -> T:
         await trio.lowlevel.checkpoint()
         return fn(*args)
 

@@ -15,6 +15,7 @@ passes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -68,7 +69,7 @@ def _read_status(sock: socket.socket) -> int:
     return status
 
 
-def _serve_command(args, workers: int) -> list[str]:
+def _serve_command(args: argparse.Namespace, workers: int) -> list[str]:
     command = [sys.executable, "-m", "voiceactors.cli", "serve", "--journal", args.journal,
                "--state-dir", args.state_dir, "--host", "127.0.0.1", "--port", "0"]
     if workers > 1:

@@ -36,10 +36,11 @@ import math
 import random
 from collections import deque
 from urllib.parse import quote
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, assert_never
 
 import httpx
 import trio
+from structlog.typing import FilteringBoundLogger
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
@@ -48,8 +49,9 @@ from voiceactors.actors.call_record import CallRecord
 from voiceactors.actors.event_capture import EventCapture
 from voiceactors.actors.call_protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
-    Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Prefetch, Publish, Recovered, RecordLine,
-    PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+    Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish,
+    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished,
+    WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
 from voiceactors.actors.record_kind import RecordKind
@@ -70,6 +72,7 @@ from voiceactors.call.transport import (
 from voiceactors.realtime.sideband import is_clean_close
 from voiceactors.call.arrival import browser_connect
 from voiceactors.settings import Settings
+from voiceactors.tool_effect import READ, ToolEffect
 from voiceactors.tools.registry import lookup
 
 __all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "AnswerNow", "CallActor", "EndReason", "backoff_delay"]
@@ -111,7 +114,7 @@ def _is_cancel(exc: BaseException) -> bool:
     return isinstance(exc, trio.Cancelled)
 
 
-def _tool_effect(name: str) -> str | None:
+def _tool_effect(name: str) -> ToolEffect | None:
     spec = lookup(name)
     return spec.effect if spec is not None else None
 
@@ -937,7 +940,7 @@ class CallActor:
             return self._api_key()  # the journal config is kept in memory (config.py): no thread hop
         return self._api_key
 
-    def record_line(self, kind: RecordKind, **fields: Any) -> None:
+    def record_line(self, kind: RecordKind, **fields: object) -> None:
         self._record_fields(kind, fields)
 
     def _record_fields(self, kind: RecordKind, fields: dict[str, Any], *, t: float | None = None) -> None:
@@ -973,10 +976,10 @@ class CallActor:
         restart error."""
         for pending in self.recovered or ():
             output: str | None = None
-            outcome: str | None = None
-            if not (pending.effect == "read" and pending.arguments is not None):
+            outcome: ToolOutcome | None = None
+            if not (pending.effect == READ and pending.arguments is not None):
                 output, outcome = RESTARTED_OUTPUT, ToolOutcome.RESTARTED
-                if pending.effect != "read":   # a write, or an MCP source's tool (its effect is not ours to know)
+                if pending.effect != READ:   # a write, or an MCP source's tool (its effect is not ours to know)
                     recorded = await storage.run_sync(write_log.load, self.settings.state_dir, pending.tool_call_id)
                     if recorded is not None:
                         output, outcome = recorded["output"], ToolOutcome.REPLAYED
@@ -1009,45 +1012,66 @@ def _run_later(later: list[Callable[[], None]]) -> None:
             report()
 
 
-def _debug_enabled(log: Any) -> bool:
+def _debug_enabled(log: FilteringBoundLogger) -> bool:
     """Whether ``log`` writes debug lines (the protocol makes no debug ``Log``
     effects otherwise)."""
     is_enabled_for = getattr(log, "is_enabled_for", None)
     return bool(is_enabled_for(logging.DEBUG)) if callable(is_enabled_for) else True
 
 
-def _log_at(log: Any, level: str) -> Callable[..., None]:
-    """The logger's method for a ``Log`` effect's level (one of four)."""
+def _log_at(log: FilteringBoundLogger, level: LogLevel) -> Callable[..., None]:
+    """The logger's method for a ``Log`` effect's level."""
     write: Callable[..., None]
     match level:
-        case "debug":
+        case LogLevel.DEBUG:
             write = log.debug
-        case "info":
+        case LogLevel.INFO:
             write = log.info
-        case "warning":
+        case LogLevel.WARNING:
             write = log.warning
-        case "error":
+        case LogLevel.ERROR:
             write = log.error
         case _:
-            raise ValueError(f"no log level {level!r}")
+            assert_never(level)
     return write
 
 
-#: The feed's method for each kind of ``Publish`` effect, named once here.
-_PUBLISHERS: dict[str, Callable[..., None]] = {
-    "tool_started": CallFeed.tool_started,
-    "tool_done": CallFeed.tool_done,
-    "client_events": CallFeed.client_events,
-    "transcript": CallFeed.transcript,
-    "usage": CallFeed.usage,
-    "selection": CallFeed.selection,
-}
+def _publisher(kind: PublishKind) -> Callable[..., None]:
+    """The feed's method for a kind of ``Publish`` effect. A kind without its
+    case here is a mypy error (``assert_never``)."""
+    match kind:
+        case PublishKind.TOOL_STARTED:
+            return CallFeed.tool_started
+        case PublishKind.TOOL_DONE:
+            return CallFeed.tool_done
+        case PublishKind.CLIENT_EVENTS:
+            return CallFeed.client_events
+        case PublishKind.TRANSCRIPT:
+            return CallFeed.transcript
+        case PublishKind.USAGE:
+            return CallFeed.usage
+        case PublishKind.SELECTION:
+            return CallFeed.selection
+        case _:
+            assert_never(kind)
 
-#: The metric each ``Measure`` effect observes.
-_MEASURES: dict[str, Callable[[float], None]] = {
-    "tool_overhead": metrics.tool_overhead,
-    "tool_turnaround": metrics.tool_turnaround,
-}
+
+def _metric(name: Metric) -> Callable[[float], None]:
+    """The metric a ``Measure`` effect observes (every one: ``assert_never``)."""
+    match name:
+        case Metric.TOOL_OVERHEAD:
+            return metrics.tool_overhead
+        case Metric.TOOL_TURNAROUND:
+            return metrics.tool_turnaround
+        case _:
+            assert_never(name)
+
+
+# The effects look their handler up in a table made from the matches above
+# (one dict lookup per effect, where a match over enum members tests them one
+# by one, each a class attribute read).
+_PUBLISHERS: dict[PublishKind, Callable[..., None]] = {kind: _publisher(kind) for kind in PublishKind}
+_MEASURES: dict[Metric, Callable[[float], None]] = {name: _metric(name) for name in Metric}
 
 _EFFECT_HANDLERS: dict[type, Callable[[CallActor, Any], None]] = {
     Send: CallActor._do_send,

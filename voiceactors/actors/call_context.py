@@ -71,7 +71,7 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
             "selection": selection.view() if selection is not None else None}
 
 
-def _resolution(view: Any) -> context.Resolution | None:
+def _resolution(view: object) -> context.Resolution | None:
     if isinstance(view, dict) and view.get("verified") is False:
         kind, reason = view.get("kind"), view.get("reason")
         if kind in context.KINDS and isinstance(reason, str):
@@ -80,7 +80,7 @@ def _resolution(view: Any) -> context.Resolution | None:
     return context.Reference.from_view(view)
 
 
-def taken_over_context(view: Any) -> LinkedContext | None:
+def taken_over_context(view: object) -> LinkedContext | None:
     """The context a taker carries a call on with, from ``carried_view``'s
     JSON (None: not one)."""
     if not isinstance(view, dict):

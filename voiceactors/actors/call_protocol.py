@@ -49,6 +49,7 @@ from voiceactors.actors.record_kind import RecordKind
 from voiceactors.actors.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
+from voiceactors.tool_effect import READ, ToolEffect
 
 
 class EndReason(StrEnum):
@@ -150,7 +151,7 @@ class Recovered:
     response_id: str | None
     arguments: str | None
     output: str | None = None
-    outcome: str | None = None
+    outcome: ToolOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,19 +230,49 @@ class RecordLine:
     t: float | None = None
 
 
+class PublishKind(StrEnum):
+    """What a ``Publish`` effect tells the client feed: each member names the
+    ``CallFeed`` method the shell hands its fields to (``call.py``'s
+    ``_publisher``, a match mypy checks is exhaustive)."""
+
+    TOOL_STARTED = "tool_started"
+    TOOL_DONE = "tool_done"
+    CLIENT_EVENTS = "client_events"
+    TRANSCRIPT = "transcript"
+    USAGE = "usage"
+    SELECTION = "selection"
+
+
+class Metric(StrEnum):
+    """The metric a ``Measure`` effect observes (``metrics.py``'s function of
+    the member's name; ``call.py``'s ``_metric``)."""
+
+    TOOL_OVERHEAD = "tool_overhead"
+    TOOL_TURNAROUND = "tool_turnaround"
+
+
+class LogLevel(StrEnum):
+    """A ``Log`` effect's level: the call actor's logger method of that name."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
 @dataclass(frozen=True, slots=True)
 class Publish:
-    """A client feed event: ``CallFeed.<kind>(**fields)``."""
+    """A client feed event: the ``CallFeed`` method ``kind`` names, called with ``**fields``."""
 
-    kind: str        # tool_started | tool_done | client_events | transcript
+    kind: PublishKind
     fields: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class Measure:
-    """A metric observation: ``metrics.<name>(seconds)``."""
+    """A metric observation: ``name``'s metric observes ``seconds``."""
 
-    name: str        # tool_overhead | tool_turnaround
+    name: Metric
     seconds: float
 
 
@@ -249,7 +280,7 @@ class Measure:
 class Log:
     """A structured log line of the call actor."""
 
-    level: str       # debug | info | warning | error
+    level: LogLevel
     event: str
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -292,7 +323,7 @@ class CallProtocol:
     (``_undecided``), and the tool runs in flight are a set (``_running``).
     """
 
-    def __init__(self, call_id: str, *, effect_of: Callable[[str], str | None] = lambda name: None,
+    def __init__(self, call_id: str, *, effect_of: Callable[[str], ToolEffect | None] = lambda name: None,
                  started: float = 0.0, context: CallContext | None = None, debug_logs: bool = True) -> None:
         self.call_id = call_id
         self.context = context                      # linked context, selection, greeting (call_context.py)
@@ -449,10 +480,10 @@ class CallProtocol:
     def _emit(self, effect: Effect) -> None:
         self._effects.append(effect)
 
-    def _log(self, level: str, event: str, **fields: Any) -> None:
+    def _log(self, level: LogLevel, event: str, **fields: object) -> None:
         # the per-event debug lines are asked for under ``if self.debug_logs:``
         # at their call sites: with debug off not even their fields are packed
-        if level == "debug" and not self.debug_logs:
+        if level is LogLevel.DEBUG and not self.debug_logs:
             return
         # a tool call id is the peer's string: clipped in logs like the others
         # (outputs and records keep it whole)
@@ -460,7 +491,7 @@ class CallProtocol:
             fields["tool_call_id"] = rt.clip(fields["tool_call_id"], PEER_STRING_MAX)
         self._effects.append(Log(level, event, fields))
 
-    def _record(self, kind: RecordKind, **fields: Any) -> None:
+    def _record(self, kind: RecordKind, **fields: object) -> None:
         self._effects.append(RecordLine(kind, fields))
 
     # ------------------------------------------------------- server events
@@ -523,7 +554,7 @@ class CallProtocol:
         elif new:
             self._carried_forward_by(batch)
         if self.debug_logs:
-            self._log("debug", "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
+            self._log(LogLevel.DEBUG, "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
 
     def _carried_forward_by(self, started: Batch) -> None:
         """A response the model started after every output of a finished batch
@@ -538,7 +569,7 @@ class CallProtocol:
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
                 if self.debug_logs:
-                    self._log("debug", "response.follow_up_by_model", response_id=batch.response_id,
+                    self._log(LogLevel.DEBUG, "response.follow_up_by_model", response_id=batch.response_id,
                               by=started.response_id, epoch=self.epoch)
 
     def _tool_call(self, response_id: str, tool_call_id: str | None, name: str | None,
@@ -588,7 +619,7 @@ class CallProtocol:
         if call.prefetch is not None or call.recovered or not call.name or call.arguments is None:
             return
         batch = self.batches[call.response_id]
-        if batch.status is not None or batch.epoch < self.epoch or self._effect_of(call.name) != "read":
+        if batch.status is not None or batch.epoch < self.epoch or self._effect_of(call.name) != READ:
             return
         call.prefetch = call.arguments
         advance(call, ToolCallEvent.PREFETCH)
@@ -596,7 +627,8 @@ class CallProtocol:
         self._prefetching.add(call.tool_call_id)
         # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
         if self.debug_logs:
-            self._log("debug", "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+            self._log(LogLevel.DEBUG, "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id,
+                      epoch=call.epoch)
         self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
 
     def _on_response_done(self, response: Any) -> None:
@@ -623,7 +655,7 @@ class CallProtocol:
             else:
                 self._abandon(call)
         if self.debug_logs:
-            self._log("debug", "response.done", response_id=rid, status=batch.status, origin=batch.origin,
+            self._log(LogLevel.DEBUG, "response.done", response_id=rid, status=batch.status, origin=batch.origin,
                       epoch=batch.epoch, tool_calls=len(batch.calls))
         self._record(RecordKind.RESPONSE, response_id=rid, status=batch.status, epoch=batch.epoch,
                      origin=batch.origin, tool_calls=list(batch.calls))
@@ -649,7 +681,7 @@ class CallProtocol:
                 call.confirmed_seq = self.seq
                 self._record_settled(call)
                 if self.debug_logs:
-                    self._log("debug", "tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
+                    self._log(LogLevel.DEBUG, "tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
         elif kind == "message" and getattr(item, "role", None) == "user" and first:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
@@ -659,11 +691,11 @@ class CallProtocol:
         event_id, code = error.event_id, error.code
         fatal = FATAL_ERRORS.get(code or "")
         if fatal is not None:
-            self._log("error", "realtime.fatal_error", code=code, epoch=self.epoch)
+            self._log(LogLevel.ERROR, "realtime.fatal_error", code=code, epoch=self.epoch)
             self._emit(EndCall(fatal))
             return
         if self.log_budget.allow():
-            self._log("warning", "realtime.error", code=rt.clip(code, PEER_STRING_MAX),
+            self._log(LogLevel.WARNING, "realtime.error", code=rt.clip(code, PEER_STRING_MAX),
                       error_type=rt.clip(error.type, PEER_STRING_MAX),
                       event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch,
                       suppressed=self.log_budget.take_suppressed() or None)
@@ -715,7 +747,7 @@ class CallProtocol:
         self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
                      **self.spoken.place_transcript(item_id))
         if self.publishing():
-            self._emit(Publish("transcript", {"role": role, "text": text, "item_id": item_id}))
+            self._emit(Publish(PublishKind.TRANSCRIPT, {"role": role, "text": text, "item_id": item_id}))
 
     # ------------------------------------------------------------- epochs
 
@@ -725,7 +757,7 @@ class CallProtocol:
             if batch.epoch < self.epoch:
                 batch.follow_up = FollowUp.SUPERSEDED
         if self.debug_logs:
-            self._log("debug", "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
+            self._log(LogLevel.DEBUG, "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
         if self.tools_running():
             self._emit(CancelOlderReads(self.epoch))
 
@@ -758,12 +790,12 @@ class CallProtocol:
             self._running.add(call.tool_call_id)
         self._record_started(call)
         if self.debug_logs:
-            self._log("debug", "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+            self._log(LogLevel.DEBUG, "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                       turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
         self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
                              prefetched=prefetched))
         if self.publishing():
-            self._emit(Publish("tool_started", {"tool": call.name, "tool_call_id": call.tool_call_id,
+            self._emit(Publish(PublishKind.TOOL_STARTED, {"tool": call.name, "tool_call_id": call.tool_call_id,
                                                 "epoch": call.epoch}))
         if held is not None:
             call.started_t = self._now     # the answer was there: the overhead counts from here
@@ -793,14 +825,14 @@ class CallProtocol:
             self._context_tool_finished(call, result)
             self._queue_output(call)
         if self.debug_logs:
-            self._log("debug", "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+            self._log(LogLevel.DEBUG, "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                       current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
         if self.publishing():
-            self._emit(Publish("tool_done", {"tool": call.name, "tool_call_id": call.tool_call_id,
+            self._emit(Publish(PublishKind.TOOL_DONE, {"tool": call.name, "tool_call_id": call.tool_call_id,
                                              "epoch": call.epoch, "outcome": result.outcome,
                                              "duration_ms": result.duration_ms}))
         if result.client_events:
-            self._emit(Publish("client_events", {"events": result.client_events, "tool": call.name,
+            self._emit(Publish(PublishKind.CLIENT_EVENTS, {"events": result.client_events, "tool": call.name,
                                                  "tool_call_id": call.tool_call_id}))
         self._maybe_follow_up()
         self._end_if_auth_expired(result)
@@ -810,7 +842,7 @@ class CallProtocol:
         user's authentication expired, so the call ends (its output, already
         queued, tells the model why)."""
         if result.outcome == ToolOutcome.AUTH_EXPIRED:
-            self._log("warning", "call.auth_expired", tool=result.tool, tool_call_id=result.tool_call_id)
+            self._log(LogLevel.WARNING, "call.auth_expired", tool=result.tool, tool_call_id=result.tool_call_id)
             self._emit(EndCall(EndReason.AUTH_EXPIRED))
 
     def _on_tool_abandoned(self, message: ToolAbandoned) -> None:
@@ -833,7 +865,7 @@ class CallProtocol:
         if call.state not in UNANSWERED:
             return
         call.abandon()
-        self._log("info", "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        self._log(LogLevel.INFO, "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         self._queue_output(call)
 
     def _on_recovered(self, pending: Recovered) -> None:
@@ -851,11 +883,11 @@ class CallProtocol:
             self._maybe_start(call)
             return
         self._record_started(call)
-        outcome = None if pending.outcome is None else ToolOutcome(pending.outcome)
-        call.output, call.outcome = pending.output, outcome
+        call.output, call.outcome = pending.output, pending.outcome
         advance(call, ToolCallEvent.RECOVER)
-        call.synthetic = outcome == ToolOutcome.RESTARTED
-        self._log("info", "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id, outcome=pending.outcome)
+        call.synthetic = pending.outcome is ToolOutcome.RESTARTED
+        self._log(LogLevel.INFO, "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id,
+                  outcome=pending.outcome)
 
     # ------------------------------------------------------------ outputs
 
@@ -881,7 +913,7 @@ class CallProtocol:
             spent = 0.0 if call.run == ToolRun.PREFETCH_ANSWERED else call.duration_ms
             overhead = max(0.0, (self._now - call.started_t) * 1000 - spent)
             call.overhead_ms = round(overhead, 2)
-            self._emit(Measure("tool_overhead", overhead / 1000))
+            self._emit(Measure(Metric.TOOL_OVERHEAD, overhead / 1000))
         if call.state == ToolCallState.QUEUED:
             advance(call, ToolCallEvent.WRITE)
         self._maybe_follow_up()
@@ -895,7 +927,7 @@ class CallProtocol:
         done = [t for r in create.batches if r in self.batches and (t := self.batches[r].done_t) is not None]
         if done:
             create.turnaround_ms = round(max(0.0, self._now - max(done)) * 1000, 2)
-            self._emit(Measure("tool_turnaround", create.turnaround_ms / 1000))
+            self._emit(Measure(Metric.TOOL_TURNAROUND, create.turnaround_ms / 1000))
 
     def _on_disconnected(self) -> None:
         self.connected = False
@@ -957,7 +989,8 @@ class CallProtocol:
         event = rt.response_create()
         create = self._create_for(event, due)
         if self.debug_logs:
-            self._log("debug", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches)
+            self._log(LogLevel.DEBUG, "response.create", event_id=create.event_id, epoch=self.epoch,
+                      batches=create.batches)
         self._emit(Send(event))
 
     def _finished_batches(self) -> list[Batch]:
@@ -1001,23 +1034,23 @@ class CallProtocol:
         end = self.meter.end_at
         return end if end is not None and not self._budget_ended else math.inf
 
-    def _count_usage(self, rid: str, usage: Any) -> None:
+    def _count_usage(self, rid: str, usage: object) -> None:
         """A response.done's usage: record, feed, metrics; then the budget."""
         meter = self.meter
         if usage is None:     # nothing reported (the service always reports; an old peer may not)
             return
         entry, malformed = meter.count(rid, usage)
         if malformed and self.log_budget.allow():
-            self._log("warning", "usage.malformed", response_id=rt.clip(rid, PEER_STRING_MAX),
+            self._log(LogLevel.WARNING, "usage.malformed", response_id=rt.clip(rid, PEER_STRING_MAX),
                       fields=[rt.clip(f, PEER_STRING_MAX) for f in malformed[:8]])
         line = meter.line(entry)
         self._record(RecordKind.USAGE, **line)
         if self.publishing():
-            self._emit(Publish("usage", {**line, "call": meter.totals()}))
+            self._emit(Publish(PublishKind.USAGE, {**line, "call": meter.totals()}))
         self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
         if meter.budgeted and meter.prices is None and not meter.unpriced_logged:
             meter.unpriced_logged = True
-            self._log("warning", "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
+            self._log(LogLevel.WARNING, "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
                       budget_usd=meter.budget_usd)
         farewell = self.creates.get(meter.farewell_event_id or "")
         if (farewell is not None and farewell.response_id == rid and farewell.result == CreateResult.SENT
@@ -1025,7 +1058,7 @@ class CallProtocol:
             self._emit(WakeAt(self.budget_wake))
         if meter.budget_reached_now(self._now):
             cost = meter.usage.cost_usd
-            self._log("info", "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._log(LogLevel.INFO, "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
             self._record(RecordKind.BUDGET, budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
             self._emit(WakeAt(self.budget_wake))
 
@@ -1048,7 +1081,7 @@ class CallProtocol:
         create = self._create_for(event, due)
         meter.state = BudgetState.FAREWELL
         meter.farewell_event_id = create.event_id
-        self._log("info", "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
+        self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
                   why="budget_spent")
         self._emit(Send(event))
 
@@ -1066,7 +1099,7 @@ class CallProtocol:
         fields: dict[str, Any] = {"tool_call_id": call.tool_call_id, "tool": call.name,
                                   "response_id": call.response_id, "epoch": call.epoch, "turn": call.turn,
                                   "effect": effect}
-        if effect == "read":
+        if effect == READ:
             fields["arguments"] = call.arguments
         self._record(RecordKind.TOOL_STARTED, **fields)
 
@@ -1090,10 +1123,10 @@ class CallProtocol:
                 # ours like any response.create: its response.created is ours,
                 # and no other create of ours goes out before it
                 create = self._create_for(event, [])
-                self._log("info", "call.greeting", event_id=create.event_id, epoch=self.epoch)
+                self._log(LogLevel.INFO, "call.greeting", event_id=create.event_id, epoch=self.epoch)
             self._emit(Send(event))
         if dropped is not None:
-            self._log("info", "call.greeting_dropped", why=dropped, epoch=self.epoch)
+            self._log(LogLevel.INFO, "call.greeting_dropped", why=dropped, epoch=self.epoch)
 
     def _context_tool_finished(self, call: ToolCall, result: ToolFinished) -> None:
         """A ``journal.select`` output the model gets: apply the selection,
@@ -1105,9 +1138,9 @@ class CallProtocol:
             return
         views = self.context.views()
         self._record(RecordKind.SELECTION, tool_call_id=call.tool_call_id, **views)
-        self._log("info", "call.selection", kind=chosen.kind, epoch=self.epoch)
+        self._log(LogLevel.INFO, "call.selection", kind=chosen.kind, epoch=self.epoch)
         if self.publishing():
-            self._emit(Publish("selection", {"tool_call_id": call.tool_call_id, **views}))
+            self._emit(Publish(PublishKind.SELECTION, {"tool_call_id": call.tool_call_id, **views}))
         update = self.context.take_update() if self.connected else None
         if update is not None:
             self._emit(Send(update))

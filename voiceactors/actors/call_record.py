@@ -601,7 +601,7 @@ class CallRecord:
 
     def __init__(self, call_id: str, state_dir: Path, *, started: float | None = None,
                  write_now: bool = False, fsync_s: float | None = None,
-                 writer: RecordWriter | None = None, **start_fields: Any) -> None:
+                 writer: RecordWriter | None = None, **start_fields: object) -> None:
         self.call_id = call_id
         self.path = record_path(state_dir, call_id)
         self.started = trio.current_time() if started is None else started
@@ -625,14 +625,14 @@ class CallRecord:
         if write_now:
             self._writer.want(self, urgent=True)
 
-    def add(self, kind: RecordKind | str, **fields: Any) -> None:
+    def add(self, kind: RecordKind, **fields: object) -> None:
         self.add_fields(kind, fields)
 
-    def add_fields(self, kind: RecordKind | str, fields: dict[str, Any], *, t: float | None = None) -> None:
+    def add_fields(self, kind: RecordKind, fields: dict[str, Any], *, t: float | None = None) -> None:
         """``add`` with the fields as a dict (copied into the line). ``kind``
-        is a ``RecordKind``; a bare string is written as it is, the same
-        bytes (``tests/test_record_kind.py`` checks every literal kind in the
-        package and every line a call writes is a member). The line's
+        is a ``RecordKind`` (a member is its string: the same bytes;
+        ``tests/test_record_kind.py`` checks every line a call writes is a
+        member). The line's
         ``kind`` and ``t`` are the record's: a field naming either is a
         caller's bug (ValueError, nothing added; it used to replace them
         silently). ``t``: a moment already past, in seconds since the start

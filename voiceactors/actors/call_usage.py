@@ -69,7 +69,7 @@ class CallMeter:
     def budgeted(self) -> bool:
         return self.budget_usd > 0
 
-    def count(self, response_id: str, usage: Any) -> tuple[ResponseUsage, list[str]]:
+    def count(self, response_id: str, usage: object) -> tuple[ResponseUsage, list[str]]:
         """Count one response's usage; the entry and its malformed fields."""
         return self.usage.add(response_id, usage)
 

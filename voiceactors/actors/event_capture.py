@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import json
 import os
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 import trio
 
@@ -47,6 +48,9 @@ from voiceactors import clock, storage
 from voiceactors.actors.call_record import record_path
 from voiceactors.logs import get_logger, scrub
 from voiceactors.realtime.sideband import ConnectionClosed, close_code
+
+if TYPE_CHECKING:
+    from voiceactors.settings import Settings
 
 __all__ = ["CAPTURE_VERSION", "EventCapture", "MAX_CAPTURE_CHARS", "MAX_CAPTURE_FILE_BYTES", "MAX_CAPTURE_LINE_BYTES",
            "capture_path", "read_capture"]
@@ -74,6 +78,21 @@ def _is_audio(event: dict[str, Any]) -> bool:
     return isinstance(kind, str) and kind.endswith("audio.delta") and "transcript" not in kind
 
 
+class Taken(StrEnum):
+    """What the reader handed the capture: a connection opened (its number),
+    a frame (its text or bytes), the size cap reached, the connection closed
+    (its code). The writer makes each one's lines (``_line``)."""
+
+    CONNECT = "connect"
+    FRAME = "frame"
+    TRUNCATED = "truncated"
+    CLOSE = "close"
+
+
+#: One thing taken, with its time (seconds since the start) and value.
+_Pending = tuple[Taken, float, int | str | bytes | None]
+
+
 class EventCapture:
     """The capture of one actor run: ``connected``/``frame``/``closed`` from
     the reader (never block), ``run`` as a task of the actor (writes; on
@@ -92,13 +111,13 @@ class EventCapture:
         self.connections = 0
         self.failed: str | None = None
         self.log = get_logger(actor="call", call_id=call_id)
-        self._pending: list[tuple[str, float, Any]] = []
+        self._pending: list[_Pending] = []
         self._truncated = False
         self._head_written = False
         self._wake = trio.Event()
 
     @classmethod
-    def for_settings(cls, settings: Any, call_id: str, started: float) -> "EventCapture | None":
+    def for_settings(cls, settings: Settings, call_id: str, started: float) -> "EventCapture | None":
         return cls(call_id, settings.state_dir, started=started) if settings.record_events else None
 
     # -- the reader's side (synchronous, O(1))
@@ -106,7 +125,7 @@ class EventCapture:
     def connected(self, now: float) -> None:
         """A new sideband connection: its frames follow (``frame``)."""
         self.connections += 1
-        self._add("connect", now, self.connections)
+        self._add(Taken.CONNECT, now, self.connections)
 
     def frame(self, raw: str | bytes, now: float) -> None:
         if self._truncated:
@@ -115,16 +134,16 @@ class EventCapture:
         if self.chars + len(raw) > self.max_chars:
             self._truncated = True
             self.dropped += 1
-            self._add("truncated", now, None)
+            self._add(Taken.TRUNCATED, now, None)
             return
         self.chars += len(raw)
-        self._add("frame", now, raw)
+        self._add(Taken.FRAME, now, raw)
 
     def closed(self, code: int | None, now: float) -> None:
         if not self._truncated:
-            self._add("close", now, code)
+            self._add(Taken.CLOSE, now, code)
 
-    def _add(self, kind: str, now: float, value: Any) -> None:
+    def _add(self, kind: Taken, now: float, value: int | str | bytes | None) -> None:
         self._pending.append((kind, round(now - self.started, 4), value))
         self._wake.set()
 
@@ -156,7 +175,7 @@ class EventCapture:
                 self.log.warning("call.capture_failed", error=type(exc).__name__, path=str(self.path))
             self.failed = str(exc)
 
-    def _write(self, pending: list[tuple[str, float, Any]], end: dict[str, Any] | None) -> None:
+    def _write(self, pending: list[_Pending], end: dict[str, Any] | None) -> None:
         """Decode, scrub and append (in a worker thread)."""
         lines = []
         if not self._head_written:
@@ -175,13 +194,22 @@ class EventCapture:
             handle.write(text)
         self._head_written = True
 
-    def _line(self, kind: str, t: float, value: Any) -> list[dict[str, Any]]:
-        if kind == "connect":
-            return [{"kind": "connect", "t": t, "connection": value}]
-        if kind == "close":
-            return [{"kind": "close", "t": t, "code": value}]
-        if kind == "truncated":
-            return [{"kind": "truncated", "t": t, "max_chars": self.max_chars}]
+    def _line(self, kind: Taken, t: float, value: int | str | bytes | None) -> list[dict[str, Any]]:
+        match kind:
+            case Taken.CONNECT:
+                return [{"kind": "connect", "t": t, "connection": value}]
+            case Taken.CLOSE:
+                return [{"kind": "close", "t": t, "code": value}]
+            case Taken.TRUNCATED:
+                return [{"kind": "truncated", "t": t, "max_chars": self.max_chars}]
+            case Taken.FRAME:
+                return self._frame_line(t, value)
+            case _:
+                assert_never(kind)
+
+    def _frame_line(self, t: float, value: int | str | bytes | None) -> list[dict[str, Any]]:
+        if not isinstance(value, (str, bytes, bytearray)):
+            raise TypeError(f"a frame is text or bytes, not {type(value).__name__}")
         if isinstance(value, (bytes, bytearray)):
             return [{"kind": "frame", "t": t, "note": f"binary frame of {len(value)} bytes"}]
         try:

@@ -156,7 +156,7 @@ class _Turn:
     chars: int = 0
 
 
-def _dumps(obj: Any) -> str:
+def _dumps(obj: object) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -184,7 +184,7 @@ def cap_output(text: str, limit: int) -> str | None:
         prefix = prefix[: max(0, len(prefix) - excess)]
 
 
-def shape(raw: Any, cap: int) -> _Run:
+def shape(raw: object, cap: int) -> _Run:
     """A handler's dict as model-facing output plus client events. Keys
     starting with ``_`` never reach the model. TypeError for a non-dict."""
     if not isinstance(raw, dict):

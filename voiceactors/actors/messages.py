@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, AsyncIterator, Callable, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, TypeAlias, TypeVar
 
 import trio
 
 from voiceactors.actors.call_state import ToolOutcome
+
+if TYPE_CHECKING:
+    from voiceactors.actors.call_context import LinkedContext
+    from voiceactors.context import Reference
 
 
 # --- ToolExecutor ---------------------------------------------------------
@@ -28,9 +32,9 @@ class ToolRequest:
     epoch: int            # the call's epoch when the tool call was issued
     turn: int             # the user turn it belongs to (per-turn bounds)
     reply: trio.MemorySendChannel[ToolResult] = field(repr=False, compare=False)
-    # the call's current selection (a ``context.Reference``, or None): fills
-    # the arguments a tool takes from it when the model left them out
-    selection: Any = None
+    # the call's current selection: fills the arguments a tool takes from it
+    # when the model left them out
+    selection: Reference | None = None
     # a voice call's request: with --redis its writes are fenced by the call's
     # lease. False: no call holds it (an MCP client's), claimed unfenced
     fenced_by_call: bool = True
@@ -79,9 +83,8 @@ class Connect:
 
     call_id: str
     reply: trio.MemorySendChannel[ConnectOutcome] = field(repr=False, compare=False)
-    # the call's linked context (``actors.call_context.LinkedContext``), used
-    # only when this Connect starts the actor
-    context: Any = None
+    # the call's linked context, used only when this Connect starts the actor
+    context: LinkedContext | None = None
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from voiceactors.actors.call_context import LinkedContext, taken_over_context
 from voiceactors.actors.call_record import last_block, read_record
 from voiceactors.actors.record_kind import RecordKind
 from voiceactors.logs import get_logger
+from voiceactors.tool_effect import ToolEffect, tool_effect
 
 RESTARTED_OUTPUT = json.dumps({"error": "the server restarted before this tool call finished"})
 
@@ -45,7 +46,7 @@ class PendingCall:
     tool_call_id: str
     tool: str
     response_id: str
-    effect: str | None
+    effect: ToolEffect | None      # None: an MCP source's tool, or a record without the field
     arguments: str | None
 
 
@@ -85,7 +86,7 @@ def pending_calls(block: list[dict[str, Any]]) -> list[PendingCall] | None:
             continue
         arguments = line.get("arguments")
         pending[tool_call_id] = PendingCall(tool_call_id, str(line.get("tool") or ""),
-                                            str(line.get("response_id") or ""), line.get("effect"),
+                                            str(line.get("response_id") or ""), tool_effect(line.get("effect")),
                                             arguments if isinstance(arguments, str) else None)
     return list(pending.values())
 

@@ -52,13 +52,14 @@ from __future__ import annotations
 
 import contextvars
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 import trio
 
 from voiceactors import config, metrics, storage
 from voiceactors.actors import write_log
 from voiceactors.actors.call import AnswerNow, CallActor
+from voiceactors.actors.call_context import LinkedContext
 from voiceactors.actors.call_protocol import EndReason
 from voiceactors.actors.recovery import PendingCall, find_crashed
 from voiceactors.actors.daily_usage import DailyUsage
@@ -70,6 +71,7 @@ from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, Ex
 from voiceactors.logs import get_logger
 from voiceactors.realtime import tls as client_tls
 from voiceactors.settings import Settings
+from voiceactors.tool_effect import WRITE
 
 INBOX_SIZE = 256
 
@@ -143,7 +145,7 @@ class CallSupervisor:
         else:
             self.log.error("supervisor.unknown_message", kind=type(message).__name__)
 
-    def connect_now(self, call_id: str, context: Any = None) -> ConnectOutcome | None:
+    def connect_now(self, call_id: str, context: LinkedContext | None = None) -> ConnectOutcome | None:
         """``Connect`` answered in the caller's step (the connect route's):
         the supervisor's own ``_connect``, which never awaits, run as its
         task runs it for a message from the inbox, so nothing can come
@@ -162,7 +164,7 @@ class CallSupervisor:
         # bound for the request's log lines) is not the call's.
         return own.run(self._connect, call_id, nursery, context=context)
 
-    async def connect_leased(self, call_id: str, context: Any = None) -> ConnectOutcome | None:
+    async def connect_leased(self, call_id: str, context: LinkedContext | None = None) -> ConnectOutcome | None:
         """``Connect`` with a shared registry, answered in the caller's task
         (the plain connect's, ``http/fast_connect.py``): the lease won as the
         inbox's ``Connect`` wins it, without the message, the task per connect
@@ -197,7 +199,7 @@ class CallSupervisor:
                 self._connect(call.call_id, nursery, recovered=call.pending, context=call.context)
 
     def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None,
-                 context: Any = None, lease: Lease | None = None) -> ConnectOutcome:
+                 context: LinkedContext | None = None, lease: Lease | None = None) -> ConnectOutcome:
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
@@ -259,7 +261,7 @@ class CallSupervisor:
         _reply(message.reply, await self._lease_and_connect(message.call_id, nursery, context=message.context))
 
     async def _lease_and_connect(self, call_id: str, nursery: trio.Nursery, *,
-                                 recovered: list[PendingCall] | None = None, context: Any = None,
+                                 recovered: list[PendingCall] | None = None, context: LinkedContext | None = None,
                                  own: contextvars.Context | None = None) -> ConnectOutcome:
         """Start the call's actor if this process wins its lease (``own``:
         the supervisor's context, to start it in from another task's)."""
@@ -307,7 +309,7 @@ class CallSupervisor:
         carried = await self.registry.carried(lease.call_id)
         pending = carried.pending
         for call in pending:
-            if call.effect != "write":
+            if call.effect != WRITE:
                 continue
             answer = await self.registry.claim_write(lease.call_id, call.tool_call_id)
             if answer.record is not None:
@@ -346,7 +348,10 @@ class CallSupervisor:
                     await self._lease_and_connect(call_id, nursery)
 
 
-def _reply(reply: trio.MemorySendChannel[Any], value: Any) -> None:
+_Answer = TypeVar("_Answer")
+
+
+def _reply(reply: trio.MemorySendChannel[_Answer], value: _Answer) -> None:
     """Answer a request; an asker that gave up (closed its end) is not an error."""
     try:
         reply.send_nowait(value)

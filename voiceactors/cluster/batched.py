@@ -32,10 +32,11 @@ MAX_ITEMS = 256          # per request: one script holds Redis while it runs
 class _Slot(Generic[I, R]):
     __slots__ = ("item", "done", "answer", "error", "gone")
 
+    answer: R          # set with ``done`` when the batch was answered (unset before, and on an error)
+
     def __init__(self, item: I) -> None:
         self.item = item
         self.done = trio.Event()
-        self.answer: R | None = None
         self.error: RegistryDown | None = None
         self.gone = False            # its caller stopped waiting before the answer
 
@@ -71,7 +72,7 @@ class Batched(Generic[I, R]):
             raise RegistryDown("TooSlowError", timed_out=True)
         if slot.error is not None:
             raise RegistryDown(str(slot.error), timed_out=slot.error.timed_out)
-        return slot.answer  # type: ignore[return-value]
+        return slot.answer
 
     def submit(self, item: I) -> None:
         """Queue ``item`` with nobody waiting for its answer (only for a

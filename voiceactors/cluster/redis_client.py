@@ -80,6 +80,7 @@ from typing import Any, Awaitable, TypeVar
 import anyio
 import coredis
 import coredis.exceptions
+from coredis.connection import BaseConnection
 from coredis.retry import NoRetryPolicy
 import trio
 
@@ -447,7 +448,7 @@ ERRORS: tuple[type[BaseException], ...] = (coredis.exceptions.RedisError, OSErro
                                            anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
-class _SlotKeepingPool(coredis.ConnectionPool):  # type: ignore[type-arg]
+class _SlotKeepingPool(coredis.ConnectionPool[BaseConnection]):
     """coredis's pool, except that a connection released unusable gives its
     slot back.
 
@@ -461,7 +462,7 @@ class _SlotKeepingPool(coredis.ConnectionPool):  # type: ignore[type-arg]
     mid-read cost one). Reads ``_available_connections``, coredis's private
     queue of slots (pinned ``<7``; tests/test_cluster_cancelled_requests.py)."""
 
-    def release(self, connection: Any) -> None:
+    def release(self, connection: BaseConnection) -> None:
         super().release(connection)
         slots = self._available_connections
         if not connection.usable and len(slots) < self.max_connections:
@@ -506,9 +507,9 @@ async def bounded(request: Awaitable[T], timeout_s: float) -> T:
         raise RegistryDown("TooSlowError", timed_out=True) from None
 
 
-def eval_script(redis: Any, script: str, keys: list[str], args: list[Any]) -> Awaitable[Any]:
+def eval_script(redis: coredis.Redis[str], script: str, keys: list[str], args: list[object]) -> Awaitable[Any]:
     """The request running ``script`` (every argument sent as text)."""
-    return redis.eval(script, keys=keys, args=[str(a) for a in args])  # type: ignore[no-any-return]
+    return redis.eval(script, keys=keys, args=[str(a) for a in args])
 
 
 async def run_script(redis: Any, script: str, keys: list[str], args: list[Any]) -> Any:

@@ -58,6 +58,7 @@ import trio
 from voiceactors.actors.call_context import LinkedContext, carried_view, taken_over_context
 from voiceactors.actors.record_kind import TOOL_KINDS, RecordKind
 from voiceactors.actors.recovery import PendingCall
+from voiceactors.tool_effect import tool_effect
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.batched import MAX_ITEMS, Batched
 from voiceactors.cluster.fence import LeaseStop, SendFence
@@ -747,7 +748,7 @@ class RedisRegistry:
                 continue
             arguments = line.get("arguments")
             pending.append(PendingCall(str(tool_call_id), str(line.get("tool") or ""),
-                                       str(line.get("response_id") or ""), line.get("effect"),
+                                       str(line.get("response_id") or ""), tool_effect(line.get("effect")),
                                        arguments if isinstance(arguments, str) else None))
         return Carried(pending, context)
 

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 import trio
 from quart import g, request
+from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
 from voiceactors import metrics
@@ -168,8 +169,10 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
         JSON_SORT_KEYS=False,
     )
     # quart types app.json as the base JSONProvider; it is the DefaultJSONProvider
-    app.json.ensure_ascii = False  # type: ignore[attr-defined]
-    app.json.sort_keys = False  # type: ignore[attr-defined]
+    provider = app.json
+    assert isinstance(provider, DefaultJSONProvider), provider
+    provider.ensure_ascii = False
+    provider.sort_keys = False
     voice = VoiceState(settings=settings, brain_backend=brain_backend)
     app.extensions["voiceactors"] = voice
     _install_request_hooks(app, settings)

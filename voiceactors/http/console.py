@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import trio
 from quart import Blueprint, Response, current_app, jsonify, request
+from quart.json.provider import DefaultJSONProvider
 
 from voiceactors import notices
 from voiceactors.http import auth, console_sessions, history, timeline_svg
@@ -231,9 +232,10 @@ async def _from_record(call_id: str, make: Callable[[Path, str], T]) -> T:
 @console_bp.get("/api/voice/calls/<call_id>")
 async def call_detail(call_id: str) -> Any:
     provider = current_app.json     # jsonify's encoding, run in the worker thread with the rest
+    assert isinstance(provider, DefaultJSONProvider), provider   # quart's (app.py sets its options)
     body = await _from_record(call_id, lambda root, cid: provider.dumps(
         history.call_detail(root, cid), separators=(",", ":")) + "\n")
-    return current_app.response_class(body, mimetype=provider.mimetype)   # type: ignore[attr-defined]
+    return current_app.response_class(body, mimetype=provider.mimetype)
 
 
 @console_bp.get("/api/voice/calls/<call_id>/timeline.svg")

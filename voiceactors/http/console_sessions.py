@@ -19,7 +19,7 @@ import secrets
 from dataclasses import dataclass, field
 
 import trio
-from quart import current_app, request
+from quart import Response, current_app, request
 
 from voiceactors.settings import default
 
@@ -91,11 +91,11 @@ def is_public(path: str) -> bool:
     return path in PUBLIC_PATHS
 
 
-def set_cookie(response: object, session_id: str) -> None:
-    response.set_cookie(COOKIE_NAME, session_id, max_age=int(store().ttl_s), path="/",  # type: ignore[attr-defined]
+def set_cookie(response: Response, session_id: str) -> None:
+    response.set_cookie(COOKIE_NAME, session_id, max_age=int(store().ttl_s), path="/",
                         httponly=True, samesite="Strict", secure=request.scheme == "https")
 
 
-def clear_cookie(response: object) -> None:
-    response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="Strict",  # type: ignore[attr-defined]
+def clear_cookie(response: Response) -> None:
+    response.delete_cookie(COOKIE_NAME, path="/", httponly=True, samesite="Strict",
                            secure=request.scheme == "https")

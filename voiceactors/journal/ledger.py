@@ -507,6 +507,11 @@ def _dir_sig(root: Path) -> _DirSig:
         for name in names))
 
 
+def _facts_when_asked(path: str, facet: str, day: str) -> Callable[[], _FileFacts]:
+    """The loader of one file's facts for the cache, which calls it on a miss only."""
+    return lambda: _file_facts(Path(path), facet, day)
+
+
 def _scan(root: Path) -> list[tuple[str, str, str, int, int]]:
     """``(path, facet, day, mtime_ns, size)`` of every activity day file of
     every facet (stat only), sorted by path."""
@@ -554,10 +559,7 @@ def _derived(root: Path) -> _Derived:
         files = _scan(root)
         stamps = {p: (m, s) for p, _f, _d, m, s in files}
         if cache.derived is None or cache.stamps != stamps:
-            facts = [cache.files.get(path, (mtime, size),
-                                     # mypy cannot type a lambda with default-bound arguments
-                                     lambda path=path, facet=facet, day=day: _file_facts(  # type: ignore[misc]
-                                         Path(path), facet, day))
+            facts = [cache.files.get(path, (mtime, size), _facts_when_asked(path, facet, day))
                      for path, facet, day, mtime, size in files]
             cache.files.keep_only(stamps)             # files gone are dropped; scan order
             cache.derived = _build(facts)

@@ -55,7 +55,7 @@ class EventView:
     def __getattribute__(self, name: str) -> Any:
         if name in _OWN or name[:2] == "__":     # copy, pickle and friends, and ours: not fields
             return object.__getattribute__(self, name)
-        value = _fields_of(self).get(name)
+        value: Any = _fields_of(self).get(name)     # a decoded JSON value, or None
         kind = type(value)
         if kind is dict:
             return EventView(value)
@@ -63,7 +63,7 @@ class EventView:
             return tuple(EventView(v) if type(v) is dict else v for v in value)
         return value
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("an EventView is read-only")
 
     def __eq__(self, other: object) -> bool:
@@ -81,10 +81,10 @@ class EventView:
 
 #: The view's own attributes (not fields), and its slot's getter.
 _OWN = frozenset({"_fields", "to_dict"})
-_fields_of = EventView._fields.__get__   # type: ignore[attr-defined]
+_fields_of: Callable[[EventView], dict[str, Any]] = vars(EventView)["_fields"].__get__
 
 
-Check = Callable[[Any], bool]
+Check = Callable[[object], bool]
 #: A compiled field: a tuple of exact JSON types, a frozenset of literal
 #: values, or a ``Check``.
 Spec = tuple[type, ...] | frozenset[Any] | Check
@@ -95,21 +95,21 @@ _SCALARS: dict[Any, tuple[type, ...]] = {str: (str,), int: (int,), float: (float
                                          _NONE: (_NONE,)}
 
 
-def _never(_value: Any) -> bool:
+def _never(_value: object) -> bool:
     return False
 
 
-def _anything(_value: Any) -> bool:
+def _anything(_value: object) -> bool:
     return True
 
 
-def _fits(value: Any, spec: Spec) -> bool:
-    cls = spec.__class__
-    if cls is tuple:
-        return type(value) in spec   # type: ignore[operator]
-    if cls is frozenset:
-        return type(value) in _HASHABLE and value in spec   # type: ignore[operator]
-    return spec(value)   # type: ignore[operator]
+def _fits(value: object, spec: Spec) -> bool:
+    if spec.__class__ is tuple:
+        return type(value) in spec
+    if spec.__class__ is frozenset:
+        return type(value) in _HASHABLE and value in spec
+    assert callable(spec)
+    return spec(value)
 
 
 class _Compiler:
@@ -121,7 +121,7 @@ class _Compiler:
     def __init__(self) -> None:
         self._models: dict[type[BaseModel], Check] = {}
 
-    def annotation(self, ann: Any) -> Spec:
+    def annotation(self, ann: object) -> Spec:
         if ann is Any or ann is object:
             return _anything
         scalar = _SCALARS.get(ann) if isinstance(ann, Hashable) else None
@@ -147,9 +147,9 @@ class _Compiler:
         models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
         others = [self.annotation(m) for m in members if m not in models]
         if not models and all(o.__class__ is tuple for o in others):
-            return tuple(t for o in others for t in o)   # type: ignore[union-attr]
+            return tuple(t for o in others if o.__class__ is tuple for t in o)   # (every one is)
         if not models and all(o.__class__ in (tuple, frozenset) for o in others):
-            values = {v for o in others if o.__class__ is frozenset for v in o}   # type: ignore[union-attr]
+            values = {v for o in others if o.__class__ is frozenset for v in o}
             if all(o == (_NONE,) for o in others if o.__class__ is tuple):
                 return frozenset(values | {None})
         by_type: dict[Any, Check] = {}
@@ -161,8 +161,8 @@ class _Compiler:
             else:
                 by_type.update({v: self.model(model) for v in values_})
         # the plain members merged: one type test, one set test, then the checks
-        plain_types = tuple(t for o in others if o.__class__ is tuple for t in o)   # type: ignore[union-attr]
-        plain_values = frozenset(v for o in others if o.__class__ is frozenset for v in o)   # type: ignore[union-attr]
+        plain_types = tuple(t for o in others if o.__class__ is tuple for t in o)
+        plain_values = frozenset(v for o in others if o.__class__ is frozenset for v in o)
         other_checks = [o for o in others if o.__class__ not in (tuple, frozenset)]
         if plain_types and not plain_values and not by_type and len(other_checks) + len(untyped) == 1:
             # ``Optional[X]`` and the like: a model's check refuses what is no object itself
@@ -202,7 +202,7 @@ class _Source:
         self.lines: list[str] = []
         self.names: dict[str, Any] = {"_HASHABLE": _HASHABLE, "_MISSING": _MISSING}
 
-    def name(self, value: Any) -> str:
+    def name(self, value: object) -> str:
         """A name for ``value`` in the function's globals."""
         key = f"_c{len(self.names)}"
         self.names[key] = value
@@ -210,20 +210,18 @@ class _Source:
 
     def test(self, spec: Spec, var: str) -> str:
         """An expression true when ``var`` fits ``spec`` (as ``_fits`` says)."""
-        cls = spec.__class__
-        if cls is tuple:
-            if len(spec) == 1:   # type: ignore[arg-type]
-                return f"type({var}) is {self.name(spec[0])}"   # type: ignore[index]
+        if spec.__class__ is tuple:
+            if len(spec) == 1:
+                return f"type({var}) is {self.name(spec[0])}"
             return f"type({var}) in {self.name(spec)}"
-        if cls is frozenset:
+        if spec.__class__ is frozenset:
             return f"(type({var}) in _HASHABLE and {var} in {self.name(spec)})"
-        if cls is _Either:
-            either: _Either = spec   # type: ignore[assignment]
-            return f"({self.test(either.types, var)} or {self.test(either.check, var)})"
-        if cls is _ListOf:
-            element: Spec = spec.element   # type: ignore[union-attr]
+        if isinstance(spec, _Either):
+            return f"({self.test(spec.types, var)} or {self.test(spec.check, var)})"
+        if isinstance(spec, _ListOf):
+            element = spec.element
             if element.__class__ is tuple or element.__class__ is frozenset:
-                return f"{self.name(spec.check)}({var})"   # type: ignore[union-attr]
+                return f"{self.name(spec.check)}({var})"
             return f"(type({var}) is list and all(map({self.name(element)}, {var})))"
         return f"{self.name(spec)}({var})"
 
@@ -247,7 +245,7 @@ class _Either:
     def __init__(self, types: tuple[type, ...], check: Spec) -> None:
         self.types, self.check = types, check
 
-    def __call__(self, value: Any) -> bool:
+    def __call__(self, value: object) -> bool:
         return type(value) in self.types or _fits(value, self.check)
 
 
@@ -309,7 +307,7 @@ class _ListOf:
     def __init__(self, element: Spec, check: Check) -> None:
         self.element, self.check = element, check
 
-    def __call__(self, value: Any) -> bool:
+    def __call__(self, value: object) -> bool:
         return self.check(value)
 
 
@@ -317,26 +315,31 @@ def _list_of(element: Spec) -> Check:
     """A JSON array whose every element fits ``element`` (one loop, no
     per-element dispatch on the spec's kind: lists of items and content
     parts are checked on every acted-on frame)."""
-    cls = element.__class__
-    if cls is tuple:
-        def of_types(value: Any) -> bool:
+    if element.__class__ is tuple:
+        element_types = element
+
+        def of_types(value: object) -> bool:
             if type(value) is not list:
                 return False
             for x in value:
-                if type(x) not in element:   # type: ignore[operator]
+                if type(x) not in element_types:
                     return False
             return True
         return of_types
-    if cls is frozenset:
-        def of_values(value: Any) -> bool:
-            return type(value) is list and all(type(x) in _HASHABLE and x in element for x in value)   # type: ignore[operator]
-        return of_values
+    if element.__class__ is frozenset:
+        element_values = element
 
-    def of_checked(value: Any) -> bool:
+        def of_values(value: object) -> bool:
+            return type(value) is list and all(type(x) in _HASHABLE and x in element_values for x in value)
+        return of_values
+    assert callable(element)
+    element_check = element
+
+    def of_checked(value: object) -> bool:
         if type(value) is not list:
             return False
         for x in value:
-            if not element(x):   # type: ignore[operator]
+            if not element_check(x):
                 return False
         return True
     return of_checked

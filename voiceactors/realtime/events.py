@@ -46,7 +46,7 @@ __all__ = [
 _log = get_logger(actor="realtime")
 
 
-def _union_members(union: Any) -> list[type[BaseModel]]:
+def _union_members(union: object) -> list[type[BaseModel]]:
     """The member models of an SDK union, which may be wrapped in ``Annotated``."""
     if typing.get_origin(union) is Annotated:
         union = typing.get_args(union)[0]
@@ -80,7 +80,7 @@ class EventUnion:
     untyped: list[type[BaseModel]]
 
     @classmethod
-    def build(cls, name: str, union: Any) -> "EventUnion":
+    def build(cls, name: str, union: object) -> "EventUnion":
         owners: dict[str, list[type[BaseModel]]] = {}
         untyped: list[type[BaseModel]] = []
         for model in _union_members(union):
@@ -105,7 +105,7 @@ class EventUnion:
         """Whether some member model may accept this ``type`` value."""
         return type_ in self.by_type or type_ in self.fallback or bool(self.untyped)
 
-    def validate(self, obj: Any) -> BaseModel:
+    def validate(self, obj: object) -> BaseModel:
         """Validate a decoded event. Raises ``ValueError`` (``pydantic.ValidationError``
         is one) for a non-object, a missing or unknown ``type``, or invalid fields."""
         if not isinstance(obj, dict):
@@ -160,7 +160,7 @@ def error_summary(exc: Exception) -> str:
     return str(exc)
 
 
-def validate_server_event(obj: Any) -> BaseModel:
+def validate_server_event(obj: object) -> BaseModel:
     """Validate a decoded server event (raises ``ValueError``). The simulator uses
     it to check every event it sends."""
     return SERVER_EVENTS.validate(obj)
@@ -297,11 +297,11 @@ def read_server_event(raw: str | bytes, only: Container[str], budget: LogBudget 
 #: The scanner of ``json.loads`` (``JSONDecoder().scan_once``: the C one), for
 #: ``read_server_event``'s short path: ``loads`` = skip leading whitespace, this,
 #: then refuse anything but whitespace after it.
-# (typeshed does not declare the attribute, which every JSONDecoder has)
-_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+# (an attribute JSONDecoder's __init__ sets, which typeshed does not declare)
+_SCAN_JSON: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
 
 
-def skippable(raw: Any, only: Container[str]) -> bool:
+def skippable(raw: str | bytes, only: Container[str]) -> bool:
     """True for a frame the readers skip unread, with no line and no effect:
     text whose leading ``type`` is a known server event not in ``only``
     (deltas, audio buffer and rate-limit events)."""

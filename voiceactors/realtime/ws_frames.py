@@ -58,7 +58,8 @@ import os
 from typing import Any, Callable
 
 import trio
-from trio_websocket import ConnectionClosed
+from trio_websocket import ConnectionClosed, WebSocketConnection
+from wsproto.connection import Connection
 from wsproto.events import TextMessage
 from wsproto.frame_protocol import Frame, Opcode
 
@@ -70,7 +71,7 @@ SEAM_ATTRIBUTES = ("_send_channel", "_recv_channel", "_stream_lock", "_wsproto",
                    "_abort_web_socket")
 
 
-def check_seam(ws: Any) -> None:
+def check_seam(ws: WebSocketConnection) -> None:
     """Raise ``RuntimeError`` naming what is missing when ``ws`` lacks an
     attribute this module uses (a trio-websocket other than the pinned one)."""
     missing = [name for name in SEAM_ATTRIBUTES if not hasattr(ws, name)]
@@ -89,13 +90,13 @@ class _SendAtOnce:
 
     __slots__ = ("_inner", "skip", "skipped", "skipped_at")
 
-    def __init__(self, inner: trio.MemorySendChannel[Any]) -> None:
+    def __init__(self, inner: trio.MemorySendChannel[str | bytes]) -> None:
         self._inner = inner
-        self.skip: Callable[[Any], bool] | None = None
+        self.skip: Callable[[str | bytes], bool] | None = None
         self.skipped = 0
         self.skipped_at = -math.inf
 
-    async def send(self, value: Any) -> None:
+    async def send(self, value: str | bytes) -> None:
         skip = self.skip
         if skip is not None and skip(value):
             self.skipped += 1
@@ -110,7 +111,13 @@ class _SendAtOnce:
         return getattr(self._inner, name)
 
 
-def hand_off_at_once(ws: Any, skip: Callable[[Any], bool] | None = None) -> None:
+def _hand_off(ws: WebSocketConnection) -> _SendAtOnce | None:
+    """The connection's send channel once ``hand_off_at_once`` replaced it."""
+    channel: object = ws._send_channel
+    return channel if isinstance(channel, _SendAtOnce) else None
+
+
+def hand_off_at_once(ws: WebSocketConnection, skip: Callable[[str | bytes], bool] | None = None) -> None:
     """Make the connection's reader task queue every message of a socket
     read without yielding between them (idempotent). With ``skip``, the
     messages it says yes to are counted and dropped there instead of queued:
@@ -118,9 +125,12 @@ def hand_off_at_once(ws: Any, skip: Callable[[Any], bool] | None = None) -> None
     call's frames are deltas), and learns how many it missed from
     ``take_skipped``."""
     check_seam(ws)
-    if not isinstance(ws._send_channel, _SendAtOnce):
-        ws._send_channel = _SendAtOnce(ws._send_channel)
-    ws._send_channel.skip = skip
+    channel = _hand_off(ws)
+    if channel is None:
+        channel = _SendAtOnce(ws._send_channel)
+        # trio's MemorySendChannel is final: the stand-in has its methods (the rest forwarded), not its type
+        ws._send_channel = channel   # type: ignore[assignment]
+    channel.skip = skip
     if ws._wsproto.connection is not None:    # None only before the handshake's answer came
         decode_whole_frames(ws._wsproto.connection)
 
@@ -138,7 +148,7 @@ FRAME_SEAM = {
 _WHOLE_TEXT = 0x81
 
 
-def decode_whole_frames(connection: Any) -> None:
+def decode_whole_frames(connection: Connection) -> None:
     """Give a wsproto ``Connection`` the fast path for whole text frames
     (see the module doc; idempotent). Its events are the same, in the same
     order; only the frames it decodes cost less. Raises ``RuntimeError``
@@ -171,7 +181,7 @@ def decode_whole_frames(connection: Any) -> None:
                     yield Frame(Opcode.TEXT, text, True, True)
         yield from original()
 
-    received_frames._whole_frames = True    # type: ignore[attr-defined]
+    vars(received_frames)["_whole_frames"] = True    # a function's own attribute: this connection has the fast path
     proto.received_frames = received_frames
 
 
@@ -204,22 +214,22 @@ def _whole_text_frames(data: bytearray) -> tuple[list[str], int]:
     return texts, at
 
 
-def take_skipped(ws: Any) -> int:
+def take_skipped(ws: WebSocketConnection) -> int:
     """How many messages ``skip`` dropped since the last call (0 without the hand-off)."""
-    channel = ws._send_channel
+    channel: object = ws._send_channel     # (not _hand_off: read per batch, one call less)
     if not isinstance(channel, _SendAtOnce):
         return 0
     skipped, channel.skipped = channel.skipped, 0
     return skipped
 
 
-def last_skipped_at(ws: Any) -> float:
+def last_skipped_at(ws: WebSocketConnection) -> float:
     """``trio.current_time()`` when ``skip`` last dropped a message (-inf: never)."""
-    channel = ws._send_channel
+    channel: object = ws._send_channel
     return channel.skipped_at if isinstance(channel, _SendAtOnce) else -math.inf
 
 
-async def get_messages(ws: Any) -> list[str | bytes]:
+async def get_messages(ws: WebSocketConnection) -> list[str | bytes]:
     """The next message (waiting for it) and every message queued behind it.
     Raises ``ConnectionClosed`` like ``get_message`` when none is left."""
     batch: list[str | bytes] = [await ws.get_message()]
@@ -231,7 +241,7 @@ async def get_messages(ws: Any) -> list[str | bytes]:
             return batch   # a closed channel: the next get_messages raises ConnectionClosed
 
 
-async def send_now(ws: Any, text: str) -> None:
+async def send_now(ws: WebSocketConnection, text: str) -> None:
     """Write one text frame. When no write holds the send lock, the frame is
     made and its bytes handed to the socket before the first schedule point;
     otherwise it waits its turn (``send_message``). Raises ``ConnectionClosed``
@@ -252,7 +262,7 @@ async def send_now(ws: Any, text: str) -> None:
         lock.release()
 
 
-def start_send(ws: Any, text: str) -> bytes | None:
+def start_send(ws: WebSocketConnection, text: str) -> bytes | None:
     """Begin writing one text frame in this step, with no schedule point at
     all: on a plain TCP stream (a ``ws://`` sideband: the loopback of the
     tests and benchmarks, a local proxy) with the send lock free, the frame
@@ -289,7 +299,7 @@ def start_send(ws: Any, text: str) -> bytes | None:
     return data[sent:]
 
 
-async def finish_send(ws: Any, rest: bytes) -> None:
+async def finish_send(ws: WebSocketConnection, rest: bytes) -> None:
     """Write what ``start_send`` left of its frame and release the send lock
     it held. Raises ``ConnectionClosed`` like ``send_message``."""
     try:
@@ -301,7 +311,7 @@ async def finish_send(ws: Any, rest: bytes) -> None:
         ws._stream_lock.release()
 
 
-async def send_before(ws: Any, text: str, until: float) -> bool:
+async def send_before(ws: WebSocketConnection, text: str, until: float) -> bool:
     """Write one text frame only if trio's clock is before ``until`` at the
     moment its bytes go to the socket; False (nothing written) when it is
     not. A write of trio-websocket's own (a pong, its close) holding the send

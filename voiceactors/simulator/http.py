@@ -105,7 +105,10 @@ class ReplayStream(trio.abc.Stream):
         await self.inner.wait_send_all_might_not_block()
 
     async def send_eof(self) -> None:  # pragma: no cover - not used by trio-websocket
-        await self.inner.send_eof()  # type: ignore[attr-defined]
+        inner = self.inner
+        if not isinstance(inner, trio.abc.HalfCloseableStream):
+            raise TypeError(f"{type(inner).__name__} cannot send an EOF")
+        await inner.send_eof()
 
     async def aclose(self) -> None:
         try:
@@ -129,7 +132,7 @@ async def _read_head(stream: trio.abc.Stream, conn: h11.Connection, raw: bytearr
             if not data:
                 return None
             raw += data
-            conn.receive_data(data)
+            conn.receive_data(bytes(data))   # the stream's bytes as they are (a bytearray copied)
             continue
         return event if isinstance(event, h11.Request) else None
 
@@ -140,7 +143,7 @@ async def _read_body(stream: trio.abc.Stream, conn: h11.Connection) -> bytes:
         event = conn.next_event()
         if event is h11.NEED_DATA:
             data = await stream.receive_some(65536)
-            conn.receive_data(data)  # b"" means EOF; h11 then raises on a short body
+            conn.receive_data(bytes(data))  # b"" means EOF; h11 then raises on a short body
             continue
         if isinstance(event, h11.Data):
             body += event.data

@@ -105,11 +105,16 @@ class ScenarioError(ValueError):
     """A scenario could not be found or does not match the format."""
 
 
+#: One step of a scenario: ``{kind: its argument}``, the argument checked
+#: against the kind's schema when the scenario is loaded.
+Step = dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
-    steps: tuple[dict[str, Any], ...]
+    steps: tuple[Step, ...]
 
     @classmethod
     def from_obj(cls, obj: Any, name: str = "inline") -> "Scenario":

@@ -21,13 +21,13 @@ from jsonschema.exceptions import ValidationError, relevance
 from voiceactors import safe_text
 from voiceactors.mcp_sources import JOURNAL_TOOL_FAMILIES
 from voiceactors.settings import default
+# READ and WRITE are also the registry's names (the tools below and the MCP side import them from here)
+from voiceactors.tool_effect import READ as READ, WRITE as WRITE, ToolEffect
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
 from voiceactors.tools.context import ToolContext
 
 Handler = Callable[[ToolContext, dict[str, Any]], dict[str, Any]]
 
-READ = "read"
-WRITE = "write"
 
 
 class ArgumentError(Exception):
@@ -43,7 +43,7 @@ class ToolSpec:
     name: str                        # canonical dotted name, e.g. "journal.get_day"
     description: str                 # what the spoken assistant gets from it
     parameters: dict[str, Any]       # JSON Schema (type object, additionalProperties false)
-    effect: str                      # "read" | "write"
+    effect: ToolEffect
     handler: Handler
     errors: Mapping[str, str] = field(default_factory=dict)  # property -> design error string
     # the answer depends only on the journal, today and the arguments (never on
@@ -343,7 +343,8 @@ def parse_arguments(raw: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ArgumentError({"error": "arguments must be a JSON object"})
     # a JSON text inside the event's: its escapes are decoded only here
-    return safe_text.decoded(raw, value)  # type: ignore[no-any-return]
+    arguments: dict[str, Any] = safe_text.decoded(raw, value)   # the same object, or its cleaned copy
+    return arguments
 
 
 def canonical_arguments(raw: Any) -> str:

@@ -24,9 +24,9 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from voiceactors.actors.call import CallActor
-from voiceactors.actors.call_record import read_record, record_path
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call.actor import CallActor
+from voiceactors.call.record import read_record, record_path
+from voiceactors.call.feed import FeedHub
 from voiceactors.actors.executor import ToolExecutor
 from voiceactors.call.memory_transport import MemoryService
 from voiceactors.call.websocket_transport import WebSocketTransport

@@ -31,7 +31,7 @@ from mcp.server.lowlevel import Server
 
 from calls_support import DAY, KEY, Rig
 from voiceactors.actors.executor import ToolExecutor
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call.feed import FeedHub
 from voiceactors.actors.mcp_hub import McpHub
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings

@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from test_call_protocol import Wire, confirmed, created, done, item_done, speech
-from voiceactors.actors.call_context import CallContext, Greeting, LinkedContext
-from voiceactors.actors.call_protocol import (CallProtocol, CancelOlderReads, Connected, Dropped, Publish, RecordLine,
+from voiceactors.call.call_context import CallContext, Greeting, LinkedContext
+from voiceactors.call.protocol import (CallProtocol, CancelOlderReads, Connected, Dropped, Publish, RecordLine,
                                               Send, StartTool, ToolAbandoned)
 from voiceactors.context import Reference, Unverified
 

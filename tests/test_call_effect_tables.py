@@ -1,5 +1,5 @@
 """The shell carries out a ``Publish`` or ``Measure`` effect through a table
-named once (``actors/call.py``: ``_PUBLISHERS``, ``_MEASURES``), not by
+named once (``call/actor.py``: ``_PUBLISHERS``, ``_MEASURES``), not by
 looking an attribute up by its name: every kind the protocol can emit has
 its entry, and each entry is the feed's method or the metric of that name."""
 
@@ -9,8 +9,9 @@ import ast
 import inspect
 
 from voiceactors import metrics
-from voiceactors.actors import call, call_protocol
-from voiceactors.actors.feed import CallFeed
+from voiceactors.call import actor as call
+from voiceactors.call import protocol as call_protocol
+from voiceactors.call.feed import CallFeed
 
 
 def _emitted(effect: str) -> set[str]:

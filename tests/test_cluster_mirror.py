@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from redis_support import REDIS_SERVER, expire_lease_now, redis_server  # noqa: F401  (the fixture)
-from voiceactors.actors.call_context import CallContext, LinkedContext, carried_view, taken_over_context
+from voiceactors.call.call_context import CallContext, LinkedContext, carried_view, taken_over_context
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
 from voiceactors.context import Reference, Unverified

@@ -22,7 +22,7 @@ from test_context_calls import SIM_KEY, app_for, sim  # noqa: F401 - the simulat
 from calls_support import DAY
 from clock_support import serving
 from voiceactors.actors.messages import ConnectOutcome, CountCalls
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.settings import Settings
 
 

@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 
 from voiceactors import storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 from voiceactors.actors.messages import CancelReads, ToolRequest, ask
 from voiceactors.actors.executor import ToolExecutor, cap_output
 from voiceactors.journal import ledger

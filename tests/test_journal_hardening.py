@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from voiceactors import storage
-from voiceactors.actors.call_record import read_record
+from voiceactors.call.record import read_record
 from voiceactors.journal import activities, ledger, search
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.tools import REGISTRY, ToolContext

@@ -29,7 +29,7 @@ import trio
 from clock_support import real_time_limit, serving, without_clock_jumps
 from voiceactors import storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call_record import CallRecord, read_record
+from voiceactors.call.record import CallRecord, read_record
 from voiceactors.actors.messages import ToolRequest, ask
 from voiceactors.actors.executor import JOURNAL_BUSY
 from voiceactors.http import create_app, voice_state

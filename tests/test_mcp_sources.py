@@ -15,7 +15,7 @@ import mcp.types as types
 from calls_support import assert_clean_protocol, real_time_limit, steady
 from mcp_support import McpTestServer, ToolDef, mcp_rig, text_result
 from voiceactors import metrics
-from voiceactors.actors.call_protocol import EndReason
+from voiceactors.call.protocol import EndReason
 from voiceactors.actors.executor import ToolExecutor
 from voiceactors.actors.mcp_hub import McpHub, check_sources
 from voiceactors.actors.messages import ToolRequest, ToolResult
@@ -426,7 +426,7 @@ async def test_a_rejoin_after_a_crash_answers_a_source_write_from_the_write_log(
     from calls_support import KEY, rig
     from test_call_crash import RESUME, _crashed_block
     from voiceactors.actors import mcp_execution
-    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.call.supervisor import CallSupervisor
     from voiceactors.simulator import ToolCallRecord
 
     state = tmp_path / "state"

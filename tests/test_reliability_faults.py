@@ -45,7 +45,7 @@ from calls_support import DAY, KEY, real_time_limit, rig
 from child_support import CHILD_START_S, Child
 from clock_support import serving
 from voiceactors.actors import write_log
-from voiceactors.actors.call_record import read_record, record_path
+from voiceactors.call.record import read_record, record_path
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.actors.executor import ToolExecutor
 from voiceactors.http import create_app

@@ -21,7 +21,7 @@ import trio
 
 from child_support import die_with_parent
 from clock_support import serving
-from voiceactors.actors.call_record import record_path
+from voiceactors.call.record import record_path
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.actors.executor import ToolExecutor
 from voiceactors.cli import main

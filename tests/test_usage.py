@@ -13,8 +13,8 @@ import trio
 
 from calls_support import rig, steady
 from voiceactors import metrics as metrics_module
-from voiceactors.actors.call_protocol import CallProtocol, Connected, CountUsage, Log, Publish, Received, RecordLine
-from voiceactors.actors.call_usage import meter_for
+from voiceactors.call.protocol import CallProtocol, Connected, CountUsage, Log, Publish, Received, RecordLine
+from voiceactors.call.meter import meter_for
 from voiceactors.calls_report import render_table, report
 from voiceactors.cli import main as cli_main
 from voiceactors.http.history import list_calls

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from voiceactors.actors.call_record import writer_retired
+from voiceactors.call.record import writer_retired
 from voiceactors.actors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
     from voiceactors.actors.mcp_hub import McpMessage
@@ -88,7 +88,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     # Imported here so that importing the runtime (e.g. for the CLI's --help)
     # does not pull in every actor.
     from voiceactors.actors.brain import BrainActor
-    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.call.supervisor import CallSupervisor
     from voiceactors.actors.executor import ToolExecutor
     from voiceactors.actors.mcp_hub import McpHub
     from voiceactors.tools.context import ToolContext

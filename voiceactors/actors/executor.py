@@ -70,7 +70,7 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import mcp_execution, write_log
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 from voiceactors.cluster.registry import CallRegistry, RegistryDown, WriteClaim
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger

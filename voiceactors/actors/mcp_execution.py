@@ -30,7 +30,7 @@ import trio
 
 from voiceactors import clock, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 from voiceactors.actors.mcp_connection import ANSWER_MAX_BYTES, Failure, in_proportion
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.logs import get_logger

@@ -12,7 +12,7 @@ from typing import Any, AsyncIterator, Callable, TypeAlias, TypeVar
 
 import trio
 
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 
 
 # --- ToolExecutor ---------------------------------------------------------
@@ -79,7 +79,7 @@ class Connect:
 
     call_id: str
     reply: trio.MemorySendChannel[ConnectOutcome] = field(repr=False, compare=False)
-    # the call's linked context (``actors.call_context.LinkedContext``), used
+    # the call's linked context (``call.call_context.LinkedContext``), used
     # only when this Connect starts the actor
     context: Any = None
 

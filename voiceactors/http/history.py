@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from voiceactors import storage
-from voiceactors.actors.call_record import parse_record, record_path
-from voiceactors.actors.call_state import ToolOutcome
-from voiceactors.actors.record_kind import RecordKind
+from voiceactors.call.record import parse_record, record_path
+from voiceactors.call.state import ToolOutcome
+from voiceactors.call.record_kind import RecordKind
 from voiceactors.usage import Tokens, round_usd
 
 DEFAULT_LIST = 50
@@ -244,7 +244,7 @@ def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
 def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The record's transcripts in spoken order: run by run (blocks), and
     within a run by each line's ``order`` (the conversation's item order,
-    ``actors/transcript_order.py``); lines without one (older records) keep
+    ``call/transcript_order.py``); lines without one (older records) keep
     their place in the file. ``cut_short``: the reply was cut off (its line
     says so, or a ``transcript_cut`` line of its run names its item)."""
     entries: list[tuple[tuple[int, float, int], dict[str, Any]]] = []

@@ -26,7 +26,7 @@ from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.cluster.shared_feed import EVENT_ID_RE, StreamRefusal
 from voiceactors.http import errors as E
 from voiceactors.http import linked
-from voiceactors.actors.call_context import LinkedContext
+from voiceactors.call.call_context import LinkedContext
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients

@@ -3,7 +3,7 @@
 The handler only verifies (``voiceactors.context_resolve.verify``, in the executor's
 worker thread like every read) and answers ``{"selected": <reference>}``; the
 call's protocol applies that answer to the call's current selection
-(``actors/call_context.py``) when, and only when, the model gets it. A failed,
+(``call/call_context.py``) when, and only when, the model gets it. A failed,
 ambiguous or cancelled lookup answers an error and changes nothing.
 
 ``fill_from_selection`` is how the other tools default "this day / this

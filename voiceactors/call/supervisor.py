@@ -58,11 +58,11 @@ import trio
 
 from voiceactors import config, metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call import AnswerNow, CallActor
-from voiceactors.actors.call_protocol import EndReason
-from voiceactors.actors.recovery import PendingCall, find_crashed
+from voiceactors.call.actor import AnswerNow, CallActor
+from voiceactors.call.protocol import EndReason
+from voiceactors.call.recovery import PendingCall, find_crashed
 from voiceactors.actors.daily_usage import DailyUsage
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call.feed import FeedHub
 from voiceactors.cluster.leases import release_quietly, run_leased
 from voiceactors.cluster.registry import CallRegistry, Carried, Lease, LocalRegistry, RegistryDown
 from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,

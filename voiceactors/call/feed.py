@@ -36,7 +36,7 @@ from typing import Any, Iterable, Protocol
 
 import trio
 
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 from voiceactors.actors.messages import SubscribeRefusal
 from voiceactors.logs import get_logger
 from voiceactors.settings import default

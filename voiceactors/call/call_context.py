@@ -1,7 +1,7 @@
 """CallContext: what one call is about (its original link and current
 selection) and its first greeting, without I/O.
 
-Owned by the call's ``CallProtocol`` (``call_protocol.py`` calls the three
+Owned by the call's ``CallProtocol`` (``protocol.py`` calls the three
 hooks below and carries out what they return; the rules live here):
 
 * the **original link** is the verified (or unverified) context the call was
@@ -37,7 +37,7 @@ from enum import StrEnum
 from typing import Any
 
 from voiceactors import context
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime import events as rt
 
 SELECT_TOOL = "journal.select"

@@ -28,9 +28,9 @@ from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voiceactors.actors.call_context import LinkedContext, taken_over_context
-from voiceactors.actors.call_record import last_block, read_record
-from voiceactors.actors.record_kind import RecordKind
+from voiceactors.call.call_context import LinkedContext, taken_over_context
+from voiceactors.call.record import last_block, read_record
+from voiceactors.call.record_kind import RecordKind
 from voiceactors.logs import get_logger
 
 RESTARTED_OUTPUT = json.dumps({"error": "the server restarted before this tool call finished"})

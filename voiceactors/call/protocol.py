@@ -3,10 +3,10 @@
 ``CallProtocol.handle(input, now)`` takes one ``CallInput`` (a parsed server
 event, a tool result, an event written, the socket connected or dropped, a
 timer) and the current time, updates the call's bookkeeping
-(``call_state.py``) and returns the effects to carry out, in order: events to
+(``state.py``) and returns the effects to carry out, in order: events to
 send, tools to start, reads to cancel, a wake-up time, record lines, feed
 events, metrics, log lines, the end of the call. It never blocks, sleeps,
-reads a clock or imports trio: ``CallActor`` (``call.py``) is the async shell
+reads a clock or imports trio: ``CallActor`` (``actor.py``) is the async shell
 that feeds it and carries its effects out. The protocol tests drive it
 directly (``tests/test_call_protocol.py``).
 
@@ -37,16 +37,16 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable
 
-from voiceactors.actors.call_usage import FAREWELL, BudgetState, CallMeter
-from voiceactors.actors.call_state import (
+from voiceactors.call.meter import FAREWELL, BudgetState, CallMeter
+from voiceactors.call.state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
     Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
 )
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
-from voiceactors.actors.call_state import ToolFinished as ToolFinished
-from voiceactors.actors.call_context import CallContext
-from voiceactors.actors.record_kind import RecordKind
-from voiceactors.actors.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
+from voiceactors.call.state import ToolFinished as ToolFinished
+from voiceactors.call.call_context import CallContext
+from voiceactors.call.record_kind import RecordKind
+from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
 
@@ -64,7 +64,7 @@ class EndReason(StrEnum):
     UNAUTHORIZED = "unauthorized"         # 401/403 at the handshake, or an invalid_api_key error
     QUOTA = "insufficient_quota"          # the service's insufficient_quota error
     SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
-    BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (call_usage.py)
+    BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (meter.py)
     AUTH_EXPIRED = "auth_expired"         # an MCP source refused the call's own token (docs/mcp.md)
     ERROR = "error"                       # a bug: logged with its traceback
 
@@ -429,7 +429,7 @@ class CallProtocol:
         for call in self.calls.values():
             self._record_settled(call)
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
-        if self.meter.usage.responses:    # the call's usage totals (call_usage.py)
+        if self.meter.usage.responses:    # the call's usage totals (meter.py)
             lines.append(RecordLine(RecordKind.USAGE_TOTAL, self.meter.totals()))
         return lines
 

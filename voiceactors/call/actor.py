@@ -1,6 +1,6 @@
 """CallActor: one live call's sideband, from connect to call record.
 
-The actor is the async shell around its ``CallProtocol`` (``call_protocol.py``,
+The actor is the async shell around its ``CallProtocol`` (``protocol.py``,
 where every protocol rule lives, with no I/O): it owns the call's transport
 (``call/transport.py``: the sideband websocket, or any other connection
 behind the same seam), the connect loop, the tool tasks and the call record, feeds the protocol its
@@ -43,21 +43,21 @@ import trio
 
 from voiceactors import metrics, storage
 from voiceactors.actors import write_log
-from voiceactors.actors.call_context import CallContext, LinkedContext, carried_view
-from voiceactors.actors.call_record import CallRecord
-from voiceactors.actors.event_capture import EventCapture
-from voiceactors.actors.call_protocol import (
+from voiceactors.call.call_context import CallContext, LinkedContext, carried_view
+from voiceactors.call.record import CallRecord
+from voiceactors.call.event_capture import EventCapture
+from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, Measure, Prefetch, Publish, Recovered, RecordLine,
     PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
-from voiceactors.actors.call_state import Batch, ToolCall, ToolOutcome
-from voiceactors.actors.record_kind import RecordKind
-from voiceactors.actors.call_usage import meter_for
+from voiceactors.call.state import Batch, ToolCall, ToolOutcome
+from voiceactors.call.record_kind import RecordKind
+from voiceactors.call.meter import meter_for
 from voiceactors.cluster.fence import SendFence
-from voiceactors.actors.feed import CallFeed
+from voiceactors.call.feed import CallFeed
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
-from voiceactors.actors.recovery import RESTARTED_OUTPUT, PendingCall
+from voiceactors.call.recovery import RESTARTED_OUTPUT, PendingCall
 from voiceactors.config import ConfigUnreadable
 from voiceactors.config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger

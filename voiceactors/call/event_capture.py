@@ -44,7 +44,7 @@ from typing import Any
 import trio
 
 from voiceactors import clock, storage
-from voiceactors.actors.call_record import record_path
+from voiceactors.call.record import record_path
 from voiceactors.logs import get_logger, scrub
 from voiceactors.realtime.sideband import ConnectionClosed, close_code
 

@@ -1,4 +1,4 @@
-"""The kinds of a call record's lines (``call_record.py`` has each one's fields).
+"""The kinds of a call record's lines (``record.py`` has each one's fields).
 
 One enum for the record's writer and every reader (recovery, the history
 API, the timeline, the cluster's mirror): a kind is spelled once, and a

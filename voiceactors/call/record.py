@@ -111,7 +111,7 @@ import orjson
 import trio
 
 from voiceactors import clock, safe_text, storage
-from voiceactors.actors.record_kind import URGENT_KINDS, RecordKind
+from voiceactors.call.record_kind import URGENT_KINDS, RecordKind
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="call_record")

@@ -38,25 +38,25 @@ LAZY_ONLY = {"voiceactors.cli"}
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: logging, time, files, settings and their plain data", (
         "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
-        "voiceactors.mcp_sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
+        "voiceactors.mcp.client.sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
         "voiceactors.context", "voiceactors.openai_clients")),
     ("the journal and its configuration", (
         "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.context_resolve")),
-    ("the tools", ("voiceactors.tools",)),
+    ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.discovery")),
     ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
      "the day's usage", (
         "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
-        "voiceactors.actors.messages", "voiceactors.actors.daily_usage")),
+        "voiceactors.actors.messages", "voiceactors.actors.daily_usage", "voiceactors.actors.write_log")),
     ("the call registry and the rest of scaling out", ("voiceactors.cluster",)),
     ("the actors", (
-        "voiceactors.actors", "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed",
+        "voiceactors.actors", "voiceactors.mcp", "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed",
         "voiceactors.call.event_capture")),
     ("the runtime, the HTTP app and its console, the journal's MCP server, the Realtime stand-in", (
-        "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp_server", SIMULATOR)),
+        "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp.server", SIMULATOR)),
     ("the commands", (
-        "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp_server.stdio",
+        "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp.server.stdio",
         "voiceactors.calls_report",
-        "voiceactors.cli", "voiceactors.demo", "voiceactors.demo_mcp", "voiceactors.replay")),
+        "voiceactors.cli", "voiceactors.demo", "voiceactors.mcp.demo_source", "voiceactors.replay")),
 )
 #: Imports allowed to go up a layer: (importer, imported) -> why.
 UPWARD: dict[tuple[str, str], str] = {}

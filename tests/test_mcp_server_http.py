@@ -20,7 +20,7 @@ from voiceactors import clock, storage
 from voiceactors.actors import write_log
 from voiceactors.http import create_app, serving
 from voiceactors.journal import ledger
-from voiceactors.mcp_server.tools import CLIENT_EVENTS_META_KEY, IDEMPOTENCY_META_KEY
+from voiceactors.mcp.server.tools import CLIENT_EVENTS_META_KEY, IDEMPOTENCY_META_KEY
 from voiceactors.server import hypercorn_config
 from voiceactors.settings import Settings
 from voiceactors.tools import ToolContext

@@ -30,7 +30,7 @@ import trio
 from voiceactors.call.record import writer_retired
 from voiceactors.actors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
-    from voiceactors.actors.mcp_hub import McpMessage
+    from voiceactors.mcp.client.hub import McpMessage
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -90,7 +90,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     from voiceactors.actors.brain import BrainActor
     from voiceactors.call.supervisor import CallSupervisor
     from voiceactors.actors.executor import ToolExecutor
-    from voiceactors.actors.mcp_hub import McpHub
+    from voiceactors.mcp.client.hub import McpHub
     from voiceactors.tools.context import ToolContext
 
     from voiceactors.cluster.brain_flight import make_flight

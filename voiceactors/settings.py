@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from voiceactors import mcp_sources
+from voiceactors.mcp.client import sources as mcp_sources
 
 SPEC = "voiceactors.setting"
 

@@ -69,7 +69,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 import trio
 
 from voiceactors import metrics, storage
-from voiceactors.actors import mcp_execution, write_log
+from voiceactors.actors import write_log
+from voiceactors.mcp.client import execution as mcp_execution
 from voiceactors.call.state import ToolOutcome
 from voiceactors.cluster.registry import CallRegistry, RegistryDown, WriteClaim
 from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
@@ -93,7 +94,7 @@ from voiceactors.tools.registry import (
 )
 
 if TYPE_CHECKING:
-    from voiceactors.actors.mcp_hub import McpHub
+    from voiceactors.mcp.client.hub import McpHub
 
 _log = get_logger(actor="tools")
 
@@ -240,7 +241,7 @@ class _Flight:
 class ToolExecutor:
     """See the module docstring. ``registry`` is replaceable (tests register
     their own tools); ``on_result`` observes every reply (metrics);
-    ``remote`` holds the tools of MCP sources (``mcp_hub.py``; None: ours only)."""
+    ``remote`` holds the tools of MCP sources (``mcp/client/hub.py``; None: ours only)."""
 
     def __init__(self, settings: Settings, ctx: ToolContext, registry: Mapping[str, ToolSpec] = REGISTRY,
                  on_result: Callable[[ToolResult], None] = observe_result, remote: McpHub | None = None,

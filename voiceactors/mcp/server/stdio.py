@@ -35,8 +35,8 @@ from voiceactors.actors.executor import ToolExecutor
 from voiceactors.cluster.registry import make_registry
 from voiceactors.commands import EXIT_USAGE
 from voiceactors.logs import get_logger
-from voiceactors.mcp_server.server import build_server
-from voiceactors.mcp_server.tools import ToolCaller
+from voiceactors.mcp.server.server import build_server
+from voiceactors.mcp.server.tools import ToolCaller
 from voiceactors.settings import Settings
 from voiceactors.tools.context import ToolContext
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from jsonschema.exceptions import SchemaError
 
 from voiceactors.tools import schema_bounds
-from voiceactors.mcp_sources import FUNCTION_NAME_MAX, MCP_TOOL_NAME_RE, spelled
+from voiceactors.mcp.client.sources import FUNCTION_NAME_MAX, MCP_TOOL_NAME_RE, spelled
 from voiceactors.tools.context import ToolContext
 from voiceactors.tools.registry import READ, WRITE, ToolSpec
 

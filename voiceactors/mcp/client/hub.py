@@ -1,6 +1,6 @@
 """McpHub: the MCP tool sources, their discovered tools and their sessions.
 
-The hub owns, per configured source (``mcp_sources.py``), one shared
+The hub owns, per configured source (``sources.py``), one shared
 ``SourceConnection`` with the source's configured token (read from its
 ``token_env`` at each discovery) and the tools that discovery found; and per
 call that brought credentials (``POST /api/voice/connect``), that call's
@@ -33,11 +33,11 @@ from typing import Any, AsyncIterator, Mapping, TypeAlias
 import trio
 
 from voiceactors import config, metrics, storage
-from voiceactors.actors.mcp_connection import Failure, SourceConnection, ToolAnswer
+from voiceactors.mcp.client.connection import Failure, SourceConnection, ToolAnswer
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
-from voiceactors.tools import mcp_discovery
-from voiceactors.mcp_sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
+from voiceactors.mcp.client import discovery as mcp_discovery
+from voiceactors.mcp.client.sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
 from voiceactors.tools.registry import ToolSpec
 
 CALLS_KEPT = 1024           # calls whose credentials are kept, oldest evicted
@@ -94,7 +94,7 @@ class Answer:
     result: dict[str, Any] | None
     failure: Failure | None
     token: str
-    size: int = 0       # the answer's bytes (``mcp_connection.ToolAnswer``)
+    size: int = 0       # the answer's bytes (``connection.ToolAnswer``)
 
 
 def configured_sources(settings: Settings) -> tuple[McpSource, ...]:
@@ -291,7 +291,7 @@ class McpHub:
 
     @contextlib.asynccontextmanager
     async def write_lock(self, tool_call_id: str) -> AsyncIterator[None]:
-        """Held around one write's check-request-record (``mcp_execution``):
+        """Held around one write's check-request-record (``execution.py``):
         a second request with the same id waits, then finds the record."""
         lock, users = self._write_locks.get(tool_call_id, (trio.Lock(), 0))
         self._write_locks[tool_call_id] = (lock, users + 1)

@@ -31,13 +31,13 @@ import trio
 from voiceactors import clock, storage
 from voiceactors.actors import write_log
 from voiceactors.call.state import ToolOutcome
-from voiceactors.actors.mcp_connection import ANSWER_MAX_BYTES, Failure, in_proportion
+from voiceactors.mcp.client.connection import ANSWER_MAX_BYTES, Failure, in_proportion
 from voiceactors.actors.messages import ToolRequest
 from voiceactors.logs import get_logger
 from voiceactors.tools.registry import WRITE, ToolSpec
 
 if TYPE_CHECKING:
-    from voiceactors.actors.mcp_hub import Answer, McpHub
+    from voiceactors.mcp.client.hub import Answer, McpHub
 
 TEXT_MAX_BLOCKS = 64
 _log = get_logger(actor="tools")

@@ -16,7 +16,7 @@ from mcp.server.context import ServerRequestContext
 
 from voiceactors import __version__
 from voiceactors.logs import get_logger
-from voiceactors.mcp_server.tools import ToolCaller
+from voiceactors.mcp.server.tools import ToolCaller
 
 SERVER_NAME = "voiceactors-journal"
 INSTRUCTIONS = ("The user's solstone journal: days, search, people and organisations, commitments, today's "

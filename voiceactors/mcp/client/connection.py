@@ -6,7 +6,7 @@ until it fails or sits idle for ``IDLE_CLOSE_S``. Others hand it requests
 (``list_tools``, ``call_tool``) and get back a value: the SDK's result, or a
 ``Failure`` (``denied``, ``timeout``, ``transport``, ``protocol``,
 ``closed``, ``too_large``). Nothing here ever raises into the asker. Under
-the SDK's client sits ``SourceTransport`` (``mcp_transport.py``): each
+the SDK's client sits ``SourceTransport`` (``http_transport.py``): each
 request's exchange fails alone (an answer past ``ANSWER_MAX_BYTES``, a reset,
 a read timeout become that request's JSON-RPC error), and a request the SDK
 abandons (its timeout, the asker cancelled) has its exchange aborted at
@@ -44,9 +44,9 @@ from mcp.types import REQUEST_TIMEOUT, PaginatedRequestParams
 from pydantic import BaseModel
 
 from voiceactors import storage
-from voiceactors.actors.mcp_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, Answered, SourceTransport, answered
+from voiceactors.mcp.client.http_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, Answered, SourceTransport, answered
 from voiceactors.logs import get_logger
-from voiceactors.mcp_sources import McpSource
+from voiceactors.mcp.client.sources import McpSource
 
 IDLE_CLOSE_S = 300.0        # a session unused this long is closed (the next request opens one)
 HTTP_SLACK_S = 5.0          # httpx2's own timeouts sit above the MCP request timeout
@@ -54,7 +54,7 @@ MAX_PAGES = 50              # tools/list pages followed at most
 LISTING_MAX_BYTES = 4 * 1024 * 1024     # and bytes of them: the pages past it are not asked for
 ASK_SLACK_S = 2.0           # the asker's bound beyond the request's own timeout
 #: The most of one answer read (a JSON body, an event stream): past it the read
-#: stops and the request fails ``too_large`` (``mcp_transport``). It also bounds
+#: stops and the request fails ``too_large`` (``http_transport``). It also bounds
 #: what the SDK decodes on the trio thread: about 5 ms for a full 1 MiB.
 ANSWER_MAX_BYTES = 1024 * 1024
 #: An answer up to this size is decoded (and rendered) on the trio thread; a

@@ -46,8 +46,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
      "the day's usage", (
         "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
-        "voiceactors.actors.messages", "voiceactors.actors.daily_usage", "voiceactors.actors.write_log")),
-    ("the call registry and the rest of scaling out", ("voiceactors.cluster",)),
+        "voiceactors.actors.messages", "voiceactors.usage.daily", "voiceactors.usage.brain_calls",
+        "voiceactors.actors.write_log")),
+    ("the call registry and the rest of scaling out", ("voiceactors.cluster", "voiceactors.usage.cluster_total")),
     ("the actors", (
         "voiceactors.actors", "voiceactors.mcp", "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed",
         "voiceactors.call.event_capture")),

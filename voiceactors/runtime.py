@@ -121,7 +121,7 @@ def _shared_feed(settings: Settings) -> Any:
 
 
 def _daily_total(settings: Settings, usage: Any) -> Any:
-    from voiceactors.cluster.daily_total import DailyTotal
+    from voiceactors.usage.cluster_total import DailyTotal
 
     return DailyTotal(settings.redis_url or "", usage)     # the daily budget for the cluster
 

@@ -119,7 +119,7 @@ def _trusted_proxies_problem(value: Any) -> str | None:
 
 
 def _price_table_problem(value: Any) -> str | None:
-    from voiceactors.usage import price_table_problem
+    from voiceactors.usage.cost import price_table_problem
     return price_table_problem(value)
 
 

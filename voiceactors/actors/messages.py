@@ -124,7 +124,7 @@ class TakeObserverActions:
 
 @dataclass(frozen=True)
 class GetDailyUsage:
-    """The day's cost against the daily budget. Reply: a ``daily_usage.DailyState``."""
+    """The day's cost against the daily budget. Reply: a ``usage.daily.DailyState``."""
 
     reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from voiceactors.usage import CallUsage, Prices, ResponseUsage, parse_price_table, round_usd
+from voiceactors.usage.cost import CallUsage, Prices, ResponseUsage, parse_price_table, round_usd
 
 #: After the farewell's response.done: time for its audio to play out.
 GRACE_S = 4.0

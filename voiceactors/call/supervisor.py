@@ -15,7 +15,7 @@ cannot delay another's Connect):
 * ``TakeNavHints(call_id)`` / ``TakeObserverActions`` — the polling queues,
   consumed;
 * ``GetDailyUsage`` — the day's cost against the daily budget
-  (``daily_usage.DailyState``; the supervisor owns the ``DailyUsage`` its
+  (``usage.daily.DailyState``; the supervisor owns the ``DailyUsage`` its
   calls add to, and its writer task).
 
 At start-up, before serving the inbox, the supervisor rejoins the calls that
@@ -61,7 +61,7 @@ from voiceactors.actors import write_log
 from voiceactors.call.actor import AnswerNow, CallActor
 from voiceactors.call.protocol import EndReason
 from voiceactors.call.recovery import PendingCall, find_crashed
-from voiceactors.actors.daily_usage import DailyUsage
+from voiceactors.usage.daily import DailyUsage
 from voiceactors.call.feed import FeedHub
 from voiceactors.cluster.leases import release_quietly, run_leased
 from voiceactors.cluster.registry import CallRegistry, Carried, Lease, LocalRegistry, RegistryDown

@@ -18,7 +18,7 @@ from voiceactors import storage
 from voiceactors.call.record import parse_record, record_path
 from voiceactors.call.state import ToolOutcome
 from voiceactors.call.record_kind import RecordKind
-from voiceactors.usage import Tokens, round_usd
+from voiceactors.usage.cost import Tokens, round_usd
 
 DEFAULT_LIST = 50
 MAX_LIST = 200

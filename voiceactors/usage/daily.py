@@ -12,7 +12,7 @@ task, at most once per ``WRITE_EVERY_S`` while costs come in, and once more
 when the supervisor stops. A file of another day, or one that does not
 parse, counts as zero (the latter is logged).
 
-With ``--redis`` the runtime sets ``cluster`` (``cluster/daily_total.py``):
+With ``--redis`` the runtime sets ``cluster`` (``usage/cluster_total.py``):
 ``state()`` then reports the cluster's total for the day, this process's own
 spend plus what the others had spent at Redis's last answer, so the budget
 caps the cluster, not each process. ``add`` stays synchronous: the

@@ -16,7 +16,7 @@ from typing import Any
 from voiceactors import metrics
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
-from voiceactors.usage import Tokens, cost_usd, parse_price_table, round_usd
+from voiceactors.usage.cost import Tokens, cost_usd, parse_price_table, round_usd
 
 _log = get_logger(actor="brain")
 

@@ -45,7 +45,7 @@ from typing import Any
 import trio
 
 from voiceactors import storage
-from voiceactors.actors.daily_usage import DailyUsage
+from voiceactors.usage.daily import DailyUsage
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger

@@ -54,7 +54,7 @@ import trio
 
 from voiceactors import gc_policy, logs
 from voiceactors.call.record import read_record, record_path
-from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 from voiceactors.runtime import open_runtime

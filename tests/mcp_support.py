@@ -30,7 +30,7 @@ from hypercorn.trio import serve
 from mcp.server.lowlevel import Server
 
 from calls_support import DAY, KEY, Rig
-from voiceactors.actors.executor import ToolExecutor
+from voiceactors.executor.actor import ToolExecutor
 from voiceactors.call.feed import FeedHub
 from voiceactors.mcp.client.hub import McpHub
 from voiceactors.journal.sample import write_sample_journal

@@ -26,7 +26,7 @@ import trio
 from calls_support import DAY, KEY, real_time_limit, rig, steady
 from child_support import CHILD_START_S, Child
 from test_reliability_faults import ROOT, item_file, ledger_close_edits, open_item
-from voiceactors.actors import write_log
+from voiceactors.executor import write_log
 from voiceactors.call.record import append_block, read_record, record_path
 from voiceactors.call.recovery import RESTARTED_OUTPUT
 from voiceactors.call.supervisor import CallSupervisor

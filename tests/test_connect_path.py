@@ -15,7 +15,7 @@ import trio.lowlevel
 from structlog.testing import capture_logs
 
 from calls_support import KEY, rig, steady
-from voiceactors.actors.messages import Connect, ask
+from voiceactors.messages import Connect, ask
 from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
 

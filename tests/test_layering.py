@@ -33,25 +33,26 @@ LAZY_ONLY = {"voiceactors.cli"}
 
 #: The layers, bottom first: a module imports from its own layer and those below.
 #: An entry is a package (all its modules) or a module; the longest entry that
-#: holds a module decides (``voiceactors.call`` is the call's pure core, its actor and
-#: supervisor sit with the actors).
+#: holds a module decides (``voiceactors.call`` is the call's pure core, while its
+#: actor, supervisor, feed and capture sit with the actors; ``voiceactors.mcp`` and
+#: ``voiceactors.usage`` span layers the same way).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: logging, time, files, settings and their plain data", (
         "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
         "voiceactors.mcp.client.sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
-        "voiceactors.context", "voiceactors.openai_clients")),
+        "voiceactors.linked_context", "voiceactors.openai_clients")),
     ("the journal and its configuration", (
-        "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.context_resolve")),
+        "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.linked_context.resolve")),
     ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.discovery")),
     ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
-     "the day's usage", (
+     "the day's usage, the write log", (
         "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
-        "voiceactors.actors.messages", "voiceactors.usage.daily", "voiceactors.usage.brain_calls",
-        "voiceactors.actors.write_log")),
+        "voiceactors.messages", "voiceactors.usage.daily", "voiceactors.usage.brain_calls",
+        "voiceactors.executor.write_log")),
     ("the call registry and the rest of scaling out", ("voiceactors.cluster", "voiceactors.usage.cluster_total")),
     ("the actors", (
-        "voiceactors.actors", "voiceactors.mcp", "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed",
-        "voiceactors.call.event_capture")),
+        "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed", "voiceactors.call.event_capture",
+        "voiceactors.executor", "voiceactors.brain.actor", "voiceactors.mcp")),
     ("the runtime, the HTTP app and its console, the journal's MCP server, the Realtime stand-in", (
         "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp.server", SIMULATOR)),
     ("the commands", (

@@ -16,9 +16,9 @@ from calls_support import assert_clean_protocol, real_time_limit, steady
 from mcp_support import McpTestServer, ToolDef, mcp_rig, text_result
 from voiceactors import metrics
 from voiceactors.call.protocol import EndReason
-from voiceactors.actors.executor import ToolExecutor
+from voiceactors.executor.actor import ToolExecutor
 from voiceactors.mcp.client.hub import McpHub, check_sources
-from voiceactors.actors.messages import ToolRequest, ToolResult
+from voiceactors.messages import ToolRequest, ToolResult
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import REGISTRY, ToolContext
 from voiceactors.mcp.client.discovery import build_specs

@@ -36,7 +36,7 @@ from voiceactors.call import recovery
 from voiceactors.calls_report import report
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
-from voiceactors.context import Reference
+from voiceactors.linked_context.references import Reference
 from voiceactors.http import history, timeline_svg
 
 PACKAGE = Path(__file__).resolve().parent.parent / "voiceactors"

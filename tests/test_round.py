@@ -23,8 +23,8 @@ import math
 import trio
 from structlog.testing import capture_logs
 
-from voiceactors.actors.executor import DUPLICATE_CALL, TOO_MANY_CALLS, ToolExecutor
-from voiceactors.actors.messages import ToolRequest, ToolResult, ask
+from voiceactors.executor.actor import DUPLICATE_CALL, TOO_MANY_CALLS, ToolExecutor
+from voiceactors.messages import ToolRequest, ToolResult, ask
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, make_registry
 

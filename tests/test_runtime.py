@@ -12,7 +12,7 @@ import trio
 
 from calls_support import our_tasks
 from voiceactors.call.record import record_path
-from voiceactors.actors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
+from voiceactors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
 from voiceactors.simulator import Simulator
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings

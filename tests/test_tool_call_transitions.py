@@ -1,4 +1,4 @@
-"""A tool call's lifecycle as one table (``call_state.TRANSITIONS``): every
+"""A tool call's lifecycle as one table (``call.state.TRANSITIONS``): every
 step it lists applies, every other step raises, and the protocol, driven with
 any order of server events, tool answers, prefetch answers, abandoned runs,
 refused outputs, drops and the close, never asks for a step the table lacks.

@@ -57,7 +57,7 @@ import trio
 
 from voiceactors import clock, logs, storage
 from voiceactors.call.event_capture import capture_path, read_capture
-from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
 from voiceactors.journal.days import RECORDING_SUFFIXES
 from voiceactors.runtime import open_runtime

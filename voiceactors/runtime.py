@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 import trio
 
 from voiceactors.call.record import writer_retired
-from voiceactors.actors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
+from voiceactors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
     from voiceactors.mcp.client.hub import McpMessage
 from voiceactors.logs import get_logger
@@ -52,7 +52,7 @@ class _Hosted:
 
 @dataclass
 class Runtime:
-    """The live actors' inboxes (send ``voiceactors.actors.messages`` to them)."""
+    """The live actors' inboxes (send ``voiceactors.messages`` to them)."""
 
     settings: Settings
     brain: trio.MemorySendChannel[BrainMessage]
@@ -87,11 +87,11 @@ async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
 def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any]:
     # Imported here so that importing the runtime (e.g. for the CLI's --help)
     # does not pull in every actor.
-    from voiceactors.actors.brain import BrainActor
+    from voiceactors.brain.actor import BrainActor
     from voiceactors.call.supervisor import CallSupervisor
-    from voiceactors.actors.executor import ToolExecutor
+    from voiceactors.executor.actor import ToolExecutor
     from voiceactors.mcp.client.hub import McpHub
-    from voiceactors.tools.context import ToolContext
+    from voiceactors.tools.handler_context import ToolContext
 
     from voiceactors.cluster.brain_flight import make_flight
     from voiceactors.cluster.registry import make_registry

@@ -26,7 +26,7 @@ from pathlib import Path
 import trio
 
 from voiceactors import gc_policy, logs
-from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 

@@ -29,7 +29,7 @@ import trio
 from voiceactors import config
 from voiceactors.brain import BrainError
 from voiceactors.usage import brain_calls as brain_usage
-from voiceactors.brain.context import ContextSnapshot
+from voiceactors.brain.snapshot import ContextSnapshot
 from voiceactors.brain.prompt import extract_instruction, render_prompt
 from voiceactors.brain.session_file import valid_session_id
 from voiceactors.logs import get_logger

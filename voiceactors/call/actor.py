@@ -42,7 +42,7 @@ import httpx
 import trio
 
 from voiceactors import metrics, storage
-from voiceactors.actors import write_log
+from voiceactors.executor import write_log
 from voiceactors.call.call_context import CallContext, LinkedContext, carried_view
 from voiceactors.call.record import CallRecord
 from voiceactors.call.event_capture import EventCapture
@@ -56,7 +56,7 @@ from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.meter import meter_for
 from voiceactors.cluster.fence import SendFence
 from voiceactors.call.feed import CallFeed
-from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
+from voiceactors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
 from voiceactors.call.recovery import RESTARTED_OUTPUT, PendingCall
 from voiceactors.config import ConfigUnreadable
 from voiceactors.config import DEFAULT_VOICE_MODEL

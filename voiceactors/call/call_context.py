@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from voiceactors import context
+from voiceactors.linked_context import references as context
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime import events as rt
 

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Protocol
 import trio
 
 from voiceactors.call.state import ToolOutcome
-from voiceactors.actors.messages import SubscribeRefusal
+from voiceactors.messages import SubscribeRefusal
 from voiceactors.logs import get_logger
 from voiceactors.settings import default
 

@@ -133,7 +133,7 @@ class ToolOutcome(StrEnum):
     """A tool call's outcome: the executor's, or one the call actor sets itself
     (``cancelled``/``failed`` for an abandoned call, ``restarted``/``replayed``
     for one taken over after a crash). Every outcome the executor answers is a
-    member (``executor.py``); the strings are what records, logs, metrics
+    member (``executor/actor.py``); the strings are what records, logs, metrics
     labels and the client feed have always carried."""
 
     OK = "ok"

@@ -57,7 +57,7 @@ from typing import Any, AsyncIterator, Callable
 import trio
 
 from voiceactors import config, metrics, storage
-from voiceactors.actors import write_log
+from voiceactors.executor import write_log
 from voiceactors.call.actor import AnswerNow, CallActor
 from voiceactors.call.protocol import EndReason
 from voiceactors.call.recovery import PendingCall, find_crashed
@@ -65,7 +65,7 @@ from voiceactors.usage.daily import DailyUsage
 from voiceactors.call.feed import FeedHub
 from voiceactors.cluster.leases import release_quietly, run_leased
 from voiceactors.cluster.registry import CallRegistry, Carried, Lease, LocalRegistry, RegistryDown
-from voiceactors.actors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
+from voiceactors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
 from voiceactors.realtime import tls as client_tls

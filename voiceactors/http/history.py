@@ -1,6 +1,6 @@
 """Call history: summaries and lines of the call records, for the console.
 
-Records are read only through ``call_record.parse_record`` (the file read
+Records are read only through ``call.record.parse_record`` (the file read
 bounded, regular files only). A record may lack
 its ``end`` line (the call is still live, or the server died mid-call) and
 may hold line kinds this module does not know: both are shown for what they

@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from voiceactors.mcp.client.hub import GetMcpManifest, OpenCall
-from voiceactors.actors.messages import ask
+from voiceactors.messages import ask
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.logs import get_logger, register_secret

@@ -19,7 +19,7 @@ from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics, safe_text
-from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
+from voiceactors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
 from voiceactors.cluster.redis_client import RegistryDown

@@ -22,7 +22,7 @@ from voiceactors import safe_text
 from voiceactors.mcp.client.sources import JOURNAL_TOOL_FAMILIES
 from voiceactors.settings import default
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 Handler = Callable[[ToolContext, dict[str, Any]], dict[str, Any]]
 

@@ -25,7 +25,7 @@ from jsonschema.exceptions import SchemaError
 
 from voiceactors.tools import schema_bounds
 from voiceactors.mcp.client.sources import FUNCTION_NAME_MAX, MCP_TOOL_NAME_RE, spelled
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 from voiceactors.tools.registry import READ, WRITE, ToolSpec
 
 DESCRIPTION_MAX = 1024

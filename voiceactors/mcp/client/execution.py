@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Callable
 import trio
 
 from voiceactors import clock, storage
-from voiceactors.actors import write_log
+from voiceactors.executor import write_log
 from voiceactors.call.state import ToolOutcome
 from voiceactors.mcp.client.connection import ANSWER_MAX_BYTES, Failure, in_proportion
-from voiceactors.actors.messages import ToolRequest
+from voiceactors.messages import ToolRequest
 from voiceactors.logs import get_logger
 from voiceactors.tools.registry import WRITE, ToolSpec
 

@@ -31,14 +31,14 @@ from pathlib import Path
 import trio
 from mcp.server.stdio import stdio_server
 
-from voiceactors.actors.executor import ToolExecutor
+from voiceactors.executor.actor import ToolExecutor
 from voiceactors.cluster.registry import make_registry
 from voiceactors.commands import EXIT_USAGE
 from voiceactors.logs import get_logger
 from voiceactors.mcp.server.server import build_server
 from voiceactors.mcp.server.tools import ToolCaller
 from voiceactors.settings import Settings
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 _log = get_logger(actor="mcp")
 

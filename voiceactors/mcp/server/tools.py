@@ -39,8 +39,8 @@ from typing import Any, Callable, Mapping
 import mcp_types as types
 import trio
 
-from voiceactors.actors.executor import UNKNOWN_TOOL
-from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, ask
+from voiceactors.executor.actor import UNKNOWN_TOOL
+from voiceactors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, ask
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import JOURNAL_TOOLS, WRITE, ToolSpec, lookup
 

@@ -69,16 +69,16 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 import trio
 
 from voiceactors import metrics, storage
-from voiceactors.actors import write_log
+from voiceactors.executor import write_log
 from voiceactors.mcp.client import execution as mcp_execution
 from voiceactors.call.state import ToolOutcome
 from voiceactors.cluster.registry import CallRegistry, RegistryDown, WriteClaim
-from voiceactors.actors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
+from voiceactors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip
 from voiceactors.settings import Settings
 from voiceactors.tools import schema_bounds
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 from voiceactors.tools.select_tool import fill_from_selection
 from voiceactors.tools.registry import (
     REGISTRY,

@@ -1,7 +1,7 @@
 """Linked context, verified: ``verify`` looks a context up in the journal
 (blocking, for a worker thread: the ``journal.select`` handler calls it in the
 executor's) and ``resolve`` runs it from trio within a bounded time (the HTTP
-routes). The values and texts are in ``voiceactors/context.py``."""
+routes). The values and texts are in ``voiceactors/linked_context/references.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import trio
 
 from voiceactors import storage
-from voiceactors.context import (AMBIGUOUS, CANDIDATES_MAX, DAY_RE, NOT_FOUND, TIMEOUT, UNREADABLE, Reference,
+from voiceactors.linked_context.references import (AMBIGUOUS, CANDIDATES_MAX, DAY_RE, NOT_FOUND, TIMEOUT, UNREADABLE, Reference,
                                  Resolution, Unverified, day_name, flat)
 from voiceactors.journal import entities as journal_entities
 from voiceactors.journal import facets as journal_facets

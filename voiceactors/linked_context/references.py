@@ -4,7 +4,7 @@ A conversation can start from something the user was looking at: a day, an
 entity (person, company, project), a commitment or a facet. The client names
 it (``{"kind": "entity", "id": "romeo_montague"}``); ``verify`` looks it up
 and keeps only what the journal confirms (the id, its display name or title,
-a date), as a ``Reference`` (``context_resolve.py`` reads the journal; this
+a date), as a ``Reference`` (``resolve.py`` reads the journal; this
 module is plain data and text, so the call's sans-IO protocol can use it). Anything it cannot confirm is an ``Unverified``
 that carries the kind and why, never the name the client sent: the voice must
 not repeat an unverified name.

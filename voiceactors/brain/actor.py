@@ -4,7 +4,7 @@ State: the instruction, when it was made (``trio.current_time()``), the day
 it was made for (``clock.today()`` when its run began), the backend session id (persisted in ``<journal>/health/voice-brain-session`` and
 resumed on start) and whether a backend run is in progress.
 
-Messages (``voiceactors.actors.messages``):
+Messages (``voiceactors.messages``):
 
 * ``GetBrain(reply, start=False)`` — the ``BrainState`` at once. With
   ``start=True`` it first queues a run when there is no instruction, or when
@@ -51,9 +51,9 @@ from typing import Any
 import trio
 
 from voiceactors import clock, config, metrics, safe_text
-from voiceactors.actors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain
+from voiceactors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
-from voiceactors.brain.context import gather
+from voiceactors.brain.snapshot import gather
 from voiceactors.brain.session_file import load_session_id, save_session_id
 from voiceactors.cluster.brain_flight import BrainFlight, Obtained, Shared, snapshot_digest
 from voiceactors.cluster.redis_client import RegistryDown

@@ -119,7 +119,7 @@ class LeanCall:
     """One call id: its steps, its conversation state and the stamps a report needs."""
 
     def __init__(self, call_id: str, steps: tuple[Step, ...] | list[Step], *, trace: bool = False) -> None:
-        from voiceactors.simulator.usage import ConversationTokens   # the simulator's token counts, exactly
+        from voiceactors.simulator.billing import ConversationTokens   # the simulator's token counts, exactly
 
         self.call_id = call_id
         self.steps = list(steps)

@@ -80,8 +80,8 @@ def round_frames(n: int) -> list[str]:
 
 
 def run(rounds: int, window: int) -> dict[str, Any]:
-    from voiceactors.actors import call_protocol as cp
-    from voiceactors.actors.call_state import ToolOutcome
+    from voiceactors.call import protocol as cp
+    from voiceactors.call.state import ToolOutcome
     from voiceactors.realtime import events as rt
     from voiceactors.tools.registry import READ   # (where an older commit has it too)
 

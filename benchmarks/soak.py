@@ -53,8 +53,8 @@ from typing import Any
 import trio
 
 from voiceactors import gc_policy, logs
-from voiceactors.actors.call_record import read_record, record_path
-from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.call.record import read_record, record_path
+from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.scenario import Step

@@ -109,7 +109,7 @@ class Served:
 
 
 async def _record_has(path: Path, kind: str, tool_call_id: str) -> None:
-    from voiceactors.actors.call_record import read_record
+    from voiceactors.call.record import read_record
 
     with trio.fail_after(60):
         while not (path.exists() and any(x.get("kind") == kind and x.get("tool_call_id") == tool_call_id
@@ -129,7 +129,7 @@ async def _mirrored(redis_url: str) -> None:
 async def one_repeat(repeat: int, ttl: float, redis_url: str, folder: Path, kill_delay_s: float) -> dict[str, Any]:
     import httpx
 
-    from voiceactors.actors.call_record import record_path
+    from voiceactors.call.record import record_path
     from voiceactors.journal import ledger
     from voiceactors.journal.sample import write_sample_journal
     from voiceactors.simulator import Simulator

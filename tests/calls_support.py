@@ -24,10 +24,10 @@ from typing import Any, AsyncIterator, Callable
 
 import trio
 
-from voiceactors.actors.call import CallActor
-from voiceactors.actors.call_record import read_record, record_path
-from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.executor import ToolExecutor
+from voiceactors.call.actor import CallActor
+from voiceactors.call.record import read_record, record_path
+from voiceactors.call.feed import FeedHub
+from voiceactors.executor.actor import ToolExecutor
 from voiceactors.call.memory_transport import MemoryService
 from voiceactors.call.websocket_transport import WebSocketTransport
 from voiceactors.journal.sample import write_sample_journal
@@ -244,13 +244,18 @@ def output_json(sim_call: SimCall, call_id: str) -> Any:
     return json.loads(sim_call.outputs[call_id][0])
 
 
+#: The modules of the actors (a task's name starts with its function's module).
+ACTOR_MODULES = ("voiceactors.call.", "voiceactors.executor.", "voiceactors.brain.actor.", "voiceactors.mcp.client.",
+                 "voiceactors.usage.daily.", "voiceactors.messages.")
+
+
 def our_tasks() -> list[str]:
     """Names of live tasks running our actors, calls or HTTP code, from trio's
     task tree (a shutdown must leave none behind)."""
     found: list[str] = []
 
     def walk(task: trio.lowlevel.Task) -> None:
-        if task.name.startswith(("voiceactors.actors", "voiceactors.runtime", "voiceactors.http", "call:")):
+        if task.name.startswith(ACTOR_MODULES + ("voiceactors.runtime", "voiceactors.http", "call:")):
             found.append(task.name)
         for nursery in task.child_nurseries:
             for child in nursery.child_tasks:

@@ -43,7 +43,7 @@ from trio_websocket import open_websocket_url
 
 from child_support import die_with_parent
 from voiceactors import clock, logs
-from voiceactors.actors.call_record import record_path
+from voiceactors.call.record import record_path
 from voiceactors.demo import DEMO_OPENAI_KEY
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.server import run_server

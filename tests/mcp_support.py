@@ -30,14 +30,14 @@ from hypercorn.trio import serve
 from mcp.server.lowlevel import Server
 
 from calls_support import DAY, KEY, Rig
-from voiceactors.actors.executor import ToolExecutor
-from voiceactors.actors.feed import FeedHub
-from voiceactors.actors.mcp_hub import McpHub
+from voiceactors.executor.actor import ToolExecutor
+from voiceactors.call.feed import FeedHub
+from voiceactors.mcp.client.hub import McpHub
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.tools import REGISTRY, ToolContext
-from voiceactors.mcp_sources import McpSource
+from voiceactors.mcp.client.sources import McpSource
 
 Handler = Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]
 

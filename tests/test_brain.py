@@ -24,10 +24,10 @@ import trio
 
 from clock_support import serving
 from voiceactors import logs
-from voiceactors.actors.brain import BrainActor
-from voiceactors.actors.messages import AwaitReady, BrainState, GetBrain, RefreshBrain, ask
+from voiceactors.brain.actor import BrainActor
+from voiceactors.messages import AwaitReady, BrainState, GetBrain, RefreshBrain, ask
 from voiceactors.brain import BrainError, BrainTimeout
-from voiceactors.brain.context import ContextSnapshot
+from voiceactors.brain.snapshot import ContextSnapshot
 from voiceactors.brain.local import LocalBackend
 from voiceactors.brain.session_file import load_session_id, save_session_id, session_path
 from voiceactors.settings import Settings
@@ -379,7 +379,7 @@ async def test_status_after_midnight_is_not_ready_until_the_new_days_run(setting
 async def test_session_minted_after_midnight_says_the_new_day(tmp_path, pin_today):
     """Through the real route and the simulator's mint endpoint: the session
     minted after midnight carries today's "Today is ...", not yesterday's."""
-    from voiceactors.brain.context import spoken_day
+    from voiceactors.brain.snapshot import spoken_day
     from voiceactors.http import create_app
     from voiceactors.journal.sample import write_sample_journal
     from voiceactors.simulator import Simulator

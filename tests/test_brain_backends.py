@@ -18,11 +18,11 @@ from hypercorn.trio import serve
 from quart import request
 from quart_trio import QuartTrio
 
-from voiceactors.actors.brain import BrainActor
-from voiceactors.actors.messages import AwaitReady, GetBrain, RefreshBrain, ask
+from voiceactors.brain.actor import BrainActor
+from voiceactors.messages import AwaitReady, GetBrain, RefreshBrain, ask
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
 from voiceactors.brain.claude import ClaudeBackend, ClaudeProcessError
-from voiceactors.brain.context import gather, render_text
+from voiceactors.brain.snapshot import gather, render_text
 from voiceactors.brain.local import LocalBackend, compose
 from voiceactors.brain.openai_text import OpenAITextBackend
 from voiceactors.brain.prompt import PROMPT_TEMPLATE, BrainOutputError, extract_instruction, render_prompt

@@ -20,8 +20,8 @@ from quart import request
 from quart_trio import QuartTrio
 
 from voiceactors import metrics
-from voiceactors.actors.brain import BrainActor
-from voiceactors.actors.messages import AwaitReady, RefreshBrain, ask
+from voiceactors.brain.actor import BrainActor
+from voiceactors.messages import AwaitReady, RefreshBrain, ask
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
 

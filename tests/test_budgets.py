@@ -14,9 +14,9 @@ import trio
 from calls_support import rig, steady
 from test_call_protocol import Wire, created, error, item_added, item_done
 from clock_support import serving
-from voiceactors.actors.call_protocol import EndCall, EndReason, Send, Timer, WakeAt
-from voiceactors.actors.call_usage import FAREWELL, FAREWELL_MAX_S, GRACE_S, meter_for
-from voiceactors.actors.daily_usage import DailyUsage, daily_path
+from voiceactors.call.protocol import EndCall, EndReason, Send, Timer, WakeAt
+from voiceactors.call.meter import FAREWELL, FAREWELL_MAX_S, GRACE_S, meter_for
+from voiceactors.usage.daily import DailyUsage, daily_path
 from voiceactors.http import create_app
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import trio
 
-from voiceactors.actors.call_record import read_record, record_path
+from voiceactors.call.record import read_record, record_path
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 from voiceactors.server import run_server

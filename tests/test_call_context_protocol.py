@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 from test_call_protocol import Wire, confirmed, created, done, item_done, speech
-from voiceactors.actors.call_context import CallContext, Greeting, LinkedContext
-from voiceactors.actors.call_protocol import (CallProtocol, CancelOlderReads, Connected, Dropped, Publish, RecordLine,
+from voiceactors.call.call_context import CallContext, Greeting, LinkedContext
+from voiceactors.call.protocol import (CallProtocol, CancelOlderReads, Connected, Dropped, Publish, RecordLine,
                                               Send, StartTool, ToolAbandoned)
-from voiceactors.context import Reference, Unverified
+from voiceactors.linked_context.references import Reference, Unverified
 
 BASE = "You are sol, the user's journal assistant."
 ROMEO = Reference("entity", "romeo_montague", "Romeo Montague", entity_type="Person")

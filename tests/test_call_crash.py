@@ -26,10 +26,10 @@ import trio
 from calls_support import DAY, KEY, real_time_limit, rig, steady
 from child_support import CHILD_START_S, Child
 from test_reliability_faults import ROOT, item_file, ledger_close_edits, open_item
-from voiceactors.actors import write_log
-from voiceactors.actors.call_record import append_block, read_record, record_path
-from voiceactors.actors.recovery import RESTARTED_OUTPUT
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.executor import write_log
+from voiceactors.call.record import append_block, read_record, record_path
+from voiceactors.call.recovery import RESTARTED_OUTPUT
+from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator, ToolCallRecord
 

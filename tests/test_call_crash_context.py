@@ -16,7 +16,7 @@ import trio
 from calls_support import DAY, KEY, steady
 from test_call_crash import Server, _wait_for_line, stop_all, stop_cleanly
 from test_cluster_takeover_context import CALL, SCENARIO, _greetings, _updates, connect_linked
-from voiceactors.actors.call_record import read_record, record_path
+from voiceactors.call.record import read_record, record_path
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 

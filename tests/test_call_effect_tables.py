@@ -1,6 +1,6 @@
 """The shell carries out a ``Publish`` or ``Measure`` effect by its kind, an
 enum member (``PublishKind``, ``Metric``), through a table made from an
-exhaustive match (``actors/call.py``: ``_publisher``, ``_metric``; mypy
+exhaustive match (``call/actor.py``: ``_publisher``, ``_metric``; mypy
 refuses a member without its case). These tests check that each member
 reaches the feed method or the metric it names: a real ``CallFeed`` with a
 subscriber, the process's metrics registry."""
@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from voiceactors import metrics
-from voiceactors.actors import call
-from voiceactors.actors.call_protocol import Metric, PublishKind
-from voiceactors.actors.call_state import ToolOutcome
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call import actor as call
+from voiceactors.call.protocol import Metric, PublishKind
+from voiceactors.call.state import ToolOutcome
+from voiceactors.call.feed import FeedHub
 
 #: For each kind: the fields the protocol gives it, and the feed event's type it makes.
 PUBLISHED = {

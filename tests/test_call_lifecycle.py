@@ -15,8 +15,8 @@ import trio
 from calls_support import (
     KEY, Gate, assert_clean_protocol, assert_valid_client_events, gated_registry, real_time_limit, rig, steady,
 )
-from voiceactors.actors.call import CallActor, backoff_delay
-from voiceactors.actors.call_record import record_path
+from voiceactors.call.actor import CallActor, backoff_delay
+from voiceactors.call.record import record_path
 from voiceactors.call.transport import TransportUnavailable
 
 SYNTHETIC = json.dumps({"error": "cancelled: the user interrupted"})

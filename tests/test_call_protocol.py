@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from voiceactors.actors.call_protocol import (
+from voiceactors.call.protocol import (
     ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
     Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
@@ -679,7 +679,7 @@ def test_skipped_frames_count_in_the_event_sequence():
 
 
 def test_the_protocol_imports_no_trio():
-    code = "import sys, voiceactors.actors.call_protocol; print('trio' in sys.modules)"
+    code = "import sys, voiceactors.call.protocol; print('trio' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

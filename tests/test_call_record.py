@@ -14,7 +14,7 @@ from pathlib import Path
 
 import trio
 
-from voiceactors.actors.call_record import (CallRecord, append_block, last_block, read_record, record_path,
+from voiceactors.call.record import (CallRecord, append_block, last_block, read_record, record_path,
                                             render_line)
 
 
@@ -82,7 +82,7 @@ def test_read_record_splits_on_newlines_only(tmp_path):
 
 async def test_one_writer_groups_every_call_and_one_file_failing_stays_its_own(tmp_path):
     # real time: 51 appends in a worker thread outlast autojump's virtual polling
-    from voiceactors.actors.call_record import shared_writer
+    from voiceactors.call.record import shared_writer
 
     async with trio.open_nursery() as nursery:
         records = [CallRecord(f"rtc_burst_{n}", tmp_path) for n in range(50)]
@@ -121,7 +121,7 @@ def _writer_tasks() -> int:
 
 
 async def test_the_writer_retires_with_the_last_record_and_a_new_one_starts(tmp_path):
-    from voiceactors.actors.call_record import shared_writer
+    from voiceactors.call.record import shared_writer
 
     first = CallRecord("rtc_first", tmp_path)
     writer = shared_writer()
@@ -245,7 +245,7 @@ async def test_under_load_passes_are_loaded_pass_gap_apart_and_a_lone_call_keeps
     spell and at most ``PASS_GAP_S`` apart. Virtual time only stretches
     while a pass's thread works (autojump), which loosens these bounds,
     never tightens them."""
-    from voiceactors.actors.call_record import LOADED_PASS_GAP_S, PASS_GAP_S, RecordWriter
+    from voiceactors.call.record import LOADED_PASS_GAP_S, PASS_GAP_S, RecordWriter
 
     writer = RecordWriter(fsync=lambda fd: None)
     records = [CallRecord(f"rtc_load_{i}", tmp_path, writer=writer) for i in range(20)]

@@ -28,8 +28,8 @@ import trio
 from calls_support import rig, steady
 from structlog.testing import capture_logs
 
-from voiceactors.actors.call_record import CallRecord, RecordWriter, read_record, record_path
-from voiceactors.actors.recovery import find_crashed
+from voiceactors.call.record import CallRecord, RecordWriter, read_record, record_path
+from voiceactors.call.recovery import find_crashed
 
 
 class FsyncLog:
@@ -206,7 +206,7 @@ WRITER_CHILD = textwrap.dedent("""
     import sys
     from pathlib import Path
     import trio
-    from voiceactors.actors.call_record import CallRecord, RecordWriter
+    from voiceactors.call.record import CallRecord, RecordWriter
 
     async def main():
         fsyncs = []
@@ -266,7 +266,7 @@ async def test_calls_joining_apart_share_fsync_passes_and_none_waits_past_fsync_
     grouped passes, not one worker-thread hop each: a file due within
     ``FSYNC_RIDE_ALONG_S`` rides along with the pass of one due now (early
     is never less safe); every file is still fsynced, and closed at the end."""
-    from voiceactors.actors.call_record import FSYNC_RIDE_ALONG_S
+    from voiceactors.call.record import FSYNC_RIDE_ALONG_S
 
     fsyncs = FsyncLog()
     writer = RecordWriter(fsync=fsyncs, syncfs=None)    # the files one by one, to count each one's fsync
@@ -295,7 +295,7 @@ async def test_writer_retired_waits_for_the_shared_writer_once_no_record_is_live
     writer's last fsyncs run in a worker thread after the last close, so a
     stop that did not wait left its task behind (seen in the e2e test's
     "no task left" check on a loaded CI run)."""
-    from voiceactors.actors.call_record import shared_writer, writer_retired
+    from voiceactors.call.record import shared_writer, writer_retired
 
     live = CallRecord("rtc_live", tmp_path)
     live.opened()
@@ -351,7 +351,7 @@ async def test_a_pass_with_many_files_due_flushes_their_folder_in_one_syncfs(tmp
     file, each handing the GIL to the worker thread and back (benchmarks
     § 43): a pass of ``SYNCFS_MIN_FILES`` or more makes one ``syncfs`` for
     the records' folder instead, and no per-file fsync."""
-    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+    from voiceactors.call.record import SYNCFS_MIN_FILES
 
     fsyncs, syncfs = FsyncLog(), SyncfsLog()
     writer = RecordWriter(fsync=fsyncs, syncfs=syncfs)
@@ -372,7 +372,7 @@ async def test_a_pass_with_many_files_due_flushes_their_folder_in_one_syncfs(tmp
 async def test_a_pass_with_few_files_due_fsyncs_each_of_them(tmp_path, autojump_clock):
     """Below ``SYNCFS_MIN_FILES`` a filesystem-wide flush would wait on other
     writers' data for nothing: each file is fsynced by itself."""
-    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+    from voiceactors.call.record import SYNCFS_MIN_FILES
 
     fsyncs, syncfs = FsyncLog(), SyncfsLog()
     writer = RecordWriter(fsync=fsyncs, syncfs=syncfs)
@@ -386,7 +386,7 @@ async def test_a_pass_with_few_files_due_fsyncs_each_of_them(tmp_path, autojump_
 
 
 async def test_a_failed_syncfs_is_logged_and_the_records_go_on(tmp_path, autojump_clock):
-    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+    from voiceactors.call.record import SYNCFS_MIN_FILES
 
     writer = RecordWriter(fsync=FsyncLog(), syncfs=SyncfsLog(OSError(5, "Input/output error")))
     with capture_logs() as logs:
@@ -403,7 +403,7 @@ async def test_a_failed_syncfs_is_logged_and_the_records_go_on(tmp_path, autojum
 async def test_the_default_writer_syncs_many_files_with_the_real_syncfs(tmp_path, autojump_clock):
     """No stand-in: the platform's ``syncfs`` (``storage.syncfs``) on real files."""
     from voiceactors import storage
-    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+    from voiceactors.call.record import SYNCFS_MIN_FILES
 
     if storage.syncfs is None:
         pytest.skip("this platform has no syncfs(2): the writer fsyncs file by file")
@@ -434,7 +434,7 @@ async def test_many_records_closing_in_one_pass_are_made_durable_by_one_syncfs(t
     """A shutdown closes every live record at once: their last pass has as
     many files to make durable before the closes return, and does it with
     one ``syncfs`` of their folder, not an fsync each."""
-    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+    from voiceactors.call.record import SYNCFS_MIN_FILES
 
     fsyncs, syncfs = FsyncLog(), SyncfsLog()
     writer = RecordWriter(fsync=fsyncs, syncfs=syncfs)
@@ -466,7 +466,7 @@ async def test_many_records_closing_in_one_pass_are_made_durable_by_one_syncfs(t
 
 
 async def test_a_failed_syncfs_of_closing_records_is_each_closes_failure(tmp_path, autojump_clock):
-    from voiceactors.actors.call_record import SYNCFS_MIN_FILES
+    from voiceactors.call.record import SYNCFS_MIN_FILES
 
     writer = RecordWriter(fsync=FsyncLog(), syncfs=SyncfsLog(OSError(5, "Input/output error")))
     records = [CallRecord(f"rtc_eio_{n}", tmp_path, fsync_s=3600, writer=writer) for n in range(4 * SYNCFS_MIN_FILES)]

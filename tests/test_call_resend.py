@@ -14,7 +14,7 @@ from __future__ import annotations
 import trio
 
 from calls_support import ACTIVE, assert_clean_protocol, assert_valid_client_events, real_time_limit, rig, steady
-from voiceactors.actors.call import BLIND_RETRIES, BLIND_RETRY_S
+from voiceactors.call.actor import BLIND_RETRIES, BLIND_RETRY_S
 
 DUPLICATE = "duplicate_tool_call_output"
 

@@ -23,8 +23,8 @@ from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture
 from test_brain import CountingBackend
 from cluster_support import ClusterServer, stop_all
 from voiceactors import logs
-from voiceactors.actors.brain import BrainActor
-from voiceactors.actors.messages import AwaitReady, GetBrain, RefreshBrain, ask
+from voiceactors.brain.actor import BrainActor
+from voiceactors.messages import AwaitReady, GetBrain, RefreshBrain, ask
 from voiceactors.cluster import brain_flight as bf
 from voiceactors.cluster import redis_client as rc
 from voiceactors.journal.sample import write_sample_journal

@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from redis_support import REDIS_SERVER, RedisServer, redis_server  # noqa: F401  (the fixture)
-from voiceactors.actors.daily_usage import DailyUsage
+from voiceactors.usage.daily import DailyUsage
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.daily_total import DailyTotal, load_source_id, source_path
+from voiceactors.usage.cluster_total import DailyTotal, load_source_id, source_path
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 

@@ -14,8 +14,8 @@ import trio
 
 from calls_support import KEY, real_time_limit, rig
 from redis_support import redis_server  # noqa: F401  (the fixture)
-from voiceactors.actors.messages import ConnectOutcome
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.messages import ConnectOutcome
+from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.cluster.registry import RedisRegistry
 
 CALL = "rtc_leased"

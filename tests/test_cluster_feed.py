@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from redis_support import RedisServer, needs_redis, redis_server  # noqa: F401  (the fixture)
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call.feed import FeedHub
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.shared_feed import SharedFeed, StreamRefusal
 

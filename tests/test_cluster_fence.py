@@ -30,9 +30,9 @@ from test_call_crash import _wait_for_line
 from cluster_support import ClusterServer, mirrored, stop_all, stop_cleanly
 from test_call_crash import crash_scenario
 from test_reliability_faults import item_file, ledger_close_edits, open_item
-from voiceactors.actors import write_log
-from voiceactors.actors.call_record import read_record, record_path
-from voiceactors.actors.recovery import RESTARTED_OUTPUT
+from voiceactors.executor import write_log
+from voiceactors.call.record import read_record, record_path
+from voiceactors.call.recovery import RESTARTED_OUTPUT
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.fence import send_guard
 from voiceactors.cluster.registry import RedisRegistry

@@ -24,7 +24,7 @@ from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture
 from test_reliability_faults import item_file, ledger_close_edits, open_item
 from voiceactors.cluster import redis_client as rc
 from voiceactors.journal.sample import write_sample_journal
-from voiceactors.mcp_server.tools import IDEMPOTENCY_META_KEY, WRITE_ID_PREFIX
+from voiceactors.mcp.server.tools import IDEMPOTENCY_META_KEY, WRITE_ID_PREFIX
 from voiceactors.simulator import Simulator
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")

@@ -18,7 +18,7 @@ from mcp.client.stdio import stdio_client
 from conftest import SAMPLE_TODAY
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from voiceactors.journal import ledger
-from voiceactors.mcp_server.tools import IDEMPOTENCY_META_KEY
+from voiceactors.mcp.server.tools import IDEMPOTENCY_META_KEY
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 

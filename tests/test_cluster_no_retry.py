@@ -25,14 +25,14 @@ import trio
 from calls_support import DAY
 from redis_support import needs_redis, redis_server  # noqa: F401  (the fixture)
 from test_reliability_faults import item_file
-from voiceactors.actors.executor import SHARED_LOG_DOWN, ToolExecutor
-from voiceactors.actors.messages import ToolRequest, ask
+from voiceactors.executor.actor import SHARED_LOG_DOWN, ToolExecutor
+from voiceactors.messages import ToolRequest, ask
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry, RegistryDown
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 pytestmark = needs_redis
 

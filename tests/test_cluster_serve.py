@@ -34,9 +34,9 @@ from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture
 from test_call_crash import _wait_for_line, crash_scenario
 from test_cluster_feed_serve import Watcher, _is
 from test_reliability_faults import item_file, ledger_close_edits, open_item
-from voiceactors.actors import write_log
-from voiceactors.actors.call_record import read_record, record_path
-from voiceactors.actors.recovery import RESTARTED_OUTPUT
+from voiceactors.executor import write_log
+from voiceactors.call.record import read_record, record_path
+from voiceactors.call.recovery import RESTARTED_OUTPUT
 from voiceactors.cluster import redis_client as rc
 from voiceactors.http import errors as E
 from voiceactors.journal.sample import write_sample_journal

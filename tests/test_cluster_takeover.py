@@ -15,9 +15,9 @@ import trio
 
 from calls_support import KEY, real_time_limit, rig, steady
 from redis_support import redis_server  # noqa: F401  (the fixture)
-from voiceactors.actors import write_log
-from voiceactors.actors.recovery import RESTARTED_OUTPUT
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.executor import write_log
+from voiceactors.call.recovery import RESTARTED_OUTPUT
+from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
 from voiceactors.simulator import ToolCallRecord

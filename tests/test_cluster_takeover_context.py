@@ -19,7 +19,7 @@ from calls_support import DAY, KEY, steady
 from cluster_support import TTL_S, ClusterServer, stop_all, stop_cleanly, takers
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line
-from voiceactors.actors.call_record import read_record, record_path
+from voiceactors.call.record import read_record, record_path
 from voiceactors.cluster import redis_client as rc
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator

@@ -19,14 +19,14 @@ from calls_support import DAY
 from redis_support import redis_server  # noqa: F401  (the fixture)
 from test_cluster_registry import _two as two_registries
 from test_reliability_faults import item_file, ledger_close_edits
-from voiceactors.actors.executor import JOURNAL_BUSY, NOT_HOLDER, SHARED_LOG_DOWN, ToolExecutor
-from voiceactors.actors.messages import ToolRequest, ask
+from voiceactors.executor.actor import JOURNAL_BUSY, NOT_HOLDER, SHARED_LOG_DOWN, ToolExecutor
+from voiceactors.messages import ToolRequest, ask
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 CALL = "rtc_writes"
 

@@ -21,8 +21,8 @@ import trio
 from test_context_calls import SIM_KEY, app_for, sim  # noqa: F401 - the simulator fixture
 from calls_support import DAY
 from clock_support import serving
-from voiceactors.actors.messages import ConnectOutcome, CountCalls
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.messages import ConnectOutcome, CountCalls
+from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.settings import Settings
 
 

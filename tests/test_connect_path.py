@@ -15,8 +15,8 @@ import trio.lowlevel
 from structlog.testing import capture_logs
 
 from calls_support import KEY, rig, steady
-from voiceactors.actors.messages import Connect, ask
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.messages import Connect, ask
+from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
 
 
@@ -150,7 +150,7 @@ async def test_a_reconnect_jitter_is_the_call_ids_sequence(tmp_path):
     the same delays as one seeded with the call id from the start."""
     import random
 
-    from voiceactors.actors.call import backoff_delay
+    from voiceactors.call.actor import backoff_delay
 
     async with rig(tmp_path) as r:
         actor = r.actor("rtc_jitter")

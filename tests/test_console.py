@@ -1,7 +1,7 @@
 """The console without a browser: pages and their headers, assets, the
 console config, sign-in and its cookie, and the call history API and picture.
 
-Records are real files of the documented line kinds (``call_record.py``),
+Records are real files of the documented line kinds (``call/record.py``),
 including the shapes a live or crashed call leaves (no ``end``, a tool only
 started, an unknown kind, a garbled file); the app runs its real runtime.
 """
@@ -21,7 +21,7 @@ import pytest
 import trio
 
 from clock_support import serving
-from voiceactors.actors.call_record import record_path
+from voiceactors.call.record import record_path
 from voiceactors.http import console_sessions, create_app, history
 from voiceactors.http import errors as E
 from voiceactors.http.console import content_security_policy

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import trio
 
-from voiceactors import context
-from voiceactors.actors.executor import ToolExecutor
-from voiceactors.actors.messages import ToolRequest, ask
-from voiceactors.context import ContextError, Reference, Unverified
-from voiceactors.context_resolve import resolve, verify
+from voiceactors.linked_context import references as context
+from voiceactors.executor.actor import ToolExecutor
+from voiceactors.messages import ToolRequest, ask
+from voiceactors.linked_context.references import ContextError, Reference, Unverified
+from voiceactors.linked_context.resolve import resolve, verify
 from voiceactors.journal import ledger
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext

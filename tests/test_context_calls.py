@@ -14,8 +14,8 @@ import trio
 
 from calls_support import DAY, Gate, assert_clean_protocol, gated_registry, received_types, rig, steady
 from clock_support import serving
-from voiceactors.actors.call_context import LinkedContext
-from voiceactors.context import Reference
+from voiceactors.call.call_context import LinkedContext
+from voiceactors.linked_context.references import Reference
 from voiceactors.http import create_app
 from voiceactors.simulator import Simulator
 from voiceactors.settings import Settings

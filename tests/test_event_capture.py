@@ -9,7 +9,7 @@ import json
 import trio
 
 from calls_support import rig, steady
-from voiceactors.actors.event_capture import EventCapture, capture_path, read_capture
+from voiceactors.call.event_capture import EventCapture, capture_path, read_capture
 
 SECRET_KEY = "sk-proj-capturetest0123456789"
 EPHEMERAL = "ek_capturetest0123456789abcdef"

@@ -19,10 +19,10 @@ import trio
 from structlog.testing import capture_logs
 
 from voiceactors import storage
-from voiceactors.actors import write_log
-from voiceactors.actors.call_state import ToolOutcome
-from voiceactors.actors.messages import CancelReads, ToolRequest, ask
-from voiceactors.actors.executor import ToolExecutor, cap_output
+from voiceactors.executor import write_log
+from voiceactors.call.state import ToolOutcome
+from voiceactors.messages import CancelReads, ToolRequest, ask
+from voiceactors.executor.actor import ToolExecutor, cap_output
 from voiceactors.journal import ledger
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry

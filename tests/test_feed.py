@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from voiceactors.actors.feed import SUBSCRIBER_BUFFER, FeedHub, RetainedQueue, split_client_event
+from voiceactors.call.feed import SUBSCRIBER_BUFFER, FeedHub, RetainedQueue, split_client_event
 
 
 async def test_retained_queue_expires_after_retention(autojump_clock):
@@ -108,7 +108,7 @@ def test_split_client_event():
 
 
 async def test_subscribers_are_capped_per_call_and_in_all_and_gone_ones_free_their_slot():
-    from voiceactors.actors.feed import TOO_MANY, TOO_MANY_FOR_CALL
+    from voiceactors.call.feed import TOO_MANY, TOO_MANY_FOR_CALL
 
     hub = FeedHub(max_per_call=2, max_total=3)
     hub.open("rtc_a")

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from calls_support import assert_clean_protocol, rig, steady
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call.feed import FeedHub
 
 SCENARIO = steady([
     {"user_turn": {"text": "what happened that day"}},

@@ -8,7 +8,7 @@ from __future__ import annotations
 import trio
 import trio.lowlevel
 
-from voiceactors.actors.feed import FeedHub
+from voiceactors.call.feed import FeedHub
 from voiceactors.http.routes import SSE_KEEPALIVE_S, _sse
 
 

@@ -262,7 +262,7 @@ async def test_a_record_written_with_a_lone_surrogate_escape_is_shown(make_sampl
     """A record from before the boundary: ``render_line``'s fallback wrote
     the surrogate as ``\\udc80``. ``read_record`` reads it as U+FFFD, so the
     history and its timeline picture (a UTF-8 body) answer 200."""
-    from voiceactors.actors.call_record import append_block, record_path, render_line
+    from voiceactors.call.record import append_block, record_path, render_line
 
     app = app_for(make_sample(days=2), tmp_path, sim)
     path = record_path(tmp_path / "state", "rtc_old_record")
@@ -349,7 +349,7 @@ async def test_a_captured_event_with_a_lone_surrogate_keeps_its_escape(tmp_path,
     the capture's write (a ``UnicodeEncodeError`` in its worker thread, out
     of the capture task). The capture keeps the escape, as received."""
     from calls_support import rig
-    from voiceactors.actors.event_capture import capture_path, read_capture
+    from voiceactors.call.event_capture import capture_path, read_capture
 
     frame = json.dumps({"type": "conversation.item.input_audio_transcription.completed", "event_id": "event_x",
                         "item_id": "item_hostile", "content_index": 0, "transcript": "caf\udc80",

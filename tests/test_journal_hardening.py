@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from voiceactors import storage
-from voiceactors.actors.call_record import read_record
+from voiceactors.call.record import read_record
 from voiceactors.journal import activities, ledger, search
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.tools import REGISTRY, ToolContext
@@ -253,7 +253,7 @@ def test_a_temp_file_left_by_a_kill_mid_rewrite_is_swept_and_foreign_files_are_n
 
 
 def test_a_write_log_temp_file_left_by_a_kill_is_swept_under_that_ids_lock(tmp_path):
-    from voiceactors.actors import write_log
+    from voiceactors.executor import write_log
 
     state = tmp_path / "state"
     record = write_log.record_path(state, "call_killed")

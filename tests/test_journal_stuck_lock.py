@@ -28,10 +28,10 @@ import trio
 
 from clock_support import real_time_limit, serving, without_clock_jumps
 from voiceactors import storage
-from voiceactors.actors import write_log
-from voiceactors.actors.call_record import CallRecord, read_record
-from voiceactors.actors.messages import ToolRequest, ask
-from voiceactors.actors.executor import JOURNAL_BUSY
+from voiceactors.executor import write_log
+from voiceactors.call.record import CallRecord, read_record
+from voiceactors.messages import ToolRequest, ask
+from voiceactors.executor.actor import JOURNAL_BUSY
 from voiceactors.http import create_app, voice_state
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal

@@ -33,30 +33,32 @@ LAZY_ONLY = {"voiceactors.cli"}
 
 #: The layers, bottom first: a module imports from its own layer and those below.
 #: An entry is a package (all its modules) or a module; the longest entry that
-#: holds a module decides (the call's pure core still lives in ``actors/``).
+#: holds a module decides (``voiceactors.call`` is the call's pure core, while its
+#: actor, supervisor, feed and capture sit with the actors; ``voiceactors.mcp`` and
+#: ``voiceactors.usage`` span layers the same way).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: logging, time, files, settings and their plain data", (
         "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
-        "voiceactors.mcp_sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
-        "voiceactors.context", "voiceactors.openai_clients", "voiceactors.tool_effect")),
+        "voiceactors.mcp.client.sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
+        "voiceactors.linked_context", "voiceactors.openai_clients", "voiceactors.tool_effect")),
     ("the journal and its configuration", (
-        "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.context_resolve")),
-    ("the tools", ("voiceactors.tools",)),
+        "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.linked_context.resolve")),
+    ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.discovery")),
     ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
-     "the day's usage", (
+     "the day's usage, the write log", (
         "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
-        "voiceactors.actors.call_protocol", "voiceactors.actors.call_state", "voiceactors.actors.call_context",
-        "voiceactors.actors.call_record", "voiceactors.actors.record_kind", "voiceactors.actors.call_usage",
-        "voiceactors.actors.transcript_order",
-        "voiceactors.actors.recovery", "voiceactors.actors.messages", "voiceactors.actors.daily_usage")),
-    ("the call registry and the rest of scaling out", ("voiceactors.cluster",)),
-    ("the actors", ("voiceactors.actors",)),
+        "voiceactors.messages", "voiceactors.usage.daily", "voiceactors.usage.brain_calls",
+        "voiceactors.executor.write_log")),
+    ("the call registry and the rest of scaling out", ("voiceactors.cluster", "voiceactors.usage.cluster_total")),
+    ("the actors", (
+        "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed", "voiceactors.call.event_capture",
+        "voiceactors.executor", "voiceactors.brain.actor", "voiceactors.mcp")),
     ("the runtime, the HTTP app and its console, the journal's MCP server, the Realtime stand-in", (
-        "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp_server", SIMULATOR)),
+        "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp.server", SIMULATOR)),
     ("the commands", (
-        "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp_server.stdio",
+        "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp.server.stdio",
         "voiceactors.calls_report",
-        "voiceactors.cli", "voiceactors.demo", "voiceactors.demo_mcp", "voiceactors.replay")),
+        "voiceactors.cli", "voiceactors.demo", "voiceactors.mcp.demo_source", "voiceactors.replay")),
 )
 #: Imports allowed to go up a layer: (importer, imported) -> why.
 UPWARD: dict[tuple[str, str], str] = {}
@@ -344,11 +346,11 @@ def test_the_product_importing_the_demo_is_named_at_its_own_import(tmp_path):
 
 
 def test_the_journal_reaching_the_actors_is_named(tmp_path):
-    package = _tree(tmp_path, {"journal/__init__.py": "", "journal/index.py": "from voiceactors.actors import call\n",
-                               "actors/__init__.py": "", "actors/call.py": ""})
+    package = _tree(tmp_path, {"journal/__init__.py": "", "journal/index.py": "from voiceactors.call import actor\n",
+                               "call/__init__.py": "", "call/actor.py": ""})
     assert upward_imports(package) == [
         "voiceactors/journal/index.py:1: voiceactors.journal.index (the journal and its configuration) imports "
-        "voiceactors.actors.call, a layer above (the actors)"]
+        "voiceactors.call.actor, a layer above (the actors)"]
 
 
 def test_the_cli_may_import_the_simulator_only_lazily(tmp_path):
@@ -362,12 +364,12 @@ def test_the_cli_may_import_the_simulator_only_lazily(tmp_path):
 def test_an_import_from_a_layer_above_is_named_lazy_or_not(tmp_path):
     package = _tree(tmp_path, {"settings.py": "def check():\n    from voiceactors.tools import registry\n",
                                "tools/__init__.py": "", "tools/registry.py": "",
-                               "cluster/__init__.py": "", "cluster/registry.py": "from voiceactors.actors import feed\n",
-                               "actors/__init__.py": "", "actors/feed.py": "",
-                               "actors/call_context.py": "", "cluster/leases.py": "import voiceactors.actors.call_context\n"})
+                               "cluster/__init__.py": "", "cluster/registry.py": "from voiceactors.call import feed\n",
+                               "call/__init__.py": "", "call/feed.py": "",
+                               "call/call_context.py": "", "cluster/leases.py": "import voiceactors.call.call_context\n"})
     assert upward_imports(package) == [
         "voiceactors/cluster/registry.py:1: voiceactors.cluster.registry (the call registry and the rest of scaling "
-        "out) imports voiceactors.actors.feed, a layer above (the actors)",
+        "out) imports voiceactors.call.feed, a layer above (the actors)",
         "voiceactors/settings.py:2 (inside a function): voiceactors.settings (foundation: logging, time, files, "
         "settings and their plain data) imports voiceactors.tools.registry, a layer above (the tools)"]
 

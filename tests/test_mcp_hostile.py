@@ -18,10 +18,10 @@ import mcp.types as types
 from clock_support import real_time_limit, serving
 from mcp_support import McpTestServer, ToolDef, mcp_rig, text_result
 from test_http_routes import make_settings
-from voiceactors.actors.executor import ToolExecutor
-from voiceactors.actors.messages import ToolRequest, ToolResult
+from voiceactors.executor.actor import ToolExecutor
+from voiceactors.messages import ToolRequest, ToolResult
 from voiceactors.http import create_app, voice_state
-from voiceactors.tools.mcp_discovery import build_specs
+from voiceactors.mcp.client.discovery import build_specs
 
 CATASTROPHIC = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
                 "required": ["s"]}

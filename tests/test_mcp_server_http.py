@@ -21,11 +21,11 @@ from mcp.shared.exceptions import MCPError
 from conftest import SAMPLE_TODAY
 from mcp_server_support import MODES, POST_HEADERS, TOKEN, mcp_client, rpc, served
 from voiceactors import clock, storage
-from voiceactors.actors import write_log
+from voiceactors.executor import write_log
 from voiceactors.http import create_app, serving
 from voiceactors.http.errors import NO_OAUTH
 from voiceactors.journal import ledger
-from voiceactors.mcp_server.tools import CLIENT_EVENTS_META_KEY, IDEMPOTENCY_META_KEY
+from voiceactors.mcp.server.tools import CLIENT_EVENTS_META_KEY, IDEMPOTENCY_META_KEY
 from voiceactors.server import hypercorn_config
 from voiceactors.settings import Settings
 from voiceactors.tools import ToolContext

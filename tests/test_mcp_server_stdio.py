@@ -17,10 +17,10 @@ from mcp.client.stdio import stdio_client
 
 from conftest import SAMPLE_TODAY
 from mcp_server_support import MODES
-from voiceactors import mcp_server
+from voiceactors.mcp import server as mcp_server
 from voiceactors.cli import main
 from voiceactors.journal import ledger
-from voiceactors.mcp_server.tools import IDEMPOTENCY_META_KEY
+from voiceactors.mcp.server.tools import IDEMPOTENCY_META_KEY
 from voiceactors.tools.registry import JOURNAL_TOOLS, WRITE
 
 
@@ -87,9 +87,9 @@ def test_mcp_without_a_journal_folder_is_a_usage_error(tmp_path, capsys):
 
 
 def test_each_mcp_module_imports_first_on_its_own():
-    # the endpoint, as voiceactors.mcp_server.http, imported first used to fail:
+    # the endpoint (``voiceactors.http.mcp``) imported first used to fail:
     # voiceactors.http's package init imported it back while it was half-initialised
-    modules = sorted(f"voiceactors.mcp_server.{path.stem}" for path in Path(mcp_server.__file__).parent.glob("*.py")
+    modules = sorted(f"voiceactors.mcp.server.{path.stem}" for path in Path(mcp_server.__file__).parent.glob("*.py")
                      if path.stem != "__init__") + ["voiceactors.http.mcp"]
     # each in a fresh interpreter, all at once: the imports are independent
     children = {module: subprocess.Popen([sys.executable, "-c", f"import {module}"], stdout=subprocess.DEVNULL,

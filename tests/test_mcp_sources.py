@@ -15,14 +15,14 @@ import mcp.types as types
 from calls_support import assert_clean_protocol, real_time_limit, steady
 from mcp_support import McpTestServer, ToolDef, mcp_rig, text_result
 from voiceactors import metrics
-from voiceactors.actors.call_protocol import EndReason
-from voiceactors.actors.executor import ToolExecutor
-from voiceactors.actors.mcp_hub import McpHub, check_sources
-from voiceactors.actors.messages import ToolRequest, ToolResult
+from voiceactors.call.protocol import EndReason
+from voiceactors.executor.actor import ToolExecutor
+from voiceactors.mcp.client.hub import McpHub, check_sources
+from voiceactors.messages import ToolRequest, ToolResult
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import REGISTRY, ToolContext
-from voiceactors.tools.mcp_discovery import build_specs
-from voiceactors.mcp_sources import McpSource
+from voiceactors.mcp.client.discovery import build_specs
+from voiceactors.mcp.client.sources import McpSource
 
 NESTED = {
     "type": "object",
@@ -373,7 +373,7 @@ async def test_a_write_interrupted_after_its_intent_is_never_sent_again(tmp_path
     the intent answers 'unknown' and sends nothing."""
     server = crm_server()
     async with mcp_rig(tmp_path, {"crm": server}) as (r, hub):
-        from voiceactors.actors import mcp_execution
+        from voiceactors.mcp.client import execution as mcp_execution
         spec = hub.lookup("rtc_x", "crm.notes.add")
         assert spec is not None
         real_call = hub.call
@@ -425,8 +425,8 @@ async def test_a_rejoin_after_a_crash_answers_a_source_write_from_the_write_log(
     call record knows no effect for a source tool (``effect: null``)."""
     from calls_support import KEY, rig
     from test_call_crash import RESUME, _crashed_block
-    from voiceactors.actors import mcp_execution
-    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.mcp.client import execution as mcp_execution
+    from voiceactors.call.supervisor import CallSupervisor
     from voiceactors.simulator import ToolCallRecord
 
     state = tmp_path / "state"

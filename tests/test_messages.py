@@ -7,7 +7,7 @@ import contextlib
 import pytest
 import trio
 
-from voiceactors.actors.messages import CountCalls, ask, drain
+from voiceactors.messages import CountCalls, ask, drain
 
 
 async def test_drain_takes_every_queued_message_before_yielding_to_others():

@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from voiceactors import logs
-from voiceactors.actors.call import CallActor
+from voiceactors.call.actor import CallActor
 from calls_support import KEY, real_time_limit, rig
 
 TURN_DONE = "conversation.item.input_audio_transcription.completed"

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from benchmarks import round_cpu
-from voiceactors.actors import call_protocol as cp
+from voiceactors.call import protocol as cp
 from voiceactors.realtime import events as rt
 
 CLIENT_EVENTS = ({"type": "nav", "target": "today/journal/2026-03-26"},)

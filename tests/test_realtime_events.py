@@ -237,7 +237,7 @@ def test_leading_type_skip_errors():
 
 from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
 
-from voiceactors.actors.call_protocol import HANDLED_EVENTS  # noqa: E402
+from voiceactors.call.protocol import HANDLED_EVENTS  # noqa: E402
 from voiceactors.realtime.event_view import EventView  # noqa: E402
 
 ACTED_ON = [

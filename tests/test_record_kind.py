@@ -28,15 +28,15 @@ import trio
 from calls_support import rig, steady
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_budgets import BUDGET_CALL     # a call past a $0.001 budget
-from voiceactors.actors.call_context import LinkedContext, carried_view
-from voiceactors.actors.call_record import CallRecord, read_record, record_path, render_line
-from voiceactors.actors.call_state import ToolCallState, ToolOutcome
-from voiceactors.actors.record_kind import URGENT_KINDS, RecordKind
-from voiceactors.actors import recovery
+from voiceactors.call.call_context import LinkedContext, carried_view
+from voiceactors.call.record import CallRecord, read_record, record_path, render_line
+from voiceactors.call.state import ToolCallState, ToolOutcome
+from voiceactors.call.record_kind import URGENT_KINDS, RecordKind
+from voiceactors.call import recovery
 from voiceactors.calls_report import report
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
-from voiceactors.context import Reference
+from voiceactors.linked_context.references import Reference
 from voiceactors.http import history, timeline_svg
 
 PACKAGE = Path(__file__).resolve().parent.parent / "voiceactors"

@@ -44,10 +44,10 @@ import trio.testing
 from calls_support import DAY, KEY, real_time_limit, rig
 from child_support import CHILD_START_S, Child
 from clock_support import serving
-from voiceactors.actors import write_log
-from voiceactors.actors.call_record import read_record, record_path
-from voiceactors.actors.messages import ToolRequest
-from voiceactors.actors.executor import ToolExecutor
+from voiceactors.executor import write_log
+from voiceactors.call.record import read_record, record_path
+from voiceactors.messages import ToolRequest
+from voiceactors.executor.actor import ToolExecutor
 from voiceactors.http import create_app
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
@@ -328,8 +328,8 @@ async def test_disk_full_on_close_reports_failure_and_leaves_the_file_intact(tmp
 FSIZE_CHILD = textwrap.dedent("""
     import json, resource, signal, sys, trio
     from pathlib import Path
-    from voiceactors.actors.messages import ToolRequest
-    from voiceactors.actors.executor import ToolExecutor
+    from voiceactors.messages import ToolRequest
+    from voiceactors.executor.actor import ToolExecutor
     from voiceactors.settings import Settings
     from voiceactors.tools import ToolContext
     journal, state, item_id, limit = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])

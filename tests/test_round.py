@@ -23,8 +23,8 @@ import math
 import trio
 from structlog.testing import capture_logs
 
-from voiceactors.actors.executor import DUPLICATE_CALL, TOO_MANY_CALLS, ToolExecutor
-from voiceactors.actors.messages import ToolRequest, ToolResult, ask
+from voiceactors.executor.actor import DUPLICATE_CALL, TOO_MANY_CALLS, ToolExecutor
+from voiceactors.messages import ToolRequest, ToolResult, ask
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, make_registry
 
@@ -290,10 +290,10 @@ def _protocol_round(answer_at_once: bool) -> tuple[list, list]:
     answer fed right after the step that started it (as the in-step answer
     comes) or only after the response's last frame (as the inbox's does).
     Returns the sends (without event ids) and the record lines."""
-    from voiceactors.actors.call_protocol import (
+    from voiceactors.call.protocol import (
         CallProtocol, Connected, Prefetch, Received, RecordLine, Send, StartTool, ToolFinished, Written,
     )
-    from voiceactors.actors.call_protocol import HANDLED_EVENTS
+    from voiceactors.call.protocol import HANDLED_EVENTS
     from voiceactors.realtime.events import read_server_event
 
     p = CallProtocol("rtc_proto", effect_of=lambda name: "read")

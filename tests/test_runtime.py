@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from calls_support import our_tasks
-from voiceactors.actors.call_record import record_path
-from voiceactors.actors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
+from voiceactors.call.record import record_path
+from voiceactors.messages import AwaitReady, Connect, CountCalls, GetBrain, ask
 from voiceactors.simulator import Simulator
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings

@@ -21,9 +21,9 @@ import trio
 
 from child_support import die_with_parent
 from clock_support import serving
-from voiceactors.actors.call_record import record_path
-from voiceactors.actors.messages import ToolRequest
-from voiceactors.actors.executor import ToolExecutor
+from voiceactors.call.record import record_path
+from voiceactors.messages import ToolRequest
+from voiceactors.executor.actor import ToolExecutor
 from voiceactors.cli import main
 from voiceactors.http import create_app
 from voiceactors.http.auth import InsecureSettings

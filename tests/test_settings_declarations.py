@@ -246,7 +246,7 @@ async def test_the_console_sign_in_lasts_console_session_ttl_s(journal, tmp_path
 def test_a_tool_search_refreshes_the_index_after_search_refresh_interval_s(journal, tmp_path):
     from voiceactors.journal import index as index_mod
     from voiceactors.tools import journal_tools
-    from voiceactors.tools.context import ToolContext
+    from voiceactors.tools.handler_context import ToolContext
 
     state = tmp_path / "state"
 

@@ -16,7 +16,7 @@ import trio
 
 from calls_support import KEY, real_time_limit, rig
 from voiceactors import logs
-from voiceactors.actors.call import CallActor
+from voiceactors.call.actor import CallActor
 from voiceactors.realtime.sideband import SidebandUnavailable, open_sideband
 
 GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"

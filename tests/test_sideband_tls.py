@@ -140,7 +140,7 @@ async def test_a_supervisor_that_hangs_up_makes_the_hangups_context_in_a_worker_
 
     import httpx
 
-    from voiceactors.actors.supervisor import CallSupervisor
+    from voiceactors.call.supervisor import CallSupervisor
     from voiceactors.settings import Settings
 
     made_on: list[threading.Thread] = []

@@ -8,8 +8,8 @@ import time
 import trio
 
 from calls_support import KEY, assert_clean_protocol, real_time_limit, rig, steady
-from voiceactors.actors.messages import Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions, ask
-from voiceactors.actors.supervisor import CallSupervisor
+from voiceactors.messages import Connect, CountCalls, Subscribe, TakeNavHints, TakeObserverActions, ask
+from voiceactors.call.supervisor import CallSupervisor
 
 
 async def _start(r, **kw) -> CallSupervisor:

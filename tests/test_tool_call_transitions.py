@@ -1,4 +1,4 @@
-"""A tool call's lifecycle as one table (``call_state.TRANSITIONS``): every
+"""A tool call's lifecycle as one table (``call.state.TRANSITIONS``): every
 step it lists applies, every other step raises, and the protocol, driven with
 any order of server events, tool answers, prefetch answers, abandoned runs,
 refused outputs, drops and the close, never asks for a step the table lacks.
@@ -14,11 +14,11 @@ from hypothesis import given, settings as hsettings, strategies as st
 from test_call_protocol import (
     Wire, args_done, confirmed, created, done, error, item_added, item_done, speech, typed_turn,
 )
-from voiceactors.actors.call_protocol import (
+from voiceactors.call.protocol import (
     CancelOlderReads, Connected, Disconnected, Prefetch, Recovered, Send, StartTool, Timer, ToolAbandoned,
     ToolFinished, WrittenAtClose,
 )
-from voiceactors.actors.call_state import (
+from voiceactors.call.state import (
     ANSWERED, TRANSITIONS, UNANSWERED, UNSTARTED, ToolCall, ToolCallEvent, ToolCallLifecycleError, ToolCallState,
     ToolOutcome, ToolRun, advance,
 )

@@ -42,7 +42,7 @@ async def test_an_in_step_answer_is_logged_after_the_prefetch_and_start_it_answe
 
 
 def _position(effects: list, kind: type, event: str | None = None) -> int:
-    from voiceactors.actors.call_protocol import Log
+    from voiceactors.call.protocol import Log
     for n, effect in enumerate(effects):
         if isinstance(effect, kind) and (event is None or (isinstance(effect, Log) and effect.event == event)):
             return n
@@ -53,7 +53,7 @@ def test_the_protocol_logs_a_prefetch_and_a_start_before_handing_them_over():
     """The actor carries out effects in order, and a ``Prefetch`` or a
     ``StartTool`` may be answered (and its ``tool.run`` logged) while it
     is carried out: the line saying it was asked for goes first."""
-    from voiceactors.actors.call_protocol import Log, Prefetch, StartTool
+    from voiceactors.call.protocol import Log, Prefetch, StartTool
     from test_call_protocol import Wire, args_done, created, done, item_added, item_done
 
     w = Wire()

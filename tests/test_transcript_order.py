@@ -10,8 +10,8 @@ import json
 from typing import Any
 
 from calls_support import rig, steady
-from voiceactors.actors.call_protocol import CallProtocol, Connected, Received, RecordLine
-from voiceactors.actors.transcript_order import TranscriptOrder
+from voiceactors.call.protocol import CallProtocol, Connected, Received, RecordLine
+from voiceactors.call.transcript_order import TranscriptOrder
 from voiceactors.http.history import call_detail, spoken_transcript
 from voiceactors.realtime.events import parse_server_event
 

@@ -13,16 +13,16 @@ import trio
 
 from calls_support import rig, steady
 from voiceactors import metrics as metrics_module
-from voiceactors.actors.call_protocol import CallProtocol, Connected, CountUsage, Log, Publish, Received, RecordLine
-from voiceactors.actors.call_usage import meter_for
+from voiceactors.call.protocol import CallProtocol, Connected, CountUsage, Log, Publish, Received, RecordLine
+from voiceactors.call.meter import meter_for
 from voiceactors.calls_report import render_table, report
 from voiceactors.cli import main as cli_main
 from voiceactors.http.history import list_calls
 from voiceactors.metrics import Metrics
 from voiceactors.realtime.events import parse_server_event
 from voiceactors.settings import InvalidSettings, Settings
-from voiceactors.simulator.usage import ConversationTokens, text_tokens
-from voiceactors.usage import Prices, Tokens, cost_usd, parse_price_table, read_usage
+from voiceactors.simulator.billing import ConversationTokens, text_tokens
+from voiceactors.usage.cost import Prices, Tokens, cost_usd, parse_price_table, read_usage
 
 GPT_REALTIME = Prices(text_in=4, text_out=16, audio_in=32, audio_out=64, cached_in=0.4)
 
@@ -313,7 +313,7 @@ def test_a_response_done_with_malformed_usage_still_reaches_the_protocol():
 
 from hypothesis import given, settings as hsettings, strategies as st  # noqa: E402
 
-from voiceactors import usage as usage_module  # noqa: E402
+from voiceactors.usage import cost as usage_module  # noqa: E402
 
 _COUNTS = st.sampled_from([None, 0, 3, 56, 422, -1, True, False, 1.5, "7", [], {}]) | st.integers(0, 10_000)
 _DETAILS = st.none() | st.sampled_from([5, "x", []]) | st.fixed_dictionaries(

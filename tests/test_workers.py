@@ -32,8 +32,8 @@ from cluster_support import TTL_S, WorkersServer, alive, kill_9, mirrored, start
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from test_call_crash import _wait_for_line, crash_scenario
 from test_reliability_faults import ROOT, item_file, ledger_close_edits, open_item
-from voiceactors.actors.call_record import record_path
-from voiceactors.actors.recovery import RESTARTED_OUTPUT
+from voiceactors.call.record import record_path
+from voiceactors.call.recovery import RESTARTED_OUTPUT
 from voiceactors.cluster import redis_client as rc
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings, shutdown_deadlines

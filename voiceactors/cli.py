@@ -24,7 +24,7 @@ _COMMANDS = {
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
     "calls": "voiceactors.calls_report:cli_calls",
-    "mcp": "voiceactors.mcp_server.stdio:cli_mcp",
+    "mcp": "voiceactors.mcp.server.stdio:cli_mcp",
 }
 
 

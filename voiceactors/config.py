@@ -170,5 +170,5 @@ def brain_backend(settings: Settings) -> str:
 
 def mcp_sources_block(settings: Settings) -> Any:
     """The journal's raw ``voice.mcp_sources`` (None when absent); checked by
-    ``mcp_sources.parse_sources``. Raises ConfigUnreadable like the rest."""
+    ``mcp.client.sources.parse_sources``. Raises ConfigUnreadable like the rest."""
     return _voice(settings).get("mcp_sources")

@@ -37,11 +37,11 @@ from voiceactors import clock, logs
 from voiceactors.logs import get_logger
 from voiceactors.server import cli_serve, run_server, settings_from_args
 from voiceactors.settings import Settings
-from voiceactors.demo_mcp import open_demo_source
+from voiceactors.mcp.demo_source import open_demo_source
 from voiceactors.simulator import Simulator
 
 DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
-DEMO_SCENARIO = "demo_mcp"   # the "demo" call plus a tool of the demo's MCP source (demo_mcp.py)
+DEMO_SCENARIO = "demo_mcp"   # the "demo" call plus a tool of the demo's MCP source (mcp/demo_source.py)
 CALL_DEADLINE_S = 30.0      # the scenario itself takes about ten seconds
 HTTP_TIMEOUT_S = 15.0
 

@@ -1,6 +1,6 @@
 """``voiceactors replay``: a captured call, played against the current server.
 
-``voiceactors replay FILE`` reads a capture (``actors/event_capture.py``,
+``voiceactors replay FILE`` reads a capture (``call/event_capture.py``,
 setting ``record_events``), starts the Realtime simulator playing it
 (``simulator/replay.py``: our events drive the replay) and this version's
 runtime (executor, supervisor, call actor) on a journal, lets the call run
@@ -56,8 +56,8 @@ from typing import Any, Iterator
 import trio
 
 from voiceactors import clock, logs, storage
-from voiceactors.actors.event_capture import capture_path, read_capture
-from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.call.event_capture import capture_path, read_capture
+from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
 from voiceactors.journal.days import RECORDING_SUFFIXES
 from voiceactors.runtime import open_runtime

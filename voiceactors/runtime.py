@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from voiceactors.actors.call_record import writer_retired
-from voiceactors.actors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
+from voiceactors.call.record import writer_retired
+from voiceactors.messages import BrainMessage, BrainState, ConnectOutcome, ExecutorMessage, SupervisorMessage
 if TYPE_CHECKING:
-    from voiceactors.actors.mcp_hub import McpMessage
+    from voiceactors.mcp.client.hub import McpMessage
 from voiceactors.logs import get_logger
 from voiceactors.settings import Settings
 
@@ -52,7 +52,7 @@ class _Hosted:
 
 @dataclass
 class Runtime:
-    """The live actors' inboxes (send ``voiceactors.actors.messages`` to them)."""
+    """The live actors' inboxes (send ``voiceactors.messages`` to them)."""
 
     settings: Settings
     brain: trio.MemorySendChannel[BrainMessage]
@@ -87,11 +87,11 @@ async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
 def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any]:
     # Imported here so that importing the runtime (e.g. for the CLI's --help)
     # does not pull in every actor.
-    from voiceactors.actors.brain import BrainActor
-    from voiceactors.actors.supervisor import CallSupervisor
-    from voiceactors.actors.executor import ToolExecutor
-    from voiceactors.actors.mcp_hub import McpHub
-    from voiceactors.tools.context import ToolContext
+    from voiceactors.brain.actor import BrainActor
+    from voiceactors.call.supervisor import CallSupervisor
+    from voiceactors.executor.actor import ToolExecutor
+    from voiceactors.mcp.client.hub import McpHub
+    from voiceactors.tools.handler_context import ToolContext
 
     from voiceactors.cluster.brain_flight import make_flight
     from voiceactors.cluster.registry import make_registry
@@ -121,7 +121,7 @@ def _shared_feed(settings: Settings) -> Any:
 
 
 def _daily_total(settings: Settings, usage: Any) -> Any:
-    from voiceactors.cluster.daily_total import DailyTotal
+    from voiceactors.usage.cluster_total import DailyTotal
 
     return DailyTotal(settings.redis_url or "", usage)     # the daily budget for the cluster
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from voiceactors import mcp_sources
+from voiceactors.mcp.client import sources as mcp_sources
 
 SPEC = "voiceactors.setting"
 
@@ -119,7 +119,7 @@ def _trusted_proxies_problem(value: Any) -> str | None:
 
 
 def _price_table_problem(value: Any) -> str | None:
-    from voiceactors.usage import price_table_problem
+    from voiceactors.usage.cost import price_table_problem
     return price_table_problem(value)
 
 

@@ -28,7 +28,7 @@ from typing import Callable, TypeVar
 import trio
 
 from voiceactors import gc_policy, logs
-from voiceactors.actors.messages import Connect, CountCalls, ask
+from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.runtime import Runtime, open_runtime
 from voiceactors.settings import Settings
 

@@ -1,4 +1,4 @@
-"""Brain backends: what writes the voice's instruction.
+"""The brain: the backends that write the voice's instruction, and the ``BrainActor`` that runs them (``actor``).
 
 A backend is any object with ``name`` and
 ``async generate(snapshot, session_id) -> (instruction, session_id)``: given the
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from voiceactors.brain.context import ContextSnapshot
+    from voiceactors.brain.snapshot import ContextSnapshot
     from voiceactors.settings import Settings
 
 

@@ -28,8 +28,8 @@ import trio
 
 from voiceactors import config
 from voiceactors.brain import BrainError
-from voiceactors.brain import usage as brain_usage
-from voiceactors.brain.context import ContextSnapshot
+from voiceactors.usage import brain_calls as brain_usage
+from voiceactors.brain.snapshot import ContextSnapshot
 from voiceactors.brain.prompt import extract_instruction, render_prompt
 from voiceactors.brain.session_file import valid_session_id
 from voiceactors.logs import get_logger

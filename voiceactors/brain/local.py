@@ -8,7 +8,7 @@ names and times, honest about what the journal does not say.
 
 from __future__ import annotations
 
-from voiceactors.brain.context import Commitment, ContextSnapshot, Event, spoken_day
+from voiceactors.brain.snapshot import Commitment, ContextSnapshot, Event, spoken_day
 
 NAME = "local"
 

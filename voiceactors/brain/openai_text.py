@@ -26,8 +26,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from voiceactors import config
 from voiceactors.brain import BrainError
-from voiceactors.brain import usage as brain_usage
-from voiceactors.brain.context import ContextSnapshot, render_text
+from voiceactors.usage import brain_calls as brain_usage
+from voiceactors.brain.snapshot import ContextSnapshot, render_text
 from voiceactors.brain.prompt import extract_instruction, render_prompt
 from voiceactors.openai_clients import OpenAIClients
 from voiceactors.settings import Settings

@@ -1,4 +1,1 @@
-"""The call: how a call arrives, and the typed seam between the call's shell
-(``actors/call.py``) and the connection that carries its events
-(``transport.py``), with the websocket sideband and an in-memory connection
-behind it."""
+"""The call: how a call arrives (``arrival``) and the transports under it (``transport``, ``websocket_transport``, ``memory_transport``), its pure core (``protocol``, ``state``, ``record``, ``record_kind``, ``recovery``, ``transcript_order``, ``call_context``, ``meter``) and its shell (``actor``, ``supervisor``, ``feed``, ``event_capture``); docs/calls.md."""

@@ -4,7 +4,7 @@ how it carries the call's events.
 Today every call arrives one way: a browser's ``POST /api/voice/connect``
 (decided in ``http/``: its guards, the token, the rate limit) names a
 Realtime call the browser opened itself, and the supervisor starts its actor
-(``actors/supervisor.py``), which reaches the call over the sideband
+(``call/supervisor.py``), which reaches the call over the sideband
 websocket. A rejoin after a crash and a takeover from another process are
 the same call arriving again, over the same sideband.
 
@@ -12,7 +12,7 @@ A new kind of call (one accepted from a SIP webhook, one attached to a Live
 session) is a new ``ArrivalKind`` and a function here that makes its
 ``CallArrival``: the call's id and the opener of its transport
 (``transport.py``; a new transport only where its protocol differs). The
-call's shell (``actors/call.py``) does not change: it takes the opener
+call's shell (``call/actor.py``) does not change: it takes the opener
 (``CallActor(..., open_transport=...)``).
 """
 

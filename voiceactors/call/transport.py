@@ -1,4 +1,4 @@
-"""The call's transport seam: what the call's shell (``actors/call.py``)
+"""The call's transport seam: what the call's shell (``call/actor.py``)
 needs of the connection that carries a call's events, and nothing more.
 
 A transport is one open connection to one call. Its reader receives the

@@ -42,7 +42,7 @@ Keys (``PREFIX`` first):
 * ``usage:<YYYY-MM-DD>`` — the day's spend across the cluster: a hash
   ``source -> micro-dollars``, each process's own total for the day (its
   ``usage/source_id``), set only upward (``USAGE_SYNC``); expires after
-  ``USAGE_TTL_S`` (``cluster/daily_total.py``).
+  ``USAGE_TTL_S`` (``usage/cluster_total.py``).
 
 Every request is bounded (``bounded``: its timeout and the client's own
 errors surface as ``RegistryDown``); ``Reachability`` tells its user when a

@@ -55,9 +55,9 @@ from typing import Any, Protocol
 
 import trio
 
-from voiceactors.actors.call_context import LinkedContext, carried_view, taken_over_context
-from voiceactors.actors.record_kind import TOOL_KINDS, RecordKind
-from voiceactors.actors.recovery import PendingCall
+from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
+from voiceactors.call.record_kind import TOOL_KINDS, RecordKind
+from voiceactors.call.recovery import PendingCall
 from voiceactors.tool_effect import tool_effect
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.batched import MAX_ITEMS, Batched

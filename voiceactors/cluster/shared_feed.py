@@ -44,7 +44,7 @@ from typing import Any
 
 import trio
 
-from voiceactors.actors.messages import SubscribeRefusal
+from voiceactors.messages import SubscribeRefusal
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.logs import get_logger

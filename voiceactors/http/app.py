@@ -153,7 +153,7 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     backend (None: chosen from the journal's ``voice.brain``).
     """
     settings.validate()
-    from voiceactors.actors.mcp_hub import check_sources   # the MCP SDK, only when an app is made
+    from voiceactors.mcp.client.hub import check_sources   # the MCP SDK, only when an app is made
     check_sources(settings)
     reason = auth.refusal(settings)
     if reason:

@@ -47,8 +47,8 @@ import structlog
 import trio
 
 from voiceactors import config, metrics
-from voiceactors.actors.call_context import LinkedContext
-from voiceactors.actors.messages import ConnectOutcome
+from voiceactors.call.call_context import LinkedContext
+from voiceactors.messages import ConnectOutcome
 from voiceactors.http import auth, in_flight
 from voiceactors.http.errors import AT_CAPACITY, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE
 from voiceactors.http.hosts import HostPolicy, host_refusal

@@ -1,6 +1,6 @@
 """Call history: summaries and lines of the call records, for the console.
 
-Records are read only through ``call_record.parse_record`` (the file read
+Records are read only through ``call.record.parse_record`` (the file read
 bounded, regular files only). A record may lack
 its ``end`` line (the call is still live, or the server died mid-call) and
 may hold line kinds this module does not know: both are shown for what they
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from voiceactors import storage
-from voiceactors.actors.call_record import parse_record, record_path
-from voiceactors.actors.call_state import ToolOutcome
-from voiceactors.actors.record_kind import RecordKind
-from voiceactors.usage import Tokens, round_usd
+from voiceactors.call.record import parse_record, record_path
+from voiceactors.call.state import ToolOutcome
+from voiceactors.call.record_kind import RecordKind
+from voiceactors.usage.cost import Tokens, round_usd
 
 DEFAULT_LIST = 50
 MAX_LIST = 200
@@ -244,7 +244,7 @@ def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
 def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The record's transcripts in spoken order: run by run (blocks), and
     within a run by each line's ``order`` (the conversation's item order,
-    ``actors/transcript_order.py``); lines without one (older records) keep
+    ``call/transcript_order.py``); lines without one (older records) keep
     their place in the file. ``cut_short``: the reply was cut off (its line
     says so, or a ``transcript_cut`` line of its run names its item)."""
     entries: list[tuple[tuple[int, float, int], dict[str, Any]]] = []

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from voiceactors import context
-from voiceactors.context_resolve import resolve
+from voiceactors.linked_context import references as context
+from voiceactors.linked_context.resolve import resolve
 from voiceactors.http.errors import ApiError
 from voiceactors.settings import Settings
 

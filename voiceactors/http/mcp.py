@@ -1,5 +1,5 @@
 """``/mcp``: the journal's tools over MCP Streamable HTTP, on the voice server (the
-protocol server itself is ``voiceactors.mcp_server``).
+protocol server itself is ``voiceactors.mcp.server``).
 
 The SDK's ``StreamableHTTPSessionManager`` serves the protocol, stateless
 (no ``Mcp-Session-Id``: every POST stands alone, so nothing is kept per
@@ -60,8 +60,8 @@ from voiceactors.http.errors import (
 from voiceactors.http.hosts import HostPolicy, host_refusal
 from voiceactors.http.ratelimit import RateLimiter, TokenFailures, client_address, retry_after
 from voiceactors.logs import get_logger
-from voiceactors.mcp_server.server import build_server
-from voiceactors.mcp_server.tools import ExecutorInbox, ToolCaller
+from voiceactors.mcp.server.server import build_server
+from voiceactors.mcp.server.tools import ExecutorInbox, ToolCaller
 from voiceactors.settings import Settings
 
 MCP_PATH = "/mcp"

@@ -11,13 +11,13 @@ from typing import Any
 
 import trio
 
-from voiceactors.actors.mcp_hub import GetMcpManifest, OpenCall
-from voiceactors.actors.messages import ask
+from voiceactors.mcp.client.hub import GetMcpManifest, OpenCall
+from voiceactors.messages import ask
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.runtime import Runtime
-from voiceactors.mcp_sources import TOKEN_MAX
+from voiceactors.mcp.client.sources import TOKEN_MAX
 
 QUICK_ASK_S = 5.0
 _log = get_logger(actor="http")

@@ -19,14 +19,14 @@ from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics, safe_text
-from voiceactors.actors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
+from voiceactors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.cluster.shared_feed import EVENT_ID_RE, StreamRefusal
 from voiceactors.http import errors as E
 from voiceactors.http import linked
-from voiceactors.actors.call_context import LinkedContext
+from voiceactors.call.call_context import LinkedContext
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients

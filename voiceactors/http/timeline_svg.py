@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from voiceactors.actors.call_state import ToolOutcome
-from voiceactors.actors.record_kind import RecordKind
+from voiceactors.call.state import ToolOutcome
+from voiceactors.call.record_kind import RecordKind
 
 WIDTH = 780
 LABEL_W = 170          # the left column: row labels

@@ -29,7 +29,7 @@ from voiceactors.simulator.client_events import parse_client_event
 from voiceactors.simulator.http import ReplayStream
 from voiceactors.simulator.read_stamps import read_stamp, stamp_reads
 from voiceactors.simulator.scenario import Scenario
-from voiceactors.simulator.usage import ConversationTokens
+from voiceactors.simulator.billing import ConversationTokens
 
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 

@@ -1,6 +1,6 @@
 """The simulator playing a captured call (``voiceactors replay``).
 
-A capture (``actors/event_capture.py``) holds the server events one call
+A capture (``call/event_capture.py``) holds the server events one call
 actor run received. ``ReplayScript.from_block`` turns one capture block into
 steps; a ``ReplayDriver`` set on a ``SimCall`` (``call.replay``) plays them
 on the call's sideband instead of a scenario, and answers our client events

@@ -3,7 +3,7 @@
 synchronous handler ``handler(ctx, args) -> dict`` that the ToolExecutor runs
 in a worker thread. See ``docs/tools.md``."""
 
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 from voiceactors.tools.registry import (
     REGISTRY,
     ArgumentError,

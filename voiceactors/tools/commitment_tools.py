@@ -10,7 +10,7 @@ import datetime as _dt
 from typing import Any
 
 from voiceactors.journal import ledger
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 # The design's resolutions: only "dropped" drops; the others close.
 RESOLUTION_STATES = {

@@ -12,7 +12,7 @@ from typing import Any
 
 from voiceactors.journal import activities, entities, facets, ledger
 from voiceactors.journal.paths import InvalidName
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 RECENT_CONTEXT_MAX = 5
 RECENT_WITH_MAX = 10     # spoken-friendly cap on interactions

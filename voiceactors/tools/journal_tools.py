@@ -15,7 +15,7 @@ from voiceactors import clock
 from voiceactors.journal import days as journal_days
 from voiceactors.journal import search as journal_search
 from voiceactors.journal.paths import InvalidName
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 
 def get_day(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:

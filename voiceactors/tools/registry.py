@@ -19,12 +19,12 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, relevance
 
 from voiceactors import safe_text
-from voiceactors.mcp_sources import JOURNAL_TOOL_FAMILIES
+from voiceactors.mcp.client.sources import JOURNAL_TOOL_FAMILIES
 from voiceactors.settings import default
 # READ and WRITE are also the registry's names (the tools below and the MCP side import them from here)
 from voiceactors.tool_effect import READ as READ, WRITE as WRITE, ToolEffect
 from voiceactors.tools import commitment_tools, entity_tools, journal_tools, select_tool, today_tools
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 Handler = Callable[[ToolContext, dict[str, Any]], dict[str, Any]]
 
@@ -252,11 +252,11 @@ def _specs() -> list[ToolSpec]:
 
 def _families_reserved(specs: list[ToolSpec]) -> list[ToolSpec]:
     """``specs``, once their families are exactly the names MCP sources may not take
-    (``mcp_sources.JOURNAL_TOOL_FAMILIES``, declared below the settings that check them)."""
+    (``mcp.client.sources.JOURNAL_TOOL_FAMILIES``, declared below the settings that check them)."""
     families = {spec.name.split(".", 1)[0] for spec in specs}
     if families != JOURNAL_TOOL_FAMILIES:
         raise RuntimeError(f"the journal's tool families {sorted(families)} differ from "
-                           f"mcp_sources.JOURNAL_TOOL_FAMILIES {sorted(JOURNAL_TOOL_FAMILIES)}")
+                           f"mcp.client.sources.JOURNAL_TOOL_FAMILIES {sorted(JOURNAL_TOOL_FAMILIES)}")
     return specs
 
 

@@ -1,9 +1,9 @@
 """``journal.select``: the one local tool that changes call state.
 
-The handler only verifies (``voiceactors.context_resolve.verify``, in the executor's
+The handler only verifies (``voiceactors.linked_context.resolve.verify``, in the executor's
 worker thread like every read) and answers ``{"selected": <reference>}``; the
 call's protocol applies that answer to the call's current selection
-(``actors/call_context.py``) when, and only when, the model gets it. A failed,
+(``call/call_context.py``) when, and only when, the model gets it. A failed,
 ambiguous or cancelled lookup answers an error and changes nothing.
 
 ``fill_from_selection`` is how the other tools default "this day / this
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from voiceactors import context
-from voiceactors.context_resolve import verify
-from voiceactors.tools.context import ToolContext
+from voiceactors.linked_context import references as context
+from voiceactors.linked_context.resolve import verify
+from voiceactors.tools.handler_context import ToolContext
 
 if TYPE_CHECKING:
     from voiceactors.tools.registry import ToolSpec

@@ -7,7 +7,7 @@ from typing import Any
 
 from voiceactors.journal import activities, briefing
 from voiceactors.logs import get_logger
-from voiceactors.tools.context import ToolContext
+from voiceactors.tools.handler_context import ToolContext
 
 _log = get_logger(actor="tools")
 _TIME = re.compile(r"^(\d{1,2}):(\d{2})(?::\d{2})?$")

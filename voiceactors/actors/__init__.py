@@ -1,1 +1,0 @@
-"""The actors: BrainActor, ToolExecutor, CallSupervisor/CallActor."""

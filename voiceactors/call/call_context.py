@@ -1,0 +1,193 @@
+"""CallContext: what one call is about (its original link and current
+selection) and its first greeting, without I/O.
+
+Owned by the call's ``CallProtocol`` (``protocol.py`` calls the three
+hooks below and carries out what they return; the rules live here):
+
+* the **original link** is the verified (or unverified) context the call was
+  connected with; it never changes;
+* the **current selection** starts as the link (when verified) and is replaced
+  only by a successful ``journal.select`` whose output the model gets. Both
+  are immutable values (``context.Reference``): replacing one is one
+  assignment, so a barge-in or a reconnect always sees one or the other;
+* after a selection changes, the session's instructions are updated
+  (``session.update``: the brain's instruction plus the context section) and
+  the client is told (a ``selection`` feed event; the tool's nav hint goes the
+  usual way);
+* the **first greeting** (``{"greeting": "first"}``) is one ``response.create``
+  carrying the opening instruction, sent at the first connection only (after
+  the handover), only while no response is active or requested and before
+  the conversation began; otherwise it is dropped, and it is never sent again
+  (not after a reconnect).
+
+With ``--redis`` a call taken over by another process carries on with its
+context (``carried_view`` on the holder, mirrored in Redis;
+``taken_over_context`` on the taker): the brain's instruction it was connected
+with, its link and its current selection. The taker sends one
+``session.update`` at its first connection (the holder may have died before
+its own went out) and never greets: its connection is a reconnect of the
+call, and the holder may have greeted already.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from voiceactors.linked_context import references as context
+from voiceactors.call.state import ToolOutcome
+from voiceactors.realtime import events as rt
+
+SELECT_TOOL = "journal.select"
+
+
+@dataclass(frozen=True)
+class LinkedContext:
+    """What ``/connect`` hands a new call."""
+
+    base_instruction: str | None            # the brain's instruction at connect (None: none yet)
+    link: context.Resolution | None = None  # the original link; None when no context was given
+    greeting: bool = False                  # {"greeting": "first"}
+    # a taken-over call's (``taken_over_context``): its current selection
+    # (None: the link's, when verified) and that it carries on elsewhere
+    selection: context.Reference | None = None
+    taken_over: bool = False
+
+
+def first_selection(linked: LinkedContext) -> context.Reference | None:
+    """The selection a call starts with: a taken-over call's, else the link when verified."""
+    return linked.selection or (linked.link if isinstance(linked.link, context.Reference) else None)
+
+
+def carried_view(linked: LinkedContext) -> dict[str, Any]:
+    """What a taker needs of a call's context, as JSON: the brain's
+    instruction at connect, the link and the selection it starts with (a
+    ``selection`` record line's ``selection`` replaces it). Not the greeting:
+    a taker never greets."""
+    selection = first_selection(linked)
+    return {"base": linked.base_instruction, "link": linked.link.view() if linked.link is not None else None,
+            "selection": selection.view() if selection is not None else None}
+
+
+def _resolution(view: object) -> context.Resolution | None:
+    if isinstance(view, dict) and view.get("verified") is False:
+        kind, reason = view.get("kind"), view.get("reason")
+        if kind in context.KINDS and isinstance(reason, str):
+            return context.Unverified(str(kind), reason)
+        return None
+    return context.Reference.from_view(view)
+
+
+def taken_over_context(view: object) -> LinkedContext | None:
+    """The context a taker carries a call on with, from ``carried_view``'s
+    JSON (None: not one)."""
+    if not isinstance(view, dict):
+        return None
+    base = view.get("base")
+    return LinkedContext(base if isinstance(base, str) and base else None, _resolution(view.get("link")),
+                         selection=context.Reference.from_view(view.get("selection")), taken_over=True)
+
+
+def selected_reference(output: str) -> context.Reference | None:
+    """The reference a successful ``journal.select`` output carries, else None."""
+    try:
+        body = json.loads(output)
+    except ValueError:
+        return None
+    return context.Reference.from_view(body.get("selected") if isinstance(body, dict) else None)
+
+
+class Greeting(StrEnum):
+    NONE = "none"          # not asked for
+    PENDING = "pending"    # asked for, the first connection has not come yet
+    SENT = "sent"
+    DROPPED = "dropped"    # the conversation had begun, or there is no instruction to greet with
+
+
+class CallContext:
+    """The call's link, selection and greeting (see the module doc)."""
+
+    def __init__(self, linked: LinkedContext) -> None:
+        self.base = linked.base_instruction
+        self.link: context.Resolution | None = linked.link
+        self.selection: context.Reference | None = first_selection(linked)
+        self.greeting = Greeting.PENDING if linked.greeting and not linked.taken_over else Greeting.NONE
+        self.greeting_event_id: str | None = None
+        self._connected_before = False
+        # taken over: the selection is sent at the first connection, also
+        # without a link (a select on the holder made it)
+        self._update_due = linked.taken_over and self.selection is not None
+
+    def instructions(self) -> str | None:
+        """The session's instructions for the current selection (None without
+        the brain's instruction: an update would erase it)."""
+        if not self.base:
+            return None
+        return context.compose(self.base, self.link, self.selection)
+
+    def _session_update(self) -> dict[str, Any] | None:
+        text = self.instructions()
+        if text is None:
+            return None
+        return rt.session_update({"type": "realtime", "instructions": text})
+
+    # ------------------------------------------------------------ hooks
+
+    def on_connected(self, *, quiet: bool) -> tuple[list[dict[str, Any]], str | None]:
+        """Events to send once a socket is up, and why a pending greeting was
+        dropped (None when it was not). ``quiet``: no response is active or
+        requested, and no response or user turn has been seen yet."""
+        first = not self._connected_before
+        self._connected_before = True
+        if first and self.link is not None:
+            self._update_due = True    # the call's own link replaces what the session was minted with
+        events: list[dict[str, Any]] = []
+        update = self.take_update()
+        if update is not None:
+            events.append(update)
+        dropped: str | None = None
+        if self.greeting == Greeting.PENDING:
+            if not first:
+                dropped = "reconnect"
+            elif not quiet:
+                dropped = "conversation_started"
+            elif not self.base:
+                dropped = "no_instruction"
+            else:
+                opening = f"{self.instructions()}\n\n{context.opening_instruction(self.link)}"
+                create = rt.response_create({"instructions": opening})
+                self.greeting_event_id = create["event_id"]
+                self.greeting = Greeting.SENT
+                events.append(create)
+            if dropped is not None:
+                self.greeting = Greeting.DROPPED
+        return events, dropped
+
+    def on_tool_finished(self, tool: str, output: str, outcome: ToolOutcome) -> context.Reference | None:
+        """A tool output the model is about to get: for a successful
+        ``journal.select``, the new selection, applied now (a ``session.update``
+        becomes due: ``take_update``). None for everything else, which
+        changes nothing."""
+        if tool != SELECT_TOOL or outcome != ToolOutcome.OK:
+            return None
+        chosen = selected_reference(output)
+        if chosen is None:
+            return None
+        self.selection = chosen
+        self._update_due = True
+        return chosen
+
+    def take_update(self) -> dict[str, Any] | None:
+        """The due ``session.update`` (once), or None. Without the brain's
+        instruction none is sent: an update would erase the session's."""
+        if not self._update_due:
+            return None
+        self._update_due = False
+        return self._session_update()
+
+    def views(self) -> dict[str, Any]:
+        """The link and selection as JSON (feed event, record line)."""
+        return {"selection": self.selection.view() if self.selection is not None else None,
+                "link": self.link.view() if self.link is not None else None}

@@ -1,0 +1,1160 @@
+"""CallProtocol: the rules of one call's sideband, with no I/O (sans-IO).
+
+``CallProtocol.handle(input, now)`` takes one ``CallInput`` (a parsed server
+event, a tool result, an event written, the socket connected or dropped, a
+timer) and the current time, updates the call's bookkeeping
+(``state.py``) and returns the effects to carry out, in order: events to
+send, tools to start, reads to cancel, a wake-up time, record lines, feed
+events, metrics, log lines, the end of the call. It never blocks, sleeps,
+reads a clock or imports trio: ``CallActor`` (``actor.py``) is the async shell
+that feeds it and carries its effects out. The protocol tests drive it
+directly (``tests/test_call_protocol.py``).
+
+The rules (``docs/calls.md`` has the long form):
+
+* a tool call runs only on complete arguments of a response not cancelled and
+  not superseded; calls of one response run concurrently;
+* every tool call id is answered exactly once; an output counts as delivered
+  when the service echoes it (``conversation.item.added``); unconfirmed
+  outputs are written again after a reconnect, confirmed ones never;
+* one ``response.create`` per batch, after that response's ``response.done``,
+  once every output is written, only while no response is active and only if
+  the batch's epoch is current; ``conversation_already_has_active_response``
+  naming our event sends us back to waiting for the active response to end
+  (or, when we know of none, a blind retry after ``BLIND_RETRY_S``);
+* ``speech_started`` and a cancelled response advance the epoch and cancel the
+  older epoch's reads at the executor; older work still answers its tool call
+  id but never asks for a response.
+
+Names: ``call_id`` is the live call (``rtc_...``); ``tool_call_id`` is the
+model's function-call id (the ``call_id`` field of the Realtime events).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Callable
+
+from voiceactors.call.meter import FAREWELL, BudgetState, CallMeter
+from voiceactors.call.state import (
+    ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
+    Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
+)
+# an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
+from voiceactors.call.state import ToolFinished as ToolFinished
+from voiceactors.call.call_context import CallContext
+from voiceactors.call.record_kind import RecordKind
+from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
+from voiceactors.realtime import events as rt
+from voiceactors.realtime.event_view import EventView
+from voiceactors.tool_effect import READ, ToolEffect
+
+
+class EndReason(StrEnum):
+    """Why a call ended (the ``end`` line of the call record, ``call.ended``)."""
+
+    CLOSED = "closed_by_service"          # clean close 1000/1001
+    GONE = "call_gone"                    # 404/410 at the handshake
+    IDLE = "idle_timeout"
+    MAX = "max_duration"
+    EXHAUSTED = "reconnect_exhausted"
+    NO_KEY = "no_api_key"
+    CONFIG_UNREADABLE = "config_unreadable"   # the journal config could not be read at any attempt
+    UNAUTHORIZED = "unauthorized"         # 401/403 at the handshake, or an invalid_api_key error
+    QUOTA = "insufficient_quota"          # the service's insufficient_quota error
+    SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
+    BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (meter.py)
+    AUTH_EXPIRED = "auth_expired"         # an MCP source refused the call's own token (docs/mcp.md)
+    ERROR = "error"                       # a bug: logged with its traceback
+
+
+#: The server events the protocol acts on; the reader skips the rest (deltas,
+#: audio buffer and rate-limit events) without validating them.
+HANDLED_EVENTS = frozenset({
+    "response.created", "response.output_item.added", "response.output_item.done",
+    "response.function_call_arguments.done", "response.done", "input_audio_buffer.speech_started",
+    "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
+    "conversation.item.input_audio_transcription.completed",
+    "response.output_audio_transcript.done", "response.output_text.done",
+})
+
+ACTIVE_RESPONSE = "conversation_already_has_active_response"
+#: Service error codes after which the call cannot go on: it ends at once.
+FATAL_ERRORS = {"invalid_api_key": EndReason.UNAUTHORIZED, "insufficient_quota": EndReason.QUOTA}
+#: Longest tool name kept from the peer (ours are under 40 characters).
+TOOL_NAME_MAX = 128
+#: Longest peer-sent string (error code, type, event id) put in a log line.
+PEER_STRING_MAX = 64
+#: After ``conversation_already_has_active_response`` while we saw no active
+#: response (its ``response.created`` fell in a drop), retry after this long.
+BLIND_RETRY_S = 2.0
+BLIND_RETRIES = 3
+
+
+# ------------------------------------------------------------------ inputs
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """A socket is up and its writer takes events: pending outputs go out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One frame from the service: its parsed event, or None for a frame the
+    reader skipped (it still counts in the event sequence)."""
+
+    event: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """The writer wrote this ``Send`` on the socket."""
+
+    send: "Send"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolAbandoned:
+    """A tool task ended without a result: cancelled by the actor, or the
+    executor was gone (``executor_gone``)."""
+
+    tool_call_id: str
+    executor_gone: bool = False
+    prefetch: bool = False     # a ``Prefetch`` run ended without a result
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnected:
+    """The connection's writer is gone: what it did not write is ready again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """The socket is gone and a reconnect follows (see ``CallProtocol._on_drop``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """The wake-up time the protocol asked for (``WakeAt``) may have come."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """A tool call a crashed run left pending (a rejoin, ``recovery.py``).
+    ``output`` None: run it again (a read with its arguments); else answer it
+    with ``output`` and ``outcome``."""
+
+    tool_call_id: str
+    tool: str
+    response_id: str | None
+    arguments: str | None
+    output: str | None = None
+    outcome: ToolOutcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenAtClose:
+    """The bounded close wrote this tool call's output itself (``closing_outputs``)."""
+
+    tool_call_id: str
+
+
+#: Everything the call actor feeds its protocol.
+CallInput = (Connected | Received | Written | ToolFinished | ToolAbandoned | Disconnected | Dropped | Timer
+             | Recovered | WrittenAtClose)
+
+
+# ----------------------------------------------------------------- effects
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One event for the connection's writer; ``tool_call_id`` marks a
+    function_call_output (the writer reports it back with ``Written``)."""
+
+    event: dict[str, Any]
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartTool:
+    """Run one tool call at the executor; report back with ``ToolFinished``
+    or ``ToolAbandoned``. ``prefetched``: the call starts on the run its
+    ``Prefetch`` began (same arguments): the shell starts nothing."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+    epoch: int
+    turn: int
+    prefetched: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prefetch:
+    """Run a read whose arguments are done but not yet known complete
+    (``response.function_call_arguments.done``): report back with
+    ``ToolFinished``/``ToolAbandoned`` carrying ``prefetch=True``. Its answer
+    is used only if the call then starts with the same arguments (rule 2);
+    otherwise it is dropped."""
+
+    tool_call_id: str
+    name: str
+    arguments: str
+    epoch: int
+    turn: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOlderReads:
+    """Tell the executor to cancel this call's reads issued before ``before_epoch``."""
+
+    before_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    """Feed ``Timer`` at ``at`` (or sooner; the protocol checks the time itself)."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RecordLine:
+    """A line for the call record (``t``: when it happened, seconds since
+    the start, for a line written later; None: when it is added)."""
+
+    kind: RecordKind
+    fields: dict[str, Any]
+    t: float | None = None
+
+
+class PublishKind(StrEnum):
+    """What a ``Publish`` effect tells the client feed: each member names the
+    ``CallFeed`` method the shell hands its fields to (``call.py``'s
+    ``_publisher``, a match mypy checks is exhaustive)."""
+
+    TOOL_STARTED = "tool_started"
+    TOOL_DONE = "tool_done"
+    CLIENT_EVENTS = "client_events"
+    TRANSCRIPT = "transcript"
+    USAGE = "usage"
+    SELECTION = "selection"
+
+
+class Metric(StrEnum):
+    """The metric a ``Measure`` effect observes (``metrics.py``'s function of
+    the member's name; ``call.py``'s ``_metric``)."""
+
+    TOOL_OVERHEAD = "tool_overhead"
+    TOOL_TURNAROUND = "tool_turnaround"
+
+
+class LogLevel(StrEnum):
+    """A ``Log`` effect's level: the call actor's logger method of that name."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A client feed event: the ``CallFeed`` method ``kind`` names, called with ``**fields``."""
+
+    kind: PublishKind
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """A metric observation: ``name``'s metric observes ``seconds``."""
+
+    name: Metric
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A structured log line of the call actor."""
+
+    level: LogLevel
+    event: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EndCall:
+    """The call cannot go on (a fatal service error)."""
+
+    reason: EndReason
+
+
+@dataclass(frozen=True)
+class CountUsage:
+    """One response's tokens and cost: the metrics and the day's total."""
+
+    model: str
+    tokens: dict[str, int]
+    cost_usd: float | None
+
+
+Effect = (Send | StartTool | Prefetch | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
+          | CountUsage)
+
+
+def _always() -> bool:
+    return True
+
+
+class CallProtocol:
+    """The sideband protocol of one call: state and rules, no I/O.
+
+    ``effect_of(name)`` says whether a tool is a ``read`` or a ``write`` (None
+    when unknown): the ``tool_started`` record line keeps a read's arguments.
+    ``started`` is the time the call started (record times are relative to it).
+    ``debug_logs`` False: no ``Log`` effects at debug level are made (the
+    shell's logger would drop them). Not thread-safe; one owner feeds it.
+
+    Per-event work does not grow with the call's history: the checks that
+    look for batches to decide walk only the batches still undecided
+    (``_undecided``), and the tool runs in flight are a set (``_running``).
+    """
+
+    def __init__(self, call_id: str, *, effect_of: Callable[[str], ToolEffect | None] = lambda name: None,
+                 started: float = 0.0, context: CallContext | None = None, debug_logs: bool = True) -> None:
+        self.call_id = call_id
+        self.context = context                      # linked context, selection, greeting (call_context.py)
+        self.started = started
+        self._effect_of = effect_of
+        self.debug_logs = debug_logs
+        # Whether a feed event would reach anyone now (the shell's
+        # ``CallFeed.listened``): when not, the feed's events (all but
+        # ``client_events``, which are more than a publish) are not built.
+        # Asked at the step it is emitted in, as the shell would ask it when
+        # carrying the effect out; by default every event is emitted.
+        self.publishing: Callable[[], bool] = _always
+        self.epoch = 0
+        self.turn = 0
+        self._speech_turn = False
+        self.calls: dict[str, ToolCall] = {}
+        self.batches: dict[str, Batch] = {}
+        self.active: set[str] = set()
+        self.creates: dict[str, CreateSent] = {}
+        self._output_events: dict[str, str] = {}     # event_id -> tool_call_id
+        self.create_inflight: str | None = None
+        self.retry_at: float | None = None          # math.inf: retries used up, wait for a response event
+        self._blind_retries = 0
+        self.seq = 0                                # server frames received
+        self.connected = False                      # a writer takes Send effects
+        self.log_budget = rt.LogBudget()            # peer-triggered log lines (skipped frames, errors)
+        self.spoken = TranscriptOrder()             # the transcripts' spoken order, cut-short replies
+        self._now = started
+        self._effects: list[Effect] = []
+        self.meter = CallMeter()                    # usage, cost, budget (the shell sets model and prices)
+        self._budget_ended = False
+        self._running: set[str] = set()             # tool call ids with a StartTool run in flight
+        self._prefetching: set[str] = set()         # ... with a Prefetch run in flight
+        # batches with tool calls whose follow_up may still be None (pruned
+        # lazily once decided; re-added when a follow_up goes back to None)
+        self._undecided: dict[str, Batch] = {}
+
+    # ----------------------------------------------------------- the API
+
+    def handle(self, message: CallInput, now: float) -> list[Effect]:
+        """Apply one input at time ``now``; return the effects, in order."""
+        self._now = now
+        handler = _INPUT_HANDLERS.get(type(message))
+        if handler is None:
+            raise TypeError(f"not a CallInput: {message!r}")
+        handler(self, message)
+        return self.take_effects()
+
+    def handle_event(self, event: Any, now: float) -> list[Effect]:
+        """The same as ``handle(Received(event), now)`` without building the
+        input: the reader's path for every frame it acts on."""
+        self._now = now
+        self.seq += 1
+        if event is not None:
+            self._on_event(event)
+        effects, self._effects = self._effects, []
+        return effects
+
+    def _in_received(self, message: Received) -> None:
+        self.seq += 1
+        if message.event is not None:
+            self._on_event(message.event)
+
+    def _in_written(self, message: Written) -> None:
+        self._on_written(message.send)
+
+    def _in_connected(self, _message: Connected) -> None:
+        self._on_connected()
+
+    def _in_disconnected(self, _message: Disconnected) -> None:
+        self._on_disconnected()
+
+    def _in_dropped(self, _message: Dropped) -> None:
+        self._on_drop()
+
+    def _in_timer(self, _message: Timer) -> None:
+        if self.retry_at is not None and self._now >= self.retry_at:
+            self.retry_at = None
+            self._maybe_follow_up()
+        self._budget_timer(self._now)
+
+    def _in_written_at_close(self, message: WrittenAtClose) -> None:
+        call = self.calls[message.tool_call_id]
+        call.sends += 1
+        advance(call, ToolCallEvent.WRITE_AT_CLOSE)
+
+    def skipped_frame(self) -> None:
+        """The same as ``handle(Received(None), now)``, which has no effects:
+        the reader's path for the frames it skips (most of a busy call's
+        traffic is deltas)."""
+        self.seq += 1
+
+    def skipped_frames(self, count: int) -> None:
+        """``count`` skipped frames at once (the sideband's hand-off drops
+        them before the reader sees them, ``ws_frames.take_skipped``); like
+        ``skipped_frame``, only the event sequence moves."""
+        self.seq += count
+
+    def take_effects(self) -> list[Effect]:
+        """The effects not yet returned (after ``handle`` raised half-way)."""
+        effects, self._effects = self._effects, []
+        return effects
+
+    def tools_running(self) -> bool:
+        """Whether a tool run (started or prefetched) has not reported back."""
+        return bool(self._running or self._prefetching)
+
+    def closing_outputs(self, now: float) -> list[Send]:
+        """The end of a call with its socket up: answer every unanswered tool
+        call with the synthetic output, and return the outputs never written
+        on this socket for the shell to write (report each with
+        ``WrittenAtClose``; outputs written and not confirmed are not written
+        twice)."""
+        self._now = now
+        sends = []
+        for call in self.calls.values():
+            if call.state in UNANSWERED:
+                call.outcome = call.outcome or ToolOutcome.CANCELLED
+                call.abandon()
+            if call.state != ToolCallState.READY or call.output is None:
+                continue
+            event = rt.function_call_output(call.tool_call_id, call.output)
+            self._output_events[event["event_id"]] = call.tool_call_id
+            sends.append(Send(event, call.tool_call_id))
+        return sends
+
+    def closing_lines(self) -> list[RecordLine]:
+        """The record lines written at the end: every ``response.create`` and
+        the ``tool_call`` line of each call not settled yet."""
+        lines = [RecordLine(RecordKind.RESPONSE_CREATE, {
+            "event_id": create.event_id, "epoch": create.epoch, "result": create.result,
+            "response_id": create.response_id, "turnaround_ms": create.turnaround_ms, "for": create.batches,
+        }, t=create.t) for create in self.creates.values()]
+        for call in self.calls.values():
+            self._record_settled(call)
+        lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
+        if self.meter.usage.responses:    # the call's usage totals (meter.py)
+            lines.append(RecordLine(RecordKind.USAGE_TOTAL, self.meter.totals()))
+        return lines
+
+    # ------------------------------------------------------------ helpers
+
+    def _undecided_batches(self) -> list[Batch]:
+        """The batches with tool calls and no follow_up yet, in the order
+        they were created (drops the decided ones from ``_undecided``)."""
+        undecided = self._undecided
+        decided = [rid for rid, batch in undecided.items() if batch.follow_up is not None]
+        for rid in decided:
+            del undecided[rid]
+        if len(undecided) < 2:
+            return list(undecided.values())
+        return sorted(undecided.values(), key=lambda b: b.ordinal)
+
+    def _emit(self, effect: Effect) -> None:
+        self._effects.append(effect)
+
+    def _log(self, level: LogLevel, event: str, **fields: object) -> None:
+        # the per-event debug lines are asked for under ``if self.debug_logs:``
+        # at their call sites: with debug off not even their fields are packed
+        if level is LogLevel.DEBUG and not self.debug_logs:
+            return
+        # a tool call id is the peer's string: clipped in logs like the others
+        # (outputs and records keep it whole)
+        if isinstance(fields.get("tool_call_id"), str):
+            fields["tool_call_id"] = rt.clip(fields["tool_call_id"], PEER_STRING_MAX)
+        self._effects.append(Log(level, event, fields))
+
+    def _record(self, kind: RecordKind, **fields: object) -> None:
+        self._effects.append(RecordLine(kind, fields))
+
+    # ------------------------------------------------------- server events
+
+    def _on_event(self, event: Any) -> None:
+        """Dispatch one server event (its type is in ``HANDLED_EVENTS``)."""
+        # Each field is read once and handed on (a view builds a new view at
+        # every read of a nested object); the conversation's order
+        # (``spoken``) sees an event's fields before its handler, the most
+        # frequent kinds first.
+        kind = event.type
+        if kind in ITEM_EVENTS:
+            item = event.item
+            self.spoken.item_seen(item, getattr(event, "previous_item_id", None))
+            self._on_item_added(item, first=kind != "conversation.item.done")
+        elif kind in OUTPUT_ITEM_EVENTS:
+            response_id, item = event.response_id, event.item
+            self.spoken.output_item_seen(response_id, item)
+            self._on_output_item(response_id, item, done=kind == "response.output_item.done")
+        elif kind == "response.done":
+            response = event.response
+            for item_id in self.spoken.response_done(response):
+                self._record(RecordKind.TRANSCRIPT_CUT, item_id=item_id)
+            self._on_response_done(response)
+        elif kind == "response.created":
+            self._on_response_created(event.response)
+        elif kind == "response.function_call_arguments.done":
+            self._on_arguments_done(event)
+        elif kind == "input_audio_buffer.speech_started":
+            self._on_speech_started()
+        elif kind == "error":
+            self._on_error(event.error)
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            self._transcript("user", event.transcript, event.item_id)
+        elif kind == "response.output_audio_transcript.done":
+            self._transcript("assistant", event.transcript, event.item_id)
+        elif kind == "response.output_text.done":
+            self._transcript("assistant", event.text, event.item_id)
+
+    def _batch(self, response_id: str) -> Batch:
+        batch = self.batches.get(response_id)
+        if batch is None:  # first seen without its response.created (e.g. after a reconnect)
+            batch = Batch(response_id, self.epoch, Origin.MODEL, self.seq, ordinal=len(self.batches))
+            self.batches[response_id] = batch
+        return batch
+
+    def _on_response_created(self, response: Any) -> None:
+        rid = response.id or f"resp_unknown_{self.seq}"
+        new = rid not in self.batches
+        batch = self._batch(rid)
+        self.active.add(rid)
+        self.retry_at = None
+        if new and self.create_inflight is not None:
+            # The service answers our response.create with response.created
+            # (it carries no event_id, so the first one after ours is ours).
+            create = self.creates[self.create_inflight]
+            create.response_id = rid
+            batch.origin = Origin.OURS
+            self.create_inflight = None
+        elif new:
+            self._carried_forward_by(batch)
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
+
+    def _carried_forward_by(self, started: Batch) -> None:
+        """A response the model started after every output of a finished batch
+        was confirmed has those outputs in its context: it carries the
+        conversation forward, so that batch needs no response.create of ours."""
+        for batch in self._undecided_batches():
+            if batch is started:
+                continue
+            if batch.status not in ENDED_OK or batch.epoch != self.epoch or started.epoch != self.epoch:
+                continue
+            seqs = [self.calls[c].confirmed_seq for c in batch.calls]
+            if all(s is not None and s < started.created_seq for s in seqs):
+                batch.follow_up = FollowUp.MODEL
+                if self.debug_logs:
+                    self._log(LogLevel.DEBUG, "response.follow_up_by_model", response_id=batch.response_id,
+                              by=started.response_id, epoch=self.epoch)
+
+    def _tool_call(self, response_id: str, tool_call_id: str | None, name: str | None,
+                   item_id: str | None) -> ToolCall | None:
+        if not tool_call_id:
+            return None
+        # a tool name is ours to know; one longer than any we have is unknown
+        # either way, and clipped it cannot flood the logs and the record
+        name = rt.clip(name, TOOL_NAME_MAX)
+        call = self.calls.get(tool_call_id)
+        if call is None:
+            batch = self._batch(response_id)
+            call = ToolCall(tool_call_id, name or "", response_id, batch.epoch, self.turn,
+                            self._now - self.started, item_id=item_id)
+            self.calls[tool_call_id] = call
+            batch.calls.append(tool_call_id)
+            self._undecided[response_id] = batch
+        elif name and not call.name:
+            call.name = name
+        return call
+
+    def _on_output_item(self, response_id: str, item: Any, *, done: bool) -> None:
+        if getattr(item, "type", None) != "function_call":
+            return
+        call = self._tool_call(response_id, item.call_id, item.name, item.id)
+        if call is None or not done or call.state not in UNSTARTED:
+            return
+        if item.arguments is not None:
+            call.arguments = item.arguments
+        if item.status in (None, "completed") and call.arguments is not None:
+            self._maybe_start(call)     # the arguments are final
+
+    def _on_arguments_done(self, event: Any) -> None:
+        # Also emitted for an interrupted response, with partial arguments: not
+        # a reason to run. The item's done event or the response's done decides.
+        call = self._tool_call(event.response_id, event.call_id, event.name, event.item_id)
+        if call is not None and call.state in UNSTARTED:
+            call.arguments = event.arguments
+            self._maybe_prefetch(call)
+
+    def _maybe_prefetch(self, call: ToolCall) -> None:
+        """Run a read on arguments that are done but not yet known complete,
+        so its answer may be there when the call starts. Only a read (no
+        effect to undo), once per call, while its response is active and its
+        epoch current; the answer is used only if the call then starts with
+        these very arguments (``_maybe_start``), else it is dropped."""
+        if call.prefetch is not None or call.recovered or not call.name or call.arguments is None:
+            return
+        batch = self.batches[call.response_id]
+        if batch.status is not None or batch.epoch < self.epoch or self._effect_of(call.name) != READ:
+            return
+        call.prefetch = call.arguments
+        advance(call, ToolCallEvent.PREFETCH)
+        call.started_t = self._now
+        self._prefetching.add(call.tool_call_id)
+        # logged first: the actor may have the executor answer it (and log tool.run) while carrying it out
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "tool.prefetched", tool=call.name, tool_call_id=call.tool_call_id,
+                      epoch=call.epoch)
+        self._emit(Prefetch(call.tool_call_id, call.name, call.arguments, call.epoch, self.turn))
+
+    def _on_response_done(self, response: Any) -> None:
+        rid = response.id or f"resp_unknown_{self.seq}"
+        batch = self._batch(rid)
+        self.active.discard(rid)
+        # a response ended (maybe the one the service was busy with, whose
+        # response.created we never saw): decide now, not at the blind retry
+        self.retry_at = None
+        batch.status = response.status or BatchStatus.COMPLETED
+        batch.done_t = self._now
+        for item in response.output or ():
+            if getattr(item, "type", None) != "function_call":
+                continue
+            call = self._tool_call(rid, item.call_id, item.name, item.id)
+            if call is not None and call.state in UNSTARTED and item.arguments is not None:
+                call.arguments = item.arguments
+        for tool_call_id in batch.calls:
+            call = self.calls[tool_call_id]
+            if call.state not in UNSTARTED:
+                continue
+            if batch.status == BatchStatus.COMPLETED and call.arguments is not None:
+                self._maybe_start(call)     # the arguments are final
+            else:
+                self._abandon(call)
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "response.done", response_id=rid, status=batch.status, origin=batch.origin,
+                      epoch=batch.epoch, tool_calls=len(batch.calls))
+        self._record(RecordKind.RESPONSE, response_id=rid, status=batch.status, epoch=batch.epoch,
+                     origin=batch.origin, tool_calls=list(batch.calls))
+        usage = getattr(response, "usage", None)
+        # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
+        # a view answers only through a dunder lookup); an SDK model as it is
+        self._count_usage(rid, usage.to_dict() if type(usage) is EventView else usage)
+        if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
+            self._advance_epoch("response_cancelled")
+        self._maybe_follow_up()
+
+    def _on_speech_started(self) -> None:
+        self.turn += 1
+        self._speech_turn = True
+        self._advance_epoch("speech_started")
+
+    def _on_item_added(self, item: Any, *, first: bool) -> None:
+        kind = getattr(item, "type", None)
+        if kind == "function_call_output":
+            call = self.calls.get(item.call_id)
+            if call is not None and call.state != ToolCallState.CONFIRMED:
+                advance(call, ToolCallEvent.CONFIRM)
+                call.confirmed_seq = self.seq
+                self._record_settled(call)
+                if self.debug_logs:
+                    self._log(LogLevel.DEBUG, "tool.output_confirmed", tool_call_id=call.tool_call_id, epoch=self.epoch)
+        elif kind == "message" and getattr(item, "role", None) == "user" and first:
+            if not self._speech_turn:  # a typed turn: no speech_started came first
+                self.turn += 1
+            self._speech_turn = False
+
+    def _on_error(self, error: Any) -> None:
+        event_id, code = error.event_id, error.code
+        fatal = FATAL_ERRORS.get(code or "")
+        if fatal is not None:
+            self._log(LogLevel.ERROR, "realtime.fatal_error", code=code, epoch=self.epoch)
+            self._emit(EndCall(fatal))
+            return
+        if self.log_budget.allow():
+            self._log(LogLevel.WARNING, "realtime.error", code=rt.clip(code, PEER_STRING_MAX),
+                      error_type=rt.clip(error.type, PEER_STRING_MAX),
+                      event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch,
+                      suppressed=self.log_budget.take_suppressed() or None)
+        if event_id in self.creates:
+            self._on_create_error(self.creates[event_id], code)
+        elif event_id in self._output_events:
+            call = self.calls[self._output_events[event_id]]
+            if call.state in (ToolCallState.SENT, ToolCallState.QUEUED):
+                # The service refused this output (already answered after a
+                # resend, or an id it no longer knows): never send it again.
+                advance(call, ToolCallEvent.REJECT)
+                self._record_settled(call)
+            self._maybe_follow_up()
+
+    def _on_create_error(self, create: CreateSent, code: str | None) -> None:
+        if self.create_inflight == create.event_id:
+            self.create_inflight = None
+        if create.response_id is not None:
+            # the response.created we took for ours was the model's
+            self.batches[create.response_id].origin = Origin.MODEL
+        ours = [self.batches[r] for r in create.batches if self.batches[r].follow_up == FollowUp.OURS]
+        if code == ACTIVE_RESPONSE:
+            create.result = CreateResult.REJECTED_ACTIVE
+            for batch in ours:
+                batch.follow_up = None
+                self._undecided[batch.response_id] = batch
+            for rid in self.active:
+                self._carried_forward_by(self.batches[rid])
+            if not self.active and self._blind_retries < BLIND_RETRIES:
+                # active on the service but not to us: retry later (a
+                # response.done wakes us sooner)
+                self._blind_retries += 1
+                self.retry_at = self._now + BLIND_RETRY_S
+                self._emit(WakeAt(self.retry_at))
+            elif not self.active:
+                # retries used up: no immediate resend (that would loop while
+                # the service keeps refusing); the next response.created or
+                # response.done, or a reconnect, decides again
+                self.retry_at = math.inf
+        else:
+            create.result = f"error:{code}"
+            for batch in ours:
+                batch.follow_up = FollowUp.FAILED
+        self._maybe_follow_up()
+
+    def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
+        if not text:
+            return
+        self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
+                     **self.spoken.place_transcript(item_id))
+        if self.publishing():
+            self._emit(Publish(PublishKind.TRANSCRIPT, {"role": role, "text": text, "item_id": item_id}))
+
+    # ------------------------------------------------------------- epochs
+
+    def _advance_epoch(self, why: str) -> None:
+        self.epoch += 1
+        for batch in self._undecided_batches():
+            if batch.epoch < self.epoch:
+                batch.follow_up = FollowUp.SUPERSEDED
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
+        if self.tools_running():
+            self._emit(CancelOlderReads(self.epoch))
+
+    # -------------------------------------------------------------- tools
+
+    def _maybe_start(self, call: ToolCall) -> None:
+        """Start a call whose arguments are final (or abandon it)."""
+        batch = self.batches[call.response_id]
+        if call.state not in UNSTARTED:
+            return
+        if batch.status not in (None, BatchStatus.COMPLETED) or batch.epoch < self.epoch:
+            # cancelled, or the user took the floor before it ran: never start it
+            self._abandon(call)
+            return
+        # the prefetch's run is this call's run when it ran on these arguments
+        # and has not ended without an answer (so it is prefetching or prefetched)
+        prefetched = call.state != ToolCallState.SEEN and call.prefetch == call.arguments
+        held = call.held
+        call.held = None
+        advance(call, ToolCallEvent.START)
+        if not call.recovered:
+            call.turn = self.turn
+        if prefetched:
+            # started_t stays the prefetch's start: the run began then
+            call.run = ToolRun.PREFETCH if held is None else ToolRun.PREFETCH_ANSWERED
+        else:
+            held = None
+            call.run = ToolRun.OWN
+            call.started_t = self._now
+            self._running.add(call.tool_call_id)
+        self._record_started(call)
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "tool.started", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                      turn=call.turn)      # before the StartTool, for the same reason as tool.prefetched
+        self._emit(StartTool(call.tool_call_id, call.name, call.arguments or "", call.epoch, call.turn,
+                             prefetched=prefetched))
+        if self.publishing():
+            self._emit(Publish(PublishKind.TOOL_STARTED, {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                                "epoch": call.epoch}))
+        if held is not None:
+            call.started_t = self._now     # the answer was there: the overhead counts from here
+            self._finish(call, held)
+
+    def _on_tool_finished(self, result: ToolFinished) -> None:
+        call = self.calls[result.tool_call_id]
+        if result.prefetch and not call.adopted:
+            self._prefetching.discard(call.tool_call_id)
+            if call.state == ToolCallState.PREFETCHING:
+                advance(call, ToolCallEvent.PREFETCH_ANSWERED)
+                call.held = result     # kept for the call's start (used if its arguments match)
+            return                     # else dropped: abandoned, or started on other arguments
+        if call.adopted:
+            self._prefetching.discard(call.tool_call_id)
+        self._running.discard(call.tool_call_id)
+        self._finish(call, result)
+
+    def _finish(self, call: ToolCall, result: ToolFinished) -> None:
+        call.duration_ms = result.duration_ms
+        call.outcome = result.outcome
+        if result.tool and result.tool != call.name:
+            call.name = result.tool  # the canonical dotted name
+        if call.state == ToolCallState.RUNNING:
+            call.output = result.output
+            advance(call, ToolCallEvent.ANSWER)
+            self._context_tool_finished(call, result)
+            self._queue_output(call)
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
+                      current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
+        if self.publishing():
+            self._emit(Publish(PublishKind.TOOL_DONE, {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                             "epoch": call.epoch, "outcome": result.outcome,
+                                             "duration_ms": result.duration_ms}))
+        if result.client_events:
+            self._emit(Publish(PublishKind.CLIENT_EVENTS, {"events": result.client_events, "tool": call.name,
+                                                 "tool_call_id": call.tool_call_id}))
+        self._maybe_follow_up()
+        self._end_if_auth_expired(result)
+
+    def _end_if_auth_expired(self, result: ToolFinished) -> None:
+        """The call's own credentials for an MCP source were refused: the
+        user's authentication expired, so the call ends (its output, already
+        queued, tells the model why)."""
+        if result.outcome == ToolOutcome.AUTH_EXPIRED:
+            self._log(LogLevel.WARNING, "call.auth_expired", tool=result.tool, tool_call_id=result.tool_call_id)
+            self._emit(EndCall(EndReason.AUTH_EXPIRED))
+
+    def _on_tool_abandoned(self, message: ToolAbandoned) -> None:
+        call = self.calls[message.tool_call_id]
+        if message.prefetch and not call.adopted:
+            # a prefetch that ended without an answer: the call starts (or
+            # not) by the rules, on a run of its own
+            self._prefetching.discard(call.tool_call_id)
+            if call.state == ToolCallState.PREFETCHING:
+                advance(call, ToolCallEvent.PREFETCH_ENDED)
+            return
+        if call.adopted:
+            self._prefetching.discard(call.tool_call_id)
+        self._running.discard(call.tool_call_id)
+        if call.state == ToolCallState.RUNNING:
+            call.outcome = ToolOutcome.FAILED if message.executor_gone else ToolOutcome.CANCELLED
+            self._abandon(call)
+
+    def _abandon(self, call: ToolCall) -> None:
+        if call.state not in UNANSWERED:
+            return
+        call.abandon()
+        self._log(LogLevel.INFO, "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
+        self._queue_output(call)
+
+    def _on_recovered(self, pending: Recovered) -> None:
+        """A rejoin: take over a tool call the crashed run left pending. They
+        form completed batches of epoch 0, so once their outputs are written
+        one ``response.create`` carries the conversation forward."""
+        batch = self._batch(pending.response_id or f"resp_recovered_{pending.tool_call_id}")
+        batch.status = BatchStatus.COMPLETED
+        call = ToolCall(pending.tool_call_id, pending.tool, batch.response_id, 0, 0, 0.0,
+                        recovered=True, arguments=pending.arguments)
+        self.calls[call.tool_call_id] = call
+        batch.calls.append(call.tool_call_id)
+        self._undecided[batch.response_id] = batch
+        if pending.output is None:
+            self._maybe_start(call)
+            return
+        self._record_started(call)
+        call.output, call.outcome = pending.output, pending.outcome
+        advance(call, ToolCallEvent.RECOVER)
+        call.synthetic = pending.outcome is ToolOutcome.RESTARTED
+        self._log(LogLevel.INFO, "tool.recovered", tool=call.name, tool_call_id=call.tool_call_id,
+                  outcome=pending.outcome)
+
+    # ------------------------------------------------------------ outputs
+
+    def _queue_output(self, call: ToolCall) -> None:
+        """Hand a ready output to the current connection's writer (or keep it
+        ready until the next connection)."""
+        if call.state != ToolCallState.READY or not self.connected or call.output is None:
+            return
+        event = rt.function_call_output(call.tool_call_id, call.output)
+        self._output_events[event["event_id"]] = call.tool_call_id
+        advance(call, ToolCallEvent.QUEUE)
+        self._emit(Send(event, call.tool_call_id))
+
+    def _on_written(self, send: Send) -> None:
+        if send.tool_call_id is None:
+            self._on_create_written(send.event.get("event_id"))
+            return
+        call = self.calls[send.tool_call_id]
+        call.sends += 1
+        if call.sends == 1 and not call.synthetic and call.started_t is not None and call.duration_ms is not None:
+            # what the actors add around the tool: the hops to the executor
+            # and back and the writer's turn (the executor times the rest)
+            spent = 0.0 if call.run == ToolRun.PREFETCH_ANSWERED else call.duration_ms
+            overhead = max(0.0, (self._now - call.started_t) * 1000 - spent)
+            call.overhead_ms = round(overhead, 2)
+            self._emit(Measure(Metric.TOOL_OVERHEAD, overhead / 1000))
+        if call.state == ToolCallState.QUEUED:
+            advance(call, ToolCallEvent.WRITE)
+        self._maybe_follow_up()
+
+    def _on_create_written(self, event_id: str | None) -> None:
+        """Time a response.create of ours from the latest response.done of
+        the batches it carries forward (what the service waits on us)."""
+        create = self.creates.get(event_id or "")
+        if create is None or create.turnaround_ms is not None:
+            return
+        done = [t for r in create.batches if r in self.batches and (t := self.batches[r].done_t) is not None]
+        if done:
+            create.turnaround_ms = round(max(0.0, self._now - max(done)) * 1000, 2)
+            self._emit(Measure(Metric.TOOL_TURNAROUND, create.turnaround_ms / 1000))
+
+    def _on_disconnected(self) -> None:
+        self.connected = False
+        for call in self.calls.values():
+            if call.state == ToolCallState.QUEUED:
+                advance(call, ToolCallEvent.DISCONNECT)
+
+    def _on_connected(self) -> None:
+        self.connected = True
+        self._context_connected()   # first: a due session.update precedes the outputs
+        for call in self.calls.values():
+            self._queue_output(call)
+        self._maybe_follow_up()
+
+    def _on_drop(self) -> None:
+        """The socket is gone. Unconfirmed outputs will be written again; a
+        response.create without its response.created is re-decided; responses
+        we saw start but not end are ``lost`` (their calls with complete
+        arguments run on; the others get the synthetic output)."""
+        self.connected = False
+        for call in self.calls.values():
+            if call.state in (ToolCallState.QUEUED, ToolCallState.SENT):
+                advance(call, ToolCallEvent.DROP)
+        if self.create_inflight is not None:
+            create = self.creates[self.create_inflight]
+            create.result = CreateResult.LOST
+            for rid in create.batches:
+                if self.batches[rid].follow_up == FollowUp.OURS:
+                    self.batches[rid].follow_up = None
+                    self._undecided[rid] = self.batches[rid]
+            self.create_inflight = None
+        for rid in list(self.active):
+            batch = self.batches[rid]
+            batch.status = BatchStatus.LOST
+            for tool_call_id in batch.calls:
+                # started calls run on (a started write must report its real
+                # result); the rest will never have final arguments
+                call = self.calls[tool_call_id]
+                if call.state in UNSTARTED:
+                    self._abandon(call)
+        self.active.clear()
+        self.retry_at = None
+
+    # ---------------------------------------------------------- follow-up
+
+    def _maybe_follow_up(self) -> None:
+        """Send one response.create for the finished batches whose every
+        output is written, if the epoch is theirs and no response is active."""
+        if not self.connected or self.create_inflight is not None or self.active:
+            return
+        if self.retry_at is not None:
+            return
+        if self.meter.state != BudgetState.UNDER:
+            self._farewell()    # past the budget: the farewell is the only create left
+            return
+        due = [batch for batch in self._finished_batches() if self._outputs_written(batch)]
+        if not due:
+            return
+        event = rt.response_create()
+        create = self._create_for(event, due)
+        if self.debug_logs:
+            self._log(LogLevel.DEBUG, "response.create", event_id=create.event_id, epoch=self.epoch,
+                      batches=create.batches)
+        self._emit(Send(event))
+
+    def _finished_batches(self) -> list[Batch]:
+        """The ended batches of the current epoch still waiting for a
+        follow-up, in the order they were created; an older epoch's are
+        marked superseded on the way."""
+        finished = []
+        for batch in self._undecided_batches():
+            if batch.status not in ENDED_OK:
+                continue
+            if batch.epoch < self.epoch:
+                batch.follow_up = FollowUp.SUPERSEDED
+                continue
+            finished.append(batch)
+        return finished
+
+    def _outputs_written(self, batch: Batch) -> bool:
+        calls = self.calls
+        for tool_call_id in batch.calls:     # a loop, not all(genexpr): asked several times a round
+            state = calls[tool_call_id].state
+            if state not in ANSWERED or state in UNSENT:
+                return False
+        return True
+
+    def _create_for(self, event: dict[str, Any], due: list[Batch]) -> CreateSent:
+        """Register ``event`` (a response.create about to be sent) as ours,
+        carrying ``due`` forward."""
+        create = CreateSent(event["event_id"], self.epoch, [b.response_id for b in due],
+                            round(self._now - self.started, 3))
+        self.creates[create.event_id] = create
+        self.create_inflight = create.event_id
+        for batch in due:
+            batch.follow_up = FollowUp.OURS
+        return create
+
+    # ---------------------------------------------------- usage and budget
+
+    @property
+    def budget_wake(self) -> float:
+        """When the budget's course wants a ``Timer`` (math.inf: never)."""
+        end = self.meter.end_at
+        return end if end is not None and not self._budget_ended else math.inf
+
+    def _count_usage(self, rid: str, usage: object) -> None:
+        """A response.done's usage: record, feed, metrics; then the budget."""
+        meter = self.meter
+        if usage is None:     # nothing reported (the service always reports; an old peer may not)
+            return
+        entry, malformed = meter.count(rid, usage)
+        if malformed and self.log_budget.allow():
+            self._log(LogLevel.WARNING, "usage.malformed", response_id=rt.clip(rid, PEER_STRING_MAX),
+                      fields=[rt.clip(f, PEER_STRING_MAX) for f in malformed[:8]])
+        line = meter.line(entry)
+        self._record(RecordKind.USAGE, **line)
+        if self.publishing():
+            self._emit(Publish(PublishKind.USAGE, {**line, "call": meter.totals()}))
+        self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
+        if meter.budgeted and meter.prices is None and not meter.unpriced_logged:
+            meter.unpriced_logged = True
+            self._log(LogLevel.WARNING, "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
+                      budget_usd=meter.budget_usd)
+        farewell = self.creates.get(meter.farewell_event_id or "")
+        if (farewell is not None and farewell.response_id == rid and farewell.result == CreateResult.SENT
+                and meter.farewell_done(self._now)):
+            self._emit(WakeAt(self.budget_wake))
+        if meter.budget_reached_now(self._now):
+            cost = meter.usage.cost_usd
+            self._log(LogLevel.INFO, "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._record(RecordKind.BUDGET, budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))
+            self._emit(WakeAt(self.budget_wake))
+
+    def _farewell(self) -> None:
+        """Past the budget: ask the model, once, to say goodbye (after every
+        finished batch's outputs are written; a refused or lost farewell is
+        asked again)."""
+        meter = self.meter
+        if meter.state == BudgetState.FAREWELL:
+            sent = self.creates.get(meter.farewell_event_id or "")
+            if sent is None or sent.result == CreateResult.SENT:
+                return
+            meter.state = BudgetState.REACHED
+        if meter.state != BudgetState.REACHED:
+            return
+        due = self._finished_batches()
+        if not all(self._outputs_written(batch) for batch in due):
+            return    # outputs first: the conversation stays consistent
+        event = rt.response_create(FAREWELL)
+        create = self._create_for(event, due)
+        meter.state = BudgetState.FAREWELL
+        meter.farewell_event_id = create.event_id
+        self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
+                  why="budget_spent")
+        self._emit(Send(event))
+
+    def _budget_timer(self, now: float) -> None:
+        if not self._budget_ended and self.meter.due(now):
+            self._budget_ended = True
+            self._emit(EndCall(EndReason.BUDGET))
+
+    # ------------------------------------------------------------- record
+
+    def _record_started(self, call: ToolCall) -> None:
+        """The ``tool_started`` line: what a restart needs to answer the call
+        (arguments only for reads, which it may run again)."""
+        effect = self._effect_of(call.name)
+        fields: dict[str, Any] = {"tool_call_id": call.tool_call_id, "tool": call.name,
+                                  "response_id": call.response_id, "epoch": call.epoch, "turn": call.turn,
+                                  "effect": effect}
+        if effect == READ:
+            fields["arguments"] = call.arguments
+        self._record(RecordKind.TOOL_STARTED, **fields)
+
+    def _record_settled(self, call: ToolCall) -> None:
+        """The one ``tool_call`` line of a call (when it settled, or at the end)."""
+        if not call.recorded:
+            call.recorded = True
+            self._record(RecordKind.TOOL_CALL, **call.record_fields())
+
+    # ----------------------------------------------------- linked context
+    # The rules are CallContext's (call_context.py); these hooks only turn
+    # its answers into effects.
+
+    def _context_connected(self) -> None:
+        if self.context is None:
+            return
+        quiet = not self.active and self.create_inflight is None and not self.batches and self.turn == 0
+        events, dropped = self.context.on_connected(quiet=quiet)
+        for event in events:
+            if event["event_id"] == self.context.greeting_event_id:
+                # ours like any response.create: its response.created is ours,
+                # and no other create of ours goes out before it
+                create = self._create_for(event, [])
+                self._log(LogLevel.INFO, "call.greeting", event_id=create.event_id, epoch=self.epoch)
+            self._emit(Send(event))
+        if dropped is not None:
+            self._log(LogLevel.INFO, "call.greeting_dropped", why=dropped, epoch=self.epoch)
+
+    def _context_tool_finished(self, call: ToolCall, result: ToolFinished) -> None:
+        """A ``journal.select`` output the model gets: apply the selection,
+        send the new instructions before the output, tell the client."""
+        if self.context is None:
+            return
+        chosen = self.context.on_tool_finished(call.name, result.output, result.outcome)
+        if chosen is None:
+            return
+        views = self.context.views()
+        self._record(RecordKind.SELECTION, tool_call_id=call.tool_call_id, **views)
+        self._log(LogLevel.INFO, "call.selection", kind=chosen.kind, epoch=self.epoch)
+        if self.publishing():
+            self._emit(Publish(PublishKind.SELECTION, {"tool_call_id": call.tool_call_id, **views}))
+        update = self.context.take_update() if self.connected else None
+        if update is not None:
+            self._emit(Send(update))
+
+
+_INPUT_HANDLERS: dict[type, Callable[[CallProtocol, Any], None]] = {
+    Received: CallProtocol._in_received,
+    Written: CallProtocol._in_written,
+    ToolFinished: CallProtocol._on_tool_finished,
+    ToolAbandoned: CallProtocol._on_tool_abandoned,
+    Connected: CallProtocol._in_connected,
+    Disconnected: CallProtocol._in_disconnected,
+    Dropped: CallProtocol._in_dropped,
+    Timer: CallProtocol._in_timer,
+    Recovered: CallProtocol._on_recovered,
+    WrittenAtClose: CallProtocol._in_written_at_close,
+}

@@ -1,0 +1,1 @@
+"""Linked context: what a conversation is about (a day, an entity, a commitment, a facet), its values and texts (``references``) and their lookup in the journal (``resolve``); docs/api.md § Linked context."""

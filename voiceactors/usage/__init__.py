@@ -1,0 +1,1 @@
+"""Usage and budgets: token kinds, prices and cost (``cost``), the day's total against the daily budget (``daily``) and across processes (``cluster_total``), the brain backends' model usage (``brain_calls``); a call's own meter is ``call/meter.py``."""

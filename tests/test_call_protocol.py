@@ -21,7 +21,7 @@ from voiceactors.call.protocol import (
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
     Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
-from voiceactors.actors.call_state import ToolOutcome
+from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime.event_view import EventView
 from voiceactors.realtime.events import parse_server_event, read_server_event
 

@@ -11,20 +11,23 @@ the same call arriving again, over the same sideband.
 A new kind of call (one accepted from a SIP webhook, one attached to a Live
 session) is a new ``ArrivalKind`` and a function here that makes its
 ``CallArrival``: the call's id and the opener of its transport
-(``transport.py``; a new transport only where its protocol differs). The
-call's shell (``call/actor.py``) does not change: it takes the opener
-(``CallActor(..., open_transport=...)``).
+(``transport.py``; a new transport only where its protocol differs),
+entered in ``ARRIVALS``. The supervisor asks ``arrive`` for every call it
+starts and hands the opener to the call's shell (``call/actor.py``), which
+does not change: it takes the opener (``CallActor(..., open_transport=...)``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Callable
 
 from voiceactors.call.transport import OpenTransport
 from voiceactors.call.websocket_transport import sideband_opener
+from voiceactors.settings import Settings
 
-__all__ = ["ArrivalKind", "CallArrival", "browser_connect"]
+__all__ = ["ARRIVALS", "ArrivalKind", "CallArrival", "arrive", "browser_connect"]
 
 
 class ArrivalKind(StrEnum):
@@ -48,3 +51,19 @@ def browser_connect(base_url: str, call_id: str, *, connect_timeout: float) -> C
     ``base_url`` (``OPENAI_BASE_URL``; the simulator's in tests)."""
     return CallArrival(ArrivalKind.BROWSER, call_id,
                        sideband_opener(base_url, call_id, connect_timeout=connect_timeout))
+
+
+def _browser(settings: Settings, call_id: str) -> CallArrival:
+    return browser_connect(settings.openai_base_url, call_id, connect_timeout=settings.connect_timeout_s)
+
+
+#: how each kind of call arrives, from the server's settings and the call's id
+ARRIVALS: dict[ArrivalKind, Callable[[Settings, str], CallArrival]] = {
+    ArrivalKind.BROWSER: _browser,
+}
+
+
+def arrive(kind: ArrivalKind, settings: Settings, call_id: str) -> CallArrival:
+    """The ``CallArrival`` of a call of ``kind``: what the supervisor hands
+    the call's shell. Every kind has its entry in ``ARRIVALS`` (a test checks)."""
+    return ARRIVALS[kind](settings, call_id)

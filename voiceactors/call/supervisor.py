@@ -59,6 +59,7 @@ import trio
 from voiceactors import config, metrics, storage
 from voiceactors.executor import write_log
 from voiceactors.call.actor import AnswerNow, CallActor
+from voiceactors.call.arrival import ArrivalKind, arrive
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.call.protocol import EndReason
 from voiceactors.call.recovery import PendingCall, find_crashed
@@ -199,7 +200,10 @@ class CallSupervisor:
                 self._connect(call.call_id, nursery, recovered=call.pending, context=call.context)
 
     def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None,
-                 context: LinkedContext | None = None, lease: Lease | None = None) -> ConnectOutcome:
+                 context: LinkedContext | None = None, lease: Lease | None = None,
+                 arrival: ArrivalKind = ArrivalKind.BROWSER) -> ConnectOutcome:
+        """Start the actor of ``call_id`` (its transport opened as its ``arrival``
+        says: ``call/arrival.py``) unless it runs already or the process is full."""
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
@@ -214,7 +218,8 @@ class CallSupervisor:
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
-                          answer_now=self._answer_now)
+                          answer_now=self._answer_now,
+                          open_transport=arrive(arrival, self.settings, call_id).open_transport)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")

@@ -355,11 +355,17 @@ def listing() -> str:
     return "\n".join(lines + ["", "run them: python -m benchmarks run [NAME ...] [--quick]"])
 
 
+AGAINST_EXAMPLE = """two commits side by side (every repeat, the medians, new / old; the page left alone):
+  git worktree add /tmp/old <commit>
+  python -m benchmarks run burst one_call connect round_cpu --quick --against /tmp/old"""
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description="voiceactors benchmarks")
     sub = p.add_subparsers(dest="command")
     sub.add_parser("list", help="list the benchmarks (the default)")
-    r = sub.add_parser("run", help="run benchmarks and rewrite the results page")
+    r = sub.add_parser("run", help="run benchmarks and rewrite the results page",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=AGAINST_EXAMPLE)
     r.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     sizes = r.add_mutually_exclusive_group()
     sizes.add_argument("--quick", action="store_true", help="small sizes: the whole set in a few minutes")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,15 @@ def bench(tmp_path, monkeypatch):
 
 
 def run_tiny(tmp_path: Path, name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One benchmark at its tiny size through the runner: (its stored result, its JSON)."""
+    """One benchmark at its tiny size through the runner: (its stored result, its first run's JSON)."""
     from benchmarks.__main__ import run_one
     from benchmarks.suite import BY_NAME, Size
 
     result = run_one(BY_NAME[name], Size.TINY, tmp_path / "out", print)
     assert result["rows"], f"{name} reported no figure"
     assert result["size"] == "tiny" and result["when_utc"] and result["argv"]
-    return result, json.loads((tmp_path / "out" / f"{name}.json").read_text())
+    assert len(result["runs"]) == result["repeats"] == BY_NAME[name].runs(Size.TINY)
+    return result, json.loads(Path(result["runs"][0]["json"]).read_text())
 
 
 def _burst_phase(data: dict[str, Any], peer: str, phase: str) -> dict[str, Any]:
@@ -119,24 +121,96 @@ def test_tool_round_steps_both_servers_and_plots_latency_and_cpu(bench):
     assert set(result["plots"]["cpu"]) <= {"ours", "do-nothing server"}
 
 
-def test_burst_answers_every_round_of_both_servers(bench):
-    result, data = run_tiny(bench, "burst")
-    assert [r["peer"] for r in data["results"]] == ["ours", "nothing"]
-    for peer in ("ours", "nothing"):
-        connect, burst = _burst_phase(data, peer, "connect"), _burst_phase(data, peer, "burst")
-        assert connect["join_statuses"] == {"200": 3} and connect["closed"] == 3 and connect["rounds_done"] == 0
-        assert burst["rounds_done"] == 6 and burst["output_ms"]["n"] == 6 and burst["create_ms"]["n"] == 6
-        assert burst["errors"] == 0 and burst["violations"] == 0 and burst["unanswered"] == 0
-    nothing_p50 = _burst_phase(data, "nothing", "burst")["output_ms"]["p50"]
-    if nothing_p50 <= 0:   # it answers before the output clock starts: no ratio, and said why
-        assert data["ours_vs_nothing_output_p50"] is None and data["ratio_skipped"]
+def test_burst_answers_every_round_of_both_servers_in_each_repeat_and_reports_the_median(bench):
+    result, first = run_tiny(bench, "burst")
+    second = json.loads(Path(result["runs"][1]["json"]).read_text())
+    # the two repeats alternate which server runs first
+    assert [r["peer"] for r in first["results"]] == ["ours", "nothing"]
+    assert [r["peer"] for r in second["results"]] == ["nothing", "ours"]
+    for data in (first, second):
+        for peer in ("ours", "nothing"):
+            connect, burst = _burst_phase(data, peer, "connect"), _burst_phase(data, peer, "burst")
+            assert connect["join_statuses"] == {"200": 3} and connect["closed"] == 3 and connect["rounds_done"] == 0
+            assert burst["rounds_done"] == 6 and burst["output_ms"]["n"] == 6 and burst["create_ms"]["n"] == 6
+            assert burst["errors"] == 0 and burst["violations"] == 0 and burst["unanswered"] == 0
+        nothing_p50 = _burst_phase(data, "nothing", "burst")["output_ms"]["p50"]
+        if nothing_p50 <= 0:   # it answers before the output clock starts: no ratio, and said why
+            assert data["ours_vs_nothing_output_p50"] is None and data["ratio_skipped"]
     assert result["rows"][0]["figure"].startswith("burst of 3 joining calls")
+    # each repeat's rows are kept; a row is the lower middle repeat's, with the count and the range
+    p99s = sorted((run["rows"][1] for run in result["runs"]), key=lambda row: row["measure"]["number"])
+    assert [row["figure"] for row in p99s] == ["burst of 3 joining calls: output p99 (ours)"] * 2
+    low, high = (row["measure"]["number"] for row in p99s)
+    assert result["rows"][1]["value"] == f"{p99s[0]['value']}; lower median of 2, range {low:.1f} ms–{high:.1f} ms"
 
 
-def test_one_call_and_the_long_call(bench):
-    result, data = run_tiny(bench, "one_call")
-    assert _burst_phase(data, "ours", "one")["rounds_done"] == 2
-    assert result["rows"][0]["value"] != "–"
+def test_repeats_are_reported_by_the_median_repeat_and_their_range():
+    from benchmarks.suite import Measure, Row, Summary, Unit, combine
+
+    def repeat(ratio: float, p50: float, note: str) -> Summary:
+        return Summary([Row("ratio", f"×{ratio:.2f} ({p50:.2f} ms)", "≤ ×1.5", ratio <= 1.5,
+                            Measure(ratio, Unit.RATIO)),
+                        Row("servers", note)])
+
+    rows = combine([repeat(3.0, 2.0, "a"), repeat(1.2, 0.9, "b"), repeat(13.9, 9.0, "c")]).rows
+    assert rows[0].value == "×3.00 (2.00 ms); median of 3, range ×1.20–×13.90" and rows[0].met is False
+    assert rows[1].value == "a; b; c (3 repeats)"
+    assert combine([repeat(1.2, 0.9, "b")]).rows[0].value == "×1.20 (0.90 ms)"
+
+
+def test_repeats_on_the_command_line_override_a_benchmarks_own(bench):
+    from benchmarks.__main__ import main
+
+    results = bench / "results.json"
+    assert main(["run", "round_cpu", "--tiny", "--repeats", "3", "--no-page", "--results", str(results)]) == 0
+    stored = json.loads(results.read_text())["round_cpu"]
+    assert stored["repeats"] == 3 and [run["repeat"] for run in stored["runs"]] == [1, 2, 3]
+    assert all(Path(run["json"]).name == f"round_cpu-{run['repeat']}.json" for run in stored["runs"])
+    assert "; median of 3, range " in stored["rows"][0]["value"]
+
+
+def _other_checkout(tmp_path: Path) -> tuple[Path, Path]:
+    """Another checkout: a copy of this one's package (its compiled files
+    too, so nothing but the changed file compiles again) whose import
+    appends the importing process's command line to a file. Returns the
+    checkout and that file."""
+    other, imports = tmp_path / "other", tmp_path / "imports-of-the-other-checkout.jsonl"
+    shutil.copytree(REPO / "voiceactors", other / "voiceactors")
+    with (other / "voiceactors" / "__init__.py").open("a") as init:
+        init.write(f"\nimport json as _json, sys as _sys\nwith open({str(imports)!r}, 'a') as _f:\n"
+                   "    _f.write(_json.dumps(_sys.argv) + '\\n')\n")
+    return other, imports
+
+
+def test_against_another_checkout_runs_its_server_beside_this_ones(bench):
+    # one_call measures a server child; round_cpu's own process is the code under test
+    from benchmarks.__main__ import main
+
+    other, imports = _other_checkout(bench)
+    stored = (REPO / "docs" / "benchmarks" / "results.json").read_bytes()
+    assert main(["run", "one_call", "round_cpu", "--tiny", "--against", str(other)]) == 0
+    (folder,) = (bench / "bench" / "results").iterdir()
+    compared = {b["name"]: b for b in json.loads((folder / "comparison.json").read_text())["benchmarks"]}
+    for side in ("old", "new"):
+        (run,) = compared["one_call"]["runs"][side]
+        data = json.loads(Path(run["json"]).read_text())
+        assert _burst_phase(data, "ours", "one")["rounds_done"] == 2 and data["results"][0]["peer"] == "ours"
+        assert data["server_repo"] == str(other if side == "old" else REPO)
+    (figure,) = compared["one_call"]["figures"]
+    assert len(figure["old"]) == len(figure["new"]) == 1 and figure["new_over_old"] > 0
+    assert "`round_cpu` | CPU of a tool round's 28 frames" in (folder / "comparison.md").read_text()
+    # the other checkout's package ran the old side's server and round_cpu's old run, and nothing else:
+    # the simulator, the do-nothing server and the benchmarks' own code are this checkout's
+    argvs = [json.loads(line) for line in imports.read_text().splitlines()]
+    assert [a[1:2] for a in argvs if a[1:2] == ["serve"]] == [["serve"]]
+    (round_cpu,) = [a for a in argvs if a[0].endswith("round_cpu.py")]
+    assert Path(round_cpu[0]).resolve() == REPO / "benchmarks" / "round_cpu.py"
+    assert not [a for a in argvs if "_sim" in a or a[0].endswith(("nothing.py", "lean_sim.py"))]
+    assert (REPO / "docs" / "benchmarks" / "results.json").read_bytes() == stored   # the page's results left alone
+
+
+def test_the_long_call(bench):
+    # one_call runs in test_against_another_checkout_runs_its_server_beside_this_ones
     result, data = run_tiny(bench, "long_call")
     long_, short = _burst_phase(data, "ours", "long"), _burst_phase(data, "ours", "short")
     assert long_["rounds_done"] == 12 and short["rounds_done"] == 10 and long_["unanswered"] == 0
@@ -223,6 +297,16 @@ def test_round_cpu(bench):
     assert data["view"] and data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28
 
 
+@pytest.fixture(scope="module")
+def page_run(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """One run of the runner writing a results page, read by the tests below: (results, page, plots)."""
+    folder = tmp_path_factory.mktemp("page")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(REPO))
+        patch.setenv("VOICEACTORS_BENCH_DIR", str(folder / "bench"))
+        return _page_run(folder)
+
+
 def _page_run(bench: Path) -> tuple[Path, Path, Path]:
     from benchmarks.__main__ import main
 
@@ -235,8 +319,8 @@ def _page_run(bench: Path) -> tuple[Path, Path, Path]:
     return results, page, plots
 
 
-def test_the_runner_rewrites_only_the_generated_part_of_the_page(bench):
-    results, page, _ = _page_run(bench)
+def test_the_runner_rewrites_only_the_generated_part_of_the_page(page_run):
+    results, page, _ = page_run
     text = page.read_text()
     assert text.startswith("# Benchmarks\n\nHand-written.\n") and text.endswith("\n\nAfter.\n")
     assert "\nold\n" not in text and "**Not the reference numbers:**" in text
@@ -244,9 +328,9 @@ def test_the_runner_rewrites_only_the_generated_part_of_the_page(bench):
     assert set(json.loads(results.read_text())) == {"tool_round", "round_cpu"}
 
 
-def test_the_runner_draws_the_plots(bench):
+def test_the_runner_draws_the_plots(page_run):
     pytest.importorskip("matplotlib", reason="the plots need matplotlib (the bench extra)")
-    _, page, plots = _page_run(bench)
+    _, page, plots = page_run
     assert (plots / "tool-round-latency.svg").read_text().lstrip().startswith("<?xml")
     assert (plots / "tool-round-cpu.svg").exists()
     assert "![Tool round latency against concurrent calls" in page.read_text()

@@ -12,6 +12,7 @@ plots need matplotlib (the ``bench`` extra) and skip without it.
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -72,10 +73,10 @@ def test_every_size_of_every_benchmark_is_a_valid_command_line(bench, capsys):
 
     for b in BENCHMARKS:
         module = importlib.import_module(b.module)
-        for size in Size:
+        for size, repeat in itertools.product(Size, range(max(1, len(b.orders)))):   # each order of the servers
             with pytest.raises(SystemExit) as exit_:
-                module.main([*b.argv(size), "--help"])
-            assert exit_.value.code == 0, (b.name, size, capsys.readouterr().err)
+                module.main([*b.argv(size, repeat), "--help"])
+            assert exit_.value.code == 0, (b.name, size, repeat, capsys.readouterr().err)
 
 
 def _private_names_of_the_product() -> set[str]:

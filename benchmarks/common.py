@@ -7,6 +7,7 @@ of the driver on loopback; every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -225,7 +226,7 @@ class Checkout:
         folder = work_dir() / "checkouts" / hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
         folder.mkdir(parents=True, exist_ok=True)
         link = folder / "benchmarks"
-        if not link.is_symlink():
+        with contextlib.suppress(FileExistsError):     # made by an earlier child (or one started meanwhile)
             link.symlink_to(REPO / "benchmarks", target_is_directory=True)
         return folder
 

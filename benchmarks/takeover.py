@@ -23,6 +23,7 @@ Run::
 
     .venv/bin/python -m benchmarks.takeover --repeats 5
     .venv/bin/python -m benchmarks.takeover --repeats 5 --ttl 2
+    BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.takeover    # that checkout's servers
 
 Bounded: every wait has a timeout; every process is a child on loopback.
 """

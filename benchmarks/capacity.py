@@ -32,8 +32,6 @@ What it measures:
   last call joined (``steady``), from the sim's ``create_phases``. At a slow
   rate the first calls may end before the last join: keep ``--rounds`` ×
   ``--gap`` above calls ÷ rate (the step's line says how long the join took).
-  A peer run from another checkout (``BENCH_PEER_REPO``) older than the
-  option joins as fast as it can whatever the rate.
 
 The simulator runs in its own process, so on this 2-core machine the two
 processes share the cores: a step where the simulator itself is near a full

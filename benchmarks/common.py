@@ -7,7 +7,9 @@ of the driver on loopback; every wait is bounded.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -186,16 +188,78 @@ class Proc:
             return ""
 
 
+#: the environment variable naming another checkout whose server the benchmarks measure
+SERVER_CHECKOUT_ENV = "BENCH_PEER_REPO"
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A checkout of the project whose ``voiceactors`` a child process runs.
+
+    This checkout's (``Checkout(REPO)``) is the default. Another's (a
+    ``git worktree add`` of an older commit) runs only the server under
+    test: the child starts in a folder holding nothing but a link to this
+    checkout's ``benchmarks`` (``python -m`` puts its start folder first on
+    ``sys.path``), with the other checkout next on ``PYTHONPATH`` (so its
+    ``voiceactors`` is found before the one installed in this checkout's
+    venv, whose finder comes after ``sys.path``), and with that checkout's
+    own interpreter when it has a ``.venv`` (its dependencies' versions).
+    A process the child starts (``serve --workers``'s workers, a peer's
+    ``serve``) inherits the folder and the path.
+    """
+
+    root: Path
+
+    @property
+    def is_this(self) -> bool:
+        return self.root.resolve() == REPO
+
+    @property
+    def python(self) -> str:
+        own = self.root / ".venv" / "bin" / "python"
+        return str(own) if not self.is_this and own.exists() else PYTHON
+
+    def start_folder(self) -> Path:
+        """Where a child of this checkout starts (``cwd``)."""
+        if self.is_this:
+            return REPO
+        folder = work_dir() / "checkouts" / hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+        folder.mkdir(parents=True, exist_ok=True)
+        link = folder / "benchmarks"
+        with contextlib.suppress(FileExistsError):     # made by an earlier child (or one started meanwhile)
+            link.symlink_to(REPO / "benchmarks", target_is_directory=True)
+        return folder
+
+    def env(self) -> dict[str, str]:
+        """What a child's environment adds (nothing for this checkout)."""
+        if self.is_this:
+            return {}
+        path = [str(self.start_folder()), str(self.root.resolve()), os.environ.get("PYTHONPATH", "")]
+        return {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
+
+    def label(self) -> str:
+        return code_label(self.root)
+
+
+def server_checkout() -> Checkout:
+    """The checkout the server under test comes from: ``$BENCH_PEER_REPO``,
+    else this one."""
+    other = os.environ.get(SERVER_CHECKOUT_ENV)
+    return Checkout(Path(other)) if other else Checkout(REPO)
+
+
 def spawn(name: str, module: str, args: list[str], *, workdir: Path, env: dict[str, str] | None = None,
           repo: Path | None = None) -> Proc:
-    """Start ``python -m module args`` in the repository root (or in ``repo``,
-    another checkout, whose own code then runs); stderr to ``workdir/name.stderr``."""
+    """Start ``python -m module args`` from this checkout (or, its
+    ``voiceactors`` taken from ``repo``, another checkout: ``Checkout``);
+    stderr to ``workdir/name.stderr``."""
     workdir.mkdir(parents=True, exist_ok=True)
     stderr_path = workdir / f"{name}.stderr"
+    checkout = Checkout(repo or REPO)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "VOICEACTORS_TODAY": BENCH_TODAY.isoformat(),
-                **(env or {})}
-    popen = subprocess.Popen([PYTHON, "-m", module, *args], cwd=repo or REPO, env=full_env, text=True,
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                **checkout.env(), **(env or {})}
+    popen = subprocess.Popen([checkout.python, "-m", module, *args], cwd=checkout.start_folder(), env=full_env,
+                             text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=open(stderr_path, "w"), bufsize=1)
     return Proc(name, popen, stderr_path)
 

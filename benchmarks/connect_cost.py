@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -230,7 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-s", type=float, default=2.0)
     p.add_argument("--log-level", default="info")
     p.add_argument("--py-spy", action="store_true", help="sample the server over the connects")
-    p.add_argument("--server-repo", default=None)
+    p.add_argument("--server-repo", default=os.environ.get("BENCH_PEER_REPO"),
+                   help="run the server from another checkout (default $BENCH_PEER_REPO)")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--registry", action="store_true", help="each repeat without and with --redis, interleaved")
     p.add_argument("--hold-s", type=float, default=0.0,

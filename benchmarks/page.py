@@ -2,9 +2,11 @@
 
 ``docs/benchmarks.md`` is hand-written except between ``BEGIN`` and
 ``END``: there this module writes, from ``docs/benchmarks/results.json``,
-which run each benchmark's figures come from (date, commit, size, the
-machine's load), the table of figures (each with its target and the command
-that measures it) and the plots (SVG files in ``docs/benchmarks/``, drawn
+which run each benchmark's figures come from (date, commit, size and how
+many runs, the machine's load: the highest of its runs'), the table of
+figures (each with its target and the command that measures it; a
+repeated benchmark's each the median of its runs, with their range) and
+the plots (SVG files in ``docs/benchmarks/``, drawn
 with matplotlib from the bench extra; without it the table is written and
 the plots are left as they are).
 """
@@ -77,7 +79,9 @@ def generated(results: dict[str, Any], plots: list[tuple[str, str]], page_dir: P
     lines += ["| benchmark | measured (UTC) | commit | size | load (1 min) | other test processes | wall |",
               "|---|---|---|---|---|---|---|"]
     for r in ordered:
-        lines.append(f"| `{r['name']}` | {r['when_utc']} | {r['commit'] or '?'} | {r['size']} | "
+        runs = r.get("repeats", 1)
+        size = f"{r['size']}, {runs} runs" if runs > 1 else r["size"]
+        lines.append(f"| `{r['name']}` | {r['when_utc']} | {r['commit'] or '?'} | {size} | "
                      f"{r['loadavg_1m']} | {r.get('other_test_processes', '?')} | {r['wall_s']:.0f} s |")
     lines += ["", "| figure | value | target | | command |", "|---|---|---|---|---|"]
     for r in ordered:

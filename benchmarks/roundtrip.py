@@ -134,8 +134,9 @@ def start_py_spy(pid: int, seconds: float, run_dir: Path, name: str = "peer.pysp
 
 
 def _peer_repo() -> Path | None:
-    """``BENCH_PEER_REPO``: run the peer from another checkout (e.g. a
-    worktree of an older commit) under this harness, for before/after pairs."""
+    """``BENCH_PEER_REPO``: the peer's server (its ``voiceactors``) from
+    another checkout (e.g. a worktree of an older commit) under this
+    harness, for before/after pairs (``common.Checkout``)."""
     repo = os.environ.get("BENCH_PEER_REPO")
     return Path(repo) if repo else None
 

@@ -11,16 +11,24 @@ simulators and peers a benchmark starts are its child processes.
 ``Size.TINY`` is the smoke test's (every benchmark end to end, no timing
 meant); ``QUICK`` fits the whole set in a few minutes on two cores;
 ``FULL`` is what the results page quotes.
+
+A benchmark whose single run does not give a figure one can trust on a
+shared machine runs several times (``Benchmark.repeats``); one that compares
+two servers alternates which runs first (``Benchmark.orders``). A row
+carries the number its value leads with (``Measure``): over the repeats the
+runner reports each figure's median and range (``combine``), and a
+side-by-side run divides the medians of two checkouts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import math
 import os
 import shutil
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 
@@ -28,6 +36,29 @@ class Size(enum.StrEnum):
     TINY = "tiny"
     QUICK = "quick"
     FULL = "full"
+
+
+class Unit(enum.StrEnum):
+    MS = "ms"
+    US = "µs"
+    SECONDS = "s"
+    KIB = "KiB"
+    RATIO = "×"
+
+
+@dataclass(frozen=True)
+class Measure:
+    """The number a row's value leads with, in its unit: what the median
+    and range over repeats are taken of, and what a side-by-side run divides."""
+
+    number: float
+    unit: Unit
+    digits: int = 2
+
+    def text(self) -> str:
+        if self.unit is Unit.RATIO:
+            return f"×{self.number:.{self.digits}f}"
+        return f"{self.number:.{self.digits}f} {self.unit}"
 
 
 @dataclass(frozen=True)
@@ -38,6 +69,11 @@ class Row:
     value: str
     target: str = ""
     met: bool | None = None       # None: no target, or the run cannot tell
+    measure: Measure | None = None
+
+
+def measured(value: float | None, unit: Unit, digits: int = 2) -> Measure | None:
+    return None if value is None or math.isnan(value) else Measure(float(value), unit, digits)
 
 
 #: a plot's series: label -> [(x, y), ...]
@@ -59,9 +95,49 @@ class Benchmark:
     summarise: Callable[[dict[str, Any]], Summary]
     env: dict[str, str] = field(default_factory=dict)
     needs_redis: bool = False                  # skipped where redis-server is not installed
+    #: runs of the whole benchmark at each size (1 where absent): those whose one run is not steady
+    repeats: dict[Size, int] = field(default_factory=dict)
+    #: arguments added to each repeat in turn: two servers compared in alternating order
+    orders: tuple[tuple[str, ...], ...] = ()
+    #: the code under test runs in the benchmark's own process (no server child): run against another
+    #: checkout, the benchmark itself runs as a child process with that checkout's package
+    in_process: bool = False
 
-    def argv(self, size: Size) -> list[str]:
-        return list(self.args[size])
+    def runs(self, size: Size) -> int:
+        return self.repeats.get(size, 1)
+
+    def argv(self, size: Size, repeat: int = 0) -> list[str]:
+        """The command line of the ``repeat``-th run (from 0) at ``size``."""
+        order = self.orders[repeat % len(self.orders)] if self.orders else ()
+        return [*self.args[size], *order]
+
+
+def combine(summaries: list[Summary]) -> Summary:
+    """One summary of a benchmark's repeats: each figure's row taken from the
+    repeat at the median of its measure, its value followed by how many
+    repeats and their range; a figure without a measure lists every
+    repeat's value. The plots are the first repeat's."""
+    if len(summaries) == 1:
+        return summaries[0]
+    by_figure: dict[str, list[Row]] = {}
+    for summary in summaries:
+        for row in summary.rows:
+            by_figure.setdefault(row.figure, []).append(row)
+    return Summary([_median_row(rows) for rows in by_figure.values()], summaries[0].plots if summaries else {})
+
+
+def _median_row(rows: list[Row]) -> Row:
+    numbered = sorted((r for r in rows if r.measure is not None), key=lambda r: r.measure.number if r.measure else 0)
+    if not numbered:
+        return replace(rows[0], value=f"{'; '.join(r.value for r in rows)} ({len(rows)} repeats)")
+    n = len(numbered)
+    # an odd count's median is a repeat: its whole value (a ratio with its two latencies) stays consistent;
+    # an even count's row is the lower of the two middle repeats, and says so
+    middle = numbered[(n - 1) // 2]
+    low, high = numbered[0].measure, numbered[-1].measure
+    assert low is not None and high is not None
+    which = "median" if n % 2 else "lower median"
+    return replace(middle, value=f"{middle.value}; {which} of {n}, range {low.text()}–{high.text()}")
 
 
 def redis_available() -> bool:
@@ -136,19 +212,21 @@ def _burst_summary(data: dict[str, Any]) -> Summary:
         calls = ours["phase"]["calls"]
         r = data.get("ours_vs_nothing_output_p50")
         rows.append(Row(f"burst of {calls} joining calls: output p50, ours / the do-nothing server",
-                        f"{ratio(r)} ({ms(o.get('p50'), 2)} / {ms(n.get('p50'), 2)})", "≤ ×1.5", _at_most(r, 1.5)))
+                        f"{ratio(r)} ({ms(o.get('p50'), 2)} / {ms(n.get('p50'), 2)})", "≤ ×1.5", _at_most(r, 1.5),
+                        measured(r, Unit.RATIO)))
         rows.append(Row(f"burst of {calls} joining calls: output p99 (ours)", ms(o.get("p99")), "≤ 50 ms",
-                        _at_most(o.get("p99"), 50.0)))
+                        _at_most(o.get("p99"), 50.0), measured(o.get("p99"), Unit.MS, 1)))
         rows.append(Row("burst: join p99 (`/connect` sent → answered), ours / the do-nothing server",
-                        f"{ms(ours['join_ms'].get('p99'))} / {ms(nothing['join_ms'].get('p99'))}"))
+                        f"{ms(ours['join_ms'].get('p99'))} / {ms(nothing['join_ms'].get('p99'))}",
+                        measure=measured(ours["join_ms"].get("p99"), Unit.MS, 1)))
         mine, floor = _cpu_per_round(ours), _cpu_per_round(nothing)
         rows.append(Row("burst: server CPU per tool round, ours / the do-nothing server",
-                        f"{ms(mine, 2)} / {ms(floor, 2)}", "≤ 2 ms", _at_most(mine, 2.0)))
+                        f"{ms(mine, 2)} / {ms(floor, 2)}", "≤ 2 ms", _at_most(mine, 2.0), measured(mine, Unit.MS)))
     connect = _phase(data, "ours", "connect")
     if connect and "server_ms_per_connect" in connect:
         value = float(connect["server_ms_per_connect"])
         rows.append(Row("server CPU per connect, joining in a burst (call end included)", ms(value, 2),
-                        "≤ 5 ms", _at_most(value, 5.0)))
+                        "≤ 5 ms", _at_most(value, 5.0), measured(value, Unit.MS)))
     return Summary(rows)
 
 
@@ -160,7 +238,7 @@ def _one_summary(data: dict[str, Any]) -> Summary:
     floor = nothing["output_ms"].get("p50") if nothing else None
     return Summary([Row("one call: output p50 (the function call complete → our output read), "
                         "ours (the do-nothing server)", f"{ms(p50, 2)} ({ms(floor, 2)})", "≤ 1.5 ms",
-                        _at_most(p50, 1.5))])
+                        _at_most(p50, 1.5), measured(p50, Unit.MS))])
 
 
 def _long_summary(data: dict[str, Any]) -> Summary:
@@ -171,7 +249,7 @@ def _long_summary(data: dict[str, Any]) -> Summary:
     rounds = long_["rounds_done"]
     met = None if a is None or b is None else a <= b * 1.1
     return Summary([Row(f"CPU per round of a {rounds:,}-round call / of 5-round calls (net of connects)",
-                        f"{ms(a, 3)} / {ms(b, 3)}", "no more (±10 %)", met)])
+                        f"{ms(a, 3)} / {ms(b, 3)}", "no more (±10 %)", met, measured(a, Unit.MS, 3))])
 
 
 def _sweep_summary(data: dict[str, Any]) -> Summary:
@@ -197,7 +275,7 @@ def _sweep_summary(data: dict[str, Any]) -> Summary:
         calls, cpu = ours_cpu[-1]
         floor = dict(plots["cpu"].get("do-nothing server", [])).get(calls)
         rows.append(Row(f"server CPU per tool round at {int(calls):,} calls, ours / the do-nothing server",
-                        f"{ms(cpu, 2)} / {ms(floor, 2)}", "≤ 2 ms", _at_most(cpu, 2.0)))
+                        f"{ms(cpu, 2)} / {ms(floor, 2)}", "≤ 2 ms", _at_most(cpu, 2.0), measured(cpu, Unit.MS)))
     return Summary(rows, plots)
 
 
@@ -239,7 +317,7 @@ def _idle_summary(data: dict[str, Any]) -> Summary:
     rows = []
     for m in data.get("idle", []):
         rows.append(Row(f"resident memory per idle call ({m['calls']:,} calls)", f"{m['kib_per_call']} KiB",
-                        "≤ 150 KiB", _at_most(m["kib_per_call"], 150.0)))
+                        "≤ 150 KiB", _at_most(m["kib_per_call"], 150.0), measured(m["kib_per_call"], Unit.KIB, 1)))
     return Summary(rows)
 
 
@@ -253,8 +331,8 @@ def _connect_summary(data: dict[str, Any]) -> Summary:
     cpu = _median([r["connect"]["per_call_ms"] for r in plain])
     lat = _median([r["connect"]["latency_ms"]["p50"] for r in plain if r["connect"].get("latency_ms", {}).get("n")])
     rows = [Row("server CPU per connect, connects at an even rate (call end apart)", ms(cpu, 2), "≤ 5 ms",
-                _at_most(cpu, 5.0)),
-            Row("connect latency p50 (`/connect` sent → answered)", ms(lat, 2))]
+                _at_most(cpu, 5.0), measured(cpu, Unit.MS)),
+            Row("connect latency p50 (`/connect` sent → answered)", ms(lat, 2), measure=measured(lat, Unit.MS))]
     if leased:
         cpu_r = _median([r["connect"]["per_call_ms"] for r in leased])
         redis_ms = _median([r["connect"].get("redis_server_ms", 0.0) for r in leased])
@@ -263,7 +341,7 @@ def _connect_summary(data: dict[str, Any]) -> Summary:
         extra = None if cpu is None or cpu_r is None else cpu_r - cpu
         rows.append(Row("the shared registry's cost per connect: server CPU (redis-server's), latency p50 with it",
                         f"{'+' if extra is not None and extra >= 0 else ''}{ms(extra, 2)} ({ms(redis_ms, 2)}), "
-                        f"{ms(lat_r, 2)}"))   # a difference: its sign as measured (a quick run's may be below 0)
+                        f"{ms(lat_r, 2)}", measure=measured(extra, Unit.MS)))   # a difference: its sign as measured (a quick run's may be below 0)
     return Summary(rows)
 
 
@@ -291,10 +369,11 @@ def _scale_out_summary(data: dict[str, Any]) -> Summary:
                         for r in leased_runs if calls and r.get("measure")])
     x = None if plain is None or leased is None or not plain else leased / plain
     rows = [Row("server CPU a call costs under the shared registry / in a plain process (ms per call-second)",
-                f"{ratio(x)} ({ms(leased, 3)} / {ms(plain, 3)})", "≤ ×1.10", _at_most(x, 1.10))]
+                f"{ratio(x)} ({ms(leased, 3)} / {ms(plain, 3)})", "≤ ×1.10", _at_most(x, 1.10),
+                measured(x, Unit.RATIO))]
     if redis_cpu is not None and requests is not None:
         rows.append(Row("redis-server per live call: CPU (ms per call-second), our requests (scripts) a second",
-                        f"{ms(redis_cpu, 3)}, {requests:.3f}"))
+                        f"{ms(redis_cpu, 3)}, {requests:.3f}", measure=measured(redis_cpu, Unit.MS, 3)))
         if redis_cpu > 0:
             rows.append(Row("model: calls one redis-server core serves (1,000 ms / its CPU per call-second)",
                             f"~{1000 / redis_cpu:,.0f}"))
@@ -314,7 +393,8 @@ def _takeover_summary(data: dict[str, Any]) -> Summary:
                         (f"{median:.2f} s" if median is not None else "–") + span,
                         "about the TTL; each pending write answered once",
                         None if not runs else bool(once and ttl is not None and median is not None
-                                                   and median <= ttl * 1.5))])
+                                                   and median <= ttl * 1.5),
+                        measured(median, Unit.SECONDS))])
 
 
 # --- floods, journal, round CPU ----------------------------------------------------------------------
@@ -331,7 +411,8 @@ def _floods_summary(data: dict[str, Any]) -> Summary:
     rows = []
     for phase, (p50, p99) in worst.items():
         rows.append(Row(f"live calls' tool round under {names.get(phase, phase)}, against idle (worst p50 / p99)",
-                        f"{ratio(p50)} / {ratio(p99)}", "≤ ×2", p50 <= 2.0 and p99 <= 2.0))
+                        f"{ratio(p50)} / {ratio(p99)}", "≤ ×2", p50 <= 2.0 and p99 <= 2.0,
+                        measured(p50, Unit.RATIO)))
     return Summary(rows)
 
 
@@ -343,39 +424,43 @@ def _journal_summary(data: dict[str, Any]) -> Summary:
     search, listing = r.get("journal.search", {}), r.get("commitments.list", {})
     if search.get("n"):
         rows.append(Row(f"`journal.search` p50{at}", ms(search["p50"]), "≤ 10 ms (1,000 days)",
-                        _at_most(search["p50"], 10.0)))
+                        _at_most(search["p50"], 10.0), measured(search["p50"], Unit.MS, 1)))
     if listing.get("n"):
         rows.append(Row(f"`commitments.list` (the ledger) p50{at}", ms(listing["p50"]), "≤ 20 ms (1,000 days)",
-                        _at_most(listing["p50"], 20.0)))
+                        _at_most(listing["p50"], 20.0), measured(listing["p50"], Unit.MS, 1)))
     build = r.get("index_build", {})
     if build:
-        rows.append(Row(f"search index built from scratch{at}", f"{build['ms'] / 1000:.1f} s"))
+        rows.append(Row(f"search index built from scratch{at}", f"{build['ms'] / 1000:.1f} s",
+                        measure=measured(build["ms"] / 1000, Unit.SECONDS, 1)))
     complete = r.get("commitments.complete", {})
     if complete.get("n"):
-        rows.append(Row(f"`commitments.complete` p50{at}", ms(complete["p50"])))
+        rows.append(Row(f"`commitments.complete` p50{at}", ms(complete["p50"]),
+                        measure=measured(complete["p50"], Unit.MS, 1)))
     return Summary(rows)
 
 
 def _round_cpu_summary(data: dict[str, Any]) -> Summary:
     us = data.get("us_per_round_all")
     return Summary([Row(f"CPU of a tool round's {data.get('frames_per_round', 28)} frames through the call's "
-                        "protocol, no sockets", "–" if us is None else f"{us:.0f} µs")])
+                        "protocol, no sockets", "–" if us is None else f"{us:.0f} µs",
+                        measure=measured(us, Unit.US, 0))])
 
 
 # --- the set ----------------------------------------------------------------------------------------
 
 _LEAN = ["--sim", "lean"]
+#: ours first in one repeat, the do-nothing server first in the next
+_BOTH_ORDERS = (("--peers", "ours", "nothing"), ("--peers", "nothing", "ours"))
 
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "tool_round", "benchmarks.burst",
         "the tool round at N calls: latency and server CPU per round, ours and the do-nothing server",
-        {Size.TINY: ["--mode", "sweep", "--peers", "ours", "nothing", "--steps", "2", *_BURST_TINY],
-         Size.QUICK: ["--mode", "sweep", "--peers", "ours", "nothing", *_LEAN, "--steps", "10", "30",
+        {Size.TINY: ["--mode", "sweep", "--steps", "2", *_BURST_TINY],
+         Size.QUICK: ["--mode", "sweep", *_LEAN, "--steps", "10", "30",
                       "--rounds", "5", "--warm-calls", "2", "--idle-s", "0.5", "--settle-max-s", "2"],
-         Size.FULL: ["--mode", "sweep", "--peers", "ours", "nothing", *_LEAN, "--steps", "25", "50", "100", "200",
-                     "400"]},
-        _sweep_summary),
+         Size.FULL: ["--mode", "sweep", *_LEAN, "--steps", "25", "50", "100", "200", "400"]},
+        _sweep_summary, orders=_BOTH_ORDERS),
     Benchmark(
         "burst", "benchmarks.burst",
         "a burst of calls joining at once: output latency against the do-nothing server's, CPU per connect",
@@ -383,7 +468,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
          Size.QUICK: [*_LEAN, "--calls", "40", "--rounds", "5", "--warm-calls", "2", "--idle-s", "0.5",
                       "--settle-max-s", "2"],
          Size.FULL: [*_LEAN]},
-        _burst_summary, env={"BENCH_NOTHING_FAST_FRAMES": "1"}),
+        _burst_summary, env={"BENCH_NOTHING_FAST_FRAMES": "1"},
+        # single runs of the same code spread ×1.4–×13.9 in its ratio on two shared cores
+        repeats={Size.TINY: 2, Size.QUICK: 3, Size.FULL: 5}, orders=_BOTH_ORDERS),
     Benchmark(
         "one_call", "benchmarks.burst",
         "one call's output latency, ours and the do-nothing server",
@@ -391,7 +478,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
          Size.QUICK: ["--mode", "one", *_LEAN, "--rounds", "20", "--warm-calls", "1", "--idle-s", "0",
                       "--settle-max-s", "2"],
          Size.FULL: ["--mode", "one", *_LEAN]},
-        _one_summary),
+        _one_summary, repeats={Size.QUICK: 3, Size.FULL: 5}, orders=_BOTH_ORDERS),
     Benchmark(
         "long_call", "benchmarks.burst",
         "a long call's CPU per round against short calls' (a cost growing with a call's history)",
@@ -457,14 +544,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         {Size.TINY: ["--days", "3", "--n", "3"],
          Size.QUICK: ["--days", "60", "--n", "50"],
          Size.FULL: ["--days", "1000"]},
-        _journal_summary),
+        _journal_summary, in_process=True),
     Benchmark(
         "round_cpu", "benchmarks.round_cpu",
         "CPU of one tool round through the call's protocol, without sockets",
         {Size.TINY: ["--rounds", "5", "--window", "2"],
          Size.QUICK: ["--rounds", "1000"],
          Size.FULL: ["--rounds", "3000"]},
-        _round_cpu_summary),
+        _round_cpu_summary, repeats={Size.QUICK: 3, Size.FULL: 3}, in_process=True),
 )
 
 BY_NAME = {b.name: b for b in BENCHMARKS}

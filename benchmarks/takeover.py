@@ -23,6 +23,7 @@ Run::
 
     .venv/bin/python -m benchmarks.takeover --repeats 5
     .venv/bin/python -m benchmarks.takeover --repeats 5 --ttl 2
+    BENCH_PEER_REPO=/tmp/before .venv/bin/python -m benchmarks.takeover    # that checkout's servers
 
 Bounded: every wait has a timeout; every process is a child on loopback.
 """
@@ -46,7 +47,7 @@ from typing import Any
 
 import trio
 
-from benchmarks.common import BENCH_KEY, BENCH_TODAY, REPO, machine_facts, work_dir
+from benchmarks.common import BENCH_KEY, BENCH_TODAY, machine_facts, server_checkout, work_dir
 from benchmarks.connect_cost import throwaway_redis
 
 CALL = "rtc_takeover"
@@ -70,17 +71,20 @@ class Served:
     """One ``voiceactors serve --redis`` child and its JSON log lines."""
 
     def __init__(self, journal: Path, state: Path, sim_url: str, redis_url: str, ttl: float) -> None:
-        self.args = [sys.executable, "-m", "voiceactors.cli", "serve", "--journal", str(journal), "--state-dir",
+        self.checkout = server_checkout()
+        self.args = [self.checkout.python, "-m", "voiceactors.cli", "serve", "--journal", str(journal), "--state-dir",
                      str(state), "--host", "127.0.0.1", "--port", "0", "--today", BENCH_TODAY.isoformat(),
                      "--redis", redis_url]
         self.env = {**os.environ, "OPENAI_BASE_URL": sim_url, "OPENAI_API_KEY": BENCH_KEY,
                     "VOICEACTORS_LOG_FORMAT": "json", "VOICEACTORS_API_TOKEN": "",
-                    "VOICEACTORS_REDIS_LEASE_TTL": str(ttl), "VOICEACTORS_CLOSE_DEADLINE": str(min(5.0, ttl / 2))}
+                    "VOICEACTORS_REDIS_LEASE_TTL": str(ttl), "VOICEACTORS_CLOSE_DEADLINE": str(min(5.0, ttl / 2)),
+                    **self.checkout.env()}
         self.lines: list[dict[str, Any]] = []
         self.proc: trio.Process | None = None
 
     async def start(self, nursery: trio.Nursery) -> str:
-        self.proc = await trio.lowlevel.open_process(self.args, stderr=subprocess.PIPE, env=self.env, cwd=REPO)
+        self.proc = await trio.lowlevel.open_process(self.args, stderr=subprocess.PIPE, env=self.env,
+                                                   cwd=self.checkout.start_folder())
         nursery.start_soon(self._read)
         with trio.fail_after(90):
             while not self.events("server.serving"):

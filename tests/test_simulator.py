@@ -26,7 +26,7 @@ AUTH = [(b"authorization", f"Bearer {KEY}".encode())]
 
 @pytest.fixture
 async def sim(nursery):
-    s = Simulator(api_key=KEY)
+    s = Simulator(api_key=KEY, conformance=True)
     await nursery.start(s.serve, 0)
     return s
 
@@ -277,6 +277,7 @@ async def test_webrtc_offer_registers_a_call(sim):
 # -- client events
 
 
+@pytest.mark.nonconforming_events
 async def test_invalid_client_events_get_an_error_echoing_event_id(sim):
     call = sim.add_call("rtc_1")
     async with _connect(sim, "rtc_1") as ws:

@@ -25,7 +25,9 @@ from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import validate_server_event
+from voiceactors.simulator import conformance
 from voiceactors.simulator.client_events import parse_client_event
+from voiceactors.simulator.conformance import Direction, Nonconforming
 from voiceactors.simulator.http import ReplayStream
 from voiceactors.simulator.read_stamps import read_stamp, stamp_reads
 from voiceactors.simulator.scenario import Scenario
@@ -153,6 +155,7 @@ class SimCall:
         self.responses: list[ResponseRecord] = []
         self.tool_calls: dict[str, ToolCallRecord] = {}
         self.violations: list[str] = []
+        self.nonconforming: list[Nonconforming] = []   # with conformance on: events not held to the SDK's types
         self.session: dict = {"type": "realtime"}
         # faults
         self.output_fault: str | None = None   # "lost" | "applied"
@@ -250,11 +253,12 @@ class CallSession:
 
     def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario, *,
                  validate_sent: bool = True, stream: ReplayStream | None = None,
-                 coalesce_writes: bool = True) -> None:
+                 coalesce_writes: bool = True, conformance: bool = False) -> None:
         self.call = call
         self.ws = ws
         self.stream = stream                   # ws's own stream: corked while a batch is written
         self.validate_sent = validate_sent
+        self.conformance = conformance         # events held to the SDK's types exactly (``conformance``)
         self.coalesce_writes = coalesce_writes  # False: each event its own frame in its own socket write
         self.steps = scenario.steps
         self.log = get_logger(actor="simulator", call_id=call.call_id)
@@ -383,7 +387,13 @@ class CallSession:
         ``response.done`` itself: no event queued after it can see the
         response active). Nothing is queued once the session is dropping."""
         event.setdefault("event_id", _id("event_", 8))
-        if self.validate_sent:
+        if self.validate_sent and self.conformance:
+            try:
+                conformance.check_server_event(event)
+            except conformance.NonconformingEvent as exc:
+                self._nonconforming(Direction.SERVER, event.get("type"), str(exc))
+                raise
+        elif self.validate_sent:
             validate_server_event(event)
         if self._unwritten > SEND_BUFFER:
             await self._wait_drained()
@@ -679,6 +689,8 @@ class CallSession:
             self.call.notify()
         event_id = obj.get("event_id") if isinstance(obj, dict) and isinstance(obj.get("event_id"), str) else None
         model, error = parse_client_event(raw)
+        if self.conformance:
+            self._check_client_event(obj, error)
         if model is None:
             await self.send_error(error or "Invalid event", "invalid_event", event_id)
             return
@@ -688,6 +700,23 @@ class CallSession:
         handler = getattr(self, "_on_" + obj["type"].replace(".", "_"), None)
         if handler is not None:
             await handler(obj, event_id)
+
+    def _check_client_event(self, obj: Any, invalid: str | None) -> None:
+        """Conformance: a client event the SDK's types do not hold exactly is
+        recorded (its answer does not change: an invalid one still gets
+        ``invalid_event``, one with an undeclared field is still applied)."""
+        reason = invalid
+        if reason is None:
+            reason, _ = conformance.client_error(obj)
+        if reason is not None:
+            type_ = obj.get("type") if isinstance(obj, dict) and isinstance(obj.get("type"), str) else None
+            self._nonconforming(Direction.CLIENT, type_, reason)
+
+    def _nonconforming(self, direction: Direction, type_: str | None, reason: str) -> None:
+        entry = Nonconforming(self.call.call_id, direction, type_, reason)
+        self.call.nonconforming.append(entry)
+        conformance.record(entry)
+        self.log.warning("simulator.nonconforming_event", direction=str(direction), type=type_, reason=reason)
 
     async def _on_session_update(self, obj: dict, event_id: str | None) -> None:
         self.call.session = {**self.call.session, **obj["session"]}

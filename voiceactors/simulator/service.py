@@ -33,6 +33,7 @@ from pydantic import Field, TypeAdapter
 
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, ToolCallRecord
+from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
 from voiceactors.simulator.http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
@@ -140,12 +141,20 @@ class Simulator:
     sends every server event as its own websocket frame in its own socket
     write on a TCP_NODELAY socket (the default writes everything queued for
     a connection in one write: cheaper for the simulator, kinder to the
-    peer than the real service)."""
+    peer than the real service).
+
+    ``conformance``: hold every event sent and received to the SDK's types
+    exactly (strict types, no undeclared field; ``simulator/conformance.py``),
+    recording each that fails in ``SimCall.nonconforming`` and process-wide;
+    None (the default) reads ``VOICEACTORS_SIM_CONFORMANCE``."""
 
     def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
                  gone_status: int = 404, host: str = "127.0.0.1", validate_sent: bool = True,
-                 timestamps: bool = False, speech: bool = True, coalesce_writes: bool = True) -> None:
+                 timestamps: bool = False, speech: bool = True, coalesce_writes: bool = True,
+                 conformance: bool | None = None) -> None:
         self.scenario = as_scenario(scenario)
+        # None: the environment decides (the test suite's runs can turn it on for every simulator)
+        self.conformance = conformance_by_env() if conformance is None else conformance
         self.coalesce_writes = coalesce_writes
         self.speech = speech                           # a browser call's replies spoken by espeak-ng, when installed
         self.validate_sent = validate_sent
@@ -505,7 +514,7 @@ class Simulator:
         if call.connection is not None and call.supersede_sideband:
             call.connection.supersede()
         session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream,
-                              coalesce_writes=self.coalesce_writes)
+                              coalesce_writes=self.coalesce_writes, conformance=self.conformance)
         log.info("simulator.connection", outcome="accepted", connection=call.connections + 1,
                  scenario=call.scenario.name, step=call.step_index)
         await session.run()

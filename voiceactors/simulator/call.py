@@ -18,7 +18,7 @@ import secrets
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
@@ -44,6 +44,15 @@ _ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.done"}) 
 
 def _id(prefix: str, nbytes: int = 10) -> str:
     return prefix + secrets.token_hex(nbytes)
+
+
+def _output_items(spec: dict) -> list[tuple[str, Any]]:
+    """A response spec's output items in order, as ``(kind, body)``:
+    ``items`` as given, or the short form (``text``, then ``tool_calls``)."""
+    if "items" in spec:
+        return [next(iter(item.items())) for item in spec["items"]]
+    items: list[tuple[str, Any]] = [("message", spec["text"])] if spec.get("text") else []
+    return items + [("function_call", call) for call in spec.get("tool_calls", [])]
 
 
 @dataclass
@@ -521,9 +530,11 @@ class CallSession:
             self.call.active = None
         self.call.notify()
 
-    async def finish(self, resp: _Active, status: str = "completed", reason: str | None = None) -> None:
+    async def finish(self, resp: _Active, status: str = "completed", reason: str | None = None,
+                     error: dict | None = None) -> None:
         """Send ``response.done``; the response stops being active exactly when
-        its ``response.done`` goes out."""
+        its ``response.done`` goes out. ``error``: a failed response's
+        ``status_details.error`` (``type``, ``code``, ``message``)."""
         if resp.finishing:
             return
         resp.finishing = True
@@ -531,7 +542,9 @@ class CallSession:
             scope.cancel()
         if status == "cancelled":
             await self._close_partial_calls(resp)
-        details = None if status == "completed" else {"type": status, "reason": reason}
+        details: dict[str, Any] | None = None if status == "completed" else {"type": status, "reason": reason}
+        if details is not None and error is not None:
+            details["error"] = dict(error)
         body = {"id": resp.id, "object": "realtime.response", "status": status,
                 "status_details": details, "output": resp.output,
                 "usage": self.call.tokens.response_usage(resp.output, self.call.session.get("instructions"))}
@@ -554,21 +567,26 @@ class CallSession:
             resp.output.append(clean)
 
     async def play_body(self, resp: _Active, spec: dict) -> None:
-        """Emit a response's items (text, then tool calls). Stops quietly when
-        the response is cancelled meanwhile."""
+        """Emit a response's output items in order (``items``, or ``text``
+        then ``tool_calls``), after its ``rate_limits.updated`` when the spec
+        has one. Stops quietly when the response is cancelled meanwhile."""
         interval = float(spec.get("delta_interval_s", 0.0))
         with resp.playing():
-            if spec.get("text"):
-                await self._play_text(resp, spec["text"], interval)
-            for call in spec.get("tool_calls", []):
-                await self._play_tool_call(resp, call, interval)
+            if "rate_limits" in spec:
+                await self.send_rate_limits(spec["rate_limits"], resp)
+            for kind, body in _output_items(spec):
+                await self._ITEM_PLAYERS[kind](self, resp, body, interval)
+
+    async def send_rate_limits(self, limits: list[dict], resp: _Active | None = None) -> None:
+        """``rate_limits.updated`` (the service sends one as a response begins)."""
+        await self.send({"type": "rate_limits.updated", "rate_limits": [dict(limit) for limit in limits]}, resp)
 
     async def play_response(self, resp: _Active, spec: dict) -> None:
         """Body, then ``hold_s`` with the response still active, then ``response.done``."""
         await self.play_body(resp, spec)
         with resp.playing():
             await trio.sleep(float(spec.get("hold_s", 0.0)))
-        await self.finish(resp, spec.get("status", "completed"))
+        await self.finish(resp, spec.get("status", "completed"), error=spec.get("error"))
 
     async def _pace(self, interval: float) -> None:
         await trio.sleep(interval) if interval else await trio.lowlevel.checkpoint()
@@ -638,6 +656,54 @@ class CallSession:
         await self.send({"type": "response.output_item.done", "response_id": resp.id,
                          "output_index": index, "item": done}, resp)
         await self.send({"type": "conversation.item.done", "item": done}, resp)
+
+    async def _play_mcp_call(self, resp: _Active, spec: dict, interval: float) -> None:
+        """A call of an OpenAI-hosted MCP tool: the service runs it and puts
+        its result in the item itself; the client never answers it."""
+        index = len(resp.output)
+        item_id = _id("mcp_")
+        raw_args = spec.get("arguments", {})
+        arguments = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
+        # the SDK's mcp_call item declares no status and no object
+        item = {"id": item_id, "type": "mcp_call", "server_label": spec["server_label"], "name": spec["name"],
+                "arguments": ""}
+        where = {"item_id": item_id, "output_index": index}
+        await self.send({"type": "response.output_item.added", "response_id": resp.id,
+                         "output_index": index, "item": item}, resp)
+        await self.send({"type": "conversation.item.added", "item": item}, resp)
+        await self.send({"type": "response.mcp_call.in_progress", **where}, resp)
+        half = len(arguments) // 2
+        for chunk in (arguments[:half], arguments[half:]):
+            if chunk:
+                await self.send({"type": "response.mcp_call_arguments.delta", "response_id": resp.id, **where,
+                                 "delta": chunk}, resp)
+                await self._pace(interval)
+        await self.send({"type": "response.mcp_call_arguments.done", "response_id": resp.id, **where,
+                         "arguments": arguments}, resp)
+        await trio.sleep(float(spec.get("run_s", 0.0)))   # the tool runs on the service's side
+        done = {**item, "arguments": arguments}
+        if "error" in spec:
+            done["error"] = dict(spec["error"])
+            await self.send({"type": "response.mcp_call.failed", **where}, resp)
+        else:
+            done["output"] = spec.get("output", "")
+            await self.send({"type": "response.mcp_call.completed", **where}, resp)
+        await self.send({"type": "response.output_item.done", "response_id": resp.id,
+                         "output_index": index, "item": done}, resp)
+        await self.send({"type": "conversation.item.done", "item": done}, resp)
+        if not resp.finishing:
+            resp.output.append(done)
+
+    async def _play_pause(self, resp: _Active, seconds: float, interval: float) -> None:
+        await trio.sleep(float(seconds))   # a gap between two items: the response stays active
+
+    #: a response's output item kind -> its player (``items`` in the ``response`` step)
+    _ITEM_PLAYERS: dict[str, Callable[["CallSession", _Active, Any, float], Awaitable[None]]] = {
+        "message": _play_text,
+        "function_call": _play_tool_call,
+        "mcp_call": _play_mcp_call,
+        "pause": _play_pause,
+    }
 
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._nursery is not None
@@ -862,6 +928,9 @@ class CallSession:
         assert self.call.started_at is not None
         await trio.sleep_until(self.call.started_at + seconds)
 
+    async def _step_rate_limits(self, limits: list[dict]) -> None:
+        await self.send_rate_limits(limits)
+
     async def _step_silence(self, seconds: float) -> None:
         self.call.quiet_until = trio.current_time() + seconds
         await trio.sleep(seconds)
@@ -923,16 +992,19 @@ class CallSession:
             await self._wait_idle()
             resp = self._new_response("scenario")
             await self._send_created(resp)
+        if spec.get("background"):
+            self._spawn(self.play_response, resp, spec)   # the next steps run while it plays
+            return
         await self.play_body(resp, spec)
         if float(spec.get("hold_s", 0.0)) > 0:
             self._spawn(self._hold_then_finish, resp, spec)
         else:
-            await self.finish(resp, spec.get("status", "completed"))
+            await self.finish(resp, spec.get("status", "completed"), error=spec.get("error"))
 
     async def _hold_then_finish(self, resp: _Active, spec: dict) -> None:
         with resp.playing():
             await trio.sleep(float(spec["hold_s"]))
-        await self.finish(resp, spec.get("status", "completed"))
+        await self.finish(resp, spec.get("status", "completed"), error=spec.get("error"))
 
     async def _step_wait_outputs(self, spec: dict) -> None:
         call = self.call

@@ -30,16 +30,55 @@ _TOOL_CALL = {
         "call_id": {"type": "string", "minLength": 1},
     },
 }
+_MCP_CALL = {
+    "type": "object",
+    "required": ["server_label", "name"],
+    "additionalProperties": False,
+    "properties": {
+        "server_label": {"type": "string", "minLength": 1},
+        "name": {"type": "string", "minLength": 1},
+        "arguments": {"type": ["object", "string"]},
+        "output": {"type": "string"},
+        # the SDK's three MCP error shapes; protocol and HTTP errors carry a numeric code
+        "error": {"type": "object", "required": ["type", "message"], "additionalProperties": False,
+                  "properties": {"type": {"enum": ["tool_execution_error", "protocol_error", "http_error"]},
+                                 "message": {"type": "string"}, "code": {"type": "integer"}}},
+        "run_s": _NUM,
+    },
+}
+# one output item of a response (or a pause between two), in the order given: {kind: body}
+_ITEM = {
+    "type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
+    "properties": {"message": {"type": "string", "minLength": 1}, "function_call": _TOOL_CALL,
+                   "mcp_call": _MCP_CALL, "pause": _NUM},
+}
+_RATE_LIMITS = {
+    "type": "array",
+    "items": {"type": "object", "additionalProperties": False, "required": ["name"],
+              "properties": {"name": {"enum": ["requests", "tokens"]}, "limit": {"type": "integer", "minimum": 0},
+                             "remaining": {"type": "integer", "minimum": 0}, "reset_seconds": _NUM}},
+}
+_RESPONSE_ERROR = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"type": {"type": "string"}, "code": {"type": "string"}, "message": {"type": "string"}},
+}
 _RESPONSE = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
         "text": {"type": "string"},
         "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        "items": {"type": "array", "items": _ITEM},
+        "rate_limits": _RATE_LIMITS,
         "hold_s": _NUM,
         "delta_interval_s": _NUM,
+        "background": {"type": "boolean"},
         "status": {"enum": ["completed", "failed", "incomplete"]},
+        "error": _RESPONSE_ERROR,
     },
+    # items say the whole order; text and tool_calls are the short form (text first)
+    "not": {"anyOf": [{"required": ["items", "text"]}, {"required": ["items", "tool_calls"]}]},
+    "dependentSchemas": {"error": {"required": ["status"], "properties": {"status": {"const": "failed"}}}},
 }
 
 
@@ -72,6 +111,7 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
             "background": {"type": "boolean"},
         },
     },
+    "rate_limits": _RATE_LIMITS,
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},
     "silence": _NUM,

@@ -23,8 +23,8 @@ class Client:
         self.ws = ws
         self.seen: list[dict] = []
 
-    async def recv(self) -> dict:
-        with trio.fail_after(30):  # virtual seconds under autojump_clock: a stuck test fails fast
+    async def recv(self, within_s: float = 30) -> dict:
+        with trio.fail_after(within_s):  # virtual seconds under autojump_clock: a stuck test fails fast
             raw = await self.ws.get_message()
         event = json.loads(raw)
         reason, _ = conformance.conformance_error(events.SERVER_EVENTS, event)
@@ -32,9 +32,11 @@ class Client:
         self.seen.append(event)
         return event
 
-    async def until(self, type_: str, **match) -> dict:
+    async def until(self, type_: str, within_s: float = 30, **match) -> dict:
+        """The next event of ``type_`` whose fields match (``a__b=v``: ``event["a"]["b"] == v``),
+        each event within ``within_s``."""
         while True:
-            event = await self.recv()
+            event = await self.recv(within_s)
             if event["type"] == type_ and all(field(event, k) == v for k, v in match.items()):
                 return event
 
@@ -42,10 +44,10 @@ class Client:
         await self.ws.send_message(json.dumps(event))
         return event
 
-    async def closed_code(self) -> int | None:
+    async def closed_code(self, within_s: float = 30) -> int | None:
         try:
             while True:
-                await self.recv()
+                await self.recv(within_s)
         except trio_websocket.ConnectionClosed as exc:
             return close_code(exc)
 

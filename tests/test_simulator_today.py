@@ -9,6 +9,7 @@ import json
 
 import pytest
 import trio
+import trio_websocket
 
 from voiceactors.realtime import events
 from voiceactors.simulator import Simulator, ScenarioError, load_scenario
@@ -196,5 +197,223 @@ async def test_a_response_failed_on_a_rate_limit(sim, autojump_clock):
 
 
 def test_shipped_scenarios_of_todays_api_load():
-    for name in ("preambles", "hosted_mcp"):
+    for name in ("preambles", "hosted_mcp", "idle_check_in", "session_cap"):
         assert load_scenario(name).steps
+
+
+# -- the service's refusals
+
+
+@pytest.mark.parametrize("code, error_type, message_part", [
+    ("conversation_already_has_active_response", "invalid_request_error", "already has an active response"),
+    ("session_expired", "invalid_request_error", "maximum duration of 60 minutes"),
+    ("inference_rate_limit_exceeded", "invalid_request_error", "try again later"),
+    ("rate_limit_exceeded", "invalid_request_error", "try again later"),
+    ("some_code_of_tomorrow", "invalid_request_error", "some_code_of_tomorrow"),
+])
+async def test_a_refused_response_create_gets_the_code_and_starts_nothing(sim, autojump_clock, code, error_type,
+                                                                         message_part):
+    call = sim.add_call("rtc_1", [{"refuse": {"event": "response.create", "code": code}}, {"user_turn": {}}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.until("conversation.item.done")      # the refusal is armed before the user's turn
+        refused = await c.send(events.response_create())
+        error = await c.until("error")
+        await c.send(events.response_create())          # the refusal was used up: this one plays
+        done = await c.until("response.done")
+    assert (error["error"]["code"], error["error"]["type"], error["error"]["event_id"]) == (
+        code, error_type, refused["event_id"])
+    assert message_part in error["error"]["message"]
+    assert done["response"]["status"] == "completed"
+    assert call.response_creates == 2 and [r.origin for r in call.responses] == ["default"]
+    assert [(code_, event["event_id"]) for code_, event in call.refused] == [(code, refused["event_id"])]
+    assert call.refusals == []
+
+
+async def test_invalid_tool_call_id_for_an_issued_call_makes_the_service_forget_it(sim, autojump_clock):
+    """As after a barge-in truncated the conversation: the output is refused,
+    the call is no longer awaited, and a resend is refused the same way."""
+    call = sim.add_call("rtc_1", [{"refuse": {"event": "function_call_output", "code": "invalid_tool_call_id"}},
+                                  {"response": {"tool_calls": [{"name": "briefing.get", "call_id": "call_A"}]}}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.until("response.done")
+        first = await c.send(events.function_call_output("call_A", "{}"))
+        error = await c.until("error")
+        again = await c.send(events.function_call_output("call_A", "{}"))
+        error_again = await c.until("error")
+    assert (error["error"]["code"], error["error"]["event_id"], error["error"]["param"]) == (
+        "invalid_tool_call_id", first["event_id"], "item.call_id")
+    assert "call_A" in error["error"]["message"]
+    assert (error_again["error"]["code"], error_again["error"]["event_id"]) == ("invalid_tool_call_id",
+                                                                                again["event_id"])
+    assert call.pending_call_ids() == [] and call.forgotten == {"call_A"} and call.answered == set()
+    assert call.outputs == {"call_A": ["{}", "{}"]}
+    assert not [e for e in c.seen if e["type"] == "conversation.item.added"
+                and e["item"].get("type") == "function_call_output"]
+
+
+async def test_a_refusal_can_leave_the_event_id_out_and_say_its_own_words(sim, autojump_clock):
+    sim.add_call("rtc_1")
+    sim.refuse_next("rtc_1", "any", "server_busy", times=2, type_="server_error", message="Try later.",
+                    echo_event_id=False)
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.send(events.session_update({"instructions": "x"}))
+        first = await c.until("error")
+        await c.send(events.response_cancel())
+        second = await c.until("error")
+        await c.send(events.session_update({"instructions": "y"}))
+        updated = await c.until("session.updated")
+    for error in (first, second):
+        assert error["error"] == {"type": "server_error", "code": "server_busy", "message": "Try later.",
+                                  "param": None, "event_id": None}
+    assert updated["session"]["instructions"] == "y"
+    assert sim.calls["rtc_1"].error_codes == ["server_busy", "server_busy"]
+
+
+# -- the 60-minute cap
+
+
+async def test_the_session_cap_expires_the_session_then_closes(sim, autojump_clock):
+    call = sim.add_call("rtc_1", [{"user_turn": {"text": "Hello."}}, {"response": {"text": "Hi."}},
+                                  {"session_cap": {"close_after_s": 5}}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.until("response.done")
+        await c.send(events.response_create())           # well before the cap: answered
+        await c.until("response.done")
+        expired = await c.until("error", within_s=4000)
+        at = trio.current_time()
+        late = await c.send(events.response_create())
+        refused = await c.until("error")
+        assert await c.closed_code() == 1001
+        closed_at = trio.current_time()
+    assert at - call.started_at == pytest.approx(3600, abs=0.1)
+    assert closed_at - at == pytest.approx(5, abs=0.1)
+    assert expired["error"] == {"type": "invalid_request_error", "code": "session_expired",
+                                "message": "Your session hit the maximum duration of 60 minutes.",
+                                "param": None, "event_id": None}
+    assert (refused["error"]["code"], refused["error"]["event_id"]) == ("session_expired", late["event_id"])
+    assert call.expired and call.closed and call.close_code == 1001
+    assert [r.origin for r in call.responses] == ["scenario", "default"]
+    with pytest.raises(trio_websocket.ConnectionRejected):    # the call has ended: no new sideband
+        async with connect(sim, "rtc_1"):
+            pass
+
+
+async def test_the_cap_cuts_a_response_in_progress_without_response_done(sim, autojump_clock):
+    call = sim.add_call("rtc_1", [{"response": {"text": "A long story.", "hold_s": 7200, "background": True}},
+                                  {"session_cap": {"at_s": 60, "close": 1000}}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        assert await c.closed_code(within_s=100) == 1000
+    assert "response.done" not in [e["type"] for e in c.seen]
+    assert [e["error"]["code"] for e in c.seen if e["type"] == "error"] == ["session_expired"]
+    assert call.responses[0].status == "abandoned"
+
+
+async def test_expire_session_from_the_test(sim, autojump_clock):
+    call = sim.add_call("rtc_1")
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await call.wait_until(lambda c: c.connection is not None)
+        await sim.expire_session("rtc_1")
+        assert (await c.until("error"))["error"]["code"] == "session_expired"
+        assert await c.closed_code() == 1001
+    assert call.closed and call.expired
+
+
+# -- idle timeouts
+
+
+def _idle_session(timeout_ms: int, **detection) -> dict:
+    return events.session_update({"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "idle_timeout_ms": timeout_ms, **detection}}}})
+
+
+async def test_the_idle_timeout_fires_after_the_sessions_silence_and_the_model_checks_in(sim, autojump_clock):
+    call = sim.add_call("rtc_1", [{"user_turn": {"text": "Hello."}}, {"response": {"text": "Hi."}},
+                                  {"idle_timeout": {}}, {"idle_timeout": {"text": "Still with me?"}}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.send(_idle_session(8000))
+        await c.until("session.updated")
+        first_done = await c.until("response.done")
+        answered_at = trio.current_time()
+        fired = await c.until("input_audio_buffer.timeout_triggered")
+        fired_at = trio.current_time()
+        committed = await c.recv()
+        added = await c.recv()
+        check_in = await c.until("response.done")
+        second = await c.until("input_audio_buffer.timeout_triggered")
+        second_at = trio.current_time()
+        last = await c.until("response.done")
+    assert first_done["response"]["output"][0]["content"][0]["transcript"] == "Hi."
+    assert fired_at - answered_at == pytest.approx(8, abs=0.1)
+    assert fired["audio_end_ms"] - fired["audio_start_ms"] == 8000
+    assert committed == {**committed, "type": "input_audio_buffer.committed", "item_id": fired["item_id"]}
+    assert added["type"] == "conversation.item.added" and added["item"]["id"] == fired["item_id"]
+    assert added["item"]["role"] == "user" and added["item"]["content"][0]["type"] == "input_audio"
+    assert check_in["response"]["output"][0]["content"][0]["transcript"] == "Are you still there?"
+    assert second_at - fired_at == pytest.approx(8, abs=0.1)      # from the check-in's end
+    assert last["response"]["output"][0]["content"][0]["transcript"] == "Still with me?"
+    assert call.idle_timeouts == 2 and [r.origin for r in call.responses] == ["scenario", "idle_timeout",
+                                                                               "idle_timeout"]
+
+
+async def test_activity_restarts_the_idle_timer(sim, autojump_clock):
+    call = sim.add_call("rtc_1", [{"idle_timeout": {}}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.send(_idle_session(10_000, create_response=False))
+        await c.until("session.updated")
+        await trio.sleep(6)
+        await c.send(events.response_create())      # our own response: the timer starts again at its end
+        await c.until("response.done")
+        done_at = trio.current_time()
+        await c.until("input_audio_buffer.timeout_triggered")
+        fired_at = trio.current_time()
+        await c.until("conversation.item.done")
+        with trio.move_on_after(60):
+            assert (await c.recv(within_s=120))["type"] != "response.created"   # create_response false: no reply
+    assert fired_at - done_at == pytest.approx(10, abs=0.1)
+    assert call.idle_timeouts == 1 and [r.origin for r in call.responses] == ["default"]
+
+
+async def test_without_an_idle_timeout_in_the_session_nothing_fires(sim, autojump_clock):
+    call = sim.add_call("rtc_1", [{"idle_timeout": {"wait_s": 600}}, {"close": 1000}])
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.send(events.session_update({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}))
+        assert await c.closed_code(within_s=700) == 1000
+    assert call.idle_timeouts == 0
+    assert "input_audio_buffer.timeout_triggered" not in call.sent_types()
+
+
+async def test_a_partial_session_update_keeps_the_rest_of_the_session(sim):
+    call = sim.add_call("rtc_1")
+    async with connect(sim, "rtc_1") as ws:
+        c = Client(ws)
+        await c.send(_idle_session(5000))
+        await c.until("session.updated")
+        await c.send(events.session_update({"audio": {"output": {"voice": "marin"}}}))
+        updated = await c.until("session.updated")
+    assert updated["session"]["audio"] == {
+        "input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}},
+        "output": {"voice": "marin"}}
+    assert call.session["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 5000
+
+
+async def test_the_shipped_cap_and_idle_scenarios_play(sim, autojump_clock):
+    sim.add_call("rtc_cap", "session_cap")
+    idle = sim.add_call("rtc_idle", "idle_check_in")
+    async with connect(sim, "rtc_cap") as ws:
+        c = Client(ws)
+        assert await c.closed_code(within_s=4000) == 1001
+    assert [e["error"]["code"] for e in c.seen if e["type"] == "error"] == ["session_expired"]
+    async with connect(sim, "rtc_idle") as ws:
+        c = Client(ws)
+        await c.send(_idle_session(10_000))
+        assert await c.closed_code(within_s=60) == 1000
+    assert idle.idle_timeouts == 2

@@ -30,12 +30,15 @@ from voiceactors.simulator.client_events import parse_client_event
 from voiceactors.simulator.conformance import Direction, Nonconforming
 from voiceactors.simulator.http import ReplayStream
 from voiceactors.simulator.read_stamps import read_stamp, stamp_reads
+from voiceactors.simulator.refusals import OUTPUT_EVENT, SESSION_EXPIRED, Refusal, error_body
 from voiceactors.simulator.scenario import Scenario
 from voiceactors.simulator.usage import ConversationTokens
 
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 
 DEFAULT_REPLY = "Okay."
+IDLE_PROMPT = "Are you still there?"   # the model's reply to an idle timeout, unless the step says otherwise
+SESSION_CAP_S = 3600.0   # the service caps a session at 60 minutes
 PEER_OPEN_WAIT_S = 10.0   # how long a browser call's scenario waits for its data channel
 DROP_FLUSH_S = 1.0   # how long a drop waits for queued events to go out
 SEND_BUFFER = 64 * 1024   # unwritten characters beyond which send waits for the writer
@@ -44,6 +47,37 @@ _ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.done"}) 
 
 def _id(prefix: str, nbytes: int = 10) -> str:
     return prefix + secrets.token_hex(nbytes)
+
+
+def _turn_detection(session: dict) -> dict:
+    """The session's ``audio.input.turn_detection`` ({} when unset)."""
+    audio = session.get("audio")
+    audio_in = audio.get("input") if isinstance(audio, dict) else None
+    found = audio_in.get("turn_detection") if isinstance(audio_in, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def idle_timeout_ms(session: dict) -> int | None:
+    """The session's idle timeout: ``idle_timeout_ms`` of server VAD turn
+    detection (the only mode that has one), None when not set."""
+    detection = _turn_detection(session)
+    value = detection.get("idle_timeout_ms")
+    if detection.get("type") != "server_vad" or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def merged_session(old: dict, update: dict) -> dict:
+    """A ``session.update`` applied: nested objects merge field by field, as
+    the service applies a partial update; an object with a ``type`` (turn
+    detection, an audio format) replaces the old one whole."""
+    merged = dict(old)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and "type" not in value:
+            merged[key] = merged_session(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _output_items(spec: dict) -> list[tuple[str, Any]]:
@@ -169,6 +203,13 @@ class SimCall:
         # faults
         self.output_fault: str | None = None   # "lost" | "applied"
         self.reject_creates = 0
+        self.refusals: list[Refusal] = []      # armed (``refuse`` steps, ``Simulator.refuse_next``), in order
+        # refusals made: (code, client event), by an armed refusal or the expired session
+        self.refused: list[tuple[str, dict]] = []
+        self.forgotten: set[str] = set()       # tool call ids refused with invalid_tool_call_id: unknown from then on
+        self.expired = False                   # past the session's cap: every client event gets session_expired
+        self.idle_timeouts = 0                 # input_audio_buffer.timeout_triggered events sent
+        self.last_activity_at: float | None = None   # the idle timer's origin: a response.done or the user's speech
         # state
         self.step_index = 0
         self.active: _Active | None = None
@@ -231,6 +272,14 @@ class SimCall:
         self.tool_calls[record.call_id] = record
         if record.call_id not in self.answered:
             self._open[record.call_id] = None
+
+    def forget_tool_call(self, call_id: str) -> None:
+        """The service no longer knows this tool call (it refused an output
+        for it with ``invalid_tool_call_id``): no output is awaited, and any
+        later one gets ``invalid_tool_call_id`` too."""
+        self.forgotten.add(call_id)
+        self._open.pop(call_id, None)
+        self.notify()
 
     def mark_answered(self, call_id: str) -> None:
         self.answered.add(call_id)
@@ -301,6 +350,7 @@ class CallSession:
         self.number = call.connections
         if call.started_at is None:
             call.started_at = trio.current_time()
+            call.last_activity_at = call.started_at
         call.notify()
         if not self.coalesce_writes and self.stream is not None:
             _no_delay(self.stream.inner)
@@ -497,7 +547,11 @@ class CallSession:
 
     async def send_error(self, message: str, code: str | None, event_id: str | None = None,
                          type_: str = "invalid_request_error", param: str | None = None) -> None:
-        error = {"type": type_, "code": code, "message": message, "param": param, "event_id": event_id}
+        await self.send_error_body({"type": type_, "code": code, "message": message, "param": param,
+                                    "event_id": event_id})
+
+    async def send_error_body(self, error: dict) -> None:
+        """An ``error`` event carrying ``error`` (recorded in ``errors_sent``)."""
         event = {"type": "error", "event_id": _id("event_", 8), "error": error}
         self.call.errors_sent.append(event)
         await self.send(event)
@@ -526,6 +580,7 @@ class CallSession:
         resp.record.status = status
         resp.record.reason = reason
         resp.record.ended_at = trio.current_time()
+        self.call.last_activity_at = resp.record.ended_at   # the idle timer runs from here
         if self.call.active is resp:
             self.call.active = None
         self.call.notify()
@@ -763,6 +818,8 @@ class CallSession:
         if self.call.replay is not None:
             await self.call.replay.on_client_event(self, obj, event_id)
             return
+        if await self._refused(obj, event_id):
+            return
         handler = getattr(self, "_on_" + obj["type"].replace(".", "_"), None)
         if handler is not None:
             await handler(obj, event_id)
@@ -784,8 +841,44 @@ class CallSession:
         conformance.record(entry)
         self.log.warning("simulator.nonconforming_event", direction=str(direction), type=type_, reason=reason)
 
+    async def _refused(self, obj: dict, event_id: str | None) -> bool:
+        """Refuse a client event, unapplied, when the session has expired or
+        an armed refusal matches it (``refusals.py``): an ``error`` with the
+        code, naming the event's ``event_id`` (unless the refusal says not).
+        A refused ``response.create`` still counts in ``response_creates``, a
+        refused output in ``outputs``; ``invalid_tool_call_id`` makes the
+        service forget that tool call."""
+        call = self.call
+        refusal: Refusal | None = None
+        if call.expired:
+            code = SESSION_EXPIRED
+        else:
+            refusal = next((r for r in call.refusals if r.matches(obj)), None)
+            if refusal is None:
+                return False
+            refusal.times -= 1
+            if refusal.times <= 0:
+                call.refusals.remove(refusal)
+            code = refusal.code
+        call.refused.append((code, obj))
+        if obj["type"] == "response.create":
+            call.response_creates += 1
+        item = obj.get("item") if obj["type"] == "conversation.item.create" else None
+        call_id: str | None = None
+        if isinstance(item, dict) and item.get("type") == OUTPUT_EVENT:
+            call_id = item["call_id"]
+            call.outputs.setdefault(item["call_id"], []).append(item["output"])
+            if code == "invalid_tool_call_id":
+                call.forget_tool_call(item["call_id"])
+        echo = refusal is None or refusal.echo_event_id
+        await self.send_error_body(error_body(
+            code, event_id=event_id if echo else None, response_id=call.active_response_id or _id("resp_"),
+            call_id=call_id, type_=refusal.type if refusal else None, message=refusal.message if refusal else None))
+        return True
+
     async def _on_session_update(self, obj: dict, event_id: str | None) -> None:
-        self.call.session = {**self.call.session, **obj["session"]}
+        self.call.session = merged_session(self.call.session, obj["session"])
+        self.call.notify()   # an idle timeout may have been set or changed
         await self.send({"type": "session.updated", "session": self.call.session})
 
     async def _on_conversation_item_create(self, obj: dict, event_id: str | None) -> None:
@@ -798,7 +891,7 @@ class CallSession:
                 self._output_fault(call_id, item["output"])
                 return
             self.call.outputs.setdefault(call_id, []).append(item["output"])
-            if call_id not in self.call.tool_calls:
+            if call_id not in self.call.tool_calls or call_id in self.call.forgotten:
                 await self.send_error(f"Tool call ID '{call_id}' not found in conversation.",
                                       "invalid_tool_call_id", event_id, param="item.call_id")
                 return
@@ -928,6 +1021,78 @@ class CallSession:
         assert self.call.started_at is not None
         await trio.sleep_until(self.call.started_at + seconds)
 
+    async def _step_refuse(self, spec: dict) -> None:
+        self.call.refusals.append(Refusal.from_step(spec))
+
+    async def _step_session_cap(self, spec: dict) -> None:
+        assert self.call.started_at is not None
+        await trio.sleep_until(self.call.started_at + float(spec.get("at_s", SESSION_CAP_S)))
+        await self.expire(int(spec.get("close", 1001)), float(spec.get("close_after_s", 0.0)))
+
+    async def expire(self, close: int = 1001, close_after_s: float = 0.0) -> None:
+        """The session hits its cap: a response in progress stops where it is
+        (no ``response.done``), an ``error`` ``session_expired`` naming no
+        event goes out, every client event from then on is refused with
+        ``session_expired``, and after ``close_after_s`` the socket closes
+        with ``close`` and the call ends."""
+        call = self.call
+        call.expired = True
+        if call.active is not None:
+            self._mark_finished(call.active, "abandoned", None)
+        await self.send_error_body(error_body(SESSION_EXPIRED, event_id=None))
+        self.log.info("simulator.session_expired", close=close, close_after_s=close_after_s)
+        await trio.sleep(close_after_s)
+        await self.end(close)
+
+    async def _step_idle_timeout(self, spec: dict) -> None:
+        timeout_ms = await self._idle_for_timeout(float(spec.get("wait_s", SESSION_CAP_S)))
+        if timeout_ms is not None:
+            await self._idle_timeout_fires(timeout_ms, spec.get("text", IDLE_PROMPT))
+
+    async def _idle_for_timeout(self, wait_s: float) -> int | None:
+        """Wait until no response has been active and the user has not spoken
+        for the session's ``idle_timeout_ms`` (the timer restarts at each
+        response's end and each user turn; an idle time already that long
+        fires at once). None when ``wait_s`` passed first (as when the
+        session never sets a timeout)."""
+        call = self.call
+        with trio.move_on_after(wait_s):
+            while True:
+                await self._wait_idle()
+                timeout_ms = idle_timeout_ms(call.session)
+                origin = call.last_activity_at
+                if timeout_ms is None or origin is None:
+                    await call.wait_until(lambda c: idle_timeout_ms(c.session) is not None)
+                    continue
+                with trio.move_on_at(origin + timeout_ms / 1000) as timer:
+                    await call.wait_until(lambda c: c.active is not None or c.last_activity_at != origin
+                                          or idle_timeout_ms(c.session) != timeout_ms)
+                if timer.cancelled_caught:
+                    return timeout_ms
+        return None
+
+    async def _idle_timeout_fires(self, timeout_ms: int, text: str) -> None:
+        """``input_audio_buffer.timeout_triggered``; the silent audio is
+        committed as a user item; then (unless the session's turn detection
+        says ``create_response: false``) the model answers it."""
+        call = self.call
+        call.idle_timeouts += 1
+        item_id = _id("item_")
+        end_ms = self._audio_ms()
+        await self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": max(0, end_ms - timeout_ms),
+                         "audio_end_ms": end_ms, "item_id": item_id})
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item_id})
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
+                "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}
+        await self.send({"type": "conversation.item.added", "item": item})
+        await self.send({"type": "conversation.item.done", "item": item})
+        call.last_activity_at = trio.current_time()
+        if _turn_detection(call.session).get("create_response") is False or call.active is not None:
+            return
+        resp = self._new_response("idle_timeout")
+        await self._send_created(resp)
+        await self.play_response(resp, {"text": text})
+
     async def _step_rate_limits(self, limits: list[dict]) -> None:
         await self.send_rate_limits(limits)
 
@@ -955,6 +1120,7 @@ class CallSession:
 
     async def _user_said(self, item_id: str, text: str, transcript_delay_ms: int = 0) -> None:
         self.call.tokens.user_said(text)
+        self.call.last_activity_at = trio.current_time()
         await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": self._audio_ms(),
                          "item_id": item_id})
         await self.send({"type": "input_audio_buffer.committed", "item_id": item_id})

@@ -16,6 +16,9 @@ from typing import Any
 
 import jsonschema
 
+from voiceactors.simulator.client_events import CLIENT_EVENTS
+from voiceactors.simulator.refusals import ANY_EVENT, OUTPUT_EVENT
+
 __all__ = ["Scenario", "ScenarioError", "load_scenario", "scenario_names", "as_scenario", "SCENARIO_SCHEMA",
            "STEP_SCHEMAS"]
 
@@ -112,6 +115,21 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
     "rate_limits": _RATE_LIMITS,
+    "refuse": {
+        "type": "object", "additionalProperties": False, "required": ["code"],
+        "properties": {"event": {"enum": sorted(CLIENT_EVENTS.by_type) + [OUTPUT_EVENT, ANY_EVENT]},
+                       "code": {"type": "string", "minLength": 1}, "times": {"type": "integer", "minimum": 1},
+                       "type": {"type": "string", "minLength": 1}, "message": {"type": "string"},
+                       "event_id": {"type": "boolean"}},
+    },
+    "session_cap": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"at_s": _NUM, "close_after_s": _NUM, "close": {"enum": [1000, 1001]}},
+    },
+    "idle_timeout": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"text": {"type": "string"}, "wait_s": _NUM},
+    },
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},
     "silence": _NUM,

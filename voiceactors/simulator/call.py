@@ -149,7 +149,9 @@ class SimCall:
     duplicates included), ``lost_outputs`` (outputs a fault swallowed),
     ``response_creates``, ``connections``, ``drops``, ``closed``/``close_code``,
     ``responses``, ``tool_calls``, ``violations`` (protocol rules the client
-    broke that the service would not report).
+    broke that the service would not report), ``refused`` (client events
+    refused by an armed refusal or the expired session), ``forgotten``,
+    ``idle_timeouts``, ``nonconforming`` (with conformance on).
 
     Times (only with ``timestamps=True``, for benchmarks; None otherwise),
     all ``trio.current_time()``:
@@ -171,8 +173,10 @@ class SimCall:
 
     Faults (armed by the test, used up when they fire): ``output_fault``
     (``"lost"`` or ``"applied"``: drop the socket on the next tool output, see
-    ``CallSession._output_fault``) and ``reject_creates`` (how many more
-    ``response.create`` to refuse as if a response were active).
+    ``CallSession._output_fault``), ``reject_creates`` (how many more
+    ``response.create`` to refuse as if a response were active) and
+    ``refusals`` (``refusals.Refusal``: the next client events one matches
+    are refused with its code).
     """
 
     def __init__(self, call_id: str, scenario: Scenario, gone_status: int = 404, *,

@@ -7,6 +7,7 @@ import io
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item._id = item._id.with_params(item.name[len(last) + 1:-1])
             else:
                 item._nodeid = f"{parent_id}::{item.name}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "nonconforming_events: the test sends a simulator events the SDK's "
+                                       "types refuse on purpose (the conformance check lets it pass)")
+
+
+@pytest.fixture(autouse=True)
+def _simulator_conformance(request: pytest.FixtureRequest):
+    """A test fails when a simulator with conformance on (``Simulator(conformance=True)``,
+    or every simulator under ``VOICEACTORS_SIM_CONFORMANCE=1``) sent or received an
+    event the SDK's types do not hold exactly (docs/simulator.md § Conformance).
+    Nothing to do in a process that never imported the simulator."""
+    module = sys.modules.get("voiceactors.simulator.conformance")
+    if module is not None:
+        module.take()
+    yield
+    module = sys.modules.get("voiceactors.simulator.conformance")
+    found = module.take() if module is not None else []
+    if found and request.node.get_closest_marker("nonconforming_events") is None:
+        lines = "\n".join(f"  {f.call_id} {f.direction} {f.type}: {f.reason}" for f in found[:20])
+        pytest.fail(f"{len(found)} event(s) not held to the SDK's types:\n{lines}", pytrace=False)
 
 
 @pytest.fixture(scope="module", autouse=True)

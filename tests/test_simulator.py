@@ -17,80 +17,17 @@ from openai.types.realtime import ClientSecretCreateResponse
 
 from voiceactors.cli import build_parser
 from voiceactors.realtime import events
-from voiceactors.realtime.sideband import CallGone, SidebandUnavailable, close_code, open_sideband
+from voiceactors.realtime.sideband import CallGone, SidebandUnavailable, open_sideband
 from voiceactors.simulator import ScenarioError, Simulator, cli_simulate, load_scenario, scenario_names
 
-KEY = "sk-test"
-AUTH = [(b"authorization", f"Bearer {KEY}".encode())]
+from simulator_support import AUTH, KEY, Client, answer, calls_in, connect
 
 
 @pytest.fixture
 async def sim(nursery):
-    s = Simulator(api_key=KEY)
+    s = Simulator(api_key=KEY, conformance=True)
     await nursery.start(s.serve, 0)
     return s
-
-
-class Client:
-    """A bare sideband client: every server message must parse as an SDK event."""
-
-    def __init__(self, ws: trio_websocket.WebSocketConnection) -> None:
-        self.ws = ws
-        self.seen: list[dict] = []
-
-    async def recv(self) -> dict:
-        with trio.fail_after(30):  # virtual seconds under autojump_clock: a stuck test fails fast
-            raw = await self.ws.get_message()
-        assert events.parse_server_event(raw) is not None, raw
-        event = json.loads(raw)
-        self.seen.append(event)
-        return event
-
-    async def until(self, type_: str, **match) -> dict:
-        while True:
-            event = await self.recv()
-            if event["type"] == type_ and all(_get(event, k) == v for k, v in match.items()):
-                return event
-
-    async def send(self, event: dict) -> dict:
-        await self.ws.send_message(json.dumps(event))
-        return event
-
-    async def closed_code(self) -> int | None:
-        try:
-            while True:
-                await self.recv()
-        except trio_websocket.ConnectionClosed as exc:
-            return close_code(exc)
-
-
-def _get(event: dict, dotted: str):
-    for part in dotted.split("__"):
-        event = event.get(part) if isinstance(event, dict) else None
-    return event
-
-
-def _url(sim: Simulator, call_id: str, extra: str = "") -> str:
-    return sim.base_url.replace("http://", "ws://") + f"/realtime?call_id={call_id}{extra}"
-
-
-def _connect(sim: Simulator, call_id: str, headers=AUTH, extra: str = ""):
-    return trio_websocket.open_websocket_url(_url(sim, call_id, extra), extra_headers=headers)
-
-
-def _calls_in(done: dict) -> list[dict]:
-    return [i for i in done["response"]["output"] if i["type"] == "function_call"]
-
-
-async def _answer(client: Client, done: dict, *, create: bool = True) -> list[str]:
-    call_ids = [i["call_id"] for i in _calls_in(done)]
-    for call_id in call_ids:
-        await client.send(events.function_call_output(call_id, json.dumps({"ok": call_id})))
-    for call_id in call_ids:
-        await client.until("conversation.item.added", item__call_id=call_id)
-    if create:
-        await client.send(events.response_create())
-    return call_ids
 
 
 # -- handshake
@@ -98,7 +35,7 @@ async def _answer(client: Client, done: dict, *, create: bool = True) -> list[st
 
 async def _handshake_status(sim: Simulator, call_id: str, headers=AUTH, extra: str = "") -> int | None:
     try:
-        async with _connect(sim, call_id, headers, extra):
+        async with connect(sim, call_id, headers, extra):
             return 101
     except trio_websocket.ConnectionRejected as exc:
         body = json.loads(exc.body)
@@ -122,7 +59,7 @@ async def test_handshake_rejections(sim):
 
 async def test_second_live_connection_is_refused(sim):
     sim.add_call("rtc_1")
-    async with _connect(sim, "rtc_1"):
+    async with connect(sim, "rtc_1"):
         assert await _handshake_status(sim, "rtc_1") == 409
     assert sim.calls["rtc_1"].connections == 1
 
@@ -252,7 +189,7 @@ async def test_hangup_closes_the_sideband(sim):
     async with httpx.AsyncClient(base_url=sim.base_url) as http:
         auth = {"authorization": f"Bearer {KEY}"}
         assert (await http.post("/realtime/calls/rtc_1/hangup")).status_code == 401
-        async with _connect(sim, "rtc_1") as ws:
+        async with connect(sim, "rtc_1") as ws:
             r = await http.post("/realtime/calls/rtc_1/hangup", headers=auth)
             assert r.status_code == 200
             assert await Client(ws).closed_code() == 1000
@@ -277,9 +214,10 @@ async def test_webrtc_offer_registers_a_call(sim):
 # -- client events
 
 
+@pytest.mark.nonconforming_events
 async def test_invalid_client_events_get_an_error_echoing_event_id(sim):
     call = sim.add_call("rtc_1")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.send({"type": "response.teleport", "event_id": "evt_bad_type"})
         await c.send({"type": "conversation.item.create", "event_id": "evt_bad_item", "item": {"type": "function_call_output"}})
@@ -295,7 +233,7 @@ async def test_invalid_client_events_get_an_error_echoing_event_id(sim):
 
 async def test_session_update(sim):
     call = sim.add_call("rtc_1")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.send(events.session_update({"instructions": "Speak like a pirate."}))
         updated = await c.until("session.updated")
@@ -305,7 +243,7 @@ async def test_session_update(sim):
 
 async def test_response_create_while_active(sim, autojump_clock):
     call = sim.add_call("rtc_1", [{"response": {"text": "Still talking.", "hold_s": 5}}])
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         created = await c.until("response.created")
         early = await c.send(events.response_create())
@@ -322,7 +260,7 @@ async def test_response_create_while_active(sim, autojump_clock):
 
 async def test_response_cancel(sim, autojump_clock):
     call = sim.add_call("rtc_1", [{"response": {"text": "A long story.", "hold_s": 5}}])
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         created = await c.until("response.created")
         await c.send(events.response_cancel(created["response"]["id"]))
@@ -338,7 +276,7 @@ async def test_response_cancel(sim, autojump_clock):
 
 async def test_tool_outputs_unknown_duplicate_and_valid(sim, autojump_clock):
     call = sim.add_call("rtc_1", [{"response": {"tool_calls": [{"name": "briefing.get", "call_id": "call_A"}]}}])
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.until("response.done")
         unknown = await c.send(events.function_call_output("call_nope", "{}"))
@@ -360,7 +298,7 @@ async def test_pending_call_ids_are_the_issued_calls_without_output_in_issue_ord
     every event, and a long call's history must not make that cost more)."""
     calls = [{"name": "briefing.get", "call_id": f"call_{x}"} for x in "ABC"]
     call = sim.add_call("rtc_1", [{"response": {"tool_calls": calls}}, {"sleep": 60}])
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.until("response.done")
         assert call.pending_call_ids() == ["call_A", "call_B", "call_C"]
@@ -380,7 +318,7 @@ async def test_pending_call_ids_are_the_issued_calls_without_output_in_issue_ord
 
 async def test_early_response_create_is_a_violation(sim, autojump_clock):
     call = sim.add_call("rtc_1", "single_tool")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.until("response.done")
         await c.send(events.response_create())  # before the output: breaks rule 3
@@ -393,14 +331,14 @@ async def test_early_response_create_is_a_violation(sim, autojump_clock):
 
 async def test_single_tool_round_trip(sim, autojump_clock):
     call = sim.add_call("rtc_1", "single_tool")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         done = await c.until("response.done")
-        [tool] = _calls_in(done)
+        [tool] = calls_in(done)
         assert (tool["name"], tool["arguments"], tool["status"]) == ("briefing.get", "{}", "completed")
         args_done = next(e for e in c.seen if e["type"] == "response.function_call_arguments.done")
         assert args_done["call_id"] == tool["call_id"] and args_done["name"] == "briefing.get"
-        await _answer(c, done)
+        await answer(c, done)
         final = await c.until("response.done")
         assert final["response"]["status"] == "completed"
         assert final["response"]["output"][0]["content"][0]["transcript"] == "Here is your briefing for today."
@@ -416,11 +354,11 @@ async def test_single_tool_round_trip(sim, autojump_clock):
 
 async def test_parallel_tools(sim, autojump_clock):
     call = sim.add_call("rtc_1", "parallel_tools")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         done = await c.until("response.done")
-        assert [t["name"] for t in _calls_in(done)] == ["calendar.today", "commitments.list", "journal.search"]
-        call_ids = await _answer(c, done)
+        assert [t["name"] for t in calls_in(done)] == ["calendar.today", "commitments.list", "journal.search"]
+        call_ids = await answer(c, done)
         await c.until("response.done")
         assert await c.closed_code() == 1000
     assert sorted(call.outputs) == sorted(call_ids) and all(len(v) == 1 for v in call.outputs.values())
@@ -429,7 +367,7 @@ async def test_parallel_tools(sim, autojump_clock):
 
 async def test_barge_in_during_tool(sim, autojump_clock):
     call = sim.add_call("rtc_1", "barge_in_during_tool")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         item_done = await c.until("response.output_item.done", item__type="function_call")
         call_id = item_done["item"]["call_id"]
@@ -437,7 +375,7 @@ async def test_barge_in_during_tool(sim, autojump_clock):
         cancelled = await c.until("response.done")
         assert cancelled["response"]["status"] == "cancelled"
         assert cancelled["response"]["status_details"]["reason"] == "turn_detected"
-        assert [t["call_id"] for t in _calls_in(cancelled)] == [call_id]
+        assert [t["call_id"] for t in calls_in(cancelled)] == [call_id]
         await c.until("response.done")  # the model answers the new turn itself
         assert call.pending_call_ids() == [call_id]
         await c.send(events.function_call_output(call_id, json.dumps({"error": "cancelled: the user interrupted"})))
@@ -449,11 +387,11 @@ async def test_barge_in_during_tool(sim, autojump_clock):
 
 async def test_response_create_after_barge_in_is_a_violation(sim, autojump_clock):
     call = sim.add_call("rtc_1", "barge_in_during_tool")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         cancelled = await c.until("response.done")
         await c.until("response.done")  # the model's answer to the new turn
-        [tool] = _calls_in(cancelled)
+        [tool] = calls_in(cancelled)
         await c.send(events.function_call_output(tool["call_id"], "{}"))
         await c.until("conversation.item.added", item__call_id=tool["call_id"])
         late = await c.send(events.response_create())  # rule 4: the new turn owns the floor
@@ -467,7 +405,7 @@ async def test_cancel_cuts_a_tool_call_mid_arguments(sim, autojump_clock):
     steps = [{"response": {"tool_calls": [{"name": "journal.search", "arguments": {"query": "q"}}],
                            "delta_interval_s": 1.0}}]
     call = sim.add_call("rtc_1", steps)
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.until("response.function_call_arguments.delta")
         await c.send(events.response_cancel())
@@ -485,12 +423,12 @@ async def test_cancel_cuts_a_tool_call_mid_arguments(sim, autojump_clock):
 
 async def test_model_responds_first(sim, autojump_clock):
     call = sim.add_call("rtc_1", "model_responds_first")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         done = await c.until("response.done")
         model_first = await c.until("response.created")
         # a careless client sends response.create right after its output: refused
-        call_ids = await _answer(c, done)
+        call_ids = await answer(c, done)
         error = await c.until("error")
         assert error["error"]["code"] == "conversation_already_has_active_response"
         await c.until("response.done", response__id=model_first["response"]["id"])
@@ -509,10 +447,10 @@ async def test_model_response_first_on_outputs_answered(sim, autojump_clock):
              {"wait_outputs": {}},
              {"response": {"text": "Done."}}]
     call = sim.add_call("rtc_1", steps)
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         done = await c.until("response.done")
-        [tool] = _calls_in(done)
+        [tool] = calls_in(done)
         await c.send(events.function_call_output(tool["call_id"], "{}"))
         eager = await c.send(events.response_create())
         error = await c.until("error")
@@ -527,10 +465,10 @@ async def test_model_response_first_on_outputs_answered(sim, autojump_clock):
 
 async def test_transcript_noise(sim, autojump_clock):
     call = sim.add_call("rtc_1", "transcript_noise")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         done = await c.until("response.done")
-        await _answer(c, done)
+        await answer(c, done)
         await c.until("response.done")
         assert await c.closed_code() == 1000
     deltas = [e for e in c.seen if e["type"] == "conversation.item.input_audio_transcription.delta"]
@@ -540,7 +478,7 @@ async def test_transcript_noise(sim, autojump_clock):
 
 async def test_clean_close_1001(sim, autojump_clock):
     call = sim.add_call("rtc_1", "clean_close")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         assert await Client(ws).closed_code() == 1001
     assert call.closed and call.close_code == 1001
     assert await _handshake_status(sim, "rtc_1") == 404
@@ -548,13 +486,13 @@ async def test_clean_close_1001(sim, autojump_clock):
 
 async def test_drop_and_resume(sim, autojump_clock):
     call = sim.add_call("rtc_1", "drop_and_resume")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         done = await c.until("response.done")
-        [tool] = _calls_in(done)
+        [tool] = calls_in(done)
         assert await c.closed_code() == 1006
     assert call.drops == 1 and not call.closed and call.pending_call_ids() == [tool["call_id"]]
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.send(events.function_call_output(tool["call_id"], '{"commitments": []}'))
         await c.until("conversation.item.added", item__call_id=tool["call_id"])
@@ -569,11 +507,11 @@ async def test_drop_and_resume(sim, autojump_clock):
 
 async def test_programmatic_drop_and_end(sim, autojump_clock):
     call = sim.add_call("rtc_1")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         await call.wait_until(lambda c: c.connection is not None)
         sim.drop("rtc_1")
         assert await Client(ws).closed_code() == 1006
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         await call.wait_until(lambda c: c.connection is not None)
         await sim.inject("rtc_1", {"type": "response.teleported", "event_id": "x"})
         assert json.loads(await ws.get_message())["type"] == "response.teleported"
@@ -587,7 +525,7 @@ async def test_drop_on_next_output_lost(sim, autojump_clock):
     pending, and the same output sent again on the next socket is accepted."""
     call = sim.add_call("rtc_1", [{"response": {"tool_calls": [{"name": "briefing.get", "call_id": "call_A"}]}}])
     sim.drop_on_next_output("rtc_1")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.until("response.done")
         await c.send(events.function_call_output("call_A", '{"v": 1}'))
@@ -596,7 +534,7 @@ async def test_drop_on_next_output_lost(sim, autojump_clock):
     assert call.drops == 1 and not call.closed and call.output_fault is None
     assert call.lost_outputs == {"call_A": ['{"v": 1}']} and call.outputs == {}
     assert call.pending_call_ids() == ["call_A"]
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.send(events.function_call_output("call_A", '{"v": 1}'))
         await c.until("conversation.item.added", item__call_id="call_A")   # the fault fired once only
@@ -609,14 +547,14 @@ async def test_drop_on_next_output_applied(sim, autojump_clock):
     confirmation: a resend meets duplicate_tool_call_output."""
     call = sim.add_call("rtc_1", [{"response": {"tool_calls": [{"name": "briefing.get", "call_id": "call_A"}]}}])
     sim.drop_on_next_output("rtc_1", applied=True)
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         await c.until("response.done")
         await c.send(events.function_call_output("call_A", '{"v": 1}'))
         assert await c.closed_code() == 1006
     assert call.outputs == {"call_A": ['{"v": 1}']} and call.lost_outputs == {}
     assert call.pending_call_ids() == [] and call.drops == 1
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         again = await c.send(events.function_call_output("call_A", '{"v": 1}'))
         error = await c.until("error")
@@ -627,7 +565,7 @@ async def test_drop_on_next_output_applied(sim, autojump_clock):
 async def test_reject_next_response_create_while_idle(sim, autojump_clock):
     call = sim.add_call("rtc_1")
     sim.reject_next_response_create("rtc_1", times=2)
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         for _ in range(2):
             create = await c.send(events.response_create())
@@ -644,7 +582,7 @@ async def test_reject_next_response_create_while_idle(sim, autojump_clock):
 
 async def test_silence(sim, autojump_clock):
     sim.add_call("rtc_1", "silence")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         with trio.move_on_after(3000) as scope:
             await ws.get_message()
         assert scope.cancelled_caught
@@ -653,24 +591,24 @@ async def test_silence(sim, autojump_clock):
 async def test_wait_outputs_timeout_is_a_violation(sim, autojump_clock):
     call = sim.add_call("rtc_1", [{"response": {"tool_calls": [{"name": "briefing.get"}]}},
                                   {"wait_outputs": {"timeout_s": 3}}, {"close": 1000}])
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         assert await Client(ws).closed_code() == 1000
     assert len(call.violations) == 1 and "timed out" in call.violations[0]
 
 
 async def test_demo_scenario_plays_through(sim, autojump_clock):
     call = sim.add_call("rtc_1", "demo")
-    async with _connect(sim, "rtc_1") as ws:
+    async with connect(sim, "rtc_1") as ws:
         c = Client(ws)
         names: list[str] = []
         while True:
             done = await c.until("response.done")
-            names += [t["name"] for t in _calls_in(done)]
+            names += [t["name"] for t in calls_in(done)]
             if done["response"]["status"] == "cancelled":
-                await _answer(c, done, create=False)
+                await answer(c, done, create=False)
                 break
-            if _calls_in(done):
-                await _answer(c, done)
+            if calls_in(done):
+                await answer(c, done)
         assert await c.closed_code() == 1000
     assert names == ["briefing.get", "calendar.today", "commitments.list", "journal.search", "journal.search"]
     assert call.response_creates == 2 and call.error_codes == [] and call.violations == []

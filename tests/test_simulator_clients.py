@@ -14,9 +14,16 @@ import trio
 
 from voiceactors.realtime import events
 from voiceactors.realtime.sideband import CallGone, open_sideband
-from voiceactors.simulator import Simulator
+from voiceactors.simulator import Simulator, conformance
 
 KEY = "sk-test"
+
+
+@pytest.fixture(autouse=True)
+def _conformance(monkeypatch):
+    """Every simulator of this file holds its events to the SDK's types exactly
+    (docs/simulator.md § Conformance; the suite's fixture fails a test that meets one that does not)."""
+    monkeypatch.setenv(conformance.ENV_FLAG, "1")
 
 
 def _upgrade(call_id: str, port: int) -> bytes:

@@ -18,9 +18,16 @@ import pytest
 import trio
 
 from voiceactors.realtime import sideband
-from voiceactors.simulator import Simulator
+from voiceactors.simulator import Simulator, conformance
 
 KEY = "sk-test-webrtc"
+
+
+@pytest.fixture(autouse=True)
+def _conformance(monkeypatch):
+    """Every simulator of this file holds its events to the SDK's types exactly
+    (docs/simulator.md § Conformance; the suite's fixture fails a test that meets one that does not)."""
+    monkeypatch.setenv(conformance.ENV_FLAG, "1")
 
 
 def _offer_headers(key: str, origin: str | None = None) -> dict[str, str]:

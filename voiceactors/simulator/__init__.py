@@ -8,7 +8,8 @@ Modules: ``service`` (the ``Simulator``: REST routes, the sideband upgrade,
 its calls), ``call`` (one call's protocol and records), ``http`` (the h11
 HTTP and websocket layer), ``scenario`` (scenario files, shipped ones in
 ``scenarios/``), ``webrtc`` (a browser call's peer, optional aiortc),
-``client_events`` (validating what a client sends), ``cli``.
+``client_events`` (validating what a client sends), ``conformance`` (events
+held to the SDK's types exactly), ``cli``.
 """
 
 from voiceactors.simulator.call import ResponseRecord, SimCall, ToolCallRecord

@@ -18,22 +18,27 @@ import secrets
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection
 
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import validate_server_event
+from voiceactors.simulator import conformance
 from voiceactors.simulator.client_events import parse_client_event
+from voiceactors.simulator.conformance import Direction, Nonconforming
 from voiceactors.simulator.http import ReplayStream
 from voiceactors.simulator.read_stamps import read_stamp, stamp_reads
+from voiceactors.simulator.refusals import OUTPUT_EVENT, SESSION_EXPIRED, Refusal, error_body
 from voiceactors.simulator.scenario import Scenario
 from voiceactors.simulator.billing import ConversationTokens
 
 __all__ = ["SimCall", "CallSession", "ToolCallRecord", "ResponseRecord", "DEFAULT_REPLY"]
 
 DEFAULT_REPLY = "Okay."
+IDLE_PROMPT = "Are you still there?"   # the model's reply to an idle timeout, unless the step says otherwise
+SESSION_CAP_S = 3600.0   # the service caps a session at 60 minutes
 PEER_OPEN_WAIT_S = 10.0   # how long a browser call's scenario waits for its data channel
 DROP_FLUSH_S = 1.0   # how long a drop waits for queued events to go out
 SEND_BUFFER = 64 * 1024   # unwritten characters beyond which send waits for the writer
@@ -42,6 +47,46 @@ _ITEM_EVENTS = frozenset({"conversation.item.added", "conversation.item.done"}) 
 
 def _id(prefix: str, nbytes: int = 10) -> str:
     return prefix + secrets.token_hex(nbytes)
+
+
+def _turn_detection(session: dict) -> dict:
+    """The session's ``audio.input.turn_detection`` ({} when unset)."""
+    audio = session.get("audio")
+    audio_in = audio.get("input") if isinstance(audio, dict) else None
+    found = audio_in.get("turn_detection") if isinstance(audio_in, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def idle_timeout_ms(session: dict) -> int | None:
+    """The session's idle timeout: ``idle_timeout_ms`` of server VAD turn
+    detection (the only mode that has one), None when not set."""
+    detection = _turn_detection(session)
+    value = detection.get("idle_timeout_ms")
+    if detection.get("type") != "server_vad" or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def merged_session(old: dict, update: dict) -> dict:
+    """A ``session.update`` applied: nested objects merge field by field, as
+    the service applies a partial update; an object with a ``type`` (turn
+    detection, an audio format) replaces the old one whole."""
+    merged = dict(old)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and "type" not in value:
+            merged[key] = merged_session(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _output_items(spec: dict) -> list[tuple[str, Any]]:
+    """A response spec's output items in order, as ``(kind, body)``:
+    ``items`` as given, or the short form (``text``, then ``tool_calls``)."""
+    if "items" in spec:
+        return [next(iter(item.items())) for item in spec["items"]]
+    items: list[tuple[str, Any]] = [("message", spec["text"])] if spec.get("text") else []
+    return items + [("function_call", call) for call in spec.get("tool_calls", [])]
 
 
 @dataclass
@@ -104,7 +149,9 @@ class SimCall:
     duplicates included), ``lost_outputs`` (outputs a fault swallowed),
     ``response_creates``, ``connections``, ``drops``, ``closed``/``close_code``,
     ``responses``, ``tool_calls``, ``violations`` (protocol rules the client
-    broke that the service would not report).
+    broke that the service would not report), ``refused`` (client events
+    refused by an armed refusal or the expired session), ``forgotten``,
+    ``idle_timeouts``, ``nonconforming`` (with conformance on).
 
     Times (only with ``timestamps=True``, for benchmarks; None otherwise),
     all ``trio.current_time()``:
@@ -126,8 +173,10 @@ class SimCall:
 
     Faults (armed by the test, used up when they fire): ``output_fault``
     (``"lost"`` or ``"applied"``: drop the socket on the next tool output, see
-    ``CallSession._output_fault``) and ``reject_creates`` (how many more
-    ``response.create`` to refuse as if a response were active).
+    ``CallSession._output_fault``), ``reject_creates`` (how many more
+    ``response.create`` to refuse as if a response were active) and
+    ``refusals`` (``refusals.Refusal``: the next client events one matches
+    are refused with its code).
     """
 
     def __init__(self, call_id: str, scenario: Scenario, gone_status: int = 404, *,
@@ -153,10 +202,18 @@ class SimCall:
         self.responses: list[ResponseRecord] = []
         self.tool_calls: dict[str, ToolCallRecord] = {}
         self.violations: list[str] = []
+        self.nonconforming: list[Nonconforming] = []   # with conformance on: events not held to the SDK's types
         self.session: dict = {"type": "realtime"}
         # faults
         self.output_fault: str | None = None   # "lost" | "applied"
         self.reject_creates = 0
+        self.refusals: list[Refusal] = []      # armed (``refuse`` steps, ``Simulator.refuse_next``), in order
+        # refusals made: (code, client event), by an armed refusal or the expired session
+        self.refused: list[tuple[str, dict]] = []
+        self.forgotten: set[str] = set()       # tool call ids refused with invalid_tool_call_id: unknown from then on
+        self.expired = False                   # past the session's cap: every client event gets session_expired
+        self.idle_timeouts = 0                 # input_audio_buffer.timeout_triggered events sent
+        self.last_activity_at: float | None = None   # the idle timer's origin: a response.done or the user's speech
         # state
         self.step_index = 0
         self.active: _Active | None = None
@@ -220,6 +277,14 @@ class SimCall:
         if record.call_id not in self.answered:
             self._open[record.call_id] = None
 
+    def forget_tool_call(self, call_id: str) -> None:
+        """The service no longer knows this tool call (it refused an output
+        for it with ``invalid_tool_call_id``): no output is awaited, and any
+        later one gets ``invalid_tool_call_id`` too."""
+        self.forgotten.add(call_id)
+        self._open.pop(call_id, None)
+        self.notify()
+
     def mark_answered(self, call_id: str) -> None:
         self.answered.add(call_id)
         self._open.pop(call_id, None)
@@ -250,11 +315,12 @@ class CallSession:
 
     def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario, *,
                  validate_sent: bool = True, stream: ReplayStream | None = None,
-                 coalesce_writes: bool = True) -> None:
+                 coalesce_writes: bool = True, conformance: bool = False) -> None:
         self.call = call
         self.ws = ws
         self.stream = stream                   # ws's own stream: corked while a batch is written
         self.validate_sent = validate_sent
+        self.conformance = conformance         # events held to the SDK's types exactly (``conformance``)
         self.coalesce_writes = coalesce_writes  # False: each event its own frame in its own socket write
         self.steps = scenario.steps
         self.log = get_logger(actor="simulator", call_id=call.call_id)
@@ -288,6 +354,7 @@ class CallSession:
         self.number = call.connections
         if call.started_at is None:
             call.started_at = trio.current_time()
+            call.last_activity_at = call.started_at
         call.notify()
         if not self.coalesce_writes and self.stream is not None:
             _no_delay(self.stream.inner)
@@ -383,7 +450,13 @@ class CallSession:
         ``response.done`` itself: no event queued after it can see the
         response active). Nothing is queued once the session is dropping."""
         event.setdefault("event_id", _id("event_", 8))
-        if self.validate_sent:
+        if self.validate_sent and self.conformance:
+            try:
+                conformance.check_server_event(event)
+            except conformance.NonconformingEvent as exc:
+                self._nonconforming(Direction.SERVER, event.get("type"), str(exc))
+                raise
+        elif self.validate_sent:
             validate_server_event(event)
         if self._unwritten > SEND_BUFFER:
             await self._wait_drained()
@@ -478,7 +551,11 @@ class CallSession:
 
     async def send_error(self, message: str, code: str | None, event_id: str | None = None,
                          type_: str = "invalid_request_error", param: str | None = None) -> None:
-        error = {"type": type_, "code": code, "message": message, "param": param, "event_id": event_id}
+        await self.send_error_body({"type": type_, "code": code, "message": message, "param": param,
+                                    "event_id": event_id})
+
+    async def send_error_body(self, error: dict) -> None:
+        """An ``error`` event carrying ``error`` (recorded in ``errors_sent``)."""
         event = {"type": "error", "event_id": _id("event_", 8), "error": error}
         self.call.errors_sent.append(event)
         await self.send(event)
@@ -507,13 +584,16 @@ class CallSession:
         resp.record.status = status
         resp.record.reason = reason
         resp.record.ended_at = trio.current_time()
+        self.call.last_activity_at = resp.record.ended_at   # the idle timer runs from here
         if self.call.active is resp:
             self.call.active = None
         self.call.notify()
 
-    async def finish(self, resp: _Active, status: str = "completed", reason: str | None = None) -> None:
+    async def finish(self, resp: _Active, status: str = "completed", reason: str | None = None,
+                     error: dict | None = None) -> None:
         """Send ``response.done``; the response stops being active exactly when
-        its ``response.done`` goes out."""
+        its ``response.done`` goes out. ``error``: a failed response's
+        ``status_details.error`` (``type``, ``code``, ``message``)."""
         if resp.finishing:
             return
         resp.finishing = True
@@ -521,7 +601,9 @@ class CallSession:
             scope.cancel()
         if status == "cancelled":
             await self._close_partial_calls(resp)
-        details = None if status == "completed" else {"type": status, "reason": reason}
+        details: dict[str, Any] | None = None if status == "completed" else {"type": status, "reason": reason}
+        if details is not None and error is not None:
+            details["error"] = dict(error)
         body = {"id": resp.id, "object": "realtime.response", "status": status,
                 "status_details": details, "output": resp.output,
                 "usage": self.call.tokens.response_usage(resp.output, self.call.session.get("instructions"))}
@@ -544,21 +626,26 @@ class CallSession:
             resp.output.append(clean)
 
     async def play_body(self, resp: _Active, spec: dict) -> None:
-        """Emit a response's items (text, then tool calls). Stops quietly when
-        the response is cancelled meanwhile."""
+        """Emit a response's output items in order (``items``, or ``text``
+        then ``tool_calls``), after its ``rate_limits.updated`` when the spec
+        has one. Stops quietly when the response is cancelled meanwhile."""
         interval = float(spec.get("delta_interval_s", 0.0))
         with resp.playing():
-            if spec.get("text"):
-                await self._play_text(resp, spec["text"], interval)
-            for call in spec.get("tool_calls", []):
-                await self._play_tool_call(resp, call, interval)
+            if "rate_limits" in spec:
+                await self.send_rate_limits(spec["rate_limits"], resp)
+            for kind, body in _output_items(spec):
+                await self._ITEM_PLAYERS[kind](self, resp, body, interval)
+
+    async def send_rate_limits(self, limits: list[dict], resp: _Active | None = None) -> None:
+        """``rate_limits.updated`` (the service sends one as a response begins)."""
+        await self.send({"type": "rate_limits.updated", "rate_limits": [dict(limit) for limit in limits]}, resp)
 
     async def play_response(self, resp: _Active, spec: dict) -> None:
         """Body, then ``hold_s`` with the response still active, then ``response.done``."""
         await self.play_body(resp, spec)
         with resp.playing():
             await trio.sleep(float(spec.get("hold_s", 0.0)))
-        await self.finish(resp, spec.get("status", "completed"))
+        await self.finish(resp, spec.get("status", "completed"), error=spec.get("error"))
 
     async def _pace(self, interval: float) -> None:
         await trio.sleep(interval) if interval else await trio.lowlevel.checkpoint()
@@ -629,6 +716,54 @@ class CallSession:
                          "output_index": index, "item": done}, resp)
         await self.send({"type": "conversation.item.done", "item": done}, resp)
 
+    async def _play_mcp_call(self, resp: _Active, spec: dict, interval: float) -> None:
+        """A call of an OpenAI-hosted MCP tool: the service runs it and puts
+        its result in the item itself; the client never answers it."""
+        index = len(resp.output)
+        item_id = _id("mcp_")
+        raw_args = spec.get("arguments", {})
+        arguments = raw_args if isinstance(raw_args, str) else json.dumps(raw_args)
+        # the SDK's mcp_call item declares no status and no object
+        item = {"id": item_id, "type": "mcp_call", "server_label": spec["server_label"], "name": spec["name"],
+                "arguments": ""}
+        where = {"item_id": item_id, "output_index": index}
+        await self.send({"type": "response.output_item.added", "response_id": resp.id,
+                         "output_index": index, "item": item}, resp)
+        await self.send({"type": "conversation.item.added", "item": item}, resp)
+        await self.send({"type": "response.mcp_call.in_progress", **where}, resp)
+        half = len(arguments) // 2
+        for chunk in (arguments[:half], arguments[half:]):
+            if chunk:
+                await self.send({"type": "response.mcp_call_arguments.delta", "response_id": resp.id, **where,
+                                 "delta": chunk}, resp)
+                await self._pace(interval)
+        await self.send({"type": "response.mcp_call_arguments.done", "response_id": resp.id, **where,
+                         "arguments": arguments}, resp)
+        await trio.sleep(float(spec.get("run_s", 0.0)))   # the tool runs on the service's side
+        done = {**item, "arguments": arguments}
+        if "error" in spec:
+            done["error"] = dict(spec["error"])
+            await self.send({"type": "response.mcp_call.failed", **where}, resp)
+        else:
+            done["output"] = spec.get("output", "")
+            await self.send({"type": "response.mcp_call.completed", **where}, resp)
+        await self.send({"type": "response.output_item.done", "response_id": resp.id,
+                         "output_index": index, "item": done}, resp)
+        await self.send({"type": "conversation.item.done", "item": done}, resp)
+        if not resp.finishing:
+            resp.output.append(done)
+
+    async def _play_pause(self, resp: _Active, seconds: float, interval: float) -> None:
+        await trio.sleep(float(seconds))   # a gap between two items: the response stays active
+
+    #: a response's output item kind -> its player (``items`` in the ``response`` step)
+    _ITEM_PLAYERS: dict[str, Callable[["CallSession", _Active, Any, float], Awaitable[None]]] = {
+        "message": _play_text,
+        "function_call": _play_tool_call,
+        "mcp_call": _play_mcp_call,
+        "pause": _play_pause,
+    }
+
     def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(fn, *args)
@@ -679,18 +814,75 @@ class CallSession:
             self.call.notify()
         event_id = obj.get("event_id") if isinstance(obj, dict) and isinstance(obj.get("event_id"), str) else None
         model, error = parse_client_event(raw)
+        if self.conformance:
+            self._check_client_event(obj, error)
         if model is None:
             await self.send_error(error or "Invalid event", "invalid_event", event_id)
             return
         if self.call.replay is not None:
             await self.call.replay.on_client_event(self, obj, event_id)
             return
+        if await self._refused(obj, event_id):
+            return
         handler = getattr(self, "_on_" + obj["type"].replace(".", "_"), None)
         if handler is not None:
             await handler(obj, event_id)
 
+    def _check_client_event(self, obj: Any, invalid: str | None) -> None:
+        """Conformance: a client event the SDK's types do not hold exactly is
+        recorded (its answer does not change: an invalid one still gets
+        ``invalid_event``, one with an undeclared field is still applied)."""
+        reason = invalid
+        if reason is None:
+            reason, _ = conformance.client_error(obj)
+        if reason is not None:
+            type_ = obj.get("type") if isinstance(obj, dict) and isinstance(obj.get("type"), str) else None
+            self._nonconforming(Direction.CLIENT, type_, reason)
+
+    def _nonconforming(self, direction: Direction, type_: str | None, reason: str) -> None:
+        entry = Nonconforming(self.call.call_id, direction, type_, reason)
+        self.call.nonconforming.append(entry)
+        conformance.record(entry)
+        self.log.warning("simulator.nonconforming_event", direction=str(direction), type=type_, reason=reason)
+
+    async def _refused(self, obj: dict, event_id: str | None) -> bool:
+        """Refuse a client event, unapplied, when the session has expired or
+        an armed refusal matches it (``refusals.py``): an ``error`` with the
+        code, naming the event's ``event_id`` (unless the refusal says not).
+        A refused ``response.create`` still counts in ``response_creates``, a
+        refused output in ``outputs``; ``invalid_tool_call_id`` makes the
+        service forget that tool call."""
+        call = self.call
+        refusal: Refusal | None = None
+        if call.expired:
+            code = SESSION_EXPIRED
+        else:
+            refusal = next((r for r in call.refusals if r.matches(obj)), None)
+            if refusal is None:
+                return False
+            refusal.times -= 1
+            if refusal.times <= 0:
+                call.refusals.remove(refusal)
+            code = refusal.code
+        call.refused.append((code, obj))
+        if obj["type"] == "response.create":
+            call.response_creates += 1
+        item = obj.get("item") if obj["type"] == "conversation.item.create" else None
+        call_id: str | None = None
+        if isinstance(item, dict) and item.get("type") == OUTPUT_EVENT:
+            call_id = item["call_id"]
+            call.outputs.setdefault(item["call_id"], []).append(item["output"])
+            if code == "invalid_tool_call_id":
+                call.forget_tool_call(item["call_id"])
+        echo = refusal is None or refusal.echo_event_id
+        await self.send_error_body(error_body(
+            code, event_id=event_id if echo else None, response_id=call.active_response_id or _id("resp_"),
+            call_id=call_id, type_=refusal.type if refusal else None, message=refusal.message if refusal else None))
+        return True
+
     async def _on_session_update(self, obj: dict, event_id: str | None) -> None:
-        self.call.session = {**self.call.session, **obj["session"]}
+        self.call.session = merged_session(self.call.session, obj["session"])
+        self.call.notify()   # an idle timeout may have been set or changed
         await self.send({"type": "session.updated", "session": self.call.session})
 
     async def _on_conversation_item_create(self, obj: dict, event_id: str | None) -> None:
@@ -703,7 +895,7 @@ class CallSession:
                 self._output_fault(call_id, item["output"])
                 return
             self.call.outputs.setdefault(call_id, []).append(item["output"])
-            if call_id not in self.call.tool_calls:
+            if call_id not in self.call.tool_calls or call_id in self.call.forgotten:
                 await self.send_error(f"Tool call ID '{call_id}' not found in conversation.",
                                       "invalid_tool_call_id", event_id, param="item.call_id")
                 return
@@ -833,6 +1025,81 @@ class CallSession:
         assert self.call.started_at is not None
         await trio.sleep_until(self.call.started_at + seconds)
 
+    async def _step_refuse(self, spec: dict) -> None:
+        self.call.refusals.append(Refusal.from_step(spec))
+
+    async def _step_session_cap(self, spec: dict) -> None:
+        assert self.call.started_at is not None
+        await trio.sleep_until(self.call.started_at + float(spec.get("at_s", SESSION_CAP_S)))
+        await self.expire(int(spec.get("close", 1001)), float(spec.get("close_after_s", 0.0)))
+
+    async def expire(self, close: int = 1001, close_after_s: float = 0.0) -> None:
+        """The session hits its cap: a response in progress stops where it is
+        (no ``response.done``), an ``error`` ``session_expired`` naming no
+        event goes out, every client event from then on is refused with
+        ``session_expired``, and after ``close_after_s`` the socket closes
+        with ``close`` and the call ends."""
+        call = self.call
+        call.expired = True
+        if call.active is not None:
+            self._mark_finished(call.active, "abandoned", None)
+        await self.send_error_body(error_body(SESSION_EXPIRED, event_id=None))
+        self.log.info("simulator.session_expired", close=close, close_after_s=close_after_s)
+        await trio.sleep(close_after_s)
+        await self.end(close)
+
+    async def _step_idle_timeout(self, spec: dict) -> None:
+        timeout_ms = await self._idle_for_timeout(float(spec.get("wait_s", SESSION_CAP_S)))
+        if timeout_ms is not None:
+            await self._idle_timeout_fires(timeout_ms, spec.get("text", IDLE_PROMPT))
+
+    async def _idle_for_timeout(self, wait_s: float) -> int | None:
+        """Wait until no response has been active and the user has not spoken
+        for the session's ``idle_timeout_ms`` (the timer restarts at each
+        response's end and each user turn; an idle time already that long
+        fires at once). None when ``wait_s`` passed first (as when the
+        session never sets a timeout)."""
+        call = self.call
+        with trio.move_on_after(wait_s):
+            while True:
+                await self._wait_idle()
+                timeout_ms = idle_timeout_ms(call.session)
+                origin = call.last_activity_at
+                if timeout_ms is None or origin is None:
+                    await call.wait_until(lambda c: idle_timeout_ms(c.session) is not None)
+                    continue
+                with trio.move_on_at(origin + timeout_ms / 1000) as timer:
+                    await call.wait_until(lambda c: c.active is not None or c.last_activity_at != origin
+                                          or idle_timeout_ms(c.session) != timeout_ms)
+                if timer.cancelled_caught:
+                    return timeout_ms
+        return None
+
+    async def _idle_timeout_fires(self, timeout_ms: int, text: str) -> None:
+        """``input_audio_buffer.timeout_triggered``; the silent audio is
+        committed as a user item; then (unless the session's turn detection
+        says ``create_response: false``) the model answers it."""
+        call = self.call
+        call.idle_timeouts += 1
+        item_id = _id("item_")
+        end_ms = self._audio_ms()
+        await self.send({"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": max(0, end_ms - timeout_ms),
+                         "audio_end_ms": end_ms, "item_id": item_id})
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item_id})
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
+                "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}
+        await self.send({"type": "conversation.item.added", "item": item})
+        await self.send({"type": "conversation.item.done", "item": item})
+        call.last_activity_at = trio.current_time()
+        if _turn_detection(call.session).get("create_response") is False or call.active is not None:
+            return
+        resp = self._new_response("idle_timeout")
+        await self._send_created(resp)
+        await self.play_response(resp, {"text": text})
+
+    async def _step_rate_limits(self, limits: list[dict]) -> None:
+        await self.send_rate_limits(limits)
+
     async def _step_silence(self, seconds: float) -> None:
         self.call.quiet_until = trio.current_time() + seconds
         await trio.sleep(seconds)
@@ -857,6 +1124,7 @@ class CallSession:
 
     async def _user_said(self, item_id: str, text: str, transcript_delay_ms: int = 0) -> None:
         self.call.tokens.user_said(text)
+        self.call.last_activity_at = trio.current_time()
         await self.send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": self._audio_ms(),
                          "item_id": item_id})
         await self.send({"type": "input_audio_buffer.committed", "item_id": item_id})
@@ -894,16 +1162,19 @@ class CallSession:
             await self._wait_idle()
             resp = self._new_response("scenario")
             await self._send_created(resp)
+        if spec.get("background"):
+            self._spawn(self.play_response, resp, spec)   # the next steps run while it plays
+            return
         await self.play_body(resp, spec)
         if float(spec.get("hold_s", 0.0)) > 0:
             self._spawn(self._hold_then_finish, resp, spec)
         else:
-            await self.finish(resp, spec.get("status", "completed"))
+            await self.finish(resp, spec.get("status", "completed"), error=spec.get("error"))
 
     async def _hold_then_finish(self, resp: _Active, spec: dict) -> None:
         with resp.playing():
             await trio.sleep(float(spec["hold_s"]))
-        await self.finish(resp, spec.get("status", "completed"))
+        await self.finish(resp, spec.get("status", "completed"), error=spec.get("error"))
 
     async def _step_wait_outputs(self, spec: dict) -> None:
         call = self.call

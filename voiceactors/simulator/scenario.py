@@ -16,6 +16,9 @@ from typing import Any
 
 import jsonschema
 
+from voiceactors.simulator.client_events import CLIENT_EVENTS
+from voiceactors.simulator.refusals import ANY_EVENT, OUTPUT_EVENT
+
 __all__ = ["Scenario", "ScenarioError", "load_scenario", "scenario_names", "as_scenario", "SCENARIO_SCHEMA",
            "STEP_SCHEMAS"]
 
@@ -30,16 +33,55 @@ _TOOL_CALL = {
         "call_id": {"type": "string", "minLength": 1},
     },
 }
+_MCP_CALL = {
+    "type": "object",
+    "required": ["server_label", "name"],
+    "additionalProperties": False,
+    "properties": {
+        "server_label": {"type": "string", "minLength": 1},
+        "name": {"type": "string", "minLength": 1},
+        "arguments": {"type": ["object", "string"]},
+        "output": {"type": "string"},
+        # the SDK's three MCP error shapes; protocol and HTTP errors carry a numeric code
+        "error": {"type": "object", "required": ["type", "message"], "additionalProperties": False,
+                  "properties": {"type": {"enum": ["tool_execution_error", "protocol_error", "http_error"]},
+                                 "message": {"type": "string"}, "code": {"type": "integer"}}},
+        "run_s": _NUM,
+    },
+}
+# one output item of a response (or a pause between two), in the order given: {kind: body}
+_ITEM = {
+    "type": "object", "minProperties": 1, "maxProperties": 1, "additionalProperties": False,
+    "properties": {"message": {"type": "string", "minLength": 1}, "function_call": _TOOL_CALL,
+                   "mcp_call": _MCP_CALL, "pause": _NUM},
+}
+_RATE_LIMITS = {
+    "type": "array",
+    "items": {"type": "object", "additionalProperties": False, "required": ["name"],
+              "properties": {"name": {"enum": ["requests", "tokens"]}, "limit": {"type": "integer", "minimum": 0},
+                             "remaining": {"type": "integer", "minimum": 0}, "reset_seconds": _NUM}},
+}
+_RESPONSE_ERROR = {
+    "type": "object", "additionalProperties": False,
+    "properties": {"type": {"type": "string"}, "code": {"type": "string"}, "message": {"type": "string"}},
+}
 _RESPONSE = {
     "type": "object",
     "additionalProperties": False,
     "properties": {
         "text": {"type": "string"},
         "tool_calls": {"type": "array", "items": _TOOL_CALL},
+        "items": {"type": "array", "items": _ITEM},
+        "rate_limits": _RATE_LIMITS,
         "hold_s": _NUM,
         "delta_interval_s": _NUM,
+        "background": {"type": "boolean"},
         "status": {"enum": ["completed", "failed", "incomplete"]},
+        "error": _RESPONSE_ERROR,
     },
+    # items say the whole order; text and tool_calls are the short form (text first)
+    "not": {"anyOf": [{"required": ["items", "text"]}, {"required": ["items", "tool_calls"]}]},
+    "dependentSchemas": {"error": {"required": ["status"], "properties": {"status": {"const": "failed"}}}},
 }
 
 
@@ -71,6 +113,22 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
             "count": {"type": "integer", "minimum": 0},
             "background": {"type": "boolean"},
         },
+    },
+    "rate_limits": _RATE_LIMITS,
+    "refuse": {
+        "type": "object", "additionalProperties": False, "required": ["code"],
+        "properties": {"event": {"enum": sorted(CLIENT_EVENTS.by_type) + [OUTPUT_EVENT, ANY_EVENT]},
+                       "code": {"type": "string", "minLength": 1}, "times": {"type": "integer", "minimum": 1},
+                       "type": {"type": "string", "minLength": 1}, "message": {"type": "string"},
+                       "event_id": {"type": "boolean"}},
+    },
+    "session_cap": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"at_s": _NUM, "close_after_s": _NUM, "close": {"enum": [1000, 1001]}},
+    },
+    "idle_timeout": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"text": {"type": "string"}, "wait_s": _NUM},
     },
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},

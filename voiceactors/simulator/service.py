@@ -33,7 +33,9 @@ from pydantic import Field, TypeAdapter
 
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, ToolCallRecord
+from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
 from voiceactors.simulator.http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
+from voiceactors.simulator.refusals import Refusal
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
                                           find_speaker, is_media_offer)
@@ -140,12 +142,20 @@ class Simulator:
     sends every server event as its own websocket frame in its own socket
     write on a TCP_NODELAY socket (the default writes everything queued for
     a connection in one write: cheaper for the simulator, kinder to the
-    peer than the real service)."""
+    peer than the real service).
+
+    ``conformance``: hold every event sent and received to the SDK's types
+    exactly (strict types, no undeclared field; ``simulator/conformance.py``),
+    recording each that fails in ``SimCall.nonconforming`` and process-wide;
+    None (the default) reads ``VOICEACTORS_SIM_CONFORMANCE``."""
 
     def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
                  gone_status: int = 404, host: str = "127.0.0.1", validate_sent: bool = True,
-                 timestamps: bool = False, speech: bool = True, coalesce_writes: bool = True) -> None:
+                 timestamps: bool = False, speech: bool = True, coalesce_writes: bool = True,
+                 conformance: bool | None = None) -> None:
         self.scenario = as_scenario(scenario)
+        # None: the environment decides (the test suite's runs can turn it on for every simulator)
+        self.conformance = conformance_by_env() if conformance is None else conformance
         self.coalesce_writes = coalesce_writes
         self.speech = speech                           # a browser call's replies spoken by espeak-ng, when installed
         self.validate_sent = validate_sent
@@ -249,6 +259,25 @@ class Simulator:
         for a response whose ``response.created`` the client never saw.
         Refused events still count in ``call.response_creates``."""
         self.calls[call_id].reject_creates += times
+
+    def refuse_next(self, call_id: str, event: str, code: str, *, times: int = 1, type_: str | None = None,
+                    message: str | None = None, echo_event_id: bool = True) -> None:
+        """Refuse the call's next ``times`` client events that ``event``
+        matches (a client event type, ``"function_call_output"`` or
+        ``"any"``) with an ``error`` of ``code``, unapplied: the scenario
+        step ``refuse`` (``refusals.py``, docs/simulator.md § Refusals)."""
+        self.calls[call_id].refusals.append(Refusal(event, code, times, type_, message, echo_event_id))
+
+    async def expire_session(self, call_id: str, *, close: int = 1001, close_after_s: float = 0.0) -> None:
+        """The call's session hits the service's cap now (the scenario step
+        ``session_cap``): ``error`` ``session_expired``, every client event
+        refused with it, then the sideband closes with ``close``."""
+        call = self.calls[call_id]
+        if call.connection is None:
+            call.expired = True
+            await self.end_call(call_id, close)
+            return
+        await call.connection.expire(close, close_after_s)
 
     async def inject(self, call_id: str, message: str | bytes | dict[str, Any]) -> None:
         """Send a raw message on the call's live sideband, unvalidated (for
@@ -505,7 +534,7 @@ class Simulator:
         if call.connection is not None and call.supersede_sideband:
             call.connection.supersede()
         session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream,
-                              coalesce_writes=self.coalesce_writes)
+                              coalesce_writes=self.coalesce_writes, conformance=self.conformance)
         log.info("simulator.connection", outcome="accepted", connection=call.connections + 1,
                  scenario=call.scenario.name, step=call.step_index)
         await session.run()

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
+import h11
 import pytest
 import trio
 from quart import request_started
@@ -562,3 +563,27 @@ async def test_with_a_shared_registry_a_connect_wins_its_lease_in_the_requests_t
     call_lines = [line for line in lines if line.get("call_id") == "rtc_shared_first" and line["event"].startswith("call.")]
     assert call_lines and not any("request_id" in line for line in call_lines)
     assert [line["status"] for line in _request_lines(log_stream)] == [200, 200, 503]
+
+
+@pytest.mark.parametrize("request_head", [b"", b"Connection: close\r\n", b"Connection: keep-alive, close\r\n",
+                                          b"Connection: keep-alive\r\n"])
+@pytest.mark.parametrize("app_connection", [None, b"close", b"keep-alive", b"close, upgrade"])
+def test_the_first_read_answer_is_written_as_h11_writes_it(request_head, app_connection):
+    """``connect.answer_bytes`` (written without ``h11.Connection.send``,
+    for its CPU) is byte for byte h11's, and closes when h11 would."""
+    from voiceactors.http.connect import answer_bytes
+
+    data = b"POST /api/voice/connect HTTP/1.1\r\nHost: x\r\n%sContent-Length: 2\r\n\r\n{}" % request_head
+    body = b'{"error":"x"}\n'
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    if app_connection is not None:
+        headers.append((b"connection", app_connection))
+    headers += [(b"x-request-id", b"r"), (b"date", b"Sun, 06 Dec 2026 06:00:00 GMT"), (b"server", b"hypercorn-h11")]
+    ours, theirs = h11.Connection(h11.SERVER), h11.Connection(h11.SERVER)
+    for connection in (ours, theirs):
+        connection.receive_data(data)
+        while not isinstance(connection.next_event(), h11.EndOfMessage):
+            pass
+    written = theirs.send(h11.Response(status_code=415, headers=headers)) + theirs.send(h11.Data(data=body))
+    written += theirs.send(h11.EndOfMessage())
+    assert answer_bytes(ours, 415, headers, body) == (written, theirs.our_state is h11.MUST_CLOSE)

@@ -1,5 +1,5 @@
 """``CallSupervisor.connect_leased``: a connect with a shared registry
-answered in the caller's task (the plain connect's, ``http/fast_connect.py``),
+answered in the caller's task (the connect handler's, ``http/connect.py``),
 in process, against a real redis-server.
 
 Pinned: a caller cancelled while the lease is asked for does not cut the

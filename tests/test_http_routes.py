@@ -19,6 +19,7 @@ import trio
 from clock_support import clock_held_still, serving
 from voiceactors.http import create_app, voice_state
 from voiceactors.http import errors as E
+from voiceactors.http.app import routes_served
 from voiceactors.http.routes import openapi_document, openapi_path
 from voiceactors.settings import Settings
 
@@ -377,8 +378,7 @@ async def test_openapi_document_matches_the_routes(journal, tmp_path):
         served = await response.get_json()
     assert served == openapi_document()
     documented = {(path, method.upper()) for path, item in served["paths"].items() for method in item}
-    routed = {(openapi_path(rule.rule), method) for rule in app.url_map.iter_rules()
-              for method in rule.methods - {"HEAD", "OPTIONS"} if rule.endpoint != "static"}
+    routed = {(openapi_path(rule), method) for rule, method in routes_served(app)}
     assert documented == routed
     for path, item in served["paths"].items():
         for method, op in item.items():

@@ -36,6 +36,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from voiceactors import logs
 from voiceactors.http import create_app
 from voiceactors.http import errors as E
+from voiceactors.http.app import routes_served
 from voiceactors.http.routes import openapi_document, openapi_path
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
@@ -104,8 +105,7 @@ def assert_error_shape(response: Any) -> None:
 
 def test_openapi_document_lists_exactly_the_served_routes(tmp_path):
     app = create_app(Settings(journal=tmp_path, state_dir=tmp_path / "state"))
-    served = {(method, openapi_path(rule.rule)) for rule in app.url_map.iter_rules() if rule.endpoint != "static"
-              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    served = {(method, openapi_path(rule)) for rule, method in routes_served(app)}
     documented = {(method.upper(), path) for path, ops in openapi_document()["paths"].items() for method in ops}
     assert served == documented
 

@@ -4,8 +4,8 @@ rig):
 
 * every spelling of a rate-limited POST's target (absolute form, doubled
   leading slash, percent-encoded) draws from the origin form's bucket, at
-  every layer that refuses (the app, the ASGI layer, the accept) and on the
-  plain connect answered below Quart and hypercorn;
+  every layer that refuses (the app, the ASGI layer, the accept) and on a
+  connect answered below Quart and hypercorn;
 * a refused credential on any route (a bearer token, the console's cookie,
   ``/mcp``, the console's config) draws from the sign-in's failure bucket,
   and a client over it gets 429 before its token is compared, the right
@@ -211,7 +211,7 @@ async def test_wrong_tokens_on_any_route_draw_from_the_sign_ins_bucket(journal, 
             # locked out before the comparison: the right token waits too, on every route
             for other in ("/api/voice/status", "/mcp", "/api/voice/connect"):
                 assert (await _guess(port, source, other, right))[0] == 429, (name, other)
-            server["sim"].add_call(f"rtc_locked_{source}")       # a plain connect too (answered below Quart)
+            server["sim"].add_call(f"rtc_locked_{source}")       # a connect too (answered below Quart)
             status, _headers, body = await _send(port, source, "POST", "/api/voice/connect", **right,
                                                  body=json.dumps({"call_id": f"rtc_locked_{source}"}).encode())
             assert (status, body) == (429, {"error": "too many requests"}), name

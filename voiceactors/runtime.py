@@ -67,11 +67,11 @@ class Runtime:
     brain_now: Callable[[], BrainState] | None = field(default=None, repr=False)
     #: ``Connect`` answered in the caller's step (``CallSupervisor.connect_now``;
     #: None from it: send ``Connect``), the connect route's; None itself with a
-    #: shared registry (every connect asks there, and ``fast_connect`` stands aside).
+    #: shared registry (every connect asks there: ``connect_leased``).
     connect_now: Callable[[str, Any], ConnectOutcome | None] | None = field(default=None, repr=False)
     #: With a shared registry instead: ``Connect`` answered in the caller's
     #: task (``CallSupervisor.connect_leased``: the lease's await in it; None
-    #: from it: send ``Connect``), ``fast_connect``'s; None without one.
+    #: from it: send ``Connect``), the connect handler's; None without one.
     connect_leased: Callable[[str, Any], Awaitable[ConnectOutcome | None]] | None = field(default=None, repr=False)
 
 

@@ -1,7 +1,7 @@
 """``ToolEffect``: whether a tool only reads the journal or changes it.
 
 Its own module, importing nothing, so that the call's pure core
-(``actors/call_protocol.py``, which imports no trio) and the tool registry
+(``call/protocol.py``, which imports no trio) and the tool registry
 below it share one type.
 """
 

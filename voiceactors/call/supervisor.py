@@ -27,7 +27,7 @@ happens before ``run`` reports started, so no Connect races it (a Connect
 for such a call finds it live).
 
 With a shared registry (``--redis``, ``voiceactors.cluster``) a Connect
-runs in its own task (or, for the plain connect, in the request's:
+runs in its own task (or, for the connect route, in the request's:
 ``connect_leased``): the call's actor starts only if this process wins the
 call's lease; a call held by another process answers "connected" without an
 actor here; a Redis that does not answer gives "registry_down". The actor
@@ -167,7 +167,7 @@ class CallSupervisor:
 
     async def connect_leased(self, call_id: str, context: LinkedContext | None = None) -> ConnectOutcome | None:
         """``Connect`` with a shared registry, answered in the caller's task
-        (the plain connect's, ``http/fast_connect.py``): the lease won as the
+        (the connect handler's, ``http/connect.py``): the lease won as the
         inbox's ``Connect`` wins it, without the message, the task per connect
         and the reply channel. Shielded, as that task was the supervisor's: a
         caller that goes away does not cut a lease's win short (every request

@@ -25,11 +25,10 @@ from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
 from voiceactors import metrics
-from voiceactors.http import auth, errors, hosts, ratelimit, request_ids
+from voiceactors.http import auth, console_sessions, errors, guards, ratelimit, request_ids
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
-from voiceactors.http.errors import TOO_LARGE, ApiError
-from voiceactors.http.fast_connect import FastConnect, FirstReadConnect
+from voiceactors.http.connect import CONNECT_PATH, METHODS, ConnectHandler, FirstReadConnect
 from voiceactors.http.forwarded import ForwardedScope, TrustedProxies
 from voiceactors.http.routes import VoiceState, bp, metrics_bp
 from voiceactors.logs import get_logger
@@ -90,17 +89,16 @@ def _install_lifespan(app: QuartTrio, voice: VoiceState, mcp: McpEndpoint) -> No
         await voice.openai_clients.aclose()
 
 
-def _install_request_hooks(app: QuartTrio, settings: Settings) -> None:
+def _install_request_hooks(app: QuartTrio) -> None:
+    """Name and time every request Quart serves, and log and count its answer
+    (the connect's handler does the same for its own, ``connect.py``)."""
+
     @app.before_request
     async def _begin() -> None:
         given = request.headers.get(REQUEST_ID_HEADER, "")
         g.request_id = request_ids.request_id_for(given)
         g.started = trio.current_time()
         structlog.contextvars.bind_contextvars(request_id=g.request_id)
-        # Refuse a declared oversize body before reading a byte of it; a body
-        # without Content-Length is bounded while reading (MAX_CONTENT_LENGTH).
-        if request.content_length is not None and request.content_length > settings.body_limit:
-            raise ApiError(413, TOO_LARGE)
 
     @app.after_request
     async def _finish(response: Any) -> Any:
@@ -125,7 +123,8 @@ class VoiceApp(QuartTrio):
     requests_in_flight = 0
     max_requests_in_flight = 0          # 0: no cap (set from the settings)
     trusted_proxies = TrustedProxies(())   # whose forwarded headers are believed (set from the settings)
-    fast_connect: FastConnect | None = None   # a plain connect's answer without Quart (None: Quart answers all)
+    connect: ConnectHandler | None = None    # every request to /api/voice/connect (connect.py; set by create_app)
+    guards: tuple[guards.Guard, ...] = ()     # every request's, in order (guards.py; set by create_app)
 
     def accept_refusal(self) -> RateLimitRefusal | None:
         """What ``serving.serve`` asks at accept: the early 429 from a
@@ -136,10 +135,9 @@ class VoiceApp(QuartTrio):
         return RateLimitRefusal(self, limiter, self.trusted_proxies)
 
     def first_read_answer(self, server_headers: Any) -> FirstReadConnect:
-        """What ``serving.serve`` asks of a connection's first read: a plain
-        connect answered below hypercorn (``fast_connect.py``; off while
-        ``fast_connect`` is None). ``server_headers`` gives hypercorn's own
-        response headers."""
+        """What ``serving.serve`` asks of a connection's first read: a
+        connect given to this app below hypercorn (``connect.py``).
+        ``server_headers`` gives hypercorn's own response headers."""
         return FirstReadConnect(self, server_headers)
 
 
@@ -175,11 +173,12 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     provider.sort_keys = False
     voice = VoiceState(settings=settings, brain_backend=brain_backend)
     app.extensions["voiceactors"] = voice
-    _install_request_hooks(app, settings)
+    _install_request_hooks(app)
     failures = ratelimit.TokenFailures(settings)   # every refused credential's bucket, any route
-    hosts.install(app, settings)          # first: a rebound page learns nothing, not even 401
-    auth.install(app, settings, failures)
-    limiter = ratelimit.install(app, settings, failures)
+    auth.keep_failures(app, failures)
+    limiter = ratelimit.install(app, settings)
+    app.guards = guards.declared(settings, failures, limiter, lambda: console_sessions.store_of(app))
+    guards.install(app, app.guards)       # Quart's requests; the connect's handler applies the same list
     errors.install(app)
     app.register_blueprint(bp)
     app.register_blueprint(metrics_bp)
@@ -187,11 +186,20 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     mcp = McpEndpoint(settings, lambda: voice.runtime.tools if voice.runtime is not None else None, failures)
     app.asgi_app = PathSwitch(app, app.asgi_app, MCP_PATH, mcp)  # type: ignore[method-assign]
     app.trusted_proxies = TrustedProxies(settings.trusted_proxies)
-    app.fast_connect = FastConnect(settings, voice, limiter, failures)
+    app.connect = ConnectHandler(voice, app.guards, float(app.config["BODY_TIMEOUT"]))
     if app.trusted_proxies:               # outermost: everything after it sees the forwarded client
         app.asgi_app = ForwardedScope(app.asgi_app, app.trusted_proxies)  # type: ignore[method-assign]
     _install_lifespan(app, voice, mcp)
     return app
+
+
+def routes_served(app: QuartTrio) -> set[tuple[str, str]]:
+    """Every ``(rule, method)`` the app answers but static files and
+    ``/mcp``: Quart's routes (``HEAD`` and ``OPTIONS`` aside) and the
+    connect's handler (``connect.py``) — what the OpenAPI document lists."""
+    routes = {(rule.rule, method) for rule in app.url_map.iter_rules() if rule.endpoint != "static"
+              for method in (rule.methods or set()) - {"HEAD", "OPTIONS"}}
+    return routes | {(CONNECT_PATH, method) for method in METHODS}
 
 
 def voice_state(app: QuartTrio) -> VoiceState:

@@ -27,6 +27,9 @@ It also gives the refusal served below hypercorn (``RateLimitRefusal``,
 asked by ``serving.py`` at accept): a client whose bucket is empty gets the
 same early 429 from its connection's first read, without hypercorn or Quart.
 
+It also hands every request to ``/api/voice/connect`` to the app's
+connect handler (``connect.py``) instead of Quart.
+
 It also caps the requests in flight (``app.max_requests_in_flight``): past
 it a request is answered ``503 {"error": "server busy"}`` with
 ``Connection: close`` before the app sees it. With connections now closed
@@ -50,7 +53,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from voiceactors import metrics
 from voiceactors.http import in_flight
 from voiceactors.http.errors import BUSY, RATE_LIMITED
-from voiceactors.http.fast_connect import replaying
+from voiceactors.http.connect import CONNECT_PATH
 from voiceactors.http.forwarded import TrustedProxies
 from voiceactors.http.ratelimit import RATE_LIMITED_POSTS, bucket_key, retry_after
 from voiceactors.http.targets import scope_path, target_path
@@ -87,13 +90,10 @@ class ClosingHTTPConnection(TrioASGIHTTPConnection):
             await send(message)
 
         with in_flight.counted(app):
-            fast = getattr(app, "fast_connect", None)
-            if fast is not None and fast.wants(self.scope):
-                # a plain connect is answered without Quart (fast_connect.py); else Quart gets what was read
-                read = await fast.serve(self.scope, receive, send)
-                if read is None:
-                    return
-                receive = replaying(read, receive)
+            connect = getattr(app, "connect", None)
+            if connect is not None and scope_path(self.scope) == CONNECT_PATH:
+                await connect(self.scope, receive, send)      # the connect's one handler (connect.py), not Quart
+                return
             await self._serve_in_this_task(receive, send_marking_the_end)
 
     async def _serve_in_this_task(self, receive: Any, send: Any) -> None:

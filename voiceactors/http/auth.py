@@ -28,6 +28,9 @@ bucket, the sign-in's; a client over it is answered 429 before its
 credential is compared (``check_credential``, for every route, ``/mcp`` and
 the console's config too). A request that presents none guessed nothing
 and draws nothing.
+
+These rules are guards of ``guards.py`` (the browser guard, the token),
+declared there once in the app's order.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from typing import Callable
 from quart import Quart, current_app, request
 
 from voiceactors.http import console_sessions
-from voiceactors.http.errors import CROSS_SITE, NOT_JSON_CONTENT, ORIGIN_NOT_ALLOWED, UNAUTHORIZED, ApiError
-from voiceactors.http.ratelimit import TokenFailures, client_address, refuse_after
+from voiceactors.http.errors import CROSS_SITE, NOT_JSON_CONTENT, ORIGIN_NOT_ALLOWED, UNAUTHORIZED
+from voiceactors.http.ratelimit import TokenFailures, client_address
 from voiceactors.settings import Settings
 
 PROTECTED_PREFIX = "/api/voice/"
-_FAILURES = "voiceactors_token_failures"     # the app's TokenFailures, in app.extensions
+FAILURES = "voiceactors_token_failures"     # the app's TokenFailures, in app.extensions
 
 
 class InsecureSettings(ValueError):
@@ -104,7 +107,7 @@ def request_credential(settings: Settings) -> TokenCheck:
     one stands in), checked by ``check_credential``."""
     header = request.headers.get("Authorization")
     cookie = request.cookies.get(console_sessions.COOKIE_NAME)
-    failures: TokenFailures = current_app.extensions[_FAILURES]
+    failures: TokenFailures = current_app.extensions[FAILURES]
     return check_credential(failures, client_address(request.scope), header is not None or cookie is not None,
                             lambda: authorized(settings, header) or console_sessions.store().valid(cookie))
 
@@ -137,40 +140,15 @@ def declared_json(content_type: str | None) -> bool:
     return json_mimetype((content_type or "").split(";", 1)[0].strip().lower())
 
 
-def _declared_json_or_empty() -> bool:
-    mimetype = request.mimetype
+def declared_json_or_empty(mimetype: str, transfer_encoding: str | None, content_length: int | None) -> bool:
+    """A POST's body is declared JSON, or there is none: no media type, not
+    chunked and no declared length (``guards.browser_guard``)."""
     if mimetype:
         return json_mimetype(mimetype)
-    chunked = "chunked" in request.headers.get("Transfer-Encoding", "").lower()
-    return not chunked and not request.content_length
+    chunked = "chunked" in (transfer_encoding or "").lower()
+    return not chunked and not content_length
 
 
-def install(app: Quart, settings: Settings, failures: TokenFailures) -> None:
-    """Guard every ``/api/voice/*`` request before routing: the browser guard
-    always, the token when one is required (unknown paths under the prefix
-    answer 401, not 404), each refused credential drawing from ``failures``."""
-    app.extensions[_FAILURES] = failures
-
-    @app.before_request
-    async def _browser_guard() -> None:
-        if not request.path.startswith(PROTECTED_PREFIX):
-            return
-        foreign = foreign_fetch(request.headers.get("Sec-Fetch-Site"))
-        if foreign is not None:
-            raise ApiError(403, foreign)
-        if request.method == "POST" and not _declared_json_or_empty():
-            raise ApiError(415, NOT_JSON_CONTENT)
-
-    if not token_required(settings):
-        return
-
-    @app.before_request
-    async def _require_token() -> None:
-        # The console's session cookie (console_sessions) stands in for the
-        # token, and its sign-in paths are reachable without either.
-        if not request.path.startswith(PROTECTED_PREFIX) or console_sessions.is_public(request.path):
-            return
-        check = request_credential(settings)
-        refuse_after(check.locked_s)
-        if not check.accepted:
-            raise ApiError(401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
+def keep_failures(app: Quart, failures: TokenFailures) -> None:
+    """``failures`` is the app's one bucket of refused credentials (``request_credential`` reads it)."""
+    app.extensions[FAILURES] = failures

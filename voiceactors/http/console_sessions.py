@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 from quart import Response, current_app, request
@@ -74,12 +75,17 @@ class SessionStore:
 
 
 def store() -> SessionStore:
-    store: SessionStore = current_app.extensions.setdefault(_EXTENSION, SessionStore(ttl_s=_ttl_s()))
+    return store_of(current_app)
+
+
+def store_of(app: Any) -> SessionStore:
+    """``app``'s signed-in sessions (outside a request too: the connect's guards, ``guards.py``)."""
+    store: SessionStore = app.extensions.setdefault(_EXTENSION, SessionStore(ttl_s=_ttl_s(app)))
     return store
 
 
-def _ttl_s() -> float:
-    voice = current_app.extensions.get("voiceactors")
+def _ttl_s(app: Any) -> float:
+    voice = app.extensions.get("voiceactors")
     return voice.settings.console_session_ttl_s if voice is not None else SESSION_TTL_S
 
 

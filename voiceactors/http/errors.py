@@ -7,6 +7,7 @@ logged, and the client gets the generic message.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from quart import Quart, jsonify, request
@@ -90,6 +91,18 @@ def not_found_message(path: str) -> str:
     return _STATUS_MESSAGES[404]
 
 
+def status_message(status: int, name: str | None = None) -> str:
+    """The message of a status werkzeug raised (``name``: its title, for a status not listed)."""
+    return _STATUS_MESSAGES.get(status) or (name or "error").lower()
+
+
+def json_body(value: Any) -> bytes:
+    """What Quart's ``jsonify`` writes for ``value`` here (compact, not
+    ASCII-escaped, keys in order, a newline): answers given outside Quart
+    (``connect.py``) are the same bytes."""
+    return (json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Any:
     response = jsonify({"error": message})
     response.status_code = status
@@ -120,7 +133,7 @@ def install(app: Quart) -> None:
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Any:
         status = error.code or 500
-        message = _STATUS_MESSAGES.get(status) or (error.name or "error").lower()
+        message = status_message(status, error.name)
         if status == 404:
             message = not_found_message(request.path)
         response = error_response(status, message)

@@ -29,9 +29,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
-from quart import Quart, request
-
-from voiceactors.http.errors import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED, ApiError
+from voiceactors.http.errors import HOST_NOT_ALLOWED, ORIGIN_NOT_ALLOWED
 from voiceactors.settings import Settings
 
 #: Paths served to anyone who can reach the socket, without the Host and
@@ -130,8 +128,8 @@ def _server_address(server: Any) -> tuple[frozenset[str], int | None]:
 def host_refusal(policy: HostPolicy, host: str | None, origin: str | None, server: Any) -> tuple[int, str] | None:
     """Why a request with these ``Host`` and ``Origin`` headers is refused
     (421 for a host not ours, 403 for a foreign origin), or None: the rule
-    of every path that guards (the hook below, the MCP endpoint, the plain
-    connect)."""
+    of every path that guards (``guards.own_host_and_origin``, the MCP
+    endpoint)."""
     if not policy.allows(host, server):
         return 421, HOST_NOT_ALLOWED
     if origin is not None and not own_origin(origin, host or ""):
@@ -150,18 +148,3 @@ def own_origin(origin: str, host_header: str) -> bool:
 
 def is_public_asset(path: str) -> bool:
     return path.startswith(PUBLIC_ASSET_PREFIXES)
-
-
-def install(app: Quart, settings: Settings) -> None:
-    """Check ``Host`` and ``Origin`` on every request but public assets,
-    before any other guard (a rebound page learns nothing, not even 401)."""
-    policy = HostPolicy.from_settings(settings)
-
-    @app.before_request
-    async def _own_host_and_origin() -> None:
-        if is_public_asset(request.path):
-            return
-        refused = host_refusal(policy, request.headers.get("Host"), request.headers.get("Origin"),
-                               request.scope.get("server"))
-        if refused is not None:
-            raise ApiError(*refused)

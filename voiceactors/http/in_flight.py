@@ -2,7 +2,8 @@
 
 A request is counted while it is served, whichever way it came in: Quart's
 (``asgi.ClosingHTTPConnection``), the MCP endpoint's (``asgi.PathSwitch``)
-or a plain connect answered below hypercorn (``fast_connect``). Past
+or a connect served below hypercorn (``connect.FirstReadConnect``: through
+``ClosingHTTPConnection``, as hypercorn's would be). Past
 ``max_requests_in_flight`` (0: no cap) a new one is refused. The count is
 the app's attributes (``VoiceApp.requests_in_flight``), changed only on the
 trio thread, so no lock.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import trio
-from quart import Quart, g, request
+from quart import Quart
 
 from voiceactors.http.errors import RATE_LIMITED, ApiError
 from voiceactors.http.targets import scope_path
@@ -143,7 +143,7 @@ def client_address(scope: Mapping[str, Any]) -> str:
 def bucket_key(scope: Mapping[str, Any]) -> tuple[str, str] | None:
     """The bucket a request draws from — ``(path, client address)`` for a
     rate-limited POST, None for every other request. One rule for the app's
-    hook and the early refusals (asgi.py, fast_connect.py); the path is the
+    guard (``guards.rate_limit``) and the early refusals (asgi.py); the path is the
     one Quart routes (``targets.py``: an absolute-form or doubled-slash
     target draws from the same bucket as the origin form)."""
     if scope.get("method") != "POST":
@@ -154,31 +154,11 @@ def bucket_key(scope: Mapping[str, Any]) -> tuple[str, str] | None:
     return path, client_address(scope)
 
 
-def install(app: Quart, settings: Settings, failed_logins: TokenFailures) -> RateLimiter:
-    """Limit the costly POSTs per client (after the host, browser and token
-    guards); a sign-in reserves a token of ``failed_logins``."""
+def install(app: Quart, settings: Settings) -> RateLimiter:
+    """The app's limiter of the costly POSTs per client (``guards.rate_limit``
+    takes from it, the early 429s in ``asgi.py`` read it)."""
     limiter = RateLimiter(settings.rate_limit_burst, settings.rate_limit_per_s, settings.rate_limit_clients)
-
-    app.extensions["voiceactors_rate_limiter"] = limiter   # the ASGI layer refuses early (asgi.py)
-
-    @app.before_request
-    async def _rate_limit() -> None:
-        key = bucket_key(request.scope)
-        if key is None:
-            return
-        _path, client = key
-        refuse_after(limiter.take(key))
-        if request.path == LOGIN_PATH and failed_logins.enabled:
-            refuse_after(failed_logins.reserve(client))
-            g.login_reserved = client          # kept only if the token is refused
-
-    @app.after_request
-    async def _settle_login(response: object) -> object:
-        client = getattr(g, "login_reserved", None)
-        if client is not None and getattr(response, "status_code", None) != 401:
-            failed_logins.give_back(client)
-        return response
-
+    app.extensions["voiceactors_rate_limiter"] = limiter
     return limiter
 
 

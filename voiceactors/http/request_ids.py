@@ -1,7 +1,7 @@
 """The request id of an HTTP request: the client's ``X-Request-Id`` when it
 is a sane token, else a fresh one. Every response carries it back in the
 same header and its ``http.request`` line names it (Quart's request hook in
-``app.py`` and the plain connect's answer in ``fast_connect.py``)."""
+``app.py`` and the connect's handler in ``connect.py``)."""
 
 from __future__ import annotations
 

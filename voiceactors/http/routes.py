@@ -19,14 +19,13 @@ from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
 from voiceactors import config, metrics, safe_text
-from voiceactors.messages import (AwaitReady, BrainState, Connect, ConnectOutcome, CountCalls, GetBrain,
+from voiceactors.messages import (AwaitReady, BrainState, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.cluster.shared_feed import EVENT_ID_RE, StreamRefusal
 from voiceactors.http import errors as E
 from voiceactors.http import linked
-from voiceactors.call.call_context import LinkedContext
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients
@@ -75,12 +74,16 @@ def state() -> VoiceState:
 # --- validation --------------------------------------------------------------
 
 async def _json_object(*, required: bool) -> dict[str, Any]:
-    """The request body as a JSON object. Empty is ``{}`` unless ``required``.
+    """The request body as a JSON object (``json_object``)."""
+    return json_object(await request.get_data(cache=True), required=required)    # 413 past the body limit
+
+
+def json_object(raw: str | bytes, *, required: bool) -> dict[str, Any]:
+    """A request body as a JSON object. Empty is ``{}`` unless ``required``.
 
     Invalid JSON is "must be valid JSON" where a body is required (connect)
     and "must be a JSON object" where it is optional (session, refresh-brain),
     the only 400 the design lists for those endpoints."""
-    raw = await request.get_data(cache=True)    # 413 past the body limit
     if not raw.strip():
         if required:
             raise ApiError(400, E.INVALID_JSON)
@@ -94,7 +97,8 @@ async def _json_object(*, required: bool) -> dict[str, Any]:
     return value
 
 
-def _call_id(value: Any) -> str:
+def call_id_of(value: Any) -> str:
+    """A request's ``call_id``, stripped; the 400 naming what is wrong with it."""
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ApiError(400, E.CALL_ID_REQUIRED)
     if not isinstance(value, str) or not CALL_ID_RE.fullmatch(value.strip()):
@@ -113,7 +117,8 @@ def _read_config(read: Any, settings: Settings) -> Any:
         raise ApiError(503, E.CONFIG_UNREADABLE) from None
 
 
-def _openai_key(settings: Settings) -> str:
+def openai_key(settings: Settings) -> str:
+    """The OpenAI key; 503 when none is configured or the config cannot be read."""
     key: str | None = _read_config(config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
@@ -127,7 +132,7 @@ def _runtime() -> Runtime:
     return runtime
 
 
-async def _ask(inbox: trio.MemorySendChannel[Message],
+async def ask_actor(inbox: trio.MemorySendChannel[Message],
                make: Callable[[trio.MemorySendChannel[Any]], Message], timeout: float) -> Any:
     """``ask`` where a gone or stuck actor is "voice runtime unavailable"."""
     try:
@@ -149,9 +154,9 @@ async def _instruction(settings: Settings, runtime: Runtime) -> str:
     """The current instruction. A stale one is used as is (``GetBrain(start=True)``
     queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
     try:
-        brain: BrainState = await _ask(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
+        brain: BrainState = await ask_actor(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
         if not brain.ready:
-            brain = await _ask(runtime.brain, AwaitReady, settings.brain_ready_wait_s)
+            brain = await ask_actor(runtime.brain, AwaitReady, settings.brain_ready_wait_s)
     except trio.TooSlowError:
         raise ApiError(503, E.BRAIN_NOT_READY) from None
     if not brain.ready:
@@ -197,7 +202,7 @@ async def _refuse_when_budget_spent(runtime: Runtime) -> None:
     if runtime.settings.daily_budget_usd <= 0:
         return
     try:
-        daily = await _ask(runtime.calls, GetDailyUsage, QUICK_ASK_S)
+        daily = await ask_actor(runtime.calls, GetDailyUsage, QUICK_ASK_S)
     except trio.TooSlowError:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     if daily.spent:
@@ -209,7 +214,7 @@ async def create_session() -> Any:
     voice = state()
     settings = voice.settings
     requested = linked.body_context(await _json_object(required=False))
-    key = _openai_key(settings)
+    key = openai_key(settings)
     await _refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
     instruction = linked.instruction(await _instruction(settings, _runtime()), link)
@@ -230,55 +235,7 @@ async def create_session() -> Any:
 
 
 # --- POST /api/voice/connect --------------------------------------------------
-
-async def _base_instruction(runtime: Runtime) -> str | None:
-    """The brain's current instruction for a new call's ``session.update``s
-    (selection, linked context); None when there is none yet (never waits).
-    Read in this step (``Runtime.brain_now``: what ``GetBrain`` would answer
-    at once), not asked: an ask per connect was two scheduler turns and a
-    channel, a measurable share of a connect's CPU."""
-    if runtime.brain_now is not None:
-        brain: BrainState = runtime.brain_now()
-        return brain.instruction if brain.ready else None
-    try:
-        brain = await _ask(runtime.brain, GetBrain, QUICK_ASK_S)
-    except (trio.TooSlowError, ApiError):
-        return None
-    return brain.instruction if brain.ready else None
-
-
-@bp.post("/connect")
-async def connect() -> Any:
-    # A plain connect (only a call id, every guard passing) is answered before
-    # Quart, in fast_connect.py, with this route's answer; this route answers the rest.
-    settings = state().settings
-    body = await _json_object(required=True)
-    call_id = _call_id(body.get("call_id"))
-    greeting, requested = linked.body_greeting(body), linked.body_context(body)
-    credentials = mcp_credentials.credentials_of(body)
-    _openai_key(settings)
-    runtime = _runtime()
-    link = await linked.verified(requested, settings)
-    call_context = LinkedContext(await _base_instruction(runtime), link, greeting)
-    if credentials is not None:
-        await mcp_credentials.open_call(runtime, call_id, credentials)
-    # answered in this step when the supervisor can (``Runtime.connect_now``), else asked
-    answer = runtime.connect_now(call_id, call_context) if runtime.connect_now is not None else None
-    if answer is None:
-        try:
-            answer = await _ask(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
-                                settings.connect_timeout_s + QUICK_ASK_S)
-        except trio.TooSlowError:
-            _log.error("http.connect_timed_out", call_id=call_id)
-            raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
-    if answer == ConnectOutcome.AT_CAPACITY:
-        raise ApiError(503, E.AT_CAPACITY)
-    if answer == ConnectOutcome.REGISTRY_DOWN:
-        raise ApiError(503, E.REGISTRY_DOWN)
-    if answer != ConnectOutcome.CONNECTED:
-        _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
-        raise ApiError(500, E.RUNTIME_UNAVAILABLE)
-    return jsonify({"status": "connected", **linked.context_view(link)})
+# Answered at the ASGI layer, every request to it, by ``connect.py``.
 
 
 # --- POST /api/voice/refresh-brain -------------------------------------------
@@ -289,7 +246,7 @@ async def refresh_brain() -> Any:
     await _json_object(required=False)
     runtime = _runtime()
     try:
-        result = await _ask(runtime.brain, RefreshBrain, settings.brain_refresh_wait_s)
+        result = await ask_actor(runtime.brain, RefreshBrain, settings.brain_refresh_wait_s)
     except trio.TooSlowError:
         return jsonify({"status": "refreshing"}), 202
     if isinstance(result, BaseException) or not isinstance(result, BrainState) or not result.ready:
@@ -365,7 +322,7 @@ async def status() -> Any:
 # --- client feed --------------------------------------------------------------
 
 def _query_call_id() -> str:
-    return _call_id(request.args.get("call_id"))
+    return call_id_of(request.args.get("call_id"))
 
 
 T = TypeVar("T")
@@ -492,7 +449,7 @@ async def events() -> Any:
     shared = _shared_feed()
     after = _last_event_id() if shared is not None else None   # one process: no resume, as before
     try:
-        feed = await _ask(runtime.calls, lambda r: Subscribe(call_id, r), QUICK_ASK_S)
+        feed = await ask_actor(runtime.calls, lambda r: Subscribe(call_id, r), QUICK_ASK_S)
     except trio.TooSlowError:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     if isinstance(feed, str):   # a subscriber cap (feed.TOO_MANY_FOR_CALL / TOO_MANY)
@@ -600,7 +557,7 @@ async def nav_hints() -> Any:
             raise ApiError(503, E.FEED_UNREACHABLE) from None
         return jsonify({"hints": hints, "consumed": True})
     try:
-        hints = await _ask(_runtime().calls, lambda r: TakeNavHints(call_id, r), QUICK_ASK_S)
+        hints = await ask_actor(_runtime().calls, lambda r: TakeNavHints(call_id, r), QUICK_ASK_S)
     except trio.TooSlowError:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     return jsonify({"hints": list(hints), "consumed": True})
@@ -616,7 +573,7 @@ async def observer_actions() -> Any:
             raise ApiError(503, E.FEED_UNREACHABLE) from None
         return jsonify({"actions": actions, "consumed": True})
     try:
-        actions = await _ask(_runtime().calls, TakeObserverActions, QUICK_ASK_S)
+        actions = await ask_actor(_runtime().calls, TakeObserverActions, QUICK_ASK_S)
     except trio.TooSlowError:
         raise ApiError(500, E.RUNTIME_UNAVAILABLE) from None
     return jsonify({"actions": list(actions), "consumed": True})

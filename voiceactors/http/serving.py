@@ -23,10 +23,10 @@ flood: live calls' round trips stretched with it). Everything else — a client 
 another request, a request not whole in that first read, nothing sent
 within ``PEEK_S`` — goes to hypercorn as it came, the bytes read put back.
 
-It answers, below hypercorn too, a plain ``POST /api/voice/connect`` whole
-in a connection's first read (``FirstReadAnswer``, given by the app:
-``fast_connect.FirstReadConnect``), so every connection it is ``watching``
-(all but a trusted proxy's, while the app can answer a connect) is read
+It serves, below hypercorn too, a ``POST /api/voice/connect`` whole in a
+connection's first read (``FirstReadAnswer``, given by the app:
+``connect.FirstReadConnect``, which hands it to the app as hypercorn
+would), so every connection it is ``watching`` (all but a trusted proxy's) is read
 here first (up to ``PEEK_S``); a connection kept alive after that answer
 goes to hypercorn for what follows. With ``--redis`` that answer waits for
 the call's lease (``FirstReadAnswer.answer`` is awaited).
@@ -239,7 +239,7 @@ def _asks(ask: Callable[..., Any], *args: Any) -> Any:
 
 class FirstReadAnswer(Protocol):
     """What ``serve`` asks of a connection's first read besides a refusal
-    (the app's plain connect, ``fast_connect.FirstReadConnect``)."""
+    (the app's connect, ``connect.FirstReadConnect``)."""
 
     def watching(self, address: str) -> bool:
         """Whether a connection from ``address`` is worth reading first (cheap: runs per accept)."""

@@ -14,7 +14,7 @@ import pytest
 import structlog
 import trio
 
-from calls_support import KEY, real_time_limit, rig
+from calls_support import KEY, Sideband, real_time_limit, rig
 from voiceactors import logs
 from voiceactors.actors.call import CallActor
 from voiceactors.realtime.sideband import SidebandUnavailable, open_sideband
@@ -100,7 +100,7 @@ def _actor(settings, peer, call_id: str, executor) -> CallActor:
 
 async def test_a_bad_accept_header_is_retried_then_exhausted(tmp_path, nursery_peer, autojump_clock):
     peer = await nursery_peer("bad_accept")
-    async with rig(tmp_path, reconnect_attempts=2, reconnect_base_s=0.01) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=2, reconnect_base_s=0.01) as r:
         actor = _actor(r.settings, peer, "rtc_bad_accept", r.executor)
         with real_time_limit():
             assert await actor.run() == "reconnect_exhausted"
@@ -109,7 +109,7 @@ async def test_a_bad_accept_header_is_retried_then_exhausted(tmp_path, nursery_p
 
 async def test_an_oversized_frame_counts_toward_the_reconnect_limit(tmp_path, nursery_peer, autojump_clock):
     peer = await nursery_peer("oversized")
-    async with rig(tmp_path, reconnect_attempts=2, reconnect_base_s=0.01, call_max_duration_s=3600.0) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=2, reconnect_base_s=0.01, call_max_duration_s=3600.0) as r:
         actor = _actor(r.settings, peer, "rtc_oversized", r.executor)
         with real_time_limit(30):
             assert await actor.run() == "reconnect_exhausted"
@@ -119,7 +119,7 @@ async def test_an_oversized_frame_counts_toward_the_reconnect_limit(tmp_path, nu
 @pytest.mark.parametrize("status", [401, 403])
 async def test_401_or_403_at_the_handshake_ends_the_call_at_once(tmp_path, nursery_peer, autojump_clock, status):
     peer = await nursery_peer(f"status:{status}")
-    async with rig(tmp_path, reconnect_attempts=5) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
         actor = _actor(r.settings, peer, "rtc_denied", r.executor)
         with real_time_limit():
             assert await actor.run() == "unauthorized"
@@ -127,7 +127,7 @@ async def test_401_or_403_at_the_handshake_ends_the_call_at_once(tmp_path, nurse
 
 
 async def test_a_wrong_key_at_the_simulator_ends_the_call_at_once(tmp_path, autojump_clock):
-    async with rig(tmp_path, reconnect_attempts=5) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
         r.sim.add_call("rtc_wrong_key")
         with real_time_limit():
             actor, _ = await r.run_call("rtc_wrong_key", api_key="sk-not-the-right-one")
@@ -141,7 +141,7 @@ HOLD = [{"user_turn": {"text": "hi"}}, {"sleep": 600.0}, {"close": 1000}]
 @pytest.mark.parametrize("code,reason", [("insufficient_quota", "insufficient_quota"),
                                          ("invalid_api_key", "unauthorized")])
 async def test_a_fatal_error_event_ends_the_call_at_once(tmp_path, autojump_clock, code, reason):
-    async with rig(tmp_path, reconnect_attempts=5) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
         sc = r.sim.add_call("rtc_fatal", HOLD)
         actor = CallActor(r.settings, "rtc_fatal", r.executor.inbox, KEY)
         with real_time_limit():
@@ -160,7 +160,7 @@ async def test_peer_strings_are_truncated_and_floods_of_bad_frames_rate_limited(
     buffer = io.StringIO()
     logs.configure("json", "debug", stream=buffer)
     try:
-        async with rig(tmp_path) as r:
+        async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
             sc = r.sim.add_call("rtc_noise", HOLD)
             actor = CallActor(r.settings, "rtc_noise", r.executor.inbox, KEY)
             with real_time_limit(30):

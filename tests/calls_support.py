@@ -3,9 +3,9 @@ Realtime simulator, and protocol assertions over what it received.
 
 The simulator serves REST on loopback (the hangup, client secrets). Its calls'
 sidebands reach the actors one of two ways (``Sideband``): in memory (the
-simulator's own call session plays on a ``MemoryPeer`` of the call's
-in-memory transport, so a test of the shell's behaviour crosses no socket),
-or over the loopback websocket (the default), for the tests about what crosses a
+default: the simulator's own call session plays on a ``MemoryPeer`` of the
+call's in-memory transport, so a test of the shell's behaviour crosses no
+socket), or over the loopback websocket, for the tests about what crosses a
 socket (the frames, TLS, the handshake, the HTTP front end, Redis, another
 process). A test that plays the service itself event by event takes
 ``Rig.memory_actor``. An actor a supervisor makes (not ``Rig.actor``) opens
@@ -145,7 +145,7 @@ class Rig:
     nursery: trio.Nursery
     sim_scope: trio.CancelScope
     sim_tasks: trio.Nursery          # inside ``sim_scope``: the in-memory sidebands' sessions
-    sideband: Sideband = Sideband.LOOPBACK
+    sideband: Sideband = Sideband.MEMORY
 
     def actor(self, call_id: str, **kw: Any) -> CallActor:
         kw.setdefault("answer_now", self.executor.answer_now)   # as the runtime wires it (None: inbox only)
@@ -251,7 +251,7 @@ async def start_simulator(nursery: trio.Nursery, sim: Simulator) -> tuple[trio.C
 
 @asynccontextmanager
 async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None,
-              sideband: Sideband = Sideband.LOOPBACK, **changes: Any) -> AsyncIterator[Rig]:
+              sideband: Sideband = Sideband.MEMORY, **changes: Any) -> AsyncIterator[Rig]:
     journal = tmp_path / "journal"
     if not journal.exists():
         write_sample_journal(journal, days=3, today=DAY)

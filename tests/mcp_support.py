@@ -188,7 +188,7 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
 @asynccontextmanager
 async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dict[str, str] | None = None,
                   scenario: Any = None, timeouts: dict[str, float] | None = None,
-                  sideband: Sideband = Sideband.LOOPBACK, **changes: Any) -> AsyncIterator[tuple[Rig, McpHub]]:
+                  sideband: Sideband = Sideband.MEMORY, **changes: Any) -> AsyncIterator[tuple[Rig, McpHub]]:
     """The calls rig with MCP sources: each server started, one source per
     entry (token env ``<NAME>_TOKEN``, ``server-token`` unless ``env`` says
     otherwise), the hub's first discovery done."""

@@ -26,7 +26,7 @@ import json
 import math
 import os
 import threading
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -190,7 +190,7 @@ class Rig:
             yield transport
         finally:
             if transport.peer_closed is None and transport.closed_with is None:
-                with trio.CancelScope(shield=True):
+                with trio.CancelScope(shield=True), suppress(TransportClosed):   # the peer may close meanwhile
                     await transport.aclose(1000)    # as leaving ``open_sideband`` closes the websocket
 
     def _handshake(self, call_id: str, api_key: str) -> tuple[int, SimCall | None]:

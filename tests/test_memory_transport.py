@@ -153,7 +153,9 @@ async def test_the_calls_rig_plays_a_scenario_in_memory_as_over_loopback(tmp_pat
         seen[sideband] = (transport, actor.end_reason, actor.reconnects, [e["type"] for e in sc.received],
                           sc.sent_types(), [(x.origin, x.status) for x in sc.responses], sc.connections,
                           sorted(len(o) for o in sc.outputs.values()), [h["status"] for h in r.sim.handshakes],
-                          [line["kind"] for line in r.record("rtc_same")])
+                          # the kinds, not their count: whether a drop finds a response.create on
+                          # its way (one more ``response_create`` line, ``lost``) is a race either way
+                          sorted({line["kind"] for line in r.record("rtc_same")}))
     memory, loopback = seen[Sideband.MEMORY], seen[Sideband.LOOPBACK]
     assert memory[0] == "MemoryTransport" and loopback[0] == "WebSocketTransport"
     assert memory[1:] == loopback[1:]

@@ -1,6 +1,8 @@
-"""Hostile or broken Realtime peers (issue 11, item 13), over real loopback
-sockets: a small raw-socket peer here for handshakes the simulator would
-never send, the simulator's injection hooks for the rest."""
+"""Hostile or broken Realtime peers (issue 11, item 13): over real loopback
+sockets, a small raw-socket peer here for handshakes and frames the
+simulator would never send, and the simulator's handshake; the simulator's
+injection hooks for bad events, with the sideband in memory (the events are
+the call's to handle, not the socket's)."""
 
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ def _actor(settings, peer, call_id: str, executor) -> CallActor:
 
 async def test_a_bad_accept_header_is_retried_then_exhausted(tmp_path, nursery_peer, autojump_clock):
     peer = await nursery_peer("bad_accept")
-    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=2, reconnect_base_s=0.01) as r:
+    async with rig(tmp_path, reconnect_attempts=2, reconnect_base_s=0.01) as r:
         actor = _actor(r.settings, peer, "rtc_bad_accept", r.executor)
         with real_time_limit():
             assert await actor.run() == "reconnect_exhausted"
@@ -109,7 +111,7 @@ async def test_a_bad_accept_header_is_retried_then_exhausted(tmp_path, nursery_p
 
 async def test_an_oversized_frame_counts_toward_the_reconnect_limit(tmp_path, nursery_peer, autojump_clock):
     peer = await nursery_peer("oversized")
-    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=2, reconnect_base_s=0.01, call_max_duration_s=3600.0) as r:
+    async with rig(tmp_path, reconnect_attempts=2, reconnect_base_s=0.01, call_max_duration_s=3600.0) as r:
         actor = _actor(r.settings, peer, "rtc_oversized", r.executor)
         with real_time_limit(30):
             assert await actor.run() == "reconnect_exhausted"
@@ -119,7 +121,7 @@ async def test_an_oversized_frame_counts_toward_the_reconnect_limit(tmp_path, nu
 @pytest.mark.parametrize("status", [401, 403])
 async def test_401_or_403_at_the_handshake_ends_the_call_at_once(tmp_path, nursery_peer, autojump_clock, status):
     peer = await nursery_peer(f"status:{status}")
-    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
+    async with rig(tmp_path, reconnect_attempts=5) as r:
         actor = _actor(r.settings, peer, "rtc_denied", r.executor)
         with real_time_limit():
             assert await actor.run() == "unauthorized"
@@ -127,6 +129,7 @@ async def test_401_or_403_at_the_handshake_ends_the_call_at_once(tmp_path, nurse
 
 
 async def test_a_wrong_key_at_the_simulator_ends_the_call_at_once(tmp_path, autojump_clock):
+    # the 401 is the websocket handshake's answer: the real one, over a socket
     async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
         r.sim.add_call("rtc_wrong_key")
         with real_time_limit():
@@ -141,9 +144,9 @@ HOLD = [{"user_turn": {"text": "hi"}}, {"sleep": 600.0}, {"close": 1000}]
 @pytest.mark.parametrize("code,reason", [("insufficient_quota", "insufficient_quota"),
                                          ("invalid_api_key", "unauthorized")])
 async def test_a_fatal_error_event_ends_the_call_at_once(tmp_path, autojump_clock, code, reason):
-    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
+    async with rig(tmp_path, reconnect_attempts=5) as r:
         sc = r.sim.add_call("rtc_fatal", HOLD)
-        actor = CallActor(r.settings, "rtc_fatal", r.executor.inbox, KEY)
+        actor = CallActor(r.settings, "rtc_fatal", r.executor.inbox, KEY, open_transport=r.memory_sideband("rtc_fatal"))
         with real_time_limit():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(actor.run)
@@ -160,9 +163,10 @@ async def test_peer_strings_are_truncated_and_floods_of_bad_frames_rate_limited(
     buffer = io.StringIO()
     logs.configure("json", "debug", stream=buffer)
     try:
-        async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
+        async with rig(tmp_path) as r:
             sc = r.sim.add_call("rtc_noise", HOLD)
-            actor = CallActor(r.settings, "rtc_noise", r.executor.inbox, KEY)
+            actor = CallActor(r.settings, "rtc_noise", r.executor.inbox, KEY,
+                              open_transport=r.memory_sideband("rtc_noise"))
             with real_time_limit(30):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(actor.run)

@@ -29,7 +29,7 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from mcp.server.lowlevel import Server
 
-from calls_support import DAY, KEY, Rig
+from calls_support import DAY, KEY, Rig, Sideband, start_simulator
 from voiceactors.executor.actor import ToolExecutor
 from voiceactors.call.feed import FeedHub
 from voiceactors.mcp.client.hub import McpHub
@@ -188,7 +188,7 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
 @asynccontextmanager
 async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dict[str, str] | None = None,
                   scenario: Any = None, timeouts: dict[str, float] | None = None,
-                  **changes: Any) -> AsyncIterator[tuple[Rig, McpHub]]:
+                  sideband: Sideband = Sideband.MEMORY, **changes: Any) -> AsyncIterator[tuple[Rig, McpHub]]:
     """The calls rig with MCP sources: each server started, one source per
     entry (token env ``<NAME>_TOKEN``, ``server-token`` unless ``env`` says
     otherwise), the hub's first discovery done."""
@@ -202,13 +202,7 @@ async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dic
     settings = Settings(**base)
     sim = Simulator(scenario, api_key=KEY)
     async with trio.open_nursery() as nursery:
-        sim_scope = trio.CancelScope()
-
-        async def serve_sim(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-            with sim_scope:
-                await sim.serve(0, task_status=task_status)
-
-        await nursery.start(serve_sim)
+        sim_scope, sim_tasks = await start_simulator(nursery, sim)
         settings = settings.replace(openai_base_url=sim.base_url)
         sources = []
         tokens = dict(env or {})
@@ -224,5 +218,5 @@ async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dic
         executor = ToolExecutor(settings, ctx, REGISTRY, remote=hub)
         await nursery.start(executor.run)
         yield (Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
-                   nursery, sim_scope), hub)
+                   nursery, sim_scope, sim_tasks, sideband), hub)
         nursery.cancel_scope.cancel()

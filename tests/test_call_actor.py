@@ -1,6 +1,7 @@
-"""CallActor against the Realtime simulator over real loopback websockets:
-tool batches, barge-in, a model response first, active-response recovery
-(one round, with the service played in memory: the first test).
+"""CallActor against the Realtime simulator, its sideband in memory
+(``calls_support.Sideband``): tool batches, barge-in, a model response first,
+active-response recovery (one round with the service played event by event
+by the test: the first test).
 
 Reconnects, end conditions and the call record: ``test_call_lifecycle.py``.
 """

@@ -1,7 +1,8 @@
 """CallActor lifecycle against the simulator: reconnects, end conditions,
 bounded close and the call record. Timeouts and backoff on ``autojump_clock``.
-Where no socket matters (a close code, the reconnect policy, the key asked at
-every attempt) the service is the in-memory transport (``Rig.memory_actor``).
+The sideband is in memory (``calls_support.Sideband``) but for the handshake's
+HTTP status; where the test plays the service itself (a close code, the
+reconnect policy, the key asked at every attempt) it is ``Rig.memory_actor``.
 (The protocol's own bookkeeping across a drop, without sockets:
 test_call_protocol.py.)"""
 
@@ -13,7 +14,8 @@ import pytest
 import trio
 
 from calls_support import (
-    KEY, Gate, assert_clean_protocol, assert_valid_client_events, gated_registry, real_time_limit, rig, steady,
+    KEY, Gate, Sideband, assert_clean_protocol, assert_valid_client_events, gated_registry, real_time_limit, rig,
+    steady,
 )
 from voiceactors.call.actor import CallActor, backoff_delay
 from voiceactors.call.record import record_path
@@ -73,7 +75,8 @@ async def test_clean_close_1001_ends_the_call(tmp_path, autojump_clock):
 
 @pytest.mark.parametrize("status", [404, 410])
 async def test_gone_at_handshake_ends_without_retry(tmp_path, autojump_clock, status):
-    async with rig(tmp_path) as r:
+    # the status is the websocket handshake's answer: the real one, over a socket
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
         r.sim.add_call("rtc_gone", [], gone_status=status)
         await r.sim.end_call("rtc_gone")
         actor, sc = await r.run_call("rtc_gone")

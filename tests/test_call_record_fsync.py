@@ -243,7 +243,7 @@ def test_kill_9_after_a_line_was_reported_written_leaves_it_for_recovery(tmp_pat
 
 
 async def test_a_call_whose_record_cannot_be_written_still_runs_and_says_so(tmp_path, autojump_clock):
-    """Through the CallActor (simulator, real sockets): the record's file
+    """Through the CallActor (the simulator, the sideband in memory): the record's file
     refuses every write (ENOSPC); the call's tools are answered as usual, the
     actor logs ``call.record_failed`` at the end, and the setting reaches the
     record."""

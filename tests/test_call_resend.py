@@ -1,5 +1,5 @@
-"""CallActor recovery the simulator has to provoke on purpose, over real
-loopback websockets: an output written but not yet confirmed when the socket
+"""CallActor recovery the simulator has to provoke on purpose, the sideband
+in memory: an output written but not yet confirmed when the socket
 drops (``sim.drop_on_next_output``), and ``conversation_already_has_active_response``
 while the actor knows of no active response (``sim.reject_next_response_create``:
 the blind retry).

@@ -1,5 +1,5 @@
 """A leased call's fence inside the call actor (``cluster/fence.py``), in
-process against the simulator over loopback, on trio's clock
+process against the simulator (the sideband in memory), on trio's clock
 (``autojump_clock``): once the fence's deadline has passed the actor sends
 no frame, opens no new sideband and sends no hangup, and ends ``shutdown``.
 (The fence moving with Redis's grants, and a real paused process, are

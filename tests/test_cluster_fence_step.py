@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-from calls_support import assert_clean_protocol, rig, sideband_stream, steady
+from calls_support import Sideband, assert_clean_protocol, rig, sideband_stream, steady
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.registry import RedisRegistry
@@ -89,7 +89,7 @@ async def test_a_held_lease_writes_each_frame_in_its_step(tmp_path: Any, redis_s
     async with trio.open_nursery() as nursery:
         await nursery.start(holder.run)
         _, fence = await _held_fence(holder, "rtc_held")
-        async with rig(tmp_path) as r:
+        async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
             r.sim.add_call("rtc_held", scenario)
             actor = writes.actor = r.actor("rtc_held", fence=fence)
             await actor.run()
@@ -121,7 +121,7 @@ async def test_a_lost_lease_sends_nothing_more(tmp_path: Any, redis_server: Any,
         await nursery.start(holder.run)
         await nursery.start(other.run)
         lease, fence = await _held_fence(holder, "rtc_lost")
-        async with rig(tmp_path) as r:
+        async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
             sc = r.sim.add_call("rtc_lost", scenario)
             actor = writes.actor = r.actor("rtc_lost", fence=fence)
 

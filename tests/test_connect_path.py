@@ -3,8 +3,10 @@ call's start does no worker-thread hop for its model (and the model read
 still prices the call, or falls back to the default with a
 warning when the journal config cannot be read); a quiet call runs no
 writer task; a supervised call runs in one task and still stops cleanly
-when the supervisor is cancelled. Real actors against the simulator on
-loopback."""
+when the supervisor is cancelled. Real actors against the simulator (the
+sideband in memory; over loopback the quiet call, whose writes leave whole
+only if the socket takes them, and the supervisor's actor, which opens the
+browser's sideband)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import trio
 import trio.lowlevel
 from structlog.testing import capture_logs
 
-from calls_support import KEY, rig, steady
+from calls_support import KEY, Sideband, rig, steady
 from voiceactors.messages import Connect, ask
 from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
@@ -60,8 +62,9 @@ def _tasks_under(task: trio.lowlevel.Task) -> list[str]:
 async def test_a_connected_quiet_call_runs_no_writer_task(tmp_path):
     """Every write of a quiet call goes out from its own step: the writer
     task (for backpressure) is not started, so a live call holds one task
-    fewer (its start, teardown and objects for every full collection)."""
-    async with rig(tmp_path) as r:
+    fewer (its start, teardown and objects for every full collection).
+    Over a socket: whether a write goes whole from its step is the socket's."""
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
         sim_call = r.sim.add_call("rtc_quiet", steady("silence"))
         actor = r.actor("rtc_quiet")
         async with trio.open_nursery() as nursery:

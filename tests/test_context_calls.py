@@ -1,5 +1,5 @@
-"""Linked context over real loopback sockets: a CallActor against the
-simulator (``journal.select`` end to end, the tools' defaults, the first
+"""Linked context: a CallActor against the simulator, the sideband in memory
+(``journal.select`` end to end, the tools' defaults, the first
 greeting once across a reconnect), and the HTTP API (``/session`` and
 ``/connect`` with a ``context`` on the sample and the fixture journals)."""
 

@@ -127,3 +127,36 @@ async def test_the_service_opens_connections_in_order_and_fails_the_attempts_ask
     assert service.keys == ["sk-1", "sk-2", "sk-3"]
     assert peer.sent == [{"type": "hello"}]
     assert peer.closed_with == (1006, None)      # left without a close: a drop, as a socket's
+
+
+# ------------------------------------------------ the calls rig's sideband in memory
+
+@pytest.mark.parametrize("scenario", ["parallel_tools", "drop_and_resume"])
+async def test_the_calls_rig_plays_a_scenario_in_memory_as_over_loopback(tmp_path, autojump_clock, scenario):
+    """``calls_support``'s rig serves the simulator's calls in memory by
+    default: the same scenario gives the same exchange, the same records and
+    the same end as over the loopback websocket, and the memory run's
+    connection is a ``MemoryTransport``."""
+    from calls_support import Sideband, real_time_limit, rig, steady
+
+    seen = {}
+    for sideband in Sideband:
+        async with rig(tmp_path / sideband.value, sideband=sideband) as r:
+            sc = r.sim.add_call("rtc_same", steady(scenario))
+            actor = r.actor("rtc_same")
+            with real_time_limit():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(actor.run)
+                    while actor.transport is None:
+                        await trio.sleep(0.01)
+                    transport = type(actor.transport).__name__
+        seen[sideband] = (transport, actor.end_reason, actor.reconnects, [e["type"] for e in sc.received],
+                          sc.sent_types(), [(x.origin, x.status) for x in sc.responses], sc.connections,
+                          sorted(len(o) for o in sc.outputs.values()), [h["status"] for h in r.sim.handshakes],
+                          # the kinds, not their count: whether a drop finds a response.create on
+                          # its way (one more ``response_create`` line, ``lost``) is a race either way
+                          sorted({line["kind"] for line in r.record("rtc_same")}))
+    memory, loopback = seen[Sideband.MEMORY], seen[Sideband.LOOPBACK]
+    assert memory[0] == "MemoryTransport" and loopback[0] == "WebSocketTransport"
+    assert memory[1:] == loopback[1:]
+    assert memory[1] == "closed_by_service"

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, run_in_step, steady, watch_output_writes
+from calls_support import BRIEF_ME_ONCE, Sideband, assert_clean_protocol, rig, run_in_step, steady, watch_output_writes
 
 SCENARIO = steady(BRIEF_ME_ONCE)
 
@@ -44,7 +44,7 @@ async def test_an_in_step_answers_output_is_written_before_its_tool_run_line(
 
     watched = watch_output_writes(monkeypatch, note)
     with capture_logs() as logs:
-        async with rig(tmp_path, tool_reuse_s=1e6) as r:
+        async with rig(tmp_path, sideband=Sideband.LOOPBACK, tool_reuse_s=1e6) as r:
             actor, sc = await run_in_step(r, watched, SCENARIO)
     assert actor.answered_in_step == 1
     assert_clean_protocol(sc, creates=1)
@@ -69,7 +69,7 @@ async def test_a_report_put_off_by_the_reader_is_written_before_the_call_ends(tm
                    {"wait_outputs": {}}, {"response": {"text": "Okay."}}, {"sleep": 0.5}]
     scenario = steady([*rounds, {"close": 1000}])
     with capture_logs() as logs:
-        async with rig(tmp_path, tool_reuse_s=1e6) as r:
+        async with rig(tmp_path, sideband=Sideband.LOOPBACK, tool_reuse_s=1e6) as r:
             await r.run_call("rtc_warm", SCENARIO)
             actor, sc = await r.run_call("rtc_three", scenario)
     assert actor.answered_in_step == 3

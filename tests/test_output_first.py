@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from calls_support import BRIEF_ME_ONCE, assert_clean_protocol, rig, run_in_step, steady, watch_output_writes
+from calls_support import BRIEF_ME_ONCE, Sideband, assert_clean_protocol, rig, run_in_step, steady, watch_output_writes
 
 SCENARIO = steady(BRIEF_ME_ONCE)
 
@@ -33,7 +33,7 @@ async def test_an_in_step_output_leaves_before_its_response_done_is_handled(tmp_
         seen.append((call.tool_call_id, actor.batches[call.response_id].status))
 
     watched = watch_output_writes(monkeypatch, note)
-    async with rig(tmp_path, tool_reuse_s=1e6) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, tool_reuse_s=1e6) as r:
         actor, sc = await run_in_step(r, watched, SCENARIO)
     assert actor.answered_in_step == 1
     assert_clean_protocol(sc, creates=1)

@@ -39,7 +39,7 @@ async def test_a_100000_character_tool_call_id_is_answered_and_clipped_in_every_
     try:
         async with rig(tmp_path) as r:
             sc = r.sim.add_call("rtc_ids", HOLD)
-            actor = CallActor(r.settings, "rtc_ids", r.executor.inbox, KEY)
+            actor = CallActor(r.settings, "rtc_ids", r.executor.inbox, KEY, open_transport=r.memory_sideband("rtc_ids"))
             with real_time_limit(30):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(actor.run)

@@ -5,7 +5,7 @@ every reader.
   record written with the bare strings (orjson, and the json fallback for a
   line orjson refuses);
 * the writer: every line a real call writes (a CallActor against the
-  simulator over loopback, with a linked context, a selection, tools, a drop
+  simulator, the sideband in memory, with a linked context, a selection, tools, a drop
   and a reconnect, and a call that reaches its budget) is a member, and so
   is every literal kind handed to a record writer anywhere in the package;
 * the readers: one record holding every kind, written by ``CallRecord``,

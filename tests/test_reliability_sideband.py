@@ -27,7 +27,7 @@ import structlog
 import trio
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from calls_support import real_time_limit, rig
+from calls_support import Sideband, real_time_limit, rig
 from voiceactors import logs
 from voiceactors.realtime.events import SERVER_EVENTS, validate_server_event
 from voiceactors.tools import REGISTRY
@@ -348,7 +348,8 @@ async def test_a_frame_over_the_size_limit_drops_the_socket_and_the_call_goes_on
             pass
 
     with tempfile.TemporaryDirectory(prefix="va-big-") as tmp:
-        async with rig(Path(tmp), reconnect_base_s=0.05) as r:
+        # the limit is the websocket's (realtime/sideband.py): only a socket has it
+        async with rig(Path(tmp), reconnect_base_s=0.05, sideband=Sideband.LOOPBACK) as r:
             scenario = [{"sleep": 0.2}] + SCENARIO + [{"close": 1000}]
             sc = r.sim.add_call(CALL, scenario)
             actor = r.actor(CALL)

@@ -6,7 +6,7 @@ the caller's step; the call actor asks it before sending a request to the
 executor's inbox. These tests hold the in-step path to the inbox path's rules:
 the executor on its own (same result, same log line, same turn count, the
 turn's output budget, nothing counted when it cannot answer), then whole calls
-against the simulator over loopback sockets (same outputs, same record lines,
+against the simulator, the sideband in memory (same outputs, same record lines,
 identical-call rejection, the turn bound, barge-in, a stale answer and a
 request still on its way both going through the inbox), then the protocol
 alone. Last, the sideband's hand-off dropping the frames the reader would
@@ -28,7 +28,7 @@ from voiceactors.messages import ToolRequest, ToolResult, ask
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, make_registry
 
-from calls_support import assert_clean_protocol, rig, steady
+from calls_support import Sideband, assert_clean_protocol, rig, steady
 
 ANY_ARGS = {"type": "object"}
 
@@ -368,7 +368,8 @@ async def test_frames_skipped_at_the_hand_off_still_count_in_the_event_sequence(
         {"sleep": 0.5},
         {"close": 1000},
     ])
-    async with rig(tmp_path) as r:
+    # the hand-off is the websocket's (realtime/ws_frames.py), so this call crosses a socket
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK) as r:
         actor, sc = await r.run_call("rtc_seq", scenario)
     assert_clean_protocol(sc, creates=1)
     deltas = [e for e in sc.sent if e["type"].endswith(".delta")]

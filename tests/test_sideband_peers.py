@@ -1,6 +1,8 @@
-"""Hostile or broken Realtime peers (issue 11, item 13), over real loopback
-sockets: a small raw-socket peer here for handshakes the simulator would
-never send, the simulator's injection hooks for the rest."""
+"""Hostile or broken Realtime peers (issue 11, item 13): over real loopback
+sockets, a small raw-socket peer here for handshakes and frames the
+simulator would never send, and the simulator's handshake; the simulator's
+injection hooks for bad events, with the sideband in memory (the events are
+the call's to handle, not the socket's)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import pytest
 import structlog
 import trio
 
-from calls_support import KEY, real_time_limit, rig
+from calls_support import KEY, Sideband, real_time_limit, rig
 from voiceactors import logs
 from voiceactors.call.actor import CallActor
 from voiceactors.realtime.sideband import SidebandUnavailable, open_sideband
@@ -127,7 +129,8 @@ async def test_401_or_403_at_the_handshake_ends_the_call_at_once(tmp_path, nurse
 
 
 async def test_a_wrong_key_at_the_simulator_ends_the_call_at_once(tmp_path, autojump_clock):
-    async with rig(tmp_path, reconnect_attempts=5) as r:
+    # the 401 is the websocket handshake's answer: the real one, over a socket
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, reconnect_attempts=5) as r:
         r.sim.add_call("rtc_wrong_key")
         with real_time_limit():
             actor, _ = await r.run_call("rtc_wrong_key", api_key="sk-not-the-right-one")
@@ -143,7 +146,7 @@ HOLD = [{"user_turn": {"text": "hi"}}, {"sleep": 600.0}, {"close": 1000}]
 async def test_a_fatal_error_event_ends_the_call_at_once(tmp_path, autojump_clock, code, reason):
     async with rig(tmp_path, reconnect_attempts=5) as r:
         sc = r.sim.add_call("rtc_fatal", HOLD)
-        actor = CallActor(r.settings, "rtc_fatal", r.executor.inbox, KEY)
+        actor = CallActor(r.settings, "rtc_fatal", r.executor.inbox, KEY, open_transport=r.memory_sideband("rtc_fatal"))
         with real_time_limit():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(actor.run)
@@ -162,7 +165,8 @@ async def test_peer_strings_are_truncated_and_floods_of_bad_frames_rate_limited(
     try:
         async with rig(tmp_path) as r:
             sc = r.sim.add_call("rtc_noise", HOLD)
-            actor = CallActor(r.settings, "rtc_noise", r.executor.inbox, KEY)
+            actor = CallActor(r.settings, "rtc_noise", r.executor.inbox, KEY,
+                              open_transport=r.memory_sideband("rtc_noise"))
             with real_time_limit(30):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(actor.run)

@@ -20,7 +20,7 @@ import trio
 import trustme
 from trio_websocket import serve_websocket
 
-from calls_support import rig
+from calls_support import Sideband, rig
 from voiceactors.realtime import sideband
 from voiceactors.realtime import tls as client_tls
 
@@ -124,7 +124,7 @@ async def test_hangups_share_one_tls_context(tmp_path: Any, autojump_clock: Any,
     """Two idle ends, two hangups (plain http to the simulator: an httpx
     client makes its TLS context whatever the scheme), one context."""
     monkeypatch.setattr(client_tls.REST, "made", None)
-    async with rig(tmp_path, call_idle_timeout_s=5.0) as r:
+    async with rig(tmp_path, sideband=Sideband.LOOPBACK, call_idle_timeout_s=5.0) as r:
         for call in ("rtc_idle_a", "rtc_idle_b"):
             actor, _sc = await r.run_call(call, "silence")
             assert actor.end_reason == "idle_timeout"

@@ -5,7 +5,7 @@ step (``ToolExecutor.answer_now``, which writes its ``tool.run`` line at
 once). The protocol's ``tool.prefetched`` / ``tool.started`` lines, emitted
 as effects after the ``Prefetch`` / ``StartTool`` effect they describe,
 came *after* that ``tool.run``: a log that said the read ran before it was
-asked for. Whole calls against the simulator over loopback, debug lines
+asked for. Whole calls against the simulator (the sideband in memory), debug lines
 captured in order.
 """
 

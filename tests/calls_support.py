@@ -175,16 +175,14 @@ class Rig:
     @asynccontextmanager
     async def _join_in_memory(self, call_id: str, api_key: str) -> AsyncIterator[CallTransport]:
         await trio.lowlevel.checkpoint()
-        status, call = self._handshake(call_id, api_key)
+        refused = self.sim.key_refusal(api_key, call_id)
+        status, _, call = (*refused, None) if refused is not None else self.sim.join_answer(call_id)
         self.sim.handshakes.append({"call_id": call_id, "status": status})
         if call is None or status != 101:
             raise handshake_failure(status)
         transport = MemoryTransport()
         peer = MemoryPeer(transport)
-        if call.connection is not None:     # only when ``supersede_sideband`` let the join through
-            call.connection.supersede()
-        session = CallSession(call, PeerSocket(peer), call.scenario, validate_sent=self.sim.validate_sent,
-                              coalesce_writes=self.sim.coalesce_writes)
+        session = self.sim.session_for(call, PeerSocket(peer))     # duck-typed: the three websocket calls
         await self.sim_tasks.start(self._serve_session, session, peer)
         try:
             yield transport
@@ -192,26 +190,6 @@ class Rig:
             if transport.peer_closed is None and transport.closed_with is None:
                 with trio.CancelScope(shield=True), suppress(TransportClosed):   # the peer may close meanwhile
                     await transport.aclose(1000)    # as leaving ``open_sideband`` closes the websocket
-
-    def _handshake(self, call_id: str, api_key: str) -> tuple[int, SimCall | None]:
-        """The simulator's answer to a websocket join of ``call_id`` with
-        ``api_key`` (docs/simulator.md's table; a URL, header and query the
-        websocket opener always gets right left out)."""
-        sim = self.sim
-        if api_key.startswith("ek_"):
-            return 404, None
-        if not api_key or (sim.api_key is not None and api_key != sim.api_key):
-            return 401, None
-        call = sim.calls.get(call_id)
-        if call is None and sim.auto_calls:
-            call = sim.add_call(call_id)
-        if call is None:
-            return 404, None
-        if call.closed:
-            return call.gone_status, call
-        if call.connection is not None and not call.supersede_sideband:
-            return 409, call
-        return 101, call
 
     @staticmethod
     async def _serve_session(session: CallSession, peer: MemoryPeer,

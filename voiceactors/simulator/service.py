@@ -34,7 +34,8 @@ from pydantic import Field, TypeAdapter
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, ToolCallRecord
 from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
-from voiceactors.simulator.http import HttpRequest, HttpResponse, json_response, open_listeners, serve_http
+from voiceactors.simulator.http import (HttpRequest, HttpResponse, ReplayStream, json_response, open_listeners,
+                                        serve_http)
 from voiceactors.simulator.refusals import Refusal
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
@@ -492,13 +493,9 @@ class Simulator:
         call_id = meta.query.get("call_id", "")
         if meta.path.rstrip("/") != "/v1/realtime":
             return 404, _error_body(f"Invalid URL (GET {meta.path})"), None
-        if key is None:
-            return 401, _error_body("Missing bearer authentication.", code="invalid_api_key"), None
-        if key.startswith("ek_"):
-            # an ephemeral key cannot join a call's sideband: the call is not found for it
-            return 404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"), None
-        if not self._standard_key_ok(key):
-            return 401, _error_body("Incorrect API key provided.", code="invalid_api_key"), None
+        refused = self.key_refusal(key, call_id)
+        if refused is not None:
+            return *refused, None
         if "openai-beta" in meta.headers:
             return 400, _error_body("The OpenAI-Beta header selects the beta protocol; "
                                     "this simulator speaks GA only.", code="beta_header"), None
@@ -507,6 +504,24 @@ class Simulator:
                                     param="model"), None
         if not call_id:
             return 400, _error_body("Missing call_id.", code="missing_required_parameter", param="call_id"), None
+        return self.join_answer(call_id)
+
+    def key_refusal(self, key: str | None, call_id: str) -> tuple[int, dict[str, Any]] | None:
+        """Why a sideband join of ``call_id`` with bearer ``key`` is refused
+        for its key (status, error body), or None when the key may join."""
+        if key is None:
+            return 401, _error_body("Missing bearer authentication.", code="invalid_api_key")
+        if key.startswith("ek_"):
+            # an ephemeral key cannot join a call's sideband: the call is not found for it
+            return 404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found")
+        if not self._standard_key_ok(key):
+            return 401, _error_body("Incorrect API key provided.", code="invalid_api_key")
+        return None
+
+    def join_answer(self, call_id: str) -> tuple[int, dict[str, Any] | None, SimCall | None]:
+        """The answer to a sideband join of ``call_id`` by a key that may
+        join: (status, error body, call), 101 to accept. Also what an
+        in-memory sideband (``call/memory_transport.py``) is answered in tests."""
         call = self.calls.get(call_id)
         if call is None and self.auto_calls:
             call = self.add_call(call_id)
@@ -518,6 +533,16 @@ class Simulator:
         if call.connection is not None and not call.supersede_sideband:
             return 409, _error_body("This call already has a sideband connection.", code="conflict"), call
         return 101, None, call
+
+    def session_for(self, call: SimCall, socket: trio_websocket.WebSocketConnection,
+                    stream: ReplayStream | None = None) -> CallSession:
+        """The session serving ``call`` on a newly accepted connection
+        (``socket``: what ``CallSession`` reads and writes), with this
+        simulator's checks; a sideband the call still has is superseded."""
+        if call.connection is not None and call.supersede_sideband:
+            call.connection.supersede()
+        return CallSession(call, socket, call.scenario, validate_sent=self.validate_sent, stream=stream,
+                           coalesce_writes=self.coalesce_writes, conformance=self.conformance)
 
     async def _websocket(self, request: trio_websocket.WebSocketRequest, meta: HttpRequest) -> None:
         status, error, call = self._check_handshake(meta)
@@ -531,10 +556,7 @@ class Simulator:
             return
         assert call is not None
         ws = await request.accept()
-        if call.connection is not None and call.supersede_sideband:
-            call.connection.supersede()
-        session = CallSession(call, ws, call.scenario, validate_sent=self.validate_sent, stream=meta.stream,
-                              coalesce_writes=self.coalesce_writes, conformance=self.conformance)
+        session = self.session_for(call, ws, meta.stream)
         log.info("simulator.connection", outcome="accepted", connection=call.connections + 1,
                  scenario=call.scenario.name, step=call.step_index)
         await session.run()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from openai.types.realtime.realtime_reasoning_effort import RealtimeReasoningEffort
 
@@ -75,7 +75,7 @@ def _idle_timeout_ms(value: Any) -> int:
     return int(value)
 
 
-_PARSERS: dict[str, Any] = {
+_PARSERS: dict[str, Callable[[Any], Any]] = {
     "reasoning_effort": _reasoning_effort,
     "parallel_tool_calls": _parallel_tool_calls,
     "idle_timeout_ms": _idle_timeout_ms,

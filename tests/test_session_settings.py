@@ -239,3 +239,18 @@ async def test_a_calls_updates_all_carry_the_settings(tmp_path, autojump_clock):
     assert selected["reasoning"] == {"effort": "minimal"} and selected["parallel_tool_calls"] is True
     assert sc.session["reasoning"] == {"effort": "minimal"}     # the service applied it
     assert sc.nonconforming == []
+
+
+async def test_the_idle_timeout_sent_is_the_one_the_service_keeps_time_by(tmp_path, autojump_clock):
+    """The simulator fires its idle timeout only from the session's
+    server-VAD ``idle_timeout_ms``: the journal's, sent at connect."""
+    scenario = steady([{"idle_timeout": {"wait_s": 60}}, {"sleep": 0.5}, {"close": 1000}])
+    async with rig(tmp_path) as r:
+        r.sim.conformance = True
+        started = trio.current_time()
+        actor, sc = await r.run_call("rtc_settings_idle", scenario,
+                                     context=LinkedContext(BASE, None, session=SessionSettings(idle_timeout_ms=7000)))
+    assert actor.end_reason == "closed_by_service" and sc.idle_timeouts == 1
+    assert 7.0 <= trio.current_time() - started < 60
+    assert sc.session["audio"]["input"]["turn_detection"] == {"type": "server_vad", "idle_timeout_ms": 7000}
+    assert sc.nonconforming == []

@@ -40,7 +40,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation: logging, time, files, settings and their plain data", (
         "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
         "voiceactors.mcp.client.sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
-        "voiceactors.linked_context", "voiceactors.openai_clients", "voiceactors.tool_effect")),
+        "voiceactors.linked_context", "voiceactors.openai_clients", "voiceactors.tool_effect",
+        "voiceactors.realtime.session_settings")),
     ("the journal and its configuration", (
         "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.linked_context.resolve")),
     ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.discovery")),

@@ -18,6 +18,7 @@ needs no descriptor).
 Journal keys (``config/journal.json``)::
 
     "voice": {"openai_api_key": null, "model": "gpt-realtime",
+              "reasoning_effort": "low", "parallel_tool_calls": true, "idle_timeout_ms": 30000,
               "brain_model": "haiku", "brain": "local",
               "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}]}
 
@@ -37,7 +38,9 @@ from typing import Any
 from voiceactors.journal.config import config_path
 from voiceactors.journal.paths import read_json
 from voiceactors.logs import get_logger, register_secret
-from voiceactors.settings import Settings
+from voiceactors.realtime import session_settings as session_keys
+from voiceactors.realtime.session_settings import SessionSettings
+from voiceactors.settings import InvalidSettings, Settings
 
 DEFAULT_VOICE_MODEL = "gpt-realtime"
 DEFAULT_BRAIN_MODEL = "haiku"
@@ -138,6 +141,30 @@ def voice_model(settings: Settings) -> str:
     """The Realtime model: ``voice.model``, default ``gpt-realtime``.
     Raises ConfigUnreadable when the config exists but cannot be read."""
     return _text(_voice(settings).get("model")) or DEFAULT_VOICE_MODEL
+
+
+def session_settings(settings: Settings) -> SessionSettings:
+    """The session settings of ``voice`` (``realtime/session_settings.py``);
+    each bad value is logged (``config.voice_setting_invalid``) and left
+    unset, so the call keeps the service's default for it (``serve``
+    refuses to start with one: ``check_session_settings``). Raises
+    ConfigUnreadable when the config exists but cannot be read."""
+    chosen, problems = session_keys.parse(_voice(settings))
+    for problem in problems:
+        _log.error("config.voice_setting_invalid", error=problem[:300])
+    return chosen
+
+
+def check_session_settings(settings: Settings) -> None:
+    """InvalidSettings naming each bad session setting of ``voice``: the
+    server refuses to start. A config that cannot be read now is left for
+    the requests that read it to report."""
+    try:
+        problems = session_keys.parse(_voice(settings))[1]
+    except ConfigUnreadable:
+        return
+    if problems:
+        raise InvalidSettings("invalid settings: " + "; ".join(problems))
 
 
 def _voice_or_empty(settings: Settings, asking: str) -> dict[str, Any]:

@@ -34,12 +34,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics, notices
+from voiceactors import clock, config, gc_policy, logs, metrics, notices
 from voiceactors.commands import (EXIT_INTERRUPTED, EXIT_RUNTIME_FAILED, EXIT_USAGE, StateDirInUse, console_url,
                                   state_dir_lock)
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
 from voiceactors.logs import get_logger
-from voiceactors.settings import Settings, flag_values, shutdown_deadlines
+from voiceactors.settings import InvalidSettings, Settings, flag_values, shutdown_deadlines
 
 GRACEFUL_S = 2.0        # hypercorn's wait for in-flight requests before the lifespan stops
 
@@ -310,6 +310,11 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
     if not settings.demo and not Path(settings.journal).is_dir():
         print(f"voiceactors: journal folder not found: {settings.journal} "
               "(--journal, VOICEACTORS_JOURNAL or SOLSTONE_JOURNAL)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config.check_session_settings(settings)    # create_app checks too; here it is a usage error, not a crash
+    except InvalidSettings as error:
+        print(f"voiceactors: {error}", file=sys.stderr)
         return EXIT_USAGE
     if settings.workers > 1 and settings.worker_index is None:
         from voiceactors import workers     # the parent of the worker processes: it serves nothing itself

@@ -18,12 +18,17 @@ hooks below and carries out what they return; the rules live here):
   carrying the opening instruction, sent at the first connection only (after
   the handover), only while no response is active or requested and before
   the conversation began; otherwise it is dropped, and it is never sent again
-  (not after a reconnect).
+  (not after a reconnect);
+* the journal's **session settings** (``realtime/session_settings.py``:
+  reasoning effort, parallel tool calls, idle timeout), when any is set, go
+  out in a ``session.update`` at the first connection and in every later
+  one (a browser's key was minted with them too; this makes them the
+  journal's at connect). None set: no update for them, as before.
 
 With ``--redis`` a call taken over by another process carries on with its
 context (``carried_view`` on the holder, mirrored in Redis;
 ``taken_over_context`` on the taker): the brain's instruction it was connected
-with, its link and its current selection. The taker sends one
+with, its link, its current selection and its session settings. The taker sends one
 ``session.update`` at its first connection (the holder may have died before
 its own went out) and never greets: its connection is a reconnect of the
 call, and the holder may have greeted already.
@@ -39,6 +44,8 @@ from typing import Any
 from voiceactors.linked_context import references as context
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime import events as rt
+from voiceactors.realtime import session_settings
+from voiceactors.realtime.session_settings import SessionSettings
 
 SELECT_TOOL = "journal.select"
 
@@ -54,6 +61,8 @@ class LinkedContext:
     # (None: the link's, when verified) and that it carries on elsewhere
     selection: context.Reference | None = None
     taken_over: bool = False
+    # the journal's session settings at connect: every session.update of the call carries them
+    session: SessionSettings = SessionSettings()
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -67,8 +76,11 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
     ``selection`` record line's ``selection`` replaces it). Not the greeting:
     a taker never greets."""
     selection = first_selection(linked)
-    return {"base": linked.base_instruction, "link": linked.link.view() if linked.link is not None else None,
+    view = {"base": linked.base_instruction, "link": linked.link.view() if linked.link is not None else None,
             "selection": selection.view() if selection is not None else None}
+    if linked.session.view():
+        view["session"] = linked.session.view()
+    return view
 
 
 def _resolution(view: object) -> context.Resolution | None:
@@ -86,8 +98,10 @@ def taken_over_context(view: object) -> LinkedContext | None:
     if not isinstance(view, dict):
         return None
     base = view.get("base")
+    session = view.get("session")
     return LinkedContext(base if isinstance(base, str) and base else None, _resolution(view.get("link")),
-                         selection=context.Reference.from_view(view.get("selection")), taken_over=True)
+                         selection=context.Reference.from_view(view.get("selection")), taken_over=True,
+                         session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings())
 
 
 def selected_reference(output: str) -> context.Reference | None:
@@ -119,6 +133,8 @@ class CallContext:
         # taken over: the selection is sent at the first connection, also
         # without a link (a select on the holder made it)
         self._update_due = linked.taken_over and self.selection is not None
+        self.session_fields = linked.session.session_fields()
+        self._settings_due = False
 
     def instructions(self) -> str | None:
         """The session's instructions for the current selection (None without
@@ -127,11 +143,18 @@ class CallContext:
             return None
         return context.compose(self.base, self.link, self.selection)
 
-    def _session_update(self) -> dict[str, Any] | None:
-        text = self.instructions()
-        if text is None:
-            return None
-        return rt.session_update({"type": "realtime", "instructions": text})
+    def _session_update(self, *, instructions: bool, settings: bool) -> dict[str, Any] | None:
+        """A ``session.update`` with the instructions (when due and known)
+        and the session settings (when due, and in every update: a
+        ``session.update`` changes only the fields it carries); None when
+        it would carry nothing."""
+        body: dict[str, Any] = {"type": "realtime"}
+        text = self.instructions() if instructions else None
+        if text is not None:
+            body["instructions"] = text
+        if text is not None or settings:
+            body.update(self.session_fields)
+        return rt.session_update(body) if len(body) > 1 else None
 
     # ------------------------------------------------------------ hooks
 
@@ -143,6 +166,8 @@ class CallContext:
         self._connected_before = True
         if first and self.link is not None:
             self._update_due = True    # the call's own link replaces what the session was minted with
+        if first and self.session_fields:
+            self._settings_due = True  # the journal's settings now, whatever the browser's key was minted with
         events: list[dict[str, Any]] = []
         update = self.take_update()
         if update is not None:
@@ -182,10 +207,11 @@ class CallContext:
     def take_update(self) -> dict[str, Any] | None:
         """The due ``session.update`` (once), or None. Without the brain's
         instruction none is sent: an update would erase the session's."""
-        if not self._update_due:
+        if not (self._update_due or self._settings_due):
             return None
-        self._update_due = False
-        return self._session_update()
+        update = self._session_update(instructions=self._update_due, settings=self._settings_due)
+        self._update_due = self._settings_due = False
+        return update
 
     def views(self) -> dict[str, Any]:
         """The link and selection as JSON (feed event, record line)."""

@@ -24,7 +24,7 @@ from quart import g, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
-from voiceactors import metrics
+from voiceactors import config, metrics
 from voiceactors.http import auth, console_sessions, errors, guards, ratelimit, request_ids
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
@@ -146,13 +146,15 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
 
     Raises ``settings.InvalidSettings`` for values the server cannot run with
     (``Settings.problems``: a bad enum value, a non-positive size, a broken
-    shutdown deadline chain) and ``auth.InsecureSettings`` for settings that
+    shutdown deadline chain; the journal's bad MCP sources or session
+    settings) and ``auth.InsecureSettings`` for settings that
     would expose the API off loopback without a token. ``brain_backend`` replaces the BrainActor's
     backend (None: chosen from the journal's ``voice.brain``).
     """
     settings.validate()
     from voiceactors.mcp.client.hub import check_sources   # the MCP SDK, only when an app is made
     check_sources(settings)
+    config.check_session_settings(settings)
     reason = auth.refusal(settings)
     if reason:
         raise auth.InsecureSettings(reason)

@@ -48,14 +48,15 @@ import h11
 import structlog
 import trio
 
-from voiceactors import metrics
+from voiceactors import config, metrics
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.messages import BrainState, Connect, ConnectOutcome, GetBrain
 from voiceactors.http import guards, linked, mcp_credentials
 from voiceactors.http.errors import (AT_CAPACITY, INTERNAL, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE,
                                      TOO_LARGE, ApiError, json_body, status_message)
 from voiceactors.http.request_ids import request_id_for
-from voiceactors.http.routes import QUICK_ASK_S, VoiceState, ask_actor, call_id_of, json_object, openai_key
+from voiceactors.http.routes import (QUICK_ASK_S, VoiceState, ask_actor, call_id_of, json_object, openai_key,
+                                     read_config)
 from voiceactors.http.targets import target_path
 from voiceactors.logs import get_logger
 from voiceactors.runtime import Runtime
@@ -140,7 +141,8 @@ class ConnectHandler:
         if runtime is None:
             raise ApiError(500, RUNTIME_UNAVAILABLE)
         link = await linked.verified(requested, settings)
-        call_context = LinkedContext(await _base_instruction(runtime), link, greeting)
+        call_context = LinkedContext(await _base_instruction(runtime), link, greeting,
+                                     session=read_config(config.session_settings, settings))
         if credentials is not None:
             await mcp_credentials.open_call(runtime, call_id, credentials)
         answer = await self._supervisor_answer(runtime, call_id, call_context)

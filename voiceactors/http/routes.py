@@ -29,6 +29,7 @@ from voiceactors.http import linked
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients
+from voiceactors.realtime.session_settings import SessionSettings
 from voiceactors.logs import get_logger
 from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings
@@ -106,7 +107,7 @@ def call_id_of(value: Any) -> str:
     return value.strip()
 
 
-def _read_config(read: Any, settings: Settings) -> Any:
+def read_config(read: Any, settings: Settings) -> Any:
     """A journal-config value (kept in memory by ``config``, re-read on
     change: no worker thread); an unreadable config (EMFILE, EACCES, EIO) is
     503 "could not read configuration", never "not configured"."""
@@ -119,7 +120,7 @@ def _read_config(read: Any, settings: Settings) -> Any:
 
 def openai_key(settings: Settings) -> str:
     """The OpenAI key; 503 when none is configured or the config cannot be read."""
-    key: str | None = _read_config(config.openai_api_key, settings)
+    key: str | None = read_config(config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
     return key
@@ -166,9 +167,11 @@ async def _instruction(settings: Settings, runtime: Runtime) -> str:
 
 
 def session_config(settings: Settings, model: str, instruction: str,
-                   source_tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                   source_tools: list[dict[str, Any]] | None = None,
+                   chosen: SessionSettings = SessionSettings()) -> dict[str, Any]:
     """The ``session`` of the client-secret request; ``source_tools``: the
-    MCP sources' tools, after ours (``http/mcp_credentials.py``)."""
+    MCP sources' tools, after ours (``http/mcp_credentials.py``); ``chosen``:
+    the journal's session settings, only those set (none: no field added)."""
     return {
         "type": "realtime",
         "model": model,
@@ -176,6 +179,7 @@ def session_config(settings: Settings, model: str, instruction: str,
         "tools": manifest(settings.tool_name_style) + list(source_tools or ()),
         "tool_choice": "auto",
         "output_modalities": ["audio"],
+        **chosen.session_fields(),
     }
 
 
@@ -219,12 +223,13 @@ async def create_session() -> Any:
     link = await linked.verified(requested, settings)
     instruction = linked.instruction(await _instruction(settings, _runtime()), link)
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
-    model = _read_config(config.voice_model, settings)
+    model = read_config(config.voice_model, settings)
+    chosen: SessionSettings = read_config(config.session_settings, settings)
     started = trio.current_time()
     try:
         assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
         value = await mint_client_secret(settings, voice.openai_clients, key,
-                                         session_config(settings, model, instruction, sources))
+                                         session_config(settings, model, instruction, sources, chosen))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
         _log.error("http.session_mint_failed", error_type=type(error).__name__,
                    status=getattr(error, "status_code", None), detail=str(error)[:300],

@@ -5,7 +5,7 @@ loopback sockets (``sim.refuse_next``), on ``autojump_clock``."""
 
 from __future__ import annotations
 
-import trio
+import pytest
 
 from calls_support import assert_valid_client_events, rig, steady
 from test_call_protocol import Wire, confirmed, created, done, error, event, item_added, item_done
@@ -187,20 +187,26 @@ def _one_tool(call_id: str) -> list[dict]:
     ]
 
 
-async def test_a_rate_limited_create_is_retried_and_the_answer_spoken(tmp_path, autojump_clock):
+@pytest.mark.parametrize("code", [RATE_LIMIT, "inference_rate_limit_exceeded", "server_busy"])
+async def test_a_refused_create_is_retried_and_the_answer_spoken(tmp_path, autojump_clock, code):
+    """Before, a rate limit or an unknown code failed the batch for good: the
+    model never spoke the answer."""
     scenario = steady([*_one_tool("call_A"), {"close": 1000}])
     async with rig(tmp_path) as r:
         r.sim.add_call("rtc_rate", scenario)
-        r.sim.refuse_next("rtc_rate", "response.create", RATE_LIMIT, times=2)
+        r.sim.refuse_next("rtc_rate", "response.create", code, times=2)
         actor, sc = await r.run_call("rtc_rate")
         record = r.record("rtc_rate")
     assert actor.end_reason == "closed_by_service"
     assert_valid_client_events(sc)
-    assert [code for code, _ in sc.refused] == [RATE_LIMIT, RATE_LIMIT]
+    assert [code_ for code_, _ in sc.refused] == [code, code]
     assert sc.response_creates == 3
     assert [(x.origin, x.status) for x in sc.responses] == [("scenario", "completed"), ("client", "completed")]
-    results = [line["result"] for line in record if line["kind"] == "response_create"]
-    assert results == [f"error:{RATE_LIMIT}", f"error:{RATE_LIMIT}", "sent"]
+    lines = [line for line in record if line["kind"] == "response_create"]
+    assert [line["result"] for line in lines] == [f"error:{code}", f"error:{code}", "sent"]
+    # each retry waited its backoff (record times are rounded to the millisecond)
+    waits = [round(later["t"] - earlier["t"], 3) for earlier, later in zip(lines, lines[1:])]
+    assert waits[0] >= BACKOFF_S[0] and waits[1] >= BACKOFF_S[1]
 
 
 async def test_an_output_the_service_forgot_is_rejected_never_resent(tmp_path, autojump_clock):

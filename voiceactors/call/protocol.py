@@ -21,7 +21,9 @@ The rules (``docs/calls.md`` has the long form):
   once every output is written, only while no response is active and only if
   the batch's epoch is current; ``conversation_already_has_active_response``
   naming our event sends us back to waiting for the active response to end
-  (or, when we know of none, a blind retry after ``BLIND_RETRY_S``);
+  (or, when we know of none, a blind retry after ``BLIND_RETRY_S``); every
+  other ``error`` does what its row in ``refusals.REFUSALS`` says (back off
+  and retry, forget the tool call, end the call);
 * ``speech_started`` and a cancelled response advance the epoch and cancel the
   older epoch's reads at the executor; older work still answers its tool call
   id but never asks for a response.

@@ -237,3 +237,16 @@ async def test_session_expired_ends_the_call_as_session_expired(tmp_path, autoju
     (end,) = [line for line in record if line["kind"] == "end"]
     assert end["reason"] == "session_expired"
     assert sc.response_creates == 1
+
+
+async def test_rate_limits_from_the_service_reach_the_process_gauges(tmp_path, autojump_clock):
+    limits = [{"name": "requests", "limit": 5000, "remaining": 4987, "reset_seconds": 0.2},
+              {"name": "tokens", "limit": 40000, "remaining": 31234, "reset_seconds": 3.5}]
+    scenario = steady([{"user_turn": {"text": "hello"}}, {"response": {"text": "Hi.", "rate_limits": limits}},
+                       {"close": 1000}])
+    async with rig(tmp_path) as r:
+        actor, _ = await r.run_call("rtc_limits", scenario)
+    assert actor.end_reason == "closed_by_service"
+    text = metrics.render()[0].decode()
+    assert 'voiceactors_rate_limit_remaining{limit="requests"} 4987.0' in text
+    assert 'voiceactors_rate_limit_remaining{limit="tokens"} 31234.0' in text

@@ -21,6 +21,7 @@ from voiceactors.call.protocol import (
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
     Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
+from voiceactors.call.refusals import BACKOFF_S
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime.event_view import EventView
 from voiceactors.realtime.events import parse_server_event, read_server_event
@@ -399,16 +400,21 @@ def test_late_active_error_for_an_answered_create_is_not_retried():
     assert len(w.creates()) == 1 and w.p.batches["r1"].follow_up == "model"
 
 
-def test_another_error_on_our_create_fails_the_batch_without_retry():
+def test_another_error_on_our_create_is_retried_a_bounded_number_of_times_then_fails_the_batch():
+    # the backoff's own tests: test_call_refusals.py
     w = Wire()
     one_tool_turn(w)
     w.finish("c1")
     w.write()
-    eid = w.creates()[0].event["event_id"]
-    w.server(error("server_error", eid))
+    for _ in range(len(BACKOFF_S) + 1):
+        eid = w.creates()[-1].event["event_id"]
+        w.server(error("server_error", eid))
+        w.now += max(BACKOFF_S)
+        w.feed(Timer())
+        w.write()
     assert w.p.creates[eid].result == "error:server_error" and w.p.batches["r1"].follow_up == "failed"
     w.server(created("r9"), done("r9"))
-    assert len(w.creates()) == 1
+    assert len(w.creates()) == len(BACKOFF_S) + 1
 
 
 # ----------------------------------------------------------- blind retry

@@ -8,6 +8,7 @@ functions record into the process's default ``METRICS``; actors call those::
     metrics.call_started(); metrics.call_ended()
     metrics.tool_finished("journal.get_day", "ok", 0.012)
     metrics.reconnect()
+    metrics.rate_limits(requests=4999, tokens=39000)
     metrics.usage("gpt-realtime", {"audio_in": 120}, 0.00384)
     metrics.brain_refreshed("ok", refreshed_at=trio.current_time())
     metrics.http_request("/api/voice/session", 200)
@@ -84,6 +85,10 @@ class Metrics:
                                   "isError one, by source and kind.", ["source", "kind"], registry=r)
         self.mcp_latency = Histogram(f"{PREFIX}_mcp_request_seconds", "MCP source request latency, by source "
                                      "and operation.", ["source", "op"], buckets=TOOL_BUCKETS, registry=r)
+        self.rate_limit_remaining = Gauge(
+            f"{PREFIX}_rate_limit_remaining", "What the service last said is left (rate_limits.updated), "
+            "by limit (requests, tokens).", ["limit"], registry=r)
+        self._rate_children = {name: self.rate_limit_remaining.labels(limit=name) for name in ("requests", "tokens")}
         self._tools: set[str] = set()
         self._models: set[str] = set()
         # labelled children by their labels: ``labels()`` takes a lock and
@@ -109,6 +114,12 @@ class Metrics:
 
     def reconnect(self) -> None:
         self.reconnects.inc()
+
+    def rate_limits(self, requests: int | None, tokens: int | None) -> None:
+        if requests is not None:
+            self._rate_children["requests"].set(requests)
+        if tokens is not None:
+            self._rate_children["tokens"].set(tokens)
 
     # --- tools --------------------------------------------------------------
     def _tool_label(self, tool: str) -> str:
@@ -258,6 +269,10 @@ def tool_overhead(seconds: float) -> None:
 
 def tool_turnaround(seconds: float) -> None:
     METRICS.observe_turnaround(seconds)
+
+
+def rate_limits(requests: int | None, tokens: int | None) -> None:
+    METRICS.rate_limits(requests, tokens)
 
 
 def gc_pause(generation: int, seconds: float) -> None:

@@ -49,7 +49,7 @@ from voiceactors.call.record import CallRecord
 from voiceactors.call.event_capture import EventCapture
 from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
-    Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish,
+    Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish, RateLimits,
     PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished,
     WakeAt, Written, WrittenAtClose,
 )
@@ -356,6 +356,9 @@ class CallActor:
         metrics.usage(effect.model, effect.tokens, effect.cost_usd)
         if self._on_cost is not None and effect.cost_usd:
             self._on_cost(effect.cost_usd)
+
+    def _do_rate_limits(self, effect: RateLimits) -> None:
+        metrics.rate_limits(effect.requests, effect.tokens)
 
     def _do_start(self, effect: StartTool) -> None:
         if not effect.prefetched:   # else its Prefetch's run is already at the executor
@@ -1085,4 +1088,5 @@ _EFFECT_HANDLERS: dict[type, Callable[[CallActor, Any], None]] = {
     WakeAt: CallActor._do_wake,
     EndCall: CallActor._do_end,
     CountUsage: CallActor._do_count_usage,
+    RateLimits: CallActor._do_rate_limits,
 }

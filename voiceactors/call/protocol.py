@@ -21,7 +21,9 @@ The rules (``docs/calls.md`` has the long form):
   once every output is written, only while no response is active and only if
   the batch's epoch is current; ``conversation_already_has_active_response``
   naming our event sends us back to waiting for the active response to end
-  (or, when we know of none, a blind retry after ``BLIND_RETRY_S``);
+  (or, when we know of none, a blind retry after ``BLIND_RETRY_S``); every
+  other ``error`` does what its row in ``refusals.REFUSALS`` says (back off
+  and retry, forget the tool call, end the call);
 * ``speech_started`` and a cancelled response advance the epoch and cancel the
   older epoch's reads at the executor; older work still answers its tool call
   id but never asks for a response.
@@ -45,6 +47,9 @@ from voiceactors.call.state import (
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
 from voiceactors.call.state import ToolFinished as ToolFinished
 from voiceactors.call.call_context import CallContext
+# re-exported: the actor, the supervisor and the tests name it from here
+from voiceactors.call.end_reason import EndReason as EndReason
+from voiceactors.call.refusals import ACTIVE_RESPONSE as ACTIVE_RESPONSE, RefusalAction, backoff_s, refusal_of
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
@@ -52,37 +57,16 @@ from voiceactors.realtime.event_view import EventView
 from voiceactors.tool_effect import READ, ToolEffect
 
 
-class EndReason(StrEnum):
-    """Why a call ended (the ``end`` line of the call record, ``call.ended``)."""
-
-    CLOSED = "closed_by_service"          # clean close 1000/1001
-    GONE = "call_gone"                    # 404/410 at the handshake
-    IDLE = "idle_timeout"
-    MAX = "max_duration"
-    EXHAUSTED = "reconnect_exhausted"
-    NO_KEY = "no_api_key"
-    CONFIG_UNREADABLE = "config_unreadable"   # the journal config could not be read at any attempt
-    UNAUTHORIZED = "unauthorized"         # 401/403 at the handshake, or an invalid_api_key error
-    QUOTA = "insufficient_quota"          # the service's insufficient_quota error
-    SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
-    BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (meter.py)
-    AUTH_EXPIRED = "auth_expired"         # an MCP source refused the call's own token (docs/mcp.md)
-    ERROR = "error"                       # a bug: logged with its traceback
-
-
 #: The server events the protocol acts on; the reader skips the rest (deltas,
-#: audio buffer and rate-limit events) without validating them.
+#: audio buffer events) without validating them.
 HANDLED_EVENTS = frozenset({
     "response.created", "response.output_item.added", "response.output_item.done",
     "response.function_call_arguments.done", "response.done", "input_audio_buffer.speech_started",
     "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
     "conversation.item.input_audio_transcription.completed",
-    "response.output_audio_transcript.done", "response.output_text.done",
+    "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
 })
 
-ACTIVE_RESPONSE = "conversation_already_has_active_response"
-#: Service error codes after which the call cannot go on: it ends at once.
-FATAL_ERRORS = {"invalid_api_key": EndReason.UNAUTHORIZED, "insufficient_quota": EndReason.QUOTA}
 #: Longest tool name kept from the peer (ours are under 40 characters).
 TOOL_NAME_MAX = 128
 #: Longest peer-sent string (error code, type, event id) put in a log line.
@@ -301,8 +285,17 @@ class CountUsage:
     cost_usd: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class RateLimits:
+    """A ``rate_limits.updated``: what the service says is left (None: not
+    reported), for the metrics' gauges."""
+
+    requests: int | None
+    tokens: int | None
+
+
 Effect = (Send | StartTool | Prefetch | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
-          | CountUsage)
+          | CountUsage | RateLimits)
 
 
 def _always() -> bool:
@@ -347,6 +340,8 @@ class CallProtocol:
         self.create_inflight: str | None = None
         self.retry_at: float | None = None          # math.inf: retries used up, wait for a response event
         self._blind_retries = 0
+        self._backoff_retries = 0                   # retries of refused creates since one was accepted
+        self._refused_outright: set[str] = set()    # tool call ids whose only write the service refused
         self.seq = 0                                # server frames received
         self.connected = False                      # a writer takes Send effects
         self.log_budget = rt.LogBudget()            # peer-triggered log lines (skipped frames, errors)
@@ -530,6 +525,8 @@ class CallProtocol:
             self._transcript("assistant", event.transcript, event.item_id)
         elif kind == "response.output_text.done":
             self._transcript("assistant", event.text, event.item_id)
+        elif kind == "rate_limits.updated":
+            self._on_rate_limits(event.rate_limits)
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
@@ -551,6 +548,7 @@ class CallProtocol:
             create.response_id = rid
             batch.origin = Origin.OURS
             self.create_inflight = None
+            self._backoff_retries = 0
         elif new:
             self._carried_forward_by(batch)
         if self.debug_logs:
@@ -688,48 +686,58 @@ class CallProtocol:
             self._speech_turn = False
 
     def _on_error(self, error: Any) -> None:
+        """An ``error``: what it does is ``refusals.REFUSALS``' row for its
+        code; the event it names (``event_id``) was not applied."""
         event_id, code = error.event_id, error.code
-        fatal = FATAL_ERRORS.get(code or "")
-        if fatal is not None:
-            self._log(LogLevel.ERROR, "realtime.fatal_error", code=code, epoch=self.epoch)
-            self._emit(EndCall(fatal))
+        refusal = refusal_of(code)
+        if refusal.end is not None:
+            self._log(LogLevel.ERROR, "realtime.fatal_error", code=code, epoch=self.epoch, end=refusal.end)
+            self._emit(EndCall(refusal.end))
             return
         if self.log_budget.allow():
             self._log(LogLevel.WARNING, "realtime.error", code=rt.clip(code, PEER_STRING_MAX),
                       error_type=rt.clip(error.type, PEER_STRING_MAX),
-                      event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch,
+                      event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch, action=refusal.action,
                       suppressed=self.log_budget.take_suppressed() or None)
         if event_id in self.creates:
-            self._on_create_error(self.creates[event_id], code)
+            self._on_create_error(self.creates[event_id], code, refusal.action)
         elif event_id in self._output_events:
-            call = self.calls[self._output_events[event_id]]
-            if call.state in (ToolCallState.SENT, ToolCallState.QUEUED):
-                # The service refused this output (already answered after a
-                # resend, or an id it no longer knows): never send it again.
-                advance(call, ToolCallEvent.REJECT)
-                self._record_settled(call)
-            self._maybe_follow_up()
+            self._on_output_refused(self.calls[self._output_events[event_id]])
 
-    def _on_create_error(self, create: CreateSent, code: str | None) -> None:
+    def _on_output_refused(self, call: ToolCall) -> None:
+        """The service refused this output (already answered after a resend,
+        or an id it no longer knows): never sent again, not answered. A
+        batch whose every output was refused outright (never written before)
+        asks for no response: the service awaits none of them."""
+        if call.state in (ToolCallState.SENT, ToolCallState.QUEUED):
+            if call.sends - (call.state == ToolCallState.SENT) == 0:
+                # the refused write was its only one; an output written on an
+                # earlier socket may be in the conversation (a resend refused)
+                self._refused_outright.add(call.tool_call_id)
+            advance(call, ToolCallEvent.REJECT)
+            self._record_settled(call)
+            batch = self.batches[call.response_id]
+            if batch.follow_up is None and all(c in self._refused_outright for c in batch.calls):
+                batch.follow_up = FollowUp.REFUSED
+        self._maybe_follow_up()
+
+    def _on_create_error(self, create: CreateSent, code: str | None, action: RefusalAction) -> None:
         if self.create_inflight == create.event_id:
             self.create_inflight = None
         if create.response_id is not None:
             # the response.created we took for ours was the model's
             self.batches[create.response_id].origin = Origin.MODEL
         ours = [self.batches[r] for r in create.batches if self.batches[r].follow_up == FollowUp.OURS]
-        if code == ACTIVE_RESPONSE:
+        if action == RefusalAction.WAIT_FOR_RESPONSE:
             create.result = CreateResult.REJECTED_ACTIVE
-            for batch in ours:
-                batch.follow_up = None
-                self._undecided[batch.response_id] = batch
+            self._undecide(ours)
             for rid in self.active:
                 self._carried_forward_by(self.batches[rid])
             if not self.active and self._blind_retries < BLIND_RETRIES:
                 # active on the service but not to us: retry later (a
                 # response.done wakes us sooner)
                 self._blind_retries += 1
-                self.retry_at = self._now + BLIND_RETRY_S
-                self._emit(WakeAt(self.retry_at))
+                self._retry_after(BLIND_RETRY_S)
             elif not self.active:
                 # retries used up: no immediate resend (that would loop while
                 # the service keeps refusing); the next response.created or
@@ -737,9 +745,37 @@ class CallProtocol:
                 self.retry_at = math.inf
         else:
             create.result = f"error:{code}"
-            for batch in ours:
-                batch.follow_up = FollowUp.FAILED
+            delay = backoff_s(self._backoff_retries) if action == RefusalAction.BACKOFF else None
+            if delay is not None and ours:
+                # not applied: the same batches are asked for again after the wait
+                self._backoff_retries += 1
+                self._undecide(ours)
+                self._retry_after(delay)
+            else:
+                for batch in ours:
+                    batch.follow_up = FollowUp.FAILED
+                if ours:
+                    self._log(LogLevel.WARNING, "response.create_given_up", code=rt.clip(code, PEER_STRING_MAX),
+                              batches=[b.response_id for b in ours], retries=self._backoff_retries)
         self._maybe_follow_up()
+
+    def _undecide(self, batches: list[Batch]) -> None:
+        for batch in batches:
+            batch.follow_up = None
+            self._undecided[batch.response_id] = batch
+
+    def _retry_after(self, delay: float) -> None:
+        self.retry_at = self._now + delay
+        self._emit(WakeAt(self.retry_at))
+
+    def _on_rate_limits(self, limits: Any) -> None:
+        remaining: dict[str, int] = {}
+        for limit in limits or ():
+            name, left = getattr(limit, "name", None), getattr(limit, "remaining", None)
+            if name in ("requests", "tokens") and isinstance(left, (int, float)) and not isinstance(left, bool):
+                remaining[name] = int(left)
+        if remaining:
+            self._emit(RateLimits(remaining.get("requests"), remaining.get("tokens")))
 
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
         if not text:

@@ -28,7 +28,8 @@ A ``Batch`` is one model response and the tool calls it carried; its
 ``ours`` (we sent ``response.create``), ``model`` (a response the model
 started after every output was confirmed did it), ``superseded`` (the user
 took the floor: a newer epoch), ``failed`` (the service refused our
-``response.create`` for another reason) or None (not yet decided).
+``response.create`` and we gave up, ``refusals.py``), ``refused`` (the
+service refused every output of the batch) or None (not yet decided).
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class FollowUp(StrEnum):
     MODEL = "model"
     SUPERSEDED = "superseded"
     FAILED = "failed"
+    REFUSED = "refused"        # the service refused every output of it: it awaits no response for them
 
 
 class CreateResult(StrEnum):

@@ -103,6 +103,7 @@ const VA = (() => {
     config_unreadable: "the journal's config could not be read",
     unauthorized: "the voice service refused the server's OpenAI key",
     insufficient_quota: "the OpenAI account is out of credit",
+    session_expired: "the voice service's session reached its 60-minute limit",
     shutdown: "the server shut down",
     budget_spent: "the call reached its spending limit",
     auth_expired: "a connected service refused the call's access",

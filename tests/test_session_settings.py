@@ -204,7 +204,7 @@ async def test_a_bad_value_edited_in_later_is_logged_and_left_to_the_service(mak
             session = await minted_session(client, sim)
         assert "reasoning" not in session and session["parallel_tool_calls"] is True
         conforms(session)
-    [line] = [e for e in captured if e["event"] == "voice_config.voice_setting_invalid"]
+    [line] = [e for e in captured if e["event"] == "config.voice_setting_invalid"]
     assert line["log_level"] == "error"
     assert line["error"] == ("voice.reasoning_effort must be one of " + ", ".join(REASONING_EFFORTS)
                              + ", not 'max'")

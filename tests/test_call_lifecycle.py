@@ -268,7 +268,7 @@ async def test_an_unreadable_key_config_is_a_failed_connect_that_is_retried(tmp_
     """The key provider reads the journal config; an I/O error there
     (``ConfigUnreadable``) is one failed connect attempt, retried after the
     backoff like any other, never a crash of the call."""
-    from voiceactors.config import ConfigUnreadable
+    from voiceactors.voice_config import ConfigUnreadable
 
     attempts = []
 

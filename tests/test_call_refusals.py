@@ -12,7 +12,7 @@ from test_call_protocol import Wire, confirmed, created, done, error, event, ite
 from voiceactors import metrics
 from voiceactors.call.protocol import EndCall, EndReason, Log, RateLimits, Received, Send, Timer, WakeAt
 from voiceactors.call.refusals import BACKOFF_S, REFUSALS, UNKNOWN, RefusalAction, refusal_of
-from voiceactors.simulator.refusals import KNOWN_CODES
+from voiceactors.simulator.refusal_errors import KNOWN_CODES
 
 RATE_LIMIT = "rate_limit_exceeded"
 

@@ -14,7 +14,7 @@ import trio
 
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.brain_flight import BrainFlight
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 from voiceactors.cluster.redis_client import RegistryDown
 
 

@@ -16,7 +16,7 @@ from calls_support import KEY, real_time_limit, rig
 from redis_support import redis_server  # noqa: F401  (the fixture)
 from voiceactors.messages import ConnectOutcome
 from voiceactors.call.supervisor import CallSupervisor
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 
 CALL = "rtc_leased"
 

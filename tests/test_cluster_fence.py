@@ -35,7 +35,7 @@ from voiceactors.call.record import read_record, record_path
 from voiceactors.call.recovery import RESTARTED_OUTPUT
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.fence import send_guard
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 

@@ -24,7 +24,7 @@ import trio
 from calls_support import Sideband, assert_clean_protocol, rig, sideband_stream, steady
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 

@@ -12,7 +12,7 @@ import trio
 
 from redis_support import REDIS_SERVER, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import Lease, RedisRegistry
+from voiceactors.cluster.call_registry import Lease, RedisRegistry
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
 

@@ -19,7 +19,7 @@ from redis_support import redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster import redis_client as rc
 from voiceactors.cluster.fence import send_guard
 from voiceactors.cluster.leases import keep_lease, stop_margin
-from voiceactors.cluster.registry import Lease, RedisRegistry
+from voiceactors.cluster.call_registry import Lease, RedisRegistry
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator
 

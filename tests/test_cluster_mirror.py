@@ -15,7 +15,7 @@ import trio
 from redis_support import REDIS_SERVER, expire_lease_now, redis_server  # noqa: F401  (the fixture)
 from voiceactors.call.call_context import CallContext, LinkedContext, carried_view, taken_over_context
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 from voiceactors.linked_context.references import Reference, Unverified
 
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")

@@ -28,7 +28,7 @@ from test_reliability_faults import item_file
 from voiceactors.executor.actor import SHARED_LOG_DOWN, ToolExecutor
 from voiceactors.messages import ToolRequest, ask
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry, RegistryDown
+from voiceactors.cluster.call_registry import RedisRegistry, RegistryDown
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings

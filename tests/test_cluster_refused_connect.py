@@ -32,7 +32,7 @@ from redis_support import REDIS_SERVER, expire_lease_now, redis_server  # noqa: 
 from test_call_crash import crash_scenario
 from test_reliability_faults import item_file, open_item
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry, RegistryDown
+from voiceactors.cluster.call_registry import RedisRegistry, RegistryDown
 from voiceactors.http import errors as E
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.simulator import Simulator

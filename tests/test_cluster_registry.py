@@ -16,7 +16,7 @@ import trio
 
 from redis_support import RedisServer, expire_lease_now, redis_server  # noqa: F401  (the fixture)
 from voiceactors.cluster.leases import keep_lease, stop_margin
-from voiceactors.cluster.registry import RedisRegistry, RegistryDown, WriteClaim
+from voiceactors.cluster.call_registry import RedisRegistry, RegistryDown, WriteClaim
 from voiceactors.settings import InvalidSettings, Settings
 
 TTL = 30.0

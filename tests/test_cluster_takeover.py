@@ -19,7 +19,7 @@ from voiceactors.executor import write_log
 from voiceactors.call.recovery import RESTARTED_OUTPUT
 from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 from voiceactors.simulator import ToolCallRecord
 
 CALL = "rtc_orphan"

@@ -22,7 +22,7 @@ from test_reliability_faults import item_file, ledger_close_edits
 from voiceactors.executor.actor import JOURNAL_BUSY, NOT_HOLDER, SHARED_LOG_DOWN, ToolExecutor
 from voiceactors.messages import ToolRequest, ask
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 from voiceactors.journal import ledger
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.settings import Settings

@@ -1,4 +1,4 @@
-"""voiceactors.config: the journal's voice block first, then env, then defaults."""
+"""voiceactors.voice_config: the journal's voice block first, then env, then defaults."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clock_support import serving
-from voiceactors import config, logs
+from voiceactors import voice_config, logs
 from voiceactors.settings import Settings
 
 
@@ -28,86 +28,86 @@ def _settings(root: Path, env_key: str | None = None) -> Settings:
 
 def test_journal_key_beats_env(tmp_path):
     root = _journal(tmp_path, {"openai_api_key": "sk-journal-key-123"})
-    assert config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-journal-key-123"
+    assert voice_config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-journal-key-123"
 
 
 @pytest.mark.parametrize("blank", ["", "   ", None, 42])
 def test_blank_journal_key_falls_back_to_env(tmp_path, blank):
     root = _journal(tmp_path, {"openai_api_key": blank})
-    assert config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-env-key-456"
+    assert voice_config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-env-key-456"
 
 
 def test_missing_key_is_none(tmp_path):
-    assert config.openai_api_key(_settings(_journal(tmp_path, {}))) is None
-    assert config.openai_api_key(_settings(_journal(tmp_path / "b"))) is None
+    assert voice_config.openai_api_key(_settings(_journal(tmp_path, {}))) is None
+    assert voice_config.openai_api_key(_settings(_journal(tmp_path / "b"))) is None
 
 
 def test_key_read_at_call_time(tmp_path):
     root = _journal(tmp_path, {})
     settings = _settings(root)
-    assert config.openai_api_key(settings) is None
+    assert voice_config.openai_api_key(settings) is None
     (root / "config" / "journal.json").write_text(json.dumps({"voice": {"openai_api_key": "sk-later-key-789"}}))
-    assert config.openai_api_key(settings) == "sk-later-key-789"
+    assert voice_config.openai_api_key(settings) == "sk-later-key-789"
 
 
 def test_key_is_registered_with_the_log_scrubber(tmp_path):
     root = _journal(tmp_path, {"openai_api_key": "plainkey-without-prefix"})
-    config.openai_api_key(_settings(root))
+    voice_config.openai_api_key(_settings(root))
     assert logs.scrub("key=plainkey-without-prefix") == "key=[redacted]"
 
 
 def test_defaults(tmp_path):
     settings = _settings(_journal(tmp_path))
-    assert config.voice_model(settings) == "gpt-realtime"
-    assert config.brain_model(settings) == "haiku"
-    assert config.brain_model(settings, default="gpt-5-mini") == "gpt-5-mini"
-    assert config.brain_backend(settings) == "local"
+    assert voice_config.voice_model(settings) == "gpt-realtime"
+    assert voice_config.brain_model(settings) == "haiku"
+    assert voice_config.brain_model(settings, default="gpt-5-mini") == "gpt-5-mini"
+    assert voice_config.brain_backend(settings) == "local"
 
 
 def test_defaults_without_any_config(tmp_path):
     settings = _settings(tmp_path / "no-journal-here")
-    assert config.openai_api_key(settings) is None
-    assert config.voice_model(settings) == "gpt-realtime"
-    assert config.brain_backend(settings) == "local"
+    assert voice_config.openai_api_key(settings) is None
+    assert voice_config.voice_model(settings) == "gpt-realtime"
+    assert voice_config.brain_backend(settings) == "local"
 
 
 def test_corrupt_config_means_defaults(tmp_path):
     settings = _settings(_journal(tmp_path, raw="{not json"), "sk-env-key-456")
-    assert config.voice_model(settings) == "gpt-realtime"
-    assert config.openai_api_key(settings) == "sk-env-key-456"
+    assert voice_config.voice_model(settings) == "gpt-realtime"
+    assert voice_config.openai_api_key(settings) == "sk-env-key-456"
 
 
 def test_journal_values(tmp_path):
     root = _journal(tmp_path, {"model": "gpt-realtime-mini", "brain_model": "sonnet", "brain": " Claude "})
     settings = _settings(root)
-    assert config.voice_model(settings) == "gpt-realtime-mini"
-    assert config.brain_model(settings) == "sonnet"
-    assert config.brain_backend(settings) == "claude"
+    assert voice_config.voice_model(settings) == "gpt-realtime-mini"
+    assert voice_config.brain_model(settings) == "sonnet"
+    assert voice_config.brain_backend(settings) == "claude"
 
 
 def test_unknown_backend_falls_back_to_local(tmp_path):
-    assert config.brain_backend(_settings(_journal(tmp_path, {"brain": "gpt-9"}))) == "local"
+    assert voice_config.brain_backend(_settings(_journal(tmp_path, {"brain": "gpt-9"}))) == "local"
 
 
 def test_voice_block_not_an_object(tmp_path):
     settings = _settings(_journal(tmp_path, ["openai_api_key"]), "sk-env-key-456")
-    assert config.openai_api_key(settings) == "sk-env-key-456"
-    assert config.brain_model(settings) == "haiku"
+    assert voice_config.openai_api_key(settings) == "sk-env-key-456"
+    assert voice_config.brain_model(settings) == "haiku"
 
 
 def test_an_unreadable_config_is_not_a_missing_one(tmp_path):
     root = tmp_path / "journal"
     (root / "config" / "journal.json").mkdir(parents=True)      # exists, cannot be read as a file
-    with pytest.raises(config.ConfigUnreadable, match="could not read journal.json"):
-        config.openai_api_key(_settings(root, "sk-env-key-456"))
-    assert config.brain_backend(_settings(root)) == "local"     # the brain's choices use defaults
+    with pytest.raises(voice_config.ConfigUnreadable, match="could not read journal.json"):
+        voice_config.openai_api_key(_settings(root, "sk-env-key-456"))
+    assert voice_config.brain_backend(_settings(root)) == "local"     # the brain's choices use defaults
 
 
 def test_a_config_folder_that_is_a_file_means_no_config(tmp_path):
     root = tmp_path / "journal"
     root.mkdir()
     (root / "config").write_text("not a folder")                 # journal.json cannot exist under it
-    assert config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-env-key-456"
+    assert voice_config.openai_api_key(_settings(root, "sk-env-key-456")) == "sk-env-key-456"
 
 
 # --- kept in memory, re-read on change (issue 14: no worker thread for the key) ------------
@@ -129,11 +129,11 @@ def test_an_unchanged_file_is_not_read_again(tmp_path):
     old = time.time_ns() - 3600 * 10**9            # an hour ago: past the racy window
     os.utime(path, ns=(old, old))
     settings = _settings(root)
-    assert config.openai_api_key(settings) == "sk-cached-key-AAAA"
+    assert voice_config.openai_api_key(settings) == "sk-cached-key-AAAA"
     _rewrite_in_place(path, path.read_text().replace("AAAA", "BBBB"), old)
-    assert config.openai_api_key(settings) == "sk-cached-key-AAAA"   # the stamp says unchanged: not read
+    assert voice_config.openai_api_key(settings) == "sk-cached-key-AAAA"   # the stamp says unchanged: not read
     os.utime(path, ns=(old + 1, old + 1))                             # any change of the stamp
-    assert config.openai_api_key(settings) == "sk-cached-key-BBBB"
+    assert voice_config.openai_api_key(settings) == "sk-cached-key-BBBB"
 
 
 def test_a_file_changed_moments_ago_is_read_again_even_with_the_same_stamp(tmp_path):
@@ -144,9 +144,9 @@ def test_a_file_changed_moments_ago_is_read_again_even_with_the_same_stamp(tmp_p
     now = time.time_ns()                           # within RACY_S: a same-tick edit could hide
     os.utime(path, ns=(now, now))
     settings = _settings(root)
-    assert config.openai_api_key(settings) == "sk-racy-key-AAAA"
+    assert voice_config.openai_api_key(settings) == "sk-racy-key-AAAA"
     _rewrite_in_place(path, path.read_text().replace("AAAA", "BBBB"), now)
-    assert config.openai_api_key(settings) == "sk-racy-key-BBBB"
+    assert voice_config.openai_api_key(settings) == "sk-racy-key-BBBB"
 
 
 def test_a_config_that_goes_away_or_turns_unreadable_is_seen_at_once(tmp_path):
@@ -157,12 +157,12 @@ def test_a_config_that_goes_away_or_turns_unreadable_is_seen_at_once(tmp_path):
     old = time.time_ns() - 3600 * 10**9
     os.utime(path, ns=(old, old))
     settings = _settings(root, "sk-env-key-456")
-    assert config.openai_api_key(settings) == "sk-gone-key-AAAA"
+    assert voice_config.openai_api_key(settings) == "sk-gone-key-AAAA"
     path.unlink()
-    assert config.openai_api_key(settings) == "sk-env-key-456"
+    assert voice_config.openai_api_key(settings) == "sk-env-key-456"
     path.mkdir()                                   # exists, cannot be read as a file: EISDIR
-    with pytest.raises(config.ConfigUnreadable):
-        config.openai_api_key(settings)
+    with pytest.raises(voice_config.ConfigUnreadable):
+        voice_config.openai_api_key(settings)
 
 
 async def test_routes_read_the_key_without_a_worker_thread(tmp_path):

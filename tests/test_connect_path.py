@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from calls_support import KEY, Sideband, rig, steady
 from voiceactors.messages import Connect, ask
 from voiceactors.call.supervisor import CallSupervisor
-from voiceactors.config import DEFAULT_VOICE_MODEL, ConfigUnreadable
+from voiceactors.voice_config import DEFAULT_VOICE_MODEL, ConfigUnreadable
 
 
 async def test_the_model_is_read_on_the_trio_thread_and_prices_the_call(tmp_path):

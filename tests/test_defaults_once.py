@@ -31,7 +31,7 @@ NOT_SETTINGS = {
     ("voiceactors/simulator/service.py", "host"): "the simulator's listen address, not the server's",
     ("voiceactors/cli.py", "timeout"): "`replay --timeout`: how long a replay's gate waits",
     ("voiceactors/replay.py", "timeout_s"): "how long a replay's gate waits",
-    ("voiceactors/simulator/replay.py", "timeout_s"): "how long a replay's gate waits",
+    ("voiceactors/simulator/capture_player.py", "timeout_s"): "how long a replay's gate waits",
     ("voiceactors/realtime/events.py", "burst"): "a log line rate's burst, not the HTTP rate limit's",
 }
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}

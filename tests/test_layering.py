@@ -43,8 +43,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "voiceactors.linked_context", "voiceactors.openai_clients", "voiceactors.tool_effect",
         "voiceactors.realtime.session_settings")),
     ("the journal and its configuration", (
-        "voiceactors.journal", "voiceactors.config", "voiceactors.notices", "voiceactors.linked_context.resolve")),
-    ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.discovery")),
+        "voiceactors.journal", "voiceactors.voice_config", "voiceactors.notices", "voiceactors.linked_context.resolve")),
+    ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.tool_specs")),
     ("the call's pure core and its transports, the Realtime client, the brain's backends, the actors' messages, "
      "the day's usage, the write log", (
         "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
@@ -365,11 +365,11 @@ def test_the_cli_may_import_the_simulator_only_lazily(tmp_path):
 def test_an_import_from_a_layer_above_is_named_lazy_or_not(tmp_path):
     package = _tree(tmp_path, {"settings.py": "def check():\n    from voiceactors.tools import registry\n",
                                "tools/__init__.py": "", "tools/registry.py": "",
-                               "cluster/__init__.py": "", "cluster/registry.py": "from voiceactors.call import feed\n",
+                               "cluster/__init__.py": "", "cluster/call_registry.py": "from voiceactors.call import feed\n",
                                "call/__init__.py": "", "call/feed.py": "",
                                "call/call_context.py": "", "cluster/leases.py": "import voiceactors.call.call_context\n"})
     assert upward_imports(package) == [
-        "voiceactors/cluster/registry.py:1: voiceactors.cluster.registry (the call registry and the rest of scaling "
+        "voiceactors/cluster/call_registry.py:1: voiceactors.cluster.call_registry (the call registry and the rest of scaling "
         "out) imports voiceactors.call.feed, a layer above (the actors)",
         "voiceactors/settings.py:2 (inside a function): voiceactors.settings (foundation: logging, time, files, "
         "settings and their plain data) imports voiceactors.tools.registry, a layer above (the tools)"]

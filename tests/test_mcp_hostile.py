@@ -21,7 +21,7 @@ from test_http_routes import make_settings
 from voiceactors.executor.actor import ToolExecutor
 from voiceactors.messages import ToolRequest, ToolResult
 from voiceactors.http import create_app, voice_state
-from voiceactors.mcp.client.discovery import build_specs
+from voiceactors.mcp.client.tool_specs import build_specs
 
 CATASTROPHIC = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
                 "required": ["s"]}

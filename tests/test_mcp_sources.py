@@ -21,7 +21,7 @@ from voiceactors.mcp.client.hub import McpHub, check_sources
 from voiceactors.messages import ToolRequest, ToolResult
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.tools import REGISTRY, ToolContext
-from voiceactors.mcp.client.discovery import build_specs
+from voiceactors.mcp.client.tool_specs import build_specs
 from voiceactors.mcp.client.sources import McpSource
 
 NESTED = {

@@ -35,7 +35,7 @@ from voiceactors.call.record_kind import URGENT_KINDS, RecordKind
 from voiceactors.call import recovery
 from voiceactors.calls_report import report
 from voiceactors.cluster import redis_client as rc
-from voiceactors.cluster.registry import RedisRegistry
+from voiceactors.cluster.call_registry import RedisRegistry
 from voiceactors.linked_context.references import Reference
 from voiceactors.http import history, timeline_svg
 

@@ -20,7 +20,7 @@ from voiceactors.cli import build_parser
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.realtime import events as rt
 from voiceactors.simulator import Simulator
-from voiceactors.simulator.replay import ReplayDriver, ReplayScript
+from voiceactors.simulator.capture_player import ReplayDriver, ReplayScript
 
 REPLAYS = Path(__file__).parent / "replays"
 DAY = dt.date(2026, 3, 27)

@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from calls_support import assert_clean_protocol, received_types, rig, steady
 from clock_support import serving
-from voiceactors import config
+from voiceactors import voice_config
 from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
 from voiceactors.cli import main
 from voiceactors.http import create_app
@@ -95,7 +95,7 @@ def test_the_docs_name_the_sdks_realtime_models():
     from openai.types.realtime.realtime_session_create_request_param import RealtimeSessionCreateRequestParam
     hint = typing.get_type_hints(RealtimeSessionCreateRequestParam)["model"]
     models = [name for member in typing.get_args(hint) for name in typing.get_args(member)]
-    assert "gpt-realtime-2" in models and config.DEFAULT_VOICE_MODEL in models
+    assert "gpt-realtime-2" in models and voice_config.DEFAULT_VOICE_MODEL in models
     row = next(line for line in (Path(__file__).parents[1] / "docs" / "configuration.md").read_text().splitlines()
                if line.startswith("| `model` |"))
     assert [m for m in models if f"`{m}`" not in row] == []
@@ -186,7 +186,7 @@ async def test_without_settings_the_requests_are_unchanged(make_sample, tmp_path
     async with serving(create_app(settings_for(journal, tmp_path, sim))) as test_app:
         client = test_app.test_client()
         session = await minted_session(client, sim)
-        assert list(session) == MINTED_KEYS and session["model"] == config.DEFAULT_VOICE_MODEL
+        assert list(session) == MINTED_KEYS and session["model"] == voice_config.DEFAULT_VOICE_MODEL
         conforms(session)
         call = await connected_call(client, sim, "rtc_settings_none")
     assert "session.update" not in received_types(call)
@@ -254,3 +254,15 @@ async def test_the_idle_timeout_sent_is_the_one_the_service_keeps_time_by(tmp_pa
     assert 7.0 <= trio.current_time() - started < 60
     assert sc.session["audio"]["input"]["turn_detection"] == {"type": "server_vad", "idle_timeout_ms": 7000}
     assert sc.nonconforming == []
+
+
+def test_serve_with_bad_mcp_sources_exits_2_before_serving(tmp_path, make_sample, capsys):
+    """Bad MCP sources were checked only inside the serving loop: a traceback and exit 1."""
+    journal = make_sample(days=1)
+    set_voice(journal, {"mcp_sources": [{"name": "crm"}]})
+    code = main(["serve", "--port", "0", "--journal", str(journal), "--state-dir", str(tmp_path / "state")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "voiceactors: invalid settings: mcp_sources[0]" in err
+    assert "Traceback" not in err and '"server.serving"' not in err
+    assert not (tmp_path / "state").exists()         # refused before anything was created

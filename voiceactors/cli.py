@@ -19,7 +19,7 @@ _COMMANDS = {
     "serve": "voiceactors.server:cli_serve",
     "serve-demo": "voiceactors.demo:cli_serve_demo",     # the server never imports the simulator
     "demo": "voiceactors.demo:cli_demo",
-    "simulate": "voiceactors.simulator.cli:cli_simulate",
+    "simulate": "voiceactors.simulator.command:cli_simulate",
     "replay": "voiceactors.replay:cli_replay",
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",

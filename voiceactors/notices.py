@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 
-from voiceactors import config
+from voiceactors import voice_config
 from voiceactors.journal.days import list_days
 from voiceactors.settings import Settings
 
@@ -23,7 +23,7 @@ class Notice(str, enum.Enum):
 
 #: What to do, in the server's log (the console says it in its own words).
 WHAT_TO_DO: dict[Notice, str] = {
-    # the journal's key is read again on each call (config.py); the environment only at start
+    # the journal's key is read again on each call (voice_config.py); the environment only at start
     Notice.NO_OPENAI_KEY: ("no OpenAI key is configured: calls will be refused. Put voice.openai_api_key in the "
                            "journal's config/journal.json (read again at the next call, no restart), or restart "
                            "with OPENAI_API_KEY set. `voiceactors demo` needs no key."),
@@ -37,9 +37,9 @@ def startup_notices(settings: Settings) -> list[Notice]:
     config and lists its day folders: call off the event loop, or at start)."""
     notices = []
     try:
-        if not config.openai_api_key(settings):
+        if not voice_config.openai_api_key(settings):
             notices.append(Notice.NO_OPENAI_KEY)
-    except config.ConfigUnreadable:
+    except voice_config.ConfigUnreadable:
         pass          # not "no key": an unreadable config is reported where a call needs it
     if not list_days(settings.journal):
         notices.append(Notice.JOURNAL_EMPTY)

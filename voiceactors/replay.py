@@ -2,7 +2,7 @@
 
 ``voiceactors replay FILE`` reads a capture (``call/event_capture.py``,
 setting ``record_events``), starts the Realtime simulator playing it
-(``simulator/replay.py``: our events drive the replay) and this version's
+(``simulator/capture_player.py``: our events drive the replay) and this version's
 runtime (executor, supervisor, call actor) on a journal, lets the call run
 to its end, and compares what we sent — normalised — with the capture's
 *expectation* ``FILE`` with ``.expected.json`` for ``.jsonl``. It prints
@@ -63,7 +63,7 @@ from voiceactors.journal.days import RECORDING_SUFFIXES
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
-from voiceactors.simulator.replay import ReplayDriver, ReplayScript
+from voiceactors.simulator.capture_player import ReplayDriver, ReplayScript
 
 __all__ = ["EXPECTATION_VERSION", "capture_scenario", "cli_replay", "compare", "expectation_path",
            "replay_capture", "replay_folder", "sweep_stale_folders"]

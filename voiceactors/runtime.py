@@ -94,7 +94,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
     from voiceactors.tools.handler_context import ToolContext
 
     from voiceactors.cluster.brain_flight import make_flight
-    from voiceactors.cluster.registry import make_registry
+    from voiceactors.cluster.call_registry import make_registry
 
     registry = make_registry(settings)
     shared = registry if registry.shared else None     # no Redis: the actors as they always were

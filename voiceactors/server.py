@@ -34,10 +34,11 @@ from typing import Any, Awaitable, Callable, TypeVar
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, config, gc_policy, logs, metrics, notices
+from voiceactors import clock, gc_policy, logs, metrics, notices
 from voiceactors.commands import (EXIT_INTERRUPTED, EXIT_RUNTIME_FAILED, EXIT_USAGE, StateDirInUse, console_url,
                                   state_dir_lock)
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
+from voiceactors.http.app import check_journal_settings
 from voiceactors.logs import get_logger
 from voiceactors.settings import InvalidSettings, Settings, flag_values, shutdown_deadlines
 
@@ -312,7 +313,7 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
               "(--journal, VOICEACTORS_JOURNAL or SOLSTONE_JOURNAL)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        config.check_session_settings(settings)    # create_app checks too; here it is a usage error, not a crash
+        check_journal_settings(settings)    # create_app checks too; here it is a usage error, not a crash
     except InvalidSettings as error:
         print(f"voiceactors: {error}", file=sys.stderr)
         return EXIT_USAGE

@@ -8,7 +8,7 @@ tables of ``docs/configuration.md`` (``python -m voiceactors.settings
 --write docs/configuration.md``; a test fails when the doc drifts).
 
 The journal's ``voice`` block (OpenAI key, models, brain backend) is read at
-request time by ``voiceactors.config`` so a changed journal config takes effect
+request time by ``voiceactors.voice_config`` so a changed journal config takes effect
 without a restart; everything here is fixed for the life of the process.
 """
 

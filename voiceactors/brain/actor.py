@@ -50,7 +50,7 @@ from typing import Any
 
 import trio
 
-from voiceactors import clock, config, metrics, safe_text
+from voiceactors import clock, voice_config, metrics, safe_text
 from voiceactors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
 from voiceactors.brain.snapshot import gather
@@ -85,7 +85,7 @@ def _gone(channel: trio.MemorySendChannel[Any]) -> bool:
 class BrainActor:
     def __init__(self, settings: Settings, backend: Any = None, flight: BrainFlight | None = None) -> None:
         self.settings = settings
-        self.backend = backend            # None: chosen by config.brain_backend when run starts
+        self.backend = backend            # None: chosen by voice_config.brain_backend when run starts
         self._flight = flight             # the cluster brain (--redis), else None
         self.version: int | None = None   # the cluster's version of the instruction held
         self.inbox, self._receive = trio.open_memory_channel[BrainMessage](INBOX_SIZE)
@@ -134,7 +134,7 @@ class BrainActor:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the inbox until cancelled."""
         if self.backend is None:
-            self.backend = make_backend(self.settings, await run_sync(config.brain_backend, self.settings))
+            self.backend = make_backend(self.settings, await run_sync(voice_config.brain_backend, self.settings))
         self.session_id = await run_sync(load_session_id, self.settings.journal)
         metrics.set_brain_refreshed_at(None)
         self._log.info("brain.started", backend=self._backend_name(), resumed=self.session_id is not None)

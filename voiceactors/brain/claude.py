@@ -26,7 +26,7 @@ from typing import Any
 
 import trio
 
-from voiceactors import config
+from voiceactors import voice_config
 from voiceactors.brain import BrainError
 from voiceactors.usage import brain_calls as brain_usage
 from voiceactors.brain.snapshot import ContextSnapshot
@@ -110,7 +110,7 @@ class ClaudeBackend:
 
     async def generate(self, snapshot: ContextSnapshot, session_id: str | None) -> tuple[str, str | None]:
         prompt = render_prompt(snapshot.agent_name)
-        model = await run_sync(config.brain_model, self.settings)
+        model = await run_sync(voice_config.brain_model, self.settings)
         if session_id:
             try:
                 return await self._run(prompt, model, session_id)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from voiceactors import config
+from voiceactors import voice_config
 from voiceactors.brain import BrainError
 from voiceactors.usage import brain_calls as brain_usage
 from voiceactors.brain.snapshot import ContextSnapshot, render_text
@@ -52,10 +52,10 @@ class OpenAITextBackend:
         self.clients = clients or OpenAIClients(settings.openai_clients, settings.brain_timeout_s)
 
     async def generate(self, snapshot: ContextSnapshot, session_id: str | None) -> tuple[str, str | None]:
-        key = await run_sync(config.openai_api_key, self.settings)
+        key = await run_sync(voice_config.openai_api_key, self.settings)
         if not key:
             raise BrainError("openai key not configured")
-        model = await run_sync(config.brain_model, self.settings, DEFAULT_MODEL)
+        model = await run_sync(voice_config.brain_model, self.settings, DEFAULT_MODEL)
         try:
             async with self.clients.use(key, self.settings.openai_base_url) as client:
                 answer = await client.chat.completions.create(model=model, messages=messages(snapshot),

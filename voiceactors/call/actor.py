@@ -60,8 +60,8 @@ from voiceactors.cluster.fence import SendFence
 from voiceactors.call.feed import CallFeed
 from voiceactors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult
 from voiceactors.call.recovery import RESTARTED_OUTPUT, PendingCall
-from voiceactors.config import ConfigUnreadable
-from voiceactors.config import DEFAULT_VOICE_MODEL
+from voiceactors.voice_config import ConfigUnreadable
+from voiceactors.voice_config import DEFAULT_VOICE_MODEL
 from voiceactors.logs import get_logger
 from voiceactors.realtime import events as rt
 from voiceactors.realtime import tls as client_tls
@@ -927,7 +927,7 @@ class CallActor:
         """The call's usage meter: its model's prices and the call budget. An
         unreadable config prices the call as the default model. The provider
         runs on the trio thread: the journal's voice block is kept in memory
-        (``config.py``), and a worker-thread hop here was a tenth of a
+        (``voice_config.py``), and a worker-thread hop here was a tenth of a
         connect's CPU."""
         model = self._model
         if callable(model):
@@ -940,7 +940,7 @@ class CallActor:
 
     async def _key(self) -> str | None:
         if callable(self._api_key):
-            return self._api_key()  # the journal config is kept in memory (config.py): no thread hop
+            return self._api_key()  # the journal config is kept in memory (voice_config.py): no thread hop
         return self._api_key
 
     def record_line(self, kind: RecordKind, **fields: object) -> None:

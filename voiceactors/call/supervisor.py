@@ -56,7 +56,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 import trio
 
-from voiceactors import config, metrics, storage
+from voiceactors import voice_config, metrics, storage
 from voiceactors.executor import write_log
 from voiceactors.call.actor import AnswerNow, CallActor
 from voiceactors.call.arrival import ArrivalKind, arrive
@@ -66,7 +66,7 @@ from voiceactors.call.recovery import PendingCall, find_crashed
 from voiceactors.usage.daily import DailyUsage
 from voiceactors.call.feed import FeedHub
 from voiceactors.cluster.leases import release_quietly, run_leased
-from voiceactors.cluster.registry import CallRegistry, Carried, Lease, LocalRegistry, RegistryDown
+from voiceactors.cluster.call_registry import CallRegistry, Carried, Lease, LocalRegistry, RegistryDown
 from voiceactors.messages import (Connect, ConnectOutcome, CountCalls, ExecutorMessage, GetDailyUsage, Subscribe,
                                          SupervisorMessage, TakeNavHints, TakeObserverActions, drain)
 from voiceactors.logs import get_logger
@@ -87,7 +87,7 @@ class CallSupervisor:
         self.settings = settings
         self._executor = executor_inbox
         self._answer_now = answer_now     # the executor's in-step answer, handed to each call
-        self._api_key = api_key if api_key is not None else (lambda: config.openai_api_key(settings))
+        self._api_key = api_key if api_key is not None else (lambda: voice_config.openai_api_key(settings))
         self._hangup = hangup
         self.inbox, self._receive = trio.open_memory_channel[SupervisorMessage](INBOX_SIZE)
         self.hub = FeedHub(settings.feed_retention_s, settings.feed_max_items,
@@ -95,7 +95,7 @@ class CallSupervisor:
                            max_total=settings.feed_max_subscribers)
         self.calls: dict[str, CallActor] = {}
         self.daily = DailyUsage(settings.state_dir, settings.daily_budget_usd)
-        self._model = lambda: config.voice_model(settings)
+        self._model = lambda: voice_config.voice_model(settings)
         self.ended: list[tuple[str, str]] = []   # (call_id, reason), most recent last; bounded
         self.log = get_logger(actor="supervisor")
         self.registry: CallRegistry = registry if registry is not None else LocalRegistry()

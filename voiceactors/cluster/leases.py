@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 
 import trio
 
-from voiceactors.cluster.registry import CallRegistry, Lease, RegistryDown
+from voiceactors.cluster.call_registry import CallRegistry, Lease, RegistryDown
 from voiceactors.logs import get_logger
 
 _log = get_logger(actor="supervisor")

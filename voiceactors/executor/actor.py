@@ -72,7 +72,7 @@ from voiceactors import metrics, storage
 from voiceactors.executor import write_log
 from voiceactors.mcp.client import execution as mcp_execution
 from voiceactors.call.state import ToolOutcome
-from voiceactors.cluster.registry import CallRegistry, RegistryDown, WriteClaim
+from voiceactors.cluster.call_registry import CallRegistry, RegistryDown, WriteClaim
 from voiceactors.messages import CancelReads, ExecutorMessage, ToolRequest, ToolResult, drain
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import clip

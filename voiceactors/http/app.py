@@ -24,7 +24,7 @@ from quart import g, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
-from voiceactors import config, metrics
+from voiceactors import voice_config, metrics
 from voiceactors.http import auth, console_sessions, errors, guards, ratelimit, request_ids
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
@@ -141,6 +141,16 @@ class VoiceApp(QuartTrio):
         return FirstReadConnect(self, server_headers)
 
 
+def check_journal_settings(settings: Settings) -> None:
+    """InvalidSettings naming what of the journal's ``voice`` block (or the
+    ``mcp_sources`` setting) the server cannot start with: bad MCP sources,
+    bad session settings. ``create_app`` checks, and ``serve`` before it
+    starts (a usage error there, not a crash inside the serving loop)."""
+    from voiceactors.mcp.client.hub import check_sources   # the MCP SDK, only when an app is made
+    check_sources(settings)
+    voice_config.check_session_settings(settings)
+
+
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:
     """The app for ``settings``. Serve it once (hypercorn or ``app.test_app()``).
 
@@ -152,9 +162,7 @@ def create_app(settings: Settings, *, brain_backend: Any | None = None) -> Quart
     backend (None: chosen from the journal's ``voice.brain``).
     """
     settings.validate()
-    from voiceactors.mcp.client.hub import check_sources   # the MCP SDK, only when an app is made
-    check_sources(settings)
-    config.check_session_settings(settings)
+    check_journal_settings(settings)
     reason = auth.refusal(settings)
     if reason:
         raise auth.InsecureSettings(reason)

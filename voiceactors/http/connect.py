@@ -48,7 +48,7 @@ import h11
 import structlog
 import trio
 
-from voiceactors import config, metrics
+from voiceactors import voice_config, metrics
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.messages import BrainState, Connect, ConnectOutcome, GetBrain
 from voiceactors.http import guards, linked, mcp_credentials
@@ -142,7 +142,7 @@ class ConnectHandler:
             raise ApiError(500, RUNTIME_UNAVAILABLE)
         link = await linked.verified(requested, settings)
         call_context = LinkedContext(await _base_instruction(runtime), link, greeting,
-                                     session=read_config(config.session_settings, settings))
+                                     session=read_config(voice_config.session_settings, settings))
         if credentials is not None:
             await mcp_credentials.open_call(runtime, call_id, credentials)
         answer = await self._supervisor_answer(runtime, call_id, call_context)

@@ -60,7 +60,7 @@ from voiceactors.http.errors import (
 from voiceactors.http.hosts import HostPolicy, host_refusal
 from voiceactors.http.ratelimit import RateLimiter, TokenFailures, client_address, retry_after
 from voiceactors.logs import get_logger
-from voiceactors.mcp.server.server import build_server
+from voiceactors.mcp.server.tool_server import build_server
 from voiceactors.mcp.server.tools import ExecutorInbox, ToolCaller
 from voiceactors.settings import Settings
 

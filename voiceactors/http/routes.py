@@ -18,7 +18,7 @@ import trio
 from openai.types.realtime import RealtimeSessionCreateRequestParam
 from quart import Blueprint, Response, current_app, jsonify, request
 
-from voiceactors import config, metrics, safe_text
+from voiceactors import voice_config, metrics, safe_text
 from voiceactors.messages import (AwaitReady, BrainState, CountCalls, GetBrain,
                                          GetDailyUsage, Message, RefreshBrain, Subscribe, TakeNavHints,
                                          TakeObserverActions, ask)
@@ -113,14 +113,14 @@ def read_config(read: Any, settings: Settings) -> Any:
     503 "could not read configuration", never "not configured"."""
     try:
         return read(settings)
-    except config.ConfigUnreadable as error:
+    except voice_config.ConfigUnreadable as error:
         _log.error("http.config_unreadable", error=str(error)[:200])
         raise ApiError(503, E.CONFIG_UNREADABLE) from None
 
 
 def openai_key(settings: Settings) -> str:
     """The OpenAI key; 503 when none is configured or the config cannot be read."""
-    key: str | None = read_config(config.openai_api_key, settings)
+    key: str | None = read_config(voice_config.openai_api_key, settings)
     if not key:
         raise ApiError(503, E.KEY_NOT_CONFIGURED)
     return key
@@ -223,8 +223,8 @@ async def create_session() -> Any:
     link = await linked.verified(requested, settings)
     instruction = linked.instruction(await _instruction(settings, _runtime()), link)
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
-    model = read_config(config.voice_model, settings)
-    chosen: SessionSettings = read_config(config.session_settings, settings)
+    model = read_config(voice_config.voice_model, settings)
+    chosen: SessionSettings = read_config(voice_config.session_settings, settings)
     started = trio.current_time()
     try:
         assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
@@ -274,7 +274,7 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
                               "budget_spent": False}
     # Each field on its own: one failing lookup must not blank the others.
     try:
-        fields["openai_configured"] = bool(config.openai_api_key(settings))
+        fields["openai_configured"] = bool(voice_config.openai_api_key(settings))
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
     runtime = state().runtime

@@ -13,7 +13,7 @@ held to the SDK's types exactly), ``cli``.
 """
 
 from voiceactors.simulator.call import ResponseRecord, SimCall, ToolCallRecord
-from voiceactors.simulator.cli import cli_simulate
+from voiceactors.simulator.command import cli_simulate
 from voiceactors.simulator.scenario import Scenario, ScenarioError, load_scenario, scenario_names
 from voiceactors.simulator.service import Simulator
 

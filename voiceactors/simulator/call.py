@@ -30,7 +30,7 @@ from voiceactors.simulator.client_events import parse_client_event
 from voiceactors.simulator.conformance import Direction, Nonconforming
 from voiceactors.simulator.http import ReplayStream
 from voiceactors.simulator.read_stamps import read_stamp, stamp_reads
-from voiceactors.simulator.refusals import OUTPUT_EVENT, SESSION_EXPIRED, Refusal, error_body
+from voiceactors.simulator.refusal_errors import OUTPUT_EVENT, SESSION_EXPIRED, Refusal, error_body
 from voiceactors.simulator.scenario import Scenario
 from voiceactors.simulator.billing import ConversationTokens
 
@@ -235,7 +235,7 @@ class SimCall:
         self._changed = trio.Event()
         self._item_before: dict[str, str | None] = {}   # the conversation's order: item id -> the one before
         self._last_item: str | None = None
-        # a replay (``simulator/replay.py``) plays a captured call instead of the scenario
+        # a replay (``simulator/capture_player.py``) plays a captured call instead of the scenario
         self.replay: Any = None
         # Opt-in: a join while a sideband is open takes the call over (the
         # service's rule for two sidebands is not documented; by default the

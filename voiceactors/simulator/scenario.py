@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 
 from voiceactors.simulator.client_events import CLIENT_EVENTS
-from voiceactors.simulator.refusals import ANY_EVENT, OUTPUT_EVENT
+from voiceactors.simulator.refusal_errors import ANY_EVENT, OUTPUT_EVENT
 
 __all__ = ["Scenario", "ScenarioError", "load_scenario", "scenario_names", "as_scenario", "SCENARIO_SCHEMA",
            "STEP_SCHEMAS"]

@@ -36,7 +36,7 @@ from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, Too
 from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
 from voiceactors.simulator.http import (HttpRequest, HttpResponse, ReplayStream, json_response, open_listeners,
                                         serve_http)
-from voiceactors.simulator.refusals import Refusal
+from voiceactors.simulator.refusal_errors import Refusal
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
                                           find_speaker, is_media_offer)

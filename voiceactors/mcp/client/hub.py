@@ -32,11 +32,11 @@ from typing import Any, AsyncIterator, Mapping, TypeAlias
 
 import trio
 
-from voiceactors import config, metrics, storage
+from voiceactors import voice_config, metrics, storage
 from voiceactors.mcp.client.connection import Failure, SourceConnection, ToolAnswer
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
-from voiceactors.mcp.client import discovery as mcp_discovery
+from voiceactors.mcp.client import tool_specs
 from voiceactors.mcp.client.sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
 from voiceactors.tools.registry import ToolSpec
 
@@ -102,7 +102,7 @@ def configured_sources(settings: Settings) -> tuple[McpSource, ...]:
     (SourceConfigError when invalid)."""
     if settings.mcp_sources and settings.mcp_sources.strip():
         return parse_sources(settings.mcp_sources)
-    return parse_sources(config.mcp_sources_block(settings))
+    return parse_sources(voice_config.mcp_sources_block(settings))
 
 
 def check_sources(settings: Settings) -> None:
@@ -113,7 +113,7 @@ def check_sources(settings: Settings) -> None:
         configured_sources(settings)
     except SourceConfigError as error:
         raise InvalidSettings(f"invalid settings: {error}") from None
-    except config.ConfigUnreadable:
+    except voice_config.ConfigUnreadable:
         pass
 
 
@@ -160,7 +160,7 @@ class McpHub:
     async def _configured(self) -> tuple[McpSource, ...]:
         try:
             return await storage.run_sync(configured_sources, self.settings)
-        except (SourceConfigError, config.ConfigUnreadable) as error:
+        except (SourceConfigError, voice_config.ConfigUnreadable) as error:
             _log.error("mcp.config_invalid", error=str(error)[:300])
             return ()
 
@@ -227,7 +227,7 @@ class McpHub:
         metrics.mcp_request(source.name, "discovery", "ok", seconds)
         try:
             # in proportion to the listing (schemas checked, validators built): a worker thread
-            specs, left_out = await storage.run_sync(mcp_discovery.build_specs, source.name, listed,
+            specs, left_out = await storage.run_sync(tool_specs.build_specs, source.name, listed,
                                                      self.settings.tool_name_style)
         except Exception:   # a listing no rule foresaw must not take the hub (and the runtime) down
             _log.exception("mcp.discovery_failed", source=source.name, token=token, kind="listing")
@@ -322,7 +322,7 @@ class McpHub:
         specs = call.specs.get(state.source.name) if call is not None else None
         if specs is None:
             specs = state.specs
-        return mcp_discovery.lookup(specs, name)
+        return tool_specs.lookup(specs, name)
 
     async def call(self, call_id: str, spec: ToolSpec, arguments: dict[str, Any]) -> Answer:
         """Run ``spec`` at its source with the call's token when it brought

@@ -15,7 +15,7 @@ is its only client.
 
 With ``--redis URL`` (or ``VOICEACTORS_REDIS_URL``) its writes are claimed in
 the cluster's shared write log too, as the voice servers' are
-(``cluster/registry.py``): an idempotency key applied by any process of the
+(``cluster/call_registry.py``): an idempotency key applied by any process of the
 cluster, this one or a server's ``/mcp``, is answered from its record and
 never applied again. A Redis that does not answer refuses writes with
 ``shared write log unreachable``; reads go on.
@@ -32,10 +32,10 @@ import trio
 from mcp.server.stdio import stdio_server
 
 from voiceactors.executor.actor import ToolExecutor
-from voiceactors.cluster.registry import make_registry
+from voiceactors.cluster.call_registry import make_registry
 from voiceactors.commands import EXIT_USAGE
 from voiceactors.logs import get_logger
-from voiceactors.mcp.server.server import build_server
+from voiceactors.mcp.server.tool_server import build_server
 from voiceactors.mcp.server.tools import ToolCaller
 from voiceactors.settings import Settings
 from voiceactors.tools.handler_context import ToolContext

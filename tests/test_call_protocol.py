@@ -17,10 +17,12 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from voiceactors.call.protocol import (
-    ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected,
+    ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, IDLE_GOODBYE, IDLE_GOODBYE_MAX_S, SERVICE_ANSWER_WAIT_S,
+    CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
     Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
 )
+from voiceactors.call.meter import GRACE_S
 from voiceactors.call.refusals import BACKOFF_S
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime.event_view import EventView
@@ -1034,3 +1036,102 @@ def test_other_outcomes_never_end_the_call():
         w = Wire()
         one_tool_turn(w)
         assert not [e for e in w.finish("c1", outcome=outcome) if isinstance(e, EndCall)], outcome
+
+
+# ------------------------------------------------------------- idle calls
+
+def idle_timeout() -> dict:
+    return {"type": "input_audio_buffer.timeout_triggered", "audio_start_ms": 0, "audio_end_ms": 5000,
+            "item_id": "item_silence"}
+
+
+def test_the_first_idle_timeout_leaves_the_check_in_to_the_service():
+    w = Wire()
+    w.server(idle_timeout())
+    assert w.creates() == []                                  # the service answers a timeout itself
+    assert w.records("idle") == [{"timeouts": 1, "then": "check_in"}]
+    assert w.p.idle_wake == math.inf
+
+
+def test_a_second_idle_timeout_says_goodbye_after_the_services_answer_then_ends_the_call():
+    w = Wire()
+    w.server(idle_timeout(), created("r_check"), done("r_check"))
+    w.now = 30.0
+    w.server(idle_timeout())
+    assert w.records("idle")[-1] == {"timeouts": 2, "then": "goodbye"}
+    assert w.creates() == [] and w.of(WakeAt) == [WakeAt(30.0 + SERVICE_ANSWER_WAIT_S)]
+    w.server(created("r_auto"))                               # the service answers the timeout itself
+    assert w.p.idle_wake == 30.0 + IDLE_GOODBYE_MAX_S         # no wake-up for a wait already over
+    w.now = 30.0 + SERVICE_ANSWER_WAIT_S
+    w.feed(Timer())
+    assert w.creates() == []                                  # never while a response is active
+    w.server(done("r_auto"))
+    [goodbye] = w.creates()
+    assert goodbye.event["response"] == IDLE_GOODBYE
+    w.write()
+    w.now = 33.0
+    w.server(created("r_bye"), done("r_bye"))
+    assert w.of(WakeAt)[-1] == WakeAt(33.0 + GRACE_S)         # its audio plays out first
+    w.feed(Timer())
+    assert w.of(EndCall) == []
+    w.now = 33.0 + GRACE_S
+    w.feed(Timer())
+    w.feed(Timer())
+    assert w.of(EndCall) == [EndCall(EndReason.USER_IDLE)]    # once
+    assert w.p.idle_wake == math.inf
+
+
+def test_without_an_answer_from_the_service_the_goodbye_goes_after_the_wait_and_is_asked_again_when_refused():
+    w = Wire()
+    w.server(idle_timeout(), idle_timeout())
+    assert w.creates() == [] and w.p.idle_wake == SERVICE_ANSWER_WAIT_S
+    w.now = SERVICE_ANSWER_WAIT_S
+    w.feed(Timer())
+    [goodbye] = w.creates()
+    w.write()
+    # a response of the service's began before ours came in
+    w.server(created("r_auto"), error(ACTIVE_RESPONSE, goodbye.event["event_id"]))
+    assert len(w.creates()) == 1
+    w.server(done("r_auto"))
+    again = w.creates()[1]
+    assert again.event["response"] == IDLE_GOODBYE
+    w.write()
+    w.server(created("r_bye"), done("r_bye"))
+    w.now += GRACE_S
+    w.feed(Timer())
+    assert w.of(EndCall) == [EndCall(EndReason.USER_IDLE)]
+
+
+def test_user_speech_resets_the_idle_count():
+    w = Wire()
+    w.server(idle_timeout(), created("r_check"), done("r_check"), speech(), idle_timeout())
+    assert w.creates() == []
+    assert [r["then"] for r in w.records("idle")] == ["check_in", "check_in"]
+
+
+def test_speech_during_the_goodbye_keeps_the_call():
+    w = Wire()
+    w.server(idle_timeout(), created("r_check"), done("r_check"), idle_timeout())
+    w.now = SERVICE_ANSWER_WAIT_S
+    w.feed(Timer())
+    assert len(w.creates()) == 1
+    w.write()
+    w.server(created("r_bye"), speech(), done("r_bye", status="cancelled"))   # the user is back
+    assert w.p.idle_wake == math.inf
+    w.now = IDLE_GOODBYE_MAX_S
+    w.feed(Timer())
+    assert w.of(EndCall) == []
+    w.server(idle_timeout())                                  # a new silence starts over
+    assert w.records("idle")[-1] == {"timeouts": 1, "then": "check_in"} and len(w.creates()) == 1
+
+
+def test_the_call_ends_at_the_latest_when_the_goodbye_is_never_answered():
+    w = Wire()
+    w.server(idle_timeout(), idle_timeout())
+    w.now = SERVICE_ANSWER_WAIT_S
+    w.feed(Timer())
+    w.write()
+    assert w.p.idle_wake == IDLE_GOODBYE_MAX_S
+    w.now = IDLE_GOODBYE_MAX_S
+    w.feed(Timer())
+    assert w.of(EndCall) == [EndCall(EndReason.USER_IDLE)]

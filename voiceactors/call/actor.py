@@ -79,9 +79,10 @@ __all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "AnswerNow", "CallActor", "EndReaso
 
 #: Ends reached with the socket still up: pending tool calls are answered first.
 SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET,
-                            EndReason.AUTH_EXPIRED})
+                            EndReason.AUTH_EXPIRED, EndReason.USER_IDLE})
 #: Ends after which the call itself is hung up (the browser is gone, or we stop serving it).
-HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.BUDGET, EndReason.AUTH_EXPIRED})
+HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.BUDGET, EndReason.AUTH_EXPIRED,
+                         EndReason.USER_IDLE})
 #: Close codes of a broken connection (protocol error, bad data, message too
 #: big): such a drop always counts toward the reconnect limit.
 BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
@@ -658,7 +659,7 @@ class CallActor:
         while True:
             wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
-                       self.protocol.budget_wake)
+                       self.protocol.budget_wake, self.protocol.idle_wake)
             with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason

@@ -12,7 +12,8 @@ class EndReason(StrEnum):
 
     CLOSED = "closed_by_service"          # clean close 1000/1001
     GONE = "call_gone"                    # 404/410 at the handshake
-    IDLE = "idle_timeout"
+    IDLE = "idle_timeout"                 # no server event for call_idle_timeout_s (the sideband went quiet)
+    USER_IDLE = "user_idle"               # the user stayed silent through two of the service's idle timeouts
     MAX = "max_duration"
     EXHAUSTED = "reconnect_exhausted"
     NO_KEY = "no_api_key"

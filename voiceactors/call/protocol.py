@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable
 
-from voiceactors.call.meter import FAREWELL, BudgetState, CallMeter
+from voiceactors.call.meter import FAREWELL, FAREWELL_MAX_S, GRACE_S, BudgetState, CallMeter
 from voiceactors.call.state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
     Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
@@ -65,6 +65,7 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
+    "input_audio_buffer.timeout_triggered",
 })
 
 #: Longest tool name kept from the peer (ours are under 40 characters).
@@ -75,6 +76,30 @@ PEER_STRING_MAX = 64
 #: response (its ``response.created`` fell in a drop), retry after this long.
 BLIND_RETRY_S = 2.0
 BLIND_RETRIES = 3
+#: The goodbye's response parameters, when the user stayed silent through a
+#: check-in (overriding the session's for that response only).
+IDLE_GOODBYE: dict[str, Any] = {
+    "instructions": ("The user has said nothing for a long time, even after you checked in. Say a short, friendly "
+                     "goodbye in one sentence, and say nothing else."),
+    "tool_choice": "none",
+}
+#: The latest end after the second idle timeout (a service that never answers the goodbye).
+IDLE_GOODBYE_MAX_S = FAREWELL_MAX_S
+#: The service answers an idle timeout with a response of its own: the goodbye
+#: waits for it to end, or this long for it to start (a session with
+#: ``create_response: false`` starts none), rather than be refused while it is active.
+SERVICE_ANSWER_WAIT_S = 2.0
+
+
+class IdleCourse(StrEnum):
+    """Where a silent call stands (``input_audio_buffer.timeout_triggered``
+    since the user last spoke)."""
+
+    TALKING = "talking"      # no timeout, or one (the service's own response checked in)
+    GOODBYE_DUE = "goodbye_due"   # a second timeout: our goodbye is due
+    GOODBYE = "goodbye"      # the goodbye is sent
+    ENDING = "ending"        # the goodbye is done: the call ends at ``idle_wake``
+    ENDED = "ended"          # EndCall(user_idle) emitted
 
 
 # ------------------------------------------------------------------ inputs
@@ -355,6 +380,12 @@ class CallProtocol:
         # batches with tool calls whose follow_up may still be None (pruned
         # lazily once decided; re-added when a follow_up goes back to None)
         self._undecided: dict[str, Batch] = {}
+        self.idle_timeouts = 0                      # timeout_triggered since the user last spoke
+        self.idle = IdleCourse.TALKING
+        self._idle_goodbye: str | None = None       # the goodbye's event id
+        # the goodbye goes out no sooner (the service's answer first); -inf: no wait left
+        self._goodbye_after = math.inf
+        self._idle_end_at = math.inf                # when a silent call ends (math.inf: not ending)
 
     # ----------------------------------------------------------- the API
 
@@ -399,6 +430,8 @@ class CallProtocol:
             self.retry_at = None
             self._maybe_follow_up()
         self._budget_timer(self._now)
+        if self.idle is not IdleCourse.TALKING:
+            self._idle_timer()
 
     def _in_written_at_close(self, message: WrittenAtClose) -> None:
         call = self.calls[message.tool_call_id]
@@ -527,6 +560,8 @@ class CallProtocol:
             self._transcript("assistant", event.text, event.item_id)
         elif kind == "rate_limits.updated":
             self._on_rate_limits(event.rate_limits)
+        elif kind == "input_audio_buffer.timeout_triggered":
+            self._on_idle_timeout()
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
@@ -541,6 +576,8 @@ class CallProtocol:
         batch = self._batch(rid)
         self.active.add(rid)
         self.retry_at = None
+        if self.idle is IdleCourse.GOODBYE_DUE:
+            self._goodbye_after = -math.inf     # the service's answer started: the goodbye follows its end
         if new and self.create_inflight is not None:
             # The service answers our response.create with response.created
             # (it carries no event_id, so the first one after ours is ours).
@@ -661,6 +698,8 @@ class CallProtocol:
         # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
         # a view answers only through a dunder lookup); an SDK model as it is
         self._count_usage(rid, usage.to_dict() if type(usage) is EventView else usage)
+        if self.idle is IdleCourse.GOODBYE:
+            self._idle_goodbye_done(rid)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
         self._maybe_follow_up()
@@ -668,6 +707,8 @@ class CallProtocol:
     def _on_speech_started(self) -> None:
         self.turn += 1
         self._speech_turn = True
+        if self.idle_timeouts:
+            self._user_back()
         self._advance_epoch("speech_started")
 
     def _on_item_added(self, item: Any, *, first: bool) -> None:
@@ -1019,6 +1060,9 @@ class CallProtocol:
         if self.meter.state != BudgetState.UNDER:
             self._farewell()    # past the budget: the farewell is the only create left
             return
+        if self.idle is not IdleCourse.TALKING:
+            self._say_idle_goodbye()    # a silent call: the goodbye is the only create left
+            return
         due = [batch for batch in self._finished_batches() if self._outputs_written(batch)]
         if not due:
             return
@@ -1125,6 +1169,84 @@ class CallProtocol:
         if not self._budget_ended and self.meter.due(now):
             self._budget_ended = True
             self._emit(EndCall(EndReason.BUDGET))
+
+    # ---------------------------------------------------------- idle calls
+
+    def _on_idle_timeout(self) -> None:
+        """The service's idle timeout fired (``idle_timeout_ms`` of silence).
+        The service answers it with a response of its own (the SDK's
+        ``idle_timeout_ms``: "a model response will be triggered
+        automatically"): the first is the check-in, we send nothing. A second
+        with no user speech in between: our goodbye, then the call ends."""
+        if self.idle is not IdleCourse.TALKING:
+            return          # already saying goodbye
+        self.idle_timeouts += 1
+        then = "check_in" if self.idle_timeouts == 1 else "goodbye"
+        self._record(RecordKind.IDLE, timeouts=self.idle_timeouts, then=then)
+        self._log(LogLevel.INFO, "call.idle_timeout", timeouts=self.idle_timeouts, then=then, epoch=self.epoch)
+        if self.idle_timeouts < 2:
+            return
+        self.idle = IdleCourse.GOODBYE_DUE
+        self._goodbye_after = self._now + SERVICE_ANSWER_WAIT_S
+        self._idle_end_at = self._now + IDLE_GOODBYE_MAX_S
+        self._emit(WakeAt(self._goodbye_after))
+
+    @property
+    def idle_wake(self) -> float:
+        """When a silent call wants a ``Timer`` (math.inf: never): the
+        goodbye's wait for the service's answer, then the call's end."""
+        # a wait already over asks for no wake-up (the shell would wake at once, again and again)
+        if self.idle is IdleCourse.GOODBYE_DUE and self._goodbye_after > -math.inf:
+            return min(self._goodbye_after, self._idle_end_at)
+        return self._idle_end_at if self.idle is not IdleCourse.ENDED else math.inf
+
+    def _idle_timer(self) -> None:
+        if self.idle is IdleCourse.ENDED:
+            return
+        if self._now >= self._idle_end_at:
+            self.idle = IdleCourse.ENDED
+            self._emit(EndCall(EndReason.USER_IDLE))
+        elif self.idle is IdleCourse.GOODBYE_DUE and self._now >= self._goodbye_after > -math.inf:
+            self._goodbye_after = -math.inf
+            self._maybe_follow_up()
+
+    def _say_idle_goodbye(self) -> None:
+        """Ask the model, once, to say goodbye (after every finished batch's
+        outputs are written; a refused or lost goodbye is asked again)."""
+        if self.idle is IdleCourse.GOODBYE:
+            sent = self.creates.get(self._idle_goodbye or "")
+            if sent is None or sent.result == CreateResult.SENT:
+                return
+            self.idle = IdleCourse.GOODBYE_DUE
+        if self.idle is not IdleCourse.GOODBYE_DUE or self._now < self._goodbye_after:
+            return
+        due = self._finished_batches()
+        if not all(self._outputs_written(batch) for batch in due):
+            return    # outputs first: the conversation stays consistent
+        event = rt.response_create(IDLE_GOODBYE)
+        create = self._create_for(event, due)
+        self.idle = IdleCourse.GOODBYE
+        self._idle_goodbye = create.event_id
+        self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
+                  why="user_idle")
+        self._emit(Send(event))
+
+    def _idle_goodbye_done(self, rid: str) -> None:
+        """The goodbye's response ended: the call ends once its audio played out."""
+        sent = self.creates.get(self._idle_goodbye or "")
+        if sent is None or sent.response_id != rid or sent.result != CreateResult.SENT:
+            return
+        self.idle = IdleCourse.ENDING
+        self._idle_end_at = min(self._idle_end_at, self._now + GRACE_S)
+        self._emit(WakeAt(self._idle_end_at))
+
+    def _user_back(self) -> None:
+        """The user spoke: the silence is over (a goodbye in progress is
+        dropped, the call goes on)."""
+        self.idle_timeouts = 0
+        if self.idle is not IdleCourse.ENDED:
+            self.idle = IdleCourse.TALKING
+            self._goodbye_after = self._idle_end_at = math.inf
 
     # ------------------------------------------------------------- record
 

@@ -85,6 +85,9 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
   ``model``, ``tokens`` (by kind, ``usage.TOKEN_KINDS``), ``cost_usd`` (None:
   the model has no prices).
 * ``budget`` — the call's cost reached its budget: ``budget_usd``, ``cost_usd``.
+* ``idle`` — the service's idle timeout fired (``input_audio_buffer.timeout_triggered``):
+  ``timeouts`` (how many since the user last spoke) and ``then``: ``check_in``
+  (the service's own response checks in) or ``goodbye`` (ours, then the call ends ``user_idle``).
 * ``usage_total`` — at the end (when any response carried usage): ``model``,
   ``responses``, ``tokens``, ``cost_usd``, ``budget_usd``.
 * ``end`` — ``reason``, ``duration_s``, ``epoch``, ``reconnects``,

@@ -32,6 +32,7 @@ class RecordKind(StrEnum):
     TRANSCRIPT_CUT = "transcript_cut"    # an earlier utterance's reply was cut short
     USAGE = "usage"                      # one response's tokens and cost
     BUDGET = "budget"                    # the call's cost reached its budget
+    IDLE = "idle"                        # the service's idle timeout fired (check-in, or goodbye)
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end
     END = "end"                          # a run's last line (none after a crash)
 

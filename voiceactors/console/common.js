@@ -106,6 +106,7 @@ const VA = (() => {
     session_expired: "the voice service's session reached its 60-minute limit",
     shutdown: "the server shut down",
     budget_spent: "the call reached its spending limit",
+    user_idle: "nobody answered the assistant's check-in",
     auth_expired: "a connected service refused the call's access",
     error: "the server hit an error (see its log)",
   };

@@ -96,7 +96,7 @@ const VA = (() => {
     closed_by_service: "it ended normally",
     hangup: "you hung up",
     call_gone: "the voice service no longer knew the call",
-    idle_timeout: "nothing was said for too long",
+    idle_timeout: "the voice service went quiet for too long",
     max_duration: "the call reached its maximum length",
     reconnect_exhausted: "the connection to the voice service was lost",
     no_api_key: "the server has no OpenAI key",

@@ -5,11 +5,11 @@ later run of the same call id continues where the previous one ended). Rows:
 the model's responses (bars where the start is known, a cancelled one marked
 as a barge-in on a line under the marks), the spoken turns (a mark when
 each transcript arrived, its words in the tooltip; a reply cut short in the
-barge-in colour), one row per tool call (its duration
-and outcome; its id and epoch in the bar's tooltip), one per call of an
-OpenAI-hosted MCP tool (run by the service: a mark when it ended, its server,
-tool and status), and vertical marks for reconnects and the end. Text is escaped; the picture has
-no script and no external reference, so it is safe as an ``<img>``.
+barge-in colour), one row per tool call (its duration and outcome; its id
+and epoch in the bar's tooltip), one per call of an OpenAI-hosted MCP tool
+(run by the service: a mark when it ended, its server, tool and status),
+and vertical marks for reconnects and the end. Text is escaped; the picture
+has no script and no external reference, so it is safe as an ``<img>``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from voiceactors.call.record_kind import RecordKind
 
 WIDTH = 780
 LABEL_W = 170          # the left column: row labels
+LABEL_CHARS = 26       # of a hosted tool's label in that column (12 px text)
 PLOT_RIGHT = 130       # room after the plot for the last bar's text
 ROW_H = 22
 TOP = 34
@@ -84,6 +85,11 @@ def _tool_rows(placed: list[Placed]) -> list[Placed]:
 
 def _hosted_label(line: dict[str, Any]) -> str:
     return f"{line.get('server') or '?'} · {line.get('tool') or '?'}"
+
+
+def _in_label_column(label: str) -> str:
+    """``label`` cut to what the row labels' column holds (the whole in the tooltip)."""
+    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
 
 
 def _first_tool_at(tools: list[Placed]) -> dict[Any, float]:
@@ -161,7 +167,8 @@ def render(lines: list[dict[str, Any]]) -> str:
     rows = len(shown_tools) + (1 if hidden_tools else 0)
     plot_bottom = tools_top + rows * ROW_H
     legend_y = plot_bottom + 40
-    height = legend_y + 40
+    legend, legend_last_y = _legend(legend_y)
+    height = legend_last_y + 40      # room under the legend's last line, however many it wraps to
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" {_attr(width=WIDTH, height=height, viewBox=f"0 0 {WIDTH} {height}")} '
            'font-family="system-ui, sans-serif" font-size="12" role="img">',
            f"<title>{escape('call timeline')}</title>",
@@ -217,7 +224,7 @@ def render(lines: list[dict[str, Any]]) -> str:
     kinds = Counter(p.line.get("kind") for p in placed)
     if kinds[RecordKind.START] > kinds[RecordKind.END] or not kinds[RecordKind.END]:
         out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
-    out += _legend(legend_y)
+    out += legend
     out.append("</svg>")
     return "\n".join(out)
 
@@ -256,7 +263,7 @@ def _hosted_row(at_x: float, y: float, line: dict[str, Any]) -> list[str]:
     tip = f"hosted MCP tool {_hosted_label(line)} · item {line.get('item_id', '?')}"
     if line.get("error"):
         tip += f" · {line.get('error')}"
-    return [_text(8, y + 15, _hosted_label(line)),
+    return [_text(8, y + 15, _in_label_column(_hosted_label(line))),
             _rect(at_x, y + 5, 3.0, 12, colour, rx=1)[:-2] + f"><title>{escape(tip)}</title></rect>",
             _text(at_x + 8, y + 15, f"hosted · {status}", fill=MUTED)]
 
@@ -279,7 +286,8 @@ def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
             else _text(at_x + 3, TOP - 6, label, fill=colour)]
 
 
-def _legend(y: float) -> list[str]:
+def _legend(y: float) -> tuple[list[str], float]:
+    """The legend's marks and labels from ``y`` on, and its last line's y."""
     items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
              ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS[ToolOutcome.OK]),
              ("tool replayed", OUTCOME_COLOURS[ToolOutcome.REPLAYED]), ("tool failed / timed out", FAILED_COLOUR),
@@ -294,4 +302,4 @@ def _legend(y: float) -> list[str]:
         out.append(_rect(at, y - 10, 12, 12, colour, rx=2))
         out.append(_text(at + 16, y, label, fill=MUTED))
         at += width
-    return out
+    return out, y

@@ -1135,3 +1135,42 @@ def test_the_call_ends_at_the_latest_when_the_goodbye_is_never_answered():
     w.now = IDLE_GOODBYE_MAX_S
     w.feed(Timer())
     assert w.of(EndCall) == [EndCall(EndReason.USER_IDLE)]
+
+
+# ------------------------------------------------- hosted MCP tools
+
+def mcp_item(item_id: str, **fields: Any) -> dict:
+    return {"id": item_id, "type": "mcp_call", "server_label": "weather", "name": "forecast", "arguments": "{}",
+            **fields}
+
+
+def test_hosted_mcp_items_among_function_calls_are_recorded_never_answered():
+    """An OpenAI-hosted MCP call between two function calls of one response:
+    the two calls get one output each and the batch one response.create;
+    the hosted ones (done, completed or failed) only get a ``hosted_tool``
+    line each (a long name clipped as a tool name is)."""
+    w = Wire()
+    w.server(speech(), created("r1"), item_added("r1", "c1"), item_done("r1", "c1"))
+    added = {"type": "response.output_item.added", "response_id": "r1", "output_index": 1,
+             "item": mcp_item("mcp_1")}
+    w.server(added)
+    assert w.records("hosted_tool") == []                   # shown once it is done
+    w.server({**added, "type": "response.output_item.done", "item": mcp_item("mcp_1", output="sunny")},
+             {"type": "response.output_item.done", "response_id": "r1", "output_index": 2,
+              "item": mcp_item("mcp_2", name="x" * 500,
+                               error={"type": "tool_execution_error", "message": "down"})},
+             item_added("r1", "c2", "commitments.list"), item_done("r1", "c2", "commitments.list"),
+             done("r1", output=[fc_item("c1"), mcp_item("mcp_1", output="sunny"),
+                                fc_item("c2", "commitments.list")]))
+    assert sorted(w.started()) == ["c1", "c2"] and set(w.p.calls) == {"c1", "c2"}
+    w.finish("c1")
+    w.finish("c2")
+    w.write()
+    assert [o.tool_call_id for o in w.outputs()] == ["c1", "c2"] and len(w.creates()) == 1
+    completed, failed = w.records("hosted_tool")
+    assert completed == {"item_id": "mcp_1", "response_id": "r1", "server": "weather", "tool": "forecast",
+                         "status": "completed", "error": None}
+    assert (failed["server"], failed["status"], failed["error"]) == ("weather", "failed", "tool_execution_error")
+    assert len(failed["tool"]) == 128
+    (response,) = w.records("response")
+    assert response["tool_calls"] == ["c1", "c2"]

@@ -66,6 +66,8 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
                                 "delivered": True, "synthetic": False, "state": ToolCallState.CONFIRMED,
                                 "overhead_ms": 0.4}),
         (RecordKind.SELECTION, {"tool_call_id": tool_call_id, "selection": SAM.view(), "link": DANIEL.view()}),
+        (RecordKind.HOSTED_TOOL, {"item_id": "mcp_1", "response_id": "resp_1", "server": "weather",
+                                  "tool": "forecast", "status": "failed", "error": "http_error"}),
         (RecordKind.RESPONSE, {"response_id": "resp_1", "status": "completed", "epoch": 0, "origin": "model",
                                "tool_calls": [tool_call_id]}),
         (RecordKind.RESPONSE_CREATE, {"event_id": "evt_1", "epoch": 0, "for": ["resp_1"], "result": "sent",
@@ -145,7 +147,8 @@ CALL = [
     {"response": {"tool_calls": [{"name": "journal.select", "arguments": {"kind": "entity", "id": "daniel"},
                                   "call_id": "call_select"}]}},
     {"wait_outputs": {}},
-    {"response": {"text": "Daniel Park it is."}},
+    {"response": {"items": [{"message": "Daniel Park it is."},
+                            {"mcp_call": {"server_label": "weather", "name": "forecast"}}]}},
     {"drop": True},
     {"user_turn": {"text": "And Thursday?"}},
     {"response": {"tool_calls": [{"name": "journal.get_day", "arguments": {"day": "2026-03-26"},
@@ -243,6 +246,9 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
         ("user", "What happened on Thursday?", False)]
     detail = history.call_detail(state, "rtc_every")
     assert detail["lines"] == lines and len(detail["usage"]) == 1
+    assert [(h["server"], h["tool"], h["status"], h["error"]) for h in detail["hosted_tools"]] == [
+        ("weather", "forecast", "failed", "http_error")]
+    assert summary["tool_calls"] == 2          # the hosted one is not among ours
     assert json.loads(json.dumps(detail)) == detail            # the API's answer: plain JSON
 
     # the calls report: the same summary, on the terminal and as JSON
@@ -256,6 +262,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert "reconnect 1" in svg and "new run" in svg and "end: budget_spent" in svg
     assert "no end recorded" in svg
     assert "journal.get_day" in svg and "pending · " in svg and "ok · " in svg
+    assert "weather · forecast" in svg and "hosted · failed" in svg
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")

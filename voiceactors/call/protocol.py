@@ -42,7 +42,7 @@ from typing import Any, Callable
 from voiceactors.call.meter import FAREWELL, FAREWELL_MAX_S, GRACE_S, BudgetState, CallMeter
 from voiceactors.call.state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
-    Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
+    HostedToolStatus, Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
 )
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
 from voiceactors.call.state import ToolFinished as ToolFinished
@@ -627,7 +627,10 @@ class CallProtocol:
         return call
 
     def _on_output_item(self, response_id: str, item: Any, *, done: bool) -> None:
-        if getattr(item, "type", None) != "function_call":
+        kind = getattr(item, "type", None)
+        if kind != "function_call":
+            if kind == "mcp_call" and done:
+                self._record_hosted_tool(response_id, item)
             return
         call = self._tool_call(response_id, item.call_id, item.name, item.id)
         if call is None or not done or call.state not in UNSTARTED:
@@ -636,6 +639,20 @@ class CallProtocol:
             call.arguments = item.arguments
         if item.status in (None, "completed") and call.arguments is not None:
             self._maybe_start(call)     # the arguments are final
+
+    def _record_hosted_tool(self, response_id: str, item: Any) -> None:
+        """An OpenAI-hosted MCP tool's call, done: the service ran it and put
+        its result in the item, so nothing is ours to answer; it is only shown
+        (the record, the timeline, the history)."""
+        def text(value: Any, limit: int) -> str | None:   # the peer's strings only, clipped
+            return rt.clip(value, limit) if isinstance(value, str) else None
+
+        error = getattr(item, "error", None)
+        self._record(RecordKind.HOSTED_TOOL, item_id=text(getattr(item, "id", None), PEER_STRING_MAX),
+                     response_id=response_id, server=text(getattr(item, "server_label", None), TOOL_NAME_MAX),
+                     tool=text(getattr(item, "name", None), TOOL_NAME_MAX),
+                     status=HostedToolStatus.FAILED if error is not None else HostedToolStatus.COMPLETED,
+                     error=text(getattr(error, "type", None), PEER_STRING_MAX))
 
     def _on_arguments_done(self, event: Any) -> None:
         # Also emitted for an interrupted response, with partial arguments: not

@@ -74,6 +74,10 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
   ``synthetic``, ``state``, ``overhead_ms``.
 * ``selection`` — ``tool_call_id``, ``selection``, ``link``: a
   ``journal.select`` output chose what the call is about.
+* ``hosted_tool`` — at an ``mcp_call`` item's ``response.output_item.done``
+  (an OpenAI-hosted MCP tool the service ran; never answered by us):
+  ``item_id``, ``response_id``, ``server`` (its ``server_label``), ``tool``,
+  ``status`` (``completed``|``failed``), ``error`` (the item's error type, or None).
 * ``transcript`` — ``role`` (``user``|``assistant``), ``item_id``, ``text``:
   one final utterance, as the service transcribed it; ``order`` (its place
   in the conversation: sort a run's transcripts by it for the spoken order,

@@ -28,6 +28,7 @@ class RecordKind(StrEnum):
     TOOL_STARTED = "tool_started"        # a tool call went to the executor
     TOOL_CALL = "tool_call"              # a tool call settled (or the run ended first)
     SELECTION = "selection"              # journal.select chose what the call is about
+    HOSTED_TOOL = "hosted_tool"          # the service ran an OpenAI-hosted MCP tool (never answered by us)
     TRANSCRIPT = "transcript"            # one final utterance
     TRANSCRIPT_CUT = "transcript_cut"    # an earlier utterance's reply was cut short
     USAGE = "usage"                      # one response's tokens and cost

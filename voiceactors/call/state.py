@@ -131,6 +131,14 @@ class CreateResult(StrEnum):
     LOST = "lost"
 
 
+class HostedToolStatus(StrEnum):
+    """How a call of an OpenAI-hosted MCP tool (an ``mcp_call`` item, run by
+    the service itself) ended, as its ``hosted_tool`` record line says."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"          # the item carries an ``error``
+
+
 class ToolOutcome(StrEnum):
     """A tool call's outcome: the executor's, or one the call actor sets itself
     (``cancelled``/``failed`` for an abandoned call, ``restarted``/``replayed``

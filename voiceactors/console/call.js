@@ -33,6 +33,12 @@
     ["replies", c.responses], ["interruptions", c.barge_ins], ["reconnects", c.reconnects],
     ["tokens", tokenWords(c)], ["cost", money(c.cost_usd) + (c.model ? ` (${c.model})` : "")],
     ["call id", el("span", { class: "id" }, c.call_id)], ["end reason", c.ended || "—"]];
+  // the OpenAI-hosted MCP tools the service ran itself (not among our look-ups)
+  const hosted = detail.hosted_tools || [];
+  if (hosted.length) {
+    rows.splice(4, 0, ["hosted tools", hosted.map((h) => `${h.server || "?"} · ${h.tool || "?"} (${h.status || "?"})`)
+      .join(", ")]);
+  }
   $("call-summary").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   $("call-summary").hidden = false;
   $("call-body").hidden = false;

@@ -230,15 +230,25 @@ def call_lines(state_dir: Path, call_id: str) -> list[dict[str, Any]]:
 
 
 def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
-    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...]}`` for one call
-    (``usage``: one entry per response, from the ``usage`` lines).
+    """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...], "hosted_tools": [...]}``
+    for one call (``usage``: one entry per response, from the ``usage`` lines;
+    ``hosted_tools``: the calls of OpenAI-hosted MCP tools the service ran).
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
     lines = call_lines(state_dir, call_id)
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
              for line in lines if line.get("kind") == RecordKind.USAGE]
     return {"call": summarize(call_id, lines), "lines": lines, "transcript": spoken_transcript(lines),
-            "usage": usage}
+            "usage": usage, "hosted_tools": hosted_tool_calls(lines)}
+
+
+def hosted_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The record's calls of OpenAI-hosted MCP tools (``hosted_tool`` lines),
+    in the order they ended: the service ran them, so they are not among the
+    call's tool calls (``summarize``), only listed."""
+    return [{"server": line.get("server"), "tool": line.get("tool"), "status": line.get("status"),
+             "error": line.get("error"), "item_id": line.get("item_id"), "t": line.get("t")}
+            for line in lines if line.get("kind") == RecordKind.HOSTED_TOOL]
 
 
 def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,9 +3,13 @@
 Time runs left to right in seconds since the call's first actor started (a
 later run of the same call id continues where the previous one ended). Rows:
 the model's responses (bars where the start is known, a cancelled one marked
-as a barge-in on a line under the marks), one row per tool call (its duration
-and outcome; its id and epoch in the bar's tooltip), and vertical marks for reconnects and the end. Text is escaped; the picture has
-no script and no external reference, so it is safe as an ``<img>``.
+as a barge-in on a line under the marks), the spoken turns (a mark when
+each transcript arrived, its words in the tooltip; a reply cut short in the
+barge-in colour), one row per tool call (its duration and outcome; its id
+and epoch in the bar's tooltip), one per call of an OpenAI-hosted MCP tool
+(run by the service: a mark when it ended, its server, tool and status),
+and vertical marks for reconnects and the end. Text is escaped; the picture
+has no script and no external reference, so it is safe as an ``<img>``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from voiceactors.call.record_kind import RecordKind
 
 WIDTH = 780
 LABEL_W = 170          # the left column: row labels
+LABEL_CHARS = 26       # of a hosted tool's label in that column (12 px text)
 PLOT_RIGHT = 130       # room after the plot for the last bar's text
 ROW_H = 22
 TOP = 34
@@ -33,6 +38,9 @@ FAILED_COLOUR = "#d9534f"
 RESPONSE_COLOUR = "#7b68c8"
 OURS_COLOUR = "#b39ddb"
 CANCELLED_COLOUR = "#e8913a"
+HOSTED_COLOUR = "#5b8a9a"
+USER_COLOUR = "#8a8a96"
+SPOKEN_TIP_MAX = 160   # characters of a transcript in its mark's tooltip
 RECONNECT_COLOUR = "#c0392b"
 TEXT = "#2b2b33"
 MUTED = "#6b6b78"
@@ -73,6 +81,15 @@ def _tool_rows(placed: list[Placed]) -> list[Placed]:
             settled.add(p.line.get("tool_call_id"))
             rows.append(Placed(p.at, {**p.line, "outcome": ToolOutcome.PENDING, "duration_ms": None}))
     return rows
+
+
+def _hosted_label(line: dict[str, Any]) -> str:
+    return f"{line.get('server') or '?'} · {line.get('tool') or '?'}"
+
+
+def _in_label_column(label: str) -> str:
+    """``label`` cut to what the row labels' column holds (the whole in the tooltip)."""
+    return label if len(label) <= LABEL_CHARS else label[:LABEL_CHARS - 1] + "…"
 
 
 def _first_tool_at(tools: list[Placed]) -> dict[Any, float]:
@@ -127,8 +144,11 @@ def render(lines: list[dict[str, Any]]) -> str:
     """The SVG document for one call's record lines."""
     placed = place(lines)
     responses = [p for p in placed if p.line.get("kind") == RecordKind.RESPONSE]
-    tools = sorted(_tool_rows(placed), key=lambda p: p.at)
-    shown_tools, hidden_tools = tools[:MAX_TOOL_ROWS], max(0, len(tools) - MAX_TOOL_ROWS)
+    tools = _tool_rows(placed)
+    # the service's own (hosted) tool calls share the tool rows, in time order
+    rows_of_tools = sorted(tools + [p for p in placed if p.line.get("kind") == RecordKind.HOSTED_TOOL],
+                           key=lambda p: p.at)
+    shown_tools, hidden_tools = rows_of_tools[:MAX_TOOL_ROWS], max(0, len(rows_of_tools) - MAX_TOOL_ROWS)
     creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == RecordKind.RESPONSE_CREATE}
     first_tool_at = _first_tool_at(tools)
     span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
@@ -141,10 +161,14 @@ def render(lines: list[dict[str, Any]]) -> str:
     labels = _barge_in_labels([x(p.at) for p in cancelled])
     label_lines = 1 + max((line for _, line in labels), default=-1)
     responses_h = ROW_H + label_lines * LABEL_LINE_H
+    said = [p for p in placed if p.line.get("kind") == RecordKind.TRANSCRIPT]
+    spoken_h = ROW_H if said else 0       # a record without transcripts draws as before
+    tools_top = TOP + responses_h + spoken_h
     rows = len(shown_tools) + (1 if hidden_tools else 0)
-    plot_bottom = TOP + responses_h + rows * ROW_H
+    plot_bottom = tools_top + rows * ROW_H
     legend_y = plot_bottom + 40
-    height = legend_y + 40
+    legend, legend_last_y = _legend(legend_y)
+    height = legend_last_y + 40      # room under the legend's last line, however many it wraps to
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" {_attr(width=WIDTH, height=height, viewBox=f"0 0 {WIDTH} {height}")} '
            'font-family="system-ui, sans-serif" font-size="12" role="img">',
            f"<title>{escape('call timeline')}</title>",
@@ -168,10 +192,15 @@ def render(lines: list[dict[str, Any]]) -> str:
     for label_x, label_line in labels:
         out.append(_text(label_x, y + ROW_H + label_line * LABEL_LINE_H + 10, "barge-in",
                          fill=CANCELLED_COLOUR, font_weight="600"))
+    if said:
+        out += _spoken_row(said, x, TOP + responses_h, _cut_items(placed))
     # tool calls
     for i, p in enumerate(shown_tools):
         line = p.line
-        y = TOP + responses_h + i * ROW_H
+        y = tools_top + i * ROW_H
+        if line.get("kind") == RecordKind.HOSTED_TOOL:
+            out += _hosted_row(x(p.at), y, line)
+            continue
         outcome = str(line.get("outcome", ToolOutcome.UNANSWERED))
         colour = OUTCOME_COLOURS.get(outcome, FAILED_COLOUR)
         end = p.at + _num(line.get("duration_ms")) / 1000
@@ -181,7 +210,7 @@ def render(lines: list[dict[str, Any]]) -> str:
                    + f"><title>{escape(tip)}</title></rect>")
         out.append(_text(max(x(end), x(p.at) + 3) + 5, y + 15, _tool_label(line), fill=MUTED))
     if hidden_tools:
-        out.append(_text(8, TOP + responses_h + len(shown_tools) * ROW_H + 15, f"… {hidden_tools} more tool calls",
+        out.append(_text(8, tools_top + len(shown_tools) * ROW_H + 15, f"… {hidden_tools} more tool calls",
                          fill=MUTED))
     # reconnects, later runs, the end
     for p in placed:
@@ -195,9 +224,48 @@ def render(lines: list[dict[str, Any]]) -> str:
     kinds = Counter(p.line.get("kind") for p in placed)
     if kinds[RecordKind.START] > kinds[RecordKind.END] or not kinds[RecordKind.END]:
         out.append(_text(LABEL_W, TOP - 16, "no end recorded: the call is live or was cut short", fill=FAILED_COLOUR))
-    out += _legend(legend_y)
+    out += legend
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _cut_items(placed: list[Placed]) -> set[Any]:
+    """The item ids of the replies cut short: named by a ``transcript_cut``
+    line, or by a transcript line that says so itself (the service's item
+    ids are unique in a call)."""
+    return {p.line.get("item_id") for p in placed
+            if p.line.get("kind") == RecordKind.TRANSCRIPT_CUT
+            or (p.line.get("kind") == RecordKind.TRANSCRIPT and p.line.get("cut_short") is True)}
+
+
+def _spoken_row(said: list[Placed], x: Any, y: float, cut: set[Any]) -> list[str]:
+    """The spoken turns' row: a mark per transcript where it arrived (the
+    assistant's preambles and replies, the user's turns), its words in the
+    tooltip."""
+    out = [_text(8, y + 15, "spoken", font_weight="600")]
+    for p in said:
+        line = p.line
+        user = line.get("role") == "user"
+        is_cut = not user and line.get("item_id") in cut
+        colour = CANCELLED_COLOUR if is_cut else (USER_COLOUR if user else RESPONSE_COLOUR)
+        text = str(line.get("text") or "")
+        words = text if len(text) <= SPOKEN_TIP_MAX else text[:SPOKEN_TIP_MAX - 1] + "…"
+        tip = f"{'you' if user else 'assistant'}: {words}" + (" (cut short)" if is_cut else "")
+        out.append(_rect(x(p.at), y + 6, 3.0, 10, colour, rx=1)[:-2] + f"><title>{escape(tip)}</title></rect>")
+    return out
+
+
+def _hosted_row(at_x: float, y: float, line: dict[str, Any]) -> list[str]:
+    """A hosted MCP tool's row: its label, a mark where it ended (the service
+    ran it; its run time is not ours to know) and its status."""
+    status = str(line.get("status") or "?")
+    colour = FAILED_COLOUR if status == "failed" else HOSTED_COLOUR
+    tip = f"hosted MCP tool {_hosted_label(line)} · item {line.get('item_id', '?')}"
+    if line.get("error"):
+        tip += f" · {line.get('error')}"
+    return [_text(8, y + 15, _in_label_column(_hosted_label(line))),
+            _rect(at_x, y + 5, 3.0, 12, colour, rx=1)[:-2] + f"><title>{escape(tip)}</title></rect>",
+            _text(at_x + 8, y + 15, f"hosted · {status}", fill=MUTED)]
 
 
 def _axis(span: float, x: Any, bottom: float) -> list[str]:
@@ -218,11 +286,13 @@ def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
             else _text(at_x + 3, TOP - 6, label, fill=colour)]
 
 
-def _legend(y: float) -> list[str]:
+def _legend(y: float) -> tuple[list[str], float]:
+    """The legend's marks and labels from ``y`` on, and its last line's y."""
     items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
              ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS[ToolOutcome.OK]),
              ("tool replayed", OUTCOME_COLOURS[ToolOutcome.REPLAYED]), ("tool failed / timed out", FAILED_COLOUR),
              ("tool pending (no outcome recorded)", OUTCOME_COLOURS[ToolOutcome.PENDING]),
+             ("hosted MCP tool (run by the service)", HOSTED_COLOUR), ("you spoke (transcript)", USER_COLOUR),
              ("reconnect", RECONNECT_COLOUR)]
     out, at = [], 8.0
     for label, colour in items:
@@ -232,4 +302,4 @@ def _legend(y: float) -> list[str]:
         out.append(_rect(at, y - 10, 12, 12, colour, rx=2))
         out.append(_text(at + 16, y, label, fill=MUTED))
         at += width
-    return out
+    return out, y

@@ -1165,22 +1165,36 @@ class CallProtocol:
         asked again)."""
         meter = self.meter
         if meter.state == BudgetState.FAREWELL:
-            sent = self.creates.get(meter.farewell_event_id or "")
-            if sent is None or sent.result == CreateResult.SENT:
+            if not self._parting_refused(meter.farewell_event_id):
                 return
             meter.state = BudgetState.REACHED
         if meter.state != BudgetState.REACHED:
             return
+        event_id = self._ask_parting_words(FAREWELL, why="budget_spent")
+        if event_id is not None:
+            meter.state = BudgetState.FAREWELL
+            meter.farewell_event_id = event_id
+
+    def _parting_refused(self, event_id: str | None) -> bool:
+        """Whether the parting words' ``response.create`` (the budget's
+        farewell, the idle goodbye) came back unsent: refused or lost, so
+        they are asked again."""
+        sent = self.creates.get(event_id or "")
+        return sent is not None and sent.result != CreateResult.SENT
+
+    def _ask_parting_words(self, response: dict[str, Any], *, why: str) -> str | None:
+        """Send the ``response.create`` of parting words once every finished
+        batch's outputs are written (outputs first: the conversation stays
+        consistent); its event id, or None while outputs are still due."""
         due = self._finished_batches()
         if not all(self._outputs_written(batch) for batch in due):
-            return    # outputs first: the conversation stays consistent
-        event = rt.response_create(FAREWELL)
+            return None
+        event = rt.response_create(response)
         create = self._create_for(event, due)
-        meter.state = BudgetState.FAREWELL
-        meter.farewell_event_id = create.event_id
         self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
-                  why="budget_spent")
+                  why=why)
         self._emit(Send(event))
+        return create.event_id
 
     def _budget_timer(self, now: float) -> None:
         if not self._budget_ended and self.meter.due(now):
@@ -1231,22 +1245,15 @@ class CallProtocol:
         """Ask the model, once, to say goodbye (after every finished batch's
         outputs are written; a refused or lost goodbye is asked again)."""
         if self.idle is IdleCourse.GOODBYE:
-            sent = self.creates.get(self._idle_goodbye or "")
-            if sent is None or sent.result == CreateResult.SENT:
+            if not self._parting_refused(self._idle_goodbye):
                 return
             self.idle = IdleCourse.GOODBYE_DUE
         if self.idle is not IdleCourse.GOODBYE_DUE or self._now < self._goodbye_after:
             return
-        due = self._finished_batches()
-        if not all(self._outputs_written(batch) for batch in due):
-            return    # outputs first: the conversation stays consistent
-        event = rt.response_create(IDLE_GOODBYE)
-        create = self._create_for(event, due)
-        self.idle = IdleCourse.GOODBYE
-        self._idle_goodbye = create.event_id
-        self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
-                  why="user_idle")
-        self._emit(Send(event))
+        event_id = self._ask_parting_words(IDLE_GOODBYE, why="user_idle")
+        if event_id is not None:
+            self.idle = IdleCourse.GOODBYE
+            self._idle_goodbye = event_id
 
     def _idle_goodbye_done(self, rid: str) -> None:
         """The goodbye's response ended: the call ends once its audio played out."""

@@ -133,9 +133,7 @@ def install(app: Quart) -> None:
     @app.errorhandler(HTTPException)
     async def _http_error(error: HTTPException) -> Any:
         status = error.code or 500
-        message = status_message(status, error.name)
-        if status == 404:
-            message = not_found_message(request.path)
+        message = not_found_message(request.path) if status == 404 else status_message(status, error.name)
         response = error_response(status, message)
         allowed = getattr(error, "valid_methods", None)
         if status == 405 and allowed:

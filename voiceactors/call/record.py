@@ -619,6 +619,7 @@ class CallRecord:
         self._open = write_now
         self._closing = False                       # close() asked for the last pass
         self._final = False                         # the last pass is done: written, fsynced, fd closed
+        self._final_taken = False                   # a pass took the last job (closing, the file to close)
         #: how long a written line may wait for its fsync (``call_record_fsync_s``; 0: before it counts as written)
         self.fsync_s = _default_fsync_s() if fsync_s is None else fsync_s
         self._pass_done: trio.Event | None = None   # set by the next pass's end (made only when close waits)
@@ -663,6 +664,7 @@ class CallRecord:
         batch = self.lines[self._flushed:] if self._open else []
         self._taken = len(batch)
         final = self._closing and self._open
+        self._final_taken = self._final_taken or final
         # rendered lines never hold a raw newline: each ends in its own one
         return _Job(self, self.path, b"".join(map(render_line, batch)), len(batch),
                     check_torn=not self._fresh_line, sync=final or self.fsync_s <= 0, final=final,
@@ -702,11 +704,11 @@ class CallRecord:
                 self._open = True   # never connected, but the id has a history: the run belongs in it
             try:
                 self._closing = True       # the last pass writes the rest, fsyncs and closes the file
-                tried = False
                 while self._open and not self._final:
-                    if tried and self.failed is not None:
+                    # A pass that took the lines before ``_closing`` was not the last one: its
+                    # failure leaves the file open, so the last pass is still asked for.
+                    if self._final_taken and self.failed is not None:
                         break              # the disk refuses: the caller logs ``failed``
-                    tried = True
                     done = self._pass_done = self._pass_done or trio.Event()
                     self._writer.want(self, urgent=True, at_once=True)
                     await done.wait()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -482,4 +483,46 @@ async def test_a_failed_syncfs_of_closing_records_is_each_closes_failure(tmp_pat
     assert len(failed) > len(records) - SYNCFS_MIN_FILES
     assert all("(syncfs): [Errno 5] Input/output error" in r.failed for r in failed)
     assert all([x["kind"] for x in read_record(r.path)] == ["start", "end"] for r in records)
+    assert _open_fds_under(tmp_path, appending_only=True) == 0
+
+
+class FsyncHeldThenFailing:
+    """An fsync that holds its first call on a file until ``release`` and
+    fails every later one on a file (a folder's always succeeds)."""
+
+    def __init__(self) -> None:
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.calls = 0
+
+    def __call__(self, fd: int) -> None:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        self.calls += 1
+        if self.calls == 1:
+            self.held.set()
+            self.release.wait(20)
+            return
+        raise OSError(5, "Input/output error")
+
+
+async def test_a_close_during_a_pass_writes_its_lines_once_even_when_the_last_fsync_fails(tmp_path, autojump_clock):
+    """The close asks for the last pass while an earlier pass holds the
+    record; the last pass's fsync fails. Its lines are on file: no pass after
+    it writes them again, and the close leaves no descriptor open."""
+    fsync = FsyncHeldThenFailing()
+    writer = RecordWriter(fsync=fsync, syncfs=None)
+    record = CallRecord("rtc_twice", tmp_path, fsync_s=0, writer=writer)
+    record.opened()
+    record.add("tool_started", tool_call_id="call_1")
+    await _until(fsync.held.is_set)               # the first pass is in its fsync
+    record.add("end", reason="closed_by_service")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(record.close)
+        await trio.sleep(0.05)
+        fsync.release.set()
+    assert record.failed is not None and "Input/output error" in record.failed
+    assert _open_fds_under(tmp_path, appending_only=True) == 0
+    await _until(writer.retired.is_set)          # every pass the writer was to make is made
+    assert [x["kind"] for x in read_record(record.path)] == ["start", "tool_started", "end"]
     assert _open_fds_under(tmp_path, appending_only=True) == 0

@@ -222,7 +222,8 @@ class _Job:
     sync: bool                 # fsync before the record hears it is written
     final: bool                # the record's close: fsync and close the descriptor
     sync_dir: bool             # the file's name is not yet fsynced into its folder
-    error: str | None = None
+    error: str | None = None   # the lines were not (all) written: they stay for the next pass
+    sync_error: str | None = None   # written, but the fsync (or syncfs) failed: not known durable
     created: bool = False      # this pass created the file
     touched: bool = False      # a write was tried on an open descriptor (bytes may be unsynced)
     synced: bool = False       # the file (and, if it was new, its folder) is fsynced
@@ -345,12 +346,9 @@ class RecordWriter:
         self._waiting.clear()
         jobs = []
         for record in waiting:
-            try:
-                job = record._take()
-                job.sync_dir = job.path.parent in self._unsynced_dirs
-                jobs.append(job)
-            except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
-                record._written(0, f"{type(exc).__name__}: {exc}")
+            job = record._take()
+            job.sync_dir = job.path.parent in self._unsynced_dirs
+            jobs.append(job)
         # under load (more than one record in this pass) the next pass waits
         # longer: fewer thread hops, each carrying more calls' lines
         self.last_gap_s = PASS_GAP_S if len(jobs) <= 1 else LOADED_PASS_GAP_S
@@ -364,7 +362,7 @@ class RecordWriter:
         now = trio.current_time()
         for job in jobs:
             self._schedule_fsync(job, now)
-            job.record._written(job.count, job.error, final=job.final and job.error is None)
+            job.record._written(job)
 
     def _schedule_fsync(self, job: _Job, now: float) -> None:
         if job.created:
@@ -385,6 +383,8 @@ class RecordWriter:
         fsyncs the jobs ask for (every write of the pass is in the page
         cache before the first fsync starts). One file's failure is its own."""
         for job in jobs:
+            if job.error is not None:
+                continue                      # its lines could not be rendered
             try:
                 self._append(job)
             except OSError as exc:
@@ -398,7 +398,7 @@ class RecordWriter:
                 try:
                     self._sync(job)
                 except OSError as exc:
-                    job.error = str(exc)
+                    job.sync_error = str(exc)
         for job in jobs:
             if job.final:
                 self._close_fd(job.record)
@@ -507,8 +507,8 @@ class RecordWriter:
         failure is each of its jobs' error, as an fsync's is its file's."""
         errors = self._syncfs_folders([job.path.parent for job in jobs])
         for job in jobs:
-            job.error = errors[job.path.parent]
-            job.synced = job.error is None
+            job.sync_error = errors[job.path.parent]
+            job.synced = job.sync_error is None
 
     def _syncfs_folders(self, folders: list[Path]) -> dict[Path, str | None]:
         """One ``syncfs`` per distinct folder: it flushes every dirty file
@@ -620,6 +620,7 @@ class CallRecord:
         self._closing = False                       # close() asked for the last pass
         self._final = False                         # the last pass is done: written, fsynced, fd closed
         self._final_taken = False                   # a pass took the last job (closing, the file to close)
+        self._final_tried = False                   # that pass is over (``_final`` says whether it succeeded)
         #: how long a written line may wait for its fsync (``call_record_fsync_s``; 0: before it counts as written)
         self.fsync_s = _default_fsync_s() if fsync_s is None else fsync_s
         self._pass_done: trio.Event | None = None   # set by the next pass's end (made only when close waits)
@@ -665,22 +666,33 @@ class CallRecord:
         self._taken = len(batch)
         final = self._closing and self._open
         self._final_taken = self._final_taken or final
-        # rendered lines never hold a raw newline: each ends in its own one
-        return _Job(self, self.path, b"".join(map(render_line, batch)), len(batch),
-                    check_torn=not self._fresh_line, sync=final or self.fsync_s <= 0, final=final,
-                    sync_dir=False)
+        error = None
+        try:
+            # rendered lines never hold a raw newline: each ends in its own one
+            data = b"".join(map(render_line, batch))
+        except Exception as exc:  # noqa: BLE001 - a line that cannot be rendered fails its record only
+            data, error = b"", f"{type(exc).__name__}: {exc}"
+        return _Job(self, self.path, data, len(batch), check_torn=not self._fresh_line,
+                    sync=final or self.fsync_s <= 0, final=final, sync_dir=False, error=error)
 
-    def _written(self, count: int, error: str | None, *, final: bool = False) -> None:
+    def _written(self, job: _Job) -> None:
+        """A pass is done with this record's job. Lines whose write failed
+        stay in memory for the next pass; lines written whose fsync failed
+        are on file (written again they would be there twice): counted as
+        written, ``failed`` says they are not known durable, and the writer
+        fsyncs them again later."""
         self._taken = 0
-        if error is not None:
-            self.failed = error       # the lines stay in memory; the next flush tries again
+        if job.error is not None:
+            self.failed = job.error
             self._fresh_line = False  # a short write may have left a torn line
-        elif count:
-            self.failed = None
-            self._flushed += count
-            self._fresh_line = True
-            self.flushes += 1
-        self._final = self._final or final
+        else:
+            self.failed = job.sync_error
+            if job.count:
+                self._flushed += job.count
+                self._fresh_line = True
+                self.flushes += 1
+        self._final = self._final or (job.final and self.failed is None)
+        self._final_tried = self._final_tried or job.final
         if self._pass_done is not None:
             self._pass_done.set()
             self._pass_done = None
@@ -705,12 +717,14 @@ class CallRecord:
             try:
                 self._closing = True       # the last pass writes the rest, fsyncs and closes the file
                 while self._open and not self._final:
-                    # A pass that took the lines before ``_closing`` was not the last one: its
-                    # failure leaves the file open, so the last pass is still asked for.
-                    if self._final_taken and self.failed is not None:
-                        break              # the disk refuses: the caller logs ``failed``
+                    # A pass that took the lines before ``_closing`` was not the last one:
+                    # the last pass is still asked for. Once it is under way it is only
+                    # waited for (asked again, a pass after it would write the lines twice).
+                    if self._final_tried:
+                        break              # the disk refused: the caller logs ``failed``
                     done = self._pass_done = self._pass_done or trio.Event()
-                    self._writer.want(self, urgent=True, at_once=True)
+                    if not self._final_taken:
+                        self._writer.want(self, urgent=True, at_once=True)
                     await done.wait()
             finally:
                 if not self._closed:

@@ -20,7 +20,7 @@ from voiceactors.call.protocol import (
     ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, IDLE_GOODBYE, IDLE_GOODBYE_MAX_S, SERVICE_ANSWER_WAIT_S,
     CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
-    Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+    Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose, wrap_up_response,
 )
 from voiceactors.call.meter import GRACE_S
 from voiceactors.call.refusals import BACKOFF_S
@@ -1174,3 +1174,65 @@ def test_hosted_mcp_items_among_function_calls_are_recorded_never_answered():
     assert len(failed["tool"]) == 128
     (response,) = w.records("response")
     assert response["tool_calls"] == ["c1", "c2"]
+
+
+# ---------------------------------------------------------- the time limit
+
+def _wrapping(at: float = 100.0, ends_at: float = 220.0) -> Wire:
+    w = Wire()
+    w.p.schedule_wrap_up(at=at, ends_at=ends_at)
+    return w
+
+
+def test_the_wrap_up_is_asked_for_once_when_due_and_says_how_long_is_left():
+    w = _wrapping()
+    assert w.p.wrap_up_wake == 100.0
+    w.now = 99.0
+    w.feed(Timer())
+    assert w.creates() == [] and w.records("wrap_up") == []
+    w.now = 100.0
+    w.feed(Timer())
+    [wrap_up] = w.creates()
+    assert wrap_up.event["response"] == wrap_up_response(2)
+    assert "2 minutes" in wrap_up.event["response"]["instructions"]
+    assert w.records("wrap_up") == [{"left_s": 120.0}] and w.p.wrap_up_wake == math.inf
+    w.write()
+    w.server(created("r_wrap"), done("r_wrap"))
+    w.now = 150.0
+    w.feed(Timer())
+    assert len(w.creates()) == 1                               # once
+
+
+def test_the_wrap_up_waits_for_an_active_response_and_a_write_in_flight():
+    w = _wrapping()
+    w.server(created("r1"), item_done("r1", "c1", "commitments.add"))     # a write, its response still on
+    w.now = 100.0
+    w.feed(Timer())
+    assert w.creates() == []                                   # never while a response is active
+    w.server(done("r1"))
+    assert w.creates() == [] and w.started() == ["c1"]        # the write is still running
+    w.finish("c1", output='{"added": 1}')
+    assert w.creates() == []                                   # its output is written first
+    w.write()
+    [wrap_up] = w.creates()
+    assert wrap_up.event["response"] == wrap_up_response(2)
+    assert w.p.creates[wrap_up.event["event_id"]].batches == ["r1"]   # it is the write's follow-up too
+
+
+def test_a_refused_wrap_up_is_asked_for_again():
+    w = _wrapping()
+    w.now = 100.0
+    w.feed(Timer())
+    w.write()
+    [first] = w.creates()
+    w.server(created("r_other"), error(ACTIVE_RESPONSE, first.event["event_id"]))
+    w.server(done("r_other"))
+    assert [c.event["response"] for c in w.creates()] == [wrap_up_response(2)] * 2
+
+
+def test_without_a_schedule_there_is_no_wrap_up():
+    w = Wire()
+    assert w.p.wrap_up_wake == math.inf
+    w.now = 1e9
+    w.feed(Timer())
+    assert w.creates() == [] and w.records("wrap_up") == []

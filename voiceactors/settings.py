@@ -225,8 +225,13 @@ class Settings:
         600.0, CALLS, "a call with no event for this long is closed", env="VOICEACTORS_CALL_IDLE_TIMEOUT",
         unit="s", positive=True)
     call_max_duration_s: float = setting(
-        3900.0, CALLS, "hard limit of one call (OpenAI ends calls at 60 minutes; this allows slack)",
-        env="VOICEACTORS_CALL_MAX_DURATION", unit="s", positive=True)
+        3570.0, CALLS, "the longest a call lasts: it then ends cleanly (`max_duration`), just before the "
+        "service's own 60-minute cap would cut it off", env="VOICEACTORS_CALL_MAX_DURATION", unit="s",
+        positive=True)
+    call_wrap_up_s: float = setting(
+        120.0, CALLS, "this long before `call_max_duration_s` the assistant says that the call is about to end "
+        "(`0`: no wrap-up); must be less than `call_max_duration_s`", env="VOICEACTORS_CALL_WRAP_UP", unit="s",
+        minimum=0)
     connect_timeout_s: float = setting(
         10.0, CALLS, "joining the sideband websocket", env="VOICEACTORS_CONNECT_TIMEOUT", unit="s",
         positive=True)
@@ -412,6 +417,9 @@ class Settings:
         """What is wrong with these settings (empty: nothing)."""
         found = [problem for item in declarations() if (problem := _check(item, getattr(self, item.name)))]
         found.extend(shutdown_deadlines(self).problems())
+        if self.call_wrap_up_s and not self.call_wrap_up_s < self.call_max_duration_s:
+            found.append(f"call_wrap_up_s ({_number(self.call_wrap_up_s)} s) must be less than "
+                         f"call_max_duration_s ({_number(self.call_max_duration_s)} s)")
         return found
 
     def validate(self) -> "Settings":

@@ -461,6 +461,8 @@ class CallActor:
         self.started = trio.current_time()
         self.protocol.started = self.started
         self.deadline = self.started + self.settings.call_max_duration_s
+        if self.settings.call_wrap_up_s > 0:
+            self.protocol.schedule_wrap_up(at=self.deadline - self.settings.call_wrap_up_s, ends_at=self.deadline)
         self._start_meter()
         rejoin = self.recovered is not None
         fields: dict[str, Any] = {}
@@ -659,7 +661,7 @@ class CallActor:
         while True:
             wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
-                       self.protocol.budget_wake, self.protocol.idle_wake)
+                       self.protocol.budget_wake, self.protocol.idle_wake, self.protocol.wrap_up_wake)
             with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason

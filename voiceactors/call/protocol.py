@@ -91,6 +91,26 @@ IDLE_GOODBYE_MAX_S = FAREWELL_MAX_S
 SERVICE_ANSWER_WAIT_S = 2.0
 
 
+def wrap_up_response(minutes_left: int) -> dict[str, Any]:
+    """The wrap-up's response parameters, a few minutes before the call's
+    time limit (overriding the session's for that response only)."""
+    minutes = "a minute" if minutes_left <= 1 else f"{minutes_left} minutes"
+    return {
+        "instructions": (f"This call reaches its time limit in about {minutes}. First answer anything still "
+                         "pending. Then tell the user, in one short sentence, that the call ends soon and that "
+                         "they can continue in a new call with Continue."),
+        "tool_choice": "none",
+    }
+
+
+class WrapUp(StrEnum):
+    """Where a call stands with its time limit's wrap-up."""
+
+    PENDING = "pending"      # not due yet (or the call has no wrap-up)
+    DUE = "due"              # due: sent at the next quiet moment
+    SENT = "sent"            # its response.create is sent (asked again if refused or lost)
+
+
 class IdleCourse(StrEnum):
     """Where a silent call stands (``input_audio_buffer.timeout_triggered``
     since the user last spoke)."""
@@ -386,6 +406,10 @@ class CallProtocol:
         # the goodbye goes out no sooner (the service's answer first); -inf: no wait left
         self._goodbye_after = math.inf
         self._idle_end_at = math.inf                # when a silent call ends (math.inf: not ending)
+        self.wrap_up = WrapUp.PENDING
+        self.wrap_up_at = math.inf                  # when the wrap-up is due (math.inf: never)
+        self.ends_at = math.inf                     # the call's time limit (the shell ends it there)
+        self._wrap_up_event: str | None = None      # the wrap-up's event id
 
     # ----------------------------------------------------------- the API
 
@@ -432,6 +456,8 @@ class CallProtocol:
         self._budget_timer(self._now)
         if self.idle is not IdleCourse.TALKING:
             self._idle_timer()
+        if self.wrap_up is WrapUp.PENDING and self._now >= self.wrap_up_at:
+            self._wrap_up_due()
 
     def _in_written_at_close(self, message: WrittenAtClose) -> None:
         call = self.calls[message.tool_call_id]
@@ -1080,6 +1106,8 @@ class CallProtocol:
         if self.idle is not IdleCourse.TALKING:
             self._say_idle_goodbye()    # a silent call: the goodbye is the only create left
             return
+        if self.wrap_up is not WrapUp.PENDING and not self._wrap_up_said():
+            return                      # the wrap-up is due: it carries the finished batches
         due = [batch for batch in self._finished_batches() if self._outputs_written(batch)]
         if not due:
             return
@@ -1271,6 +1299,44 @@ class CallProtocol:
         if self.idle is not IdleCourse.ENDED:
             self.idle = IdleCourse.TALKING
             self._goodbye_after = self._idle_end_at = math.inf
+
+    # ----------------------------------------------------- the time limit
+
+    def schedule_wrap_up(self, *, at: float, ends_at: float) -> None:
+        """The shell's time limit: the call ends at ``ends_at``; at ``at``
+        the assistant is asked to say so (``wrap_up_wake``)."""
+        self.wrap_up_at, self.ends_at = at, ends_at
+
+    @property
+    def wrap_up_wake(self) -> float:
+        """When the wrap-up wants a ``Timer`` (math.inf: never)."""
+        return self.wrap_up_at if self.wrap_up is WrapUp.PENDING else math.inf
+
+    def _wrap_up_due(self) -> None:
+        self.wrap_up = WrapUp.DUE
+        left_s = round(self.ends_at - self._now, 3)
+        self._record(RecordKind.WRAP_UP, left_s=left_s)
+        self._log(LogLevel.INFO, "call.wrap_up", left_s=left_s, epoch=self.epoch)
+        self._maybe_follow_up()
+
+    def _wrap_up_said(self) -> bool:
+        """Whether the wrap-up is sent (True), or asked for now: at a quiet
+        moment (no response active, no tool run in flight: a write under way
+        is finished and answered first, every finished batch's outputs
+        written), carrying the finished batches' follow-up. A refused or lost
+        wrap-up is asked again."""
+        if self.wrap_up is WrapUp.SENT:
+            if not self._parting_refused(self._wrap_up_event):
+                return True
+            self.wrap_up = WrapUp.DUE
+        if self._running:
+            return False
+        minutes_left = max(1, round((self.ends_at - self._now) / 60))
+        event_id = self._ask_parting_words(wrap_up_response(minutes_left), why="wrap_up")
+        if event_id is not None:
+            self.wrap_up = WrapUp.SENT
+            self._wrap_up_event = event_id
+        return False
 
     # ------------------------------------------------------------- record
 

@@ -92,6 +92,9 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
 * ``idle`` — the service's idle timeout fired (``input_audio_buffer.timeout_triggered``):
   ``timeouts`` (how many since the user last spoke) and ``then``: ``check_in``
   (the service's own response checks in) or ``goodbye`` (ours, then the call ends ``user_idle``).
+* ``wrap_up`` — the call's time limit (``call_max_duration_s``) is
+  ``call_wrap_up_s`` away: ``left_s``; the assistant is asked, at the next
+  quiet moment, to say that the call ends soon (a ``response_create`` line follows).
 * ``usage_total`` — at the end (when any response carried usage): ``model``,
   ``responses``, ``tokens``, ``cost_usd``, ``budget_usd``.
 * ``end`` — ``reason``, ``duration_s``, ``epoch``, ``reconnects``,

@@ -34,6 +34,7 @@ class RecordKind(StrEnum):
     USAGE = "usage"                      # one response's tokens and cost
     BUDGET = "budget"                    # the call's cost reached its budget
     IDLE = "idle"                        # the service's idle timeout fired (check-in, or goodbye)
+    WRAP_UP = "wrap_up"                  # the call's time limit is near: the assistant is asked to say so
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end
     END = "end"                          # a run's last line (none after a crash)
 

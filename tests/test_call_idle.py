@@ -35,11 +35,13 @@ async def test_a_silent_user_is_checked_in_on_then_told_goodbye_and_the_call_end
     assert sc.idle_timeouts == 2
     assert 2 * IDLE_MS / 1000 <= actor.ended_at - started < 600      # ended by us, not the scenario
     assert len(_goodbyes(sc)) == 1 and sc.response_creates == 1      # the check-in was the service's own
-    # the service's own answer to each timeout, then the goodbye after it (the
+    # the service's own answer to each timeout (the second cancelled: one
+    # check-in is heard, not two), then the goodbye after it (the
     # simulator's default reply to our create), never refused
     assert [(x.origin, x.status) for x in sc.responses] == [
-        ("scenario", "completed"), ("idle_timeout", "completed"), ("idle_timeout", "completed"),
+        ("scenario", "completed"), ("idle_timeout", "completed"), ("idle_timeout", "cancelled"),
         ("default", "completed")]
+    assert [e["type"] for e in sc.received if e["type"] == "response.cancel"] == ["response.cancel"]
     assert sc.error_codes == []
     assert r.sim.hangups == ["rtc_silent_user"] and sc.closed
     assert [(line["timeouts"], line["then"]) for line in record if line["kind"] == "idle"] == [

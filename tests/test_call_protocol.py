@@ -1062,6 +1062,8 @@ def test_a_second_idle_timeout_says_goodbye_after_the_services_answer_then_ends_
     assert w.creates() == [] and w.of(WakeAt) == [WakeAt(30.0 + SERVICE_ANSWER_WAIT_S)]
     w.server(created("r_auto"))                               # the service answers the timeout itself
     assert w.p.idle_wake == 30.0 + IDLE_GOODBYE_MAX_S         # no wake-up for a wait already over
+    [cancel] = [e.event for e in w.of(Send) if e.event["type"] == "response.cancel"]
+    assert cancel["response_id"] == "r_auto"                  # its second check-in is not heard
     w.now = 30.0 + SERVICE_ANSWER_WAIT_S
     w.feed(Timer())
     assert w.creates() == []                                  # never while a response is active

@@ -614,6 +614,8 @@ class CallProtocol:
             self._backoff_retries = 0
         elif new:
             self._carried_forward_by(batch)
+            if self.idle is IdleCourse.GOODBYE_DUE:
+                self._cancel_second_check_in(rid)
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
 
@@ -1249,6 +1251,15 @@ class CallProtocol:
         self._goodbye_after = self._now + SERVICE_ANSWER_WAIT_S
         self._idle_end_at = self._now + IDLE_GOODBYE_MAX_S
         self._emit(WakeAt(self._goodbye_after))
+
+    def _cancel_second_check_in(self, rid: str) -> None:
+        """The service's own answer to the second timeout would ask whether
+        the user is still there once more, right before our goodbye: it is
+        cancelled (the user hears one check-in, then the goodbye, which
+        follows this response's end as before)."""
+        self._log(LogLevel.INFO, "call.idle_check_in_cancelled", response_id=rt.clip(rid, PEER_STRING_MAX),
+                  epoch=self.epoch)
+        self._emit(Send(rt.response_cancel(rid)))
 
     @property
     def idle_wake(self) -> float:

@@ -43,6 +43,8 @@ class RefusalAction(StrEnum):
     FORGET_CALL = "forget_call"
     #: the call cannot go on: it ends with ``Refusal.end``
     END_CALL = "end_call"
+    #: nothing to undo: a ``response.cancel`` of a response that had already ended
+    IGNORE = "ignore"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,7 @@ REFUSALS: dict[str, Refusal] = {
     "session_expired": Refusal(RefusalAction.END_CALL, EndReason.SESSION_EXPIRED),
     "invalid_api_key": Refusal(RefusalAction.END_CALL, EndReason.UNAUTHORIZED),
     "insufficient_quota": Refusal(RefusalAction.END_CALL, EndReason.QUOTA),
+    "response_cancel_not_active": Refusal(RefusalAction.IGNORE),
 }
 #: A code not in the table (or none): logged, the call goes on; a
 #: ``response.create`` it refused is retried like a rate limit (bounded), so

@@ -1238,3 +1238,23 @@ def test_without_a_schedule_there_is_no_wrap_up():
     w.now = 1e9
     w.feed(Timer())
     assert w.creates() == [] and w.records("wrap_up") == []
+
+
+def test_a_rate_limited_wrap_up_is_asked_again_after_the_backoff_not_at_once():
+    w = _wrapping(at=0.0)
+    w.feed(Timer())
+    for n, wait in enumerate(BACKOFF_S):
+        w.write()
+        w.server(error("rate_limit_exceeded", w.creates()[-1].event["event_id"]))
+        assert len(w.creates()) == n + 1                        # not at once
+        assert w.of(WakeAt)[-1] == WakeAt(w.now + wait)
+        w.now += wait
+        w.feed(Timer())
+        assert len(w.creates()) == n + 2
+    w.write()
+    w.server(error("rate_limit_exceeded", w.creates()[-1].event["event_id"]))
+    w.now += 100
+    w.feed(Timer())
+    assert len(w.creates()) == len(BACKOFF_S) + 1               # retries spent: no loop of refusals
+    w.server(created("r_user"), done("r_user"))                 # a response event decides again
+    assert len(w.creates()) == len(BACKOFF_S) + 2

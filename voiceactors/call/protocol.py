@@ -832,14 +832,17 @@ class CallProtocol:
         else:
             create.result = f"error:{code}"
             delay = backoff_s(self._backoff_retries) if action == RefusalAction.BACKOFF else None
-            if delay is not None and ours:
-                # not applied: the same batches are asked for again after the wait
+            parting = not create.batches     # words of ours (a wrap-up, farewell, goodbye): asked again
+            if delay is not None and (ours or parting):
+                # not applied: the same batches (or words) are asked for again after the wait
                 self._backoff_retries += 1
                 self._undecide(ours)
                 self._retry_after(delay)
             else:
                 for batch in ours:
                     batch.follow_up = FollowUp.FAILED
+                if parting and action == RefusalAction.BACKOFF:
+                    self.retry_at = math.inf   # retries spent: the next response event decides again
                 if ours:
                     self._log(LogLevel.WARNING, "response.create_given_up", code=rt.clip(code, PEER_STRING_MAX),
                               batches=[b.response_id for b in ours], retries=self._backoff_retries)

@@ -15,6 +15,12 @@ import structlog
 
 from voiceactors import clock, logs
 
+# Every simulator the suite makes holds the events it sends and receives to the
+# SDK's types exactly (docs/simulator.md § Conformance); a test meeting one
+# that does not conform fails (``_simulator_conformance`` below). Set before
+# any simulator is made; subprocesses the tests start inherit it.
+os.environ.setdefault("VOICEACTORS_SIM_CONFORMANCE", "1")
+
 FIXTURE_JOURNAL = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "solstone-journal"
 FIXTURE_BRIEFING_DAY = "2026-03-27"
 

@@ -71,6 +71,7 @@ async def test_timestamps_follow_the_records(nursery, autojump_clock):
     assert plain.add_call("rtc_2").sent_at is None and plain.calls["rtc_2"].received_at is None
 
 
+@pytest.mark.nonconforming_events
 @pytest.mark.parametrize("validate", [True, False])
 async def test_validate_sent_can_be_turned_off(nursery, validate):
     sim = await _start(nursery, validate_sent=validate)

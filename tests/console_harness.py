@@ -15,8 +15,9 @@ stdin/stdout, one JSON object per line:
   every CDP reply and event comes back out as a line;
 * in: ``Harness.*`` methods, answered here: ``Harness.simulator`` (what the
   simulator recorded per call), ``Harness.seed`` (write a call record into a
-  server's state dir), ``Harness.stop_server`` (stop one server: "the server
-  gone").
+  server's state dir), ``Harness.expire`` (the simulator's call reaches the
+  service's time limit: ``session_expired``), ``Harness.stop_server`` (stop
+  one server: "the server gone").
 
 stdin closing ends everything (Chromium is killed, the servers stop).
 CONFIG is a JSON object ``{"tmp": dir, "servers": {name: {settings overrides}}}``;
@@ -244,6 +245,8 @@ async def from_tests(ws: Any, out: Out, sim: Simulator, stops: dict[str, trio.Ev
             path = record_path(state_dirs[params["server"]], params["call_id"])
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(line) + "\n" for line in params["lines"]))
+        elif method == "Harness.expire":
+            await sim.expire_session(params["call_id"])     # the service's own time limit, now
         elif method == "Harness.stop_server":
             stops[params["server"]].set()
         else:

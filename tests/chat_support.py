@@ -52,3 +52,18 @@ def completion(content: str) -> dict[str, Any]:
     return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-5-mini",
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": content}}]}
+
+
+def summarising(summary_prompt: str, instruction: str = "You are sol, briefly.") -> Answer:
+    """An ``Answer`` for a brain that also summarises calls: to a request
+    whose system message is ``summary_prompt``, "The earlier call, in short:"
+    and the transcript's last line (so a test sees the transcript reached the
+    model and the summary its destination); to any other, ``instruction`` in
+    the brain's wrapper."""
+    async def answer(body: dict[str, Any]) -> tuple[int, Any]:
+        messages = body.get("messages") or [{}]
+        if messages[0].get("content") == summary_prompt:
+            last = str(messages[-1].get("content", "")).strip().splitlines()[-1]
+            return 200, completion(f"The earlier call, in short: {last}")
+        return 200, completion(f"<voice_instruction>{instruction}</voice_instruction>")
+    return answer

@@ -245,3 +245,23 @@ async def test_a_brain_that_does_not_answer_in_time_gives_no_summary_on_time(tmp
         assert await ask(actor.inbox, lambda r: SummariseCall(r, EARLIER, "User: hello"), timeout=math.inf) is None
         assert trio.current_time() == again and len(seen) <= 1    # (the clock may jump before it is sent)
         nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------ the call's context, without I/O
+
+def test_the_call_sends_its_account_at_its_first_connection_and_greets_with_it():
+    from voiceactors.call.call_context import CallContext
+
+    found = Continuation(EARLIER, "They talked about the budget.", SummarySource.LAST_TURNS)
+    context = CallContext(LinkedContext("You are sol.", greeting=True, continuation=found))
+    events, dropped = context.on_connected(quiet=True)
+    assert dropped is None and [e["type"] for e in events] == ["session.update", "response.create"]
+    instructions = events[0]["session"]["instructions"]
+    assert instructions.startswith("You are sol.") and instructions.endswith(
+        f"{BEGIN_MARK}\nThey talked about the budget.\n{END_MARK}")
+    assert "its last turns, word for word" in instructions
+    assert "picking up the conversation" in events[1]["response"]["instructions"]
+    assert context.on_connected(quiet=True) == ([], None)        # a reconnect sends neither again
+    # without the brain's instruction nothing is sent: an update would erase the session's
+    bare = CallContext(LinkedContext(None, continuation=found))
+    assert bare.on_connected(quiet=True) == ([], None)

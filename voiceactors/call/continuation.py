@@ -34,9 +34,12 @@ SUMMARY_MAX_CHARS = 1200
 TRANSCRIPT_MAX_CHARS = 24_000
 #: How a call id may look (the connect route's rule).
 CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-#: The markers around the account in the instruction; removed from the text itself.
+#: The markers around the account in the instruction. The text itself never
+#: holds three angle brackets in a row (``bounded``), so it cannot hold either.
 BEGIN_MARK = "<<<earlier call"
 END_MARK = "earlier call>>>"
+_OPENERS = re.compile(r"<{3,}")
+_CLOSERS = re.compile(r">{3,}")
 _SPEAKERS = {"user": "User", "assistant": "Assistant"}
 #: Control characters but newline and tab (a transcript's text may hold any).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -88,9 +91,10 @@ def valid_call_id(value: object) -> str | None:
 
 def bounded(text: str, limit: int = SUMMARY_MAX_CHARS) -> str:
     """``text`` made safe for an instruction: lone surrogates replaced,
-    control characters and the section's markers removed, blank runs
-    squeezed, cut at a word boundary to at most ``limit`` characters."""
-    clean = _CONTROL.sub(" ", safe_text.clean_str(text)).replace(BEGIN_MARK, "").replace(END_MARK, "")
+    control characters removed, runs of three or more ``<`` or ``>`` made two
+    (no marker of the section can be spelled, nor made by a removal), blank
+    runs squeezed, cut at a word boundary to at most ``limit`` characters."""
+    clean = _CLOSERS.sub(">>", _OPENERS.sub("<<", _CONTROL.sub(" ", safe_text.clean_str(text))))
     lines = [" ".join(line.split()) for line in clean.splitlines()]
     clean = "\n".join(line for line in lines if line).strip()
     if len(clean) <= limit:

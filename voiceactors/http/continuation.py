@@ -78,8 +78,9 @@ async def continuation(call_id: str | None, transcript: list[dict[str, Any]] | N
                             timeout=settings.continue_summary_timeout_s + ANSWER_SLACK_S)
     except (trio.TooSlowError, trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
         summary = None
-    if summary and bounded(summary):
-        return Continuation(call_id, bounded(summary), SummarySource.BRAIN)
+    account = bounded(summary) if summary else ""
+    if account:
+        return Continuation(call_id, account, SummarySource.BRAIN)
     _log.info("http.continuation_last_turns", call_id=call_id)
     return Continuation(call_id, last_turns(transcript), SummarySource.LAST_TURNS)
 

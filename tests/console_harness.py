@@ -15,14 +15,17 @@ stdin/stdout, one JSON object per line:
   every CDP reply and event comes back out as a line;
 * in: ``Harness.*`` methods, answered here: ``Harness.simulator`` (what the
   simulator recorded per call), ``Harness.seed`` (write a call record into a
-  server's state dir), ``Harness.stop_server`` (stop one server: "the server
-  gone").
+  server's state dir), ``Harness.expire`` (the simulator's call reaches the
+  service's time limit: ``session_expired``), ``Harness.stop_server`` (stop
+  one server: "the server gone").
 
 stdin closing ends everything (Chromium is killed, the servers stop).
 CONFIG is a JSON object ``{"tmp": dir, "servers": {name: {settings overrides}}}``;
 besides Settings fields a server may name ``journal_voice`` (the ``voice`` block
-of its own copy of the sample journal's config) and ``env`` (set in this
-process before it starts: the fake Claude CLI's mode).
+of its own copy of the sample journal's config), ``env`` (set in this
+process before it starts: the fake Claude CLI's mode) and ``brain_chat``
+(true: its brain is the ``openai`` backend on a Chat Completions stand-in,
+``chat_support.summarising``, which also summarises calls).
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ import httpx
 import trio
 from trio_websocket import open_websocket_url
 
+from chat_support import chat_app, serve_chat, summarising
 from child_support import die_with_parent
+from voiceactors.brain.call_summary import SUMMARY_PROMPT
+from voiceactors.brain.openai_text import OpenAITextBackend
 from voiceactors import clock, logs
 from voiceactors.call.record import record_path
 from voiceactors.demo import DEMO_OPENAI_KEY
@@ -178,8 +184,9 @@ async def main(config: dict[str, Any]) -> None:
     sim = Simulator("demo", api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
     async with trio.open_nursery() as outer:
         await outer.start(sim.serve, 0)
+        chat_url = await serve_chat(outer, chat_app(summarising(SUMMARY_PROMPT), []))   # a brain's model
         async with trio.open_nursery() as nursery:
-            servers, stops, state_dirs = await start_servers(nursery, config, journal, sim)
+            servers, stops, state_dirs = await start_servers(nursery, config, journal, sim, chat_url)
             chromium, endpoint = await start_chromium(tmp)
             try:
                 async with open_websocket_url(endpoint, max_message_size=CDP_MAX_MESSAGE) as ws:
@@ -197,7 +204,8 @@ async def main(config: dict[str, Any]) -> None:
         outer.cancel_scope.cancel()
 
 
-async def start_servers(nursery: trio.Nursery, config: dict[str, Any], journal: Path, sim: Simulator):
+async def start_servers(nursery: trio.Nursery, config: dict[str, Any], journal: Path, sim: Simulator,
+                        chat_url: str):
     tmp = Path(config["tmp"])
     servers: dict[str, str] = {}
     stops: dict[str, trio.Event] = {}
@@ -206,6 +214,7 @@ async def start_servers(nursery: trio.Nursery, config: dict[str, Any], journal: 
         overrides = dict(overrides)
         state_dirs[name] = tmp / f"state-{name}"
         key = overrides.pop("openai_api_key_env", DEMO_OPENAI_KEY)
+        brain_chat = overrides.pop("brain_chat", False)
         os.environ.update(overrides.pop("env", {}))
         own_journal = Path(shutil.copytree(journal, tmp / f"journal-{name}"))   # a brain writes into its journal
         voice = overrides.pop("journal_voice", None)
@@ -218,9 +227,11 @@ async def start_servers(nursery: trio.Nursery, config: dict[str, Any], journal: 
                             openai_base_url=sim.base_url, openai_api_key_env=key,
                             shutdown_deadline_s=3.0, close_deadline_s=1.0).replace(**overrides)
         stops[name] = trio.Event()
+        brain = OpenAITextBackend(settings.replace(openai_base_url=chat_url)) if brain_chat else None
         [servers[name]] = await nursery.start(
-            lambda task_status, s=settings, e=stops[name]: run_server(s, shutdown_trigger=e.wait,
-                                                                     task_status=task_status))
+            lambda task_status, s=settings, e=stops[name], b=brain: run_server(s, shutdown_trigger=e.wait,
+                                                                              brain_backend=b,
+                                                                              task_status=task_status))
     return servers, stops, state_dirs
 
 
@@ -244,6 +255,8 @@ async def from_tests(ws: Any, out: Out, sim: Simulator, stops: dict[str, trio.Ev
             path = record_path(state_dirs[params["server"]], params["call_id"])
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(line) + "\n" for line in params["lines"]))
+        elif method == "Harness.expire":
+            await sim.expire_session(params["call_id"])     # the service's own time limit, now
         elif method == "Harness.stop_server":
             stops[params["server"]].set()
         else:

@@ -13,11 +13,8 @@ from typing import Any
 
 import pytest
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
-from quart import request
-from quart_trio import QuartTrio
 
+from chat_support import chat_app, completion, in_turn, serve_chat
 from voiceactors.brain.actor import BrainActor
 from voiceactors.messages import AwaitReady, GetBrain, RefreshBrain, ask
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
@@ -263,32 +260,13 @@ async def test_claude_hang_times_out_and_is_killed(journal, fake_claude, monkeyp
 
 # --- openai -----------------------------------------------------------------------
 
-def _chat_app(answers: list[tuple[int, Any]], seen: list[dict[str, Any]]) -> QuartTrio:
-    """A stand-in for ``POST /v1/chat/completions``: records each request and
-    answers with the next (status, body)."""
-    app = QuartTrio("chat-standin")
-
-    @app.post("/v1/chat/completions")
-    async def completions():
-        seen.append({"auth": request.headers.get("Authorization"), "body": await request.get_json()})
-        status, body = answers.pop(0)
-        return body, status
-
-    return app
+def _chat_app(answers: list[tuple[int, Any]], seen: list[dict[str, Any]]) -> Any:
+    """The stand-in for ``POST /v1/chat/completions`` answering with the next (status, body)."""
+    return chat_app(in_turn(answers), seen)
 
 
-async def _serve(nursery: trio.Nursery, app: QuartTrio) -> str:
-    config = HyperConfig()
-    config.bind = ["127.0.0.1:0"]
-    config.accesslog = config.errorlog = None
-    binds = await nursery.start(lambda task_status: serve(app, config, task_status=task_status))
-    return binds[0] + "/v1"
-
-
-def _completion(content: str) -> dict[str, Any]:
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "gpt-5-mini",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": content}}]}
+_serve = serve_chat
+_completion = completion
 
 
 async def test_openai_backend_over_loopback(journal):

@@ -176,7 +176,20 @@ class RefreshBrain:
     reply: trio.MemorySendChannel[Any] = field(repr=False, compare=False)
 
 
-BrainMessage: TypeAlias = GetBrain | AwaitReady | RefreshBrain
+@dataclass(frozen=True)
+class SummariseCall:
+    """Summarise an ended call for the call that continues it (its
+    ``transcript``: ``Speaker: words`` lines). Reply: the summary, or None
+    when the brain has none to give (no backend that summarises, an error,
+    past ``continue_summary_timeout_s``). Asked once per call id: the answer
+    is kept and given again."""
+
+    reply: trio.MemorySendChannel[str | None] = field(repr=False, compare=False)
+    call_id: str
+    transcript: str
+
+
+BrainMessage: TypeAlias = GetBrain | AwaitReady | RefreshBrain | SummariseCall
 """What the BrainActor's inbox carries."""
 
 Message = TypeVar("Message")

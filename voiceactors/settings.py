@@ -323,6 +323,10 @@ class Settings:
     brain_timeout_s: float = setting(
         120.0, BRAIN, "one backend run's limit (the Claude CLI is killed past it)",
         env="VOICEACTORS_BRAIN_TIMEOUT", unit="s", positive=True)
+    continue_summary_timeout_s: float = setting(
+        8.0, BRAIN, "a continued call's summary (`continues` on `/session`, `/connect`) is asked of the brain "
+        "once, within this long; without its answer the earlier call's last turns are used (docs/calls.md "
+        "§ Continuing a call)", env="VOICEACTORS_CONTINUE_SUMMARY_TIMEOUT", unit="s", positive=True)
     claude_command: str = setting(
         "claude", BRAIN, "the Claude CLI executable (`claude` backend)", env="VOICEACTORS_CLAUDE_COMMAND")
 

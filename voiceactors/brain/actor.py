@@ -23,6 +23,10 @@ to whenever a test waits on a worker thread.) It never times out by itself: the 
   (``ask(..., timeout=...)``); a failed run leaves it waiting for the next.
 * ``RefreshBrain(reply)`` — forces a run and replies with its new
   ``BrainState``, or with the exception instance when it failed.
+* ``SummariseCall(reply, call_id, transcript)`` — the backend's summary of
+  an ended call, for the call that continues it, or None (``call_summary.py``:
+  once per call id, bounded by ``settings.continue_summary_timeout_s``; it
+  runs beside instruction runs, not in their single flight).
 
 Single flight: at most one backend run at a time, and every request that
 arrives while one is in progress joins it and gets its result. A run gathers
@@ -51,8 +55,9 @@ from typing import Any
 import trio
 
 from voiceactors import clock, voice_config, metrics, safe_text
-from voiceactors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain
+from voiceactors.messages import AwaitReady, BrainMessage, BrainState, GetBrain, RefreshBrain, SummariseCall
 from voiceactors.brain import BrainError, BrainTimeout, make_backend
+from voiceactors.brain.call_summary import CallSummaries
 from voiceactors.brain.snapshot import gather
 from voiceactors.brain.session_file import load_session_id, save_session_id
 from voiceactors.cluster.brain_flight import BrainFlight, Obtained, Shared, snapshot_digest
@@ -100,6 +105,7 @@ class BrainActor:
         self._obtained: Obtained | None = None     # the last run's answer from the cluster
         self._ready_waiters: list[trio.MemorySendChannel[Any]] = []
         self._refresh_waiters: list[trio.MemorySendChannel[Any]] = []
+        self._summaries = CallSummaries(settings.continue_summary_timeout_s)
         self._nursery: trio.Nursery | None = None
         self._log = get_logger(actor="brain")
 
@@ -168,6 +174,7 @@ class BrainActor:
             if reply is not None:
                 pending.append(reply)
         self._receive.close()
+        self._summaries.close()
         for channel in pending:
             channel.close()
 
@@ -188,6 +195,11 @@ class BrainActor:
         elif isinstance(message, RefreshBrain):
             self._refresh_waiters.append(message.reply)
             self._ensure_run("refresh")
+        elif isinstance(message, SummariseCall):
+            if self._nursery is None:
+                _reply(message.reply, None)
+            else:
+                self._summaries.ask(message, self.backend, self._nursery)
         else:
             self._log.warning("brain.unknown_message", kind=type(message).__name__)
 

@@ -23,7 +23,12 @@ hooks below and carries out what they return; the rules live here):
   reasoning effort, parallel tool calls, idle timeout), when any is set, go
   out in a ``session.update`` at the first connection and in every later
   one (a browser's key was minted with them too; this makes them the
-  journal's at connect). None set: no update for them, as before.
+  journal's at connect). None set: no update for them, as before;
+* a **continuation** (``continuation.py``: the call it continues, which the
+  time limit ended, and an account of it) is a section after the context's in
+  every instruction the call sends, sent in a ``session.update`` at the
+  first connection as a link is, and its first greeting says it picks the
+  conversation up (when it has no link of its own).
 
 With ``--redis`` a call taken over by another process carries on with its
 context (``carried_view`` on the holder, mirrored in Redis;
@@ -42,6 +47,8 @@ from enum import StrEnum
 from typing import Any
 
 from voiceactors.linked_context import references as context
+from voiceactors.call.continuation import OPENING as CONTINUATION_OPENING
+from voiceactors.call.continuation import Continuation, with_continuation
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime import events as rt
 from voiceactors.realtime import session_settings
@@ -63,6 +70,8 @@ class LinkedContext:
     taken_over: bool = False
     # the journal's session settings at connect: every session.update of the call carries them
     session: SessionSettings = SessionSettings()
+    # the call this one continues (``{"continues": ...}``), with the account of it
+    continuation: Continuation | None = None
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -80,6 +89,8 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
             "selection": selection.view() if selection is not None else None}
     if linked.session.view():
         view["session"] = linked.session.view()
+    if linked.continuation is not None:
+        view["continuation"] = linked.continuation.view()
     return view
 
 
@@ -101,7 +112,8 @@ def taken_over_context(view: object) -> LinkedContext | None:
     session = view.get("session")
     return LinkedContext(base if isinstance(base, str) and base else None, _resolution(view.get("link")),
                          selection=context.Reference.from_view(view.get("selection")), taken_over=True,
-                         session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings())
+                         session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings(),
+                         continuation=Continuation.from_view(view.get("continuation")))
 
 
 def selected_reference(output: str) -> context.Reference | None:
@@ -135,13 +147,14 @@ class CallContext:
         self._update_due = linked.taken_over and self.selection is not None
         self.session_fields = linked.session.session_fields()
         self._settings_due = False
+        self.continuation = linked.continuation
 
     def instructions(self) -> str | None:
         """The session's instructions for the current selection (None without
         the brain's instruction: an update would erase it)."""
         if not self.base:
             return None
-        return context.compose(self.base, self.link, self.selection)
+        return with_continuation(context.compose(self.base, self.link, self.selection), self.continuation)
 
     def _session_update(self, *, instructions: bool, settings: bool) -> dict[str, Any] | None:
         """A ``session.update`` with the instructions (when due and known)
@@ -164,7 +177,7 @@ class CallContext:
         requested, and no response or user turn has been seen yet."""
         first = not self._connected_before
         self._connected_before = True
-        if first and self.link is not None:
+        if first and (self.link is not None or self.continuation is not None):
             self._update_due = True    # the call's own link replaces what the session was minted with
         if first and self.session_fields:
             self._settings_due = True  # the journal's settings now, whatever the browser's key was minted with
@@ -181,7 +194,7 @@ class CallContext:
             elif not self.base:
                 dropped = "no_instruction"
             else:
-                opening = f"{self.instructions()}\n\n{context.opening_instruction(self.link)}"
+                opening = f"{self.instructions()}\n\n{self._opening()}"
                 create = rt.response_create({"instructions": opening})
                 self.greeting_event_id = create["event_id"]
                 self.greeting = Greeting.SENT
@@ -189,6 +202,12 @@ class CallContext:
             if dropped is not None:
                 self.greeting = Greeting.DROPPED
         return events, dropped
+
+    def _opening(self) -> str:
+        """The first greeting's instruction: about the link, else about the call continued."""
+        if self.link is None and self.continuation is not None:
+            return CONTINUATION_OPENING
+        return context.opening_instruction(self.link)
 
     def on_tool_finished(self, tool: str, output: str, outcome: ToolOutcome) -> context.Reference | None:
         """A tool output the model is about to get: for a successful

@@ -56,7 +56,8 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
   this run picks up a call live at a crash), ``recovered`` (tool call ids it
   answers for the crashed run).
 * ``context`` — ``context``: the call's linked context (instruction, link,
-  selection) as the run starts, when it has one (a rejoin carries it on).
+  selection, and the call it continues with its account) as the run starts,
+  when it has one (a rejoin carries it on).
 * ``connect`` — ``reconnects`` (how many reconnects came before).
 * ``reconnect`` — ``attempt``, ``delay_s``, ``close_code`` (None for a failed handshake).
 * ``response`` — ``response_id``, ``status``, ``epoch``, ``origin``

@@ -39,6 +39,18 @@
     rows.splice(4, 0, ["hosted tools", hosted.map((h) => `${h.server || "?"} · ${h.tool || "?"} (${h.status || "?"})`)
       .join(", ")]);
   }
+  // a continuation and the call it picks up link each other (docs/console.md § Continuing a call)
+  const callLink = (id, words) => el("a", { href: `/calls/${encodeURIComponent(id)}`, title: id }, words);
+  if (c.continues) rows.splice(3, 0, ["continues", callLink(c.continues, "an earlier call that reached its time limit")]);
+  const later = detail.continued_by || [];
+  if (later.length) {
+    rows.splice(3, 0, ["continued by", el("span", {}, ...later.flatMap((id, n) =>
+      [n ? ", " : "", callLink(id, later.length > 1 ? `a later call (${later.length - n})` : "a later call")]))]);
+  }
+  if ("continued_by" in detail) {     // it ended at its time limit: it can be continued
+    $("continue-link").href = `/?continues=${encodeURIComponent(callId)}`;
+    $("call-continue").hidden = false;
+  }
   $("call-summary").replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
   $("call-summary").hidden = false;
   $("call-body").hidden = false;

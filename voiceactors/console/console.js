@@ -15,6 +15,7 @@
 
   let config = null;
   let call = null;          // the live call's resources, or null
+  let capped = null;        // the id of the last call, when it ended at its time limit (Continue picks it up)
 
   // --- state and errors -------------------------------------------------------
 
@@ -27,14 +28,15 @@
     $("state").textContent = words || STATE_WORDS[name] || name;
     $("state-detail").textContent = detail ? `· ${detail}` : "";
     const busy = name === "connecting" || name === "live";
+    $("continue").hidden = busy || !capped;
     // the button that has focus is about to be hidden: hand focus to the one
     // that takes its place, so a keyboard user is not dropped to the page
     const focused = document.activeElement;
     const moveFocus = focused === $("start") || focused === $("hangup") || focused === $("retry")
-      || focused === document.body || focused === null;
+      || focused === $("continue") || focused === document.body || focused === null;
     $("start").hidden = busy;
     $("hangup").hidden = !busy;
-    if (moveFocus && !$("call-panel").hidden) (busy ? $("hangup") : $("start")).focus();
+    if (moveFocus && !$("call-panel").hidden) (busy ? $("hangup") : capped ? $("continue") : $("start")).focus();
     document.body.dataset.callState = name;
   }
 
@@ -65,6 +67,13 @@
                    facet: "a journal area" }[linked.kind] || "an item";
     return `This page's address asks for a call about ${what}, but “${linked.id}” is not one the server can ` +
       "look for. Correct the address, or open the console without it.";
+  }
+
+  // A refused continuation (``/?continues=<id>`` of a call that did not end at its limit) cannot start either.
+  function continuesError(e, continues) {
+    if (!(e instanceof ApiFailure) || e.status !== 400 || !String(e.error || "").startsWith("continues")) return null;
+    return `This page's address asks to continue the call “${continues}”, but the server cannot: ${e.error}. ` +
+      "Only a call that ended at its time limit can be continued. Open the console without it.";
   }
 
   // --- before Start: what the server told us to say -----------------------------------
@@ -100,6 +109,25 @@
       if (id) return { kind, id };
     }
     return null;
+  }
+
+  // --- continuing a call (docs/console.md § Continuing a call) -----------------------
+
+  // A call that ended at its time limit (ours, or the voice service's own) can be continued.
+  const CONTINUABLE = new Set(["max_duration", "session_expired"]);
+
+  // The page's URL may name a call to continue: /?continues=<call id> (the call page's Continue link).
+  function continuesParam() {
+    return new URLSearchParams(window.location.search).get("continues") || null;
+  }
+
+  // The call this one continues, as the server accepted it: a link to its page.
+  function showContinues(callId) {
+    const node = $("continues");
+    node.hidden = !callId;
+    if (!callId) return node.replaceChildren();
+    node.replaceChildren("picking up ", el("a", { href: `/calls/${encodeURIComponent(callId)}` }, "the earlier call"),
+      " where it stopped");
   }
 
   // What the server verified (never what the URL said): the current
@@ -383,18 +411,23 @@
     return source;
   }
 
-  async function start() {
+  // ``continues``: the id of a call that ended at its time limit, for a new call that picks it up.
+  async function start(continues = null) {
     clearError();
     $("call-usage").hidden = true;
     resetView();
+    capped = null;
     setState("connecting", "getting a session…");
-    call = { ended: false, pc: null, channel: null, source: null, stopMeter: null, stream: null, callId: null };
+    call = { ended: false, pc: null, channel: null, source: null, stopMeter: null, stream: null, callId: null,
+             continues };
     const mine = call;
     const linked = linkedContext();
+    const about = { ...(linked ? { context: linked } : {}), ...(continues ? { continues } : {}) };
     try {
-      const session = await api("POST", "/api/voice/session", linked ? { context: linked } : {});
+      const session = await api("POST", "/api/voice/session", about);
       if (mine.ended) return;
       showAbout(session.context, session.context);
+      showContinues(session.continues);
       setState("connecting", "opening the microphone…");
       mine.stream = await microphone();
       if (mine.ended) return stopTracks(mine);   // hung up while the microphone opened
@@ -425,9 +458,10 @@
       // reason) follows within moments — wait briefly for it.
       channel.addEventListener("close", () => setTimeout(() => endCall("ended: the call was closed", null, mine), FEED_END_GRACE_MS));
       setState("connecting", "handing the call to the voice server…");
-      // with a context, the assistant speaks first and names what the server verified
-      await api("POST", "/api/voice/connect",
-        linked ? { call_id: mine.callId, context: linked, greeting: "first" } : { call_id: mine.callId });
+      // with a context, the assistant speaks first and names what the server verified;
+      // continuing a call, it says it picks the conversation up
+      await api("POST", "/api/voice/connect", linked || continues
+        ? { call_id: mine.callId, ...about, greeting: "first" } : { call_id: mine.callId });
       if (mine.ended) return;
       mine.source = follow(mine.callId);
       $("live").hidden = false;
@@ -438,7 +472,7 @@
       if (mine.ended || mine !== call) return endCall("", null, mine);
       endCall("ended: it did not start", null, mine);
       if (e instanceof ApiFailure && e.kind === "unauthorized") return showSignIn(e.message);
-      const badLink = linked && linkError(e, linked);
+      const badLink = (linked && linkError(e, linked)) || (continues && continuesError(e, continues));
       if (badLink) return showError(badLink, "link", { href: "/", words: "Open the console without the link" });
       showError(e.message || String(e), e.kind || "error");
     }
@@ -463,6 +497,8 @@
     for (const turn of $("conversation").querySelectorAll("[aria-busy]")) turn.removeAttribute("aria-busy");
     document.body.dataset.endReason = why || words;
     $("detail-end-reason").textContent = why || "—";
+    // ended at its time limit: Continue starts a new call that picks it up
+    capped = resources.callId && CONTINUABLE.has(why) ? resources.callId : null;
     setState("ended", words.replace(/^ended: /, ""), resources.live ? "call ended" : "no call");
   }
 
@@ -474,6 +510,7 @@
     $("detail-call-id").textContent = "—";
     $("detail-end-reason").textContent = "—";
     showAbout(null, null);
+    showContinues(null);
     delete document.body.dataset.callId;
     delete document.body.dataset.endReason;
   }
@@ -524,8 +561,10 @@
   }
 
   async function boot() {
-    $("start").addEventListener("click", start);
-    $("retry").addEventListener("click", () => (config ? start() : location.reload()));
+    $("start").addEventListener("click", () => start(continuesParam()));
+    $("continue").addEventListener("click", () => start(capped));
+    // a retry tries the same call again: the same continuation, if it was one
+    $("retry").addEventListener("click", () => (config ? start(call ? call.continues : continuesParam()) : location.reload()));
     $("hangup").addEventListener("click", () => endCall("ended: you hung up", "hangup"));
     $("signin").addEventListener("submit", signIn);
     $("logout").addEventListener("click", signOut);

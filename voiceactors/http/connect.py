@@ -51,7 +51,7 @@ import trio
 from voiceactors import voice_config, metrics
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.messages import BrainState, Connect, ConnectOutcome, GetBrain
-from voiceactors.http import guards, linked, mcp_credentials
+from voiceactors.http import continuation, guards, linked, mcp_credentials
 from voiceactors.http.errors import (AT_CAPACITY, INTERNAL, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE,
                                      TOO_LARGE, ApiError, json_body, status_message)
 from voiceactors.http.request_ids import request_id_for
@@ -136,13 +136,17 @@ class ConnectHandler:
         call_id = call_id_of(body.get("call_id"))
         greeting, requested = linked.body_greeting(body), linked.body_context(body)
         credentials = mcp_credentials.credentials_of(body)
+        continues = continuation.body_continues(body)
+        earlier = await continuation.ended_call(continues, settings)
         openai_key(settings)
         runtime = self._voice.runtime
         if runtime is None:
             raise ApiError(500, RUNTIME_UNAVAILABLE)
         link = await linked.verified(requested, settings)
+        continued = await continuation.continuation(continues, earlier, runtime)
         call_context = LinkedContext(await _base_instruction(runtime), link, greeting,
-                                     session=read_config(voice_config.session_settings, settings))
+                                     session=read_config(voice_config.session_settings, settings),
+                                     continuation=continued)
         if credentials is not None:
             await mcp_credentials.open_call(runtime, call_id, credentials)
         answer = await self._supervisor_answer(runtime, call_id, call_context)
@@ -151,7 +155,10 @@ class ConnectHandler:
         if answer != ConnectOutcome.CONNECTED:
             _log.error("http.connect_unexpected_reply", call_id=call_id, reply=str(answer)[:64])
             raise ApiError(500, RUNTIME_UNAVAILABLE)
-        return _CONNECTED_BODY if link is None else json_body({"status": "connected", **linked.context_view(link)})
+        if link is None and continued is None:
+            return _CONNECTED_BODY
+        return json_body({"status": "connected", **linked.context_view(link),
+                          **continuation.continuation_view(continued)})
 
     async def _supervisor_answer(self, runtime: Runtime, call_id: str, call_context: LinkedContext) -> Any:
         """The supervisor's answer: in this step when it can

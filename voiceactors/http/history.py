@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from voiceactors import storage
+from voiceactors.call.continuation import continuable
 from voiceactors.call.record import parse_record, record_path
 from voiceactors.call.state import ToolOutcome
 from voiceactors.call.record_kind import RecordKind
@@ -24,6 +25,9 @@ DEFAULT_LIST = 50
 MAX_LIST = 200
 FIRST_WORDS_CHARS = 80        # the call list's "what was said": about one line
 MAX_RECORD_BYTES = 4 * 1024 * 1024    # a record larger than this is not loaded into a page
+#: How much of a record's head is read to learn which call it continues (its
+#: ``start`` and ``context`` lines: the brain's instruction and the account)
+HEAD_BYTES = 256 * 1024
 #: The outcomes a call summary does not count as a tool failure (``pending``: the
 #: call has only its ``tool_started`` line: still running, or the server died).
 #: A tuple, not a set: an outcome read from a file may be any JSON value, hashable or not.
@@ -141,7 +145,48 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": max(1, len(starts)),
         "first_words": first_words(lines),
         **usage_summary(lines),
+        **continues_field(lines),
     }
+
+
+def continued_call(lines: list[dict[str, Any]]) -> str | None:
+    """The id of the call these lines' call continues (its first ``context``
+    line's ``continuation``), or None."""
+    for line in lines:
+        if line.get("kind") == RecordKind.CONTEXT:
+            context = line.get("context")
+            found = context.get("continuation") if isinstance(context, dict) else None
+            call_id = found.get("call_id") if isinstance(found, dict) else None
+            return call_id if isinstance(call_id, str) else None
+    return None
+
+
+def continues_field(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """A summary's ``continues`` (only for a call that continues another)."""
+    call_id = continued_call(lines)
+    return {} if call_id is None else {"continues": call_id}
+
+
+def _head_lines(path: Path) -> list[dict[str, Any]]:
+    """The whole lines of a record's first ``HEAD_BYTES`` (unreadable: none)."""
+    try:
+        with storage.open_regular(path) as handle:
+            data = handle.read(HEAD_BYTES)
+    except (OSError, ValueError):
+        return []
+    if len(data) == HEAD_BYTES:
+        data = data[: data.rfind(b"\n") + 1]
+    return [line for line in parse_record(data.decode("utf-8", "replace")) if isinstance(line, dict)]
+
+
+def continued_by(state_dir: Path, call_id: str, since: float) -> list[str]:
+    """The calls, newest first, that continue ``call_id``: among the newest
+    ``MAX_LIST`` records written since ``since`` (the earlier call's record's
+    last change: a continuation starts after it ended), those whose first
+    ``context`` line names it."""
+    return [record.call_id for record in list_record_files(state_dir, MAX_LIST)
+            if record.mtime >= since and record.call_id != call_id
+            and continued_call([line for path in record.paths for line in _head_lines(path)]) == call_id]
 
 
 def first_words(lines: list[dict[str, Any]]) -> str | None:
@@ -232,14 +277,31 @@ def call_lines(state_dir: Path, call_id: str) -> list[dict[str, Any]]:
 def call_detail(state_dir: Path, call_id: str) -> dict[str, Any]:
     """``{"call": summary, "lines": [...], "transcript": [...], "usage": [...], "hosted_tools": [...]}``
     for one call (``usage``: one entry per response, from the ``usage`` lines;
-    ``hosted_tools``: the calls of OpenAI-hosted MCP tools the service ran).
+    ``hosted_tools``: the calls of OpenAI-hosted MCP tools the service ran);
+    for a call that ended at its time limit also ``continued_by``: the calls
+    that continue it, newest first.
     Raises ``FileNotFoundError`` or ``RecordUnreadable``."""
     lines = call_lines(state_dir, call_id)
+    summary = summarize(call_id, lines)
     usage = [{"response_id": line.get("response_id"), "tokens": Tokens.from_dict(line.get("tokens")).as_dict(),
               "cost_usd": _number(line.get("cost_usd")), "t": line.get("t")}
              for line in lines if line.get("kind") == RecordKind.USAGE]
-    return {"call": summarize(call_id, lines), "lines": lines, "transcript": spoken_transcript(lines),
-            "usage": usage, "hosted_tools": hosted_tool_calls(lines)}
+    detail: dict[str, Any] = {"call": summary, "lines": lines, "transcript": spoken_transcript(lines),
+              "usage": usage, "hosted_tools": hosted_tool_calls(lines)}
+    if continuable(summary["ended"]):
+        detail["continued_by"] = continued_by(state_dir, call_id, _newest_change(state_dir, call_id))
+    return detail
+
+
+def _newest_change(state_dir: Path, call_id: str) -> float:
+    """When the call's record last changed (its newest file's mtime; 0 when unknown)."""
+    times = []
+    for folder in state_folders(state_dir):
+        try:
+            times.append(record_path(folder, call_id).stat().st_mtime)
+        except OSError:
+            continue
+    return max(times, default=0.0)
 
 
 def hosted_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from voiceactors.call.continuation import Continuation, with_continuation
 from voiceactors.linked_context import references as context
 from voiceactors.linked_context.resolve import resolve
 from voiceactors.http.errors import ApiError
@@ -40,12 +41,13 @@ async def verified(requested: tuple[str, str] | None, settings: Settings) -> con
     return await resolve(Path(settings.journal), kind, ident, settings.context_timeout_s)
 
 
-def instruction(base: str, link: context.Resolution | None) -> str:
+def instruction(base: str, link: context.Resolution | None, continued: Continuation | None = None) -> str:
     """A session's instruction: the brain's, plus the context section (the
-    link is the first selection when verified)."""
-    if link is None:
-        return base
-    return context.compose(base, link, link if isinstance(link, context.Reference) else None)
+    link is the first selection when verified), plus the section about the
+    call it continues (``continues``)."""
+    if link is not None:
+        base = context.compose(base, link, link if isinstance(link, context.Reference) else None)
+    return with_continuation(base, continued)
 
 
 def body_greeting(body: dict[str, Any]) -> bool:

@@ -25,7 +25,7 @@ from voiceactors.messages import (AwaitReady, BrainState, CountCalls, GetBrain,
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.cluster.shared_feed import EVENT_ID_RE, StreamRefusal
 from voiceactors.http import errors as E
-from voiceactors.http import linked
+from voiceactors.http import continuation, linked
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.openai_clients import OpenAIClients
@@ -217,11 +217,14 @@ async def _refuse_when_budget_spent(runtime: Runtime) -> None:
 async def create_session() -> Any:
     voice = state()
     settings = voice.settings
-    requested = linked.body_context(await _json_object(required=False))
+    body = await _json_object(required=False)
+    requested, continues = linked.body_context(body), continuation.body_continues(body)
+    earlier = await continuation.ended_call(continues, settings)
     key = openai_key(settings)
     await _refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
-    instruction = linked.instruction(await _instruction(settings, _runtime()), link)
+    continued = await continuation.continuation(continues, earlier, _runtime())
+    instruction = linked.instruction(await _instruction(settings, _runtime()), link, continued)
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
     model = read_config(voice_config.voice_model, settings)
     chosen: SessionSettings = read_config(voice_config.session_settings, settings)
@@ -236,7 +239,7 @@ async def create_session() -> Any:
                    duration_ms=round((trio.current_time() - started) * 1000, 1))
         raise ApiError(500, E.SESSION_UNAVAILABLE) from None
     _log.info("http.session_minted", model=model, duration_ms=round((trio.current_time() - started) * 1000, 1))
-    return jsonify({"ephemeral_key": value, **linked.context_view(link)})
+    return jsonify({"ephemeral_key": value, **linked.context_view(link), **continuation.continuation_view(continued)})
 
 
 # --- POST /api/voice/connect --------------------------------------------------

@@ -1,73 +1,35 @@
-"""Shared set-up for the call tests: a sample journal, a real ToolExecutor, the
-Realtime simulator, and protocol assertions over what it received.
-
-The simulator serves REST on loopback (the hangup, client secrets). Its calls'
-sidebands reach the actors one of two ways (``Sideband``): in memory (the
-default: the simulator's own call session plays on a ``MemoryPeer`` of the
-call's in-memory transport, so a test of the shell's behaviour crosses no
-socket), or over the loopback websocket, for the tests about what crosses a
-socket (the frames, TLS, the handshake, the HTTP front end, Redis, another
-process). A test that plays the service itself event by event takes
-``Rig.memory_actor``. An actor a supervisor makes (not ``Rig.actor``) opens
-the browser's sideband, over loopback, whatever the rig's ``Sideband``.
-
-Handlers run in real worker threads and ``autojump_clock`` jumps to the next
-deadline whenever every trio task waits (a running thread included). So tests
-that run tools use no deadline that could fire while a handler works: tool
-timeouts, the call's idle timeout and maximum duration are infinite, and the
-simulator's ``wait_outputs`` waits without a timeout (``steady``). Tests of
-timeouts use scenarios without tools, or gated tools that block on purpose.
+"""The call tests' own helpers around the testing kit's rig
+(``voiceactors/testing/rig.py``, ``docs/testing.md``): the rig with each
+``run_call`` bounded in real time, gated tools, and protocol assertions over
+what the simulator received. An actor a supervisor makes (not ``Rig.actor``)
+opens the browser's sideband over loopback, whatever the rig's ``Sideband``.
+Tests of timeouts use scenarios without tools, or gated tools that block on
+purpose (a rig's tools run with no deadline: see the rig's docstring).
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import math
 import os
 import threading
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
-from dataclasses import dataclass
-from enum import StrEnum
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 import trio
-from trio_websocket import CloseReason, ConnectionClosed
 
 from voiceactors.call.actor import CallActor
-from voiceactors.call.record import read_record, record_path
-from voiceactors.call.feed import FeedHub
-from voiceactors.executor.actor import ToolExecutor
-from voiceactors.call.memory_transport import MemoryPeer, MemoryService, MemoryTransport
-from voiceactors.call.transport import (
-    CallTransport, OpenTransport, TransportClosed, TransportError, TransportGone, TransportRefused,
-    TransportUnavailable,
-)
 from voiceactors.call.websocket_transport import WebSocketTransport
-from voiceactors.journal.sample import write_sample_journal
-from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
-from voiceactors.simulator.call import CallSession
+from voiceactors.simulator import SimCall
 from voiceactors.simulator.client_events import validate_client_event
-from voiceactors.settings import Settings
-from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
+from voiceactors.testing import rig as kit
+from voiceactors.testing.rig import (  # noqa: F401 - the calls tests import them from here
+    DAY, KEY, PeerSocket, Rig, Sideband, handshake_failure, start_simulator, steady,
+)
+from voiceactors.tools import REGISTRY, ToolSpec, make_registry
 
 from clock_support import real_time_limit  # noqa: F401 - the calls tests import it from here
 
-DAY = dt.date(2026, 3, 27)
-KEY = "sk-test-calls-0123456789"
 ACTIVE = "conversation_already_has_active_response"
-
-
-def steady(name_or_steps: Any) -> Scenario:
-    """A scenario whose ``wait_outputs`` steps never time out (see module doc)."""
-    scenario = load_scenario(name_or_steps) if isinstance(name_or_steps, str) else Scenario.from_obj(name_or_steps)
-    steps = []
-    for step in scenario.steps:
-        if "wait_outputs" in step:
-            step = {"wait_outputs": {**step["wait_outputs"], "timeout_s": math.inf}}
-        steps.append(step)
-    return Scenario(scenario.name, scenario.description, tuple(steps))
 
 
 class Gate:
@@ -94,162 +56,9 @@ def gated_registry(name: str, gate: Gate, effect: str = "read") -> dict[str, Too
     return make_registry(specs)
 
 
-class Sideband(StrEnum):
-    """How a rig's actors reach the simulator's calls."""
-
-    MEMORY = "memory"       # the call's in-memory transport, the simulator's call session on its peer
-    LOOPBACK = "loopback"   # the sideband websocket on a loopback socket
-
-
-class PeerSocket:
-    """The three websocket calls a simulator ``CallSession`` makes, on the
-    service's end (a ``MemoryPeer``) of a call's in-memory transport."""
-
-    def __init__(self, peer: MemoryPeer) -> None:
-        self.peer = peer
-
-    async def get_message(self) -> str:
-        await trio.lowlevel.checkpoint()   # as a websocket's receive: a dropped session reads nothing more
-        try:
-            return json.dumps(await self.peer.next_sent())
-        except TransportClosed as closed:
-            raise ConnectionClosed(CloseReason(closed.code or 1006, closed.reason)) from None
-
-    async def send_message(self, message: str | bytes) -> None:
-        # no schedule point: the events the session writes together reach the
-        # call as one read, as its one socket write of them would
-        self.peer.push(message)
-
-    async def aclose(self, code: int = 1000, reason: str | None = None) -> None:
-        self.peer.close(code, reason)
-        await trio.lowlevel.checkpoint()
-
-
-def handshake_failure(status: int) -> TransportError:
-    """What the websocket opener raises for a handshake the simulator
-    answered with ``status`` (``websocket_transport.failure``)."""
-    message = f"sideband handshake rejected with HTTP {status}"
-    if status in (404, 410):
-        return TransportGone(message, status)
-    if status in (401, 403):
-        return TransportRefused(message, status)
-    return TransportUnavailable(message, status)
-
-
-@dataclass
-class Rig:
-    sim: Simulator
-    settings: Settings
-    executor: ToolExecutor
-    hub: FeedHub
-    nursery: trio.Nursery
-    sim_scope: trio.CancelScope
-    sim_tasks: trio.Nursery          # inside ``sim_scope``: the in-memory sidebands' sessions
-    sideband: Sideband = Sideband.MEMORY
-
-    def actor(self, call_id: str, **kw: Any) -> CallActor:
-        kw.setdefault("answer_now", self.executor.answer_now)   # as the runtime wires it (None: inbox only)
-        if self.sideband is Sideband.MEMORY:
-            kw.setdefault("open_transport", self.memory_sideband(call_id))
-        return CallActor(self.settings, call_id, self.executor.inbox, kw.pop("api_key", KEY),
-                         kw.pop("feed", None) or self.hub.open(call_id), **kw)
-
-    def memory_actor(self, call_id: str, **kw: Any) -> tuple[CallActor, MemoryService]:
-        """An actor whose connections are in memory (``call/memory_transport.py``):
-        the test plays the service on each ``await service.next_connection()``.
-        Its hangup still goes to the simulator's REST API."""
-        service = MemoryService()
-        return self.actor(call_id, open_transport=service.open, **kw), service
-
-    def memory_sideband(self, call_id: str) -> OpenTransport:
-        """The opener of ``call_id``'s sideband in memory: each attempt is
-        answered as the simulator answers a websocket handshake (recorded in
-        ``sim.handshakes``), and an accepted one is served by the simulator's
-        ``CallSession`` on the new connection's peer."""
-
-        def open_transport(api_key: str) -> AbstractAsyncContextManager[CallTransport]:
-            return self._join_in_memory(call_id, api_key)
-
-        return open_transport
-
-    @asynccontextmanager
-    async def _join_in_memory(self, call_id: str, api_key: str) -> AsyncIterator[CallTransport]:
-        await trio.lowlevel.checkpoint()
-        refused = self.sim.key_refusal(api_key, call_id)
-        status, _, call = (*refused, None) if refused is not None else self.sim.join_answer(call_id)
-        self.sim.handshakes.append({"call_id": call_id, "status": status})
-        if call is None or status != 101:
-            raise handshake_failure(status)
-        transport = MemoryTransport()
-        peer = MemoryPeer(transport)
-        session = self.sim.session_for(call, PeerSocket(peer))     # duck-typed: the three websocket calls
-        await self.sim_tasks.start(self._serve_session, session, peer)
-        try:
-            yield transport
-        finally:
-            if transport.peer_closed is None and transport.closed_with is None:
-                with trio.CancelScope(shield=True), suppress(TransportClosed):   # the peer may close meanwhile
-                    await transport.aclose(1000)    # as leaving ``open_sideband`` closes the websocket
-
-    @staticmethod
-    async def _serve_session(session: CallSession, peer: MemoryPeer,
-                             task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            task_status.started()    # ``run`` takes the call before its first schedule point
-            await session.run()
-        finally:
-            peer.close(1006)     # a drop, or the simulator stopped: no close (a no-op after one)
-
-    async def run_call(self, call_id: str, scenario: Any = None, **kw: Any) -> tuple[CallActor, SimCall]:
-        """Register ``call_id`` in the simulator and serve it until the actor ends."""
-        sim_call = self.sim.calls.get(call_id) or self.sim.add_call(call_id, scenario)
-        actor = self.actor(call_id, **kw)
-        with real_time_limit():
-            await actor.run()
-        return actor, sim_call
-
-    def record(self, call_id: str) -> list[dict]:
-        return read_record(record_path(self.settings.state_dir, call_id))
-
-
-async def start_simulator(nursery: trio.Nursery, sim: Simulator) -> tuple[trio.CancelScope, trio.Nursery]:
-    """Serve ``sim`` on loopback in ``nursery``. Returns the scope that stops
-    it (every connection dropped) and the nursery inside that scope where
-    its in-memory sidebands are served."""
-    sim_scope = trio.CancelScope()
-
-    async def serve_sim(task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED) -> None:
-        with sim_scope:
-            async with trio.open_nursery() as sim_tasks:
-                await sim_tasks.start(sim.serve, 0)
-                task_status.started(sim_tasks)
-
-    return sim_scope, await nursery.start(serve_sim)
-
-
-@asynccontextmanager
-async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None,
-              sideband: Sideband = Sideband.MEMORY, **changes: Any) -> AsyncIterator[Rig]:
-    journal = tmp_path / "journal"
-    if not journal.exists():
-        write_sample_journal(journal, days=3, today=DAY)
-    base: dict[str, Any] = dict(
-        journal=journal, state_dir=tmp_path / "state",
-        tool_timeout_read_s=math.inf, tool_timeout_write_s=math.inf,
-        call_idle_timeout_s=math.inf, call_max_duration_s=math.inf,
-    )
-    base.update(changes)
-    settings = Settings(**base)
-    sim = Simulator(scenario, api_key=KEY)
-    async with trio.open_nursery() as nursery:
-        sim_scope, sim_tasks = await start_simulator(nursery, sim)
-        settings = settings.replace(openai_base_url=sim.base_url)
-        ctx = ToolContext(journal=journal, state_dir=settings.state_dir, today=lambda: DAY)
-        executor = ToolExecutor(settings, ctx, registry or REGISTRY)
-        await nursery.start(executor.run)
-        yield Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
-                  nursery, sim_scope, sim_tasks, sideband)
-        nursery.cancel_scope.cancel()
+def rig(tmp_path: Path, scenario: Any = None, **kw: Any) -> AbstractAsyncContextManager[Rig]:
+    """The kit's rig (``voiceactors.testing.rig``), each ``run_call`` bounded in real time."""
+    return kit.rig(tmp_path, scenario, guard=real_time_limit, **kw)
 
 
 def sideband_stream(actor: CallActor) -> Any:

@@ -27,8 +27,8 @@ import voiceactors
 PACKAGE_DIR = Path(voiceactors.__file__).parent
 
 SIMULATOR = "voiceactors.simulator"
-#: May import the simulator: the demo and replay plumbing, and the command line (lazily).
-SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli", "voiceactors.replay"}
+#: May import the simulator: the demo and replay plumbing, the testing kit, and the command line (lazily).
+SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli", "voiceactors.replay", "voiceactors.testing"}
 LAZY_ONLY = {"voiceactors.cli"}
 
 #: The layers, bottom first: a module imports from its own layer and those below.
@@ -60,6 +60,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp.server.stdio",
         "voiceactors.calls_report",
         "voiceactors.cli", "voiceactors.demo", "voiceactors.mcp.demo_source", "voiceactors.replay")),
+    ("the testing kit", ("voiceactors.testing",)),
 )
 #: Imports allowed to go up a layer: (importer, imported) -> why.
 UPWARD: dict[tuple[str, str], str] = {}
@@ -172,7 +173,7 @@ def path_to(graph: dict[str, list[Import]], start: str, forbidden: tuple[str, ..
 
 
 def is_product(module: str) -> bool:
-    return not within(module, SIMULATOR) and module not in SIMULATOR_USERS
+    return not within(module, SIMULATOR) and not any(within(module, user) for user in SIMULATOR_USERS)
 
 
 def violations(package_dir: Path) -> list[str]:

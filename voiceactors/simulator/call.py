@@ -18,10 +18,10 @@ import secrets
 import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Iterator, Protocol
 
 import trio
-from trio_websocket import ConnectionClosed, WebSocketConnection
+from trio_websocket import ConnectionClosed
 
 from voiceactors.logs import get_logger
 from voiceactors.realtime.events import validate_server_event
@@ -310,10 +310,22 @@ def _no_delay(stream: trio.abc.Stream) -> None:
         stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
 
 
+class SessionSocket(Protocol):
+    """What a ``CallSession`` needs of its socket: a trio-websocket
+    connection, or the service's end of a call's in-memory transport
+    (``voiceactors.testing.rig.PeerSocket``)."""
+
+    async def get_message(self) -> str | bytes: ...
+
+    async def send_message(self, message: str | bytes) -> None: ...
+
+    async def aclose(self, code: int = 1000, reason: str | None = None) -> None: ...
+
+
 class CallSession:
     """One accepted sideband websocket on a ``SimCall``."""
 
-    def __init__(self, call: SimCall, ws: WebSocketConnection, scenario: Scenario, *,
+    def __init__(self, call: SimCall, ws: SessionSocket, scenario: Scenario, *,
                  validate_sent: bool = True, stream: ReplayStream | None = None,
                  coalesce_writes: bool = True, conformance: bool = False) -> None:
         self.call = call

@@ -32,7 +32,7 @@ from openai.types.realtime import RealtimeSessionCreateRequest, RealtimeTranscri
 from pydantic import Field, TypeAdapter
 
 from voiceactors.logs import get_logger, register_secret
-from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, ToolCallRecord
+from voiceactors.simulator.call import CallSession, ResponseRecord, SessionSocket, SimCall, ToolCallRecord
 from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
 from voiceactors.simulator.http import (HttpRequest, HttpResponse, ReplayStream, json_response, open_listeners,
                                         serve_http)
@@ -534,7 +534,7 @@ class Simulator:
             return 409, _error_body("This call already has a sideband connection.", code="conflict"), call
         return 101, None, call
 
-    def session_for(self, call: SimCall, socket: trio_websocket.WebSocketConnection,
+    def session_for(self, call: SimCall, socket: SessionSocket,
                     stream: ReplayStream | None = None) -> CallSession:
         """The session serving ``call`` on a newly accepted connection
         (``socket``: what ``CallSession`` reads and writes), with this

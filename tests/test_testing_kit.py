@@ -1,0 +1,101 @@
+"""The testing kit (``voiceactors.testing``, docs/testing.md): its fixture,
+scripted calls and expectations, each expectation seen to fail when the call
+went otherwise, and docs/testing.md's first example run as written in a
+folder of its own."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from voiceactors.testing import ExpectationFailed, Script, ToolCall
+from voiceactors.tools import ToolSpec
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "testing.md"
+
+
+async def test_a_scripted_call_reads_like_the_conversation(voice, autojump_clock):
+    call = await voice.call(Script().user_says("What is on today?").model_calls("calendar.today")
+                            .model_says("You have two meetings."))
+    call.expect.tool_called("calendar.today").answered_once()
+    call.expect.spoken(contains="two meetings")
+    call.expect.no_protocol_violation()
+    call.expect.ended("closed_by_service")
+
+
+async def test_each_expectation_fails_when_the_call_went_otherwise(voice, autojump_clock):
+    call = await voice.call(Script().user_says("Find the launch.").model_calls("journal.search", query="launch")
+                            .model_says("Found it."))
+    call.expect.tool_called("journal.search", query="launch").answered_once()
+    with pytest.raises(ExpectationFailed, match=r"expected calendar.today to be called; the model called journal.search"):
+        call.expect.tool_called("calendar.today")
+    with pytest.raises(ExpectationFailed, match="expected journal.search"):
+        call.expect.tool_called("journal.search", query="budget")
+    with pytest.raises(ExpectationFailed, match="containing 'weather'"):
+        call.expect.spoken(contains="weather")
+    with pytest.raises(ExpectationFailed, match="not to be called"):
+        call.expect.tool_not_called("journal.search")
+    with pytest.raises(ExpectationFailed, match="to end 'budget_spent'"):
+        call.expect.ended("budget_spent")
+
+
+async def test_a_tool_called_twice_fails_called_once(voice, autojump_clock):
+    call = await voice.call(Script().user_says("Twice.")
+                            .model_calls_in_parallel(ToolCall("calendar.today"), ToolCall("calendar.today")))
+    with pytest.raises(ExpectationFailed, match="called once; it was called 2 times"):
+        call.expect.tool_called("calendar.today")
+    call.expect.no_protocol_violation()
+
+
+async def test_a_protocol_violation_fails_no_protocol_violation(voice, autojump_clock):
+    # the service refuses our response.create: what the check is there to see
+    script = Script().user_says("Hi.").step({"refuse": {"event": "response.create",
+                                                         "code": "conversation_already_has_active_response"}})
+    call = await voice.call(script.model_calls("calendar.today").model_says("Done."))
+    with pytest.raises(ExpectationFailed, match="the service refused an event: conversation_already_has_active_response"):
+        call.expect.no_protocol_violation()
+
+
+async def test_a_new_tool_joins_the_real_ones(voice, autojump_clock):
+    def weather(ctx, args):
+        return {"city": args["city"], "sky": "clear"}
+
+    spec = ToolSpec(name="weather.now", description="The weather in a city.", effect="read", handler=weather,
+                    parameters={"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"], "additionalProperties": False})
+    call = await voice.call(Script().user_says("Weather in Oslo?").model_calls("weather.now", city="Oslo")
+                            .model_says("Clear."), tools=[spec])
+    assert call.expect.tool_called("weather.now", city="Oslo").output == {"city": "Oslo", "sky": "clear"}
+
+
+def test_a_hung_up_script_takes_no_more_steps():
+    script = Script().user_says("Bye.").hang_up()
+    with pytest.raises(ValueError, match="hung up"):
+        script.model_says("Wait.")
+
+
+def _first_example() -> str:
+    match = re.search(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    assert match, "docs/testing.md has no python example"
+    return match.group(1)
+
+
+def _run_example(folder: Path, text: str) -> subprocess.CompletedProcess[str]:
+    folder.mkdir()
+    (folder / "test_my_tool.py").write_text(text, encoding="utf-8")
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           str(folder)], cwd=folder, capture_output=True, text=True, timeout=120)
+
+
+def test_the_docs_first_example_runs_as_written_and_fails_when_its_tool_changes(tmp_path):
+    example = _first_example()
+    passed = _run_example(tmp_path / "as_written", example)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "1 passed" in passed.stdout
+    changed = _run_example(tmp_path / "changed", example.replace('model_calls("journal.search"',
+                                                                 'model_calls("calendar.today"', 1))
+    assert changed.returncode == 1 and "ExpectationFailed" in changed.stdout, changed.stdout

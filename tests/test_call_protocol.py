@@ -598,6 +598,16 @@ def test_transcripts_become_a_record_line_and_a_feed_event():
     assert w.of(Publish)[-1] == Publish("transcript", {"role": "assistant", "text": "it is sunny", "item_id": "a1"})
 
 
+def test_a_transcript_delivered_twice_is_one_record_line():
+    w = Wire()
+    done = {"type": "response.output_audio_transcript.done", "response_id": "r1", "item_id": "a1",
+            "output_index": 0, "content_index": 0, "transcript": "it is sunny"}
+    heard = {"type": "conversation.item.input_audio_transcription.completed", "item_id": "u1", "content_index": 0,
+             "transcript": "weather?", "usage": {"type": "duration", "seconds": 1.0}}
+    w.server(heard, done, done, heard)
+    assert [(x["item_id"], x["order"]) for x in w.records("transcript")] == [("u1", 1.0), ("a1", 2.0)]
+
+
 def test_overhead_and_turnaround_are_measured_around_the_tool():
     w = Wire()
     w.now = 1.0

@@ -867,8 +867,8 @@ class CallProtocol:
             self._emit(RateLimits(remaining.get("requests"), remaining.get("tokens")))
 
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
-        if not text:
-            return
+        if not text or (item_id and self.spoken.transcribed(item_id)):
+            return      # nothing said, or said already (the service delivered its transcript again)
         self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
                      **self.spoken.place_transcript(item_id))
         if self.publishing():

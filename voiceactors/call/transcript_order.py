@@ -87,6 +87,11 @@ class TranscriptOrder:
             fields["cut_short"] = True
         return fields
 
+    def transcribed(self, item_id: str) -> bool:
+        """Whether ``item_id``'s transcript line is written (a repeated
+        delivery of its transcript adds none)."""
+        return item_id in self._transcribed
+
     def order_of(self, item_id: str) -> float | None:
         return self._order.get(item_id)
 

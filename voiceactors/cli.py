@@ -21,6 +21,7 @@ _COMMANDS = {
     "demo": "voiceactors.demo:cli_demo",
     "simulate": "voiceactors.simulator.command:cli_simulate",
     "replay": "voiceactors.replay:cli_replay",
+    "fuzz": "voiceactors.fuzz.command:cli_fuzz",
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
     "calls": "voiceactors.calls_report:cli_calls",
@@ -93,6 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--speed", type=float, default=1.0, help="divide the recorded gaps between events (default 1)")
     replay.add_argument("--timeout", type=float, default=10.0,
                         help="seconds a gate waits for our output or response.create (default 10)")
+
+    fuzz_parser = sub.add_parser("fuzz", help="replay a captured call many times with its timing changed; "
+                                              "check that every run keeps the call's invariants")
+    fuzz_parser.add_argument("file", help="the capture (a <state_dir>/captures/<call id>.jsonl)")
+    fuzz_parser.add_argument("--runs", type=int, default=20, help="how many runs (default 20)")
+    fuzz_parser.add_argument("--seed", type=int, help="the first run's seed; run N takes SEED+N (default: drawn)")
+    fuzz_parser.add_argument("--keep", help="only these changes of each run's schedule (indices, comma-separated: "
+                                            "what a failure's replay line gives)")
+    fuzz_parser.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+                             help="runs at once, each in a process of its own (default: the cores, at most 4)")
+    fuzz_parser.add_argument("--journal", help="the journal the tools read (default: a sample journal for --today)")
+    fuzz_parser.add_argument("--today", help="pin today to YYYY-MM-DD (default: the expectation's, else today)")
 
     index = sub.add_parser("index", help="build or refresh the journal search index")
     index.add_argument("--journal", required=True, metavar="DIR", help="the journal folder to index")

@@ -50,6 +50,7 @@ import signal
 import stat
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -57,6 +58,7 @@ import trio
 
 from voiceactors import clock, logs, storage
 from voiceactors.call.event_capture import capture_path, read_capture
+from voiceactors.call.record import read_record, record_path
 from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
 from voiceactors.journal.days import RECORDING_SUFFIXES
@@ -65,8 +67,8 @@ from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.capture_player import ReplayDriver, ReplayScript
 
-__all__ = ["EXPECTATION_VERSION", "capture_scenario", "cli_replay", "compare", "expectation_path",
-           "replay_capture", "replay_folder", "sweep_stale_folders"]
+__all__ = ["EXPECTATION_VERSION", "Played", "capture_scenario", "cli_replay", "compare", "expectation_path", "journal_for_runs",
+           "play_script", "replay_capture", "replay_folder", "sweep_stale_folders"]
 
 EXPECTATION_VERSION = 1
 REPLAY_KEY = "sk-replay-voiceactors-simulator"
@@ -191,6 +193,17 @@ def _journal_copy(journal: Path, folder: Path) -> Path:
 
 # --- the runs -------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Played:
+    """A script played against the runtime: what we sent, normalised
+    (``ReplayDriver.result``), the driver that played it and the call's
+    record lines."""
+
+    result: dict[str, Any]
+    driver: ReplayDriver
+    record: list[dict[str, Any]]
+
+
 async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
                          timeout_s: float = 10.0, block: int = -1,
                          blocks: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
@@ -200,6 +213,15 @@ async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, ma
     already read. Raises ValueError for a file that is not a capture."""
     blocks = read_capture(capture) if blocks is None else blocks
     script = ReplayScript.from_block(blocks[block])
+    played = await play_script(script, journal, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
+    return played.result
+
+
+async def play_script(script: ReplayScript, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
+                      timeout_s: float = 10.0, **changes: Any) -> Played:
+    """Play ``script`` (a capture block's steps, perhaps changed: ``voiceactors
+    fuzz``) against this version's runtime on a copy of ``journal``;
+    ``changes``: settings other than the defaults."""
     driver = ReplayDriver(script, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
     sim = Simulator(None, api_key=None, validate_sent=False)   # recorded events go out as recorded
     with replay_folder() as folder:
@@ -207,12 +229,14 @@ async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, ma
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
             sim.add_call(script.call_id).replay = driver
-            await _serve_one_call(_settings(copy, folder / "state", sim.base_url), sim, script.call_id)
+            await _serve_one_call(_settings(copy, folder / "state", sim.base_url, **changes), sim, script.call_id)
             nursery.cancel_scope.cancel()
+        path = record_path(folder / "state", script.call_id)
+        record = read_record(path) if path.exists() else []
     result = driver.result()
     if not driver.finished.is_set():
         result["stalls"].append(f"the replay did not finish within {CALL_DEADLINE_S:g} s")
-    return result
+    return Played(result, driver, record)
 
 
 async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None) -> Path:
@@ -300,7 +324,7 @@ def write_expectation(path: Path, actual: dict[str, Any], today: str) -> None:
 # --- the command ---------------------------------------------------------------
 
 @contextlib.contextmanager
-def _journal(given: str | None, today: str) -> Iterator[Path]:
+def journal_for_runs(given: str | None, today: str) -> Iterator[Path]:
     """The journal the runs copy: ``--journal``'s, else a sample one."""
     if given:
         yield Path(given)
@@ -335,7 +359,7 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     today = args.today or (expected or {}).get("today") or clock.today().isoformat()
     clock.pin(today)
     try:
-        with _journal(args.journal, today) as journal:
+        with journal_for_runs(args.journal, today) as journal:
             try:
                 if args.capture:
                     trio.run(capture_scenario, args.capture, capture, journal)

@@ -143,6 +143,13 @@ class ReplayDriver:
         self.timeout_s = timeout_s
         self.index = 0
         self.active: str | None = None             # the response the replay has made active
+        self.active_since = 0.0                    # when its response.created went out (trio time)
+        self.connected_at = 0.0                    # when the live connection began
+        #: for each of our response.creates refused as active: how long we
+        #: could have known that response was on when ours came (since its
+        #: response.created; 0 when that came on an earlier connection: a
+        #: response begun before a drop is not announced again); a fuzz run's check
+        self.refused_after_s: list[float] = []
         self.known_calls: dict[str, str] = {}      # tool call id -> tool name, from the events played
         self.accepted: dict[str, list[str]] = {}   # tool call id -> our outputs the replay echoed
         self.creates: list[dict[str, Any]] = []    # our response.creates and what became of them
@@ -158,6 +165,7 @@ class ReplayDriver:
     async def play(self, session: Any) -> None:
         call = session.call
         self._held = _Held()        # a new connection: what the last one held is lost with it
+        self.connected_at = trio.current_time()
         steps = self.script.steps
         while self.index < len(steps):
             step = steps[self.index]
@@ -203,6 +211,7 @@ class ReplayDriver:
                 self.known_calls.setdefault(candidate["call_id"], str(candidate.get("name") or ""))
         if type_ == "response.created":
             self.active = (event.get("response") or {}).get("id")
+            self.active_since = trio.current_time()
         elif type_ == "response.done" and (event.get("response") or {}).get("id") == self.active:
             self.active = None
         await session.send(event)
@@ -247,6 +256,8 @@ class ReplayDriver:
         elif type_ == "response.create":
             if self.active is not None:
                 self.creates.append({"result": "rejected_active"})
+                known = self.active_since >= self.connected_at
+                self.refused_after_s.append(trio.current_time() - self.active_since if known else 0.0)
                 await self._error(session, ACTIVE, event_id,
                                   f"Conversation already has an active response in progress: {self.active}.")
             else:

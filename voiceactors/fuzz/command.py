@@ -1,0 +1,72 @@
+"""``voiceactors fuzz CAPTURE``: the report on stdout, one line per run and
+each failure in full (what broke, the fewest changes that still break it,
+the command that replays it). Exit 0 when every run kept every invariant,
+1 when one did not, 2 for a capture it cannot read."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from voiceactors import clock, logs
+from voiceactors.fuzz.runs import RunResult, load_script, minimal, run_seeds
+from voiceactors.replay import journal_for_runs, load_expectation, expectation_path, sweep_stale_folders
+
+__all__ = ["cli_fuzz", "fuzz"]
+
+
+def fuzz(capture: Path, *, runs: int, seed: int, jobs: int, journal: str | None, today: str | None,
+         keep: tuple[int, ...] | None = None, out: TextIO = sys.stdout) -> int:
+    """The runs of seeds ``seed`` … ``seed + runs - 1``; 0 when each kept the invariants."""
+    try:
+        script = load_script(capture)
+    except (OSError, ValueError) as error:
+        print(f"voiceactors fuzz: {error}", file=sys.stderr)
+        return 2
+    expected = expectation_path(capture)
+    today = today or (load_expectation(expected).get("today") if expected.exists() else None) \
+        or clock.today().isoformat()
+    print(f"fuzzing {capture.name}: {runs} runs from seed {seed}, {jobs} at a time", file=out)
+
+    def each(result: RunResult) -> None:
+        verdict = "ok" if not result.problems else "FAILED"
+        print(f"  seed {result.seed}: {verdict} ({len(result.schedule.changes)} changes)", file=out, flush=True)
+
+    with journal_for_runs(journal, today) as journal_dir:
+        results = run_seeds(capture, range(seed, seed + runs), journal_dir, today, jobs=jobs, keep=keep, each=each)
+        failed = [result for result in results if result.problems]
+        if not failed:
+            print(f"OK: {runs} runs kept every invariant", file=out)
+            return 0
+        first = failed[0]
+        smallest = minimal(script, first, journal_dir, today)
+    _report(capture, script, first, smallest, len(failed), runs, out)
+    return 1
+
+
+def _report(capture: Path, script: Any, failed: RunResult, smallest: Any, count: int, runs: int,
+            out: TextIO) -> None:
+    print(f"FAILED: {count} of {runs} runs broke an invariant; the first, seed {failed.seed}:", file=out)
+    for problem in failed.problems:
+        print(f"  - {problem}", file=out)
+    print(f"  the fewest of its changes that still break it ({len(smallest.changes)} of "
+          f"{len(failed.schedule.changes)}):", file=out)
+    for line in smallest.describe(script):
+        print(f"  - {line}", file=out)
+    kept = ",".join(str(failed.schedule.changes.index(change)) for change in smallest.changes)
+    print(f"  replay it: voiceactors fuzz {capture} --seed {failed.seed} --runs 1 --keep {kept}", file=out)
+
+
+def cli_fuzz(args: argparse.Namespace) -> int:
+    logs.configure("console", "error")     # the calls' own warnings (a drop's reconnect) would drown the report
+    sweep_stale_folders()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
+    keep = tuple(int(i) for i in args.keep.split(",") if i.strip()) if args.keep else None
+    if args.runs < 1 or args.jobs < 1:
+        print("voiceactors fuzz: --runs and --jobs must be at least 1", file=sys.stderr)
+        return 2
+    return fuzz(Path(args.file), runs=args.runs, seed=seed, jobs=min(args.jobs, args.runs),
+                journal=args.journal, today=args.today, keep=keep)

@@ -1,0 +1,74 @@
+"""What every fuzz run must keep, whatever its schedule: the checks after a
+run, each a line naming what broke (empty: the run kept them all)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from voiceactors.call.record_kind import RecordKind
+from voiceactors.replay import Played
+
+__all__ = ["RACE_S", "broken"]
+
+#: A ``response.create`` of ours refused because a response was active is a
+#: race the service allows when that response had only just begun (its
+#: ``response.created`` still on the way to us); after this long it was ours
+#: to know. A run's clock is trio's autojump clock: a read on loopback takes
+#: no time on it.
+RACE_S = 0.5
+
+
+def broken(played: Played) -> list[str]:
+    """Every invariant ``played`` broke."""
+    return [*_answered_once(played), *_no_create_while_active(played), *_applied_once(played),
+            *_no_stale_follow_up(played), *_record_whole(played)]
+
+
+def _answered_once(played: Played) -> list[str]:
+    result = played.result
+    found = [f"tool call {call_id} ({entry['tool']}) was answered {len(entry['outputs'])} times"
+             for call_id, entry in result["outputs"].items() if len(entry["outputs"]) != 1]
+    found += ["an output was sent for a tool call that already had one (duplicate_tool_call_output)"
+              for code in result["protocol_errors"] if code == "duplicate_tool_call_output"]
+    return found
+
+
+def _no_create_while_active(played: Played) -> list[str]:
+    return [f"a response.create was sent {after:.2f} s after the active response began"
+            for after in played.driver.refused_after_s if after > RACE_S]
+
+
+def _applied_once(played: Played) -> list[str]:
+    started = Counter(line.get("tool_call_id") for line in played.record
+                      if line.get("kind") == RecordKind.TOOL_STARTED)
+    return [f"tool call {call_id} was run {count} times" for call_id, count in started.items() if count > 1]
+
+
+def _no_stale_follow_up(played: Played) -> list[str]:
+    """No ``response.create`` of ours asks the model to go on from a turn the
+    user has since left (a batch of an older epoch than the create's)."""
+    epochs = {line["response_id"]: line.get("epoch") for line in played.record
+              if line.get("kind") == RecordKind.RESPONSE and "response_id" in line}
+    found = []
+    for line in played.record:
+        if line.get("kind") != RecordKind.RESPONSE_CREATE or line.get("result") != "sent":
+            continue
+        stale = [rid for rid in line.get("for") or [] if epochs.get(rid) is not None
+                 and line.get("epoch") is not None and epochs[rid] < line["epoch"]]
+        found += [f"response.create {line.get('event_id')} followed up response {rid} of an older turn"
+                  for rid in stale]
+    return found
+
+
+def _record_whole(played: Played) -> list[str]:
+    record: list[dict[str, Any]] = played.record
+    if not record:
+        return ["the call left no record"]
+    found = []
+    if record[-1].get("kind") != RecordKind.END:
+        found.append("the call record does not end with its end line")
+    orders = [line["order"] for line in record if line.get("kind") == RecordKind.TRANSCRIPT and "order" in line]
+    if len(orders) != len(set(orders)):
+        found.append("two transcripts hold the same place in the spoken order")
+    return found

@@ -1,0 +1,116 @@
+"""Fuzz runs: a captured call played with a schedule drawn from a seed, then
+checked (``invariants.broken``); many runs, in parallel processes where the
+machine has the cores; a failure shrunk to the fewest changes that still
+break the call."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import multiprocessing
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Callable, Iterable
+
+import trio
+import trio.testing
+
+from voiceactors import clock, logs
+from voiceactors.call.event_capture import read_capture
+from voiceactors.fuzz.invariants import broken
+from voiceactors.fuzz.schedule import Schedule
+from voiceactors.replay import play_script
+from voiceactors.simulator.capture_player import ReplayScript
+
+__all__ = ["GATE_S", "Failure", "RunResult", "load_script", "minimal", "run_schedule", "run_seeds"]
+
+#: How long a replay's gate waits for our output or ``response.create`` (on
+#: the autojump clock: a gate that is never met costs no real time).
+GATE_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    seed: int
+    schedule: Schedule
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Failure:
+    run: RunResult
+    minimal: Schedule
+
+
+def load_script(capture: Path, block: int = -1) -> ReplayScript:
+    """The steps of one capture block (the last: the latest actor run)."""
+    return ReplayScript.from_block(read_capture(capture)[block])
+
+
+def run_schedule(script: ReplayScript, schedule: Schedule, journal: Path, today: str) -> tuple[str, ...]:
+    """Play ``script`` changed by ``schedule`` against the runtime on a copy
+    of ``journal`` (today pinned to ``today``), on trio's autojump clock;
+    what it broke. Blocking: a ``trio.run`` of its own."""
+    changed = schedule.apply(script)
+    clock.pin(today)
+    try:
+        # no tool timeout: the autojump clock moves on while a tool's thread works
+        played = trio.run(partial(play_script, changed, journal, timeout_s=GATE_S, tool_timeout_read_s=math.inf,
+                                  tool_timeout_write_s=math.inf),
+                          clock=trio.testing.MockClock(autojump_threshold=0))
+    finally:
+        clock.pin(None)
+    return tuple(broken(played))
+
+
+def _run_seed(capture: Path, seed: int, journal: Path, today: str, keep: tuple[int, ...] | None) -> RunResult:
+    script = load_script(capture)
+    schedule = Schedule.draw(script, seed)
+    if keep is not None:
+        schedule = Schedule(seed, tuple(c for i, c in enumerate(schedule.changes) if i in keep))
+    return RunResult(seed, schedule, run_schedule(script, schedule, journal, today))
+
+
+def run_seeds(capture: Path, seeds: Iterable[int], journal: Path, today: str, *, jobs: int = 1,
+              keep: tuple[int, ...] | None = None,
+              each: Callable[[RunResult], None] = lambda result: None) -> list[RunResult]:
+    """One run per seed, ``jobs`` at a time (processes of their own when
+    more than one); ``each`` hears every result as it comes."""
+    seeds = list(seeds)
+    if jobs <= 1:
+        results = []
+        for seed in seeds:
+            results.append(_run_seed(capture, seed, journal, today, keep))
+            each(results[-1])
+        return results
+    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                          else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_quiet) as pool:
+        futures = [pool.submit(_run_seed, capture, seed, journal, today, keep) for seed in seeds]
+        results = []
+        for future in concurrent.futures.as_completed(futures):
+            results.append(future.result())
+            each(results[-1])
+    return sorted(results, key=lambda r: r.seed)
+
+
+def _quiet() -> None:
+    """A worker process logs errors only, as the command does."""
+    logs.configure("console", "error")
+
+
+def minimal(script: ReplayScript, failed: RunResult, journal: Path, today: str) -> Schedule:
+    """The fewest of the failed run's changes that still break the call:
+    each change is left out in turn, and stays out when the call still
+    breaks without it."""
+    schedule = failed.schedule
+    index = 0
+    while index < len(schedule.changes):
+        smaller = schedule.without(index)
+        if run_schedule(script, smaller, journal, today):
+            schedule = smaller
+        else:
+            index += 1
+    return schedule
+

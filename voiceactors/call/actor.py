@@ -466,6 +466,9 @@ class CallActor:
         fields: dict[str, Any] = {}
         if self.recovered is not None:
             fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
+        if self._linked is not None and self._linked.phone is not None:
+            # a phone call, its caller masked (call_context.PhoneCall): the history shows it as one
+            fields.update(arrival="phone", caller=self._linked.phone.caller)
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, fsync_s=self.settings.call_record_fsync_s, **fields)
         if self._linked is not None:

@@ -51,6 +51,26 @@ SELECT_TOOL = "journal.select"
 
 
 @dataclass(frozen=True)
+class PhoneCall:
+    """A call placed to the project's SIP address and accepted by the phone
+    webhook (``http/phone.py``): who called, masked (the record, history and
+    logs never hold the number), and the header it was read from."""
+
+    caller: str                             # ``phone_policy.masked``
+    header: str | None = None               # p-asserted-identity / from
+
+    def view(self) -> dict[str, Any]:
+        return {"caller": self.caller, "header": self.header}
+
+    @classmethod
+    def from_view(cls, view: object) -> PhoneCall | None:
+        if not isinstance(view, dict) or not isinstance(view.get("caller"), str):
+            return None
+        header = view.get("header")
+        return cls(view["caller"], header if isinstance(header, str) else None)
+
+
+@dataclass(frozen=True)
 class LinkedContext:
     """What ``/connect`` hands a new call."""
 
@@ -63,6 +83,8 @@ class LinkedContext:
     taken_over: bool = False
     # the journal's session settings at connect: every session.update of the call carries them
     session: SessionSettings = SessionSettings()
+    # a phone call's caller (None: a browser's call)
+    phone: PhoneCall | None = None
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -80,6 +102,8 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
             "selection": selection.view() if selection is not None else None}
     if linked.session.view():
         view["session"] = linked.session.view()
+    if linked.phone is not None:
+        view["phone"] = linked.phone.view()
     return view
 
 
@@ -101,7 +125,8 @@ def taken_over_context(view: object) -> LinkedContext | None:
     session = view.get("session")
     return LinkedContext(base if isinstance(base, str) and base else None, _resolution(view.get("link")),
                          selection=context.Reference.from_view(view.get("selection")), taken_over=True,
-                         session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings())
+                         session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings(),
+                         phone=PhoneCall.from_view(view.get("phone")))
 
 
 def selected_reference(output: str) -> context.Reference | None:

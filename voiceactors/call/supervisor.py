@@ -200,10 +200,10 @@ class CallSupervisor:
                 self._connect(call.call_id, nursery, recovered=call.pending, context=call.context)
 
     def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None,
-                 context: LinkedContext | None = None, lease: Lease | None = None,
-                 arrival: ArrivalKind = ArrivalKind.BROWSER) -> ConnectOutcome:
-        """Start the actor of ``call_id`` (its transport opened as its ``arrival``
-        says: ``call/arrival.py``) unless it runs already or the process is full."""
+                 context: LinkedContext | None = None, lease: Lease | None = None) -> ConnectOutcome:
+        """Start the actor of ``call_id`` (its transport opened as its arrival
+        says: ``call/arrival.py``; a context with a caller is a phone call's,
+        also at a rejoin and a takeover) unless it runs already or the process is full."""
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
@@ -219,7 +219,7 @@ class CallSupervisor:
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
                           answer_now=self._answer_now,
-                          open_transport=arrive(arrival, self.settings, call_id).open_transport)
+                          open_transport=arrive(arrival_of(context), self.settings, call_id).open_transport)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")
@@ -351,6 +351,11 @@ class CallSupervisor:
             for call_id, _token in orphans:
                 if call_id not in self.calls and len(self.calls) < self.settings.max_calls:
                     await self._lease_and_connect(call_id, nursery)
+
+
+def arrival_of(context: LinkedContext | None) -> ArrivalKind:
+    """How a call arrived: a context that names a caller is a phone call's."""
+    return ArrivalKind.PHONE if context is not None and context.phone is not None else ArrivalKind.BROWSER
 
 
 _Answer = TypeVar("_Answer")

@@ -61,6 +61,8 @@ class VoiceState:
     runtime_failed: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
     openai_clients: OpenAIClients | None = None
+    # what a route keeps for the app's life, made at its first use (the phone webhook's memory and verifier)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.openai_clients is None:
@@ -271,10 +273,14 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
     fields: dict[str, Any] = {"brain_ready": False, "brain_age_seconds": None,
                               "openai_configured": False, "active_sessions": 0,
                               "daily_cost_usd": None, "daily_budget_usd": settings.daily_budget_usd or None,
-                              "budget_spent": False}
+                              "budget_spent": False, "phone_configured": False}
     # Each field on its own: one failing lookup must not blank the others.
     try:
         fields["openai_configured"] = bool(voice_config.openai_api_key(settings))
+    except Exception as error:  # noqa: BLE001
+        _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
+    try:    # whether phone calls can come in (docs/phone.md): a webhook secret is configured
+        fields["phone_configured"] = bool(voice_config.webhook_secret(settings))
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
     runtime = state().runtime

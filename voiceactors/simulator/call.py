@@ -184,6 +184,11 @@ class SimCall:
         self.call_id = call_id
         self.scenario = scenario
         self.gone_status = gone_status
+        # a SIP call (``Simulator.place_phone_call``): pending until accepted or rejected
+        self.sip = False
+        self.accepted: dict[str, Any] | None = None     # the accept's body
+        self.rejected_with: int | None = None           # the reject's SIP status
+        self.referred_to: str | None = None             # the refer's target URI
         # records
         self.received: list[dict] = []
         self.sent: list[dict] = []

@@ -1,7 +1,8 @@
 """A local stand-in for the OpenAI Realtime API surface voiceactors uses.
 
 One port serves REST (``POST /v1/realtime/client_secrets``,
-``POST /v1/realtime/calls`` and ``.../calls/{id}/hangup``) and the sideband
+``POST /v1/realtime/calls`` and ``.../calls/{id}/hangup``; a SIP call's
+``.../accept``, ``.../reject`` and ``.../refer``) and the sideband
 websocket (``/v1/realtime?call_id=...``). Calls play scenarios (see
 ``docs/simulator.md``) and record what the client sent for assertions.
 
@@ -36,6 +37,7 @@ from voiceactors.simulator.call import CallSession, ResponseRecord, SimCall, Too
 from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
 from voiceactors.simulator.http import (HttpRequest, HttpResponse, ReplayStream, json_response, open_listeners,
                                         serve_http)
+from voiceactors.simulator.phone import dtmf_event
 from voiceactors.simulator.refusal_errors import Refusal
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
@@ -61,6 +63,7 @@ def _error_body(message: str, type_: str = "invalid_request_error", code: str | 
 
 
 _CALLS_PATH = "/v1/realtime/calls"
+_SIP_CONTROLS = ("accept", "reject", "refer")
 
 
 def _cors_headers(req: HttpRequest) -> list[tuple[str, str]]:
@@ -323,6 +326,8 @@ class Simulator:
             return await self._client_secrets(req)
         if len(parts) == 6 and parts[:4] == ["", "v1", "realtime", "calls"] and parts[5] == "hangup":
             return await self._hangup(parts[4])
+        if len(parts) == 6 and parts[:4] == ["", "v1", "realtime", "calls"] and parts[5] in _SIP_CONTROLS:
+            return await self._sip_control(parts[4], parts[5], req)
         return json_response(404, _error_body(f"Invalid URL (POST {req.path})"))
 
     async def _client_secrets(self, req: HttpRequest) -> HttpResponse:
@@ -485,6 +490,68 @@ class Simulator:
         await self.end_call(call_id, 1000)
         return HttpResponse(200, b"", "application/json")
 
+    # -- phone calls (SIP)
+
+    def place_phone_call(self, scenario: Any = None) -> SimCall:
+        """A call to the project's SIP address, pending until a client
+        accepts it (``POST …/calls/{id}/accept``) or rejects it; its webhook is
+        ``simulator.phone.delivery(incoming_event(call.call_id, headers), secret)``."""
+        call = self.add_call("rtc_sip_" + secrets.token_hex(12), scenario)
+        call.sip = True
+        return call
+
+    async def send_dtmf(self, call_id: str, keys: str) -> None:
+        """The caller presses ``keys`` on the keypad: one
+        ``input_audio_buffer.dtmf_event_received`` each on the live sideband."""
+        for key in keys:
+            await self.inject(call_id, dtmf_event(key))
+
+    async def _sip_control(self, call_id: str, action: str, req: HttpRequest) -> HttpResponse:
+        """accept / reject / refer of a SIP call (the standard key checked by the caller)."""
+        call = self.calls.get(call_id)
+        if call is None or not call.sip or call.closed:
+            return json_response(404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"))
+        try:
+            body = json.loads(req.body or b"{}")
+        except ValueError:
+            return json_response(400, _error_body("We could not parse the JSON body of your request."))
+        if not isinstance(body, dict):
+            return json_response(400, _error_body("The request body must be a JSON object."))
+        pending = call.accepted is None
+        if action == "accept":
+            if not pending:
+                return json_response(409, _error_body("This call was already accepted.", code="conflict"))
+            try:
+                session = _SESSION.validate_python(body)
+            except pydantic.ValidationError as exc:
+                first = exc.errors(include_input=False, include_url=False)[0]
+                loc = ".".join(str(p) for p in first.get("loc", ()))
+                return json_response(400, _error_body(f"Invalid session: {loc}: {first.get('msg')}",
+                                                      code="invalid_value", param=loc))
+            call.accepted = body
+            call.session = session.model_dump(mode="json", exclude_none=True)
+            _log.info("simulator.sip_accepted", call_id=call_id)
+            return HttpResponse(200, b"", "application/json")
+        if action == "reject":
+            if not pending:
+                return json_response(409, _error_body("An accepted call cannot be rejected.", code="conflict"))
+            status = body.get("status_code", 603)
+            if not isinstance(status, int) or not 400 <= status <= 699:
+                return json_response(400, _error_body("status_code must be a SIP status 400..699.",
+                                                      code="invalid_value", param="status_code"))
+            call.rejected_with = status
+            _log.info("simulator.sip_rejected", call_id=call_id, status=status)
+            await self.end_call(call_id, 1000)
+            return HttpResponse(200, b"", "application/json")
+        target = body.get("target_uri")
+        if pending or not isinstance(target, str) or not target.startswith(("sip:", "sips:", "tel:")):
+            return json_response(400, _error_body("target_uri must be a sip: or tel: URI of an accepted call.",
+                                                  code="invalid_value", param="target_uri"))
+        call.referred_to = target
+        _log.info("simulator.sip_referred", call_id=call_id)
+        await self.end_call(call_id, 1000)      # the caller is transferred: the session ends
+        return HttpResponse(200, b"", "application/json")
+
     # -- websocket
 
     def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict[str, Any] | None, SimCall | None]:
@@ -527,6 +594,8 @@ class Simulator:
             call = self.add_call(call_id)
         if call is None:
             return 404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"), None
+        if call.sip and call.accepted is None and not call.closed:
+            return 404, _error_body(f"Call '{call_id}' has not been accepted.", code="call_id_not_found"), call
         if call.closed:
             code = "call_id_not_found" if call.gone_status == 404 else "call_ended"
             return call.gone_status, _error_body(f"Call '{call_id}' has ended.", code=code), call

@@ -114,7 +114,7 @@ class Caller:
 
 
 def masked(number: str) -> str:
-    """``+15551234567`` as ``+1•••••••••67``: the country code's first digit
+    """``+15551234567`` as ``+1••••••••67``: the country code's first digit
     and the last two kept, enough for the owner to tell their own numbers apart."""
     if len(number) <= MASK_KEEP + 2:
         return "•" * len(number)

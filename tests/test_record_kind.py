@@ -82,6 +82,7 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
                             "cost_usd": 0.002}),
         (RecordKind.BUDGET, {"budget_usd": 0.001, "cost_usd": 0.002}),
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
+        (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
         (RecordKind.RECONNECT, {"attempt": 1, "delay_s": 0.5, "close_code": 1006}),
         (RecordKind.CONNECT, {"reconnects": 1}),
         (RecordKind.USAGE_TOTAL, {"model": "gpt-realtime", "responses": 1, "tokens": {"text_in": 100,
@@ -169,9 +170,10 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
         budget = r.record("rtc_budget")
     written = [line["kind"] for line in rich + budget]
     assert all(kind in set(RecordKind) for kind in written), set(written) - set(RecordKind)
-    # every kind but a cut transcript (a barge-in's timing: test_transcript_order.py) and the
-    # service's idle timeout (a silent user: test_call_idle.py) came up
-    assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE}
+    # every kind but a cut transcript (a barge-in's timing: test_transcript_order.py), the
+    # service's idle timeout (a silent user: test_call_idle.py) and a phone call's PIN and
+    # transfer (a phone call: test_phone_pin.py) came up
+    assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.PHONE}
 
 
 def literal_record_kinds() -> list[tuple[str, int, str]]:

@@ -37,11 +37,12 @@ call, and the holder may have greeted already.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from voiceactors.linked_context import references as context
+from voiceactors.call.phone_line import PhoneLine
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime import events as rt
 from voiceactors.realtime import session_settings
@@ -58,16 +59,27 @@ class PhoneCall:
 
     caller: str                             # ``phone_policy.masked``
     header: str | None = None               # p-asserted-identity / from
+    pin: str | None = field(default=None, repr=False)   # never in a view: a record or the mirror
+    transfer_to: str | None = None
+    # a PIN is asked (a carried call's says so without the PIN: the start reads it again, phone_line.py)
+    pin_required: bool = False
 
     def view(self) -> dict[str, Any]:
-        return {"caller": self.caller, "header": self.header}
+        return {"caller": self.caller, "header": self.header, "pin_required": self.locked,
+                "transfer_to": self.transfer_to}
+
+    @property
+    def locked(self) -> bool:
+        return self.pin_required or self.pin is not None
 
     @classmethod
     def from_view(cls, view: object) -> PhoneCall | None:
         if not isinstance(view, dict) or not isinstance(view.get("caller"), str):
             return None
-        header = view.get("header")
-        return cls(view["caller"], header if isinstance(header, str) else None)
+        header, target = view.get("header"), view.get("transfer_to")
+        return cls(view["caller"], header if isinstance(header, str) else None,
+                   transfer_to=target if isinstance(target, str) else None,
+                   pin_required=view.get("pin_required") is not False)
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,8 @@ class CallContext:
         self._update_due = linked.taken_over and self.selection is not None
         self.session_fields = linked.session.session_fields()
         self._settings_due = False
+        phone = linked.phone
+        self.phone = PhoneLine(phone.pin, phone.transfer_to, locked=phone.locked) if phone is not None else None
 
     def instructions(self) -> str | None:
         """The session's instructions for the current selection (None without
@@ -206,7 +220,8 @@ class CallContext:
             elif not self.base:
                 dropped = "no_instruction"
             else:
-                opening = f"{self.instructions()}\n\n{context.opening_instruction(self.link)}"
+                asked = self.phone.opening if self.phone is not None else None
+                opening = f"{self.instructions()}\n\n{asked or context.opening_instruction(self.link)}"
                 create = rt.response_create({"instructions": opening})
                 self.greeting_event_id = create["event_id"]
                 self.greeting = Greeting.SENT

@@ -51,6 +51,7 @@ cancelled); each closes within its own ``close_deadline_s``.
 from __future__ import annotations
 
 import contextvars
+from dataclasses import replace
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, TypeVar
 
@@ -211,6 +212,7 @@ class CallSupervisor:
             if lease is not None:
                 nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.AT_CAPACITY
+        context = self._pin_again(context)
         feed = self.hub.open(call_id, lease.fence if lease is not None else None)   # the fence: event ids
         fence = self.registry.fence_of(call_id) if lease is not None else None
         if lease is not None and context is not None:
@@ -225,6 +227,20 @@ class CallSupervisor:
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
+
+    def _pin_again(self, context: LinkedContext | None) -> LinkedContext | None:
+        """A rejoined or taken-over phone call that asked for a PIN (its
+        carried context says so, never the PIN): locked again with the
+        journal's PIN as it is now (none now: open; the config unreadable:
+        locked with no PIN that opens it), so a restart never opens a line."""
+        phone = context.phone if context is not None else None
+        if context is None or phone is None or phone.pin is not None or not phone.pin_required:
+            return context
+        try:
+            pin = voice_config.phone_settings(self.settings).pin
+        except voice_config.ConfigUnreadable:
+            return context
+        return replace(context, phone=replace(phone, pin=pin, pin_required=pin is not None))
 
     @asynccontextmanager
     async def _calls_nursery(self) -> AsyncIterator[trio.Nursery]:

@@ -64,6 +64,7 @@ from quart import jsonify, request
 
 from voiceactors import phone_policy, storage, voice_config
 from voiceactors.call.call_context import LinkedContext, PhoneCall
+from voiceactors.call.phone_line import transfer_tool
 from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.http import errors as E
 from voiceactors.http import mcp_credentials
@@ -375,11 +376,14 @@ async def _answer(voice: VoiceState, runtime: Runtime, incoming: Incoming) -> Ha
     sources = await mcp_credentials.source_tools(runtime, settings.tool_name_style)
     model = read_config(voice_config.voice_model, settings)
     chosen: SessionSettings = read_config(voice_config.session_settings, settings)
+    if phone.transfer_to is not None:       # the model may hand the caller to a person (phone_line.py)
+        sources = [*sources, transfer_tool(settings.tool_name_style)]
     session = session_config(settings, model, instruction, sources, chosen)
     session["audio"] = PHONE_AUDIO
     await _accept(voice, key, incoming.call_id, session)
     linked = LinkedContext(instruction, None, greeting=True, session=chosen,
-                           phone=PhoneCall(incoming.caller.masked or "", incoming.caller.header))
+                           phone=PhoneCall(incoming.caller.masked or "", incoming.caller.header, pin=phone.pin,
+                                           transfer_to=phone.transfer_to))
     answer = await _hand_over(runtime, settings, incoming.call_id, linked)
     log.info("phone.call_accepted", supervisor=str(answer), media=incoming.media)
     if answer != ConnectOutcome.CONNECTED:

@@ -16,6 +16,7 @@ import json
 import math
 import secrets
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator
@@ -1104,6 +1105,13 @@ class CallSession:
 
     async def _step_rate_limits(self, limits: list[dict]) -> None:
         await self.send_rate_limits(limits)
+
+    async def _step_dtmf(self, keys: str) -> None:
+        """A phone caller presses ``keys`` on the keypad (a SIP call's
+        ``input_audio_buffer.dtmf_event_received``, one per key)."""
+        for key in keys:
+            await self.send({"type": "input_audio_buffer.dtmf_event_received", "event": key,
+                             "received_at": int(time.time())})
 
     async def _step_silence(self, seconds: float) -> None:
         self.call.quiet_until = trio.current_time() + seconds

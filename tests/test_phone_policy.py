@@ -1,0 +1,69 @@
+"""Who may call (``phone_policy``): the caller read from the INVITE's headers
+(``P-Asserted-Identity`` first, else ``From``; anything that is not an
+E.164 number is a withheld one), the masked number, and the ``voice.phone``
+block's checks (``serve`` refuses to start with a bad value)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from voiceactors import phone_policy
+from voiceactors.http.app import create_app
+from voiceactors.phone_policy import Caller, CallerVerdict, PhoneSettings, caller_of
+from voiceactors.settings import InvalidSettings, Settings
+
+OWNER = "+15551234567"
+
+
+@pytest.mark.parametrize("headers, expected", [
+    ([("From", f'"Me" <sip:{OWNER}@trunk.example;user=phone>;tag=1')], Caller(OWNER, "from")),
+    ([("from", f"<tel:{OWNER}>")], Caller(OWNER, "from")),
+    ([("From", f"sip:{OWNER}@trunk.example;tag=9")], Caller(OWNER, "from")),
+    ([("From", "<tel:+1-555-123-4567>")], Caller(OWNER, "from")),                 # visual separators
+    ([("From", '"Anonymous" <sip:anonymous@anonymous.invalid>')], Caller(None, "from")),
+    ([("From", "<sip:alice@example.com>")], Caller(None, "from")),                # a SIP user, not a number
+    ([("From", "<sip:5551234567@trunk.example>")], Caller(None, "from")),         # no country code: not E.164
+    ([], Caller(None, None)),
+    # the trunk's assertion wins over what the caller put in From
+    ([("From", f"<sip:{OWNER}@x>"), ("P-Asserted-Identity", "<tel:+447700900123>")], Caller("+447700900123",
+                                                                                          "p-asserted-identity")),
+    # several identities in one header (a SIP and a tel URI): the first number
+    ([("P-Asserted-Identity", f'"Me" <sip:bob@example.com>, <tel:{OWNER}>')], Caller(OWNER, "p-asserted-identity")),
+    # an asserted anonymous caller: From is not read
+    ([("From", f"<sip:{OWNER}@x>"), ("P-Asserted-Identity", "<sip:anonymous@anonymous.invalid>")],
+     Caller(None, "p-asserted-identity")),
+], ids=["name_addr", "tel", "addr_spec", "separators", "anonymous", "sip_user", "national", "no_from",
+        "asserted_wins", "asserted_list", "asserted_anonymous"])
+def test_the_caller_is_read_from_the_asserted_identity_else_from(headers, expected):
+    assert caller_of(headers) == expected
+
+
+def test_a_verdict_and_the_masked_number():
+    phone = PhoneSettings(frozenset({OWNER}))
+    assert Caller(OWNER, "from").verdict(phone) == CallerVerdict.ALLOWED
+    assert Caller("+15551234568", "from").verdict(phone) == CallerVerdict.UNKNOWN
+    assert Caller(None, "from").verdict(phone) == CallerVerdict.WITHHELD
+    assert Caller(OWNER, "from").verdict(PhoneSettings()) == CallerVerdict.UNKNOWN   # nobody listed: nobody in
+    assert phone_policy.masked(OWNER) == "+1••••••••67"
+
+
+def test_the_phone_block_is_checked_value_by_value():
+    phone, problems = phone_policy.parse({"allowed_callers": [OWNER, "5551234567", 7], "pin": "98",
+                                         "transfer_to": "http://example.com", "pine": "1"})
+    assert phone == PhoneSettings(frozenset({OWNER}))
+    assert len(problems) == 5 and "voice.phone.pine is not a phone setting" in problems
+    assert not any("98" in p for p in problems)        # the PIN itself is never echoed
+    good, none = phone_policy.parse({"allowed_callers": [OWNER], "pin": "0246", "transfer_to": "sip:desk@pbx.example"})
+    assert none == [] and good.pin == "0246" and good.transfer_to == "sip:desk@pbx.example"
+    assert phone_policy.parse(None) == (PhoneSettings(), [])
+    assert phone_policy.parse([OWNER])[1] == ["voice.phone must be an object"]
+
+
+def test_serve_refuses_a_bad_phone_block(tmp_path):
+    journal = tmp_path / "journal"
+    (journal / "config").mkdir(parents=True)
+    (journal / "config" / "journal.json").write_text(json.dumps({"voice": {"phone": {"allowed_callers": ["555"]}}}))
+    with pytest.raises(InvalidSettings, match="allowed_callers"):
+        create_app(Settings(journal=journal, state_dir=tmp_path / "state"))

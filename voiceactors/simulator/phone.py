@@ -25,6 +25,10 @@ from typing import Any
 import httpx
 
 WEBHOOK_PATH = "/api/voice/phone/incoming"
+#: ``serve --demo``'s webhook secret and the one caller its sample journal lets in (a public
+#: secret: the demo serves on loopback only, against the simulator)
+DEMO_WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"voiceactors demo webhook secret").decode("ascii")
+DEMO_CALLER = "+15555550100"
 #: the SIP trunk's host in the simulated INVITE's URIs
 TRUNK_HOST = "trunk.sim.invalid"
 
@@ -99,3 +103,12 @@ async def post(server_url: str, sent: Delivery, *, timeout_s: float = 30.0) -> h
 def dtmf_event(key: str) -> dict[str, Any]:
     """The server event of one keypad press."""
     return {"type": "input_audio_buffer.dtmf_event_received", "event": key, "received_at": int(time.time())}
+
+
+def phone_call_view(call: Any) -> dict[str, Any]:
+    """What became of a placed call (``GET /v1/simulator/phone-calls/{id}``)."""
+    spoken = [e.get("transcript") for e in call.sent
+              if e.get("type") == "response.output_audio_transcript.done" and e.get("transcript")]
+    return {"call_id": call.call_id, "accepted": call.accepted is not None, "rejected_with": call.rejected_with,
+            "referred_to": call.referred_to, "ended": call.closed, "tool_calls": sorted(call.tool_calls),
+            "said": spoken}

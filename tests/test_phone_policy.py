@@ -52,7 +52,7 @@ def test_a_verdict_and_the_masked_number():
 def test_the_phone_block_is_checked_value_by_value():
     phone, problems = phone_policy.parse({"allowed_callers": [OWNER, "5551234567", 7], "pin": "98",
                                          "transfer_to": "http://example.com", "pine": "1"})
-    assert phone == PhoneSettings(frozenset({OWNER}))
+    assert phone == PhoneSettings(frozenset({OWNER}), pin_invalid=True)   # a bad PIN refuses calls, never opens them
     assert len(problems) == 5 and "voice.phone.pine is not a phone setting" in problems
     assert not any("98" in p for p in problems)        # the PIN itself is never echoed
     good, none = phone_policy.parse({"allowed_callers": [OWNER], "pin": "0246", "transfer_to": "sip:desk@pbx.example"})

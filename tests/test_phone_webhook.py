@@ -194,3 +194,29 @@ async def test_a_caller_not_the_owner_is_rejected_through_the_service_with_no_si
         assert (answer.status_code, answer.json()) == (200, {"status": "rejected"})
     assert call.rejected_with == status and call.accepted is None
     assert sim.handshakes == [] and not (tmp_path / "state" / "calls" / f"{call.call_id}.jsonl").exists()
+
+
+async def test_a_pin_edited_into_something_that_is_not_one_refuses_calls_rather_than_open_them(
+        journal, tmp_path, sim, secret):
+    write_voice(journal, webhook_secret=secret, phone={"allowed_callers": [OWNER], "pin": "2468"})
+    async with served(make_settings(journal, tmp_path / "state", sim)) as base:
+        write_voice(journal, phone={"allowed_callers": [OWNER], "pin": "24"})      # while serving
+        call, sent = placed(sim, secret)
+        answer = await sim_phone.post(base, sent)
+        assert (answer.status_code, answer.json()) == (200, {"status": "rejected"})
+    assert call.rejected_with == 480 and call.accepted is None and sim.handshakes == []
+
+
+async def test_a_call_the_service_cannot_be_told_about_is_forgotten_so_its_retry_acts(
+        journal, tmp_path, sim, secret):
+    write_voice(journal, webhook_secret=secret, phone={"allowed_callers": [OWNER]})
+    settings = make_settings(journal, tmp_path / "state", sim)
+    async with served(settings) as base:
+        call, sent = placed(sim, secret, STRANGER)
+        call.sip = False                      # the service does not know the call: its reject is 404
+        answer = await sim_phone.post(base, sent)
+        assert (answer.status_code, answer.json()) == (502, {"error": E.PHONE_ANSWER_FAILED})
+        call.sip = True                       # the service's retry of the same delivery
+        answer = await sim_phone.post(base, sent)
+        assert (answer.status_code, answer.json()) == (200, {"status": "rejected"})
+    assert call.rejected_with == 403

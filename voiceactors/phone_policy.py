@@ -15,8 +15,9 @@ The journal's ``voice.phone`` block::
               "transfer_to": "tel:+15557654321"}
 
 ``parse`` checks it: each bad value is named and left out (an allowed
-caller that is not E.164 allows nobody; a bad PIN or transfer target is
-unset), and ``serve`` refuses to start with one.
+caller that is not E.164 allows nobody; a bad transfer target is unset; a
+bad PIN refuses every call, as leaving it out would open the line), and
+``serve`` refuses to start with one.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class PhoneSettings:
     allowed_callers: frozenset[str] = field(default_factory=frozenset)
     pin: str | None = None
     transfer_to: str | None = None
+    # a PIN was given but is not one: no call is taken (unset, it would open the line to every allowed caller)
+    pin_invalid: bool = False
 
     def view(self) -> dict[str, Any]:
         """What ``/status`` may say of it: never the numbers or the PIN."""
@@ -57,7 +60,8 @@ class PhoneSettings:
 
 def parse(block: Any) -> tuple[PhoneSettings, list[str]]:
     """``voice.phone`` as ``PhoneSettings`` and the problems found (each
-    value named, never a PIN; the bad ones left out)."""
+    value named, never a PIN; the bad ones left out, but a bad PIN, which
+    refuses every call: ``pin_invalid``)."""
     if block is None:
         return PhoneSettings(), []
     if not isinstance(block, dict):
@@ -77,14 +81,15 @@ def parse(block: Any) -> tuple[PhoneSettings, list[str]]:
             problems.append(f"voice.phone.allowed_callers: {str(number)[:32]!r} is not an E.164 number "
                             "(+ and up to 15 digits)")
     pin = block.get("pin")
-    if pin is not None and not (isinstance(pin, str) and PIN_RE.fullmatch(pin)):
+    pin_invalid = pin is not None and not (isinstance(pin, str) and PIN_RE.fullmatch(pin))
+    if pin_invalid:
         problems.append("voice.phone.pin must be a string of 4 to 12 digits")
         pin = None
     target = block.get("transfer_to")
     if target is not None and not (isinstance(target, str) and TRANSFER_RE.fullmatch(target)):
         problems.append(f"voice.phone.transfer_to: {str(target)[:64]!r} is not a sip: or tel: URI")
         target = None
-    return PhoneSettings(frozenset(allowed), pin, target), problems
+    return PhoneSettings(frozenset(allowed), pin, target, pin_invalid), problems
 
 
 class CallerVerdict(StrEnum):

@@ -34,8 +34,9 @@ of the next's work:
    phone's audio settings in the accept (``calls.accept``), then the call is
    handed to the supervisor as a browser's connect is, marked as a phone
    call (``call_context.PhoneCall``): it greets first. A call the server
-   cannot take (no instruction yet, the day's budget spent, at capacity) is
-   rejected with SIP 480 (Temporarily Unavailable).
+   cannot take (no instruction yet, the day's budget spent, at capacity, a
+   configured PIN that is not one) is rejected with SIP 480 (Temporarily
+   Unavailable).
 
 Every answer to a verified delivery is 200 with ``{"status": …}``
 (``accepted``, ``rejected``, ``duplicate``, ``ignored``): the webhook was
@@ -365,12 +366,12 @@ async def _answer(voice: VoiceState, runtime: Runtime, incoming: Incoming) -> Ha
         await _reject(voice, key, incoming.call_id, _REFUSED_STATUS[verdict])
         log.warning("phone.call_refused", verdict=str(verdict), sip_status=int(_REFUSED_STATUS[verdict]))
         return Handled.REJECTED
-    instruction = await _ready_instruction(runtime, settings)
+    instruction = None if phone.pin_invalid else await _ready_instruction(runtime, settings)
     busy = instruction is None or await _budget_spent(runtime) or _full(runtime)
     if busy or instruction is None:
         await _reject(voice, key, incoming.call_id, SipStatus.TEMPORARILY_UNAVAILABLE)
-        log.warning("phone.call_refused", verdict="unavailable",
-                    why="brain_not_ready" if instruction is None else "budget_or_capacity",
+        why = "pin_invalid" if phone.pin_invalid else "brain_not_ready" if instruction is None else "budget_or_capacity"
+        log.warning("phone.call_refused", verdict="unavailable", why=why,
                     sip_status=int(SipStatus.TEMPORARILY_UNAVAILABLE))
         return Handled.REJECTED
     sources = await mcp_credentials.source_tools(runtime, settings.tool_name_style)

@@ -67,3 +67,33 @@ def test_serve_refuses_a_bad_phone_block(tmp_path):
     (journal / "config" / "journal.json").write_text(json.dumps({"voice": {"phone": {"allowed_callers": ["555"]}}}))
     with pytest.raises(InvalidSettings, match="allowed_callers"):
         create_app(Settings(journal=journal, state_dir=tmp_path / "state"))
+
+
+def test_a_carried_phone_call_is_locked_again_with_the_pin_as_it_is_now(tmp_path):
+    """What a rejoin (the record's context line) and a takeover (the cluster's
+    mirror) carry of a phone call: the caller, never the PIN; the supervisor
+    locks the line again with the journal's PIN."""
+    import trio
+
+    from voiceactors.call.call_context import CallContext, LinkedContext, PhoneCall, carried_view, taken_over_context
+    from voiceactors.call.supervisor import CallSupervisor
+
+    journal = tmp_path / "journal"
+    (journal / "config").mkdir(parents=True)
+    linked = LinkedContext("instruction", phone=PhoneCall("+1••••••••67", "from", pin="2468", transfer_to=None))
+    view = carried_view(linked)
+    assert "2468" not in json.dumps(view) and view["phone"]["pin_required"] is True
+    carried = taken_over_context(view)
+    assert carried is not None and carried.phone is not None and carried.phone.pin is None
+    assert not CallContext(carried).phone.open                  # locked, and no entry opens it yet
+    supervisor = CallSupervisor(Settings(journal=journal, state_dir=tmp_path / "state"),
+                                trio.open_memory_channel(1)[0])
+    for pin, opens in (("1357", "1357#"), (None, None)):
+        block = {"phone": {"allowed_callers": [OWNER], **({"pin": pin} if pin else {})}}
+        (journal / "config" / "journal.json").write_text(json.dumps({"voice": block}))
+        again = supervisor._pin_again(carried)
+        line = CallContext(again).phone
+        if pin is None:                                           # the owner removed the PIN: open
+            assert line.open
+        else:
+            assert not line.open and [line.key(k) for k in opens][-1] == "accepted"

@@ -200,12 +200,18 @@ class Deliveries:
             return
         try:
             raw = await storage.run_sync(self.path.read_bytes)
-            kept = json.loads(raw)
         except FileNotFoundError:
-            kept = {}
-        except (OSError, ValueError) as error:
+            raw = b"{}"
+        except OSError as error:        # nothing is claimed: the delivery is answered 503, the service retries
             _log.error("phone.deliveries_unreadable", error=type(error).__name__)
             raise
+        try:
+            kept = json.loads(raw)
+        except ValueError:
+            # written atomically by us, so only damage from outside: refusing every call
+            # for good would be worse than a replay window lost once
+            _log.error("phone.deliveries_unreadable", error="not_json")
+            kept = {}
         if not self._loaded:
             for webhook_id, until in (kept.items() if isinstance(kept, dict) else ()):
                 if isinstance(webhook_id, str) and isinstance(until, (int, float)):

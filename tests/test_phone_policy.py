@@ -97,3 +97,11 @@ def test_a_carried_phone_call_is_locked_again_with_the_pin_as_it_is_now(tmp_path
             assert line.open
         else:
             assert not line.open and [line.key(k) for k in opens][-1] == "accepted"
+
+
+def test_a_webhook_secret_is_never_logged():
+    from voiceactors import logs
+
+    unseen = "whsec_" + "c2VjcmV0LW5vdC15ZXQtcmVnaXN0ZXJlZA=="     # a secret's shape is enough
+    assert unseen not in json.dumps(logs.scrub({"detail": f"verifying with {unseen}"}))
+    assert logs.is_secret_field("openai_webhook_secret_env") and logs.is_secret_field("webhook_secret")

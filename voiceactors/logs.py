@@ -83,7 +83,7 @@ def _scrub_text(value: str) -> str:
     for secret in _extra_secrets:
         if secret in value:
             value = value.replace(secret, "[redacted]")
-    if "sk-" in value or "ek_" in value or "Bearer" in value:   # each pattern holds one of these
+    if "sk-" in value or "ek_" in value or "whsec_" in value or "Bearer" in value:   # each pattern holds one of these
         value = _SECRET_VALUE.sub("[redacted]", value)
     return value
 

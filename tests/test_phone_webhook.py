@@ -220,3 +220,15 @@ async def test_a_call_the_service_cannot_be_told_about_is_forgotten_so_its_retry
         answer = await sim_phone.post(base, sent)
         assert (answer.status_code, answer.json()) == (200, {"status": "rejected"})
     assert call.rejected_with == 403
+
+
+async def test_the_owners_call_when_the_server_is_full_is_turned_away_with_480(journal, tmp_path, sim, secret):
+    write_voice(journal, webhook_secret=secret, phone={"allowed_callers": [OWNER]})
+    async with served(make_settings(journal, tmp_path / "state", sim, max_calls=1)) as base:
+        first, sent = placed(sim, secret)
+        assert (await sim_phone.post(base, sent)).json() == {"status": "accepted"}
+        with trio.fail_after(20):
+            await first.wait_until(lambda c: c.connection is not None)       # live: "silence"
+        second, sent = placed(sim, secret)
+        assert (await sim_phone.post(base, sent)).json() == {"status": "rejected"}
+    assert first.accepted is not None and (second.rejected_with, second.accepted) == (480, None)

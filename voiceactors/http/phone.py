@@ -70,11 +70,12 @@ from voiceactors.cluster.redis_client import RegistryDown
 from voiceactors.http import errors as E
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
+from voiceactors.http.connect import supervisor_answer
 from voiceactors.http.routes import (QUICK_ASK_S, VoiceState, ask_actor, bp, call_id_of, openai_key, read_config,
-                                     session_config, state)
+                                     ready_instruction, refuse_when_budget_spent, session_config, state)
 from voiceactors.logs import get_logger
-from voiceactors.messages import AwaitReady, BrainState, Connect, ConnectOutcome, GetBrain, GetDailyUsage
-from voiceactors.phone_policy import Caller, CallerVerdict
+from voiceactors.messages import ConnectOutcome, CountCalls
+from voiceactors.phone_policy import Caller, CallerVerdict, PhoneSettings
 from voiceactors.realtime.session_settings import SessionSettings
 from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings
@@ -326,39 +327,24 @@ async def _accept(voice: VoiceState, key: str, call_id: str, session: dict[str, 
             await client.realtime.calls.accept(call_id, type="realtime", **fields)
 
 
-async def _ready_instruction(runtime: Runtime, settings: Settings) -> str | None:
-    """The brain's instruction, waited for up to ``brain_ready_wait_s`` (None: not ready)."""
+async def _instruction_if_available(runtime: Runtime, settings: Settings, phone: PhoneSettings) -> str | ApiError:
+    """The instruction a call starts with, or why the server cannot take a
+    call now (the session route's refusals: the day's budget spent, no
+    instruction after ``brain_ready_wait_s``; a configured PIN that is not
+    one; ``max_calls`` live calls here)."""
+    if phone.pin_invalid:
+        return ApiError(503, "voice.phone.pin invalid")
     try:
-        brain: BrainState = await ask_actor(runtime.brain, lambda r: GetBrain(r, start=True), QUICK_ASK_S)
-        if not brain.ready:
-            brain = await ask_actor(runtime.brain, AwaitReady, settings.brain_ready_wait_s)
+        await refuse_when_budget_spent(runtime)
+        instruction = await ready_instruction(settings, runtime)
+        live = await ask_actor(runtime.calls, CountCalls, QUICK_ASK_S)
+    except ApiError as refusal:
+        return refusal
     except trio.TooSlowError:
-        return None
-    return brain.instruction if brain.ready else None
-
-
-async def _budget_spent(runtime: Runtime) -> bool:
-    if runtime.settings.daily_budget_usd <= 0:
-        return False
-    try:
-        daily = await ask_actor(runtime.calls, GetDailyUsage, QUICK_ASK_S)
-    except trio.TooSlowError:
-        return False
-    return bool(daily.spent)
-
-
-async def _hand_over(runtime: Runtime, settings: Settings, call_id: str, linked: LinkedContext) -> Any:
-    """The supervisor's answer to the accepted call (as the connect route asks it)."""
-    answer = runtime.connect_now(call_id, linked) if runtime.connect_now is not None else None
-    if answer is None and runtime.connect_leased is not None:
-        answer = await runtime.connect_leased(call_id, linked)
-    if answer is not None:
-        return answer
-    try:
-        return await ask_actor(runtime.calls, lambda r: Connect(call_id, r, context=linked),
-                               settings.connect_timeout_s + QUICK_ASK_S)
-    except trio.TooSlowError:
-        return None
+        return ApiError(500, E.RUNTIME_UNAVAILABLE)
+    if int(live) >= settings.max_calls:
+        return ApiError(503, E.AT_CAPACITY)
+    return instruction
 
 
 async def _answer(voice: VoiceState, runtime: Runtime, incoming: Incoming) -> Handled:
@@ -372,12 +358,10 @@ async def _answer(voice: VoiceState, runtime: Runtime, incoming: Incoming) -> Ha
         await _reject(voice, key, incoming.call_id, _REFUSED_STATUS[verdict])
         log.warning("phone.call_refused", verdict=str(verdict), sip_status=int(_REFUSED_STATUS[verdict]))
         return Handled.REJECTED
-    instruction = None if phone.pin_invalid else await _ready_instruction(runtime, settings)
-    busy = instruction is None or await _budget_spent(runtime) or _full(runtime)
-    if busy or instruction is None:
+    instruction = await _instruction_if_available(runtime, settings, phone)
+    if isinstance(instruction, ApiError):
         await _reject(voice, key, incoming.call_id, SipStatus.TEMPORARILY_UNAVAILABLE)
-        why = "pin_invalid" if phone.pin_invalid else "brain_not_ready" if instruction is None else "budget_or_capacity"
-        log.warning("phone.call_refused", verdict="unavailable", why=why,
+        log.warning("phone.call_refused", verdict="unavailable", why=instruction.message,
                     sip_status=int(SipStatus.TEMPORARILY_UNAVAILABLE))
         return Handled.REJECTED
     sources = await mcp_credentials.source_tools(runtime, settings.tool_name_style)
@@ -391,18 +375,16 @@ async def _answer(voice: VoiceState, runtime: Runtime, incoming: Incoming) -> Ha
     linked = LinkedContext(instruction, None, greeting=True, session=chosen,
                            phone=PhoneCall(incoming.caller.masked or "", incoming.caller.header, pin=phone.pin,
                                            transfer_to=phone.transfer_to))
-    answer = await _hand_over(runtime, settings, incoming.call_id, linked)
+    try:
+        answer = await supervisor_answer(runtime, settings.connect_timeout_s, incoming.call_id, linked)
+    except ApiError as refusal:       # accepted: answered (the delivery stays handled), then ended below
+        answer = refusal.message
     log.info("phone.call_accepted", supervisor=str(answer), media=incoming.media)
     if answer != ConnectOutcome.CONNECTED:
         # accepted, but no actor joins it here: end it rather than leave the caller in silence
         log.error("phone.call_not_joined", reply=str(answer)[:64])
         await _hang_up(voice, key, incoming.call_id)
     return Handled.ACCEPTED
-
-
-def _full(runtime: Runtime) -> bool:
-    supervisor = runtime.actors.get("calls")
-    return supervisor is not None and len(supervisor.calls) >= runtime.settings.max_calls
 
 
 async def _hang_up(voice: VoiceState, key: str, call_id: str) -> None:

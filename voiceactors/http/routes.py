@@ -153,7 +153,7 @@ def _age_seconds(brain: BrainState) -> int | None:
 
 # --- POST /api/voice/session --------------------------------------------------
 
-async def _instruction(settings: Settings, runtime: Runtime) -> str:
+async def ready_instruction(settings: Settings, runtime: Runtime) -> str:
     """The current instruction. A stale one is used as is (``GetBrain(start=True)``
     queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
     try:
@@ -203,7 +203,7 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     return value
 
 
-async def _refuse_when_budget_spent(runtime: Runtime) -> None:
+async def refuse_when_budget_spent(runtime: Runtime) -> None:
     """503 once the day's calls cost ``daily_budget_usd`` (until the clock seam's next day)."""
     if runtime.settings.daily_budget_usd <= 0:
         return
@@ -221,9 +221,9 @@ async def create_session() -> Any:
     settings = voice.settings
     requested = linked.body_context(await _json_object(required=False))
     key = openai_key(settings)
-    await _refuse_when_budget_spent(_runtime())
+    await refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
-    instruction = linked.instruction(await _instruction(settings, _runtime()), link)
+    instruction = linked.instruction(await ready_instruction(settings, _runtime()), link)
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
     model = read_config(voice_config.voice_model, settings)
     chosen: SessionSettings = read_config(voice_config.session_settings, settings)

@@ -176,3 +176,31 @@ async def test_without_a_transfer_target_the_tool_is_not_offered_and_refused(mak
     assert "call.transfer" not in [t["name"] for t in call.accepted["tools"]]
     assert "transfer unavailable" in json.loads(call.outputs["call_nobody"][0])["error"]
     assert call.referred_to is None
+
+
+async def test_a_phone_call_past_its_budget_says_farewell_and_hangs_up(make_sample, tmp_path):
+    """The call's budget as for any call: the greeting alone costs past it,
+    the farewell is asked, then the service is told to hang the phone up."""
+    from voiceactors.call.meter import FAREWELL
+
+    journal = make_sample(days=2)
+    secret = sim_phone.new_secret()
+    write_voice(journal, webhook_secret=secret, phone={"allowed_callers": [OWNER]})
+    sim = Simulator([{"sleep": 600}, {"close": 1000}], api_key=SIM_KEY)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sim.serve, 0)
+        settings = make_settings(journal, tmp_path / "state", sim, call_budget_usd=0.0001)
+        async with served(settings) as base:
+            call = sim.place_phone_call()
+            event = sim_phone.incoming_event(call.call_id, sim_phone.sip_headers(OWNER))
+            assert (await sim_phone.post(base, sim_phone.delivery(event, secret))).json() == {"status": "accepted"}
+            with trio.fail_after(40):
+                await call.wait_until(lambda c: c.closed and c.connection is None)
+            with trio.fail_after(10):
+                while not any(line["kind"] == "end" for line in lines_of(settings, call)):
+                    await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    creates = [e["response"] for e in call.received if e["type"] == "response.create"]
+    assert len(creates) == 2 and "Speak first" in creates[0]["instructions"] and creates[1] == FAREWELL
+    assert sim.hangups == [call.call_id]
+    assert lines_of(settings, call)[-1]["reason"] == "budget_spent"

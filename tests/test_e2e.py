@@ -83,7 +83,7 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
         assert status == {"brain_ready": True, "brain_age_seconds": status["brain_age_seconds"],
                           "openai_configured": True, "active_sessions": 1,
                           "daily_cost_usd": status["daily_cost_usd"], "daily_budget_usd": None,
-                          "budget_spent": False}
+                          "budget_spent": False, "phone_configured": False}
         assert isinstance(status["brain_age_seconds"], int)
         # connecting the same live call again does not start a second actor
         assert (await client.post("/api/voice/connect", json={"call_id": "rtc_e2e_1"})).status_code == 200

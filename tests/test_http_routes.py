@@ -199,7 +199,7 @@ async def test_runtime_missing_is_500_and_status_falls_back(journal, tmp_path):
     assert response.status_code == 200
     assert await response.get_json() == {"brain_ready": False, "brain_age_seconds": None,
                                          "openai_configured": True, "active_sessions": 0,
-                                         "daily_cost_usd": None, "daily_budget_usd": None, "budget_spent": False}
+                                         "daily_cost_usd": None, "daily_budget_usd": None, "budget_spent": False, "phone_configured": False}
 
 
 # --- POST /api/voice/refresh-brain ----------------------------------------------
@@ -260,13 +260,13 @@ async def test_status_fields_before_and_after_the_brain(journal, tmp_path):
         assert await response.get_json() == {"brain_ready": False, "brain_age_seconds": None,
                                              "openai_configured": False, "active_sessions": 0,
                                              "daily_cost_usd": 0.0, "daily_budget_usd": None,
-                                             "budget_spent": False}
+                                             "budget_spent": False, "phone_configured": False}
         await post(client, "/api/voice/refresh-brain")
         set_voice_config(journal, openai_api_key="sk-now-configured-123")
         data = await (await client.get("/api/voice/status")).get_json()
         assert data == {"brain_ready": True, "brain_age_seconds": 0, "openai_configured": True,
                         "active_sessions": 0, "daily_cost_usd": 0.0, "daily_budget_usd": None,
-                        "budget_spent": False}
+                        "budget_spent": False, "phone_configured": False}
 
 
 async def test_status_brain_age_counts_up(journal, tmp_path, settled_clock):

@@ -87,7 +87,7 @@ async def test_off_loopback_requires_the_bearer_token(journal, tmp_path):
         assert response.status_code == 200
         assert set(await response.get_json()) == {"brain_ready", "brain_age_seconds", "openai_configured",
                                                   "active_sessions", "daily_cost_usd", "daily_budget_usd",
-                                                  "budget_spent"}
+                                                  "budget_spent", "phone_configured"}
         response = await client.post("/api/voice/connect", json={}, headers=good)
         assert response.status_code == 400
         # metrics stay scrapeable without the token; nothing else is outside /api/voice

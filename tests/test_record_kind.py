@@ -83,6 +83,7 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.BUDGET, {"budget_usd": 0.001, "cost_usd": 0.002}),
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
+        (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
         (RecordKind.RECONNECT, {"attempt": 1, "delay_s": 0.5, "close_code": 1006}),
         (RecordKind.CONNECT, {"reconnects": 1}),
         (RecordKind.USAGE_TOTAL, {"model": "gpt-realtime", "responses": 1, "tokens": {"text_in": 100,
@@ -171,9 +172,11 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
     written = [line["kind"] for line in rich + budget]
     assert all(kind in set(RecordKind) for kind in written), set(written) - set(RecordKind)
     # every kind but a cut transcript (a barge-in's timing: test_transcript_order.py), the
-    # service's idle timeout (a silent user: test_call_idle.py) and the time limit's wrap-up
-    # (a long call: test_call_time_limit.py) came up
-    assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP}
+    # service's idle timeout (a silent user: test_call_idle.py), the time limit's wrap-up (a
+    # long call: test_call_time_limit.py) and a phone call's PIN and transfer (a phone call:
+    # test_phone_pin.py) came up
+    assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP,
+                                              RecordKind.PHONE}
 
 
 def literal_record_kinds() -> list[tuple[str, int, str]]:

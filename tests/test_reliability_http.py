@@ -46,6 +46,8 @@ from voiceactors.settings import Settings
 DAY = dt.date(2026, 3, 27)
 KEY = "sk-test-fuzz-0a1b2c3d4e5f"
 BODY_LIMIT = 64 * 1024
+WEBHOOK_SECRET = "whsec_" + "Zm96ei13ZWJob29rLXNlY3JldA=="
+WEBHOOK_REFUSALS = {E.WEBHOOK_UNSIGNED, E.WEBHOOK_FORGED, E.WEBHOOK_STALE, E.WEBHOOK_MALFORMED}
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +67,8 @@ def server(tmp_path_factory) -> Iterator[dict[str, Any]]:
             await nursery.start(sim.serve, 0)
             settings = Settings(journal=journal, state_dir=tmp / "state", port=0, openai_api_key_env=KEY,
                                 openai_base_url=sim.base_url, mint_timeout_s=3.0, brain_ready_wait_s=5.0,
+                                # the phone webhook configured: fuzzed deliveries meet its signature check
+                                openai_webhook_secret_env=WEBHOOK_SECRET,
                                 shutdown_deadline_s=3.0, close_deadline_s=1.0, body_limit=BODY_LIMIT,
                                 # thousands of POSTs from one client: the rate limit is
                                 # tests/test_http_hardening.py's subject, not this module's
@@ -136,7 +140,11 @@ def test_fuzz_every_operation(case, server):
     # one that did not end at its time limit), is a documented 400.
     refused_by_state = response.status_code == 400 and response.json() in (
         {"error": E.CREDENTIALS_UNKNOWN_SOURCE}, {"error": E.CONTINUES_UNKNOWN}, {"error": E.CONTINUES_NOT_AT_LIMIT})
-    case.validate_response(response, excluded_checks=[positive_data_acceptance] if refused_by_state else None)
+    # Nor can a schema sign a phone webhook (an HMAC under the server's secret):
+    # a schema-valid delivery without the signature is a documented 400.
+    unsigned = response.status_code == 400 and response.json()["error"] in WEBHOOK_REFUSALS
+    case.validate_response(response, excluded_checks=[positive_data_acceptance] if refused_by_state or unsigned
+                           else None)
 
 
 def test_fuzzing_left_no_unhandled_error_in_the_log(server):

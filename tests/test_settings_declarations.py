@@ -83,7 +83,7 @@ def test_existing_names_stay_and_every_setting_but_demo_has_one_environment_vari
     assert [name for name, spec in declared.items() if not spec.env] == ["demo"]
     names = [env for spec in declared.values() for env in spec.env]
     assert len(names) == len(set(names))
-    assert all(env.startswith("VOICEACTORS_") for env in names if env not in ("OPENAI_API_KEY", "OPENAI_BASE_URL",
+    assert all(env.startswith("VOICEACTORS_") for env in names if env not in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_WEBHOOK_SECRET",
                                                                                    "SOLSTONE_JOURNAL"))
 
 

@@ -20,6 +20,7 @@ _COMMANDS = {
     "serve-demo": "voiceactors.demo:cli_serve_demo",     # the server never imports the simulator
     "demo": "voiceactors.demo:cli_demo",
     "simulate": "voiceactors.simulator.command:cli_simulate",
+    "phone-call": "voiceactors.simulator.command:cli_phone_call",
     "replay": "voiceactors.replay:cli_replay",
     "fuzz": "voiceactors.fuzz.command:cli_fuzz",
     "index": "voiceactors.journal.search:cli_index",
@@ -82,6 +83,29 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--port", type=int, default=8766,
                           help="port to listen on (default 8766; point OPENAI_BASE_URL at http://HOST:PORT/v1)")
     simulate.add_argument("--scenario", help="scenario played on every joined call (name or file)")
+
+    phone = sub.add_parser("phone-call", help="place a phone call to a running server through its simulator",
+                           description="Offline: the simulator the server talks to (OPENAI_BASE_URL) places a call "
+                                       "to the project's SIP address and posts its signed realtime.call.incoming "
+                                       "webhook to the server, then plays the call (docs/phone.md).")
+    phone.add_argument("--from", dest="from_number", metavar="NUMBER", help="the caller's number (E.164: +15551234567)")
+    phone.add_argument("--withheld", action="store_true", help="the caller withholds their number")
+    phone.add_argument("--asserted", metavar="NUMBER", help="a P-Asserted-Identity the trunk sets")
+    phone.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="another INVITE header (repeatable)")
+    phone.add_argument("--demo", action="store_true",
+                       help="against `serve --demo`: its webhook secret and the caller its sample journal lets in")
+    phone.add_argument("--server", default="http://127.0.0.1:8765", help="the server (default http://127.0.0.1:8765)")
+    phone.add_argument("--simulator", metavar="URL",
+                       help="the simulator's base URL (default: the server's, from its console configuration)")
+    phone.add_argument("--secret", help="the webhook secret (default $OPENAI_WEBHOOK_SECRET)")
+    phone.add_argument("--key", help="the simulator's standard key (default $OPENAI_API_KEY, else the demo's)")
+    phone.add_argument("--token", help="the server's API token, to read its configuration ($VOICEACTORS_API_TOKEN)")
+    phone.add_argument("--scenario", help="the scenario the call plays (name or file; default the simulator's)")
+    phone.add_argument("--dtmf", metavar="KEYS", help="keys the caller presses once the call is joined (2468#)")
+    phone.add_argument("--dtmf-after", type=float, default=2.0, metavar="S",
+                       help="seconds after the accept before the keys (default 2)")
+    phone.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                       help="how long to follow the call (default 60)")
 
     replay = sub.add_parser("replay", help="play a captured call against this server; report what we sent that differs")
     replay.add_argument("file", help="the capture (a <state_dir>/captures/<call id>.jsonl)")

@@ -38,7 +38,9 @@ from voiceactors.logs import get_logger
 from voiceactors.server import cli_serve, run_server, settings_from_args
 from voiceactors.settings import Settings
 from voiceactors.mcp.demo_source import open_demo_source
+from voiceactors.journal.config import config_path
 from voiceactors.simulator import Simulator
+from voiceactors.simulator.phone import DEMO_CALLER, DEMO_WEBHOOK_SECRET
 
 DEMO_OPENAI_KEY = "sk-demo-voiceactors-simulator"   # what the simulator accepts in --demo
 DEMO_SCENARIO = "demo_mcp"   # the "demo" call plus a tool of the demo's MCP source (mcp/demo_source.py)
@@ -70,9 +72,21 @@ def demo_dirs(settings: Settings, explicit_journal: bool, explicit_state: bool) 
         changes: dict[str, Any] = {}
         if not explicit_journal:
             changes["journal"] = write_sample_journal(Path(tmp) / "journal", days=14, today=clock.today())
+            _let_the_demo_caller_in(changes["journal"])
         if not explicit_state:
             changes["state_dir"] = Path(tmp) / "state"
         yield settings.replace(**changes)
+
+
+def _let_the_demo_caller_in(journal: Path) -> None:
+    """The demo's sample journal takes phone calls from ``DEMO_CALLER``
+    (``voiceactors phone-call --demo``; docs/phone.md)."""
+    path = config_path(journal)
+    data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    voice = data.setdefault("voice", {})
+    voice.setdefault("phone", {"allowed_callers": [DEMO_CALLER]})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
 
 
 @contextlib.asynccontextmanager
@@ -83,7 +97,8 @@ async def open_demo_simulator(settings: Settings, scenario: Any = DEMO_SCENARIO)
     sim = Simulator(scenario, api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
         await nursery.start(sim.serve, 0)
-        settings = settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY, demo=True)
+        settings = settings.replace(openai_base_url=sim.base_url, openai_api_key_env=DEMO_OPENAI_KEY, demo=True,
+                                    openai_webhook_secret_env=settings.openai_webhook_secret_env or DEMO_WEBHOOK_SECRET)
         async with contextlib.AsyncExitStack() as stack:
             if not settings.mcp_sources:   # the demo's own MCP source, unless the operator named theirs
                 settings = await stack.enter_async_context(open_demo_source(settings))

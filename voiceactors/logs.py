@@ -30,11 +30,11 @@ from voiceactors.settings import default
 
 _SECRET_FIELDS = frozenset({
     "api_key", "apikey", "api_token", "token", "access_token", "refresh_token", "openai_api_key",
-    "openai_api_key_env", "authorization", "proxy_authorization", "ephemeral_key", "client_secret",
+    "openai_api_key_env", "openai_webhook_secret_env", "authorization", "proxy_authorization", "ephemeral_key", "client_secret",
     "secret", "password", "cookie", "set_cookie", "bearer",
 })
 _SECRET_SUFFIXES = ("_api_key", "_token", "_secret", "_password")
-_SECRET_VALUE = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|ek_[A-Za-z0-9_\-]{4,}|Bearer\s+\S+)")
+_SECRET_VALUE = re.compile(r"(sk-[A-Za-z0-9_\-]{6,}|ek_[A-Za-z0-9_\-]{4,}|whsec_[A-Za-z0-9+/=]{4,}|Bearer\s+\S+)")
 _extra_secrets: set[str] = set()
 _FIELD_VERDICTS: dict[str, bool] = {}   # field name -> is_secret_field, for the names code logs
 _FIELD_VERDICTS_MAX = 4096               # nested dicts may carry arbitrary keys: bound the cache
@@ -83,7 +83,7 @@ def _scrub_text(value: str) -> str:
     for secret in _extra_secrets:
         if secret in value:
             value = value.replace(secret, "[redacted]")
-    if "sk-" in value or "ek_" in value or "Bearer" in value:   # each pattern holds one of these
+    if "sk-" in value or "ek_" in value or "whsec_" in value or "Bearer" in value:   # each pattern holds one of these
         value = _SECRET_VALUE.sub("[redacted]", value)
     return value
 

@@ -152,6 +152,10 @@ class Settings:
         env="VOICEACTORS_API_TOKEN")
     openai_api_key_env: str | None = setting(
         None, SERVER, "the OpenAI key when the journal has none", env="OPENAI_API_KEY")
+    openai_webhook_secret_env: str | None = setting(
+        None, SERVER, "the secret OpenAI signs phone-call webhooks with (`whsec_…`) when the journal has none "
+        "(`voice.webhook_secret`); without either, `/api/voice/phone/incoming` answers 503 (docs/phone.md)",
+        env="OPENAI_WEBHOOK_SECRET")
     openai_base_url: str = setting(
         "https://api.openai.com/v1", SERVER, "REST base; the sideband's `ws(s)://` URL is derived from it; the "
         "console's browser posts its WebRTC offer to `{base}/realtime/calls`, and its origin is the only other "

@@ -20,7 +20,9 @@ Journal keys (``config/journal.json``)::
     "voice": {"openai_api_key": null, "model": "gpt-realtime",
               "reasoning_effort": "low", "parallel_tool_calls": true, "idle_timeout_ms": 30000,
               "brain_model": "haiku", "brain": "local",
-              "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}]}
+              "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}],
+              "webhook_secret": "whsec_…",
+              "phone": {"allowed_callers": ["+15551234567"], "pin": "2468", "transfer_to": "tel:+15557654321"}}
 
 These functions may read one small JSON file (when it changed); they are
 called on the trio thread. A journal on a file system whose ``stat`` can hang
@@ -38,6 +40,8 @@ from typing import Any
 from voiceactors.journal.config import config_path
 from voiceactors.journal.paths import read_json
 from voiceactors.logs import get_logger, register_secret
+from voiceactors import phone_policy
+from voiceactors.phone_policy import PhoneSettings
 from voiceactors.realtime import session_settings as session_keys
 from voiceactors.realtime.session_settings import SessionSettings
 from voiceactors.settings import InvalidSettings, Settings
@@ -135,6 +139,39 @@ def openai_api_key(settings: Settings) -> str | None:
     key = _text(_voice(settings).get("openai_api_key")) or _text(settings.openai_api_key_env)
     register_secret(key)
     return key
+
+
+def webhook_secret(settings: Settings) -> str | None:
+    """The secret OpenAI signs phone-call webhooks with: journal
+    ``voice.webhook_secret`` when non-blank, else ``OPENAI_WEBHOOK_SECRET``
+    (``settings.openai_webhook_secret_env``), else None (the phone is off).
+    Registered with the log scrubber, as the key is. Raises ConfigUnreadable
+    like the key."""
+    secret = _text(_voice(settings).get("webhook_secret")) or _text(settings.openai_webhook_secret_env)
+    register_secret(secret)
+    return secret
+
+
+def phone_settings(settings: Settings) -> PhoneSettings:
+    """``voice.phone`` (``phone_policy.parse``): each bad value logged
+    (``config.voice_setting_invalid``) and left out, so a typo in a number
+    allows nobody rather than somebody (``serve`` refuses to start with
+    one: ``check_phone_settings``). Raises ConfigUnreadable like the key."""
+    phone, problems = phone_policy.parse(_voice(settings).get("phone"))
+    for problem in problems:
+        _log.error("config.voice_setting_invalid", error=problem[:300])
+    return phone
+
+
+def check_phone_settings(settings: Settings) -> None:
+    """InvalidSettings naming each bad ``voice.phone`` value: the server
+    refuses to start (an unreadable config is left to the requests)."""
+    try:
+        problems = phone_policy.parse(_voice(settings).get("phone"))[1]
+    except ConfigUnreadable:
+        return
+    if problems:
+        raise InvalidSettings("invalid settings: " + "; ".join(problems))
 
 
 def voice_model(settings: Settings) -> str:

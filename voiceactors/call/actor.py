@@ -50,6 +50,7 @@ from voiceactors.call.event_capture import EventCapture
 from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish, RateLimits,
+    Refer,
     PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished,
     WakeAt, Written, WrittenAtClose,
 )
@@ -79,10 +80,10 @@ __all__ = ["BLIND_RETRIES", "BLIND_RETRY_S", "AnswerNow", "CallActor", "EndReaso
 
 #: Ends reached with the socket still up: pending tool calls are answered first.
 SOCKET_UP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.SHUTDOWN, EndReason.BUDGET,
-                            EndReason.AUTH_EXPIRED, EndReason.USER_IDLE})
+                            EndReason.AUTH_EXPIRED, EndReason.USER_IDLE, EndReason.PIN_REFUSED})
 #: Ends after which the call itself is hung up (the browser is gone, or we stop serving it).
 HANGUP_ENDS = frozenset({EndReason.IDLE, EndReason.MAX, EndReason.BUDGET, EndReason.AUTH_EXPIRED,
-                         EndReason.USER_IDLE})
+                         EndReason.USER_IDLE, EndReason.PIN_REFUSED})
 #: Close codes of a broken connection (protocol error, bad data, message too
 #: big): such a drop always counts toward the reconnect limit.
 BROKEN_CLOSE_CODES = frozenset({1002, 1003, 1007, 1009})
@@ -353,6 +354,31 @@ class CallActor:
             self._conn_reason = effect.reason
             self._conn_done.set()
 
+    def _do_refer(self, effect: Refer) -> None:
+        if self._tools is not None:
+            self._tools.start_soon(self._refer, effect.target_uri)
+
+    async def _refer(self, target_uri: str) -> None:
+        """POST the Realtime ``refer`` of this phone call (best effort: a
+        refused transfer leaves the call as it is, and is logged). The
+        service moves the caller to ``target_uri`` and ends our session."""
+        try:
+            key = await self._key()
+        except ConfigUnreadable as exc:
+            self.log.warning("call.transfer_failed", error=type(exc).__name__)
+            return
+        if not key:
+            return
+        url = f"{self.settings.openai_base_url.rstrip('/')}/realtime/calls/{quote(self.call_id, safe='')}/refer"
+        try:
+            verify = client_tls.REST.now()
+            async with httpx.AsyncClient(timeout=self.settings.connect_timeout_s, verify=verify) as client:
+                response = await client.post(url, headers={"Authorization": f"Bearer {key}"},
+                                             json={"target_uri": target_uri})
+            self.log.info("call.transferred", status=response.status_code)
+        except httpx.HTTPError as exc:
+            self.log.warning("call.transfer_failed", error=type(exc).__name__)
+
     def _do_count_usage(self, effect: CountUsage) -> None:
         metrics.usage(effect.model, effect.tokens, effect.cost_usd)
         if self._on_cost is not None and effect.cost_usd:
@@ -468,6 +494,9 @@ class CallActor:
         fields: dict[str, Any] = {}
         if self.recovered is not None:
             fields = {"rejoined": True, "recovered": [p.tool_call_id for p in self.recovered]}
+        if self._linked is not None and self._linked.phone is not None:
+            # a phone call, its caller masked (call_context.PhoneCall): the history shows it as one
+            fields.update(arrival="phone", caller=self._linked.phone.caller)
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, fsync_s=self.settings.call_record_fsync_s, **fields)
         if self._linked is not None:
@@ -661,7 +690,8 @@ class CallActor:
         while True:
             wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
-                       self.protocol.budget_wake, self.protocol.idle_wake, self.protocol.wrap_up_wake)
+                       self.protocol.budget_wake, self.protocol.idle_wake, self.protocol.wrap_up_wake,
+                       self.protocol.phone_wake)
             with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason
@@ -1090,6 +1120,7 @@ _EFFECT_HANDLERS: dict[type, Callable[[CallActor, Any], None]] = {
     CancelOlderReads: CallActor._do_cancel_older,
     WakeAt: CallActor._do_wake,
     EndCall: CallActor._do_end,
+    Refer: CallActor._do_refer,
     CountUsage: CallActor._do_count_usage,
     RateLimits: CallActor._do_rate_limits,
 }

@@ -1,12 +1,17 @@
 """How a call arrives: what the server is given to serve a call, apart from
 how it carries the call's events.
 
-Today every call arrives one way: a browser's ``POST /api/voice/connect``
+A call arrives one of two ways. A browser's ``POST /api/voice/connect``
 (decided in ``http/``: its guards, the token, the rate limit) names a
 Realtime call the browser opened itself, and the supervisor starts its actor
 (``call/supervisor.py``), which reaches the call over the sideband
-websocket. A rejoin after a crash and a takeover from another process are
-the same call arriving again, over the same sideband.
+websocket. A phone call is accepted by OpenAI's signed webhook
+(``http/phone.py``: ``calls.accept``) and handed to the supervisor the same
+way, its ``LinkedContext`` carrying the caller (``PhoneCall``); it is
+joined over the same sideband. A rejoin after a crash and a takeover from
+another process are the same call arriving again, over the same sideband
+(the call's context, kept in its record and the cluster's mirror, says
+which kind it is).
 
 A new kind of call (one accepted from a SIP webhook, one attached to a Live
 session) is a new ``ArrivalKind`` and a function here that makes its
@@ -34,6 +39,7 @@ class ArrivalKind(StrEnum):
     """Where a call came from."""
 
     BROWSER = "browser"     # a browser's /api/voice/connect, over the Realtime sideband
+    PHONE = "phone"         # a SIP call accepted by the phone webhook (http/phone.py), over the same sideband
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +63,18 @@ def _browser(settings: Settings, call_id: str) -> CallArrival:
     return browser_connect(settings.openai_base_url, call_id, connect_timeout=settings.connect_timeout_s)
 
 
+def _phone(settings: Settings, call_id: str) -> CallArrival:
+    """A phone call: the webhook accepted it (``calls.accept``) before the
+    supervisor was asked; from then on the service serves it over the same
+    sideband as a browser's call (joined with the call's id)."""
+    return CallArrival(ArrivalKind.PHONE, call_id,
+                       sideband_opener(settings.openai_base_url, call_id, connect_timeout=settings.connect_timeout_s))
+
+
 #: how each kind of call arrives, from the server's settings and the call's id
 ARRIVALS: dict[ArrivalKind, Callable[[Settings, str], CallArrival]] = {
     ArrivalKind.BROWSER: _browser,
+    ArrivalKind.PHONE: _phone,
 }
 
 

@@ -42,19 +42,51 @@ call, and the holder may have greeted already.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from voiceactors.linked_context import references as context
 from voiceactors.call.continuation import OPENING as CONTINUATION_OPENING
 from voiceactors.call.continuation import Continuation, with_continuation
+from voiceactors.call.phone_line import PhoneLine
 from voiceactors.call.state import ToolOutcome
 from voiceactors.realtime import events as rt
 from voiceactors.realtime import session_settings
 from voiceactors.realtime.session_settings import SessionSettings
 
 SELECT_TOOL = "journal.select"
+
+
+@dataclass(frozen=True)
+class PhoneCall:
+    """A call placed to the project's SIP address and accepted by the phone
+    webhook (``http/phone.py``): who called, masked (the record, history and
+    logs never hold the number), and the header it was read from."""
+
+    caller: str                             # ``phone_policy.masked``
+    header: str | None = None               # p-asserted-identity / from
+    pin: str | None = field(default=None, repr=False)   # never in a view: a record or the mirror
+    transfer_to: str | None = None
+    # a PIN is asked (a carried call's says so without the PIN: the start reads it again, phone_line.py)
+    pin_required: bool = False
+
+    def view(self) -> dict[str, Any]:
+        return {"caller": self.caller, "header": self.header, "pin_required": self.locked,
+                "transfer_to": self.transfer_to}
+
+    @property
+    def locked(self) -> bool:
+        return self.pin_required or self.pin is not None
+
+    @classmethod
+    def from_view(cls, view: object) -> PhoneCall | None:
+        if not isinstance(view, dict) or not isinstance(view.get("caller"), str):
+            return None
+        header, target = view.get("header"), view.get("transfer_to")
+        return cls(view["caller"], header if isinstance(header, str) else None,
+                   transfer_to=target if isinstance(target, str) else None,
+                   pin_required=view.get("pin_required") is not False)
 
 
 @dataclass(frozen=True)
@@ -72,6 +104,8 @@ class LinkedContext:
     session: SessionSettings = SessionSettings()
     # the call this one continues (``{"continues": ...}``), with the account of it
     continuation: Continuation | None = None
+    # a phone call's caller (None: a browser's call)
+    phone: PhoneCall | None = None
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -91,6 +125,8 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
         view["session"] = linked.session.view()
     if linked.continuation is not None:
         view["continuation"] = linked.continuation.view()
+    if linked.phone is not None:
+        view["phone"] = linked.phone.view()
     return view
 
 
@@ -113,7 +149,8 @@ def taken_over_context(view: object) -> LinkedContext | None:
     return LinkedContext(base if isinstance(base, str) and base else None, _resolution(view.get("link")),
                          selection=context.Reference.from_view(view.get("selection")), taken_over=True,
                          session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings(),
-                         continuation=Continuation.from_view(view.get("continuation")))
+                         continuation=Continuation.from_view(view.get("continuation")),
+                         phone=PhoneCall.from_view(view.get("phone")))
 
 
 def selected_reference(output: str) -> context.Reference | None:
@@ -148,6 +185,8 @@ class CallContext:
         self.session_fields = linked.session.session_fields()
         self._settings_due = False
         self.continuation = linked.continuation
+        phone = linked.phone
+        self.phone = PhoneLine(phone.pin, phone.transfer_to, locked=phone.locked) if phone is not None else None
 
     def instructions(self) -> str | None:
         """The session's instructions for the current selection (None without
@@ -194,7 +233,8 @@ class CallContext:
             elif not self.base:
                 dropped = "no_instruction"
             else:
-                opening = f"{self.instructions()}\n\n{self._opening()}"
+                asked = self.phone.opening if self.phone is not None else None
+                opening = f"{self.instructions()}\n\n{asked or self._opening()}"
                 create = rt.response_create({"instructions": opening})
                 self.greeting_event_id = create["event_id"]
                 self.greeting = Greeting.SENT

@@ -24,4 +24,5 @@ class EndReason(StrEnum):
     SHUTDOWN = "shutdown"                 # the actor was cancelled (server stopping)
     BUDGET = "budget_spent"               # the call's cost reached call_budget_usd (meter.py)
     AUTH_EXPIRED = "auth_expired"         # an MCP source refused the call's own token (docs/mcp.md)
+    PIN_REFUSED = "pin_refused"           # a phone call's PIN was keyed wrong too many times (docs/phone.md)
     ERROR = "error"                       # a bug: logged with its traceback

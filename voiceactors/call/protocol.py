@@ -47,6 +47,8 @@ from voiceactors.call.state import (
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
 from voiceactors.call.state import ToolFinished as ToolFinished
 from voiceactors.call.call_context import CallContext
+from voiceactors.call.phone_line import (PIN_ACCEPTED, REFUSED_PARTING_S, REFUSED_WORDS, TRANSFER_SPEAK_S,
+                                         TRANSFER_WORDS, Keyed, PhoneLine, ToolAnswer, wrong_pin_words)
 # re-exported: the actor, the supervisor and the tests name it from here
 from voiceactors.call.end_reason import EndReason as EndReason
 from voiceactors.call.refusals import ACTIVE_RESPONSE as ACTIVE_RESPONSE, RefusalAction, backoff_s, refusal_of
@@ -65,7 +67,7 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
-    "input_audio_buffer.timeout_triggered",
+    "input_audio_buffer.timeout_triggered", "input_audio_buffer.dtmf_event_received",
 })
 
 #: Longest tool name kept from the peer (ours are under 40 characters).
@@ -339,8 +341,16 @@ class RateLimits:
     tokens: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class Refer:
+    """A phone call is to be transferred to ``target_uri`` (the service's
+    ``refer``: the caller's SIP session goes there and ours ends)."""
+
+    target_uri: str
+
+
 Effect = (Send | StartTool | Prefetch | CancelOlderReads | WakeAt | RecordLine | Publish | Measure | Log | EndCall
-          | CountUsage | RateLimits)
+          | CountUsage | RateLimits | Refer)
 
 
 def _always() -> bool:
@@ -410,6 +420,14 @@ class CallProtocol:
         self.wrap_up_at = math.inf                  # when the wrap-up is due (math.inf: never)
         self.ends_at = math.inf                     # the call's time limit (the shell ends it there)
         self._wrap_up_event: str | None = None      # the wrap-up's event id
+        # a phone call's transfer and PIN refusal (phone_line.py): when each is due at the latest
+        self._transfer_at = math.inf                # the refer goes out (math.inf: none asked)
+        self._transfer_next = False                 # the next response created says "transferring"
+        self._transfer_response: str | None = None  # ... that response: the refer follows its end
+        self._transferred = False
+        self._refused_end_at = math.inf             # the call hangs up after the last wrong PIN
+        self._refused_parting: str | None = None    # the goodbye's event id
+        self._refused_ended = False
 
     # ----------------------------------------------------------- the API
 
@@ -458,6 +476,7 @@ class CallProtocol:
             self._idle_timer()
         if self.wrap_up is WrapUp.PENDING and self._now >= self.wrap_up_at:
             self._wrap_up_due()
+        self._phone_timer()
 
     def _in_written_at_close(self, message: WrittenAtClose) -> None:
         call = self.calls[message.tool_call_id]
@@ -588,6 +607,8 @@ class CallProtocol:
             self._on_rate_limits(event.rate_limits)
         elif kind == "input_audio_buffer.timeout_triggered":
             self._on_idle_timeout()
+        elif kind == "input_audio_buffer.dtmf_event_received":
+            self._on_keypad(event.event)
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
@@ -604,6 +625,8 @@ class CallProtocol:
         self.retry_at = None
         if self.idle is IdleCourse.GOODBYE_DUE:
             self._goodbye_after = -math.inf     # the service's answer started: the goodbye follows its end
+        if new and self._transfer_next:
+            self._transfer_next, self._transfer_response = False, rid
         if new and self.create_inflight is not None:
             # The service answers our response.create with response.created
             # (it carries no event_id, so the first one after ours is ours).
@@ -698,6 +721,8 @@ class CallProtocol:
         these very arguments (``_maybe_start``), else it is dropped."""
         if call.prefetch is not None or call.recovered or not call.name or call.arguments is None:
             return
+        if self._phone is not None and not self._phone.open:
+            return          # nothing reads the journal before the PIN (phone_line.py)
         batch = self.batches[call.response_id]
         if batch.status is not None or batch.epoch < self.epoch or self._effect_of(call.name) != READ:
             return
@@ -745,6 +770,7 @@ class CallProtocol:
         self._count_usage(rid, usage.to_dict() if type(usage) is EventView else usage)
         if self.idle is IdleCourse.GOODBYE:
             self._idle_goodbye_done(rid)
+        self._phone_response_done(rid)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
         self._maybe_follow_up()
@@ -899,6 +925,10 @@ class CallProtocol:
             return
         # the prefetch's run is this call's run when it ran on these arguments
         # and has not ended without an answer (so it is prefetching or prefetched)
+        answer = self._phone.answer_for(call.name) if self._phone is not None else None
+        if answer is not None:
+            self._answer_on_the_line(call, answer)
+            return
         prefetched = call.state != ToolCallState.SEEN and call.prefetch == call.arguments
         held = call.held
         call.held = None
@@ -1353,6 +1383,94 @@ class CallProtocol:
         return False
 
     # ------------------------------------------------------------- record
+
+    # ---------------------------------------------------------- phone calls
+
+    @property
+    def _phone(self) -> PhoneLine | None:
+        return self.context.phone if self.context is not None else None
+
+    @property
+    def phone_wake(self) -> float:
+        """When a phone call's transfer or PIN refusal wants a ``Timer`` (math.inf: never)."""
+        return min(math.inf if self._transferred else self._transfer_at,
+                   math.inf if self._refused_ended else self._refused_end_at)
+
+    def _answer_on_the_line(self, call: ToolCall, answer: ToolAnswer) -> None:
+        """A tool call the phone line answers itself (the PIN is due, or the
+        transfer): started and finished in this step, never at the executor."""
+        call.held = None
+        advance(call, ToolCallEvent.START)
+        if not call.recovered:
+            call.turn = self.turn
+        call.run = ToolRun.OWN
+        call.started_t = self._now
+        self._record_started(call)
+        self._log(LogLevel.INFO, "call.tool_on_the_line", tool=call.name, tool_call_id=call.tool_call_id,
+                  outcome=answer.outcome, epoch=call.epoch)
+        self._finish(call, ToolFinished(call.tool_call_id, call.name, answer.output, answer.outcome))
+        if answer.transfer:
+            self._ask_transfer("tool")
+
+    def _on_keypad(self, key: Any) -> None:
+        phone = self._phone
+        if phone is None or not isinstance(key, str):
+            return
+        keyed = phone.key(key[:1])
+        if keyed == Keyed.NOTHING:
+            return
+        self._log(LogLevel.INFO, "call.keypad", keyed=keyed, tries_left=phone.left, epoch=self.epoch)
+        if keyed == Keyed.TRANSFER:
+            self._ask_transfer("keypad")
+            return
+        self._record(RecordKind.PHONE, event=f"pin_{keyed}", tries_left=phone.left)
+        if keyed == Keyed.ACCEPTED:
+            self._ask_parting_words(PIN_ACCEPTED, why="pin_accepted")
+        elif keyed == Keyed.WRONG:
+            self._ask_parting_words(wrong_pin_words(phone.left), why="pin_wrong")
+        else:
+            self._refused_parting = self._ask_parting_words(REFUSED_WORDS, why="pin_refused")
+            self._refused_end_at = self._now + REFUSED_PARTING_S
+            self._emit(WakeAt(self._refused_end_at))
+
+    def _ask_transfer(self, why: str) -> None:
+        """The caller asked for a person: the model says it is transferring
+        (the tool's output asks it to; for the keypad, a ``response.create``),
+        then the call is referred (``_phone_response_done``), at the latest
+        after ``TRANSFER_SPEAK_S``."""
+        phone = self._phone
+        if phone is None or phone.transfer_to is None or self._transfer_at < math.inf:
+            return
+        self._record(RecordKind.PHONE, event="transfer", target=phone.transfer_to, why=why)
+        self._log(LogLevel.INFO, "call.transfer_asked", why=why, epoch=self.epoch)
+        self._transfer_at = self._now + TRANSFER_SPEAK_S
+        self._transfer_next = True
+        if why == "keypad":
+            self._ask_parting_words(TRANSFER_WORDS, why="transfer")
+        self._emit(WakeAt(self._transfer_at))
+
+    def _phone_response_done(self, rid: str) -> None:
+        if rid == self._transfer_response:
+            self._transfer_now()
+        parting = self.creates.get(self._refused_parting or "")
+        if parting is not None and parting.response_id == rid and not self._refused_ended:
+            self._refused_end_at = min(self._refused_end_at, self._now + GRACE_S)
+            self._emit(WakeAt(self._refused_end_at))
+
+    def _transfer_now(self) -> None:
+        phone = self._phone
+        if self._transferred or phone is None or phone.transfer_to is None:
+            return
+        self._transferred = True
+        self._log(LogLevel.INFO, "call.transfer", epoch=self.epoch)
+        self._emit(Refer(phone.transfer_to))
+
+    def _phone_timer(self) -> None:
+        if self._now >= self._transfer_at:
+            self._transfer_now()
+        if self._now >= self._refused_end_at and not self._refused_ended:
+            self._refused_ended = True
+            self._emit(EndCall(EndReason.PIN_REFUSED))
 
     def _record_started(self, call: ToolCall) -> None:
         """The ``tool_started`` line: what a restart needs to answer the call

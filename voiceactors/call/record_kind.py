@@ -35,6 +35,7 @@ class RecordKind(StrEnum):
     BUDGET = "budget"                    # the call's cost reached its budget
     IDLE = "idle"                        # the service's idle timeout fired (check-in, or goodbye)
     WRAP_UP = "wrap_up"                  # the call's time limit is near: the assistant is asked to say so
+    PHONE = "phone"                      # a phone call's PIN keyed (right, wrong, refused) or transfer asked
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end
     END = "end"                          # a run's last line (none after a crash)
 

@@ -51,6 +51,7 @@ cancelled); each closes within its own ``close_deadline_s``.
 from __future__ import annotations
 
 import contextvars
+from dataclasses import replace
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, TypeVar
 
@@ -200,10 +201,10 @@ class CallSupervisor:
                 self._connect(call.call_id, nursery, recovered=call.pending, context=call.context)
 
     def _connect(self, call_id: str, nursery: trio.Nursery, *, recovered: list[PendingCall] | None = None,
-                 context: LinkedContext | None = None, lease: Lease | None = None,
-                 arrival: ArrivalKind = ArrivalKind.BROWSER) -> ConnectOutcome:
-        """Start the actor of ``call_id`` (its transport opened as its ``arrival``
-        says: ``call/arrival.py``) unless it runs already or the process is full."""
+                 context: LinkedContext | None = None, lease: Lease | None = None) -> ConnectOutcome:
+        """Start the actor of ``call_id`` (its transport opened as its arrival
+        says: ``call/arrival.py``; a context with a caller is a phone call's,
+        also at a rejoin and a takeover) unless it runs already or the process is full."""
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
@@ -211,6 +212,7 @@ class CallSupervisor:
             if lease is not None:
                 nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.AT_CAPACITY
+        context = self._pin_again(context)
         feed = self.hub.open(call_id, lease.fence if lease is not None else None)   # the fence: event ids
         fence = self.registry.fence_of(call_id) if lease is not None else None
         if lease is not None and context is not None:
@@ -219,12 +221,26 @@ class CallSupervisor:
                           recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
                           answer_now=self._answer_now,
-                          open_transport=arrive(arrival, self.settings, call_id).open_transport)
+                          open_transport=arrive(arrival_of(context), self.settings, call_id).open_transport)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
+
+    def _pin_again(self, context: LinkedContext | None) -> LinkedContext | None:
+        """A rejoined or taken-over phone call that asked for a PIN (its
+        carried context says so, never the PIN): locked again with the
+        journal's PIN as it is now (none now: open; the config unreadable:
+        locked with no PIN that opens it), so a restart never opens a line."""
+        phone = context.phone if context is not None else None
+        if context is None or phone is None or phone.pin is not None or not phone.pin_required:
+            return context
+        try:
+            pin = voice_config.phone_settings(self.settings).pin
+        except voice_config.ConfigUnreadable:
+            return context
+        return replace(context, phone=replace(phone, pin=pin, pin_required=pin is not None))
 
     @asynccontextmanager
     async def _calls_nursery(self) -> AsyncIterator[trio.Nursery]:
@@ -351,6 +367,11 @@ class CallSupervisor:
             for call_id, _token in orphans:
                 if call_id not in self.calls and len(self.calls) < self.settings.max_calls:
                     await self._lease_and_connect(call_id, nursery)
+
+
+def arrival_of(context: LinkedContext | None) -> ArrivalKind:
+    """How a call arrived: a context that names a caller is a phone call's."""
+    return ArrivalKind.PHONE if context is not None and context.phone is not None else ArrivalKind.BROWSER
 
 
 _Answer = TypeVar("_Answer")

@@ -54,6 +54,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 import trio
+from coredis.tokens import PureToken
 
 from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
 from voiceactors.call.record_kind import TOOL_KINDS, RecordKind
@@ -149,6 +150,8 @@ class CallRegistry(Protocol):
     async def orphans(self) -> list[tuple[str, str]]: ...
     async def carried(self, call_id: str) -> Carried: ...
     def health(self) -> dict[str, Any] | None: ...
+    async def claim_once(self, key: str, ttl_s: float) -> bool: ...
+    async def unclaim(self, key: str) -> None: ...
 
 
 class LocalRegistry:
@@ -206,6 +209,13 @@ class LocalRegistry:
         return Carried([])
 
     def health(self) -> dict[str, Any] | None:
+        return None
+
+    async def claim_once(self, key: str, ttl_s: float) -> bool:
+        """One process: whoever asks holds it (the caller keeps its own memory: ``http/phone.py``)."""
+        return True
+
+    async def unclaim(self, key: str) -> None:
         return None
 
 
@@ -291,6 +301,17 @@ class RedisRegistry:
 
     def health(self) -> dict[str, Any] | None:
         return {"backend": "redis", "reachable": bool(self._reach.reachable), "leases_held": len(self._held)}
+
+    async def claim_once(self, key: str, ttl_s: float) -> bool:
+        """True for the first process to claim ``key`` (``PREFIX`` added)
+        within ``ttl_s`` (``SET NX EX``): a webhook delivered to every worker
+        acts once. ``RegistryDown`` when Redis does not answer."""
+        answer = await self._request(self._redis.set(rc.PREFIX + key, self.node, condition=PureToken.NX, ex=max(1, int(ttl_s))))
+        return bool(answer)
+
+    async def unclaim(self, key: str) -> None:
+        """Give ``key`` back (the claimer's work failed; a retry may act)."""
+        await self._request(self._redis.delete([rc.PREFIX + key]))
 
     # --- leases --------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from quart_trio import QuartTrio
 
 from voiceactors import voice_config, metrics
 from voiceactors.http import auth, console_sessions, errors, guards, ratelimit, request_ids
+from voiceactors.http import phone  # noqa: F401 - its route is on the voice blueprint
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.connect import CONNECT_PATH, METHODS, ConnectHandler, FirstReadConnect
@@ -149,6 +150,7 @@ def check_journal_settings(settings: Settings) -> None:
     from voiceactors.mcp.client.hub import check_sources   # the MCP SDK, only when an app is made
     check_sources(settings)
     voice_config.check_session_settings(settings)
+    voice_config.check_phone_settings(settings)
 
 
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:

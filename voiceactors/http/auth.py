@@ -29,6 +29,11 @@ credential is compared (``check_credential``, for every route, ``/mcp`` and
 the console's config too). A request that presents none guessed nothing
 and draws nothing.
 
+One path under the prefix is neither's: OpenAI's phone-call webhook
+(``SIGNED_PATHS``, ``http/phone.py``). The service can send neither the
+token nor a browser's headers; the webhook's signature (OpenAI's webhook
+secret) is its authentication, checked by its route before any other work.
+
 These rules are guards of ``guards.py`` (the browser guard, the token),
 declared there once in the app's order.
 """
@@ -47,6 +52,8 @@ from voiceactors.http.ratelimit import TokenFailures, client_address
 from voiceactors.settings import Settings
 
 PROTECTED_PREFIX = "/api/voice/"
+#: under the prefix, but authenticated by a signature of their own: no token, no browser guard
+SIGNED_PATHS = frozenset({"/api/voice/phone/incoming"})
 FAILURES = "voiceactors_token_failures"     # the app's TokenFailures, in app.extensions
 
 
@@ -60,6 +67,11 @@ def refusal(settings: Settings) -> str | None:
         return (f"refusing to listen on {settings.host}: off loopback the API needs a bearer token; "
                 "set VOICEACTORS_API_TOKEN (or listen on 127.0.0.1)")
     return None
+
+
+def guarded(path: str) -> bool:
+    """Whether the token and the browser guard apply to ``path``."""
+    return path.startswith(PROTECTED_PREFIX) and path not in SIGNED_PATHS
 
 
 def token_required(settings: Settings) -> bool:

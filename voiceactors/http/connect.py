@@ -149,7 +149,7 @@ class ConnectHandler:
                                      continuation=continued)
         if credentials is not None:
             await mcp_credentials.open_call(runtime, call_id, credentials)
-        answer = await self._supervisor_answer(runtime, call_id, call_context)
+        answer = await supervisor_answer(runtime, self._voice.settings.connect_timeout_s, call_id, call_context)
         if answer in _REFUSALS:
             raise ApiError(*_REFUSALS[answer])
         if answer != ConnectOutcome.CONNECTED:
@@ -160,21 +160,25 @@ class ConnectHandler:
         return json_body({"status": "connected", **linked.context_view(link),
                           **continuation.continuation_view(continued)})
 
-    async def _supervisor_answer(self, runtime: Runtime, call_id: str, call_context: LinkedContext) -> Any:
-        """The supervisor's answer: in this step when it can
-        (``Runtime.connect_now``), with a shared registry in this task
-        (``connect_leased``: the lease's await), else asked through its inbox."""
-        answer = runtime.connect_now(call_id, call_context) if runtime.connect_now is not None else None
-        if answer is None and runtime.connect_leased is not None:
-            answer = await runtime.connect_leased(call_id, call_context)
-        if answer is not None:
-            return answer
-        try:
-            return await ask_actor(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
-                                   self._voice.settings.connect_timeout_s + QUICK_ASK_S)
-        except trio.TooSlowError:
-            _log.error("http.connect_timed_out", call_id=call_id)
-            raise ApiError(500, RUNTIME_UNAVAILABLE) from None
+
+
+async def supervisor_answer(runtime: Runtime, connect_timeout_s: float, call_id: str,
+                            call_context: LinkedContext) -> Any:
+    """The supervisor's answer to a call to start (the connect's, and the
+    phone webhook's once it accepted a call): in this step when it can
+    (``Runtime.connect_now``), with a shared registry in this task
+    (``connect_leased``: the lease's await), else asked through its inbox."""
+    answer = runtime.connect_now(call_id, call_context) if runtime.connect_now is not None else None
+    if answer is None and runtime.connect_leased is not None:
+        answer = await runtime.connect_leased(call_id, call_context)
+    if answer is not None:
+        return answer
+    try:
+        return await ask_actor(runtime.calls, lambda r: Connect(call_id, r, context=call_context),
+                               connect_timeout_s + QUICK_ASK_S)
+    except trio.TooSlowError:
+        _log.error("http.connect_timed_out", call_id=call_id)
+        raise ApiError(500, RUNTIME_UNAVAILABLE) from None
 
 
 async def _base_instruction(runtime: Runtime) -> str | None:

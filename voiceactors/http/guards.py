@@ -192,7 +192,7 @@ def own_host_and_origin(settings: Settings) -> Guard:
 
 def browser_guard(inbound: Inbound) -> None:
     """403 for a page of another origin, 415 for a POST body not declared JSON (``auth.py``)."""
-    if not inbound.path.startswith(auth.PROTECTED_PREFIX):
+    if not auth.guarded(inbound.path):
         return
     foreign = auth.foreign_fetch(inbound.header("sec-fetch-site"))
     if foreign is not None:
@@ -210,7 +210,7 @@ def require_token(settings: Settings, failures: TokenFailures, sessions: Callabl
 
     def guard(inbound: Inbound) -> None:
         path = inbound.path
-        if not path.startswith(auth.PROTECTED_PREFIX) or console_sessions.is_public(path):
+        if not auth.guarded(path) or console_sessions.is_public(path):
             return
         header = inbound.header("authorization")
         cookie = inbound.cookie(console_sessions.COOKIE_NAME)

@@ -132,7 +132,7 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     runs = [_run_time(run) for run in _runs(lines)]
     duration_s = sum(t for t, _ in runs) if runs else None
     last_end = runs[-1][1] if runs else None
-    return {
+    summary = {
         "call_id": call_id,
         "started_at": started_at,
         "duration_s": round(duration_s, 3) if duration_s is not None else None,
@@ -147,6 +147,10 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         **usage_summary(lines),
         **continues_field(lines),
     }
+    phone = next((s for s in starts if s.get("arrival") == "phone"), None)
+    if phone is not None:      # only a phone call's summary has it: a browser call's is as it was
+        summary["phone"] = {"caller": phone.get("caller") if isinstance(phone.get("caller"), str) else None}
+    return summary
 
 
 def continued_call(lines: list[dict[str, Any]]) -> str | None:

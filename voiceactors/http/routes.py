@@ -61,6 +61,8 @@ class VoiceState:
     runtime_failed: trio.Event = field(default_factory=trio.Event)
     brain_backend: Any = None
     openai_clients: OpenAIClients | None = None
+    # what a route keeps for the app's life, made at its first use (the phone webhook's memory and verifier)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.openai_clients is None:
@@ -151,7 +153,7 @@ def _age_seconds(brain: BrainState) -> int | None:
 
 # --- POST /api/voice/session --------------------------------------------------
 
-async def _instruction(settings: Settings, runtime: Runtime) -> str:
+async def ready_instruction(settings: Settings, runtime: Runtime) -> str:
     """The current instruction. A stale one is used as is (``GetBrain(start=True)``
     queues the refresh); none at all waits up to ``brain_ready_wait_s``."""
     try:
@@ -201,7 +203,7 @@ async def mint_client_secret(settings: Settings, clients: OpenAIClients, key: st
     return value
 
 
-async def _refuse_when_budget_spent(runtime: Runtime) -> None:
+async def refuse_when_budget_spent(runtime: Runtime) -> None:
     """503 once the day's calls cost ``daily_budget_usd`` (until the clock seam's next day)."""
     if runtime.settings.daily_budget_usd <= 0:
         return
@@ -221,10 +223,10 @@ async def create_session() -> Any:
     requested, continues = linked.body_context(body), continuation.body_continues(body)
     earlier = await continuation.ended_call(continues, settings)
     key = openai_key(settings)
-    await _refuse_when_budget_spent(_runtime())
+    await refuse_when_budget_spent(_runtime())
     link = await linked.verified(requested, settings)
     continued = await continuation.continuation(continues, earlier, _runtime())
-    instruction = linked.instruction(await _instruction(settings, _runtime()), link, continued)
+    instruction = linked.instruction(await ready_instruction(settings, _runtime()), link, continued)
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
     model = read_config(voice_config.voice_model, settings)
     chosen: SessionSettings = read_config(voice_config.session_settings, settings)
@@ -274,10 +276,14 @@ async def _status_fields(settings: Settings) -> dict[str, Any]:
     fields: dict[str, Any] = {"brain_ready": False, "brain_age_seconds": None,
                               "openai_configured": False, "active_sessions": 0,
                               "daily_cost_usd": None, "daily_budget_usd": settings.daily_budget_usd or None,
-                              "budget_spent": False}
+                              "budget_spent": False, "phone_configured": False}
     # Each field on its own: one failing lookup must not blank the others.
     try:
         fields["openai_configured"] = bool(voice_config.openai_api_key(settings))
+    except Exception as error:  # noqa: BLE001
+        _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
+    try:    # whether phone calls can come in (docs/phone.md): a webhook secret is configured
+        fields["phone_configured"] = bool(voice_config.webhook_secret(settings))
     except Exception as error:  # noqa: BLE001
         _log.error("http.status_key_lookup_failed", error_type=type(error).__name__)
     runtime = state().runtime

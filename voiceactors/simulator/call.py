@@ -16,6 +16,7 @@ import json
 import math
 import secrets
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Protocol
@@ -184,6 +185,11 @@ class SimCall:
         self.call_id = call_id
         self.scenario = scenario
         self.gone_status = gone_status
+        # a SIP call (``Simulator.place_phone_call``): pending until accepted or rejected
+        self.sip = False
+        self.accepted: dict[str, Any] | None = None     # the accept's body
+        self.rejected_with: int | None = None           # the reject's SIP status
+        self.referred_to: str | None = None             # the refer's target URI
         # records
         self.received: list[dict] = []
         self.sent: list[dict] = []
@@ -1111,6 +1117,13 @@ class CallSession:
 
     async def _step_rate_limits(self, limits: list[dict]) -> None:
         await self.send_rate_limits(limits)
+
+    async def _step_dtmf(self, keys: str) -> None:
+        """A phone caller presses ``keys`` on the keypad (a SIP call's
+        ``input_audio_buffer.dtmf_event_received``, one per key)."""
+        for key in keys:
+            await self.send({"type": "input_audio_buffer.dtmf_event_received", "event": key,
+                             "received_at": int(time.time())})
 
     async def _step_silence(self, seconds: float) -> None:
         self.call.quiet_until = trio.current_time() + seconds

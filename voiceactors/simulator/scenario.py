@@ -130,6 +130,7 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object", "additionalProperties": False,
         "properties": {"text": {"type": "string"}, "wait_s": _NUM},
     },
+    "dtmf": {"type": "string", "pattern": "^[0-9*#A-D]+$"},
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},
     "silence": _NUM,

@@ -1,7 +1,8 @@
 """A local stand-in for the OpenAI Realtime API surface voiceactors uses.
 
 One port serves REST (``POST /v1/realtime/client_secrets``,
-``POST /v1/realtime/calls`` and ``.../calls/{id}/hangup``) and the sideband
+``POST /v1/realtime/calls`` and ``.../calls/{id}/hangup``; a SIP call's
+``.../accept``, ``.../reject`` and ``.../refer``) and the sideband
 websocket (``/v1/realtime?call_id=...``). Calls play scenarios (see
 ``docs/simulator.md``) and record what the client sent for assertions.
 
@@ -25,6 +26,7 @@ from email import policy as email_policy
 from email.parser import BytesParser
 from typing import Annotated, Any, Union, cast
 
+import httpx
 import pydantic
 import trio
 import trio_websocket
@@ -36,6 +38,8 @@ from voiceactors.simulator.call import CallSession, ResponseRecord, SessionSocke
 from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
 from voiceactors.simulator.http import (HttpRequest, HttpResponse, ReplayStream, json_response, open_listeners,
                                         serve_http)
+from voiceactors.simulator.phone import delivery, dtmf_event, incoming_event, phone_call_view, sip_headers
+from voiceactors.simulator.phone import post as post_delivery
 from voiceactors.simulator.refusal_errors import Refusal
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
@@ -61,6 +65,9 @@ def _error_body(message: str, type_: str = "invalid_request_error", code: str | 
 
 
 _CALLS_PATH = "/v1/realtime/calls"
+_SIP_CONTROLS = ("accept", "reject", "refer")
+#: the simulator's own control of its phone calls (not OpenAI's API): ``voiceactors phone-call``
+_PHONE_CONTROL = "/v1/simulator/phone-calls"
 
 
 def _cors_headers(req: HttpRequest) -> list[tuple[str, str]]:
@@ -299,6 +306,8 @@ class Simulator:
 
     async def _rest(self, req: HttpRequest) -> HttpResponse:
         path = req.path.rstrip("/")
+        if path == _PHONE_CONTROL or path.startswith(_PHONE_CONTROL + "/"):
+            return await self._phone_control(req, path)
         if path == _CALLS_PATH or path.startswith(_CALLS_PATH + "/"):
             response = await self._calls_rest(req, path)
             response.headers.extend(_cors_headers(req))
@@ -323,6 +332,8 @@ class Simulator:
             return await self._client_secrets(req)
         if len(parts) == 6 and parts[:4] == ["", "v1", "realtime", "calls"] and parts[5] == "hangup":
             return await self._hangup(parts[4])
+        if len(parts) == 6 and parts[:4] == ["", "v1", "realtime", "calls"] and parts[5] in _SIP_CONTROLS:
+            return await self._sip_control(parts[4], parts[5], req)
         return json_response(404, _error_body(f"Invalid URL (POST {req.path})"))
 
     async def _client_secrets(self, req: HttpRequest) -> HttpResponse:
@@ -485,6 +496,124 @@ class Simulator:
         await self.end_call(call_id, 1000)
         return HttpResponse(200, b"", "application/json")
 
+    # -- phone calls (SIP)
+
+    def place_phone_call(self, scenario: Any = None) -> SimCall:
+        """A call to the project's SIP address, pending until a client
+        accepts it (``POST …/calls/{id}/accept``) or rejects it; its webhook is
+        ``simulator.phone.delivery(incoming_event(call.call_id, headers), secret)``."""
+        call = self.add_call("rtc_sip_" + secrets.token_hex(12), scenario)
+        call.sip = True
+        return call
+
+    async def send_dtmf(self, call_id: str, keys: str) -> None:
+        """The caller presses ``keys`` on the keypad: one
+        ``input_audio_buffer.dtmf_event_received`` each on the live sideband."""
+        for key in keys:
+            await self.inject(call_id, dtmf_event(key))
+
+    async def place_and_deliver(self, server_url: str, secret: str, caller: str | None, *,
+                                asserted: str | None = None, headers: list[tuple[str, str]] | None = None,
+                                scenario: Any = None) -> tuple[SimCall, int, Any]:
+        """Place a phone call from ``caller`` (None: withheld) and post its
+        signed webhook to ``server_url``: (the call, the answer's status, its JSON body or text)."""
+        call = self.place_phone_call(scenario)
+        event = incoming_event(call.call_id, sip_headers(caller, asserted=asserted, extra=headers))
+        answer = await post_delivery(server_url, delivery(event, secret))
+        try:
+            body: Any = answer.json()
+        except ValueError:
+            body = answer.text[:500]
+        _log.info("simulator.phone_call_placed", call_id=call.call_id, webhook_status=answer.status_code)
+        return call, answer.status_code, body
+
+    async def _phone_control(self, req: HttpRequest, path: str) -> HttpResponse:
+        """``POST /v1/simulator/phone-calls`` (place a call and post its
+        webhook), ``GET …/{id}`` (what became of it), ``POST …/{id}/dtmf``
+        (the caller presses keys)."""
+        if not self._standard_key_ok(_bearer(req.headers)):
+            return json_response(401, _error_body("Incorrect API key provided.", code="invalid_api_key"))
+        parts = path[len(_PHONE_CONTROL):].strip("/").split("/") if path != _PHONE_CONTROL else []
+        try:
+            body = json.loads(req.body or b"{}") if req.method == "POST" else {}
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return json_response(400, _error_body("The request body must be a JSON object."))
+        if req.method == "POST" and not parts:
+            server, secret, caller = body.get("server"), body.get("secret"), body.get("from")
+            extra = body.get("headers") or []
+            if not isinstance(server, str) or not isinstance(secret, str) or not (caller is None or isinstance(caller, str)):
+                return json_response(400, _error_body("server, secret (strings) and from (a number or null) are required."))
+            if not isinstance(extra, list) or not all(isinstance(h, list) and len(h) == 2 for h in extra):
+                return json_response(400, _error_body("headers must be a list of [name, value] pairs."))
+            try:
+                scenario = load_scenario(body["scenario"]) if body.get("scenario") else None
+            except ScenarioError as exc:
+                return json_response(400, _error_body(str(exc)))
+            try:
+                placed, status, answer = await self.place_and_deliver(
+                    server, secret, caller, asserted=body.get("asserted"), scenario=scenario,
+                    headers=[(str(n), str(v)) for n, v in extra])
+            except httpx.HTTPError as exc:
+                return json_response(502, _error_body(f"The server could not be reached: {type(exc).__name__}."))
+            return json_response(200, {"call_id": placed.call_id, "webhook": {"status": status, "answer": answer}})
+        call = self.calls.get(parts[0]) if parts else None
+        if call is None or not call.sip:
+            return json_response(404, _error_body("No such phone call.", code="call_id_not_found"))
+        if req.method == "GET" and len(parts) == 1:
+            return json_response(200, phone_call_view(call))
+        if req.method == "POST" and parts[1:] == ["dtmf"] and isinstance(body.get("keys"), str):
+            await self.send_dtmf(call.call_id, body["keys"])
+            return json_response(200, phone_call_view(call))
+        return json_response(404, _error_body(f"Invalid URL ({req.method} {req.path})"))
+
+    async def _sip_control(self, call_id: str, action: str, req: HttpRequest) -> HttpResponse:
+        """accept / reject / refer of a SIP call (the standard key checked by the caller)."""
+        call = self.calls.get(call_id)
+        if call is None or not call.sip or call.closed:
+            return json_response(404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"))
+        try:
+            body = json.loads(req.body or b"{}")
+        except ValueError:
+            return json_response(400, _error_body("We could not parse the JSON body of your request."))
+        if not isinstance(body, dict):
+            return json_response(400, _error_body("The request body must be a JSON object."))
+        pending = call.accepted is None
+        if action == "accept":
+            if not pending:
+                return json_response(409, _error_body("This call was already accepted.", code="conflict"))
+            try:
+                session = _SESSION.validate_python(body)
+            except pydantic.ValidationError as exc:
+                first = exc.errors(include_input=False, include_url=False)[0]
+                loc = ".".join(str(p) for p in first.get("loc", ()))
+                return json_response(400, _error_body(f"Invalid session: {loc}: {first.get('msg')}",
+                                                      code="invalid_value", param=loc))
+            call.accepted = body
+            call.session = session.model_dump(mode="json", exclude_none=True)
+            _log.info("simulator.sip_accepted", call_id=call_id)
+            return HttpResponse(200, b"", "application/json")
+        if action == "reject":
+            if not pending:
+                return json_response(409, _error_body("An accepted call cannot be rejected.", code="conflict"))
+            status = body.get("status_code", 603)
+            if not isinstance(status, int) or not 400 <= status <= 699:
+                return json_response(400, _error_body("status_code must be a SIP status 400..699.",
+                                                      code="invalid_value", param="status_code"))
+            call.rejected_with = status
+            _log.info("simulator.sip_rejected", call_id=call_id, status=status)
+            await self.end_call(call_id, 1000)
+            return HttpResponse(200, b"", "application/json")
+        target = body.get("target_uri")
+        if pending or not isinstance(target, str) or not target.startswith(("sip:", "sips:", "tel:")):
+            return json_response(400, _error_body("target_uri must be a sip: or tel: URI of an accepted call.",
+                                                  code="invalid_value", param="target_uri"))
+        call.referred_to = target
+        _log.info("simulator.sip_referred", call_id=call_id)
+        await self.end_call(call_id, 1000)      # the caller is transferred: the session ends
+        return HttpResponse(200, b"", "application/json")
+
     # -- websocket
 
     def _check_handshake(self, meta: HttpRequest) -> tuple[int, dict[str, Any] | None, SimCall | None]:
@@ -527,6 +656,8 @@ class Simulator:
             call = self.add_call(call_id)
         if call is None:
             return 404, _error_body(f"Call '{call_id}' not found.", code="call_id_not_found"), None
+        if call.sip and call.accepted is None and not call.closed:
+            return 404, _error_body(f"Call '{call_id}' has not been accepted.", code="call_id_not_found"), call
         if call.closed:
             code = "call_id_not_found" if call.gone_status == 404 else "call_ended"
             return call.gone_status, _error_body(f"Call '{call_id}' has ended.", code=code), call

@@ -27,8 +27,9 @@ import voiceactors
 PACKAGE_DIR = Path(voiceactors.__file__).parent
 
 SIMULATOR = "voiceactors.simulator"
-#: May import the simulator: the demo and replay plumbing, the testing kit, and the command line (lazily).
-SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli", "voiceactors.replay", "voiceactors.testing"}
+#: May import the simulator: the demo, replay and fuzz plumbing, the testing kit, and the command line (lazily).
+SIMULATOR_USERS = {"voiceactors.demo", "voiceactors.cli", "voiceactors.replay", "voiceactors.testing",
+                   "voiceactors.fuzz"}
 LAZY_ONLY = {"voiceactors.cli"}
 
 #: The layers, bottom first: a module imports from its own layer and those below.
@@ -59,7 +60,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the commands", (
         "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp.server.stdio",
         "voiceactors.calls_report",
-        "voiceactors.cli", "voiceactors.demo", "voiceactors.mcp.demo_source", "voiceactors.replay")),
+        "voiceactors.cli", "voiceactors.demo", "voiceactors.mcp.demo_source", "voiceactors.replay",
+        "voiceactors.fuzz")),
     ("the testing kit", ("voiceactors.testing",)),
 )
 #: Imports allowed to go up a layer: (importer, imported) -> why.

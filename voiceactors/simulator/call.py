@@ -25,7 +25,7 @@ import trio
 from trio_websocket import ConnectionClosed
 
 from voiceactors.logs import get_logger
-from voiceactors.realtime.events import validate_server_event
+from voiceactors.realtime.events import SERVER_EVENTS, validate_server_event
 from voiceactors.simulator import conformance
 from voiceactors.simulator.client_events import parse_client_event
 from voiceactors.simulator.conformance import Direction, Nonconforming
@@ -467,7 +467,8 @@ class CallSession:
         runs right before the event is recorded and queued (used for
         ``response.done`` itself: no event queued after it can see the
         response active). Nothing is queued once the session is dropping."""
-        event.setdefault("event_id", _id("event_", 8))
+        if SERVER_EVENTS.declares(str(event.get("type")), "event_id"):   # not every one has it (the keypad's)
+            event.setdefault("event_id", _id("event_", 8))
         if self.validate_sent and self.conformance:
             try:
                 conformance.check_server_event(event)

@@ -37,34 +37,49 @@ def fuzz(capture: Path, *, runs: int, seed: int, jobs: int, journal: str | None,
 
     with journal_for_runs(journal, today) as journal_dir:
         results = run_seeds(capture, range(seed, seed + runs), journal_dir, today, jobs=jobs, keep=keep, each=each)
-        failed = [result for result in results if result.problems]
-        if not failed:
+        failed = next((result for result in results if result.problems), None)
+        if failed is None:
             print(f"OK: {runs} runs kept every invariant", file=out)
             return 0
-        first = failed[0]
-        smallest = minimal(script, first, journal_dir, today)
-    _report(capture, script, first, smallest, len(failed), runs, out)
+        smallest = minimal(script, failed, journal_dir, today)
+    _report(capture, script, failed, smallest, out)
     return 1
 
 
-def _report(capture: Path, script: Any, failed: RunResult, smallest: Any, count: int, runs: int,
-            out: TextIO) -> None:
-    print(f"FAILED: {count} of {runs} runs broke an invariant; the first, seed {failed.seed}:", file=out)
+def _report(capture: Path, script: Any, failed: RunResult, smallest: Any, out: TextIO) -> None:
+    print(f"FAILED: the run of seed {failed.seed} broke an invariant:", file=out)
     for problem in failed.problems:
         print(f"  - {problem}", file=out)
     print(f"  the fewest of its changes that still break it ({len(smallest.changes)} of "
           f"{len(failed.schedule.changes)}):", file=out)
     for line in smallest.describe(script):
         print(f"  - {line}", file=out)
+    if not smallest.changes:
+        print(f"  it breaks with no change at all: voiceactors fuzz {capture} --seed {failed.seed} --runs 1 "
+              "--keep none", file=out)
+        return
     kept = ",".join(str(failed.schedule.changes.index(change)) for change in smallest.changes)
     print(f"  replay it: voiceactors fuzz {capture} --seed {failed.seed} --runs 1 --keep {kept}", file=out)
+
+
+def _kept(text: str | None) -> tuple[int, ...] | None:
+    """``--keep``'s indices (None: every change; ``none``: no change)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    return tuple(int(part) for part in text.split(",") if part.strip())
 
 
 def cli_fuzz(args: argparse.Namespace) -> int:
     logs.configure("console", "error")     # the calls' own warnings (a drop's reconnect) would drown the report
     sweep_stale_folders()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
-    keep = tuple(int(i) for i in args.keep.split(",") if i.strip()) if args.keep else None
+    try:
+        keep = _kept(args.keep)
+    except ValueError:
+        print(f"voiceactors fuzz: --keep takes change indices (0,2) or none, not {args.keep!r}", file=sys.stderr)
+        return 2
     if args.runs < 1 or args.jobs < 1:
         print("voiceactors fuzz: --runs and --jobs must be at least 1", file=sys.stderr)
         return 2

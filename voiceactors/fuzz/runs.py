@@ -16,17 +16,19 @@ from typing import Callable, Iterable
 import trio
 import trio.testing
 
-from voiceactors import clock, logs
+from voiceactors import clock as clock_module
+from voiceactors import logs
 from voiceactors.call.event_capture import read_capture
+from voiceactors.fuzz.clock import jump_when_idle
 from voiceactors.fuzz.invariants import broken
 from voiceactors.fuzz.schedule import Schedule
-from voiceactors.replay import play_script
+from voiceactors.replay import Played, play_script
 from voiceactors.simulator.capture_player import ReplayScript
 
 __all__ = ["GATE_S", "Failure", "RunResult", "load_script", "minimal", "run_schedule", "run_seeds"]
 
 #: How long a replay's gate waits for our output or ``response.create`` (on
-#: the autojump clock: a gate that is never met costs no real time).
+#: the run's mock clock: a gate that is never met costs no real time).
 GATE_S = 30.0
 
 
@@ -50,17 +52,26 @@ def load_script(capture: Path, block: int = -1) -> ReplayScript:
 
 def run_schedule(script: ReplayScript, schedule: Schedule, journal: Path, today: str) -> tuple[str, ...]:
     """Play ``script`` changed by ``schedule`` against the runtime on a copy
-    of ``journal`` (today pinned to ``today``), on trio's autojump clock;
+    of ``journal`` (today pinned to ``today``), on a mock clock that jumps when
+    every task waits and no worker thread works (``clock.py``);
     what it broke. Blocking: a ``trio.run`` of its own."""
     changed = schedule.apply(script)
-    clock.pin(today)
+    clock = trio.testing.MockClock()
+
+    async def play() -> Played:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(jump_when_idle, clock)
+            # no tool timeout: a tool's time is real time, the run's waits are the clock's
+            played = await play_script(changed, journal, timeout_s=GATE_S, tool_timeout_read_s=math.inf,
+                                       tool_timeout_write_s=math.inf)
+            nursery.cancel_scope.cancel()
+        return played
+
+    clock_module.pin(today)
     try:
-        # no tool timeout: the autojump clock moves on while a tool's thread works
-        played = trio.run(partial(play_script, changed, journal, timeout_s=GATE_S, tool_timeout_read_s=math.inf,
-                                  tool_timeout_write_s=math.inf),
-                          clock=trio.testing.MockClock(autojump_threshold=0))
+        played = trio.run(play, clock=clock)
     finally:
-        clock.pin(None)
+        clock_module.pin(None)
     return tuple(broken(played))
 
 
@@ -76,22 +87,28 @@ def run_seeds(capture: Path, seeds: Iterable[int], journal: Path, today: str, *,
               keep: tuple[int, ...] | None = None,
               each: Callable[[RunResult], None] = lambda result: None) -> list[RunResult]:
     """One run per seed, ``jobs`` at a time (processes of their own when
-    more than one); ``each`` hears every result as it comes."""
+    more than one), until a run breaks an invariant (the runs under way then
+    finish, no new one starts); ``each`` hears every result as it comes."""
     seeds = list(seeds)
+    results: list[RunResult] = []
     if jobs <= 1:
-        results = []
         for seed in seeds:
             results.append(_run_seed(capture, seed, journal, today, keep))
             each(results[-1])
+            if results[-1].problems:
+                break
         return results
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
                                           else "spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_quiet) as pool:
         futures = [pool.submit(_run_seed, capture, seed, journal, today, keep) for seed in seeds]
-        results = []
         for future in concurrent.futures.as_completed(futures):
             results.append(future.result())
             each(results[-1])
+            if results[-1].problems:
+                for other in futures:
+                    other.cancel()
+                break
     return sorted(results, key=lambda r: r.seed)
 
 

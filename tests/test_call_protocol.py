@@ -20,7 +20,8 @@ from voiceactors.call.protocol import (
     ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, IDLE_GOODBYE, IDLE_GOODBYE_MAX_S, SERVICE_ANSWER_WAIT_S,
     CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
-    Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose, wrap_up_response,
+    Send, SlowTools, StartTool, TOOL_ACK, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
+    wrap_up_response,
 )
 from voiceactors.call.meter import GRACE_S
 from voiceactors.call.refusals import BACKOFF_S
@@ -1258,3 +1259,136 @@ def test_a_rate_limited_wrap_up_is_asked_again_after_the_backoff_not_at_once():
     assert len(w.creates()) == len(BACKOFF_S) + 1               # retries spent: no loop of refusals
     w.server(created("r_user"), done("r_user"))                 # a response event decides again
     assert len(w.creates()) == len(BACKOFF_S) + 2
+
+
+# ------------------------------------------------------------ slow tools
+
+def slow_wire(ack_after_s: float = 0.7) -> Wire:
+    w = Wire()
+    w.p._may_defer = lambda name: name not in WRITES
+    w.p.slow_tools = SlowTools(ack_after_s=ack_after_s)
+    return w
+
+
+def acks(w: Wire) -> list[Send]:
+    return [c for c in w.creates() if c.event.get("response", {}).get("instructions") == TOOL_ACK["instructions"]]
+
+
+def test_a_slow_read_is_acknowledged_once_when_due_then_spoken_once():
+    w = slow_wire()
+    w.server(speech())
+    w.now = 10.0
+    one_tool_turn(w)
+    assert WakeAt(10.7) in w.effects and w.p.slow_wake == 10.7
+    w.now = 10.5
+    w.feed(Timer())
+    assert w.creates() == []                       # not due yet
+    w.now = 10.7
+    w.feed(Timer())
+    [ack] = w.creates()
+    assert ack.event["response"] == TOOL_ACK and w.p.creates[ack.event["event_id"]].batches == []
+    [line] = w.records("slow_ack")
+    assert line["tool_call_ids"] == ["c1"] and line["waited_ms"] == 700.0
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 13.0
+    w.feed(Timer())
+    assert len(w.creates()) == 1                   # one acknowledgement per batch
+    w.finish("c1")
+    w.write()
+    [_, delivery] = w.creates()
+    assert "response" not in delivery.event or "instructions" not in delivery.event.get("response", {})
+    assert w.p.batches["r1"].follow_up == "ours"
+    assert w.records("slow_output")[0]["waited_ms"] == 2300.0
+    assert w.records("slow_delivery")[0]["event_id"] == delivery.event["event_id"]
+
+
+def test_a_read_answering_in_time_is_never_acknowledged():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.3
+    w.finish("c1")
+    w.write()
+    w.now = 0.7
+    w.feed(Timer())
+    assert len(w.creates()) == 1 and acks(w) == [] and w.records("slow_ack") == []
+
+
+def test_no_acknowledgement_while_a_response_is_active_nor_for_a_write():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.server(created("r_model"))                   # the model speaks on its own
+    w.now = 1.0
+    w.feed(Timer())
+    assert w.creates() == []
+    w.server(done("r_model"))                      # the quiet moment: then it goes
+    assert len(acks(w)) == 1
+    v = slow_wire()
+    one_tool_turn(v, name="commitments.add")
+    v.now = 1.0
+    v.feed(Timer())
+    assert v.creates() == [] and v.records("slow_ack") == []     # a write answers before anything is said
+
+
+def test_off_at_zero():
+    w = slow_wire(ack_after_s=0.0)
+    one_tool_turn(w)
+    assert w.of(WakeAt) == [] and w.p.slow_wake == math.inf
+    w.now = 5.0
+    w.feed(Timer())
+    assert w.creates() == []
+
+
+def test_an_acknowledged_read_outlives_the_users_next_turn_and_waits_for_its_answer_to_end():
+    w = slow_wire()
+    w.server(speech())
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 2.0
+    w.server(speech())                             # the user asks something else
+    [cancel] = w.of(CancelOlderReads)
+    assert cancel == CancelOlderReads(2, keep=frozenset({"c1"}))
+    assert w.p.batches["r1"].follow_up is None     # kept, not superseded
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1                   # not over the user: the floor is theirs
+    w.server(typed_turn("u2"))
+    w.server(created("r_answer"))                  # the service answers the new turn
+    assert len(w.creates()) == 1
+    w.server(done("r_answer"))
+    [_, delivery] = w.creates()                    # then the kept answer is spoken
+    assert w.p.creates[delivery.event["event_id"]].batches == ["r1"]
+
+
+def test_a_kept_answer_is_spoken_when_no_answer_to_the_users_turn_comes():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 1.0
+    w.server(speech())
+    w.finish("c1")
+    w.write()
+    w.server({"type": "conversation.item.added",
+              "item": {"id": "u2", "type": "message", "role": "user", "content": []}})
+    assert WakeAt(1.0 + SERVICE_ANSWER_WAIT_S) in w.effects
+    w.now = 1.0 + SERVICE_ANSWER_WAIT_S
+    w.feed(Timer())
+    assert len(w.creates()) == 2
+
+
+def test_before_the_acknowledgement_a_barge_in_cancels_the_read_as_before():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.5
+    w.server(speech())
+    assert w.of(CancelOlderReads) == [CancelOlderReads(1)]
+    assert w.p.batches["r1"].follow_up == "superseded"
+    w.now = 0.7
+    w.feed(Timer())
+    assert w.creates() == [] and w.records("slow_ack") == []

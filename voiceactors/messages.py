@@ -43,11 +43,13 @@ class ToolRequest:
 @dataclass(frozen=True)
 class CancelReads:
     """Cancel the unfinished reads of ``call_id`` issued before ``before_epoch``
-    (all of them when None). Each answers ``{"error": "cancelled"}``; started
-    writes are not cancelled."""
+    (all of them when None), but those in ``keep`` (tool call ids: reads the
+    user was told to wait for, which outlive their turn). Each answers
+    ``{"error": "cancelled"}``; started writes are not cancelled."""
 
     call_id: str
     before_epoch: int | None = None
+    keep: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

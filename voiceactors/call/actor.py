@@ -50,7 +50,7 @@ from voiceactors.call.event_capture import EventCapture
 from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish, RateLimits,
-    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished,
+    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, SlowTools, StartTool, Timer, ToolAbandoned, ToolFinished,
     WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.call.state import Batch, ToolCall, ToolOutcome
@@ -120,6 +120,12 @@ def _tool_effect(name: str) -> ToolEffect | None:
     return spec.effect if spec is not None else None
 
 
+def _tool_may_defer(name: str) -> bool:
+    # a name not in our registry is an MCP source's tool (or unknown, answered at once)
+    spec = lookup(name)
+    return spec is None or spec.may_defer
+
+
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Delay before reconnect ``attempt`` (1-based): ``base * 2**(attempt-1)``
     capped at ``cap``, scaled into [50 %, 100 %] by ``rng`` when given (the
@@ -172,8 +178,10 @@ class CallActor:
         # bound once: a concrete logger, not the lazy proxy that binds at every line
         self.log = get_logger(actor="call", call_id=call_id).bind()
         self._rng: random.Random | None = None     # the reconnect jitter's, seeded with the call id at first use
-        self.protocol = CallProtocol(call_id, effect_of=_tool_effect, debug_logs=_debug_enabled(self.log),
+        self.protocol = CallProtocol(call_id, effect_of=_tool_effect, may_defer=_tool_may_defer,
+                                     debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
+        self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s)
         # a feed no one listens to: the protocol does not build its events (six a round)
         self.protocol.publishing = feed.listened if feed is not None else _never_published
         # connection state
@@ -341,7 +349,7 @@ class CallActor:
 
     def _do_cancel_older(self, effect: CancelOlderReads) -> None:
         if self._tools is not None:
-            self._tools.start_soon(self._tell_executor, CancelReads(self.call_id, effect.before_epoch))
+            self._tools.start_soon(self._tell_executor, CancelReads(self.call_id, effect.before_epoch, effect.keep))
 
     def _do_wake(self, effect: WakeAt) -> None:
         if self._watch_scope is not None:  # the watch sleeps until its old wake time
@@ -661,7 +669,8 @@ class CallActor:
         while True:
             wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
-                       self.protocol.budget_wake, self.protocol.idle_wake, self.protocol.wrap_up_wake)
+                       self.protocol.budget_wake, self.protocol.idle_wake, self.protocol.wrap_up_wake,
+                       self.protocol.slow_wake)
             with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason

@@ -42,7 +42,7 @@ from typing import Any, Callable
 from voiceactors.call.meter import FAREWELL, FAREWELL_MAX_S, GRACE_S, BudgetState, CallMeter
 from voiceactors.call.state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
-    HostedToolStatus, Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
+    HostedToolStatus, Origin, SlowCourse, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
 )
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
 from voiceactors.call.state import ToolFinished as ToolFinished
@@ -89,6 +89,28 @@ IDLE_GOODBYE_MAX_S = FAREWELL_MAX_S
 #: waits for it to end, or this long for it to start (a session with
 #: ``create_response: false`` starts none), rather than be refused while it is active.
 SERVICE_ANSWER_WAIT_S = 2.0
+
+
+#: The acknowledgement's response parameters: a tool call the user waits for
+#: is slow (overriding the session's for that response only).
+TOOL_ACK: dict[str, Any] = {
+    "instructions": ("A tool you called is still working. Tell the user, in one short and natural sentence, that "
+                     "you are on it and will tell them as soon as you have it. Do not guess its answer, do not say "
+                     "that anything is done, and say nothing else."),
+    "tool_choice": "none",
+}
+#: After speech with no user item (a turn the service dropped), the floor is
+#: taken free again after this long: a kept answer is not held back for ever.
+USER_TURN_MAX_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlowTools:
+    """The shell's settings for slow tool calls (docs/calls.md § Slow tools).
+    ``ack_after_s`` 0: no acknowledgement (the protocol's default; the call
+    actor sets ``tool_ack_after_s``)."""
+
+    ack_after_s: float = 0.0
 
 
 def wrap_up_response(minutes_left: int) -> dict[str, Any]:
@@ -237,9 +259,11 @@ class Prefetch:
 
 @dataclass(frozen=True, slots=True)
 class CancelOlderReads:
-    """Tell the executor to cancel this call's reads issued before ``before_epoch``."""
+    """Tell the executor to cancel this call's reads issued before
+    ``before_epoch``, but those in ``keep`` (acknowledged slow calls)."""
 
     before_epoch: int
+    keep: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,11 +386,13 @@ class CallProtocol:
     """
 
     def __init__(self, call_id: str, *, effect_of: Callable[[str], ToolEffect | None] = lambda name: None,
+                 may_defer: Callable[[str], bool] = lambda name: False,
                  started: float = 0.0, context: CallContext | None = None, debug_logs: bool = True) -> None:
         self.call_id = call_id
         self.context = context                      # linked context, selection, greeting (call_context.py)
         self.started = started
         self._effect_of = effect_of
+        self._may_defer = may_defer                 # whether a tool's slow call may be acknowledged (ToolSpec)
         self.debug_logs = debug_logs
         # Whether a feed event would reach anyone now (the shell's
         # ``CallFeed.listened``): when not, the feed's events (all but
@@ -410,6 +436,13 @@ class CallProtocol:
         self.wrap_up_at = math.inf                  # when the wrap-up is due (math.inf: never)
         self.ends_at = math.inf                     # the call's time limit (the shell ends it there)
         self._wrap_up_event: str | None = None      # the wrap-up's event id
+        self.slow_tools = SlowTools()               # the shell sets the settings'
+        self._ack_due: dict[str, Batch] = {}        # batches whose acknowledgement may come (slow ack_due)
+        self._kept: dict[str, Batch] = {}           # acknowledged batches not spoken yet (slow kept)
+        self._kept_calls: set[str] = set()          # their tool calls not answered yet
+        # the user's turn holds the floor until the service's answer to it
+        # starts (or this time passes: no answer comes); -inf: the floor is free
+        self._floor_held_until = -math.inf
 
     # ----------------------------------------------------------- the API
 
@@ -458,6 +491,10 @@ class CallProtocol:
             self._idle_timer()
         if self.wrap_up is WrapUp.PENDING and self._now >= self.wrap_up_at:
             self._wrap_up_due()
+        if self._ack_due or self._kept:
+            if self._now >= self._floor_held_until:
+                self._floor_held_until = -math.inf
+            self._maybe_follow_up()
 
     def _in_written_at_close(self, message: WrittenAtClose) -> None:
         call = self.calls[message.tool_call_id]
@@ -602,6 +639,7 @@ class CallProtocol:
         batch = self._batch(rid)
         self.active.add(rid)
         self.retry_at = None
+        self._floor_held_until = -math.inf     # the answer to the user's turn (if one was held) started
         if self.idle is IdleCourse.GOODBYE_DUE:
             self._goodbye_after = -math.inf     # the service's answer started: the goodbye follows its end
         if new and self.create_inflight is not None:
@@ -626,11 +664,14 @@ class CallProtocol:
         for batch in self._undecided_batches():
             if batch is started:
                 continue
-            if batch.status not in ENDED_OK or batch.epoch != self.epoch or started.epoch != self.epoch:
+            if batch.status not in ENDED_OK or started.epoch != self.epoch:
+                continue
+            if batch.epoch != self.epoch and not batch.kept:
                 continue
             seqs = [self.calls[c].confirmed_seq for c in batch.calls]
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
+                self._kept.pop(batch.response_id, None)    # a kept answer: that response speaks it
                 if self.debug_logs:
                     self._log(LogLevel.DEBUG, "response.follow_up_by_model", response_id=batch.response_id,
                               by=started.response_id, epoch=self.epoch)
@@ -747,11 +788,14 @@ class CallProtocol:
             self._idle_goodbye_done(rid)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
+        elif batch.status == BatchStatus.COMPLETED and batch.calls:
+            self._slow_watch(batch)
         self._maybe_follow_up()
 
     def _on_speech_started(self) -> None:
         self.turn += 1
         self._speech_turn = True
+        self._floor_held_until = self._now + USER_TURN_MAX_S
         if self.idle_timeouts:
             self._user_back()
         self._advance_epoch("speech_started")
@@ -770,6 +814,11 @@ class CallProtocol:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
             self._speech_turn = False
+            if self._floor_held_until > self._now:
+                # the turn is in: the service's answer starts soon, or none comes
+                self._floor_held_until = min(self._floor_held_until, self._now + SERVICE_ANSWER_WAIT_S)
+                if self._kept or self._ack_due:
+                    self._emit(WakeAt(self._floor_held_until))
 
     def _on_error(self, error: Any) -> None:
         """An ``error``: what it does is ``refusals.REFUSALS``' row for its
@@ -879,12 +928,13 @@ class CallProtocol:
     def _advance_epoch(self, why: str) -> None:
         self.epoch += 1
         for batch in self._undecided_batches():
-            if batch.epoch < self.epoch:
+            if batch.epoch < self.epoch and not batch.kept:
                 batch.follow_up = FollowUp.SUPERSEDED
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
         if self.tools_running():
-            self._emit(CancelOlderReads(self.epoch))
+            # the acknowledged reads run on: the user was told to wait for them
+            self._emit(CancelOlderReads(self.epoch, keep=frozenset(self._kept_calls)))
 
     # -------------------------------------------------------------- tools
 
@@ -940,6 +990,7 @@ class CallProtocol:
         self._finish(call, result)
 
     def _finish(self, call: ToolCall, result: ToolFinished) -> None:
+        self._slow_answered(call)
         call.duration_ms = result.duration_ms
         call.outcome = result.outcome
         if result.tool and result.tool != call.name:
@@ -984,6 +1035,7 @@ class CallProtocol:
         self._running.discard(call.tool_call_id)
         if call.state == ToolCallState.RUNNING:
             call.outcome = ToolOutcome.FAILED if message.executor_gone else ToolOutcome.CANCELLED
+            self._slow_answered(call)
             self._abandon(call)
 
     def _abandon(self, call: ToolCall) -> None:
@@ -1113,8 +1165,13 @@ class CallProtocol:
             return
         if self.wrap_up is not WrapUp.PENDING and not self._wrap_up_said():
             return                      # the wrap-up is due: it carries the finished batches
-        due = [batch for batch in self._finished_batches() if self._outputs_written(batch)]
+        # an acknowledged batch is spoken at a quiet moment: not in the user's turn
+        floor_free = self._now >= self._floor_held_until
+        due = [batch for batch in self._finished_batches()
+               if self._outputs_written(batch) and (floor_free or not batch.kept)]
         if not due:
+            if self._ack_due and floor_free:
+                self._acknowledge_slow()
             return
         event = rt.response_create()
         create = self._create_for(event, due)
@@ -1124,14 +1181,14 @@ class CallProtocol:
         self._emit(Send(event))
 
     def _finished_batches(self) -> list[Batch]:
-        """The ended batches of the current epoch still waiting for a
-        follow-up, in the order they were created; an older epoch's are
-        marked superseded on the way."""
+        """The ended batches of the current epoch (or kept: acknowledged)
+        still waiting for a follow-up, in the order they were created; an
+        older epoch's are marked superseded on the way."""
         finished = []
         for batch in self._undecided_batches():
             if batch.status not in ENDED_OK:
                 continue
-            if batch.epoch < self.epoch:
+            if batch.epoch < self.epoch and not batch.kept:
                 batch.follow_up = FollowUp.SUPERSEDED
                 continue
             finished.append(batch)
@@ -1154,6 +1211,8 @@ class CallProtocol:
         self.create_inflight = create.event_id
         for batch in due:
             batch.follow_up = FollowUp.OURS
+            if batch.kept:
+                self._slow_delivered(batch, create.event_id)
         return create
 
     # ---------------------------------------------------- usage and budget
@@ -1216,12 +1275,17 @@ class CallProtocol:
         return sent is not None and sent.result != CreateResult.SENT
 
     def _ask_parting_words(self, response: dict[str, Any], *, why: str) -> str | None:
-        """Send the ``response.create`` of parting words once every finished
-        batch's outputs are written (outputs first: the conversation stays
-        consistent); its event id, or None while outputs are still due."""
-        due = self._finished_batches()
-        if not all(self._outputs_written(batch) for batch in due):
-            return None
+        """Send the ``response.create`` of parting words (or an
+        acknowledgement) once every finished batch's outputs are written
+        (outputs first: the conversation stays consistent); its event id, or
+        None while outputs are still due. An acknowledged batch still waiting
+        for its slow calls does not hold them up (it is spoken later)."""
+        due = []
+        for batch in self._finished_batches():
+            if self._outputs_written(batch):
+                due.append(batch)
+            elif not batch.kept:
+                return None
         event = rt.response_create(response)
         create = self._create_for(event, due)
         self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
@@ -1313,6 +1377,84 @@ class CallProtocol:
         if self.idle is not IdleCourse.ENDED:
             self.idle = IdleCourse.TALKING
             self._goodbye_after = self._idle_end_at = math.inf
+
+    # --------------------------------------------------------- slow tools
+
+    @property
+    def slow_wake(self) -> float:
+        """When the slow calls want a ``Timer`` (math.inf: never): the next
+        acknowledgement due, or the end of the wait for the service's answer
+        to the user's turn while a kept answer waits to be spoken."""
+        # a time already past asks for no wake-up (the shell would wake at once, again and again)
+        now = self._now
+        wake = min((batch.ack_at for batch in self._ack_due.values() if batch.ack_at > now), default=math.inf)
+        if (self._kept or self._ack_due) and self._floor_held_until > now:
+            wake = min(wake, self._floor_held_until)
+        return wake
+
+    def _slow_watch(self, batch: Batch) -> None:
+        """A completed response with tool calls: if its calls have not all
+        answered ``ack_after_s`` from now, they may be acknowledged."""
+        after = self.slow_tools.ack_after_s
+        if after <= 0 or batch.slow is not None or batch.epoch < self.epoch or self._outputs_written(batch):
+            return
+        batch.slow = SlowCourse.ACK_DUE
+        batch.ack_at = self._now + after
+        self._ack_due[batch.response_id] = batch
+        self._emit(WakeAt(batch.ack_at))
+
+    def _acknowledge_slow(self) -> None:
+        """At a quiet moment (the caller checked: connected, no response
+        active or asked for, the floor free, nothing else due), ask for the
+        acknowledgement of one batch whose calls are still unanswered
+        ``ack_after_s`` after its response ended: only when every one of them
+        may defer (a write answers before anything is said about it). Once
+        asked for, the batch is kept: a later turn does not supersede it, its
+        reads are not cancelled, and its outputs are spoken at the next quiet
+        moment after they are written (``_maybe_follow_up``)."""
+        for rid, batch in list(self._ack_due.items()):
+            if batch.follow_up is not None or batch.epoch < self.epoch or self._outputs_written(batch):
+                del self._ack_due[rid]          # decided, superseded, or answered in time
+                batch.slow = None
+                continue
+            if self._now < batch.ack_at:
+                continue
+            waiting = [c for c in batch.calls if self.calls[c].state in UNANSWERED]
+            if not waiting or not all(self._may_defer(self.calls[c].name) for c in waiting):
+                continue    # answered (its outputs go out now), or a write still runs: asked again later
+            batch.slow = SlowCourse.KEPT        # first: the acknowledgement does not wait for its outputs
+            event_id = self._ask_parting_words(TOOL_ACK, why="tool_ack")
+            if event_id is None:
+                batch.slow = SlowCourse.ACK_DUE
+                return
+            del self._ack_due[rid]
+            self._kept[rid] = batch
+            self._kept_calls.update(waiting)
+            batch.ack_t = self._now
+            waited_ms = round((self._now - batch.done_t) * 1000, 1) if batch.done_t is not None else None
+            self._record(RecordKind.SLOW_ACK, response_id=rid, tool_call_ids=waiting, event_id=event_id,
+                         waited_ms=waited_ms)
+            self._log(LogLevel.INFO, "tool.acknowledged", response_id=rt.clip(rid, PEER_STRING_MAX),
+                      tool_calls=len(waiting), epoch=self.epoch)
+            return
+
+    def _slow_answered(self, call: ToolCall) -> None:
+        """An acknowledged call answered (or was abandoned): the wait is over."""
+        if call.tool_call_id not in self._kept_calls:
+            return
+        self._kept_calls.discard(call.tool_call_id)
+        batch = self.batches[call.response_id]
+        waited_ms = round((self._now - batch.ack_t) * 1000, 1) if batch.ack_t is not None else None
+        self._record(RecordKind.SLOW_OUTPUT, tool_call_id=call.tool_call_id, response_id=call.response_id,
+                     waited_ms=waited_ms)
+
+    def _slow_delivered(self, batch: Batch, event_id: str) -> None:
+        """A kept batch's follow-up is asked for: its answers are spoken."""
+        if self._kept.pop(batch.response_id, None) is None:
+            return
+        since_ms = round((self._now - batch.ack_t) * 1000, 1) if batch.ack_t is not None else None
+        self._record(RecordKind.SLOW_DELIVERY, response_id=batch.response_id, event_id=event_id,
+                     since_ack_ms=since_ms, epoch=self.epoch)
 
     # ----------------------------------------------------- the time limit
 

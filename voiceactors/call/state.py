@@ -35,6 +35,7 @@ service refused every output of the batch) or None (not yet decided).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -121,6 +122,13 @@ class FollowUp(StrEnum):
     SUPERSEDED = "superseded"
     FAILED = "failed"
     REFUSED = "refused"        # the service refused every output of it: it awaits no response for them
+
+
+class SlowCourse(StrEnum):
+    """Where a batch stands with its slow tool calls (docs/calls.md § Slow tools)."""
+
+    ACK_DUE = "ack_due"   # its response ended with calls unanswered: acknowledged at ``ack_at`` if still so
+    KEPT = "kept"         # acknowledged: its calls outlive later turns, its outputs are spoken at a quiet moment
 
 
 class CreateResult(StrEnum):
@@ -281,6 +289,14 @@ class Batch:
     follow_up: FollowUp | None = None
     done_t: float | None = None       # trio time its response.done was read
     ordinal: int = 0                  # its place in the order batches were first seen
+    slow: SlowCourse | None = None    # its slow calls' course (None: none of them was slow)
+    ack_at: float = math.inf          # when its acknowledgement is due (``slow`` ack_due)
+    ack_t: float | None = None        # trio time its acknowledgement was asked for
+
+    @property
+    def kept(self) -> bool:
+        """Acknowledged: later turns do not supersede it (its calls answer and are spoken)."""
+        return self.slow is SlowCourse.KEPT
 
 
 @dataclass

@@ -97,6 +97,10 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object", "additionalProperties": False,
         "properties": {"response_create": {"type": "boolean"}, "timeout_s": _NUM},
     },
+    "wait_create": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"timeout_s": _NUM},
+    },
     "barge_in": {
         "type": "object", "additionalProperties": False,
         "properties": {"after_ms": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
@@ -130,6 +134,7 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object", "additionalProperties": False,
         "properties": {"text": {"type": "string"}, "wait_s": _NUM},
     },
+    "async_tools": {"type": "boolean"},
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},
     "silence": _NUM,

@@ -1,0 +1,192 @@
+"""Slow tool calls over the simulator (docs/calls.md § Slow tools): a call
+still unanswered ``tool_ack_after_s`` after its response ended is
+acknowledged once, the conversation goes on, and its answer is spoken once
+at the next quiet moment. Each test also checks the invariants: every tool
+call answered exactly once, never a ``response.create`` while a response is
+active (no error from the service), every write applied once. The rules
+alone: tests/test_call_protocol.py (slow tools)."""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from calls_support import Gate, assert_clean_protocol, gated_registry, rig, steady
+from voiceactors.call.protocol import TOOL_ACK
+from voiceactors.http.timeline_svg import render
+
+ACK_S = 0.7
+
+
+def _acks(sc) -> list[dict]:
+    return [e for e in sc.received if e["type"] == "response.create"
+            and e.get("response", {}).get("instructions") == TOOL_ACK["instructions"]]
+
+
+def _plain_creates(sc) -> list[dict]:
+    return [e for e in sc.received if e["type"] == "response.create" and "instructions" not in e.get("response", {})]
+
+
+def _kinds(record: list[dict], kind: str) -> list[dict]:
+    return [x for x in record if x["kind"] == kind]
+
+
+async def _release_when(sc, gate: Gate, ready, after_s: float = 0.0) -> None:
+    """Let the gated tool answer once ``ready(sc)`` holds (and ``after_s`` more)."""
+    await sc.wait_until(ready)
+    await trio.sleep(after_s)
+    gate.release.set()
+
+
+def _ack_heard(sc) -> bool:
+    """The acknowledgement's response has ended."""
+    return bool(_acks(sc)) and any(r.origin == "default" and r.status != "in_progress" for r in sc.responses)
+
+
+SLOW_READ = [
+    {"async_tools": True},
+    {"user_turn": {"text": "When did I last see the dentist?"}},
+    {"response": {"tool_calls": [{"name": "journal.search", "arguments": {"query": "dentist"}}]}},
+    {"wait_outputs": {}},
+    {"response": {"text": "You saw the dentist on Tuesday."}},
+    {"sleep": 1},
+    {"close": 1000},
+]
+
+
+async def test_a_slow_read_is_acknowledged_once_then_spoken_once(tmp_path, autojump_clock):
+    gate = Gate()
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), tool_ack_after_s=ACK_S) as r:
+        r.nursery.start_soon(_release_when, r.sim.add_call("rtc_slow", steady(SLOW_READ)), gate, _ack_heard, 3.0)
+        actor, sc = await r.run_call("rtc_slow")
+        record = r.record("rtc_slow")
+    assert_clean_protocol(sc, creates=2)          # one acknowledgement, one delivery
+    [ack] = _acks(sc)
+    assert ack["response"]["tool_choice"] == "none"
+    [delivery] = _plain_creates(sc)
+    assert sc.received.index(ack) < sc.received.index(delivery)
+    assert [(x.origin, x.status) for x in sc.responses] == [
+        ("scenario", "completed"), ("default", "completed"), ("client", "completed")]
+    [call_id] = sc.tool_calls
+    assert json.loads(sc.outputs[call_id][0]) == {"ok": True}
+    [acked] = _kinds(record, "slow_ack")
+    assert acked["tool_call_ids"] == [call_id] and acked["waited_ms"] == ACK_S * 1000
+    [waited] = _kinds(record, "slow_output")
+    assert waited["tool_call_id"] == call_id and waited["waited_ms"] >= 3000
+    [spoken] = _kinds(record, "slow_delivery")
+    assert spoken["event_id"] == delivery["event_id"]
+    assert acked["t"] < waited["t"] <= spoken["t"]
+    svg = render(record)             # the timeline's row: acknowledged, the wait, spoken
+    assert "slow tools" in svg and "acknowledged after 700 ms" in svg and "answer spoken" in svg
+
+
+async def test_a_second_question_is_answered_while_the_first_tool_still_runs(tmp_path, autojump_clock):
+    scenario = [
+        {"async_tools": True},
+        {"user_turn": {"text": "When did I last see the dentist?"}},
+        {"response": {"tool_calls": [{"name": "journal.search", "arguments": {"query": "dentist"}}]}},
+        {"sleep": 2},
+        {"user_turn": {"text": "And what time is it?"}},
+        {"response": {"text": "It is ten past nine."}},
+        {"wait_outputs": {}},
+        {"response": {"text": "And the dentist was on Tuesday."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ]
+    gate = Gate()
+
+    def second_answered(sc) -> bool:
+        return sum(1 for x in sc.responses if x.status == "completed") >= 3
+
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), tool_ack_after_s=ACK_S) as r:
+        r.nursery.start_soon(_release_when, r.sim.add_call("rtc_two", steady(scenario)), gate, second_answered, 1.0)
+        actor, sc = await r.run_call("rtc_two")
+        record = r.record("rtc_two")
+    assert_clean_protocol(sc, creates=2)          # the acknowledgement, then the delivery
+    [search] = sc.tool_calls
+    assert json.loads(sc.outputs[search][0]) == {"ok": True}   # kept through the second turn, not cancelled
+    assert [(x.origin, x.status) for x in sc.responses] == [
+        ("scenario", "completed"), ("default", "completed"), ("scenario", "completed"), ("client", "completed")]
+    assert sc.violations == []
+    [spoken] = _kinds(record, "slow_delivery")
+    assert spoken["response_id"] == sc.tool_calls[search].response_id
+    assert actor.calls[search].epoch < actor.epoch
+
+
+def _completed(n: int):
+    def ready(sc) -> bool:
+        return sum(1 for x in sc.responses if x.status == "completed") >= n
+    return ready
+
+
+async def _slow_call(tmp_path, call_id: str, scenario: list, ready, after_s: float = 1.0):
+    gate = Gate()
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), tool_ack_after_s=ACK_S) as r:
+        r.nursery.start_soon(_release_when, r.sim.add_call(call_id, steady(scenario)), gate, ready, after_s)
+        actor, sc = await r.run_call(call_id)
+        record = r.record(call_id)
+    return actor, sc, record
+
+
+ASKED = [
+    {"async_tools": True},
+    {"user_turn": {"text": "When did I last see the dentist?"}},
+    {"response": {"tool_calls": [{"name": "journal.search", "arguments": {"query": "dentist"}}]}},
+]
+
+
+async def test_a_barge_in_during_the_acknowledgement_keeps_the_read_and_its_answer_is_spoken(tmp_path, autojump_clock):
+    scenario = ASKED + [
+        {"wait_create": {}},
+        {"response": {"text": "One moment, I am looking that up for you.", "hold_s": 5}},
+        {"barge_in": {"after_ms": 500, "text": "And what time is it?"}},
+        {"response": {"text": "It is ten past nine."}},
+        {"wait_outputs": {}},
+        {"response": {"text": "And the dentist was on Tuesday."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ]
+    actor, sc, record = await _slow_call(tmp_path, "rtc_cut_ack", scenario, _completed(2))
+    assert_clean_protocol(sc, creates=2)
+    [search] = sc.tool_calls
+    assert json.loads(sc.outputs[search][0]) == {"ok": True}
+    assert [(x.origin, x.status) for x in sc.responses] == [
+        ("scenario", "completed"), ("client", "cancelled"), ("scenario", "completed"), ("client", "completed")]
+    assert len(_acks(sc)) == 1 and len(_kinds(record, "slow_delivery")) == 1
+
+
+async def test_a_barge_in_during_the_wait_keeps_the_read_and_its_answer_is_spoken(tmp_path, autojump_clock):
+    scenario = ASKED + [
+        {"sleep": 3},
+        {"barge_in": {"text": "Oh, and what time is it?"}},
+        {"response": {"text": "It is ten past nine."}},
+        {"wait_outputs": {}},
+        {"response": {"text": "And the dentist was on Tuesday."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ]
+    actor, sc, record = await _slow_call(tmp_path, "rtc_cut_wait", scenario, _completed(3))
+    assert_clean_protocol(sc, creates=2)
+    [search] = sc.tool_calls
+    assert json.loads(sc.outputs[search][0]) == {"ok": True}
+    assert [(x.origin, x.status) for x in sc.responses] == [
+        ("scenario", "completed"), ("default", "completed"), ("scenario", "completed"), ("client", "completed")]
+    [spoken] = _kinds(record, "slow_delivery")
+    assert spoken["t"] > _kinds(record, "slow_output")[0]["t"] - 1e-9
+
+
+async def test_a_barge_in_during_the_delivery_is_not_followed_by_a_second_delivery(tmp_path, autojump_clock):
+    scenario = ASKED + [
+        {"wait_outputs": {}},
+        {"response": {"text": "The dentist was on Tuesday, at ten in the morning, with", "hold_s": 5}},
+        {"barge_in": {"after_ms": 500, "text": "Thanks, that is enough."}},
+        {"response": {"text": "Sure."}},
+        {"sleep": 5},
+        {"close": 1000},
+    ]
+    actor, sc, record = await _slow_call(tmp_path, "rtc_cut_delivery", scenario, _ack_heard, 2.0)
+    assert_clean_protocol(sc, creates=2)
+    assert [(x.origin, x.status) for x in sc.responses] == [
+        ("scenario", "completed"), ("default", "completed"), ("client", "cancelled"), ("scenario", "completed")]
+    assert len(_kinds(record, "slow_delivery")) == 1

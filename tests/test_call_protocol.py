@@ -1392,3 +1392,58 @@ def test_before_the_acknowledgement_a_barge_in_cancels_the_read_as_before():
     w.now = 0.7
     w.feed(Timer())
     assert w.creates() == [] and w.records("slow_ack") == []
+
+
+# ------------------------------------------------- interrupted, truthful
+
+def system_items(w: Wire) -> list[str]:
+    return [e.event["item"]["content"][0]["text"] for e in w.of(Send)
+            if e.event["type"] == "conversation.item.create" and e.event["item"].get("role") == "system"]
+
+
+def test_a_report_of_writes_cut_short_tells_the_model_which_were_done():
+    w = Wire()
+    w.server(speech(), created("r1"), item_added("r1", "w1", "commitments.add"),
+             item_done("r1", "w1", "commitments.add", '{"text": "call mum"}'))
+    w.server(item_added("r1", "w2", "commitments.add"),
+             item_done("r1", "w2", "commitments.add", '{"text": "buy milk"}'), done("r1"))
+    w.finish("w1")
+    w.finish("w2", output='{"error": "journal busy"}', outcome="busy")
+    w.write()
+    w.server(created("r2"))                        # our follow-up: the report
+    w.server({"type": "response.output_item.added", "response_id": "r2", "output_index": 0,
+              "item": {"id": "msg_r2", "type": "message", "role": "assistant", "status": "in_progress",
+                       "content": []}})
+    w.server({"type": "response.output_audio_transcript.done", "response_id": "r2", "item_id": "msg_r2",
+              "output_index": 0, "content_index": 0, "transcript": "I added both"})
+    w.server(speech(), {"type": "conversation.item.truncated", "item_id": "msg_r2", "content_index": 0,
+                        "audio_end_ms": 640})
+    assert system_items(w) == []
+    w.server(done("r2", status="cancelled"))
+    [item] = system_items(w)
+    assert 'Done: commitments.add {"text": "call mum"}.' in item
+    assert 'Not done: commitments.add {"text": "buy milk"}.' in item
+    [heard] = w.records("heard")
+    assert heard == {"response_id": "r2", "turn": 2, "done": ["w1"], "not_done": ["w2"],
+                     "heard": [{"item_id": "msg_r2", "text": "I added both", "audio_end_ms": 640}]}
+
+
+def test_the_truthful_item_waits_for_a_write_still_running_and_reads_are_left_out():
+    w = Wire()
+    w.server(speech(), created("r1"), item_added("r1", "w1", "commitments.add"),
+             item_done("r1", "w1", "commitments.add"), item_added("r1", "c1"), item_done("r1", "c1"))
+    w.server(speech(), done("r1", status="cancelled"))      # cut while the write runs
+    assert system_items(w) == [] and w.records("heard") == []
+    w.finish("c1")
+    assert system_items(w) == []
+    w.finish("w1")
+    [item] = system_items(w)
+    assert "Done: commitments.add {}" in item and "calendar.today" not in item
+    assert w.records("heard")[0]["done"] == ["w1"]
+
+
+def test_a_reply_cut_short_without_writes_is_recorded_but_sends_no_item():
+    w = Wire()
+    w.server(speech(), created("r1"), done("r1", status="cancelled"))
+    assert system_items(w) == []
+    assert w.records("heard") == [{"response_id": "r1", "turn": 1, "heard": [], "done": [], "not_done": []}]

@@ -190,3 +190,45 @@ async def test_a_barge_in_during_the_delivery_is_not_followed_by_a_second_delive
     assert [(x.origin, x.status) for x in sc.responses] == [
         ("scenario", "completed"), ("default", "completed"), ("client", "cancelled"), ("scenario", "completed")]
     assert len(_kinds(record, "slow_delivery")) == 1
+
+
+# ------------------------------------------------------- interrupted, truthful
+
+def _system_items(sc) -> list[str]:
+    return [e["item"]["content"][0]["text"] for e in sc.received if e["type"] == "conversation.item.create"
+            and e["item"].get("type") == "message" and e["item"].get("role") == "system"]
+
+
+async def test_a_write_cut_off_mid_report_is_followed_by_one_truthful_item(tmp_path, autojump_clock):
+    scenario = steady([
+        {"user_turn": {"text": "Mark the dentist follow-up done."}},
+        {"response": {"tool_calls": [{"name": "commitments.complete",
+                                      "arguments": {"commitment_id": "lg_dentist", "resolution": "done"}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Done, I marked the dentist follow-up as", "hold_s": 5}},
+        {"barge_in": {"after_ms": 300, "text": "Wait, did that work?"}},
+        {"response": {"text": "Yes, it is marked done."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ])
+    gate = Gate({"ok": True, "written": 1})
+    gate.release.set()                       # the write answers at once
+    async with rig(tmp_path, registry=gated_registry("commitments.complete", gate, effect="write"),
+                   tool_ack_after_s=ACK_S) as r:
+        actor, sc = await r.run_call("rtc_truth", scenario)
+        record = r.record("rtc_truth")
+    assert_clean_protocol(sc, creates=1)
+    assert gate.calls == 1                   # applied once
+    [write] = sc.tool_calls
+    [report] = sc.responses[1:2]
+    assert (report.origin, report.status) == ("client", "cancelled")
+    [item] = _system_items(sc)
+    assert item.startswith("The user interrupted your reply") and "Done: commitments.complete" in item
+    assert "lg_dentist" in item and "Not done: none." in item
+    kinds = [e["type"] for e in sc.received]
+    assert kinds.index("conversation.item.create", kinds.index("response.create")) < len(kinds)
+    [heard] = _kinds(record, "heard")
+    assert heard["response_id"] == report.id and heard["done"] == [write] and heard["not_done"] == []
+    [said] = heard["heard"]
+    assert said["text"] == "Done, I marked the dentist follow-up as"
+    assert _acks(sc) == []                   # a write is never acknowledged

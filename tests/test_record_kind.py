@@ -83,6 +83,8 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.BUDGET, {"budget_usd": 0.001, "cost_usd": 0.002}),
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
+        (RecordKind.HEARD, {"response_id": "resp_2", "turn": 1, "heard": [
+            {"item_id": "item_a1", "text": "On Thursday you", "audio_end_ms": 900}], "done": [], "not_done": []}),
         (RecordKind.SLOW_ACK, {"response_id": "resp_1", "tool_call_ids": [tool_call_id], "event_id": "evt_ack",
                                "waited_ms": 700.0}),
         (RecordKind.SLOW_OUTPUT, {"tool_call_id": tool_call_id, "response_id": "resp_1", "waited_ms": 1500.0}),
@@ -177,8 +179,10 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
     assert all(kind in set(RecordKind) for kind in written), set(written) - set(RecordKind)
     # every kind but a cut transcript (a barge-in's timing: test_transcript_order.py), the
     # service's idle timeout (a silent user: test_call_idle.py), the time limit's wrap-up
-    # (test_call_time_limit.py) and a slow tool call's lines (test_call_slow_tools.py) came up
+    # (test_call_time_limit.py), a slow tool call's lines and a cut reply's heard line
+    # (test_call_slow_tools.py) came up
     assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP,
+                                              RecordKind.HEARD,
                                               RecordKind.SLOW_ACK, RecordKind.SLOW_OUTPUT,
                                               RecordKind.SLOW_DELIVERY}
 

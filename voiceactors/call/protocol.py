@@ -54,7 +54,7 @@ from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
-from voiceactors.tool_effect import READ, ToolEffect
+from voiceactors.tool_effect import READ, WRITE, ToolEffect
 
 
 #: The server events the protocol acts on; the reader skips the rest (deltas,
@@ -65,7 +65,7 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.added", "conversation.item.created", "conversation.item.done", "error",
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
-    "input_audio_buffer.timeout_triggered",
+    "input_audio_buffer.timeout_triggered", "conversation.item.truncated",
 })
 
 #: Longest tool name kept from the peer (ours are under 40 characters).
@@ -99,6 +99,25 @@ TOOL_ACK: dict[str, Any] = {
                      "that anything is done, and say nothing else."),
     "tool_choice": "none",
 }
+#: How many assistant items' transcripts and truncations are kept for the
+#: ``heard`` line of a reply cut short (the latest ones: a cut reply is recent).
+HEARD_ITEMS_KEPT = 32
+#: Longest arguments of a write named in the truthful report.
+REPORT_ARGUMENTS_MAX = 300
+
+
+def truthful_report(done: list[ToolCall], not_done: list[ToolCall]) -> str:
+    """The system item after a barge-in cut short the assistant's report of
+    writes: which were done and which were not, so the model neither denies
+    nor repeats one."""
+    def named(calls: list[ToolCall]) -> str:
+        return "; ".join(f"{c.name} {rt.clip(c.arguments or '{}', REPORT_ARGUMENTS_MAX)}" for c in calls) or "none"
+
+    return ("The user interrupted your reply while it reported changes to the journal. Done: "
+            f"{named(done)}. Not done: {named(not_done)}. Do not say that a done change failed and do not make "
+            "it again; do not say that a change not done was made.")
+
+
 #: After speech with no user item (a turn the service dropped), the floor is
 #: taken free again after this long: a kept answer is not held back for ever.
 USER_TURN_MAX_S = 15.0
@@ -443,6 +462,12 @@ class CallProtocol:
         # the user's turn holds the floor until the service's answer to it
         # starts (or this time passes: no answer comes); -inf: the floor is free
         self._floor_held_until = -math.inf
+        # the latest assistant items' transcripts and truncation points (the service's
+        # conversation.item.truncated), for the heard line of a reply cut short
+        self._said: dict[str, str] = {}
+        self._truncated_at: dict[str, int] = {}
+        # cut replies whose report waits for a write still running: response id -> (line fields, write ids)
+        self._reports_due: dict[str, tuple[dict[str, Any], list[str]]] = {}
 
     # ----------------------------------------------------------- the API
 
@@ -604,6 +629,8 @@ class CallProtocol:
             self._on_output_item(response_id, item, done=kind == "response.output_item.done")
         elif kind == "response.done":
             response = event.response
+            if response.status == BatchStatus.CANCELLED:
+                self._cut_short(response)
             for item_id in self.spoken.response_done(response):
                 self._record(RecordKind.TRANSCRIPT_CUT, item_id=item_id)
             self._on_response_done(response)
@@ -625,6 +652,8 @@ class CallProtocol:
             self._on_rate_limits(event.rate_limits)
         elif kind == "input_audio_buffer.timeout_triggered":
             self._on_idle_timeout()
+        elif kind == "conversation.item.truncated":
+            self._keep_recent(self._truncated_at, event.item_id, event.audio_end_ms)
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
@@ -918,6 +947,8 @@ class CallProtocol:
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
         if not text:
             return
+        if role == "assistant" and item_id:
+            self._keep_recent(self._said, item_id, text)
         self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
                      **self.spoken.place_transcript(item_id))
         if self.publishing():
@@ -1000,6 +1031,8 @@ class CallProtocol:
             advance(call, ToolCallEvent.ANSWER)
             self._context_tool_finished(call, result)
             self._queue_output(call)
+        if self._reports_due:
+            self._reports_waiting_on(call)
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                       current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
@@ -1044,6 +1077,8 @@ class CallProtocol:
         call.abandon()
         self._log(LogLevel.INFO, "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         self._queue_output(call)
+        if self._reports_due:
+            self._reports_waiting_on(call)
 
     def _on_recovered(self, pending: Recovered) -> None:
         """A rejoin: take over a tool call the crashed run left pending. They
@@ -1437,6 +1472,52 @@ class CallProtocol:
             self._log(LogLevel.INFO, "tool.acknowledged", response_id=rt.clip(rid, PEER_STRING_MAX),
                       tool_calls=len(waiting), epoch=self.epoch)
             return
+
+    # ------------------------------------------------- interrupted, truthful
+
+    @staticmethod
+    def _keep_recent(kept: dict[str, Any], key: str | None, value: Any) -> None:
+        if key:
+            kept[key] = value
+            if len(kept) > HEARD_ITEMS_KEPT:
+                del kept[next(iter(kept))]
+
+    def _cut_short(self, response: Any) -> None:
+        """A response ended ``cancelled`` (the user barged in, or our
+        cancel): a ``heard`` line says what the user heard of it (its
+        messages' transcripts as far as they came, cut where the service
+        says it truncated the audio) and which writes it reported on or made
+        were done and which not; when there are such writes, one system item
+        tells the model the same (once they have all answered)."""
+        rid = response.id or ""
+        heard = [{"item_id": item_id, "text": self._said.get(item_id),
+                  "audio_end_ms": self._truncated_at.get(item_id)} for item_id in self.spoken.messages_of(rid)]
+        reported = [r for create in self.creates.values() if create.response_id == rid for r in create.batches]
+        writes = [c for r in [rid, *reported] if r in self.batches for c in self.batches[r].calls
+                  if self._effect_of(self.calls[c].name) == WRITE]
+        fields: dict[str, Any] = {"response_id": rid, "turn": self.turn, "heard": heard}
+        self._reports_due[rid] = (fields, writes)
+        self._report_if_settled(rid)
+
+    def _report_if_settled(self, rid: str) -> None:
+        fields, writes = self._reports_due[rid]
+        calls = [self.calls[c] for c in writes]
+        if any(call.state == ToolCallState.RUNNING for call in calls):
+            return      # a write still running: it finishes, then the report says how
+        del self._reports_due[rid]
+        done = [c for c in calls if c.outcome in (ToolOutcome.OK, ToolOutcome.REPLAYED) and not c.synthetic]
+        not_done = [c for c in calls if c not in done]
+        self._record(RecordKind.HEARD, **fields, done=[c.tool_call_id for c in done],
+                     not_done=[c.tool_call_id for c in not_done])
+        if calls and self.connected:
+            self._log(LogLevel.INFO, "call.truthful_report", response_id=rt.clip(rid, PEER_STRING_MAX),
+                      done=len(done), not_done=len(not_done), epoch=self.epoch)
+            self._emit(Send(rt.system_message(truthful_report(done, not_done))))
+
+    def _reports_waiting_on(self, call: ToolCall) -> None:
+        """A write answered: the reports of cut replies that waited for it go out."""
+        for rid in [r for r, (_, writes) in self._reports_due.items() if call.tool_call_id in writes]:
+            self._report_if_settled(rid)
 
     def _slow_answered(self, call: ToolCall) -> None:
         """An acknowledged call answered (or was abandoned): the wait is over."""

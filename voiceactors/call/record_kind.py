@@ -37,6 +37,7 @@ class RecordKind(StrEnum):
     SLOW_ACK = "slow_ack"                # a batch's slow tool calls were acknowledged (the user hears so)
     SLOW_OUTPUT = "slow_output"          # an acknowledged tool call answered: the wait ended
     SLOW_DELIVERY = "slow_delivery"      # an acknowledged batch's outputs are spoken (its follow-up)
+    HEARD = "heard"                      # a reply cut short: what the user heard of it, which writes were done
     WRAP_UP = "wrap_up"                  # the call's time limit is near: the assistant is asked to say so
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end
     END = "end"                          # a run's last line (none after a crash)

@@ -197,7 +197,7 @@ async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dic
         write_sample_journal(journal, days=3, today=DAY)
     base: dict[str, Any] = dict(journal=journal, state_dir=tmp_path / "state", tool_timeout_read_s=math.inf,
                                 tool_timeout_write_s=math.inf, call_idle_timeout_s=math.inf,
-                                call_max_duration_s=math.inf)
+                                call_max_duration_s=math.inf, tool_ack_after_s=0.0)
     base.update(changes)
     settings = Settings(**base)
     sim = Simulator(scenario, api_key=KEY)

@@ -1447,3 +1447,45 @@ def test_a_reply_cut_short_without_writes_is_recorded_but_sends_no_item():
     w.server(speech(), created("r1"), done("r1", status="cancelled"))
     assert system_items(w) == []
     assert w.records("heard") == [{"response_id": "r1", "turn": 1, "heard": [], "done": [], "not_done": []}]
+
+
+def test_at_most_max_in_flight_slow_calls_are_acknowledged_at_once():
+    w = slow_wire()
+    w.p.slow_tools = SlowTools(ack_after_s=0.7, max_in_flight=1)
+    w.server(speech())
+    one_tool_turn(w, "r1", "c1")
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack1"), done("r_ack1"))
+    w.now = 1.0
+    w.server(speech(), typed_turn("u2"))
+    w.now = 1.1
+    one_tool_turn(w, "r2", "c2", "entities.get")             # the second question needs a slow read too
+    w.now = 1.8
+    w.feed(Timer())
+    assert len(acks(w)) == 1                                  # c1 is still in flight: no second acknowledgement
+    assert w.logs("tool.ack_bounded")[0]["in_flight"] == 1
+    w.finish("c1")                                            # one fewer in flight: c2 is acknowledged now
+    w.write()
+    assert len(acks(w)) == 2 and len(w.creates()) == 2
+    assert [line["tool_call_ids"] for line in w.records("slow_ack")] == [["c1"], ["c2"]]
+    w.server(created("r_ack2"), done("r_ack2"))               # then, at the next quiet moment, c1's answer
+    delivery = w.creates()[-1]
+    assert w.p.creates[delivery.event["event_id"]].batches == ["r1"]
+
+
+def test_a_result_after_the_calls_end_is_recorded_not_spoken():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.p.end_decided()
+    w.now = 5.0
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1                              # the acknowledgement only
+    [line] = w.records("slow_output")
+    assert line["after_end"] is True and w.records("slow_delivery") == []

@@ -232,3 +232,57 @@ async def test_a_write_cut_off_mid_report_is_followed_by_one_truthful_item(tmp_p
     [said] = heard["heard"]
     assert said["text"] == "Done, I marked the dentist follow-up as"
     assert _acks(sc) == []                   # a write is never acknowledged
+
+
+# ------------------------------------------------------------------ bounds
+
+async def test_at_most_tool_slow_max_calls_are_acknowledged_at_once(tmp_path, autojump_clock):
+    scenario = ASKED + [
+        {"sleep": 2},
+        {"user_turn": {"text": "And who is Daniel?"}},
+        {"response": {"tool_calls": [{"name": "entities.get", "arguments": {"entity_slug": "daniel"}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Daniel Park is a friend of yours."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ]
+    search, person = Gate(), Gate()
+    specs = [s for s in gated_registry("journal.search", search).values() if s.name != "entities.get"]
+    specs.append(gated_registry("entities.get", person)["entities.get"])
+    registry = {s.name: s for s in specs}
+
+    async def release_in_turn(sc) -> None:
+        await _release_when(sc, search, _completed(3), 2.0)     # the second read is past its ack time by then
+        await _release_when(sc, person, _completed(5), 1.0)
+
+    async with rig(tmp_path, registry=registry, tool_ack_after_s=ACK_S, tool_slow_max=1) as r:
+        r.nursery.start_soon(release_in_turn, r.sim.add_call("rtc_bound", steady(scenario)))
+        actor, sc = await r.run_call("rtc_bound")
+        record = r.record("rtc_bound")
+    assert_clean_protocol(sc, creates=4)
+    acked = _kinds(record, "slow_ack")
+    first, second = sc.tool_calls
+    assert [line["tool_call_ids"] for line in acked] == [[first], [second]]
+    # the second was acknowledged only once the first had answered
+    [first_done] = [x for x in _kinds(record, "slow_output") if x["tool_call_id"] == first]
+    assert acked[1]["t"] >= first_done["t"] and acked[1]["waited_ms"] >= 2000
+    assert len(_kinds(record, "slow_delivery")) == 2
+
+
+async def test_a_result_after_the_call_ended_is_recorded_not_spoken(tmp_path, autojump_clock):
+    scenario = ASKED + [{"wait_create": {}}, {"sleep": 2}, {"close": 1000}]
+    gate = Gate()
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), tool_ack_after_s=ACK_S) as r:
+        try:
+            actor, sc = await r.run_call("rtc_after", steady(scenario))
+        finally:
+            gate.release.set()
+        record = r.record("rtc_after")
+    assert actor.end_reason == "closed_by_service"
+    assert sc.response_creates == 1 and len(_acks(sc)) == 1 and sc.error_codes == []
+    assert sc.outputs == {}                                   # the service had ended the call
+    [call_id] = sc.tool_calls
+    [line] = _kinds(record, "slow_output")
+    assert line["tool_call_id"] == call_id and line["after_end"] is True
+    [settled] = [x for x in _kinds(record, "tool_call") if x["tool_call_id"] == call_id]
+    assert settled["delivered"] is False and _kinds(record, "slow_delivery") == []

@@ -193,6 +193,11 @@ class Settings:
         "and speaks the answer when it comes (`0`: off; docs/calls.md § Slow tools)",
         env="VOICEACTORS_TOOL_ACK_AFTER", unit="s", minimum=0,
         short="acknowledge a slow tool call after this long (`0`: off)")
+    tool_slow_max: int = setting(
+        2, TOOLS, "acknowledged slow tool calls still unanswered at once in one call; a batch that would pass it "
+        "is not acknowledged and waits in silence, as with `tool_ack_after_s` 0, until fewer are in flight",
+        env="VOICEACTORS_TOOL_SLOW_MAX", unit="tool calls", minimum=0,
+        short="acknowledged slow tool calls in flight per call")
     tool_output_cap: int = setting(
         64_000, TOOLS, "characters of one tool output", env="VOICEACTORS_TOOL_OUTPUT_CAP", unit="chars",
         positive=True)

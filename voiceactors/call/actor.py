@@ -181,7 +181,8 @@ class CallActor:
         self.protocol = CallProtocol(call_id, effect_of=_tool_effect, may_defer=_tool_may_defer,
                                      debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
-        self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s)
+        self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s,
+                                             max_in_flight=settings.tool_slow_max)
         # a feed no one listens to: the protocol does not build its events (six a round)
         self.protocol.publishing = feed.listened if feed is not None else _never_published
         # connection state
@@ -513,6 +514,7 @@ class CallActor:
                 finally:
                     if self.ended_at is None:
                         self.ended_at = trio.current_time()
+                    self.protocol.end_decided()
                     with trio.CancelScope(shield=True) as scope:
                         scope.deadline = trio.current_time() + self.settings.close_deadline_s
                         await self._settle_tools(scope.deadline)
@@ -881,6 +883,7 @@ class CallActor:
         not yet written (synthetic output for abandoned ones), hang up when
         the browser is gone, close cleanly. Bounded by ``deadline`` (a
         ``move_on_at``: reaching it skips the rest; the caller shields it)."""
+        self.protocol.end_decided()    # what answers from now on is recorded, not spoken
         with trio.move_on_at(deadline):
             await self._settle_tools(trio.current_time() + (deadline - trio.current_time()) / 2)
             for scope in list(self._tool_scopes.values()):

@@ -130,6 +130,7 @@ class SlowTools:
     actor sets ``tool_ack_after_s``)."""
 
     ack_after_s: float = 0.0
+    max_in_flight: int = 2      # acknowledged calls unanswered at once; a batch past it is not acknowledged
 
 
 def wrap_up_response(minutes_left: int) -> dict[str, Any]:
@@ -468,6 +469,7 @@ class CallProtocol:
         self._truncated_at: dict[str, int] = {}
         # cut replies whose report waits for a write still running: response id -> (line fields, write ids)
         self._reports_due: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        self.over = False       # the call's end is decided (``end_decided``): nothing more is spoken
 
     # ----------------------------------------------------------- the API
 
@@ -546,6 +548,12 @@ class CallProtocol:
     def tools_running(self) -> bool:
         """Whether a tool run (started or prefetched) has not reported back."""
         return bool(self._running or self._prefetching)
+
+    def end_decided(self) -> None:
+        """The shell decided the call ends (its bounded close follows): a
+        result that comes from now on is recorded, never spoken (its output
+        may still be written by the close; no response is asked for)."""
+        self.over = True
 
     def closing_outputs(self, now: float) -> list[Send]:
         """The end of a call with its socket up: answer every unanswered tool
@@ -1188,7 +1196,7 @@ class CallProtocol:
     def _maybe_follow_up(self) -> None:
         """Send one response.create for the finished batches whose every
         output is written, if the epoch is theirs and no response is active."""
-        if not self.connected or self.create_inflight is not None or self.active:
+        if not self.connected or self.create_inflight is not None or self.active or self.over:
             return
         if self.retry_at is not None:
             return
@@ -1457,6 +1465,13 @@ class CallProtocol:
             waiting = [c for c in batch.calls if self.calls[c].state in UNANSWERED]
             if not waiting or not all(self._may_defer(self.calls[c].name) for c in waiting):
                 continue    # answered (its outputs go out now), or a write still runs: asked again later
+            if len(self._kept_calls) + len(waiting) > self.slow_tools.max_in_flight:
+                if not batch.bounded:
+                    batch.bounded = True
+                    self._log(LogLevel.INFO, "tool.ack_bounded", response_id=rt.clip(rid, PEER_STRING_MAX),
+                              tool_calls=len(waiting), in_flight=len(self._kept_calls),
+                              max_in_flight=self.slow_tools.max_in_flight)
+                continue    # too many slow calls already: it waits as any batch (asked again when fewer)
             batch.slow = SlowCourse.KEPT        # first: the acknowledgement does not wait for its outputs
             event_id = self._ask_parting_words(TOOL_ACK, why="tool_ack")
             if event_id is None:
@@ -1527,7 +1542,7 @@ class CallProtocol:
         batch = self.batches[call.response_id]
         waited_ms = round((self._now - batch.ack_t) * 1000, 1) if batch.ack_t is not None else None
         self._record(RecordKind.SLOW_OUTPUT, tool_call_id=call.tool_call_id, response_id=call.response_id,
-                     waited_ms=waited_ms)
+                     waited_ms=waited_ms, after_end=self.over)
 
     def _slow_delivered(self, batch: Batch, event_id: str) -> None:
         """A kept batch's follow-up is asked for: its answers are spoken."""

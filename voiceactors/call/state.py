@@ -292,6 +292,7 @@ class Batch:
     slow: SlowCourse | None = None    # its slow calls' course (None: none of them was slow)
     ack_at: float = math.inf          # when its acknowledgement is due (``slow`` ack_due)
     ack_t: float | None = None        # trio time its acknowledgement was asked for
+    bounded: bool = False             # its acknowledgement was held back by the bound on slow calls (logged once)
 
     @property
     def kept(self) -> bool:

@@ -20,8 +20,8 @@ from voiceactors.call.protocol import (
     ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, IDLE_GOODBYE, IDLE_GOODBYE_MAX_S, SERVICE_ANSWER_WAIT_S,
     CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
-    Send, SlowTools, StartTool, TOOL_ACK, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose,
-    wrap_up_response,
+    Send, SlowTools, StartTool, TOOL_ACK, Timer, ToolAbandoned, ToolFinished, ToolProgress, WakeAt, Written,
+    WrittenAtClose, progress_response, wrap_up_response,
 )
 from voiceactors.call.meter import GRACE_S
 from voiceactors.call.refusals import BACKOFF_S
@@ -1489,3 +1489,49 @@ def test_a_result_after_the_calls_end_is_recorded_not_spoken():
     assert len(w.creates()) == 1                              # the acknowledgement only
     [line] = w.records("slow_output")
     assert line["after_end"] is True and w.records("slow_delivery") == []
+
+
+def test_progress_is_published_and_one_progress_line_is_spoken_past_the_threshold():
+    w = slow_wire()
+    w.p.slow_tools = SlowTools(ack_after_s=0.7, progress_after_s=5.0)
+    one_tool_turn(w)                                          # c1 starts at 0
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 2.0
+    w.feed(ToolProgress("c1", 1, 4, "reading page 1"))
+    [shown] = [e for e in w.of(Publish) if e.kind == "tool_progress"]
+    assert shown.fields == {"tool": "calendar.today", "tool_call_id": "c1", "epoch": 0, "progress": 1,
+                            "total": 4, "message": "reading page 1"}
+    assert len(w.creates()) == 1 and WakeAt(5.0) in w.effects and w.p.slow_wake == 5.0
+    w.now = 5.0
+    w.feed(Timer())                                           # past the threshold: the latest progress, once
+    [_, line] = w.creates()
+    assert line.event["response"] == progress_response(1, 4)
+    assert "25 percent" in line.event["response"]["instructions"]
+    assert "reading page" not in line.event["response"]["instructions"]   # a source's words are data
+    w.write()
+    w.server(created("r_progress"), done("r_progress"))
+    w.now = 8.0
+    w.feed(ToolProgress("c1", 3, 4, "reading page 3"))
+    w.feed(Timer())
+    assert len(w.creates()) == 2                              # one progress line per batch
+    assert w.records("slow_progress") == [{"response_id": "r1", "tool_call_id": "c1", "progress": 1, "total": 4,
+                                           "event_id": line.event["event_id"]}]
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 3                              # then the answer
+
+
+def test_no_progress_line_before_the_acknowledgement_nor_after_the_answer():
+    w = slow_wire(ack_after_s=0.0)                            # never acknowledged
+    w.p.slow_tools = SlowTools(ack_after_s=0.0, progress_after_s=5.0)
+    one_tool_turn(w)
+    w.now = 6.0
+    w.feed(ToolProgress("c1", 0.5, None, None))
+    w.feed(Timer())
+    assert w.creates() == []
+    w.finish("c1")
+    w.feed(ToolProgress("c1", 0.9, None, None))               # late: the call has answered
+    assert [e for e in w.of(Publish) if e.kind == "tool_progress"][-1].fields["progress"] == 0.5

@@ -13,7 +13,7 @@ import json
 import trio
 
 from calls_support import Gate, assert_clean_protocol, gated_registry, rig, steady
-from voiceactors.call.protocol import TOOL_ACK
+from voiceactors.call.protocol import TOOL_ACK, progress_response
 from voiceactors.http.timeline_svg import render
 
 ACK_S = 0.7
@@ -286,3 +286,51 @@ async def test_a_result_after_the_call_ended_is_recorded_not_spoken(tmp_path, au
     assert line["tool_call_id"] == call_id and line["after_end"] is True
     [settled] = [x for x in _kinds(record, "tool_call") if x["tool_call_id"] == call_id]
     assert settled["delivered"] is False and _kinds(record, "slow_delivery") == []
+
+
+# ---------------------------------------------------------------- progress
+
+async def test_an_mcp_sources_progress_is_shown_and_one_progress_line_is_spoken(tmp_path, autojump_clock):
+    from mcp_support import McpTestServer, ToolDef, mcp_rig, text_result
+
+    async def crawl(args: dict, ctx) -> object:
+        for step in range(1, 4):
+            await ctx.session.send_progress_notification(ctx.meta["progress_token"], step, 4, f"page {step} of 4",
+                                                         related_request_id=ctx.request_id)
+            await trio.sleep(2.5)
+        return text_result("four pages read")
+
+    autojump_clock.autojump_threshold = 0.1     # loopback answers take real milliseconds (test_mcp_hostile.py)
+    server = McpTestServer([ToolDef("crawl", crawl, with_context=True)], event_stream=True)   # a stream: room for notifications
+    scenario = steady([
+        {"async_tools": True},
+        {"user_turn": {"text": "Read the site for me."}},
+        {"response": {"tool_calls": [{"name": "crm.crawl", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "It has four pages."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ])
+    async with mcp_rig(tmp_path, {"crm": server}, tool_ack_after_s=ACK_S, tool_progress_after_s=5.0) as (r, _):
+        feed = r.hub.open("rtc_progress")
+        events = feed.subscribe()
+        actor, sc = await r.run_call("rtc_progress", scenario, feed=feed)
+        record = r.record("rtc_progress")
+    assert_clean_protocol(sc, creates=3)          # the acknowledgement, one progress line, the answer
+    [call_id] = sc.tool_calls
+    assert "four pages read" in sc.outputs[call_id][0]
+    creates = [e for e in sc.received if e["type"] == "response.create"]
+    assert creates[0]["response"] == TOOL_ACK
+    assert creates[1]["response"] == progress_response(2, 4)   # the latest at 5 s: page 2 of 4
+    assert "page" not in creates[1]["response"]["instructions"]
+    [spoken] = _kinds(record, "slow_progress")
+    assert (spoken["progress"], spoken["total"]) == (2, 4)
+    shown = []
+    while True:
+        try:
+            event = events.receive_nowait()
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+        if event["type"] == "tool.progress":
+            shown.append((event["progress"], event["total"], event["message"]))
+    assert shown == [(1, 4, "page 1 of 4"), (2, 4, "page 2 of 4"), (3, 4, "page 3 of 4")]

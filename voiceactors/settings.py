@@ -198,6 +198,11 @@ class Settings:
         "is not acknowledged and waits in silence, as with `tool_ack_after_s` 0, until fewer are in flight",
         env="VOICEACTORS_TOOL_SLOW_MAX", unit="tool calls", minimum=0,
         short="acknowledged slow tool calls in flight per call")
+    tool_progress_after_s: float = setting(
+        5.0, TOOLS, "an acknowledged tool call whose source reports progress (MCP progress notifications) and has "
+        "run this long gets one progress line spoken (`0`: never; the console's tool feed shows progress "
+        "either way)", env="VOICEACTORS_TOOL_PROGRESS_AFTER", unit="s", minimum=0,
+        short="speak one progress line of a slow tool call after this long (`0`: never)")
     tool_output_cap: int = setting(
         64_000, TOOLS, "characters of one tool output", env="VOICEACTORS_TOOL_OUTPUT_CAP", unit="chars",
         positive=True)

@@ -51,6 +51,7 @@ from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish, RateLimits,
     PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, SlowTools, StartTool, Timer, ToolAbandoned, ToolFinished,
+    ToolProgress,
     WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.call.state import Batch, ToolCall, ToolOutcome
@@ -182,7 +183,8 @@ class CallActor:
                                      debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
         self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s,
-                                             max_in_flight=settings.tool_slow_max)
+                                             max_in_flight=settings.tool_slow_max,
+                                             progress_after_s=settings.tool_progress_after_s)
         # a feed no one listens to: the protocol does not build its events (six a round)
         self.protocol.publishing = feed.listened if feed is not None else _never_published
         # connection state
@@ -828,7 +830,7 @@ class CallActor:
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
                               arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send,
-                              selection=selection)
+                              selection=selection, progress=functools.partial(self._tool_progress, start.tool_call_id))
         pending: ToolRequest | None
         try:
             # handed over in this turn when the inbox has room: the executor
@@ -866,6 +868,13 @@ class CallActor:
                 self._tools_idle.set()
             if self._step:
                 await self._write_step()   # the output, from this task's own step
+
+    def _tool_progress(self, tool_call_id: str, progress: float, total: float | None, message: str | None) -> None:
+        """A progress notification of a running tool (called by its MCP
+        source's connection task, on the trio thread): fed to the protocol
+        at once; what it sends (a progress line) joins the writer's queue."""
+        self._feed(ToolProgress(tool_call_id, progress, total, message))
+        self._queue_step()
 
     async def _settle_tools(self, deadline: float) -> None:
         """Stop the reads of this call and give started writes until
@@ -1062,6 +1071,8 @@ def _publisher(kind: PublishKind) -> Callable[..., None]:
             return CallFeed.tool_started
         case PublishKind.TOOL_DONE:
             return CallFeed.tool_done
+        case PublishKind.TOOL_PROGRESS:
+            return CallFeed.tool_progress
         case PublishKind.CLIENT_EVENTS:
             return CallFeed.client_events
         case PublishKind.TRANSCRIPT:

@@ -131,7 +131,26 @@ class SlowTools:
 
     ack_after_s: float = 0.0
     max_in_flight: int = 2      # acknowledged calls unanswered at once; a batch past it is not acknowledged
+    progress_after_s: float = 5.0   # a progress line may be spoken once a call has run this long (0: never)
 
+
+#: Longest progress message of a source's passed to the client feed (never to the model).
+PROGRESS_MESSAGE_MAX = 200
+
+
+def progress_response(progress: float, total: float | None) -> dict[str, Any]:
+    """The progress line's response parameters (overriding the session's for
+    that response only). Only the numbers: the source's message is its own
+    text, data for the feed, never an instruction to the model."""
+    if total:
+        how_far = f"about {max(0, min(100, round(100 * progress / total)))} percent of it is done"
+    else:
+        how_far = "it has made some progress"
+    return {
+        "instructions": (f"A tool you called is still working; {how_far}. Tell the user so in one short, natural "
+                         "sentence, and that you will tell them the answer when it comes. Say nothing else."),
+        "tool_choice": "none",
+    }
 
 def wrap_up_response(minutes_left: int) -> dict[str, Any]:
     """The wrap-up's response parameters, a few minutes before the call's
@@ -187,6 +206,17 @@ class Written:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """A running tool call's source reported progress (MCP
+    ``notifications/progress``): its numbers and message, as sent."""
+
+    tool_call_id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ToolAbandoned:
     """A tool task ended without a result: cancelled by the actor, or the
     executor was gone (``executor_gone``)."""
@@ -234,7 +264,7 @@ class WrittenAtClose:
 
 #: Everything the call actor feeds its protocol.
 CallInput = (Connected | Received | Written | ToolFinished | ToolAbandoned | Disconnected | Dropped | Timer
-             | Recovered | WrittenAtClose)
+             | Recovered | WrittenAtClose | ToolProgress)
 
 
 # ----------------------------------------------------------------- effects
@@ -310,6 +340,7 @@ class PublishKind(StrEnum):
 
     TOOL_STARTED = "tool_started"
     TOOL_DONE = "tool_done"
+    TOOL_PROGRESS = "tool_progress"
     CLIENT_EVENTS = "client_events"
     TRANSCRIPT = "transcript"
     USAGE = "usage"
@@ -470,6 +501,7 @@ class CallProtocol:
         # cut replies whose report waits for a write still running: response id -> (line fields, write ids)
         self._reports_due: dict[str, tuple[dict[str, Any], list[str]]] = {}
         self.over = False       # the call's end is decided (``end_decided``): nothing more is spoken
+        self._progress_due: dict[str, Batch] = {}   # batches a call of which reported progress (no line yet)
 
     # ----------------------------------------------------------- the API
 
@@ -518,7 +550,7 @@ class CallProtocol:
             self._idle_timer()
         if self.wrap_up is WrapUp.PENDING and self._now >= self.wrap_up_at:
             self._wrap_up_due()
-        if self._ack_due or self._kept:
+        if self._ack_due or self._kept or self._progress_due:
             if self._now >= self._floor_held_until:
                 self._floor_held_until = -math.inf
             self._maybe_follow_up()
@@ -1215,6 +1247,8 @@ class CallProtocol:
         if not due:
             if self._ack_due and floor_free:
                 self._acknowledge_slow()
+            if self._progress_due and floor_free and self.create_inflight is None:
+                self._speak_progress()
             return
         event = rt.response_create()
         create = self._create_for(event, due)
@@ -1433,6 +1467,9 @@ class CallProtocol:
         wake = min((batch.ack_at for batch in self._ack_due.values() if batch.ack_at > now), default=math.inf)
         if (self._kept or self._ack_due) and self._floor_held_until > now:
             wake = min(wake, self._floor_held_until)
+        for batch in self._progress_due.values():
+            if now < batch.progress_at < wake:
+                wake = batch.progress_at
         return wake
 
     def _slow_watch(self, batch: Batch) -> None:
@@ -1533,6 +1570,58 @@ class CallProtocol:
         """A write answered: the reports of cut replies that waited for it go out."""
         for rid in [r for r, (_, writes) in self._reports_due.items() if call.tool_call_id in writes]:
             self._report_if_settled(rid)
+
+    def _on_tool_progress(self, note: ToolProgress) -> None:
+        """A running call's source reported progress: the client feed shows
+        it; past ``progress_after_s`` of the call's run, an acknowledged
+        batch gets one progress line (at a quiet moment, as the
+        acknowledgement)."""
+        call = self.calls.get(note.tool_call_id)
+        if call is None or call.state != ToolCallState.RUNNING:
+            return
+        total = note.total if note.total is not None and note.total > 0 else None
+        call.progress = (note.progress, total)
+        if self.publishing():
+            message = rt.clip(note.message, PROGRESS_MESSAGE_MAX) if isinstance(note.message, str) else None
+            self._emit(Publish(PublishKind.TOOL_PROGRESS, {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                                           "epoch": call.epoch, "progress": note.progress,
+                                                           "total": total, "message": message}))
+        after = self.slow_tools.progress_after_s
+        batch = self.batches[call.response_id]
+        if after <= 0 or batch.progress_spoken or batch.follow_up is not None:
+            return
+        if batch.response_id not in self._progress_due:
+            batch.progress_at = (call.started_t if call.started_t is not None else self._now) + after
+            self._progress_due[batch.response_id] = batch
+            if batch.progress_at > self._now:
+                self._emit(WakeAt(batch.progress_at))
+        self._maybe_follow_up()
+
+    def _speak_progress(self) -> None:
+        """At a quiet moment (the caller checked, as for an acknowledgement),
+        ask for one progress line of a kept batch whose call has run past
+        ``progress_after_s`` and reported progress, once per batch."""
+        for rid, batch in list(self._progress_due.items()):
+            running = [self.calls[c] for c in batch.calls if self.calls[c].state == ToolCallState.RUNNING]
+            if batch.follow_up is not None or batch.progress_spoken or not running:
+                del self._progress_due[rid]        # answered, decided or superseded: nothing to say
+                continue
+            if not batch.kept or self._now < batch.progress_at:
+                continue        # only after the acknowledgement (the user was told to wait)
+            reported = [c for c in running if c.progress is not None]
+            if not reported:
+                continue
+            call = reported[-1]
+            assert call.progress is not None
+            progress, total = call.progress
+            event_id = self._ask_parting_words(progress_response(progress, total), why="tool_progress")
+            if event_id is None:
+                return
+            del self._progress_due[rid]
+            batch.progress_spoken = True
+            self._record(RecordKind.SLOW_PROGRESS, response_id=rid, tool_call_id=call.tool_call_id,
+                         progress=progress, total=total, event_id=event_id)
+            return
 
     def _slow_answered(self, call: ToolCall) -> None:
         """An acknowledged call answered (or was abandoned): the wait is over."""
@@ -1657,4 +1746,5 @@ _INPUT_HANDLERS: dict[type, Callable[[CallProtocol, Any], None]] = {
     Timer: CallProtocol._in_timer,
     Recovered: CallProtocol._on_recovered,
     WrittenAtClose: CallProtocol._in_written_at_close,
+    ToolProgress: CallProtocol._on_tool_progress,
 }

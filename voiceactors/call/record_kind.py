@@ -35,6 +35,7 @@ class RecordKind(StrEnum):
     BUDGET = "budget"                    # the call's cost reached its budget
     IDLE = "idle"                        # the service's idle timeout fired (check-in, or goodbye)
     SLOW_ACK = "slow_ack"                # a batch's slow tool calls were acknowledged (the user hears so)
+    SLOW_PROGRESS = "slow_progress"      # an acknowledged call's progress was spoken (one line)
     SLOW_OUTPUT = "slow_output"          # an acknowledged tool call answered: the wait ended
     SLOW_DELIVERY = "slow_delivery"      # an acknowledged batch's outputs are spoken (its follow-up)
     HEARD = "heard"                      # a reply cut short: what the user heard of it, which writes were done

@@ -252,6 +252,8 @@ class ToolCall:
     prefetch: str | None = None       # the arguments it was prefetched with
     held: ToolFinished | None = None  # that read's answer (state ``prefetched``), kept for the start
     run: ToolRun | None = None        # which run answers it (set when it starts)
+    # the latest progress its source reported: (progress, total) (MCP notifications/progress)
+    progress: tuple[float, float | None] | None = None
 
     @property
     def adopted(self) -> bool:
@@ -293,6 +295,8 @@ class Batch:
     ack_at: float = math.inf          # when its acknowledgement is due (``slow`` ack_due)
     ack_t: float | None = None        # trio time its acknowledgement was asked for
     bounded: bool = False             # its acknowledgement was held back by the bound on slow calls (logged once)
+    progress_at: float = math.inf     # when a progress line may be spoken (a call of it reported progress)
+    progress_spoken: bool = False     # its one progress line was asked for
 
     @property
     def kept(self) -> bool:

@@ -9,7 +9,7 @@ barge-in colour), one row per tool call (its duration and outcome; its id
 and epoch in the bar's tooltip), one per call of an OpenAI-hosted MCP tool
 (run by the service: a mark when it ended, its server, tool and status),
 a row for slow tool calls when there were any (the acknowledgement, the
-wait for the answer, its delivery), and vertical marks for reconnects and the end. Text is escaped; the picture
+wait for the answer, a progress line, its delivery), and vertical marks for reconnects and the end. Text is escaped; the picture
 has no script and no external reference, so it is safe as an ``<img>``.
 """
 
@@ -46,7 +46,9 @@ RECONNECT_COLOUR = "#c0392b"
 ACK_COLOUR = "#3a86c8"       # a slow tool call acknowledged
 WAIT_COLOUR = "#c9d8ea"      # ... the wait for its answer
 DELIVERY_COLOUR = "#2f9e6b"  # ... its answer spoken
-SLOW_KINDS = frozenset({RecordKind.SLOW_ACK, RecordKind.SLOW_OUTPUT, RecordKind.SLOW_DELIVERY})
+PROGRESS_COLOUR = "#8f7ac8"  # ... its one progress line spoken
+SLOW_KINDS = frozenset({RecordKind.SLOW_ACK, RecordKind.SLOW_PROGRESS, RecordKind.SLOW_OUTPUT,
+                        RecordKind.SLOW_DELIVERY})
 TEXT = "#2b2b33"
 MUTED = "#6b6b78"
 
@@ -281,6 +283,11 @@ def _slow_row(lines: list[Placed], x: Any, y: float) -> list[str]:
             tip = f"waited {_num(line.get('waited_ms')):.0f} ms for tool call {line.get('tool_call_id')}"
             out.append(_rect(x(begin) + 3, y + 8, x(p.at) - x(begin) - 3, 6, WAIT_COLOUR, rx=2)[:-2]
                        + f"><title>{escape(tip)}</title></rect>")
+        elif kind == RecordKind.SLOW_PROGRESS:
+            total = line.get("total")
+            tip = f"progress spoken · {_num(line.get('progress')):g}" + (f" of {_num(total):g}" if total else "")
+            out.append(_rect(x(p.at), y + 6, 3.0, 10, PROGRESS_COLOUR, rx=1)[:-2]
+                       + f"><title>{escape(tip)}</title></rect>")
         elif kind == RecordKind.SLOW_DELIVERY:
             tip = f"answer spoken · {_num(line.get('since_ack_ms')):.0f} ms after the acknowledgement"
             out.append(_rect(x(p.at), y + 4, 3.0, 14, DELIVERY_COLOUR, rx=1)[:-2]
@@ -330,7 +337,7 @@ def _legend(y: float, *, slow: bool = False) -> tuple[list[str], float]:
              ("reconnect", RECONNECT_COLOUR)]
     if slow:
         items += [("slow tool acknowledged", ACK_COLOUR), ("waiting for its answer", WAIT_COLOUR),
-                  ("its answer spoken", DELIVERY_COLOUR)]
+                  ("its progress spoken", PROGRESS_COLOUR), ("its answer spoken", DELIVERY_COLOUR)]
     out, at = [], 8.0
     for label, colour in items:
         width = 22 + 6.4 * len(label)

@@ -1535,3 +1535,19 @@ def test_no_progress_line_before_the_acknowledgement_nor_after_the_answer():
     w.finish("c1")
     w.feed(ToolProgress("c1", 0.9, None, None))               # late: the call has answered
     assert [e for e in w.of(Publish) if e.kind == "tool_progress"][-1].fields["progress"] == 0.5
+
+
+def test_a_typed_turn_holds_a_kept_answer_back_until_its_answer_has_started_and_ended():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 3.0
+    w.server(typed_turn("u2"))                     # no speech: the client asks for its answer
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1 and WakeAt(3.0 + SERVICE_ANSWER_WAIT_S) in w.effects
+    w.server(created("r_typed"), done("r_typed"))
+    assert len(w.creates()) == 2

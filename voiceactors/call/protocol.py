@@ -717,6 +717,7 @@ class CallProtocol:
             create = self.creates[self.create_inflight]
             create.response_id = rid
             batch.origin = Origin.OURS
+            batch.reports = create.batches
             self.create_inflight = None
             self._backoff_retries = 0
         elif new:
@@ -883,11 +884,15 @@ class CallProtocol:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
             self._speech_turn = False
+            waiting = bool(self._kept or self._ack_due)
             if self._floor_held_until > self._now:
                 # the turn is in: the service's answer starts soon, or none comes
                 self._floor_held_until = min(self._floor_held_until, self._now + SERVICE_ANSWER_WAIT_S)
-                if self._kept or self._ack_due:
-                    self._emit(WakeAt(self._floor_held_until))
+            elif waiting:
+                # a typed turn: its answer (asked for by the client) may start soon too
+                self._floor_held_until = self._now + SERVICE_ANSWER_WAIT_S
+            if waiting:
+                self._emit(WakeAt(self._floor_held_until))
 
     def _on_error(self, error: Any) -> None:
         """An ``error``: what it does is ``refusals.REFUSALS``' row for its
@@ -1544,7 +1549,8 @@ class CallProtocol:
         rid = response.id or ""
         heard = [{"item_id": item_id, "text": self._said.get(item_id),
                   "audio_end_ms": self._truncated_at.get(item_id)} for item_id in self.spoken.messages_of(rid)]
-        reported = [r for create in self.creates.values() if create.response_id == rid for r in create.batches]
+        batch = self.batches.get(rid)
+        reported = batch.reports if batch is not None and batch.origin == Origin.OURS else []
         writes = [c for r in [rid, *reported] if r in self.batches for c in self.batches[r].calls
                   if self._effect_of(self.calls[c].name) == WRITE]
         fields: dict[str, Any] = {"response_id": rid, "turn": self.turn, "heard": heard}

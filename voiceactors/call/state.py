@@ -295,6 +295,7 @@ class Batch:
     ack_at: float = math.inf          # when its acknowledgement is due (``slow`` ack_due)
     ack_t: float | None = None        # trio time its acknowledgement was asked for
     bounded: bool = False             # its acknowledgement was held back by the bound on slow calls (logged once)
+    reports: list[str] = field(default_factory=list)   # ours: the batches whose follow-up it is (its create's)
     progress_at: float = math.inf     # when a progress line may be spoken (a call of it reported progress)
     progress_spoken: bool = False     # its one progress line was asked for
 

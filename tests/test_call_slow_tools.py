@@ -334,3 +334,43 @@ async def test_an_mcp_sources_progress_is_shown_and_one_progress_line_is_spoken(
         if event["type"] == "tool.progress":
             shown.append((event["progress"], event["total"], event["message"]))
     assert shown == [(1, 4, "page 1 of 4"), (2, 4, "page 2 of 4"), (3, 4, "page 3 of 4")]
+
+
+# ------------------------------------------------- the simulator's slow tool source
+
+async def test_the_simulators_tool_source_makes_a_tool_slow_and_streams_its_progress(tmp_path, autojump_clock):
+    from mcp_support import mcp_rig
+    from voiceactors.simulator.tool_source import SlowTool, ToolSource
+
+    # the clock jumps only after 0.5 s of real idleness: the quick call's loopback round trip must
+    # not be taken for a slow one under load (its acknowledgement is due 0.7 s on)
+    autojump_clock.autojump_threshold = 0.5
+    source = ToolSource([SlowTool("lookup", text="found it")])
+    scenario = steady([
+        {"async_tools": True},
+        {"user_turn": {"text": "Look it up, quickly."}},
+        {"response": {"tool_calls": [{"name": "sim.lookup", "arguments": {}}]}},     # quick: answered in time
+        {"wait_outputs": {}},
+        {"response": {"text": "Found it."}},
+        {"slow_tool": {"name": "lookup", "run_s": 9, "progress_every_s": 3}},
+        {"user_turn": {"text": "Now look it up properly."}},
+        {"response": {"tool_calls": [{"name": "sim.lookup", "arguments": {"deep": True}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Found it, properly."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ])
+    async with mcp_rig(tmp_path, {"sim": source}, env={"SIM_TOKEN": source.token}, tool_ack_after_s=ACK_S,
+                       tool_progress_after_s=5.0) as (r, _):
+        r.sim.tool_source = source
+        r.sim.add_call("rtc_sim_source", scenario)
+        actor, sc = await r.run_call("rtc_sim_source")
+        record = r.record("rtc_sim_source")
+    assert_clean_protocol(sc, creates=4)          # the first answer; then acknowledged, progress, the answer
+    quick, slow = sc.tool_calls
+    assert [line["tool_call_ids"] for line in _kinds(record, "slow_ack")] == [[slow]]
+    assert source.calls == [("lookup", {}), ("lookup", {"deep": True})]
+    assert source.progress_sent == [("lookup", 1.0, 3.0), ("lookup", 2.0, 3.0)]
+    [spoken] = _kinds(record, "slow_progress")
+    assert (spoken["tool_call_id"], spoken["progress"], spoken["total"]) == (slow, 1.0, 3.0)
+    assert "found it" in sc.outputs[slow][0]

@@ -218,6 +218,7 @@ class SimCall:
         # the calls it went on over (``awaited``) may be answered and spoken in a later turn
         self.async_tools = False
         self.awaited: set[str] = set()
+        self.tool_source: Any = None           # the simulator's slow MCP tool source (``slow_tool`` steps), if any
         self.last_activity_at: float | None = None   # the idle timer's origin: a response.done or the user's speech
         # state
         self.step_index = 0
@@ -1035,6 +1036,13 @@ class CallSession:
 
     async def _step_async_tools(self, on: bool) -> None:
         self.call.async_tools = on
+
+    async def _step_slow_tool(self, spec: dict) -> None:
+        source = self.call.tool_source
+        if source is None or spec["name"] not in source.tools:
+            self.call.violations.append(f"slow_tool {spec['name']!r}: the simulator has no tool source with it")
+            return
+        source.pace(spec["name"], float(spec.get("run_s", 0.0)), float(spec.get("progress_every_s", 0.0)))
 
     async def _step_refuse(self, spec: dict) -> None:
         self.call.refusals.append(Refusal.from_step(spec))

@@ -135,6 +135,10 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"text": {"type": "string"}, "wait_s": _NUM},
     },
     "async_tools": {"type": "boolean"},
+    "slow_tool": {
+        "type": "object", "additionalProperties": False, "required": ["name"],
+        "properties": {"name": {"type": "string", "minLength": 1}, "run_s": _NUM, "progress_every_s": _NUM},
+    },
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},
     "silence": _NUM,

@@ -176,6 +176,38 @@ async def test_a_barge_in_during_the_wait_keeps_the_read_and_its_answer_is_spoke
     assert spoken["t"] > _kinds(record, "slow_output")[0]["t"] - 1e-9
 
 
+async def test_a_write_in_the_next_turn_runs_and_is_answered_while_the_slow_read_waits(tmp_path, autojump_clock):
+    scenario = ASKED + [
+        {"sleep": 3},
+        {"barge_in": {"text": "And mark the dentist follow-up done."}},
+        {"response": {"tool_calls": [{"name": "commitments.complete",
+                                      "arguments": {"commitment_id": "lg_dentist", "resolution": "done"}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "And the dentist was on Tuesday."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ]
+    search, write = Gate(), Gate({"ok": True, "written": 1})
+    write.release.set()                      # the write answers at once
+    specs = [s for s in gated_registry("journal.search", search).values() if s.name != "commitments.complete"]
+    specs.append(gated_registry("commitments.complete", write, effect="write")["commitments.complete"])
+    registry = {s.name: s for s in specs}
+    async with rig(tmp_path, registry=registry, tool_ack_after_s=ACK_S) as r:
+        r.nursery.start_soon(_release_when, r.sim.add_call("rtc_write_meanwhile", steady(scenario)), search,
+                             _completed(4), 1.0)
+        actor, sc = await r.run_call("rtc_write_meanwhile")
+        record = r.record("rtc_write_meanwhile")
+    assert_clean_protocol(sc, creates=3)     # the acknowledgement, the write's follow-up, the read's delivery
+    assert write.calls == 1                  # applied once, never acknowledged (a write answers first)
+    read_id, write_id = sc.tool_calls
+    assert json.loads(sc.outputs[write_id][0]) == {"ok": True, "written": 1}
+    assert json.loads(sc.outputs[read_id][0]) == {"ok": True}
+    assert [line["tool_call_ids"] for line in _kinds(record, "slow_ack")] == [[read_id]]
+    assert [(x.origin, x.status) for x in sc.responses] == [
+        ("scenario", "completed"), ("default", "completed"), ("scenario", "completed"), ("default", "completed"),
+        ("client", "completed")]
+
+
 async def test_a_barge_in_during_the_delivery_is_not_followed_by_a_second_delivery(tmp_path, autojump_clock):
     scenario = ASKED + [
         {"wait_outputs": {}},

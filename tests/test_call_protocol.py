@@ -1551,3 +1551,15 @@ def test_a_typed_turn_holds_a_kept_answer_back_until_its_answer_has_started_and_
     assert len(w.creates()) == 1 and WakeAt(3.0 + SERVICE_ANSWER_WAIT_S) in w.effects
     w.server(created("r_typed"), done("r_typed"))
     assert len(w.creates()) == 2
+
+
+def test_a_write_that_answers_after_the_end_is_decided_is_recorded_and_asks_for_no_response():
+    w = Wire()
+    w.server(speech())
+    one_tool_turn(w, name="commitments.add")
+    w.p.end_decided()
+    w.finish("c1")
+    w.write()
+    assert w.creates() == []                                  # the close writes the output; nobody speaks it
+    assert [line["outcome"] for line in (e.fields for e in w.p.closing_lines()
+                                         if e.kind == "tool_call")] == ["ok"]

@@ -329,7 +329,7 @@ async def test_an_mcp_sources_progress_is_shown_and_one_progress_line_is_spoken(
         for step in range(1, 4):
             await ctx.session.send_progress_notification(ctx.meta["progress_token"], step, 4, f"page {step} of 4",
                                                          related_request_id=ctx.request_id)
-            await trio.sleep(2.5)
+            await trio.sleep(2.0)      # notes at 0, 2 and 4 s: none at the 5 s threshold itself
         return text_result("four pages read")
 
     autojump_clock.autojump_threshold = 0.1     # loopback answers take real milliseconds (test_mcp_hostile.py)
@@ -353,10 +353,10 @@ async def test_an_mcp_sources_progress_is_shown_and_one_progress_line_is_spoken(
     assert "four pages read" in sc.outputs[call_id][0]
     creates = [e for e in sc.received if e["type"] == "response.create"]
     assert creates[0]["response"] == TOOL_ACK
-    assert creates[1]["response"] == progress_response(2, 4)   # the latest at 5 s: page 2 of 4
+    assert creates[1]["response"] == progress_response(3, 4)   # the latest at 5 s: page 3 of 4
     assert "page" not in creates[1]["response"]["instructions"]
     [spoken] = _kinds(record, "slow_progress")
-    assert (spoken["progress"], spoken["total"]) == (2, 4)
+    assert (spoken["progress"], spoken["total"]) == (3, 4)
     shown = []
     while True:
         try:

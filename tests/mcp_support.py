@@ -39,7 +39,7 @@ from voiceactors.simulator import Simulator
 from voiceactors.tools import REGISTRY, ToolContext
 from voiceactors.mcp.client.sources import McpSource
 
-Handler = Callable[[dict[str, Any]], Awaitable[types.CallToolResult]]
+Handler = Callable[..., Awaitable[types.CallToolResult]]   # (arguments) or, with_context, (arguments, ctx)
 
 OBJECT = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -52,6 +52,7 @@ class ToolDef:
     read_only: bool = True
     description: str = "a test tool"
     output_schema: dict[str, Any] | None = None
+    with_context: bool = False      # the handler takes the request's context too (``ctx.report_progress``)
 
 
 def text_result(text: str, *, is_error: bool = False, structured: Any = None) -> types.CallToolResult:
@@ -91,7 +92,10 @@ class McpTestServer:
     async def _call(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
         self.calls.append((params.name, arguments))
-        return await self.tools[params.name].handler(arguments)
+        tool = self.tools[params.name]
+        if tool.with_context:
+            return await tool.handler(arguments, ctx)
+        return await tool.handler(arguments)
 
     async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -197,7 +201,7 @@ async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dic
         write_sample_journal(journal, days=3, today=DAY)
     base: dict[str, Any] = dict(journal=journal, state_dir=tmp_path / "state", tool_timeout_read_s=math.inf,
                                 tool_timeout_write_s=math.inf, call_idle_timeout_s=math.inf,
-                                call_max_duration_s=math.inf)
+                                call_max_duration_s=math.inf, tool_ack_after_s=0.0)
     base.update(changes)
     settings = Settings(**base)
     sim = Simulator(scenario, api_key=KEY)

@@ -20,6 +20,8 @@ PUBLISHED = {
     PublishKind.TOOL_STARTED: ({"tool": "calendar.today", "tool_call_id": "c1", "epoch": 0}, "tool.started"),
     PublishKind.TOOL_DONE: ({"tool": "calendar.today", "tool_call_id": "c1", "epoch": 0,
                              "outcome": ToolOutcome.OK, "duration_ms": 3.0}, "tool.finished"),
+    PublishKind.TOOL_PROGRESS: ({"tool": "crm.crawl", "tool_call_id": "c1", "epoch": 0, "progress": 1,
+                                 "total": 4, "message": "page 1 of 4"}, "tool.progress"),
     PublishKind.CLIENT_EVENTS: ({"events": [{"type": "nav_hint", "target": "/day/2026-12-06"}],
                                  "tool": "journal.select", "tool_call_id": "c1"}, "nav.hint"),
     PublishKind.TRANSCRIPT: ({"role": "assistant", "text": "hello", "item_id": "i1"}, "transcript"),

@@ -20,7 +20,8 @@ from voiceactors.call.protocol import (
     ACTIVE_RESPONSE, BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, IDLE_GOODBYE, IDLE_GOODBYE_MAX_S, SERVICE_ANSWER_WAIT_S,
     CallProtocol, CancelOlderReads, Connected,
     Disconnected, Dropped, EndCall, EndReason, Log, Measure, Prefetch, Publish, Received, Recovered, RecordLine,
-    Send, StartTool, Timer, ToolAbandoned, ToolFinished, WakeAt, Written, WrittenAtClose, wrap_up_response,
+    Send, SlowTools, StartTool, TOOL_ACK, Timer, ToolAbandoned, ToolFinished, ToolProgress, WakeAt, Written,
+    WrittenAtClose, progress_response, wrap_up_response,
 )
 from voiceactors.call.meter import GRACE_S
 from voiceactors.call.refusals import BACKOFF_S
@@ -1268,3 +1269,307 @@ def test_a_rate_limited_wrap_up_is_asked_again_after_the_backoff_not_at_once():
     assert len(w.creates()) == len(BACKOFF_S) + 1               # retries spent: no loop of refusals
     w.server(created("r_user"), done("r_user"))                 # a response event decides again
     assert len(w.creates()) == len(BACKOFF_S) + 2
+
+
+# ------------------------------------------------------------ slow tools
+
+def slow_wire(ack_after_s: float = 0.7) -> Wire:
+    w = Wire()
+    w.p._may_defer = lambda name: name not in WRITES
+    w.p.slow_tools = SlowTools(ack_after_s=ack_after_s)
+    return w
+
+
+def acks(w: Wire) -> list[Send]:
+    return [c for c in w.creates() if c.event.get("response", {}).get("instructions") == TOOL_ACK["instructions"]]
+
+
+def test_a_slow_read_is_acknowledged_once_when_due_then_spoken_once():
+    w = slow_wire()
+    w.server(speech())
+    w.now = 10.0
+    one_tool_turn(w)
+    assert WakeAt(10.7) in w.effects and w.p.slow_wake == 10.7
+    w.now = 10.5
+    w.feed(Timer())
+    assert w.creates() == []                       # not due yet
+    w.now = 10.7
+    w.feed(Timer())
+    [ack] = w.creates()
+    assert ack.event["response"] == TOOL_ACK and w.p.creates[ack.event["event_id"]].batches == []
+    [line] = w.records("slow_ack")
+    assert line["tool_call_ids"] == ["c1"] and line["waited_ms"] == 700.0
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 13.0
+    w.feed(Timer())
+    assert len(w.creates()) == 1                   # one acknowledgement per batch
+    w.finish("c1")
+    w.write()
+    [_, delivery] = w.creates()
+    assert "response" not in delivery.event or "instructions" not in delivery.event.get("response", {})
+    assert w.p.batches["r1"].follow_up == "ours"
+    assert w.records("slow_output")[0]["waited_ms"] == 2300.0
+    assert w.records("slow_delivery")[0]["event_id"] == delivery.event["event_id"]
+
+
+def test_a_read_answering_in_time_is_never_acknowledged():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.3
+    w.finish("c1")
+    w.write()
+    w.now = 0.7
+    w.feed(Timer())
+    assert len(w.creates()) == 1 and acks(w) == [] and w.records("slow_ack") == []
+
+
+def test_no_acknowledgement_while_a_response_is_active_nor_for_a_write():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.server(created("r_model"))                   # the model speaks on its own
+    w.now = 1.0
+    w.feed(Timer())
+    assert w.creates() == []
+    w.server(done("r_model"))                      # the quiet moment: then it goes
+    assert len(acks(w)) == 1
+    v = slow_wire()
+    one_tool_turn(v, name="commitments.add")
+    v.now = 1.0
+    v.feed(Timer())
+    assert v.creates() == [] and v.records("slow_ack") == []     # a write answers before anything is said
+
+
+def test_off_at_zero():
+    w = slow_wire(ack_after_s=0.0)
+    one_tool_turn(w)
+    assert w.of(WakeAt) == [] and w.p.slow_wake == math.inf
+    w.now = 5.0
+    w.feed(Timer())
+    assert w.creates() == []
+
+
+def test_an_acknowledged_read_outlives_the_users_next_turn_and_waits_for_its_answer_to_end():
+    w = slow_wire()
+    w.server(speech())
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 2.0
+    w.server(speech())                             # the user asks something else
+    [cancel] = w.of(CancelOlderReads)
+    assert cancel == CancelOlderReads(2, keep=frozenset({"c1"}))
+    assert w.p.batches["r1"].follow_up is None     # kept, not superseded
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1                   # not over the user: the floor is theirs
+    w.server(typed_turn("u2"))
+    w.server(created("r_answer"))                  # the service answers the new turn
+    assert len(w.creates()) == 1
+    w.server(done("r_answer"))
+    [_, delivery] = w.creates()                    # then the kept answer is spoken
+    assert w.p.creates[delivery.event["event_id"]].batches == ["r1"]
+
+
+def test_a_kept_answer_is_spoken_when_no_answer_to_the_users_turn_comes():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 1.0
+    w.server(speech())
+    w.finish("c1")
+    w.write()
+    w.server({"type": "conversation.item.added",
+              "item": {"id": "u2", "type": "message", "role": "user", "content": []}})
+    assert WakeAt(1.0 + SERVICE_ANSWER_WAIT_S) in w.effects
+    w.now = 1.0 + SERVICE_ANSWER_WAIT_S
+    w.feed(Timer())
+    assert len(w.creates()) == 2
+
+
+def test_before_the_acknowledgement_a_barge_in_cancels_the_read_as_before():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.5
+    w.server(speech())
+    assert w.of(CancelOlderReads) == [CancelOlderReads(1)]
+    assert w.p.batches["r1"].follow_up == "superseded"
+    w.now = 0.7
+    w.feed(Timer())
+    assert w.creates() == [] and w.records("slow_ack") == []
+
+
+# ------------------------------------------------- interrupted, truthful
+
+def system_items(w: Wire) -> list[str]:
+    return [e.event["item"]["content"][0]["text"] for e in w.of(Send)
+            if e.event["type"] == "conversation.item.create" and e.event["item"].get("role") == "system"]
+
+
+def test_a_report_of_writes_cut_short_tells_the_model_which_were_done():
+    w = Wire()
+    w.server(speech(), created("r1"), item_added("r1", "w1", "commitments.add"),
+             item_done("r1", "w1", "commitments.add", '{"text": "call mum"}'))
+    w.server(item_added("r1", "w2", "commitments.add"),
+             item_done("r1", "w2", "commitments.add", '{"text": "buy milk"}'), done("r1"))
+    w.finish("w1")
+    w.finish("w2", output='{"error": "journal busy"}', outcome="busy")
+    w.write()
+    w.server(created("r2"))                        # our follow-up: the report
+    w.server({"type": "response.output_item.added", "response_id": "r2", "output_index": 0,
+              "item": {"id": "msg_r2", "type": "message", "role": "assistant", "status": "in_progress",
+                       "content": []}})
+    w.server({"type": "response.output_audio_transcript.done", "response_id": "r2", "item_id": "msg_r2",
+              "output_index": 0, "content_index": 0, "transcript": "I added both"})
+    w.server(speech(), {"type": "conversation.item.truncated", "item_id": "msg_r2", "content_index": 0,
+                        "audio_end_ms": 640})
+    assert system_items(w) == []
+    w.server(done("r2", status="cancelled"))
+    [item] = system_items(w)
+    assert 'Done: commitments.add {"text": "call mum"}.' in item
+    assert 'Not done: commitments.add {"text": "buy milk"}.' in item
+    [heard] = w.records("heard")
+    assert heard == {"response_id": "r2", "turn": 2, "done": ["w1"], "not_done": ["w2"],
+                     "heard": [{"item_id": "msg_r2", "text": "I added both", "audio_end_ms": 640}]}
+
+
+def test_the_truthful_item_waits_for_a_write_still_running_and_reads_are_left_out():
+    w = Wire()
+    w.server(speech(), created("r1"), item_added("r1", "w1", "commitments.add"),
+             item_done("r1", "w1", "commitments.add"), item_added("r1", "c1"), item_done("r1", "c1"))
+    w.server(speech(), done("r1", status="cancelled"))      # cut while the write runs
+    assert system_items(w) == [] and w.records("heard") == []
+    w.finish("c1")
+    assert system_items(w) == []
+    w.finish("w1")
+    [item] = system_items(w)
+    assert "Done: commitments.add {}" in item and "calendar.today" not in item
+    assert w.records("heard")[0]["done"] == ["w1"]
+
+
+def test_a_reply_cut_short_without_writes_is_recorded_but_sends_no_item():
+    w = Wire()
+    w.server(speech(), created("r1"), done("r1", status="cancelled"))
+    assert system_items(w) == []
+    assert w.records("heard") == [{"response_id": "r1", "turn": 1, "heard": [], "done": [], "not_done": []}]
+
+
+def test_at_most_max_in_flight_slow_calls_are_acknowledged_at_once():
+    w = slow_wire()
+    w.p.slow_tools = SlowTools(ack_after_s=0.7, max_in_flight=1)
+    w.server(speech())
+    one_tool_turn(w, "r1", "c1")
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack1"), done("r_ack1"))
+    w.now = 1.0
+    w.server(speech(), typed_turn("u2"))
+    w.now = 1.1
+    one_tool_turn(w, "r2", "c2", "entities.get")             # the second question needs a slow read too
+    w.now = 1.8
+    w.feed(Timer())
+    assert len(acks(w)) == 1                                  # c1 is still in flight: no second acknowledgement
+    assert w.logs("tool.ack_bounded")[0]["in_flight"] == 1
+    w.finish("c1")                                            # one fewer in flight: c2 is acknowledged now
+    w.write()
+    assert len(acks(w)) == 2 and len(w.creates()) == 2
+    assert [line["tool_call_ids"] for line in w.records("slow_ack")] == [["c1"], ["c2"]]
+    w.server(created("r_ack2"), done("r_ack2"))               # then, at the next quiet moment, c1's answer
+    delivery = w.creates()[-1]
+    assert w.p.creates[delivery.event["event_id"]].batches == ["r1"]
+
+
+def test_a_result_after_the_calls_end_is_recorded_not_spoken():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.p.end_decided()
+    w.now = 5.0
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1                              # the acknowledgement only
+    [line] = w.records("slow_output")
+    assert line["after_end"] is True and w.records("slow_delivery") == []
+
+
+def test_progress_is_published_and_one_progress_line_is_spoken_past_the_threshold():
+    w = slow_wire()
+    w.p.slow_tools = SlowTools(ack_after_s=0.7, progress_after_s=5.0)
+    one_tool_turn(w)                                          # c1 starts at 0
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 2.0
+    w.feed(ToolProgress("c1", 1, 4, "reading page 1"))
+    [shown] = [e for e in w.of(Publish) if e.kind == "tool_progress"]
+    assert shown.fields == {"tool": "calendar.today", "tool_call_id": "c1", "epoch": 0, "progress": 1,
+                            "total": 4, "message": "reading page 1"}
+    assert len(w.creates()) == 1 and WakeAt(5.0) in w.effects and w.p.slow_wake == 5.0
+    w.now = 5.0
+    w.feed(Timer())                                           # past the threshold: the latest progress, once
+    [_, line] = w.creates()
+    assert line.event["response"] == progress_response(1, 4)
+    assert "25 percent" in line.event["response"]["instructions"]
+    assert "reading page" not in line.event["response"]["instructions"]   # a source's words are data
+    w.write()
+    w.server(created("r_progress"), done("r_progress"))
+    w.now = 8.0
+    w.feed(ToolProgress("c1", 3, 4, "reading page 3"))
+    w.feed(Timer())
+    assert len(w.creates()) == 2                              # one progress line per batch
+    assert w.records("slow_progress") == [{"response_id": "r1", "tool_call_id": "c1", "progress": 1, "total": 4,
+                                           "event_id": line.event["event_id"]}]
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 3                              # then the answer
+
+
+def test_no_progress_line_before_the_acknowledgement_nor_after_the_answer():
+    w = slow_wire(ack_after_s=0.0)                            # never acknowledged
+    w.p.slow_tools = SlowTools(ack_after_s=0.0, progress_after_s=5.0)
+    one_tool_turn(w)
+    w.now = 6.0
+    w.feed(ToolProgress("c1", 0.5, None, None))
+    w.feed(Timer())
+    assert w.creates() == []
+    w.finish("c1")
+    w.feed(ToolProgress("c1", 0.9, None, None))               # late: the call has answered
+    assert [e for e in w.of(Publish) if e.kind == "tool_progress"][-1].fields["progress"] == 0.5
+
+
+def test_a_typed_turn_holds_a_kept_answer_back_until_its_answer_has_started_and_ended():
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    w.now = 3.0
+    w.server(typed_turn("u2"))                     # no speech: the client asks for its answer
+    w.finish("c1")
+    w.write()
+    assert len(w.creates()) == 1 and WakeAt(3.0 + SERVICE_ANSWER_WAIT_S) in w.effects
+    w.server(created("r_typed"), done("r_typed"))
+    assert len(w.creates()) == 2
+
+
+def test_a_write_that_answers_after_the_end_is_decided_is_recorded_and_asks_for_no_response():
+    w = Wire()
+    w.server(speech())
+    one_tool_turn(w, name="commitments.add")
+    w.p.end_decided()
+    w.finish("c1")
+    w.write()
+    assert w.creates() == []                                  # the close writes the output; nobody speaks it
+    assert [line["outcome"] for line in (e.fields for e in w.p.closing_lines()
+                                         if e.kind == "tool_call")] == ["ok"]

@@ -84,6 +84,16 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
         (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
+        (RecordKind.HEARD, {"response_id": "resp_2", "turn": 1, "heard": [
+            {"item_id": "item_a1", "text": "On Thursday you", "audio_end_ms": 900}], "done": [], "not_done": []}),
+        (RecordKind.SLOW_ACK, {"response_id": "resp_1", "tool_call_ids": [tool_call_id], "event_id": "evt_ack",
+                               "waited_ms": 700.0}),
+        (RecordKind.SLOW_PROGRESS, {"response_id": "resp_1", "tool_call_id": tool_call_id, "progress": 1,
+                                    "total": 2, "event_id": "evt_progress"}),
+        (RecordKind.SLOW_OUTPUT, {"tool_call_id": tool_call_id, "response_id": "resp_1", "waited_ms": 1500.0,
+                                  "after_end": False}),
+        (RecordKind.SLOW_DELIVERY, {"response_id": "resp_1", "event_id": "evt_1", "since_ack_ms": 1600.0,
+                                    "epoch": 0}),
         (RecordKind.RECONNECT, {"attempt": 1, "delay_s": 0.5, "close_code": 1006}),
         (RecordKind.CONNECT, {"reconnects": 1}),
         (RecordKind.USAGE_TOTAL, {"model": "gpt-realtime", "responses": 1, "tokens": {"text_in": 100,
@@ -173,10 +183,13 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
     assert all(kind in set(RecordKind) for kind in written), set(written) - set(RecordKind)
     # every kind but a cut transcript (a barge-in's timing: test_transcript_order.py), the
     # service's idle timeout (a silent user: test_call_idle.py), the time limit's wrap-up (a
-    # long call: test_call_time_limit.py) and a phone call's PIN and transfer (a phone call:
-    # test_phone_pin.py) came up
+    # long call: test_call_time_limit.py), a phone call's PIN and transfer (a phone call:
+    # test_phone_pin.py), a slow tool call's lines and a cut reply's heard line
+    # (test_call_slow_tools.py) came up
     assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP,
-                                              RecordKind.PHONE}
+                                              RecordKind.PHONE, RecordKind.HEARD, RecordKind.SLOW_PROGRESS,
+                                              RecordKind.SLOW_ACK, RecordKind.SLOW_OUTPUT,
+                                              RecordKind.SLOW_DELIVERY}
 
 
 def literal_record_kinds() -> list[tuple[str, int, str]]:
@@ -268,6 +281,8 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert "no end recorded" in svg
     assert "journal.get_day" in svg and "pending · " in svg and "ok · " in svg
     assert "weather · forecast" in svg and "hosted · failed" in svg
+    assert "slow tools" in svg and "acknowledged after 700 ms" in svg and "waited 1500 ms" in svg
+    assert "answer spoken · 1600 ms after the acknowledgement" in svg and "progress spoken · 1 of 2" in svg
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")

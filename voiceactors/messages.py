@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 
 # --- ToolExecutor ---------------------------------------------------------
 
+#: A progress notification's receiver: ``(progress, total, message)``, never awaited.
+ProgressNote: TypeAlias = Callable[[float, "float | None", "str | None"], None]
+
+
 @dataclass(frozen=True)
 class ToolRequest:
     """Run one tool call. The executor answers exactly once on ``reply``."""
@@ -38,16 +42,21 @@ class ToolRequest:
     # a voice call's request: with --redis its writes are fenced by the call's
     # lease. False: no call holds it (an MCP client's), claimed unfenced
     fenced_by_call: bool = True
+    # called on the trio thread with each progress notification the tool's
+    # source sends (MCP ``notifications/progress``: progress, total, message)
+    progress: "ProgressNote | None" = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
 class CancelReads:
     """Cancel the unfinished reads of ``call_id`` issued before ``before_epoch``
-    (all of them when None). Each answers ``{"error": "cancelled"}``; started
-    writes are not cancelled."""
+    (all of them when None), but those in ``keep`` (tool call ids: reads the
+    user was told to wait for, which outlive their turn). Each answers
+    ``{"error": "cancelled"}``; started writes are not cancelled."""
 
     call_id: str
     before_epoch: int | None = None
+    keep: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -191,6 +191,22 @@ class Settings:
     tool_reuse_s: float = setting(
         2.0, TOOLS, "how long a reusable read's answer (`calendar.today`, `briefing.get`) serves other calls; "
         "`0` = never (see docs/tools.md)", env="VOICEACTORS_TOOL_REUSE", unit="s", minimum=0)
+    tool_ack_after_s: float = setting(
+        0.7, TOOLS, "a tool call that may run on while the conversation goes on (reads, MCP sources) and has not "
+        "answered this long after its response ended is acknowledged: the assistant says, once, that it is on it, "
+        "and speaks the answer when it comes (`0`: off; docs/calls.md § Slow tools)",
+        env="VOICEACTORS_TOOL_ACK_AFTER", unit="s", minimum=0,
+        short="acknowledge a slow tool call after this long (`0`: off)")
+    tool_slow_max: int = setting(
+        2, TOOLS, "acknowledged slow tool calls still unanswered at once in one call; a batch that would pass it "
+        "is not acknowledged and waits in silence, as with `tool_ack_after_s` 0, until fewer are in flight",
+        env="VOICEACTORS_TOOL_SLOW_MAX", unit="tool calls", minimum=0,
+        short="acknowledged slow tool calls in flight per call")
+    tool_progress_after_s: float = setting(
+        5.0, TOOLS, "an acknowledged tool call whose source reports progress (MCP progress notifications) and has "
+        "run this long gets one progress line spoken (`0`: never; the console's tool feed shows progress "
+        "either way)", env="VOICEACTORS_TOOL_PROGRESS_AFTER", unit="s", minimum=0,
+        short="speak one progress line of a slow tool call after this long (`0`: never)")
     tool_output_cap: int = setting(
         64_000, TOOLS, "characters of one tool output", env="VOICEACTORS_TOOL_OUTPUT_CAP", unit="chars",
         positive=True)

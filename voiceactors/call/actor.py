@@ -51,7 +51,8 @@ from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish, RateLimits,
     Refer,
-    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, StartTool, Timer, ToolAbandoned, ToolFinished,
+    PublishKind, Recovered, RecordLine, PEER_STRING_MAX, Send, SlowTools, StartTool, Timer, ToolAbandoned, ToolFinished,
+    ToolProgress,
     WakeAt, Written, WrittenAtClose,
 )
 from voiceactors.call.state import Batch, ToolCall, ToolOutcome
@@ -121,6 +122,12 @@ def _tool_effect(name: str) -> ToolEffect | None:
     return spec.effect if spec is not None else None
 
 
+def _tool_may_defer(name: str) -> bool:
+    # a name not in our registry is an MCP source's tool (or unknown, answered at once)
+    spec = lookup(name)
+    return spec is None or spec.may_defer
+
+
 def backoff_delay(attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
     """Delay before reconnect ``attempt`` (1-based): ``base * 2**(attempt-1)``
     capped at ``cap``, scaled into [50 %, 100 %] by ``rng`` when given (the
@@ -173,8 +180,12 @@ class CallActor:
         # bound once: a concrete logger, not the lazy proxy that binds at every line
         self.log = get_logger(actor="call", call_id=call_id).bind()
         self._rng: random.Random | None = None     # the reconnect jitter's, seeded with the call id at first use
-        self.protocol = CallProtocol(call_id, effect_of=_tool_effect, debug_logs=_debug_enabled(self.log),
+        self.protocol = CallProtocol(call_id, effect_of=_tool_effect, may_defer=_tool_may_defer,
+                                     debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
+        self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s,
+                                             max_in_flight=settings.tool_slow_max,
+                                             progress_after_s=settings.tool_progress_after_s)
         # a feed no one listens to: the protocol does not build its events (six a round)
         self.protocol.publishing = feed.listened if feed is not None else _never_published
         # connection state
@@ -342,7 +353,7 @@ class CallActor:
 
     def _do_cancel_older(self, effect: CancelOlderReads) -> None:
         if self._tools is not None:
-            self._tools.start_soon(self._tell_executor, CancelReads(self.call_id, effect.before_epoch))
+            self._tools.start_soon(self._tell_executor, CancelReads(self.call_id, effect.before_epoch, effect.keep))
 
     def _do_wake(self, effect: WakeAt) -> None:
         if self._watch_scope is not None:  # the watch sleeps until its old wake time
@@ -534,6 +545,7 @@ class CallActor:
                 finally:
                     if self.ended_at is None:
                         self.ended_at = trio.current_time()
+                    self.protocol.end_decided()
                     with trio.CancelScope(shield=True) as scope:
                         scope.deadline = trio.current_time() + self.settings.close_deadline_s
                         await self._settle_tools(scope.deadline)
@@ -691,7 +703,7 @@ class CallActor:
             wake = min(self._last_heard() + idle, self.deadline,
                        self.protocol.retry_at if self.protocol.retry_at is not None else math.inf,
                        self.protocol.budget_wake, self.protocol.idle_wake, self.protocol.wrap_up_wake,
-                       self.protocol.phone_wake)
+                       self.protocol.phone_wake, self.protocol.slow_wake)
             with trio.move_on_at(wake) as self._watch_scope:
                 await self._conn_done.wait()
                 return self._conn_reason
@@ -847,7 +859,7 @@ class CallActor:
         send, receive = trio.open_memory_channel[ToolResult](1)
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
                               arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send,
-                              selection=selection)
+                              selection=selection, progress=functools.partial(self._tool_progress, start.tool_call_id))
         pending: ToolRequest | None
         try:
             # handed over in this turn when the inbox has room: the executor
@@ -886,6 +898,13 @@ class CallActor:
             if self._step:
                 await self._write_step()   # the output, from this task's own step
 
+    def _tool_progress(self, tool_call_id: str, progress: float, total: float | None, message: str | None) -> None:
+        """A progress notification of a running tool (called by its MCP
+        source's connection task, on the trio thread): fed to the protocol
+        at once; what it sends (a progress line) joins the writer's queue."""
+        self._feed(ToolProgress(tool_call_id, progress, total, message))
+        self._queue_step()
+
     async def _settle_tools(self, deadline: float) -> None:
         """Stop the reads of this call and give started writes until
         ``deadline`` to finish (they are reported, not lost)."""
@@ -902,6 +921,7 @@ class CallActor:
         not yet written (synthetic output for abandoned ones), hang up when
         the browser is gone, close cleanly. Bounded by ``deadline`` (a
         ``move_on_at``: reaching it skips the rest; the caller shields it)."""
+        self.protocol.end_decided()    # what answers from now on is recorded, not spoken
         with trio.move_on_at(deadline):
             await self._settle_tools(trio.current_time() + (deadline - trio.current_time()) / 2)
             for scope in list(self._tool_scopes.values()):
@@ -1080,6 +1100,8 @@ def _publisher(kind: PublishKind) -> Callable[..., None]:
             return CallFeed.tool_started
         case PublishKind.TOOL_DONE:
             return CallFeed.tool_done
+        case PublishKind.TOOL_PROGRESS:
+            return CallFeed.tool_progress
         case PublishKind.CLIENT_EVENTS:
             return CallFeed.client_events
         case PublishKind.TRANSCRIPT:

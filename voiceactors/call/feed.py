@@ -179,6 +179,12 @@ class CallFeed:
         self.publish({"type": kind, "tool": tool, "tool_call_id": tool_call_id, "epoch": epoch,
                       "outcome": outcome, "duration_ms": round(duration_ms, 1)})
 
+    def tool_progress(self, *, tool: str, tool_call_id: str, epoch: int, progress: float, total: float | None,
+                      message: str | None) -> None:
+        """A running tool's source reported progress (MCP ``notifications/progress``)."""
+        self.publish({"type": "tool.progress", "tool": tool, "tool_call_id": tool_call_id, "epoch": epoch,
+                      "progress": progress, "total": total, "message": message})
+
     def transcript(self, *, role: str, text: str, item_id: str | None = None) -> None:
         self.publish({"type": "transcript", "role": role, "text": text, "item_id": item_id})
 

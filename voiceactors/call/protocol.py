@@ -42,7 +42,7 @@ from typing import Any, Callable
 from voiceactors.call.meter import FAREWELL, FAREWELL_MAX_S, GRACE_S, BudgetState, CallMeter
 from voiceactors.call.state import (
     ANSWERED, ENDED_OK, UNANSWERED, UNSENT, UNSTARTED, Batch, BatchStatus, CreateResult, CreateSent, FollowUp,
-    HostedToolStatus, Origin, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
+    HostedToolStatus, Origin, SlowCourse, ToolCall, ToolCallEvent, ToolCallState, ToolOutcome, ToolRun, advance,
 )
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
 from voiceactors.call.state import ToolFinished as ToolFinished
@@ -56,7 +56,7 @@ from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
-from voiceactors.tool_effect import READ, ToolEffect
+from voiceactors.tool_effect import READ, WRITE, ToolEffect
 
 
 #: The server events the protocol acts on; the reader skips the rest (deltas,
@@ -68,6 +68,7 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
     "input_audio_buffer.timeout_triggered", "input_audio_buffer.dtmf_event_received",
+    "conversation.item.truncated",
 })
 
 #: Longest tool name kept from the peer (ours are under 40 characters).
@@ -92,6 +93,67 @@ IDLE_GOODBYE_MAX_S = FAREWELL_MAX_S
 #: ``create_response: false`` starts none), rather than be refused while it is active.
 SERVICE_ANSWER_WAIT_S = 2.0
 
+
+#: The acknowledgement's response parameters: a tool call the user waits for
+#: is slow (overriding the session's for that response only).
+TOOL_ACK: dict[str, Any] = {
+    "instructions": ("A tool you called is still working. Tell the user, in one short and natural sentence, that "
+                     "you are on it and will tell them as soon as you have it. Do not guess its answer, do not say "
+                     "that anything is done, and say nothing else."),
+    "tool_choice": "none",
+}
+#: How many assistant items' transcripts and truncations are kept for the
+#: ``heard`` line of a reply cut short (the latest ones: a cut reply is recent).
+HEARD_ITEMS_KEPT = 32
+#: Longest arguments of a write named in the truthful report.
+REPORT_ARGUMENTS_MAX = 300
+
+
+def truthful_report(done: list[ToolCall], not_done: list[ToolCall]) -> str:
+    """The system item after a barge-in cut short the assistant's report of
+    writes: which were done and which were not, so the model neither denies
+    nor repeats one."""
+    def named(calls: list[ToolCall]) -> str:
+        return "; ".join(f"{c.name} {rt.clip(c.arguments or '{}', REPORT_ARGUMENTS_MAX)}" for c in calls) or "none"
+
+    return ("The user interrupted your reply while it reported changes to the journal. Done: "
+            f"{named(done)}. Not done: {named(not_done)}. Do not say that a done change failed and do not make "
+            "it again; do not say that a change not done was made.")
+
+
+#: After speech with no user item (a turn the service dropped), the floor is
+#: taken free again after this long: a kept answer is not held back for ever.
+USER_TURN_MAX_S = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlowTools:
+    """The shell's settings for slow tool calls (docs/calls.md § Slow tools).
+    ``ack_after_s`` 0: no acknowledgement (the protocol's default; the call
+    actor sets ``tool_ack_after_s``)."""
+
+    ack_after_s: float = 0.0
+    max_in_flight: int = 2      # acknowledged calls unanswered at once; a batch past it is not acknowledged
+    progress_after_s: float = 5.0   # a progress line may be spoken once a call has run this long (0: never)
+
+
+#: Longest progress message of a source's passed to the client feed (never to the model).
+PROGRESS_MESSAGE_MAX = 200
+
+
+def progress_response(progress: float, total: float | None) -> dict[str, Any]:
+    """The progress line's response parameters (overriding the session's for
+    that response only). Only the numbers: the source's message is its own
+    text, data for the feed, never an instruction to the model."""
+    if total:
+        how_far = f"about {max(0, min(100, round(100 * progress / total)))} percent of it is done"
+    else:
+        how_far = "it has made some progress"
+    return {
+        "instructions": (f"A tool you called is still working; {how_far}. Tell the user so in one short, natural "
+                         "sentence, and that you will tell them the answer when it comes. Say nothing else."),
+        "tool_choice": "none",
+    }
 
 def wrap_up_response(minutes_left: int) -> dict[str, Any]:
     """The wrap-up's response parameters, a few minutes before the call's
@@ -147,6 +209,17 @@ class Written:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolProgress:
+    """A running tool call's source reported progress (MCP
+    ``notifications/progress``): its numbers and message, as sent."""
+
+    tool_call_id: str
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ToolAbandoned:
     """A tool task ended without a result: cancelled by the actor, or the
     executor was gone (``executor_gone``)."""
@@ -194,7 +267,7 @@ class WrittenAtClose:
 
 #: Everything the call actor feeds its protocol.
 CallInput = (Connected | Received | Written | ToolFinished | ToolAbandoned | Disconnected | Dropped | Timer
-             | Recovered | WrittenAtClose)
+             | Recovered | WrittenAtClose | ToolProgress)
 
 
 # ----------------------------------------------------------------- effects
@@ -239,9 +312,11 @@ class Prefetch:
 
 @dataclass(frozen=True, slots=True)
 class CancelOlderReads:
-    """Tell the executor to cancel this call's reads issued before ``before_epoch``."""
+    """Tell the executor to cancel this call's reads issued before
+    ``before_epoch``, but those in ``keep`` (acknowledged slow calls)."""
 
     before_epoch: int
+    keep: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +343,7 @@ class PublishKind(StrEnum):
 
     TOOL_STARTED = "tool_started"
     TOOL_DONE = "tool_done"
+    TOOL_PROGRESS = "tool_progress"
     CLIENT_EVENTS = "client_events"
     TRANSCRIPT = "transcript"
     USAGE = "usage"
@@ -372,11 +448,13 @@ class CallProtocol:
     """
 
     def __init__(self, call_id: str, *, effect_of: Callable[[str], ToolEffect | None] = lambda name: None,
+                 may_defer: Callable[[str], bool] = lambda name: False,
                  started: float = 0.0, context: CallContext | None = None, debug_logs: bool = True) -> None:
         self.call_id = call_id
         self.context = context                      # linked context, selection, greeting (call_context.py)
         self.started = started
         self._effect_of = effect_of
+        self._may_defer = may_defer                 # whether a tool's slow call may be acknowledged (ToolSpec)
         self.debug_logs = debug_logs
         # Whether a feed event would reach anyone now (the shell's
         # ``CallFeed.listened``): when not, the feed's events (all but
@@ -428,6 +506,21 @@ class CallProtocol:
         self._refused_end_at = math.inf             # the call hangs up after the last wrong PIN
         self._refused_parting: str | None = None    # the goodbye's event id
         self._refused_ended = False
+        self.slow_tools = SlowTools()               # the shell sets the settings'
+        self._ack_due: dict[str, Batch] = {}        # batches whose acknowledgement may come (slow ack_due)
+        self._kept: dict[str, Batch] = {}           # acknowledged batches not spoken yet (slow kept)
+        self._kept_calls: set[str] = set()          # their tool calls not answered yet
+        # the user's turn holds the floor until the service's answer to it
+        # starts (or this time passes: no answer comes); -inf: the floor is free
+        self._floor_held_until = -math.inf
+        # the latest assistant items' transcripts and truncation points (the service's
+        # conversation.item.truncated), for the heard line of a reply cut short
+        self._said: dict[str, str] = {}
+        self._truncated_at: dict[str, int] = {}
+        # cut replies whose report waits for a write still running: response id -> (line fields, write ids)
+        self._reports_due: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        self.over = False       # the call's end is decided (``end_decided``): nothing more is spoken
+        self._progress_due: dict[str, Batch] = {}   # batches a call of which reported progress (no line yet)
 
     # ----------------------------------------------------------- the API
 
@@ -477,6 +570,10 @@ class CallProtocol:
         if self.wrap_up is WrapUp.PENDING and self._now >= self.wrap_up_at:
             self._wrap_up_due()
         self._phone_timer()
+        if self._ack_due or self._kept or self._progress_due:
+            if self._now >= self._floor_held_until:
+                self._floor_held_until = -math.inf
+            self._maybe_follow_up()
 
     def _in_written_at_close(self, message: WrittenAtClose) -> None:
         call = self.calls[message.tool_call_id]
@@ -503,6 +600,12 @@ class CallProtocol:
     def tools_running(self) -> bool:
         """Whether a tool run (started or prefetched) has not reported back."""
         return bool(self._running or self._prefetching)
+
+    def end_decided(self) -> None:
+        """The shell decided the call ends (its bounded close follows): a
+        result that comes from now on is recorded, never spoken (its output
+        may still be written by the close; no response is asked for)."""
+        self.over = True
 
     def closing_outputs(self, now: float) -> list[Send]:
         """The end of a call with its socket up: answer every unanswered tool
@@ -586,6 +689,8 @@ class CallProtocol:
             self._on_output_item(response_id, item, done=kind == "response.output_item.done")
         elif kind == "response.done":
             response = event.response
+            if response.status == BatchStatus.CANCELLED:
+                self._cut_short(response)
             for item_id in self.spoken.response_done(response):
                 self._record(RecordKind.TRANSCRIPT_CUT, item_id=item_id)
             self._on_response_done(response)
@@ -609,6 +714,8 @@ class CallProtocol:
             self._on_idle_timeout()
         elif kind == "input_audio_buffer.dtmf_event_received":
             self._on_keypad(event.event)
+        elif kind == "conversation.item.truncated":
+            self._keep_recent(self._truncated_at, event.item_id, event.audio_end_ms)
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
@@ -623,6 +730,7 @@ class CallProtocol:
         batch = self._batch(rid)
         self.active.add(rid)
         self.retry_at = None
+        self._floor_held_until = -math.inf     # the answer to the user's turn (if one was held) started
         if self.idle is IdleCourse.GOODBYE_DUE:
             self._goodbye_after = -math.inf     # the service's answer started: the goodbye follows its end
         if new and self._transfer_next:
@@ -633,6 +741,7 @@ class CallProtocol:
             create = self.creates[self.create_inflight]
             create.response_id = rid
             batch.origin = Origin.OURS
+            batch.reports = create.batches
             self.create_inflight = None
             self._backoff_retries = 0
         elif new:
@@ -649,11 +758,14 @@ class CallProtocol:
         for batch in self._undecided_batches():
             if batch is started:
                 continue
-            if batch.status not in ENDED_OK or batch.epoch != self.epoch or started.epoch != self.epoch:
+            if batch.status not in ENDED_OK or started.epoch != self.epoch:
+                continue
+            if batch.epoch != self.epoch and not batch.kept:
                 continue
             seqs = [self.calls[c].confirmed_seq for c in batch.calls]
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
+                self._kept.pop(batch.response_id, None)    # a kept answer: that response speaks it
                 if self.debug_logs:
                     self._log(LogLevel.DEBUG, "response.follow_up_by_model", response_id=batch.response_id,
                               by=started.response_id, epoch=self.epoch)
@@ -773,11 +885,14 @@ class CallProtocol:
         self._phone_response_done(rid)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
+        elif batch.status == BatchStatus.COMPLETED and batch.calls:
+            self._slow_watch(batch)
         self._maybe_follow_up()
 
     def _on_speech_started(self) -> None:
         self.turn += 1
         self._speech_turn = True
+        self._floor_held_until = self._now + USER_TURN_MAX_S
         if self.idle_timeouts:
             self._user_back()
         self._advance_epoch("speech_started")
@@ -796,6 +911,15 @@ class CallProtocol:
             if not self._speech_turn:  # a typed turn: no speech_started came first
                 self.turn += 1
             self._speech_turn = False
+            waiting = bool(self._kept or self._ack_due)
+            if self._floor_held_until > self._now:
+                # the turn is in: the service's answer starts soon, or none comes
+                self._floor_held_until = min(self._floor_held_until, self._now + SERVICE_ANSWER_WAIT_S)
+            elif waiting:
+                # a typed turn: its answer (asked for by the client) may start soon too
+                self._floor_held_until = self._now + SERVICE_ANSWER_WAIT_S
+            if waiting:
+                self._emit(WakeAt(self._floor_held_until))
 
     def _on_error(self, error: Any) -> None:
         """An ``error``: what it does is ``refusals.REFUSALS``' row for its
@@ -895,6 +1019,8 @@ class CallProtocol:
     def _transcript(self, role: str, text: str | None, item_id: str | None) -> None:
         if not text or (item_id and self.spoken.transcribed(item_id)):
             return      # nothing said, or said already (the service delivered its transcript again)
+        if role == "assistant" and item_id:
+            self._keep_recent(self._said, item_id, text)
         self._record(RecordKind.TRANSCRIPT, role=role, item_id=item_id, text=text,
                      **self.spoken.place_transcript(item_id))
         if self.publishing():
@@ -905,12 +1031,13 @@ class CallProtocol:
     def _advance_epoch(self, why: str) -> None:
         self.epoch += 1
         for batch in self._undecided_batches():
-            if batch.epoch < self.epoch:
+            if batch.epoch < self.epoch and not batch.kept:
                 batch.follow_up = FollowUp.SUPERSEDED
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "call.epoch", epoch=self.epoch, why=why, turn=self.turn)
         if self.tools_running():
-            self._emit(CancelOlderReads(self.epoch))
+            # the acknowledged reads run on: the user was told to wait for them
+            self._emit(CancelOlderReads(self.epoch, keep=frozenset(self._kept_calls)))
 
     # -------------------------------------------------------------- tools
 
@@ -970,6 +1097,7 @@ class CallProtocol:
         self._finish(call, result)
 
     def _finish(self, call: ToolCall, result: ToolFinished) -> None:
+        self._slow_answered(call)
         call.duration_ms = result.duration_ms
         call.outcome = result.outcome
         if result.tool and result.tool != call.name:
@@ -979,6 +1107,8 @@ class CallProtocol:
             advance(call, ToolCallEvent.ANSWER)
             self._context_tool_finished(call, result)
             self._queue_output(call)
+        if self._reports_due:
+            self._reports_waiting_on(call)
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "tool.finished", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch,
                       current_epoch=self.epoch, outcome=result.outcome, duration_ms=round(result.duration_ms, 1))
@@ -1014,6 +1144,7 @@ class CallProtocol:
         self._running.discard(call.tool_call_id)
         if call.state == ToolCallState.RUNNING:
             call.outcome = ToolOutcome.FAILED if message.executor_gone else ToolOutcome.CANCELLED
+            self._slow_answered(call)
             self._abandon(call)
 
     def _abandon(self, call: ToolCall) -> None:
@@ -1022,6 +1153,8 @@ class CallProtocol:
         call.abandon()
         self._log(LogLevel.INFO, "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         self._queue_output(call)
+        if self._reports_due:
+            self._reports_waiting_on(call)
 
     def _on_recovered(self, pending: Recovered) -> None:
         """A rejoin: take over a tool call the crashed run left pending. They
@@ -1131,7 +1264,7 @@ class CallProtocol:
     def _maybe_follow_up(self) -> None:
         """Send one response.create for the finished batches whose every
         output is written, if the epoch is theirs and no response is active."""
-        if not self.connected or self.create_inflight is not None or self.active:
+        if not self.connected or self.create_inflight is not None or self.active or self.over:
             return
         if self.retry_at is not None:
             return
@@ -1143,8 +1276,15 @@ class CallProtocol:
             return
         if self.wrap_up is not WrapUp.PENDING and not self._wrap_up_said():
             return                      # the wrap-up is due: it carries the finished batches
-        due = [batch for batch in self._finished_batches() if self._outputs_written(batch)]
+        # an acknowledged batch is spoken at a quiet moment: not in the user's turn
+        floor_free = self._now >= self._floor_held_until
+        due = [batch for batch in self._finished_batches()
+               if self._outputs_written(batch) and (floor_free or not batch.kept)]
         if not due:
+            if self._ack_due and floor_free:
+                self._acknowledge_slow()
+            if self._progress_due and floor_free and self.create_inflight is None:
+                self._speak_progress()
             return
         event = rt.response_create()
         create = self._create_for(event, due)
@@ -1154,14 +1294,14 @@ class CallProtocol:
         self._emit(Send(event))
 
     def _finished_batches(self) -> list[Batch]:
-        """The ended batches of the current epoch still waiting for a
-        follow-up, in the order they were created; an older epoch's are
-        marked superseded on the way."""
+        """The ended batches of the current epoch (or kept: acknowledged)
+        still waiting for a follow-up, in the order they were created; an
+        older epoch's are marked superseded on the way."""
         finished = []
         for batch in self._undecided_batches():
             if batch.status not in ENDED_OK:
                 continue
-            if batch.epoch < self.epoch:
+            if batch.epoch < self.epoch and not batch.kept:
                 batch.follow_up = FollowUp.SUPERSEDED
                 continue
             finished.append(batch)
@@ -1184,6 +1324,8 @@ class CallProtocol:
         self.create_inflight = create.event_id
         for batch in due:
             batch.follow_up = FollowUp.OURS
+            if batch.kept:
+                self._slow_delivered(batch, create.event_id)
         return create
 
     # ---------------------------------------------------- usage and budget
@@ -1246,12 +1388,17 @@ class CallProtocol:
         return sent is not None and sent.result != CreateResult.SENT
 
     def _ask_parting_words(self, response: dict[str, Any], *, why: str) -> str | None:
-        """Send the ``response.create`` of parting words once every finished
-        batch's outputs are written (outputs first: the conversation stays
-        consistent); its event id, or None while outputs are still due."""
-        due = self._finished_batches()
-        if not all(self._outputs_written(batch) for batch in due):
-            return None
+        """Send the ``response.create`` of parting words (or an
+        acknowledgement) once every finished batch's outputs are written
+        (outputs first: the conversation stays consistent); its event id, or
+        None while outputs are still due. An acknowledged batch still waiting
+        for its slow calls does not hold them up (it is spoken later)."""
+        due = []
+        for batch in self._finished_batches():
+            if self._outputs_written(batch):
+                due.append(batch)
+            elif not batch.kept:
+                return None
         event = rt.response_create(response)
         create = self._create_for(event, due)
         self._log(LogLevel.INFO, "response.create", event_id=create.event_id, epoch=self.epoch, batches=create.batches,
@@ -1343,6 +1490,193 @@ class CallProtocol:
         if self.idle is not IdleCourse.ENDED:
             self.idle = IdleCourse.TALKING
             self._goodbye_after = self._idle_end_at = math.inf
+
+    # --------------------------------------------------------- slow tools
+
+    @property
+    def slow_wake(self) -> float:
+        """When the slow calls want a ``Timer`` (math.inf: never): the next
+        acknowledgement due, or the end of the wait for the service's answer
+        to the user's turn while a kept answer waits to be spoken."""
+        # a time already past asks for no wake-up (the shell would wake at once, again and again)
+        now = self._now
+        wake = min((batch.ack_at for batch in self._ack_due.values() if batch.ack_at > now), default=math.inf)
+        if (self._kept or self._ack_due) and self._floor_held_until > now:
+            wake = min(wake, self._floor_held_until)
+        for batch in self._progress_due.values():
+            if now < batch.progress_at < wake:
+                wake = batch.progress_at
+        return wake
+
+    def _slow_watch(self, batch: Batch) -> None:
+        """A completed response with tool calls: if its calls have not all
+        answered ``ack_after_s`` from now, they may be acknowledged."""
+        after = self.slow_tools.ack_after_s
+        if after <= 0 or batch.slow is not None or batch.epoch < self.epoch or self._outputs_written(batch):
+            return
+        batch.slow = SlowCourse.ACK_DUE
+        batch.ack_at = self._now + after
+        self._ack_due[batch.response_id] = batch
+        self._emit(WakeAt(batch.ack_at))
+
+    def _acknowledge_slow(self) -> None:
+        """At a quiet moment (the caller checked: connected, no response
+        active or asked for, the floor free, nothing else due), ask for the
+        acknowledgement of one batch whose calls are still unanswered
+        ``ack_after_s`` after its response ended: only when every one of them
+        may defer (a write answers before anything is said about it). Once
+        asked for, the batch is kept: a later turn does not supersede it, its
+        reads are not cancelled, and its outputs are spoken at the next quiet
+        moment after they are written (``_maybe_follow_up``)."""
+        for rid, batch in list(self._ack_due.items()):
+            if batch.follow_up is not None or batch.epoch < self.epoch or self._outputs_written(batch):
+                del self._ack_due[rid]          # decided, superseded, or answered in time
+                batch.slow = None
+                continue
+            if self._now < batch.ack_at:
+                continue
+            waiting = [c for c in batch.calls if self.calls[c].state in UNANSWERED]
+            if not waiting or not all(self._may_defer(self.calls[c].name) for c in waiting):
+                continue    # answered (its outputs go out now), or a write still runs: asked again later
+            if len(self._kept_calls) + len(waiting) > self.slow_tools.max_in_flight:
+                if not batch.bounded:
+                    batch.bounded = True
+                    self._log(LogLevel.INFO, "tool.ack_bounded", response_id=rt.clip(rid, PEER_STRING_MAX),
+                              tool_calls=len(waiting), in_flight=len(self._kept_calls),
+                              max_in_flight=self.slow_tools.max_in_flight)
+                continue    # too many slow calls already: it waits as any batch (asked again when fewer)
+            batch.slow = SlowCourse.KEPT        # first: the acknowledgement does not wait for its outputs
+            event_id = self._ask_parting_words(TOOL_ACK, why="tool_ack")
+            if event_id is None:
+                batch.slow = SlowCourse.ACK_DUE
+                return
+            del self._ack_due[rid]
+            self._kept[rid] = batch
+            self._kept_calls.update(waiting)
+            batch.ack_t = self._now
+            waited_ms = round((self._now - batch.done_t) * 1000, 1) if batch.done_t is not None else None
+            self._record(RecordKind.SLOW_ACK, response_id=rid, tool_call_ids=waiting, event_id=event_id,
+                         waited_ms=waited_ms)
+            self._log(LogLevel.INFO, "tool.acknowledged", response_id=rt.clip(rid, PEER_STRING_MAX),
+                      tool_calls=len(waiting), epoch=self.epoch)
+            return
+
+    # ------------------------------------------------- interrupted, truthful
+
+    @staticmethod
+    def _keep_recent(kept: dict[str, Any], key: str | None, value: Any) -> None:
+        if key:
+            kept[key] = value
+            if len(kept) > HEARD_ITEMS_KEPT:
+                del kept[next(iter(kept))]
+
+    def _cut_short(self, response: Any) -> None:
+        """A response ended ``cancelled`` (the user barged in, or our
+        cancel): a ``heard`` line says what the user heard of it (its
+        messages' transcripts as far as they came, cut where the service
+        says it truncated the audio) and which writes it reported on or made
+        were done and which not; when there are such writes, one system item
+        tells the model the same (once they have all answered)."""
+        rid = response.id or ""
+        heard = [{"item_id": item_id, "text": self._said.get(item_id),
+                  "audio_end_ms": self._truncated_at.get(item_id)} for item_id in self.spoken.messages_of(rid)]
+        batch = self.batches.get(rid)
+        reported = batch.reports if batch is not None and batch.origin == Origin.OURS else []
+        writes = [c for r in [rid, *reported] if r in self.batches for c in self.batches[r].calls
+                  if self._effect_of(self.calls[c].name) == WRITE]
+        fields: dict[str, Any] = {"response_id": rid, "turn": self.turn, "heard": heard}
+        self._reports_due[rid] = (fields, writes)
+        self._report_if_settled(rid)
+
+    def _report_if_settled(self, rid: str) -> None:
+        fields, writes = self._reports_due[rid]
+        calls = [self.calls[c] for c in writes]
+        if any(call.state == ToolCallState.RUNNING for call in calls):
+            return      # a write still running: it finishes, then the report says how
+        del self._reports_due[rid]
+        done = [c for c in calls if c.outcome in (ToolOutcome.OK, ToolOutcome.REPLAYED) and not c.synthetic]
+        not_done = [c for c in calls if c not in done]
+        self._record(RecordKind.HEARD, **fields, done=[c.tool_call_id for c in done],
+                     not_done=[c.tool_call_id for c in not_done])
+        if calls and self.connected:
+            self._log(LogLevel.INFO, "call.truthful_report", response_id=rt.clip(rid, PEER_STRING_MAX),
+                      done=len(done), not_done=len(not_done), epoch=self.epoch)
+            self._emit(Send(rt.system_message(truthful_report(done, not_done))))
+
+    def _reports_waiting_on(self, call: ToolCall) -> None:
+        """A write answered: the reports of cut replies that waited for it go out."""
+        for rid in [r for r, (_, writes) in self._reports_due.items() if call.tool_call_id in writes]:
+            self._report_if_settled(rid)
+
+    def _on_tool_progress(self, note: ToolProgress) -> None:
+        """A running call's source reported progress: the client feed shows
+        it; past ``progress_after_s`` of the call's run, an acknowledged
+        batch gets one progress line (at a quiet moment, as the
+        acknowledgement)."""
+        call = self.calls.get(note.tool_call_id)
+        if call is None or call.state != ToolCallState.RUNNING:
+            return
+        total = note.total if note.total is not None and note.total > 0 else None
+        call.progress = (note.progress, total)
+        if self.publishing():
+            message = rt.clip(note.message, PROGRESS_MESSAGE_MAX) if isinstance(note.message, str) else None
+            self._emit(Publish(PublishKind.TOOL_PROGRESS, {"tool": call.name, "tool_call_id": call.tool_call_id,
+                                                           "epoch": call.epoch, "progress": note.progress,
+                                                           "total": total, "message": message}))
+        after = self.slow_tools.progress_after_s
+        batch = self.batches[call.response_id]
+        if after <= 0 or batch.progress_spoken or batch.follow_up is not None:
+            return
+        if batch.response_id not in self._progress_due:
+            batch.progress_at = (call.started_t if call.started_t is not None else self._now) + after
+            self._progress_due[batch.response_id] = batch
+            if batch.progress_at > self._now:
+                self._emit(WakeAt(batch.progress_at))
+        self._maybe_follow_up()
+
+    def _speak_progress(self) -> None:
+        """At a quiet moment (the caller checked, as for an acknowledgement),
+        ask for one progress line of a kept batch whose call has run past
+        ``progress_after_s`` and reported progress, once per batch."""
+        for rid, batch in list(self._progress_due.items()):
+            running = [self.calls[c] for c in batch.calls if self.calls[c].state == ToolCallState.RUNNING]
+            if batch.follow_up is not None or batch.progress_spoken or not running:
+                del self._progress_due[rid]        # answered, decided or superseded: nothing to say
+                continue
+            if not batch.kept or self._now < batch.progress_at:
+                continue        # only after the acknowledgement (the user was told to wait)
+            reported = [c for c in running if c.progress is not None]
+            if not reported:
+                continue
+            call = reported[-1]
+            assert call.progress is not None
+            progress, total = call.progress
+            event_id = self._ask_parting_words(progress_response(progress, total), why="tool_progress")
+            if event_id is None:
+                return
+            del self._progress_due[rid]
+            batch.progress_spoken = True
+            self._record(RecordKind.SLOW_PROGRESS, response_id=rid, tool_call_id=call.tool_call_id,
+                         progress=progress, total=total, event_id=event_id)
+            return
+
+    def _slow_answered(self, call: ToolCall) -> None:
+        """An acknowledged call answered (or was abandoned): the wait is over."""
+        if call.tool_call_id not in self._kept_calls:
+            return
+        self._kept_calls.discard(call.tool_call_id)
+        batch = self.batches[call.response_id]
+        waited_ms = round((self._now - batch.ack_t) * 1000, 1) if batch.ack_t is not None else None
+        self._record(RecordKind.SLOW_OUTPUT, tool_call_id=call.tool_call_id, response_id=call.response_id,
+                     waited_ms=waited_ms, after_end=self.over)
+
+    def _slow_delivered(self, batch: Batch, event_id: str) -> None:
+        """A kept batch's follow-up is asked for: its answers are spoken."""
+        if self._kept.pop(batch.response_id, None) is None:
+            return
+        since_ms = round((self._now - batch.ack_t) * 1000, 1) if batch.ack_t is not None else None
+        self._record(RecordKind.SLOW_DELIVERY, response_id=batch.response_id, event_id=event_id,
+                     since_ack_ms=since_ms, epoch=self.epoch)
 
     # ----------------------------------------------------- the time limit
 
@@ -1537,4 +1871,5 @@ _INPUT_HANDLERS: dict[type, Callable[[CallProtocol, Any], None]] = {
     Timer: CallProtocol._in_timer,
     Recovered: CallProtocol._on_recovered,
     WrittenAtClose: CallProtocol._in_written_at_close,
+    ToolProgress: CallProtocol._on_tool_progress,
 }

@@ -34,6 +34,11 @@ class RecordKind(StrEnum):
     USAGE = "usage"                      # one response's tokens and cost
     BUDGET = "budget"                    # the call's cost reached its budget
     IDLE = "idle"                        # the service's idle timeout fired (check-in, or goodbye)
+    SLOW_ACK = "slow_ack"                # a batch's slow tool calls were acknowledged (the user hears so)
+    SLOW_PROGRESS = "slow_progress"      # an acknowledged call's progress was spoken (one line)
+    SLOW_OUTPUT = "slow_output"          # an acknowledged tool call answered: the wait ended
+    SLOW_DELIVERY = "slow_delivery"      # an acknowledged batch's outputs are spoken (its follow-up)
+    HEARD = "heard"                      # a reply cut short: what the user heard of it, which writes were done
     WRAP_UP = "wrap_up"                  # the call's time limit is near: the assistant is asked to say so
     PHONE = "phone"                      # a phone call's PIN keyed (right, wrong, refused) or transfer asked
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end

@@ -35,6 +35,7 @@ service refused every output of the batch) or None (not yet decided).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -121,6 +122,13 @@ class FollowUp(StrEnum):
     SUPERSEDED = "superseded"
     FAILED = "failed"
     REFUSED = "refused"        # the service refused every output of it: it awaits no response for them
+
+
+class SlowCourse(StrEnum):
+    """Where a batch stands with its slow tool calls (docs/calls.md § Slow tools)."""
+
+    ACK_DUE = "ack_due"   # its response ended with calls unanswered: acknowledged at ``ack_at`` if still so
+    KEPT = "kept"         # acknowledged: its calls outlive later turns, its outputs are spoken at a quiet moment
 
 
 class CreateResult(StrEnum):
@@ -244,6 +252,8 @@ class ToolCall:
     prefetch: str | None = None       # the arguments it was prefetched with
     held: ToolFinished | None = None  # that read's answer (state ``prefetched``), kept for the start
     run: ToolRun | None = None        # which run answers it (set when it starts)
+    # the latest progress its source reported: (progress, total) (MCP notifications/progress)
+    progress: tuple[float, float | None] | None = None
 
     @property
     def adopted(self) -> bool:
@@ -281,6 +291,18 @@ class Batch:
     follow_up: FollowUp | None = None
     done_t: float | None = None       # trio time its response.done was read
     ordinal: int = 0                  # its place in the order batches were first seen
+    slow: SlowCourse | None = None    # its slow calls' course (None: none of them was slow)
+    ack_at: float = math.inf          # when its acknowledgement is due (``slow`` ack_due)
+    ack_t: float | None = None        # trio time its acknowledgement was asked for
+    bounded: bool = False             # its acknowledgement was held back by the bound on slow calls (logged once)
+    reports: list[str] = field(default_factory=list)   # ours: the batches whose follow-up it is (its create's)
+    progress_at: float = math.inf     # when a progress line may be spoken (a call of it reported progress)
+    progress_spoken: bool = False     # its one progress line was asked for
+
+    @property
+    def kept(self) -> bool:
+        """Acknowledged: later turns do not supersede it (its calls answer and are spoken)."""
+        return self.slow is SlowCourse.KEPT
 
 
 @dataclass

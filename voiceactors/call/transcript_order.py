@@ -73,6 +73,10 @@ class TranscriptOrder:
                 if item_id not in messages:
                     messages.append(item_id)
 
+    def messages_of(self, response_id: str) -> list[str]:
+        """The assistant message items of a response not done yet."""
+        return list(self._messages_of.get(response_id, ()))
+
     def place_transcript(self, item_id: str | None) -> dict[str, Any]:
         """The fields a transcript line of ``item_id`` carries besides its
         text: ``order`` and, for a reply already known to be cut short,

@@ -206,6 +206,16 @@
       case "tool.started":
         toolNode(event);
         break;
+      case "tool.progress": {
+        // the source's own report while it works: how far, and its words (as text)
+        const node = toolNode(event);
+        if (node.dataset.status !== "running") break;
+        const total = Number(event.total);
+        const part = total > 0 ? `${Math.round((100 * Number(event.progress)) / total)} %` : "";
+        const words = [part, event.message || ""].filter(Boolean).join(" · ");
+        node.querySelector(".tool-status").textContent = words ? `working… ${words}` : "working…";
+        break;
+      }
       case "tool.finished":
       case "tool.failed": {
         const node = toolNode(event);

@@ -256,8 +256,8 @@ class ToolExecutor:
         self.inbox, self._receive = trio.open_memory_channel[ExecutorMessage](max(1, settings.tool_concurrency))
         self._limiter = trio.CapacityLimiter(max(1, settings.tool_concurrency))
         self._turns: OrderedDict[tuple[str, int], _Turn] = OrderedDict()
-        # call_id -> {cancel scope: epoch} of reads not yet answered
-        self._reads: dict[str, dict[trio.CancelScope, int]] = {}
+        # call_id -> {cancel scope: (epoch, tool call id)} of reads not yet answered
+        self._reads: dict[str, dict[trio.CancelScope, tuple[int, str]]] = {}
         # (tool, canonical arguments, today) -> (run started at, its answer)
         self._fresh: OrderedDict[FreshKey, tuple[float, _Run]] = OrderedDict()
         self._writes_applied = 0   # a read that saw a write start under it is not kept
@@ -371,7 +371,7 @@ class ToolExecutor:
         # the request still reaches it. Writes are never registered.
         scope = trio.CancelScope()
         if not res.is_write:
-            self._reads.setdefault(res.req.call_id, {})[scope] = res.req.epoch
+            self._reads.setdefault(res.req.call_id, {})[scope] = (res.req.epoch, res.req.tool_call_id)
         return scope
 
     def _forget(self, req: ToolRequest, scope: trio.CancelScope) -> None:
@@ -382,8 +382,8 @@ class ToolExecutor:
                 del self._reads[req.call_id]
 
     def _cancel_reads(self, msg: CancelReads) -> None:
-        for scope, epoch in list(self._reads.get(msg.call_id, {}).items()):
-            if msg.before_epoch is None or epoch < msg.before_epoch:
+        for scope, (epoch, tool_call_id) in list(self._reads.get(msg.call_id, {}).items()):
+            if msg.before_epoch is None or (epoch < msg.before_epoch and tool_call_id not in msg.keep):
                 scope.cancel()
 
     # --- reusable reads ---------------------------------------------------------

@@ -8,7 +8,8 @@ each transcript arrived, its words in the tooltip; a reply cut short in the
 barge-in colour), one row per tool call (its duration and outcome; its id
 and epoch in the bar's tooltip), one per call of an OpenAI-hosted MCP tool
 (run by the service: a mark when it ended, its server, tool and status),
-and vertical marks for reconnects and the end. Text is escaped; the picture
+a row for slow tool calls when there were any (the acknowledgement, the
+wait for the answer, a progress line, its delivery), and vertical marks for reconnects and the end. Text is escaped; the picture
 has no script and no external reference, so it is safe as an ``<img>``.
 """
 
@@ -42,6 +43,12 @@ HOSTED_COLOUR = "#5b8a9a"
 USER_COLOUR = "#8a8a96"
 SPOKEN_TIP_MAX = 160   # characters of a transcript in its mark's tooltip
 RECONNECT_COLOUR = "#c0392b"
+ACK_COLOUR = "#3a86c8"       # a slow tool call acknowledged
+WAIT_COLOUR = "#c9d8ea"      # ... the wait for its answer
+DELIVERY_COLOUR = "#2f9e6b"  # ... its answer spoken
+PROGRESS_COLOUR = "#8f7ac8"  # ... its one progress line spoken
+SLOW_KINDS = frozenset({RecordKind.SLOW_ACK, RecordKind.SLOW_PROGRESS, RecordKind.SLOW_OUTPUT,
+                        RecordKind.SLOW_DELIVERY})
 TEXT = "#2b2b33"
 MUTED = "#6b6b78"
 
@@ -163,11 +170,13 @@ def render(lines: list[dict[str, Any]]) -> str:
     responses_h = ROW_H + label_lines * LABEL_LINE_H
     said = [p for p in placed if p.line.get("kind") == RecordKind.TRANSCRIPT]
     spoken_h = ROW_H if said else 0       # a record without transcripts draws as before
-    tools_top = TOP + responses_h + spoken_h
+    slow = [p for p in placed if p.line.get("kind") in SLOW_KINDS]
+    slow_h = ROW_H if slow else 0         # ... and one without slow tool calls
+    tools_top = TOP + responses_h + spoken_h + slow_h
     rows = len(shown_tools) + (1 if hidden_tools else 0)
     plot_bottom = tools_top + rows * ROW_H
     legend_y = plot_bottom + 40
-    legend, legend_last_y = _legend(legend_y)
+    legend, legend_last_y = _legend(legend_y, slow=bool(slow))
     height = legend_last_y + 40      # room under the legend's last line, however many it wraps to
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" {_attr(width=WIDTH, height=height, viewBox=f"0 0 {WIDTH} {height}")} '
            'font-family="system-ui, sans-serif" font-size="12" role="img">',
@@ -194,6 +203,8 @@ def render(lines: list[dict[str, Any]]) -> str:
                          fill=CANCELLED_COLOUR, font_weight="600"))
     if said:
         out += _spoken_row(said, x, TOP + responses_h, _cut_items(placed))
+    if slow:
+        out += _slow_row(slow, x, TOP + responses_h + spoken_h)
     # tool calls
     for i, p in enumerate(shown_tools):
         line = p.line
@@ -255,6 +266,35 @@ def _spoken_row(said: list[Placed], x: Any, y: float, cut: set[Any]) -> list[str
     return out
 
 
+def _slow_row(lines: list[Placed], x: Any, y: float) -> list[str]:
+    """The slow tool calls' row: a mark where a batch was acknowledged, a
+    bar for each acknowledged call's wait (to its answer), a mark where the
+    answers were spoken (their ``response.create``)."""
+    out = [_text(8, y + 15, "slow tools", font_weight="600")]
+    acked: dict[Any, float] = {}
+    for p in lines:
+        line, kind = p.line, p.line.get("kind")
+        if kind == RecordKind.SLOW_ACK:
+            acked[line.get("response_id")] = p.at
+            tip = f"acknowledged after {_num(line.get('waited_ms')):.0f} ms · tool calls {line.get('tool_call_ids')}"
+            out.append(_rect(x(p.at), y + 4, 3.0, 14, ACK_COLOUR, rx=1)[:-2] + f"><title>{escape(tip)}</title></rect>")
+        elif kind == RecordKind.SLOW_OUTPUT and line.get("response_id") in acked:
+            begin = acked[line.get("response_id")]
+            tip = f"waited {_num(line.get('waited_ms')):.0f} ms for tool call {line.get('tool_call_id')}"
+            out.append(_rect(x(begin) + 3, y + 8, x(p.at) - x(begin) - 3, 6, WAIT_COLOUR, rx=2)[:-2]
+                       + f"><title>{escape(tip)}</title></rect>")
+        elif kind == RecordKind.SLOW_PROGRESS:
+            total = line.get("total")
+            tip = f"progress spoken · {_num(line.get('progress')):g}" + (f" of {_num(total):g}" if total else "")
+            out.append(_rect(x(p.at), y + 6, 3.0, 10, PROGRESS_COLOUR, rx=1)[:-2]
+                       + f"><title>{escape(tip)}</title></rect>")
+        elif kind == RecordKind.SLOW_DELIVERY:
+            tip = f"answer spoken · {_num(line.get('since_ack_ms')):.0f} ms after the acknowledgement"
+            out.append(_rect(x(p.at), y + 4, 3.0, 14, DELIVERY_COLOUR, rx=1)[:-2]
+                       + f"><title>{escape(tip)}</title></rect>")
+    return out
+
+
 def _hosted_row(at_x: float, y: float, line: dict[str, Any]) -> list[str]:
     """A hosted MCP tool's row: its label, a mark where it ended (the service
     ran it; its run time is not ours to know) and its status."""
@@ -286,14 +326,18 @@ def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
             else _text(at_x + 3, TOP - 6, label, fill=colour)]
 
 
-def _legend(y: float) -> tuple[list[str], float]:
-    """The legend's marks and labels from ``y`` on, and its last line's y."""
+def _legend(y: float, *, slow: bool = False) -> tuple[list[str], float]:
+    """The legend's marks and labels from ``y`` on, and its last line's y
+    (``slow``: with the slow tool calls' marks)."""
     items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
              ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS[ToolOutcome.OK]),
              ("tool replayed", OUTCOME_COLOURS[ToolOutcome.REPLAYED]), ("tool failed / timed out", FAILED_COLOUR),
              ("tool pending (no outcome recorded)", OUTCOME_COLOURS[ToolOutcome.PENDING]),
              ("hosted MCP tool (run by the service)", HOSTED_COLOUR), ("you spoke (transcript)", USER_COLOUR),
              ("reconnect", RECONNECT_COLOUR)]
+    if slow:
+        items += [("slow tool acknowledged", ACK_COLOUR), ("waiting for its answer", WAIT_COLOUR),
+                  ("its progress spoken", PROGRESS_COLOUR), ("its answer spoken", DELIVERY_COLOUR)]
     out, at = [], 8.0
     for label, colour in items:
         width = 22 + 6.4 * len(label)

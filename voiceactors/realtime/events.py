@@ -368,6 +368,16 @@ def function_call_output(call_id: str, output: str) -> dict[str, Any]:
     }
 
 
+def system_message(text: str) -> dict[str, Any]:
+    """``conversation.item.create`` of a system message (``input_text``): a
+    note for the model, never spoken, that starts no response."""
+    return {
+        "type": "conversation.item.create",
+        "event_id": new_event_id(),
+        "item": {"type": "message", "role": "system", "content": [{"type": "input_text", "text": text}]},
+    }
+
+
 def response_create(response: dict[str, Any] | None = None) -> dict[str, Any]:
     """``response.create``; ``response`` optionally overrides response parameters."""
     event: dict[str, Any] = {"type": "response.create", "event_id": new_event_id()}

@@ -9,7 +9,8 @@ its calls), ``call`` (one call's protocol and records), ``http`` (the h11
 HTTP and websocket layer), ``scenario`` (scenario files, shipped ones in
 ``scenarios/``), ``webrtc`` (a browser call's peer, optional aiortc),
 ``client_events`` (validating what a client sends), ``conformance`` (events
-held to the SDK's types exactly), ``cli``.
+held to the SDK's types exactly), ``tool_source`` (a slow MCP tool source
+beside it), ``cli``.
 """
 
 from voiceactors.simulator.call import ResponseRecord, SimCall, ToolCallRecord

@@ -219,6 +219,12 @@ class SimCall:
         self.forgotten: set[str] = set()       # tool call ids refused with invalid_tool_call_id: unknown from then on
         self.expired = False                   # past the session's cap: every client event gets session_expired
         self.idle_timeouts = 0                 # input_audio_buffer.timeout_triggered events sent
+        # the model may go on while tool calls wait for their outputs (gpt-realtime's asynchronous
+        # function calls; the ``async_tools`` step): a response.create then is no violation, and
+        # the calls it went on over (``awaited``) may be answered and spoken in a later turn
+        self.async_tools = False
+        self.awaited: set[str] = set()
+        self.tool_source: Any = None           # the simulator's slow MCP tool source (``slow_tool`` steps), if any
         self.last_activity_at: float | None = None   # the idle timer's origin: a response.done or the user's speech
         # state
         self.step_index = 0
@@ -227,6 +233,7 @@ class SimCall:
         self._open: dict[str, None] = {}       # issued, not answered yet, in issue order
         self.claimed: _Active | None = None    # a client response.create taken by wait_outputs
         self.waiting_create = False
+        self.claim_any = False                 # wait_create: claimed even while outputs are pending
         self.trigger: dict | None = None       # model_response_first waiting for outputs_answered
         self.quiet_until = 0.0
         self.turn = 0                          # speech_started events sent so far
@@ -969,7 +976,7 @@ class CallSession:
         call.response_creates += 1
         call.notify()
         batch, call._answered_since_create = call._answered_since_create, []
-        if batch and all(call.tool_calls[c].turn < call.turn for c in batch):
+        if batch and all(call.tool_calls[c].turn < call.turn and c not in call.awaited for c in batch):
             # rule 4: results that land after the user barged in must not take the floor
             call.violations.append(
                 f"response.create ({event_id}) for tool calls {batch} of a turn the user has barged in on")
@@ -985,13 +992,15 @@ class CallSession:
                 "conversation_already_has_active_response", event_id)
             return
         pending = call.pending_call_ids()
+        if pending and call.async_tools:
+            call.awaited.update(pending)
         resp = self._new_response("client")
         await self._send_created(resp)
-        if call.waiting_create and not pending and call.claimed is None:
+        if call.waiting_create and (not pending or call.claim_any) and call.claimed is None:
             call.claimed = resp  # the player plays the scenario's next response on it
             call.notify()
             return
-        if pending:
+        if pending and not call.async_tools:
             call.violations.append(
                 f"response.create ({event_id}) sent while tool calls {pending} had no output")
         resp.record.origin = "default"
@@ -1043,6 +1052,16 @@ class CallSession:
         # a timetable, not a pause: a late step does not push the later ones back
         assert self.call.started_at is not None
         await trio.sleep_until(self.call.started_at + seconds)
+
+    async def _step_async_tools(self, on: bool) -> None:
+        self.call.async_tools = on
+
+    async def _step_slow_tool(self, spec: dict) -> None:
+        source = self.call.tool_source
+        if source is None or spec["name"] not in source.tools:
+            self.call.violations.append(f"slow_tool {spec['name']!r}: the simulator has no tool source with it")
+            return
+        source.pace(spec["name"], float(spec.get("run_s", 0.0)), float(spec.get("progress_every_s", 0.0)))
 
     async def _step_refuse(self, spec: dict) -> None:
         self.call.refusals.append(Refusal.from_step(spec))
@@ -1216,6 +1235,25 @@ class CallSession:
             call.violations.append(
                 f"wait_outputs timed out: pending outputs {call.pending_call_ids()}, "
                 f"response.create received: {call.claimed is not None}")
+        nxt = self.steps[call.step_index + 1] if call.step_index + 1 < len(self.steps) else {}
+        if call.claimed is not None and "response" not in nxt:
+            resp, call.claimed = call.claimed, None
+            resp.record.origin = "default"
+            self._spawn(self._play_default, resp)
+
+    async def _step_wait_create(self, spec: dict) -> None:
+        """Wait for the client's next ``response.create``, whatever outputs
+        are still pending (an acknowledgement of a slow tool call): the next
+        ``response`` step plays on it (else the default reply does)."""
+        call = self.call
+        call.waiting_create = call.claim_any = True
+        try:
+            with trio.move_on_after(float(spec.get("timeout_s", 30.0))) as scope:
+                await call.wait_until(lambda c: c.claimed is not None)
+        finally:
+            call.waiting_create = call.claim_any = False
+        if scope.cancelled_caught:
+            call.violations.append("wait_create timed out: no response.create received")
         nxt = self.steps[call.step_index + 1] if call.step_index + 1 < len(self.steps) else {}
         if call.claimed is not None and "response" not in nxt:
             resp, call.claimed = call.claimed, None

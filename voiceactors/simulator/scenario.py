@@ -97,6 +97,10 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object", "additionalProperties": False,
         "properties": {"response_create": {"type": "boolean"}, "timeout_s": _NUM},
     },
+    "wait_create": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"timeout_s": _NUM},
+    },
     "barge_in": {
         "type": "object", "additionalProperties": False,
         "properties": {"after_ms": {"type": "integer", "minimum": 0}, "text": {"type": "string"},
@@ -131,6 +135,11 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {"text": {"type": "string"}, "wait_s": _NUM},
     },
     "dtmf": {"type": "string", "pattern": "^[0-9*#A-D]+$"},
+    "async_tools": {"type": "boolean"},
+    "slow_tool": {
+        "type": "object", "additionalProperties": False, "required": ["name"],
+        "properties": {"name": {"type": "string", "minLength": 1}, "run_s": _NUM, "progress_every_s": _NUM},
+    },
     "close": {"enum": [1000, 1001]},
     "drop": {"const": True},
     "silence": _NUM,

@@ -42,6 +42,7 @@ from voiceactors.simulator.phone import delivery, dtmf_event, incoming_event, ph
 from voiceactors.simulator.phone import post as post_delivery
 from voiceactors.simulator.refusal_errors import Refusal
 from voiceactors.simulator.scenario import Scenario, ScenarioError, as_scenario, load_scenario, scenario_names
+from voiceactors.simulator.tool_source import ToolSource
 from voiceactors.simulator.webrtc import (OPEN_TIMEOUT_S, LoopThread, WebRTCOfferError, WebRTCPeer, WebRTCUnavailable,
                                           find_speaker, is_media_offer)
 
@@ -182,6 +183,8 @@ class Simulator:
         self._nursery: trio.Nursery | None = None      # while serving: runs the browser calls' peers
         self._webrtc: LoopThread | None = None         # aiortc's asyncio thread, started by the first offer
         self.peers: dict[str, WebRTCPeer] = {}         # call_id -> its browser peer
+        # a slow MCP tool source whose pace the calls' ``slow_tool`` steps set (tool_source.py)
+        self.tool_source: ToolSource | None = None
         register_secret(api_key)
 
     # -- running
@@ -224,6 +227,7 @@ class Simulator:
         simulator's default). Returns its record (also ``sim.calls[call_id]``)."""
         chosen = self.scenario if scenario is None else as_scenario(scenario)
         call = SimCall(call_id, chosen, gone_status or self.gone_status, timestamps=self.timestamps)
+        call.tool_source = self.tool_source
         self.calls[call_id] = call
         return call
 

@@ -13,8 +13,9 @@ Handlers run in real worker threads and ``autojump_clock`` jumps to the next
 deadline whenever every trio task waits (a running thread included). So a rig
 runs tools with no deadline that could fire while a handler works: tool
 timeouts, the call's idle timeout and maximum duration are infinite unless a
-test sets them, and ``steady`` makes the simulator's ``wait_outputs`` wait
-without a timeout.
+test sets them, a slow tool call is never acknowledged (``tool_ack_after_s``
+0: a test of slow tools sets it), and ``steady`` makes the simulator's
+``wait_outputs`` and ``wait_create`` wait without a timeout.
 """
 
 from __future__ import annotations
@@ -56,12 +57,13 @@ KEY = "sk-test-calls-0123456789"
 
 
 def steady(name_or_steps: Any) -> Scenario:
-    """A scenario whose ``wait_outputs`` steps never time out (see module doc)."""
+    """A scenario whose ``wait_outputs`` and ``wait_create`` steps never time out (see module doc)."""
     scenario = load_scenario(name_or_steps) if isinstance(name_or_steps, str) else Scenario.from_obj(name_or_steps)
     steps = []
     for step in scenario.steps:
-        if "wait_outputs" in step:
-            step = {"wait_outputs": {**step["wait_outputs"], "timeout_s": math.inf}}
+        for kind in ("wait_outputs", "wait_create"):
+            if kind in step:
+                step = {kind: {**step[kind], "timeout_s": math.inf}}
         steps.append(step)
     return Scenario(scenario.name, scenario.description, tuple(steps))
 
@@ -216,7 +218,7 @@ async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None,
         write_sample_journal(journal, days=3, today=DAY)
     base: dict[str, Any] = dict(
         journal=journal, state_dir=tmp_path / "state",
-        tool_timeout_read_s=math.inf, tool_timeout_write_s=math.inf,
+        tool_timeout_read_s=math.inf, tool_timeout_write_s=math.inf, tool_ack_after_s=0.0,
         call_idle_timeout_s=math.inf, call_max_duration_s=math.inf,
     )
     base.update(changes)

@@ -59,6 +59,10 @@ class ToolSpec:
     call_scoped: bool = False
     # a tool of an MCP source: its ``mcp_discovery.RemoteTool`` (None: ours, run by ``handler``)
     remote: Any = None
+    # whether a call of it may be acknowledged and answered later while the
+    # conversation goes on (docs/calls.md § Slow tools); None: reads and MCP
+    # sources' tools may, our journal writes answer before anything is said
+    defers: bool | None = None
     validator: Draft202012Validator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -67,6 +71,13 @@ class ToolSpec:
         Draft202012Validator.check_schema(self.parameters)
         validator = Draft202012Validator(self.parameters, format_checker=Draft202012Validator.FORMAT_CHECKER)
         object.__setattr__(self, "validator", validator)
+
+    @property
+    def may_defer(self) -> bool:
+        """A slow call of it may be acknowledged and spoken later (``defers``)."""
+        if self.defers is not None:
+            return self.defers
+        return self.effect == READ or self.remote is not None
 
     @property
     def underscore_name(self) -> str:
@@ -246,6 +257,7 @@ def _specs() -> list[ToolSpec]:
             effect=READ,
             handler=select_tool.select,
             call_scoped=True,
+            defers=False,     # it changes what the call is about: answered before anything is said
         ),
     ]
 

@@ -47,6 +47,7 @@ from voiceactors import storage
 from voiceactors.mcp.client.http_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, Answered, SourceTransport, answered
 from voiceactors.logs import get_logger
 from voiceactors.mcp.client.sources import McpSource
+from voiceactors.messages import ProgressNote
 
 IDLE_CLOSE_S = 300.0        # a session unused this long is closed (the next request opens one)
 HTTP_SLACK_S = 5.0          # httpx2's own timeouts sit above the MCP request timeout
@@ -90,6 +91,7 @@ class _Op:
     reply: trio.MemorySendChannel[Any] = field(repr=False)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     answered: bool = False
+    progress: ProgressNote | None = field(default=None, repr=False)   # call_tool's progress receiver
 
     def answer(self, value: Any) -> None:
         if self.answered:
@@ -159,17 +161,21 @@ class SourceConnection:
         answer: list[dict[str, Any]] | Failure = await self._ask("list_tools", (), self.timeout_s * 2)
         return answer
 
-    async def call_tool(self, tool: str, arguments: dict[str, Any], timeout_s: float) -> ToolAnswer | Failure:
+    async def call_tool(self, tool: str, arguments: dict[str, Any], timeout_s: float,
+                        progress: ProgressNote | None = None) -> ToolAnswer | Failure:
         """The tool's result, or a Failure. Cancelling the asker cancels the
-        request (the SDK tells the server, and its exchange is aborted)."""
-        answer: ToolAnswer | Failure = await self._ask("call_tool", (tool, arguments), timeout_s)
+        request (the SDK tells the server, and its exchange is aborted).
+        ``progress`` gets each progress notification the source sends for it
+        (the request then carries a progress token)."""
+        answer: ToolAnswer | Failure = await self._ask("call_tool", (tool, arguments), timeout_s, progress)
         return answer
 
-    async def _ask(self, method: str, args: tuple[Any, ...], timeout_s: float) -> Any:
+    async def _ask(self, method: str, args: tuple[Any, ...], timeout_s: float,
+                   progress: ProgressNote | None = None) -> Any:
         if self.denied_status is not None:
             return Failure("denied", f"status {self.denied_status}")
         send, receive = trio.open_memory_channel[Any](1)
-        op = _Op(method, args, timeout_s, send)
+        op = _Op(method, args, timeout_s, send, progress=progress)
         try:
             self._send.send_nowait(op)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -291,7 +297,8 @@ class SourceConnection:
         # outputSchema with stock jsonschema (Python's re), on the trio thread; the model
         # gets structuredContent as data from the source, and it is not checked
         request = types.CallToolRequest(params=types.CallToolRequestParams(name=tool, arguments=arguments))
-        result = await session.send_request(request, types.CallToolResult, request_read_timeout_seconds=op.timeout_s)
+        result = await session.send_request(request, types.CallToolResult, request_read_timeout_seconds=op.timeout_s,
+                                            progress_callback=_progress_to(op.progress) if op.progress else None)
         raw = decoded.take()
         if raw is None:     # the SDK decoded it (``Answered``): its model
             return ToolAnswer(_dump(result), 0)
@@ -329,6 +336,15 @@ async def in_proportion(size: int, fn: Callable[..., T], *args: Any) -> T:
     if size <= INLINE_MAX_BYTES:
         return fn(*args)
     return await storage.run_sync(fn, *args, cancellable=False)
+
+
+def _progress_to(note: ProgressNote) -> Any:
+    """The SDK's progress callback (awaited by its dispatcher) handing each
+    notification to ``note`` (plain, never awaits)."""
+    async def progressed(progress: float, total: float | None, message: str | None) -> None:
+        note(progress, total, message)
+
+    return progressed
 
 
 def _dump(model: BaseModel) -> dict[str, Any]:

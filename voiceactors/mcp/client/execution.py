@@ -117,7 +117,7 @@ async def run(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpec, 
               render: Render) -> RemoteDone:
     if spec.effect == WRITE:
         return await _write(hub, state_dir, req, spec, args, render)
-    answer = await hub.call(req.call_id, spec, args)
+    answer = await hub.call(req.call_id, spec, args, req.progress)
     output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)
     return RemoteDone(output, outcome, budgeted=answer.failure is None)
 
@@ -140,7 +140,7 @@ async def _write(hub: "McpHub", state_dir: Path, req: ToolRequest, spec: ToolSpe
             await storage.run_sync(_store, state_dir, req.tool_call_id,
                                    {**base, "outcome": ToolOutcome.UNKNOWN, "output": render(unknown), "pending": True},
                                    cancellable=False)
-            answer = await hub.call(req.call_id, spec, args)
+            answer = await hub.call(req.call_id, spec, args, req.progress)
             output, outcome = await in_proportion(answer.size, _rendered, spec, answer, render)
             await storage.run_sync(_store, state_dir, req.tool_call_id,
                                    {**base, "outcome": outcome, "output": output}, cancellable=False)

@@ -38,6 +38,7 @@ from voiceactors.logs import get_logger, register_secret
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.mcp.client import tool_specs
 from voiceactors.mcp.client.sources import McpSource, SourceConfigError, parse_sources, source_of, spelled, token_of
+from voiceactors.messages import ProgressNote
 from voiceactors.tools.registry import ToolSpec
 
 CALLS_KEPT = 1024           # calls whose credentials are kept, oldest evicted
@@ -324,9 +325,11 @@ class McpHub:
             specs = state.specs
         return tool_specs.lookup(specs, name)
 
-    async def call(self, call_id: str, spec: ToolSpec, arguments: dict[str, Any]) -> Answer:
+    async def call(self, call_id: str, spec: ToolSpec, arguments: dict[str, Any],
+                   progress: ProgressNote | None = None) -> Answer:
         """Run ``spec`` at its source with the call's token when it brought
-        one, else the configured one. Never raises but Cancelled."""
+        one, else the configured one (``progress``: gets the source's
+        progress notifications). Never raises but Cancelled."""
         remote = spec.remote
         state = self._sources[remote.source]
         call = self._calls.get(call_id)
@@ -343,7 +346,7 @@ class McpHub:
         started = trio.current_time()
         outcome = "cancelled"
         try:
-            value = await connection.call_tool(remote.tool, arguments, self._timeout(state.source))
+            value = await connection.call_tool(remote.tool, arguments, self._timeout(state.source), progress)
             outcome = value.kind if isinstance(value, Failure) else \
                 ("tool_error" if value.result.get("isError") else "ok")
         finally:

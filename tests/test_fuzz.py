@@ -115,3 +115,31 @@ def test_a_capture_that_cannot_be_read_is_exit_2(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "voiceactors.cli", "fuzz", str(tmp_path / "none.jsonl")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "voiceactors fuzz:" in missing.stderr
+
+
+def test_a_thread_an_earlier_run_left_behind_does_not_stop_the_clock():
+    """A worker thread abandoned by an earlier trio run in the same process
+    holds its token of ``storage``'s limiters for as long as it works; a
+    fuzz run counting it as its own never jumped its clock (it hung)."""
+    import trio
+
+    from voiceactors import storage
+
+    left_behind = object()
+
+    async def leave_a_thread_behind() -> None:
+        storage.limiter().acquire_on_behalf_of_nowait(left_behind)
+
+    trio.run(leave_a_thread_behind)
+    try:
+        out = io.StringIO()
+        assert fuzz(REPLAYS / "drop.jsonl", runs=1, seed=3, jobs=1, journal=None, today=None, out=out) == 0, \
+            out.getvalue()
+    finally:
+        trio.run(_release, left_behind)
+
+
+async def _release(borrower: object) -> None:
+    from voiceactors import storage
+
+    storage.limiter().release_on_behalf_of(borrower)

@@ -146,6 +146,12 @@ syncfs: Callable[[int], None] | None = _load_syncfs()
 _unbounded: trio.CapacityLimiter | None = None
 
 
+def thread_limiters() -> tuple[trio.CapacityLimiter, ...]:
+    """Every limiter this module's worker threads borrow from (a token
+    borrowed is a thread at work, or waiting for a write's lock)."""
+    return limiter(), write_limiter(), _no_limit()
+
+
 def _no_limit() -> trio.CapacityLimiter:
     global _unbounded
     if _unbounded is None:

@@ -6,7 +6,7 @@ The autojump clock jumps as soon as every task waits, and a task waiting
 for a tool's thread waits: the replay's next event would then come before
 the tool's answer or after it depending on how fast the thread ran, and a
 seed would not replay the run it named. Here a jump waits for the threads
-(``storage``'s limiters, trio's default one) to be idle, so a run's order
+(``storage.thread_limiters``, trio's default one) to be idle, so a run's order
 of events is its schedule's, not the machine's."""
 
 from __future__ import annotations
@@ -26,18 +26,26 @@ __all__ = ["jump_when_idle"]
 IDLE_S = 0.002
 
 
-def _threads_busy() -> bool:
-    limiters = (storage.limiter(), storage.write_limiter(), trio.to_thread.current_default_thread_limiter())
-    return any(limiter.borrowed_tokens for limiter in limiters)
+def _threads_at_work() -> int:
+    limiters = (*storage.thread_limiters(), trio.to_thread.current_default_thread_limiter())
+    return sum(limiter.borrowed_tokens for limiter in limiters)
 
 
 async def jump_when_idle(clock: trio.testing.MockClock) -> None:
     """Jump ``clock`` (a ``MockClock`` without autojump: the run's clock) to
     the next deadline whenever every other task has waited ``IDLE_S`` and no
-    worker thread is busy. Runs until cancelled."""
+    worker thread of this run is busy. Runs until cancelled.
+
+    ``storage``'s limiters live as long as the process: a thread an earlier
+    run left behind (abandoned by its cancelled caller) still holds its
+    token. What was held when this run began is not this run's (and once
+    such a thread ends, its token is not counted again)."""
+    before = _threads_at_work()
     while True:
         await trio.testing.wait_all_tasks_blocked(IDLE_S)
-        if _threads_busy():
+        at_work = _threads_at_work()
+        before = min(before, at_work)
+        if at_work > before:
             continue
         jump = trio.lowlevel.current_statistics().seconds_to_next_deadline
         if 0 < jump < math.inf:

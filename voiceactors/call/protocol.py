@@ -57,6 +57,7 @@ from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, T
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
 from voiceactors.tool_effect import READ, WRITE, ToolEffect
+from voiceactors.settings import default
 
 
 #: The server events the protocol acts on; the reader skips the rest (deltas,
@@ -133,8 +134,10 @@ class SlowTools:
     actor sets ``tool_ack_after_s``)."""
 
     ack_after_s: float = 0.0
-    max_in_flight: int = 2      # acknowledged calls unanswered at once; a batch past it is not acknowledged
-    progress_after_s: float = 5.0   # a progress line may be spoken once a call has run this long (0: never)
+    # acknowledged calls unanswered at once; a batch past it is not acknowledged
+    max_in_flight: int = default("tool_slow_max")
+    # a progress line may be spoken once a call has run this long (0: never)
+    progress_after_s: float = default("tool_progress_after_s")
 
 
 #: Longest progress message of a source's passed to the client feed (never to the model).

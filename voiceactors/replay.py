@@ -91,9 +91,12 @@ def expectation_path(capture: Path) -> Path:
 
 
 def _settings(journal: Path, state_dir: Path, base_url: str, **changes: Any) -> Settings:
-    # the defaults, not the environment: a replay is the same wherever it runs
+    # The defaults, not the environment: a replay is the same wherever it
+    # runs. No acknowledgement of a slow tool call: whether one is due
+    # depends on how fast this machine runs the tool (a search's first index
+    # build), not on the call.
     return Settings(journal=journal, state_dir=state_dir, openai_base_url=base_url,
-                    openai_api_key_env=REPLAY_KEY, **changes)
+                    openai_api_key_env=REPLAY_KEY, **{"tool_ack_after_s": 0.0, **changes})
 
 
 async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str) -> None:

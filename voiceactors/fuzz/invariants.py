@@ -29,8 +29,9 @@ def _answered_once(played: Played) -> list[str]:
     result = played.result
     found = [f"tool call {call_id} ({entry['tool']}) was answered {len(entry['outputs'])} times"
              for call_id, entry in result["outputs"].items() if len(entry["outputs"]) != 1]
-    found += ["an output was sent for a tool call that already had one (duplicate_tool_call_output)"
-              for code in result["protocol_errors"] if code == "duplicate_tool_call_output"]
+    again = result["protocol_errors"].count("duplicate_tool_call_output")
+    if again:
+        found.append(f"{again} output(s) sent for a tool call that already had one (duplicate_tool_call_output)")
     return found
 
 

@@ -1,0 +1,340 @@
+"""The deployment recipe in ``deploy/`` checked with the real parts: the
+alert rules and the Prometheus configuration by ``promtool``, the Caddy site
+by ``caddy validate``, the systemd unit by ``systemd-analyze verify`` (each
+skipped, saying why, where the tool is absent; ``.ci/run`` installs them);
+every metric, label and label value the rules and the dashboard use is one a
+real serving process exports; the unit's command is one the CLI accepts and
+its stop timeout outlasts the server's own shutdown bound."""
+
+from __future__ import annotations
+
+import configparser
+import datetime as dt
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import yaml
+
+from child_support import CHILD_START_S
+from voiceactors import settings as settings_module
+from voiceactors.call.state import ToolOutcome
+from voiceactors.cli import build_parser
+from voiceactors.http import create_app
+from voiceactors.http.connect import CONNECT_PATH
+from voiceactors.journal.sample import write_sample_journal
+from voiceactors.metrics import Metrics
+from voiceactors.server import GRACEFUL_S, run_server
+from voiceactors.settings import Settings, shutdown_deadlines
+from voiceactors.workers import STOP_SLACK_S
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+RULES, PROMETHEUS, CADDYFILE = DEPLOY / "alerts.yml", DEPLOY / "prometheus.yml", DEPLOY / "Caddyfile"
+UNIT, DASHBOARD = DEPLOY / "voiceactors.service", DEPLOY / "grafana-dashboard.json"
+DAY = dt.date(2026, 3, 27)
+#: Prometheus's own series of a target, and the labels it puts on every scraped one.
+PROMETHEUS_OWN = {"up": frozenset({"job", "instance"})}
+TARGET_LABELS = frozenset({"job", "instance"})
+#: route labels that are no Quart rule (``metrics.http_request`` callers)
+SPECIAL_ROUTES = frozenset({"unmatched", "busy", "rate_limited", CONNECT_PATH, "/mcp"})
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name)
+    if found is None:
+        pytest.skip(f"`{name}` is not installed (Debian's package; .ci/run installs it)")
+    return found
+
+
+# --- what a serving process exports ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory) -> Path:
+    return write_sample_journal(tmp_path_factory.mktemp("deploy") / "journal", days=1, today=DAY)
+
+
+async def _scrape(journal: Path, state_dir: Path) -> str:
+    settings = Settings(journal=journal, state_dir=state_dir).replace(
+        port=0, shutdown_deadline_s=3.0, close_deadline_s=1.0)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        try:
+            async with httpx.AsyncClient() as client:
+                response = await client.get(f"{base}/metrics")
+        finally:
+            stop.set()
+    assert response.status_code == 200
+    return response.text
+
+
+def _series(text: str) -> list[str]:
+    """Every series name the exposition text declares (``# TYPE``: a counter's
+    name ends ``_total``; a histogram's series are its ``_bucket``, ``_sum``,
+    ``_count``)."""
+    suffixes = {"counter": ("",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+    return [name + suffix for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE)
+            for suffix in suffixes[kind]]
+
+
+def _family(series: str, families: dict[str, frozenset[str]]) -> str:
+    stem = re.sub(r"_(total|created|bucket|sum|count)$", "", series)
+    return stem if stem in families else series
+
+
+def _label_names() -> dict[str, frozenset[str]]:
+    """Each family's label names, from the server's registry (the exposition
+    text names them only on series already counted)."""
+    labels: dict[str, frozenset[str]] = {}
+    for instrument in vars(Metrics()).values():
+        name = getattr(instrument, "_name", None)
+        if isinstance(name, str) and hasattr(instrument, "_labelnames"):
+            labels[name] = frozenset(instrument._labelnames)
+    return labels
+
+
+@pytest.fixture(scope="module")
+def exported(journal, tmp_path_factory) -> dict[str, frozenset[str]]:
+    """Series name -> the label names it may carry, for every series of a real
+    serving process's ``/metrics``."""
+    text = trio.run(_scrape, journal, tmp_path_factory.mktemp("state"))
+    labels = _label_names()
+    found: dict[str, frozenset[str]] = {}
+    for series in _series(text):
+        family = _family(series, labels)
+        assert family in labels, f"{series} is exported but not in metrics.Metrics"
+        found[series] = labels[family] | TARGET_LABELS | ({"le"} if series.endswith("_bucket") else set())
+    found.update(PROMETHEUS_OWN)
+    return found
+
+
+@pytest.fixture(scope="module")
+def routes(journal, tmp_path_factory) -> frozenset[str]:
+    app = create_app(Settings(journal=journal, state_dir=tmp_path_factory.mktemp("routes")))
+    return frozenset(rule.rule for rule in app.url_map.iter_rules()) | SPECIAL_ROUTES
+
+
+# --- what an expression uses -----------------------------------------------------------
+
+@dataclass
+class Uses:
+    """The series, their label matchers and the grouping labels of one PromQL expression."""
+
+    series: dict[str, list[tuple[str, str, str]]] = field(default_factory=dict)   # name -> (label, op, value)
+    grouping: set[str] = field(default_factory=set)
+
+
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+_SELECTOR = re.compile(r'\b([A-Za-z_:][A-Za-z0-9_:]*)\s*\{((?:[^}"]|"(?:[^"\\]|\\.)*")*)\}')
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+_BARE_NAME = re.compile(r"(?<![\w.])([A-Za-z_:][A-Za-z0-9_:]*)\b(?!\s*\()")
+_KEYWORDS = frozenset({"bool", "and", "or", "unless", "offset", "inf", "nan"})
+
+
+def uses(expr: str) -> Uses:
+    found = Uses()
+    for group in _GROUPING.findall(expr):
+        found.grouping.update(label.strip() for label in group.split(",") if label.strip())
+    rest = _GROUPING.sub(" ", expr)
+    for name, body in _SELECTOR.findall(rest):
+        found.series.setdefault(name, []).extend(_MATCHER.findall(body))
+    rest = _SELECTOR.sub(" ", rest)
+    rest = re.sub(r'"(?:[^"\\]|\\.)*"|\[[^\]]*\]', " ", rest)      # strings, ranges
+    for name in _BARE_NAME.findall(rest):
+        if name.lower() not in _KEYWORDS:
+            found.series.setdefault(name, [])
+    return found
+
+
+def test_the_expression_reader_finds_names_matchers_and_grouping():
+    found = uses('histogram_quantile(0.99, sum by (tool, le) (rate(a_bucket{tool=~"x|y", outcome!="ok"}[5m])))'
+                 " / ignoring(tool) b_total offset 1h > bool 0.5 and on() c")
+    assert found.series == {"a_bucket": [("tool", "=~", "x|y"), ("outcome", "!=", "ok")], "b_total": [], "c": []}
+    assert found.grouping == {"tool", "le"}
+
+
+def _rule_expressions() -> dict[str, str]:
+    groups = yaml.safe_load(RULES.read_text())["groups"]
+    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
+
+
+def _dashboard_expressions() -> dict[str, str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return {f"{panel['title']} {target['refId']}": target["expr"]
+            for panel in panels for target in panel.get("targets", [])}
+
+
+def _label_values_problem(label: str, op: str, value: str, routes: frozenset[str]) -> str | None:
+    """A route or tool outcome that no series will ever carry."""
+    known = {"route": routes, "outcome": frozenset(ToolOutcome) | {"ok"}}.get(label)
+    if known is None or op not in ("=", "=~"):
+        return None
+    pattern = re.compile(value if op == "=~" else re.escape(value))
+    alternatives = value.split("|") if op == "=~" and "(" not in value else [value]
+    if op == "=~" and "(" in value:      # a pattern with a group: one known value it matches will do
+        return None if any(pattern.fullmatch(v) for v in known) else f"{label}=~{value!r} matches nothing"
+    missing = [v for v in alternatives if v not in known]
+    return f"{label} {missing} unknown" if missing else None
+
+
+def _problems(expressions: dict[str, str], exported: dict[str, frozenset[str]], routes: frozenset[str]) -> list[str]:
+    problems = []
+    for where, expr in expressions.items():
+        found = uses(expr)
+        assert found.series, f"{where}: no series in {expr!r}"
+        labels_here: set[str] = set()
+        for series, matchers in found.series.items():
+            if series not in exported:
+                problems.append(f"{where}: {series} is not exported")
+                continue
+            labels_here |= exported[series]
+            for label, op, value in matchers:
+                if label not in exported[series]:
+                    problems.append(f"{where}: {series} has no label {label}")
+                elif (problem := _label_values_problem(label, op, value, routes)) is not None:
+                    problems.append(f"{where}: {problem}")
+        problems += [f"{where}: groups by {label}, which none of its series has"
+                     for label in found.grouping - labels_here]
+    return problems
+
+
+def test_every_name_the_alert_rules_use_is_exported(exported, routes):
+    expressions = _rule_expressions()
+    assert len(expressions) >= 10
+    assert _problems(expressions, exported, routes) == []
+
+
+def test_every_name_the_dashboard_uses_is_exported(exported, routes):
+    expressions = _dashboard_expressions()
+    assert len(expressions) >= 15
+    assert _problems(expressions, exported, routes) == []
+
+
+def test_a_misspelt_name_or_label_is_caught(exported, routes):
+    assert _problems({"typo": 'rate(voiceactors_tool_call_total[5m])'}, exported, routes) == [
+        "typo: voiceactors_tool_call_total is not exported"]
+    assert _problems({"label": 'voiceactors_tool_calls_total{outcomes="failed"}'}, exported, routes) == [
+        "label: voiceactors_tool_calls_total has no label outcomes"]
+    assert _problems({"value": 'voiceactors_http_requests_total{route="/api/voice/sessions"}'}, exported, routes) == [
+        "value: route ['/api/voice/sessions'] unknown"]
+    assert _problems({"by": 'sum by (tool) (voiceactors_live_calls)'}, exported, routes) == [
+        "by: groups by tool, which none of its series has"]
+
+
+def test_the_alerts_cover_what_an_operator_must_act_on():
+    expressions = " ".join(_rule_expressions().values())
+    for series in ("voiceactors_http_requests_total", "voiceactors_tool_calls_total", "voiceactors_cost_usd_total",
+                   "voiceactors_sideband_reconnects_total", "voiceactors_rate_limit_remaining", "up"):
+        assert re.search(rf"\b{series}\b", expressions), series
+
+
+# --- promtool ---------------------------------------------------------------------
+
+def test_promtool_checks_the_rules():
+    done = subprocess.run([_tool("promtool"), "check", "rules", str(RULES)], capture_output=True, text=True,
+                          timeout=CHILD_START_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(_rule_expressions())} rules found" in done.stdout
+
+
+def test_promtool_checks_the_configuration():
+    done = subprocess.run([_tool("promtool"), "check", "config", str(PROMETHEUS)], capture_output=True, text=True,
+                          timeout=CHILD_START_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    [job] = config["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert config["rule_files"] == [RULES.name]
+
+
+# --- caddy ------------------------------------------------------------------------
+
+def test_caddy_validates_the_site(tmp_path):
+    home = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    done = subprocess.run([_tool("caddy"), "validate", "--config", str(CADDYFILE)], capture_output=True, text=True,
+                          timeout=CHILD_START_S, env=home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Valid configuration" in done.stdout + done.stderr
+
+
+def test_the_site_proxies_to_the_units_address_and_keeps_metrics_in():
+    site = CADDYFILE.read_text()
+    listen = _serve_args()
+    assert f"reverse_proxy {listen.host}:{listen.port}" in site
+    assert re.search(r"^\s*respond /metrics 404$", site, re.MULTILINE)
+    assert re.search(r"^\s*flush_interval -1$", site, re.MULTILINE)       # event streams unbuffered
+
+
+# --- the systemd unit -----------------------------------------------------------------
+
+def _unit() -> configparser.RawConfigParser:
+    unit = configparser.RawConfigParser(strict=False, interpolation=None, delimiters=("=",))
+    unit.optionxform = str      # systemd's keys are case-sensitive
+    unit.read_string(UNIT.read_text())
+    return unit
+
+
+def _exec_start() -> list[str]:
+    return shlex.split(_unit()["Service"]["ExecStart"])
+
+
+def _serve_args() -> Any:
+    args, unknown = build_parser().parse_known_args(_exec_start()[1:])
+    assert unknown == []
+    return args
+
+
+def test_the_unit_runs_a_serve_the_cli_accepts():
+    binary, *argv = _exec_start()
+    assert Path(binary).name == "voiceactors"
+    args = _serve_args()
+    assert args.command == "serve" and not args.demo
+    assert args.host == "127.0.0.1"          # the proxy is the way in
+    assert args.state_dir == "/var/lib/voiceactors" == "/var/lib/" + _unit()["Service"]["StateDirectory"]
+
+
+def test_the_unit_is_unprivileged_restarts_on_failure_and_outlasts_the_shutdown():
+    service = _unit()["Service"]
+    assert service["User"] not in ("", "root")
+    assert service["Restart"] == "on-failure"
+    assert service["KillSignal"] == "SIGTERM" and service["KillMode"] == "mixed"
+    deadlines = shutdown_deadlines(Settings(journal=Path("j"), state_dir=Path("s")))
+    server_bound = max(deadlines.hypercorn_s + GRACEFUL_S, deadlines.hypercorn_s + STOP_SLACK_S)
+    assert float(service["TimeoutStopSec"]) > server_bound
+
+
+def test_the_units_environment_names_settings_that_exist():
+    declared = {env for item in settings_module.declarations() for env in item.spec.env}
+    names = [line.split("=", 1)[0] for line in _unit()["Service"]["Environment"].split()]
+    assert names and set(names) <= declared
+
+
+def test_systemd_verifies_the_unit(tmp_path):
+    analyze = _tool("systemd-analyze")
+    # the unit as installed names /opt/voiceactors; verify checks that the binary exists: this one's
+    here = Path(sys.executable).parent / "voiceactors"
+    copy = tmp_path / UNIT.name
+    copy.write_text(UNIT.read_text().replace(_exec_start()[0], str(here)))
+    done = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=CHILD_START_S)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert str(copy) not in output and f"{UNIT.name}:" not in output, output   # no warning about our unit
+
+
+def test_systemd_would_warn_about_a_misspelt_key(tmp_path):
+    analyze = _tool("systemd-analyze")
+    copy = tmp_path / UNIT.name
+    here = Path(sys.executable).parent / "voiceactors"
+    copy.write_text(UNIT.read_text().replace(_exec_start()[0], str(here)).replace("Restart=", "Restrat="))
+    done = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=CHILD_START_S)
+    assert "Unknown key 'Restrat'" in done.stdout + done.stderr

@@ -14,6 +14,8 @@ import json
 import re
 import shlex
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -23,9 +25,10 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trustme
 import yaml
 
-from child_support import CHILD_START_S
+from child_support import CHILD_START_S, Child
 from voiceactors import settings as settings_module
 from voiceactors.call.state import ToolOutcome
 from voiceactors.cli import build_parser
@@ -338,3 +341,97 @@ def test_systemd_would_warn_about_a_misspelt_key(tmp_path):
     copy.write_text(UNIT.read_text().replace(_exec_start()[0], str(here)).replace("Restart=", "Restrat="))
     done = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=CHILD_START_S)
     assert "Unknown key 'Restrat'" in done.stdout + done.stderr
+
+
+# --- the site in front of a real server --------------------------------------------
+
+TOKEN = "deploy-test-token-7d1e44"
+ALICE, BOB, CAROL, DAVE = "203.0.113.7", "203.0.113.8", "203.0.113.9", "203.0.113.10"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _test_site(tmp_path: Path, site_port: int, server_port: int) -> Path:
+    """The deploy Caddyfile on loopback: the site's address a test port with a
+    test CA's certificate, the server's port this server's, no log file, no
+    admin endpoint, no redirect listener on port 80; every directive of the
+    site as it is."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "site.crt"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "site.key"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    site = CADDYFILE.read_text()
+    assert "voice.example.org {" in site and "127.0.0.1:8765" in site
+    site = re.sub(r"\n\tlog \{.*?\n\t\}\n", "\n", site, flags=re.DOTALL)
+    site = site.replace("voice.example.org {",
+                        f"https://127.0.0.1:{site_port} {{\n\ttls {tmp_path / 'site.crt'} {tmp_path / 'site.key'}")
+    site = site.replace("127.0.0.1:8765", f"127.0.0.1:{server_port}")
+    options = f"{{\n\tadmin off\n\thttp_port {_free_port()}\n\tauto_https disable_redirects\n}}\n"
+    path = tmp_path / "Caddyfile"
+    path.write_text(options + site)
+    return path
+
+
+async def _wait_for_line(stream: trio.abc.ReceiveStream, text: bytes) -> None:
+    seen = b""
+    with trio.fail_after(CHILD_START_S):       # a child process: real time, bounded
+        while text not in seen:
+            chunk = await stream.receive_some()
+            assert chunk, seen.decode(errors="replace")
+            seen += chunk
+
+
+async def test_through_the_site_over_tls_a_forged_forwarded_for_is_ignored(journal, tmp_path):
+    caddy = _tool("caddy")
+    site_port = _free_port()
+    settings = Settings(journal=journal, state_dir=tmp_path / "state", api_token=TOKEN).replace(
+        port=0, trusted_proxies=("127.0.0.1",), allowed_hosts=(f"127.0.0.1:{site_port}",),
+        rate_limit_burst=1, rate_limit_per_s=0.01, shutdown_deadline_s=3.0, close_deadline_s=1.0)
+    stop = trio.Event()
+    home = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    async with trio.open_nursery() as nursery:
+        [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        site = _test_site(tmp_path, site_port, int(base.rsplit(":", 1)[1]))
+        proxy = Child([caddy, "run", "--config", str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                      env=home)
+        try:
+            assert proxy.stderr is not None
+            await _wait_for_line(proxy.stderr, b"serving initial configuration")
+            nursery.start_soon(_drain, proxy.stderr)
+            public = f"https://127.0.0.1:{site_port}"
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=tmp_path / "ca.pem"),
+                                     timeout=CHILD_START_S) as client:
+                assert (await client.get(f"{public}/api/voice/status", headers=auth)).status_code == 200
+                assert (await client.get(f"{public}/metrics")).status_code == 404          # kept in
+                assert (await client.get(f"{base}/metrics")).status_code == 200            # Prometheus's way
+                login = await client.post(f"{public}/api/voice/login", json={"token": TOKEN})
+                assert login.status_code == 200
+                assert "Secure" in login.headers["Set-Cookie"]       # the forwarded scheme believed
+                refresh = "/api/voice/refresh-brain"
+                # straight to the server from loopback (a trusted proxy's address) the header counts
+                direct = [await client.post(base + refresh, json={}, headers={**auth, "X-Forwarded-For": who})
+                          for who in (ALICE, BOB)]
+                assert [r.status_code != 429 for r in direct] == [True, True]
+                # through the site each forged address is replaced by the client's own: one bucket
+                # (were they passed on, two new addresses would be two fresh buckets)
+                proxied = [await client.post(public + refresh, json={}, headers={**auth, "X-Forwarded-For": who})
+                           for who in (CAROL, DAVE)]
+                assert [r.status_code == 429 for r in proxied] == [False, True]
+        finally:
+            proxy.terminate()
+            with trio.fail_after(CHILD_START_S):
+                await proxy.wait()
+            stop.set()
+
+
+async def _drain(stream: trio.abc.ReceiveStream) -> None:
+    """Read the proxy's log to its end (a full pipe would stall it)."""
+    while await stream.receive_some():
+        pass

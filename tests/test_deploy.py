@@ -350,6 +350,65 @@ def test_promtool_fires_each_alert_on_its_series_and_none_on_a_healthy_process(t
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+async def _prometheus_answer(client: httpx.AsyncClient, url: str, ready: Any) -> Any:
+    """Ask Prometheus's API until ``ready(data)`` holds: its first scrape and its
+    first rule evaluation come on its own schedule (a child process: real time,
+    bounded)."""
+    with trio.fail_after(CHILD_START_S):
+        while True:
+            data = (await client.get(url)).json()["data"]
+            if ready(data):
+                return data
+            await trio.sleep(0.2)
+
+
+async def test_a_real_prometheus_scrapes_a_serving_process_and_evaluates_the_rules(journal, tmp_path):
+    prometheus = _tool("prometheus")
+    settings = Settings(journal=journal, state_dir=tmp_path / "state").replace(
+        port=0, shutdown_deadline_s=3.0, close_deadline_s=1.0)
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}     # the test's pace
+    config["rule_files"] = [str(RULES)]
+    del config["alerting"]                                                          # no Alertmanager here
+    listen = f"127.0.0.1:{_free_port()}"
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
+                                                                     task_status=task_status))
+        [job] = config["scrape_configs"]
+        job["static_configs"] = [{"targets": [base.removeprefix("http://")]}]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+        child = Child([prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--web.listen-address={listen}",
+                       f"--storage.tsdb.path={tmp_path / 'tsdb'}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            assert child.stderr is not None
+            await _wait_for_line(child.stderr, b"Server is ready to receive web requests")
+            nursery.start_soon(_drain, child.stderr)
+            async with httpx.AsyncClient(timeout=CHILD_START_S) as client:
+                api = f"http://{listen}/api/v1"
+                up = await _prometheus_answer(client, f'{api}/query?query=up{{job="voiceactors"}}',
+                                              lambda data: data["result"])
+                assert up["result"][0]["value"][1] == "1"
+                names = (await client.get(f"{api}/label/__name__/values")).json()["data"]
+                # the series without labels (a labelled one appears once it is counted)
+                assert {"voiceactors_live_calls", "voiceactors_brain_ready", "voiceactors_tool_turnaround_seconds_bucket",
+                        "voiceactors_sideband_reconnects_total"} <= set(names)
+                rules = await _prometheus_answer(
+                    client, f"{api}/rules",
+                    lambda data: data["groups"] and all(not rule["lastEvaluation"].startswith("0001")   # never
+                                                        for group in data["groups"] for rule in group["rules"]))
+                evaluated = [rule for group in rules["groups"] for rule in group["rules"]]
+                assert len(evaluated) == len(_rule_expressions())
+                assert [rule["name"] for rule in evaluated if rule["health"] != "ok"] == []
+                # a process that just started and serves nothing is healthy: nothing fires
+                assert [rule["name"] for rule in evaluated if rule["state"] != "inactive"] == []
+        finally:
+            child.terminate()
+            with trio.fail_after(CHILD_START_S):
+                await child.wait()
+            stop.set()
+
+
 # --- caddy ------------------------------------------------------------------------
 
 def test_caddy_validates_the_site(tmp_path):

@@ -40,6 +40,7 @@ from voiceactors.http.connect import CONNECT_PATH
 from voiceactors.journal.sample import write_sample_journal
 from voiceactors.metrics import Metrics
 from voiceactors.server import GRACEFUL_S, run_server
+from voiceactors.simulator import Simulator
 from voiceactors.settings import Settings, shutdown_deadlines
 from voiceactors.workers import STOP_SLACK_S
 
@@ -495,6 +496,7 @@ def test_systemd_would_warn_about_a_misspelt_key(tmp_path):
 # --- the site in front of a real server --------------------------------------------
 
 TOKEN = "deploy-test-token-7d1e44"
+SIM_KEY = "sk-test-deploy-5b3c2a1d"
 ALICE, BOB, CAROL, DAVE = "203.0.113.7", "203.0.113.8", "203.0.113.9", "203.0.113.10"
 
 
@@ -535,15 +537,23 @@ async def _wait_for_line(stream: trio.abc.ReceiveStream, text: bytes) -> None:
             seen += chunk
 
 
-async def test_through_the_site_over_tls_a_forged_forwarded_for_is_ignored(journal, tmp_path):
+async def test_through_the_site_over_tls_the_console_a_call_and_its_events_work(journal, tmp_path, pin_today):
+    """The console's page, a call's connect and its event stream through the
+    site, over TLS; the sign-in cookie ``Secure``; ``/metrics`` kept in; a
+    forged ``X-Forwarded-For`` replaced by the client's own address."""
     caddy = _tool("caddy")
+    pin_today(DAY.isoformat())          # the journal's day: the call's tool answers from it
     site_port = _free_port()
-    settings = Settings(journal=journal, state_dir=tmp_path / "state", api_token=TOKEN).replace(
+    simulator = Simulator("single_tool", api_key=SIM_KEY)
+    settings = Settings(journal=journal, state_dir=tmp_path / "state", api_token=TOKEN,
+                        openai_api_key_env=SIM_KEY).replace(
         port=0, trusted_proxies=("127.0.0.1",), allowed_hosts=(f"127.0.0.1:{site_port}",),
         rate_limit_burst=1, rate_limit_per_s=0.01, shutdown_deadline_s=3.0, close_deadline_s=1.0)
     stop = trio.Event()
     home = {"HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     async with trio.open_nursery() as nursery:
+        await nursery.start(simulator.serve, 0)
+        settings = settings.replace(openai_base_url=simulator.base_url)
         [base] = await nursery.start(lambda task_status: run_server(settings, shutdown_trigger=stop.wait,
                                                                      task_status=task_status))
         site = _test_site(tmp_path, site_port, int(base.rsplit(":", 1)[1]))
@@ -556,13 +566,16 @@ async def test_through_the_site_over_tls_a_forged_forwarded_for_is_ignored(journ
             public = f"https://127.0.0.1:{site_port}"
             auth = {"Authorization": f"Bearer {TOKEN}"}
             async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=tmp_path / "ca.pem"),
-                                     timeout=CHILD_START_S) as client:
+                                         timeout=CHILD_START_S) as client:
+                console = await client.get(f"{public}/")
+                assert console.status_code == 200 and "text/html" in console.headers["content-type"]
                 assert (await client.get(f"{public}/api/voice/status", headers=auth)).status_code == 200
                 assert (await client.get(f"{public}/metrics")).status_code == 404          # kept in
                 assert (await client.get(f"{base}/metrics")).status_code == 200            # Prometheus's way
                 login = await client.post(f"{public}/api/voice/login", json={"token": TOKEN})
                 assert login.status_code == 200
                 assert "Secure" in login.headers["Set-Cookie"]       # the forwarded scheme believed
+                await _a_call_through(client, public, auth, simulator)
                 refresh = "/api/voice/refresh-brain"
                 # straight to the server from loopback (a trusted proxy's address) the header counts
                 direct = [await client.post(base + refresh, json={}, headers={**auth, "X-Forwarded-For": who})
@@ -578,6 +591,27 @@ async def test_through_the_site_over_tls_a_forged_forwarded_for_is_ignored(journ
             with trio.fail_after(CHILD_START_S):
                 await proxy.wait()
             stop.set()
+            nursery.cancel_scope.cancel()       # the simulator
+
+
+async def _a_call_through(client: httpx.AsyncClient, public: str, auth: dict[str, str], simulator: Simulator) -> None:
+    """A simulated call joined through the site, its events streamed through it as they come."""
+    call = simulator.add_call("rtc_proxy_1", "single_tool")
+    connected = await client.post(f"{public}/api/voice/connect", json={"call_id": "rtc_proxy_1"}, headers=auth)
+    assert connected.status_code == 200, connected.text
+    kinds: list[str] = []
+    with trio.fail_after(CHILD_START_S):
+        async with client.stream("GET", f"{public}/api/voice/events", params={"call_id": "rtc_proxy_1"},
+                                 headers=auth) as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            async for line in stream.aiter_lines():
+                if line.startswith("data: "):
+                    kinds.append(json.loads(line[6:])["type"])
+                    if kinds[-1] == "call.ended":
+                        break
+    assert "tool.finished" in kinds and kinds[-1] == "call.ended"
+    assert call.outputs        # the tool's output reached the service
 
 
 async def _drain(stream: trio.abc.ReceiveStream) -> None:

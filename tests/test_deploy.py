@@ -1,9 +1,11 @@
 """The deployment recipe in ``deploy/`` checked with the real parts: the
 alert rules and the Prometheus configuration by ``promtool`` (``check``, and
 ``test rules``: each alert fires on the series that call for it, none on a
-healthy process), the Caddy site by ``caddy validate`` and by running it over
-TLS in front of a real server (a forged ``X-Forwarded-For`` replaced,
-``/metrics`` kept in), the systemd unit by ``systemd-analyze verify`` (each
+healthy process; a real Prometheus scraping a serving process and evaluating
+them), the Caddy site by ``caddy validate`` and by running it over TLS in
+front of a real server (the console, a call's connect and its event stream
+through it, a forged ``X-Forwarded-For`` replaced, ``/metrics`` kept in), the
+systemd unit by ``systemd-analyze verify`` (each
 skipped, saying why, where the tool is absent; ``.ci/run`` installs them);
 every metric, label and label value the rules and the dashboard use is one a
 real serving process exports; the unit's command is one the CLI accepts and

@@ -26,6 +26,7 @@ _COMMANDS = {
     "index": "voiceactors.journal.search:cli_index",
     "journal-sample": "voiceactors.journal.sample:cli_sample",
     "calls": "voiceactors.calls_report:cli_calls",
+    "logs": "voiceactors.logs_view:cli_logs",
     "mcp": "voiceactors.mcp.server.stdio:cli_mcp",
 }
 
@@ -57,7 +58,7 @@ _EPILOG = "New here? `voiceactors serve --demo` serves the console on a sample j
 
 # one-shot commands that print their own result: their info log lines (JSON on stderr) would only
 # repeat it, or land in the middle of a progress bar
-_QUIET_COMMANDS = frozenset({"index", "journal-sample", "calls"})
+_QUIET_COMMANDS = frozenset({"index", "journal-sample", "calls", "logs"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--limit", type=_limit, default=20, metavar="N",
                        help="how many of the newest calls (1-200, default 20)")
     calls.add_argument("--json", action="store_true", help='print {"calls": [...]} as GET /api/voice/calls does')
+
+    logs = sub.add_parser("logs", help="the server's JSON log lines, readable: time, level, actor, event, fields",
+                          description="Render the server's log lines (one JSON object per line, as `serve` writes "
+                                      "them on stderr) for a person: time, level, actor, event, then the other "
+                                      "fields as key=value. A line that is not JSON is printed as it is.")
+    logs.add_argument("file", nargs="?", default="-", metavar="FILE",
+                      help="the log file (default -: standard input, e.g. `journalctl -u voiceactors -o cat | "
+                           "voiceactors logs`)")
+    logs.add_argument("--call", metavar="ID", help="only the lines of this call (their call_id)")
+    logs.add_argument("--actor", metavar="NAME", help="only the lines of this actor (call, tools, http, supervisor, ...)")
+    logs.add_argument("--follow", "-f", action="store_true",
+                      help="keep reading FILE as it grows, like tail -f (Ctrl-C stops)")
 
     journal = sub.add_parser("journal", help="journal utilities")
     jsub = journal.add_subparsers(dest="journal_command", required=True)

@@ -299,7 +299,9 @@ FIRING: dict[str, tuple[dict[str, str], str, dict[str, str]]] = {
     "VoiceactorsMcpSourceErrors": (
         {f'voiceactors_mcp_errors_total{{{_S},source="weather",kind="timeout"}}': "0+1x10"},
         "10m", {"source": "weather", "kind": "timeout"}),
-    "VoiceactorsBrainNotReady": ({f"voiceactors_brain_ready{{{_S}}}": "0x15"}, "12m", dict(job="voiceactors", instance="a")),
+    "VoiceactorsBrainNotReady": ({f"voiceactors_brain_ready{{{_S}}}": "0x15",
+                                  f'voiceactors_brain_refreshes_total{{{_S},outcome="error"}}': "0+1x15"},
+                                 "12m", dict(job="voiceactors", instance="a")),
     "VoiceactorsNearCapacity": (
         {f'voiceactors_tool_turnaround_seconds_bucket{{{_S},le="0.05"}}': "0x20",
          f'voiceactors_tool_turnaround_seconds_bucket{{{_S},le="0.1"}}': "0+10x20",
@@ -403,7 +405,8 @@ async def test_a_real_prometheus_scrapes_a_serving_process_and_evaluates_the_rul
                 evaluated = [rule for group in rules["groups"] for rule in group["rules"]]
                 assert len(evaluated) == len(_rule_expressions())
                 assert [rule["name"] for rule in evaluated if rule["health"] != "ok"] == []
-                # a process that just started and serves nothing is healthy: nothing fires
+                # a process that just started and serves nothing is healthy: nothing fires (its
+                # brain has no instruction yet: it refreshes when a session first asks)
                 assert [rule["name"] for rule in evaluated if rule["state"] != "inactive"] == []
         finally:
             child.terminate()

@@ -59,7 +59,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "voiceactors.runtime", "voiceactors.http", "voiceactors.console", "voiceactors.mcp.server", SIMULATOR)),
     ("the commands", (
         "voiceactors.commands", "voiceactors.server", "voiceactors.workers", "voiceactors.mcp.server.stdio",
-        "voiceactors.calls_report",
+        "voiceactors.calls_report", "voiceactors.logs_view",
         "voiceactors.cli", "voiceactors.demo", "voiceactors.mcp.demo_source", "voiceactors.replay",
         "voiceactors.fuzz")),
     ("the testing kit", ("voiceactors.testing",)),

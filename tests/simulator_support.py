@@ -4,6 +4,8 @@ connection on which every server message must conform to the SDK's types."""
 from __future__ import annotations
 
 import json
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 import trio
 import trio_websocket
@@ -79,3 +81,13 @@ async def answer(client: Client, done: dict, *, create: bool = True) -> list[str
     if create:
         await client.send(events.response_create())
     return call_ids
+
+
+@asynccontextmanager
+async def serving_simulator(simulator: Simulator) -> AsyncIterator[Simulator]:
+    """``simulator`` serving its REST API and sidebands on a loopback port
+    until the block ends (every connection then dropped)."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(simulator.serve, 0)
+        yield simulator
+        nursery.cancel_scope.cancel()

@@ -19,6 +19,7 @@ from voiceactors.linked_context.references import Reference
 from voiceactors.http import create_app
 from voiceactors.simulator import Simulator
 from voiceactors.settings import Settings
+from simulator_support import serving_simulator
 
 BASE = "You are sol, the journal's voice."
 DANIEL = Reference("entity", "daniel_park", "Daniel Park", entity_type="Person")
@@ -178,11 +179,8 @@ async def test_first_greeting_once_after_the_handover_and_not_after_a_reconnect(
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator("silence", api_key=SIM_KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator("silence", api_key=SIM_KEY)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 def app_for(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any) -> Any:

@@ -29,6 +29,7 @@ from voiceactors.http import create_app
 from voiceactors.messages import SummariseCall, ask
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
+from simulator_support import serving_simulator
 
 SIM_KEY = "sk-test-continue-3c4d5e6f7a"
 EARLIER = "rtc_capped_1"
@@ -96,11 +97,8 @@ def test_a_continuation_is_carried_by_a_taker_and_a_rejoin():
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator("silence", api_key=SIM_KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator("silence", api_key=SIM_KEY)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 def settings_for(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any) -> Settings:

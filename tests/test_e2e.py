@@ -23,6 +23,7 @@ from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
 from voiceactors.tools.registry import REGISTRY
+from simulator_support import serving_simulator
 
 DAY = dt.date(2026, 3, 27)
 SIM_KEY = "sk-test-e2e-4f9a8b7c6d5e"
@@ -36,11 +37,8 @@ def journal(make_sample) -> Path:
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator("single_tool", api_key=SIM_KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator("single_tool", api_key=SIM_KEY)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 def make_settings(journal: Path, tmp_path: Path, sim: Simulator, **changes) -> Settings:

@@ -17,6 +17,7 @@ from voiceactors.call.record import read_record, record_path
 from voiceactors.simulator import Simulator
 from voiceactors.simulator import phone as sim_phone
 from voiceactors.tools.registry import REGISTRY
+from simulator_support import serving_simulator
 
 MASKED = "+1••••••••67"
 SCENARIO = [
@@ -35,11 +36,8 @@ SCENARIO = [
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator(SCENARIO, api_key=SIM_KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator(SCENARIO, api_key=SIM_KEY)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 def greetings(sim_call) -> list[dict]:

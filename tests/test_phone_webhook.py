@@ -22,6 +22,7 @@ from voiceactors.server import run_server
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator import phone as sim_phone
+from simulator_support import serving_simulator
 
 SIM_KEY = "sk-test-phone-7c1d2e3f"
 OWNER = "+15551234567"
@@ -30,11 +31,8 @@ STRANGER = "+447700900123"
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator("silence", api_key=SIM_KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator("silence", api_key=SIM_KEY)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 def write_voice(journal: Path, **voice: Any) -> None:

@@ -55,6 +55,7 @@ from voiceactors.simulator import Simulator
 from voiceactors.settings import Settings
 from voiceactors.tools import REGISTRY, ToolContext, ToolSpec, make_registry
 from voiceactors.tools.commitment_tools import complete as complete_commitment
+from simulator_support import serving_simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_CLAUDE = Path(__file__).parent / "bin" / "fake-claude"
@@ -388,11 +389,8 @@ async def error_of(response: Any) -> str:
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator(None, api_key=KEY)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator(None, api_key=KEY)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("fault", [500, 502, 503, "timeout", "garbage"])

@@ -27,6 +27,7 @@ from voiceactors.realtime.session_settings import REASONING_EFFORTS, SessionSett
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.conformance import client_error
+from simulator_support import serving_simulator
 
 SIM_KEY = "sk-test-session-settings-4d5e6f"
 BASE = "You are sol, the journal's voice."
@@ -39,11 +40,8 @@ MINTED_KEYS = ["type", "model", "instructions", "tools", "tool_choice", "output_
 
 @pytest.fixture
 async def sim():
-    simulator = Simulator("silence", api_key=SIM_KEY, conformance=True)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(simulator.serve, 0)
+    async with serving_simulator(Simulator("silence", api_key=SIM_KEY, conformance=True)) as simulator:
         yield simulator
-        nursery.cancel_scope.cancel()
 
 
 def set_voice(journal: Path, voice: dict[str, Any]) -> None:

@@ -1280,6 +1280,18 @@ def slow_wire(ack_after_s: float = 0.7) -> Wire:
     return w
 
 
+def acknowledged_wire() -> Wire:
+    """One slow read's turn, acknowledged at 0.7 s, the acknowledgement's
+    response (``r_ack``) done: the read still runs."""
+    w = slow_wire()
+    one_tool_turn(w)
+    w.now = 0.7
+    w.feed(Timer())
+    w.write()
+    w.server(created("r_ack"), done("r_ack"))
+    return w
+
+
 def acks(w: Wire) -> list[Send]:
     return [c for c in w.creates() if c.event.get("response", {}).get("instructions") == TOOL_ACK["instructions"]]
 
@@ -1374,12 +1386,7 @@ def test_an_acknowledged_read_outlives_the_users_next_turn_and_waits_for_its_ans
 
 
 def test_a_kept_answer_is_spoken_when_no_answer_to_the_users_turn_comes():
-    w = slow_wire()
-    one_tool_turn(w)
-    w.now = 0.7
-    w.feed(Timer())
-    w.write()
-    w.server(created("r_ack"), done("r_ack"))
+    w = acknowledged_wire()
     w.now = 1.0
     w.server(speech())
     w.finish("c1")
@@ -1486,12 +1493,7 @@ def test_at_most_max_in_flight_slow_calls_are_acknowledged_at_once():
 
 
 def test_a_result_after_the_calls_end_is_recorded_not_spoken():
-    w = slow_wire()
-    one_tool_turn(w)
-    w.now = 0.7
-    w.feed(Timer())
-    w.write()
-    w.server(created("r_ack"), done("r_ack"))
+    w = acknowledged_wire()
     w.p.end_decided()
     w.now = 5.0
     w.finish("c1")
@@ -1548,12 +1550,7 @@ def test_no_progress_line_before_the_acknowledgement_nor_after_the_answer():
 
 
 def test_a_typed_turn_holds_a_kept_answer_back_until_its_answer_has_started_and_ended():
-    w = slow_wire()
-    one_tool_turn(w)
-    w.now = 0.7
-    w.feed(Timer())
-    w.write()
-    w.server(created("r_ack"), done("r_ack"))
+    w = acknowledged_wire()
     w.now = 3.0
     w.server(typed_turn("u2"))                     # no speech: the client asks for its answer
     w.finish("c1")

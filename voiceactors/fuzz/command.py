@@ -36,7 +36,7 @@ def fuzz(capture: Path, *, runs: int, seed: int, jobs: int, journal: str | None,
         print(f"  seed {result.seed}: {verdict} ({len(result.schedule.changes)} changes)", file=out, flush=True)
 
     with journal_for_runs(journal, today) as journal_dir:
-        results = run_seeds(capture, range(seed, seed + runs), journal_dir, today, jobs=jobs, keep=keep, each=each)
+        results = run_seeds(script, range(seed, seed + runs), journal_dir, today, jobs=jobs, keep=keep, each=each)
         failed = next((result for result in results if result.problems), None)
         if failed is None:
             print(f"OK: {runs} runs kept every invariant", file=out)

@@ -75,15 +75,15 @@ def run_schedule(script: ReplayScript, schedule: Schedule, journal: Path, today:
     return tuple(broken(played))
 
 
-def _run_seed(capture: Path, seed: int, journal: Path, today: str, keep: tuple[int, ...] | None) -> RunResult:
-    script = load_script(capture)
+def _run_seed(script: ReplayScript, seed: int, journal: Path, today: str,
+              keep: tuple[int, ...] | None) -> RunResult:
     schedule = Schedule.draw(script, seed)
     if keep is not None:
         schedule = Schedule(seed, tuple(c for i, c in enumerate(schedule.changes) if i in keep))
     return RunResult(seed, schedule, run_schedule(script, schedule, journal, today))
 
 
-def run_seeds(capture: Path, seeds: Iterable[int], journal: Path, today: str, *, jobs: int = 1,
+def run_seeds(script: ReplayScript, seeds: Iterable[int], journal: Path, today: str, *, jobs: int = 1,
               keep: tuple[int, ...] | None = None,
               each: Callable[[RunResult], None] = lambda result: None) -> list[RunResult]:
     """One run per seed, ``jobs`` at a time (processes of their own when
@@ -93,7 +93,7 @@ def run_seeds(capture: Path, seeds: Iterable[int], journal: Path, today: str, *,
     results: list[RunResult] = []
     if jobs <= 1:
         for seed in seeds:
-            results.append(_run_seed(capture, seed, journal, today, keep))
+            results.append(_run_seed(script, seed, journal, today, keep))
             each(results[-1])
             if results[-1].problems:
                 break
@@ -101,7 +101,7 @@ def run_seeds(capture: Path, seeds: Iterable[int], journal: Path, today: str, *,
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
                                           else "spawn")
     with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context, initializer=_quiet) as pool:
-        futures = [pool.submit(_run_seed, capture, seed, journal, today, keep) for seed in seeds]
+        futures = [pool.submit(_run_seed, script, seed, journal, today, keep) for seed in seeds]
         for future in concurrent.futures.as_completed(futures):
             results.append(future.result())
             each(results[-1])

@@ -101,12 +101,6 @@ class EventUnion:
         # reports it and calls the ignore unused, hence unused-ignore too)
         return cls(name, TypeAdapter(annotated), by_type, fallback, untyped)  # type: ignore[arg-type, unused-ignore]
 
-    def declares(self, type_: str, field: str) -> bool:
-        """Whether the model of ``type_`` declares ``field`` (True for a type
-        it does not map to one model: nothing to say against it)."""
-        model = self.by_type.get(type_)
-        return model is None or field in model.model_fields
-
     def known(self, type_: str) -> bool:
         """Whether some member model may accept this ``type`` value."""
         return type_ in self.by_type or type_ in self.fallback or bool(self.untyped)

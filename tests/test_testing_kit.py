@@ -84,18 +84,26 @@ def _first_example() -> str:
     return match.group(1)
 
 
-def _run_example(folder: Path, text: str) -> subprocess.CompletedProcess[str]:
-    folder.mkdir()
-    (folder / "test_my_tool.py").write_text(text, encoding="utf-8")
+def _run_examples(root: Path, examples: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Each example copied into a file of its own (``test_<name>.py``: one
+    pytest imports them all) in an empty folder of its own, and every folder
+    run by one pytest (one interpreter's start-up, not one per example)."""
+    folders = []
+    for name, text in examples.items():
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / f"test_{name}.py").write_text(text, encoding="utf-8")
+        folders.append(str(folder))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                           str(folder)], cwd=folder, capture_output=True, text=True, timeout=120)
+                           "-rA", *folders], cwd=root, capture_output=True, text=True, timeout=120)
 
 
 def test_the_docs_first_example_runs_as_written_and_fails_when_its_tool_changes(tmp_path):
     example = _first_example()
-    passed = _run_example(tmp_path / "as_written", example)
-    assert passed.returncode == 0, passed.stdout + passed.stderr
-    assert "1 passed" in passed.stdout
-    changed = _run_example(tmp_path / "changed", example.replace('model_calls("journal.search"',
-                                                                 'model_calls("calendar.today"', 1))
-    assert changed.returncode == 1 and "ExpectationFailed" in changed.stdout, changed.stdout
+    changed = example.replace('model_calls("journal.search"', 'model_calls("calendar.today"', 1)
+    assert changed != example
+    ran = _run_examples(tmp_path, {"as_written": example, "changed": changed})
+    summary = ran.stdout + ran.stderr
+    assert ran.returncode == 1 and "1 failed, 1 passed" in summary, summary
+    assert "PASSED as_written/test_as_written.py" in summary, summary
+    assert "FAILED changed/test_changed.py" in summary and "ExpectationFailed" in summary, summary

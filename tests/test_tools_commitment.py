@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from voiceactors import storage
+from voiceactors import clock, storage
 from voiceactors.journal import ledger
 from voiceactors.tools import REGISTRY, ToolContext
 
@@ -54,6 +54,19 @@ def test_list(seeded):
     assert list_commitments(ctx, {"state": "closed"}) == {"commitments": []}
     assert list_commitments(ctx, {"facet": "capulet"}) == {"commitments": []}
     assert len(list_commitments(ctx, {"facet": "verona", "state": "open"})["commitments"]) == 2
+
+
+def test_a_close_on_a_pinned_day_is_stamped_on_that_day(seeded):
+    """Today pinned (``--today``, a replay): the close falls on the pinned
+    day, not on the machine's date (before: a close made while the journal
+    was pinned to 2026-03-21 said it was closed months later)."""
+    ctx, _path, item = seeded
+    clock.pin("2026-03-21")
+    try:
+        out = complete(ctx, {"commitment_id": item, "resolution": "signed"})
+    finally:
+        clock.pin(None)
+    assert out["commitment"]["day_closed"] == "2026-03-21"
 
 
 def test_list_failure(seeded):

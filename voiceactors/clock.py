@@ -69,3 +69,16 @@ def today() -> _dt.date:
 def now_utc() -> _dt.datetime:
     """Wall-clock UTC time, for timestamps written into records only."""
     return _dt.datetime.now(_dt.timezone.utc)
+
+
+def journal_now() -> _dt.datetime:
+    """The moment a journal edit is stamped with (UTC): now, moved to the
+    pinned day when today is pinned (the time of day the wall clock's), so
+    a commitment closed "today" on a journal pinned to an older day closes
+    on that day, not on the machine's date."""
+    now = now_utc()
+    pinned = _pinned
+    env = os.environ.get(_ENV, "").strip()
+    if pinned is None and env:
+        pinned = _env_day(env)
+    return now if pinned is None else now.replace(year=pinned.year, month=pinned.month, day=pinned.day)

@@ -55,10 +55,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import trio
+import trio.testing
 
 from voiceactors import clock, logs, storage
 from voiceactors.call.event_capture import capture_path, read_capture
-from voiceactors.call.record import read_record, record_path
+from voiceactors.call.record import PASS_GAP_S, read_record, record_path, shared_writer
 from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
 from voiceactors.journal.days import RECORDING_SUFFIXES
@@ -73,6 +74,10 @@ __all__ = ["EXPECTATION_VERSION", "Played", "capture_scenario", "cli_replay", "c
 EXPECTATION_VERSION = 1
 REPLAY_KEY = "sk-replay-voiceactors-simulator"
 CALL_DEADLINE_S = 300.0
+#: How long (real seconds) every other task must have waited before a
+#: ``kill`` step kills: less than a fuzz run's clock waits before it jumps
+#: (``fuzz.clock.IDLE_S``), so the kill comes first.
+KILL_QUIET_S = 0.001
 #: The normalised fields compared, in the order differences are reported.
 COMPARED = ("outputs", "unechoed_outputs", "response_creates", "protocol_errors", "other_client_events",
             "stalls", "truncated")
@@ -99,19 +104,83 @@ def _settings(journal: Path, state_dir: Path, base_url: str, **changes: Any) -> 
                     openai_api_key_env=REPLAY_KEY, **{"tool_ack_after_s": 0.0, **changes})
 
 
-async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str) -> None:
-    """Start the runtime, connect ``call_id``, wait until the simulator has
+async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str, *, connect: bool = True) -> None:
+    """Start the runtime, connect ``call_id`` (``connect``; else the runtime
+    rejoins it at start-up, as after a crash), wait until the simulator has
     ended it and the actor has written its record."""
     sim_call = sim.calls[call_id]
     # the sideband never asks the brain; the local one keeps a journal's claude
     # or openai backend from running (or writing its session file) for a replay
     async with open_runtime(settings, brain_backend=make_backend(settings, "local")) as rt:
-        await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
+        if connect:
+            await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
         with trio.move_on_after(CALL_DEADLINE_S):
             await sim_call.wait_until(lambda c: c.closed and c.connection is None)
         with trio.move_on_after(settings.close_deadline_s + 5):
             while await ask(rt.calls, CountCalls, timeout=5):
                 await trio.sleep(0.05)
+
+
+async def _serve_through_kills(settings: Settings, sim: Simulator, call_id: str, driver: ReplayDriver,
+                               folder: Path) -> int:
+    """Serve the call until it ends, through the script's ``kill`` steps (a
+    fuzz run's): there the serving runtime dies as a SIGKILLed process does.
+    The kill comes once every task waits, no worker thread of this replay
+    works (``KILL_QUIET_S``: before a fuzz run's clock would jump) and the
+    call record has no line waiting for its writer, so a run kills at the
+    same point each time. (A kill while lines wait loses them: the record's
+    documented window, ``call/record.py``; the fuzzer checks recovery from
+    what the writer wrote.) What the state folder and journal hold then is
+    kept, the runtime is abandoned (what it does after dies with its
+    files), and a fresh runtime starts on the kept files, rejoining the call
+    as crash recovery does. Returns how many kills there were."""
+    baseline = storage.threads_at_work()
+    kills = 0
+    while True:
+        kept: list[Path] = []
+        with trio.CancelScope() as life:
+            async def kill() -> None:
+                await _quiet(baseline)
+                kept.append(_keep_files(settings, folder / f"killed-{kills + 1}"))
+                life.cancel()
+            driver.on_kill = kill
+            await _serve_one_call(settings, sim, call_id, connect=kills == 0)
+        if not kept:
+            return kills
+        kills += 1
+        _restore_files(settings, kept[0])
+
+
+async def _quiet(baseline: int) -> None:
+    """Until every other task waits, no worker thread beyond ``baseline``
+    works and no record line waits for the writer (its pass is due on the
+    clock: sleeping lets the clock move there)."""
+    writer = shared_writer()
+    while True:
+        await trio.testing.wait_all_tasks_blocked(KILL_QUIET_S)
+        if storage.threads_at_work() > baseline:
+            continue
+        if not writer.lines_waiting():
+            return
+        await trio.sleep(PASS_GAP_S)
+
+
+def _keep_files(settings: Settings, to: Path) -> Path:
+    """A copy of what a killed server leaves on disk: its state folder and
+    its journal as they are now (blocking: no task or thread of the run
+    moves meanwhile)."""
+    for source, name in ((settings.state_dir, "state"), (settings.journal, "journal")):
+        if source.exists():
+            shutil.copytree(source, to / name, symlinks=True)
+    return to
+
+
+def _restore_files(settings: Settings, kept: Path) -> None:
+    """The kept files back in their places, for the next server to start on."""
+    for target, name in ((settings.state_dir, "state"), (settings.journal, "journal")):
+        shutil.rmtree(target, ignore_errors=True)
+        if (kept / name).exists():
+            os.replace(kept / name, target)
 
 
 # --- the folders --------------------------------------------------------------
@@ -205,6 +274,7 @@ class Played:
     result: dict[str, Any]
     driver: ReplayDriver
     record: list[dict[str, Any]]
+    kills: int = 0          # the servers killed on the way (a fuzz run's ``kill``)
 
 
 async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
@@ -232,14 +302,15 @@ async def play_script(script: ReplayScript, journal: Path, *, speed: float = 1.0
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
             sim.add_call(script.call_id).replay = driver
-            await _serve_one_call(_settings(copy, folder / "state", sim.base_url, **changes), sim, script.call_id)
+            kills = await _serve_through_kills(_settings(copy, folder / "state", sim.base_url, **changes), sim,
+                                               script.call_id, driver, folder)
             nursery.cancel_scope.cancel()
         path = record_path(folder / "state", script.call_id)
         record = read_record(path) if path.exists() else []
     result = driver.result()
     if not driver.finished.is_set():
         result["stalls"].append(f"the replay did not finish within {CALL_DEADLINE_S:g} s")
-    return Played(result, driver, record)
+    return Played(result, driver, record, kills)
 
 
 async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None) -> Path:

@@ -152,6 +152,14 @@ def thread_limiters() -> tuple[trio.CapacityLimiter, ...]:
     return limiter(), write_limiter(), _no_limit()
 
 
+def threads_at_work() -> int:
+    """How many worker threads of ours (``thread_limiters``, and trio's
+    default limiter) are at work now: a fuzz run's clock and its kill wait
+    for none of this run's."""
+    limiters = (*thread_limiters(), trio.to_thread.current_default_thread_limiter())
+    return sum(limiter.borrowed_tokens for limiter in limiters)
+
+
 def _no_limit() -> trio.CapacityLimiter:
     global _unbounded
     if _unbounded is None:

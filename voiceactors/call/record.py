@@ -339,6 +339,11 @@ class RecordWriter:
             self._at_exit()
             self.retired.set()
 
+    def lines_waiting(self) -> bool:
+        """Whether some record has lines not yet handed to a write pass (a
+        pass under way is a worker thread at work: ``storage.threads_at_work``)."""
+        return bool(self._waiting)
+
     def _idle(self) -> bool:
         return (not self._waiting and self._records <= 0 and not self._fsyncing
                 and not self._unsynced and not self._unsynced_dirs)

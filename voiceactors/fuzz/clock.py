@@ -18,17 +18,12 @@ import trio.testing
 
 from voiceactors import storage
 
-__all__ = ["jump_when_idle"]
+__all__ = ["jump_when_idle", "seed_scheduler"]
 
 #: Real seconds every task must have waited before the clock jumps (and
 #: between looks at the threads while one works): small, so a run still
 #: spends no real time in its waits.
 IDLE_S = 0.002
-
-
-def _threads_at_work() -> int:
-    limiters = (*storage.thread_limiters(), trio.to_thread.current_default_thread_limiter())
-    return sum(limiter.borrowed_tokens for limiter in limiters)
 
 
 async def jump_when_idle(clock: trio.testing.MockClock) -> None:
@@ -40,13 +35,24 @@ async def jump_when_idle(clock: trio.testing.MockClock) -> None:
     run left behind (abandoned by its cancelled caller) still holds its
     token. What was held when this run began is not this run's (and once
     such a thread ends, its token is not counted again)."""
-    before = _threads_at_work()
+    before = storage.threads_at_work()
     while True:
         await trio.testing.wait_all_tasks_blocked(IDLE_S)
-        at_work = _threads_at_work()
+        at_work = storage.threads_at_work()
         before = min(before, at_work)
         if at_work > before:
             continue
         jump = trio.lowlevel.current_statistics().seconds_to_next_deadline
         if 0 < jump < math.inf:
             clock.jump(jump)
+
+
+def seed_scheduler(seed: int) -> None:
+    """Seed trio's scheduler: it runs the tasks ready at once in an order it
+    draws at random (to shake out order bugs), from a generator of its own
+    that it lets Hypothesis seed the same way (``trio._core._run._r``, the
+    one private name this package reads of trio's). Seeded, a run's tasks
+    take their turns in the same order each time its seed is replayed."""
+    from trio._core import _run
+
+    _run._r.seed(seed)

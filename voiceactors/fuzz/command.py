@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 from voiceactors import clock, logs
 from voiceactors.fuzz.runs import RunResult, load_script, minimal, run_seeds
+from voiceactors.fuzz.schedule import Schedule
 from voiceactors.replay import journal_for_runs, load_expectation, expectation_path, sweep_stale_folders
 
 __all__ = ["cli_fuzz", "fuzz"]
@@ -58,7 +59,10 @@ def _report(capture: Path, script: Any, failed: RunResult, smallest: Any, out: T
         print(f"  it breaks with no change at all: voiceactors fuzz {capture} --seed {failed.seed} --runs 1 "
               "--keep none", file=out)
         return
-    kept = ",".join(str(failed.schedule.changes.index(change)) for change in smallest.changes)
+    # indices into the seed's whole schedule (what --keep selects from), not
+    # into a schedule already cut down by --keep
+    drawn = Schedule.draw(script, failed.seed).changes
+    kept = ",".join(str(drawn.index(change)) for change in smallest.changes)
     print(f"  replay it: voiceactors fuzz {capture} --seed {failed.seed} --runs 1 --keep {kept}", file=out)
 
 

@@ -7,6 +7,8 @@ from collections import Counter
 from typing import Any
 
 from voiceactors.call.record_kind import RecordKind
+from voiceactors.call.state import ToolOutcome
+from voiceactors.tool_effect import WRITE
 from voiceactors.replay import Played
 
 __all__ = ["RACE_S", "broken"]
@@ -27,7 +29,9 @@ def broken(played: Played) -> list[str]:
 
 def _answered_once(played: Played) -> list[str]:
     result = played.result
-    found = [f"tool call {call_id} ({entry['tool']}) was answered {len(entry['outputs'])} times"
+    found = [f"tool call {call_id} ({name}) of a completed response was never answered"
+             for call_id, name in played.driver.owed_calls.items() if call_id not in result["outputs"]]
+    found += [f"tool call {call_id} ({entry['tool']}) was answered {len(entry['outputs'])} times"
              for call_id, entry in result["outputs"].items() if len(entry["outputs"]) != 1]
     again = result["protocol_errors"].count("duplicate_tool_call_output")
     if again:
@@ -41,9 +45,20 @@ def _no_create_while_active(played: Played) -> list[str]:
 
 
 def _applied_once(played: Played) -> list[str]:
-    started = Counter(line.get("tool_call_id") for line in played.record
-                      if line.get("kind") == RecordKind.TOOL_STARTED)
-    return [f"tool call {call_id} was run {count} times" for call_id, count in started.items() if count > 1]
+    """Each server runs a tool call at most once; across a kill, a write is
+    applied by one of them at most (the others answer it from the write log,
+    ``replayed``, or as not done, ``restarted``)."""
+    found = []
+    for number, block in enumerate(_blocks(played.record), 1):
+        started = Counter(line.get("tool_call_id") for line in block if line.get("kind") == RecordKind.TOOL_STARTED)
+        found += [f"tool call {call_id} was run {count} times by server {number}"
+                  for call_id, count in started.items() if count > 1]
+    writes = {line.get("tool_call_id") for line in played.record
+              if line.get("kind") == RecordKind.TOOL_STARTED and line.get("effect") == WRITE}
+    applied = Counter(line.get("tool_call_id") for line in played.record
+                      if line.get("kind") == RecordKind.TOOL_CALL and line.get("tool_call_id") in writes
+                      and line.get("outcome") == ToolOutcome.OK)
+    return found + [f"write {call_id} was applied {count} times" for call_id, count in applied.items() if count > 1]
 
 
 def _no_stale_follow_up(played: Played) -> list[str]:
@@ -69,7 +84,19 @@ def _record_whole(played: Played) -> list[str]:
     found = []
     if record[-1].get("kind") != RecordKind.END:
         found.append("the call record does not end with its end line")
-    orders = [line["order"] for line in record if line.get("kind") == RecordKind.TRANSCRIPT and "order" in line]
-    if len(orders) != len(set(orders)):
-        found.append("two transcripts hold the same place in the spoken order")
+    for block in _blocks(record):
+        orders = [line["order"] for line in block if line.get("kind") == RecordKind.TRANSCRIPT and "order" in line]
+        if len(orders) != len(set(orders)):
+            found.append("two transcripts hold the same place in the spoken order")
     return found
+
+
+def _blocks(record: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The record's blocks: one per server that ran the call (each begins
+    with its ``start`` line)."""
+    blocks: list[list[dict[str, Any]]] = []
+    for line in record:
+        if line.get("kind") == RecordKind.START or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    return blocks

@@ -19,7 +19,7 @@ import trio.testing
 from voiceactors import clock as clock_module
 from voiceactors import logs
 from voiceactors.call.event_capture import read_capture
-from voiceactors.fuzz.clock import jump_when_idle
+from voiceactors.fuzz.clock import jump_when_idle, seed_scheduler
 from voiceactors.fuzz.invariants import broken
 from voiceactors.fuzz.schedule import Schedule
 from voiceactors.replay import Played, play_script
@@ -53,10 +53,12 @@ def load_script(capture: Path, block: int = -1) -> ReplayScript:
 def run_schedule(script: ReplayScript, schedule: Schedule, journal: Path, today: str) -> tuple[str, ...]:
     """Play ``script`` changed by ``schedule`` against the runtime on a copy
     of ``journal`` (today pinned to ``today``), on a mock clock that jumps when
-    every task waits and no worker thread works (``clock.py``);
-    what it broke. Blocking: a ``trio.run`` of its own."""
+    every task waits and no worker thread works, with trio's scheduler seeded
+    by the schedule's seed (``clock.py``); what it broke. Blocking: a
+    ``trio.run`` of its own."""
     changed = schedule.apply(script)
     clock = trio.testing.MockClock()
+    seed_scheduler(schedule.seed)
 
     async def play() -> Played:
         async with trio.open_nursery() as nursery:

@@ -11,7 +11,11 @@ few changes drawn from a seed, each one something the service may do.
   ``response.done`` ``cancelled``, ``turn_detected``) and the rest of its
   recorded events are not played;
 - ``late_transcript``: the user's transcript comes ``amount`` steps later
-  (after the reply has begun).
+  (after the reply has begun);
+- ``kill``: our server is killed (as by SIGKILL) before one step while a
+  write tool call of the model is under way (asked, its turn not yet
+  followed up), and a fresh one starts on what the dead one left on disk: it
+  rejoins the call as crash recovery does (``replay.play_script``).
 
 The same seed draws the same schedule from the same capture, so a failure's
 seed replays exactly that schedule (``voiceactors fuzz --seed``)."""
@@ -25,6 +29,7 @@ from enum import StrEnum
 from typing import Any, Iterable
 
 from voiceactors.simulator.capture_player import ReplayScript, Step
+from voiceactors.tools.registry import REGISTRY, WRITE
 
 __all__ = ["Change", "Perturbation", "Schedule"]
 
@@ -46,6 +51,7 @@ class Change(StrEnum):
     DROP = "drop"
     BARGE_IN = "barge_in"
     LATE_TRANSCRIPT = "late_transcript"
+    KILL = "kill"
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ class Perturbation:
             return f"the sideband drops before step {self.at} ({what})"
         if self.change is Change.BARGE_IN:
             return f"the user barges in before step {self.at} ({what})"
+        if self.change is Change.KILL:
+            return f"our server is killed before step {self.at} ({what}) and a fresh one starts on its files"
         return f"step {self.at} ({what}) comes {int(self.amount)} steps later"
 
 
@@ -115,6 +123,8 @@ class Schedule:
             for change in changes:
                 if change.change is Change.DROP:
                     steps += [Step("drop"), Step("connect")]
+                elif change.change is Change.KILL:
+                    steps += [Step("kill"), Step("connect")]
                 elif change.change is Change.BARGE_IN:
                     steps += _barge_in(steps, cut, index)
             if _response_of(step) in cut:
@@ -152,7 +162,36 @@ def _places(script: ReplayScript) -> dict[Change, list[int]]:
                 places[Change.DUPLICATE].append(index)
             if type_ == TRANSCRIPT:
                 places[Change.LATE_TRANSCRIPT].append(index)
+    places[Change.KILL] = _mid_write(script)
     return places
+
+
+def _mid_write(script: ReplayScript) -> list[int]:
+    """The connected steps while a write tool call is under way: from the
+    step after the model asks for it up to our ``response.create`` that
+    follows its turn up (a kill there finds the write queued, running,
+    applied but unanswered, or answered but not yet in the record)."""
+    places: list[int] = []
+    writing = False
+    for index, step in enumerate(script.steps):
+        if step.kind in ("close", "drop"):
+            writing = False
+        if writing and step.kind != "connect":
+            places.append(index)
+        if step.kind == "await_create":
+            writing = False
+        if step.kind == "send" and _asks_for_a_write(step.event or {}):
+            writing = True
+    return places
+
+
+def _asks_for_a_write(event: dict[str, Any]) -> bool:
+    """A recorded event in which the model asks for a journal write tool."""
+    if event.get("type") != "response.function_call_arguments.done":
+        return False
+    name = event.get("name")
+    spec = REGISTRY.get(name) if isinstance(name, str) else None
+    return spec is not None and spec.effect == WRITE
 
 
 def _response_of(step: Step) -> str | None:

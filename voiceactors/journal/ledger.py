@@ -677,7 +677,7 @@ def stamp_after(latest_ms: int | None) -> str:
     ``latest_ms + 1`` ms when the latest close of the item is not older than
     that (another writer's clock is ahead of ours): the latest close wins, so
     a close stamped before it would change nothing."""
-    now = clock.now_utc().astimezone(_dt.timezone.utc).replace(microsecond=0)
+    now = clock.journal_now().replace(microsecond=0)
     if latest_ms is None or (now - _EPOCH) // _dt.timedelta(milliseconds=1) > latest_ms:
         return now.strftime("%Y-%m-%dT%H:%M:%SZ")
     after = _EPOCH + _dt.timedelta(milliseconds=latest_ms + 1)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 import trio
 
@@ -56,7 +56,7 @@ _ITEM_ADDED = frozenset({"conversation.item.added", "conversation.item.created"}
 
 @dataclass
 class Step:
-    kind: str                      # connect | send | await_output | await_create | close | drop
+    kind: str                      # connect | send | await_output | await_create | close | drop | kill
     event: dict[str, Any] | None = None
     gap: float = 0.0               # recorded seconds since the previous event
     code: int | None = None        # close
@@ -124,6 +124,13 @@ class ReplayScript:
         return cls(str(head.get("call_id") or "rtc_replay"), steps, truncated)
 
 
+def _function_calls(items: Iterable[Any]) -> Iterator[tuple[str, str]]:
+    """(call id, tool name) of each function call item among ``items``."""
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "function_call" and item.get("call_id"):
+            yield item["call_id"], str(item.get("name") or "")
+
+
 @dataclass
 class _Held:
     """What we sent on the live connection that no gate has taken yet."""
@@ -151,12 +158,18 @@ class ReplayDriver:
         #: response begun before a drop is not announced again); a fuzz run's check
         self.refused_after_s: list[float] = []
         self.known_calls: dict[str, str] = {}      # tool call id -> tool name, from the events played
+        #: the tool calls of the responses played as completed (``response.done``,
+        #: ``completed``): the service waits for an output to each
+        self.owed_calls: dict[str, str] = {}
         self.accepted: dict[str, list[str]] = {}   # tool call id -> our outputs the replay echoed
         self.creates: list[dict[str, Any]] = []    # our response.creates and what became of them
         self.errors: list[str] = []                # error codes our events caused
         self.others: list[str] = []                # any other client event, by type
         self.stalls: list[str] = []
         self.finished = trio.Event()
+        #: a ``kill`` step's hook (``replay.play_script``): our server is killed
+        #: there; without one the step is a drop
+        self.on_kill: Callable[[], Awaitable[None]] | None = None
         self._held = _Held()
         self._echoed: dict[str, str] = {}          # output item id -> the output we echoed in it
 
@@ -171,8 +184,10 @@ class ReplayDriver:
             step = steps[self.index]
             if step.kind == "connect":
                 self.index += 1
-            elif step.kind == "drop":
+            elif step.kind in ("drop", "kill"):
                 self.index += 1
+                if step.kind == "kill" and self.on_kill is not None:
+                    await self.on_kill()      # our server dies here; its socket with it
                 session.drop()
                 return
             elif step.kind == "close":
@@ -206,9 +221,11 @@ class ReplayDriver:
         item = event.get("item") if isinstance(event.get("item"), dict) else None
         if item is not None and item.get("type") == "function_call_output" and item.get("id") in self._echoed:
             item["output"] = self._echoed[item["id"]]
-        for candidate in (item, *((event.get("response") or {}).get("output") or ())):
-            if isinstance(candidate, dict) and candidate.get("type") == "function_call" and candidate.get("call_id"):
-                self.known_calls.setdefault(candidate["call_id"], str(candidate.get("name") or ""))
+        response = event.get("response") or {}
+        for call_id, name in _function_calls((item, *(response.get("output") or ()))):
+            self.known_calls.setdefault(call_id, name)
+        if type_ == "response.done" and response.get("status") == "completed":
+            self.owed_calls.update(_function_calls(response.get("output") or ()))
         if type_ == "response.created":
             self.active = (event.get("response") or {}).get("id")
             self.active_since = trio.current_time()

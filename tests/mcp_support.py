@@ -16,7 +16,6 @@ it); ``stop()`` kills it.
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,14 +28,8 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 from mcp.server.lowlevel import Server
 
-from calls_support import DAY, KEY, Rig, Sideband, start_simulator
-from voiceactors.executor.actor import ToolExecutor
-from voiceactors.call.feed import FeedHub
+from calls_support import Rig, Sideband, rig
 from voiceactors.mcp.client.hub import McpHub
-from voiceactors.journal.sample import write_sample_journal
-from voiceactors.settings import Settings
-from voiceactors.simulator import Simulator
-from voiceactors.tools import REGISTRY, ToolContext
 from voiceactors.mcp.client.sources import McpSource
 
 Handler = Callable[..., Awaitable[types.CallToolResult]]   # (arguments) or, with_context, (arguments, ctx)
@@ -193,21 +186,10 @@ async def _answer(send: Any, status: int, body: bytes, headers: list[tuple[bytes
 async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dict[str, str] | None = None,
                   scenario: Any = None, timeouts: dict[str, float] | None = None,
                   sideband: Sideband = Sideband.MEMORY, **changes: Any) -> AsyncIterator[tuple[Rig, McpHub]]:
-    """The calls rig with MCP sources: each server started, one source per
+    """The kit's rig with MCP sources: each server started, one source per
     entry (token env ``<NAME>_TOKEN``, ``server-token`` unless ``env`` says
     otherwise), the hub's first discovery done."""
-    journal = tmp_path / "journal"
-    if not journal.exists():
-        write_sample_journal(journal, days=3, today=DAY)
-    base: dict[str, Any] = dict(journal=journal, state_dir=tmp_path / "state", tool_timeout_read_s=math.inf,
-                                tool_timeout_write_s=math.inf, call_idle_timeout_s=math.inf,
-                                call_max_duration_s=math.inf, tool_ack_after_s=0.0)
-    base.update(changes)
-    settings = Settings(**base)
-    sim = Simulator(scenario, api_key=KEY)
     async with trio.open_nursery() as nursery:
-        sim_scope, sim_tasks = await start_simulator(nursery, sim)
-        settings = settings.replace(openai_base_url=sim.base_url)
         sources = []
         tokens = dict(env or {})
         for name, server in servers.items():
@@ -215,12 +197,7 @@ async def mcp_rig(tmp_path: Path, servers: dict[str, McpTestServer], *, env: dic
             env_name = f"{name.upper().replace('-', '_')}_TOKEN"
             tokens.setdefault(env_name, "server-token")
             sources.append(McpSource(name, url, env_name, (timeouts or {}).get(name)))
-        hub = McpHub(settings, tuple(sources), env=tokens)
-        await nursery.start(hub.run)
-        await hub.wait_discovered()
-        ctx = ToolContext(journal=journal, state_dir=settings.state_dir, today=lambda: DAY)
-        executor = ToolExecutor(settings, ctx, REGISTRY, remote=hub)
-        await nursery.start(executor.run)
-        yield (Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
-                   nursery, sim_scope, sim_tasks, sideband), hub)
+        async with rig(tmp_path, scenario, sideband=sideband, sources=tuple(sources), env=tokens, **changes) as r:
+            assert r.mcp is not None
+            yield r, r.mcp
         nursery.cancel_scope.cancel()

@@ -78,10 +78,11 @@ def test_a_hung_up_script_takes_no_more_steps():
         script.model_says("Wait.")
 
 
-def _first_example() -> str:
-    match = re.search(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-    assert match, "docs/testing.md has no python example"
-    return match.group(1)
+def _examples() -> list[str]:
+    """docs/testing.md's ``python`` blocks: each a test file of its own."""
+    found = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    assert found, "docs/testing.md has no python example"
+    return found
 
 
 def _run_examples(root: Path, examples: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -98,12 +99,15 @@ def _run_examples(root: Path, examples: dict[str, str]) -> subprocess.CompletedP
                            "-rA", *folders], cwd=root, capture_output=True, text=True, timeout=120)
 
 
-def test_the_docs_first_example_runs_as_written_and_fails_when_its_tool_changes(tmp_path):
-    example = _first_example()
-    changed = example.replace('model_calls("journal.search"', 'model_calls("calendar.today"', 1)
-    assert changed != example
-    ran = _run_examples(tmp_path, {"as_written": example, "changed": changed})
+def test_the_docs_examples_run_as_written_and_the_first_fails_when_its_tool_changes(tmp_path):
+    """The first example (a tool) and the MCP source's, each alone in an
+    empty folder; the first again with the tool it scripts changed."""
+    first, mcp_source = _examples()
+    changed = first.replace('model_calls("journal.search"', 'model_calls("calendar.today"', 1)
+    assert changed != first
+    ran = _run_examples(tmp_path, {"as_written": first, "mcp_source": mcp_source, "changed": changed})
     summary = ran.stdout + ran.stderr
-    assert ran.returncode == 1 and "1 failed, 1 passed" in summary, summary
+    assert ran.returncode == 1 and "1 failed, 2 passed" in summary, summary
     assert "PASSED as_written/test_as_written.py" in summary, summary
+    assert "PASSED mcp_source/test_mcp_source.py" in summary, summary
     assert "FAILED changed/test_changed.py" in summary and "ExpectationFailed" in summary, summary

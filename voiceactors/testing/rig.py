@@ -28,7 +28,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, asyn
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Mapping
 
 import trio
 from trio_websocket import CloseReason, ConnectionClosed
@@ -43,6 +43,8 @@ from voiceactors.call.transport import (
 )
 from voiceactors.executor.actor import ToolExecutor
 from voiceactors.journal.sample import write_sample_journal
+from voiceactors.mcp.client.hub import McpHub
+from voiceactors.mcp.client.sources import McpSource
 from voiceactors.settings import Settings
 from voiceactors.simulator import Scenario, SimCall, Simulator, load_scenario
 from voiceactors.simulator.call import CallSession
@@ -123,6 +125,8 @@ class Rig:
     sideband: Sideband = Sideband.MEMORY
     #: wraps each ``run_call`` (a test suite's real-time bound, say)
     guard: Callable[[], AbstractContextManager[Any]] = field(default=contextlib.nullcontext)
+    #: the MCP tool sources' hub, when the rig has sources
+    mcp: McpHub | None = None
 
     def actor(self, call_id: str, **kw: Any) -> CallActor:
         kw.setdefault("answer_now", self.executor.answer_now)   # as the runtime wires it (None: inbox only)
@@ -208,11 +212,15 @@ async def start_simulator(nursery: trio.Nursery, sim: Simulator) -> tuple[trio.C
 async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None,
               sideband: Sideband = Sideband.MEMORY,
               guard: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+              sources: tuple[McpSource, ...] | None = None, env: Mapping[str, str] | None = None,
               **changes: Any) -> AsyncIterator[Rig]:
     """A rig under ``tmp_path``: its journal (``tmp_path/journal``, the
     sample journal unless one is there), state, simulator and executor
     (``registry``: the tools, the real ones by default); ``changes`` are
-    ``Settings`` fields. Everything stops when the block ends."""
+    ``Settings`` fields. MCP tool sources (``sources``, else the
+    ``mcp_sources`` setting; their tokens from ``env``, else the process's
+    environment) are reached through a hub whose first discovery is done
+    when the rig is yielded. Everything stops when the block ends."""
     journal = tmp_path / "journal"
     if not journal.exists():
         write_sample_journal(journal, days=3, today=DAY)
@@ -227,9 +235,14 @@ async def rig(tmp_path: Path, scenario: Any = None, *, registry: Any = None,
     async with trio.open_nursery() as nursery:
         sim_scope, sim_tasks = await start_simulator(nursery, sim)
         settings = settings.replace(openai_base_url=sim.base_url)
+        mcp = None
+        if sources is not None or settings.mcp_sources:
+            mcp = McpHub(settings, sources, env=env)
+            await nursery.start(mcp.run)
+            await mcp.wait_discovered()
         ctx = ToolContext(journal=journal, state_dir=settings.state_dir, today=lambda: DAY)
-        executor = ToolExecutor(settings, ctx, registry or REGISTRY)
+        executor = ToolExecutor(settings, ctx, registry or REGISTRY, remote=mcp)
         await nursery.start(executor.run)
         yield Rig(sim, settings, executor, FeedHub(settings.feed_retention_s, settings.feed_max_items),
-                  nursery, sim_scope, sim_tasks, sideband, guard)
+                  nursery, sim_scope, sim_tasks, sideband, guard, mcp)
         nursery.cancel_scope.cancel()

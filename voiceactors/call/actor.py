@@ -1121,6 +1121,16 @@ def _metric(name: Metric) -> Callable[[float], None]:
             return metrics.tool_overhead
         case Metric.TOOL_TURNAROUND:
             return metrics.tool_turnaround
+        case Metric.TURN_FIRST_AUDIO:
+            return metrics.turn_first_audio
+        case Metric.TURN_ANSWER:
+            return metrics.turn_answer
+        case Metric.TURN_TOOLS:
+            return metrics.turn_tools
+        case Metric.TURN_OVERHEAD:
+            return metrics.turn_overhead
+        case Metric.TURN_SERVICE:
+            return metrics.turn_service
         case _:
             assert_never(name)
 

@@ -15,6 +15,10 @@ The span tree of a call (docs/operations.md § Traces):
           └─ (a tool call outside any turn hangs from the call)
     http.request (one per HTTP request, a root of its own)
 
+A tool call the executor answers in the call's own step (a fresh reusable
+read, ``answer_now``) crosses no channel and has no ``tool`` span: its
+``tool.run`` line carries the call's span.
+
 The span context lives on trio's context (contextvars: a task started
 inherits its starter's, a worker thread ``storage.run_sync`` starts gets a
 copy). Where work crosses an actor's channel, the message carries its parent
@@ -160,7 +164,13 @@ def add_trace_ids(_logger: Any, _method: str, event: MutableMapping[str, Any]) -
     return event
 
 
+#: Longest string attribute kept (a tool's name comes from the model: bounded like a log line's).
+ATTRIBUTE_MAX = 64
+
+
 def _clean(attributes: dict[str, Any]) -> dict[str, Any]:
-    """Attributes OpenTelemetry takes: None left out, enums as their strings."""
-    return {f"voiceactors.{k}" if "." not in k else k: (str(v) if not isinstance(v, (bool, int, float)) else v)
+    """Attributes OpenTelemetry takes: None left out, enums as their strings,
+    strings clipped, our own names under ``voiceactors.``."""
+    return {f"voiceactors.{k}" if "." not in k else k:
+            v if isinstance(v, (bool, int, float)) else str(v)[:ATTRIBUTE_MAX]
             for k, v in attributes.items() if v is not None}

@@ -99,6 +99,8 @@ async def test_a_calls_span_tree_its_source_request_and_its_log_lines(tmp_path, 
     assert [t.attributes["voiceactors.turn"] for t in turns] == [1, 2, 3]
     assert all(_parent(t, by_id) is call for t in turns)
     assert "voiceactors.first_audio_ms" in turns[0].attributes and "voiceactors.answer_ms" in turns[0].attributes
+    # the barge-in: the user spoke over turn 2's answer, which ended its span; the third turn came after
+    assert "voiceactors.answer_ms" in turns[1].attributes and turns[1].end_time <= turns[2].start_time
 
     tools = {s.attributes["voiceactors.tool"]: s for s in ours if s.name == "tool"}
     assert set(tools) == {"calendar.today", "commitments.complete", "crm.lookup"}

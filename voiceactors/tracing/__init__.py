@@ -31,29 +31,42 @@ journal text.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, MutableMapping
+from typing import TYPE_CHECKING, Any, Iterator, MutableMapping, TypeAlias
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import Span as Span, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+if TYPE_CHECKING:   # the API itself is imported when tracing is turned on (``install``), not by every command
+    from opentelemetry.trace import Span as Span
 
 #: Whether spans are made (set by ``configure``/``install``; read on every hot path).
 ON = False
 
 #: What crosses a channel with a request: the span its work hangs from.
-Parent = Span
+Parent: TypeAlias = "Span"
 
-_TRACER: trace.Tracer | None = None
-_PROPAGATOR = TraceContextTextMapPropagator()
+_TRACER: Any = None
 _NOTHING = contextlib.nullcontext(None)
 SCOPE = "voiceactors"
+
+
+class _Api:
+    """The OpenTelemetry API's parts used here, imported once tracing is on."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Status, StatusCode
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.context, self.trace, self.Status, self.StatusCode = context, trace, Status, StatusCode
+        self.propagator = TraceContextTextMapPropagator()
+
+
+_API: _Api | None = None
 
 
 def install(provider: Any) -> None:
     """Trace into ``provider`` (an SDK ``TracerProvider``) from now on
     (``configure``'s end; tests hand one with an in-memory exporter)."""
-    global ON, _TRACER
+    global ON, _TRACER, _API
+    _API = _API or _Api()
     _TRACER = provider.get_tracer(SCOPE)
     ON = True
 
@@ -77,10 +90,11 @@ def configure() -> bool:
 def start(name: str, parent: Parent | None = None, /, **attributes: Any) -> Span | None:
     """A span not made current (ended by ``finish``): its parent ``parent``,
     else the current span. None when tracing is off."""
-    if not ON or _TRACER is None:
+    if not ON or _TRACER is None or _API is None:
         return None
-    ctx = trace.set_span_in_context(parent) if parent is not None else None
-    return _TRACER.start_span(name, context=ctx, attributes=_clean(attributes))
+    ctx = _API.trace.set_span_in_context(parent) if parent is not None else None
+    span: Span = _TRACER.start_span(name, context=ctx, attributes=_clean(attributes))
+    return span
 
 
 def finish(span: Span | None, *, outcome: str | None = None, **attributes: Any) -> None:
@@ -91,8 +105,8 @@ def finish(span: Span | None, *, outcome: str | None = None, **attributes: Any) 
         span.set_attributes(_clean(attributes))
     if outcome is not None:
         span.set_attribute("voiceactors.outcome", outcome)
-        if outcome not in _FINE:
-            span.set_status(Status(StatusCode.ERROR, outcome))
+        if outcome not in _FINE and _API is not None:
+            span.set_status(_API.Status(_API.StatusCode.ERROR, outcome))
     span.end()
 
 
@@ -102,15 +116,16 @@ _FINE = frozenset({"ok", "replayed", "200", "201", "202", "204", "304"})
 @contextlib.contextmanager
 def _current_span(name: str, parent: Parent | None, attributes: dict[str, Any]) -> Iterator[Span]:
     span = start(name, parent, **attributes)
-    assert span is not None
-    token = otel_context.attach(trace.set_span_in_context(span))
+    assert span is not None and _API is not None
+    api = _API
+    token = api.context.attach(api.trace.set_span_in_context(span))
     try:
         yield span
     except BaseException as exc:
-        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+        span.set_status(api.Status(api.StatusCode.ERROR, type(exc).__name__))
         raise
     finally:
-        otel_context.detach(token)
+        api.context.detach(token)
         span.end()
 
 
@@ -126,11 +141,13 @@ def span(name: str, parent: Parent | None = None, /,
 
 @contextlib.contextmanager
 def _under(parent: Span) -> Iterator[None]:
-    token = otel_context.attach(trace.set_span_in_context(parent))
+    assert _API is not None
+    api = _API
+    token = api.context.attach(api.trace.set_span_in_context(parent))
     try:
         yield
     finally:
-        otel_context.detach(token)
+        api.context.detach(token)
 
 
 def under(parent: Parent | None) -> contextlib.AbstractContextManager[Any]:
@@ -142,22 +159,22 @@ def under(parent: Parent | None) -> contextlib.AbstractContextManager[Any]:
 
 def current() -> Parent | None:
     """The current span, to carry with a request across a channel (None: off, or none)."""
-    if not ON:
+    if not ON or _API is None:
         return None
-    current_span = trace.get_current_span()
+    current_span: Span = _API.trace.get_current_span()
     return current_span if current_span.get_span_context().is_valid else None
 
 
 def inject(headers: MutableMapping[str, str]) -> None:
     """Put the current span's ``traceparent`` on an outgoing request's headers."""
-    if ON:
-        _PROPAGATOR.inject(headers)
+    if ON and _API is not None:
+        _API.propagator.inject(headers)
 
 
 def add_trace_ids(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """structlog processor: a line made under a span carries ``trace_id`` and ``span_id``."""
-    if ON:
-        context = trace.get_current_span().get_span_context()
+    if ON and _API is not None:
+        context = _API.trace.get_current_span().get_span_context()
         if context.is_valid:
             event.setdefault("trace_id", format(context.trace_id, "032x"))
             event.setdefault("span_id", format(context.span_id, "016x"))

@@ -216,3 +216,11 @@ async def test_spans_go_over_otlp_http_to_a_receiver_that_decodes_them(monkeypat
     assert set(names) == {"call", "tool"}
     assert names["tool"].parent_span_id == names["call"].span_id
     assert names["tool"].trace_id == names["call"].trace_id
+
+
+def test_the_brains_session_file_is_a_journal_write_naming_only_the_file(tmp_path, spans):
+    from voiceactors.brain.session_file import FILE_NAME, save_session_id
+
+    save_session_id(tmp_path, "sess_0123")
+    [write] = spans.get_finished_spans()
+    assert write.name == "journal.write" and dict(write.attributes) == {"voiceactors.file": FILE_NAME}

@@ -446,6 +446,13 @@ def _round_cpu_summary(data: dict[str, Any]) -> Summary:
                         measure=measured(us, Unit.US, 0))])
 
 
+def _tracing_summary(data: dict[str, Any]) -> Summary:
+    us = data.get("us_per_round")
+    how = "on (every span made, in memory)" if data.get("traced") else "off (no OTEL_* variable)"
+    return Summary([Row(f"CPU of a tool round through the call actor and the executor, in memory, tracing {how}",
+                        "–" if us is None else f"{us:.0f} µs", measure=measured(us, Unit.US, 0))])
+
+
 # --- the set ----------------------------------------------------------------------------------------
 
 _LEAN = ["--sim", "lean"]
@@ -552,6 +559,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
          Size.QUICK: ["--rounds", "1000"],
          Size.FULL: ["--rounds", "3000"]},
         _round_cpu_summary, repeats={Size.QUICK: 3, Size.FULL: 3}, in_process=True),
+    Benchmark(
+        "tracing_cost", "benchmarks.tracing_cost",
+        "CPU of a tool round through the call actor and the executor, tracing off: side by side with the "
+        "checkout before the hooks, what they cost",
+        {Size.TINY: ["--rounds", "3"],
+         Size.QUICK: ["--rounds", "200"],
+         Size.FULL: ["--rounds", "600"]},
+        _tracing_summary, repeats={Size.QUICK: 3, Size.FULL: 5}, in_process=True),
 )
 
 BY_NAME = {b.name: b for b in BENCHMARKS}

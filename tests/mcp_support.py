@@ -63,6 +63,7 @@ class McpTestServer:
         self.requests = 0
         self.list_pages = 0
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.traceparents: list[str] = []   # each request's traceparent header, as the source saw it
         self.redirect = False
         self.streamed: dict[str, int] = {}
         self.streamed_bytes = 0
@@ -94,6 +95,8 @@ class McpTestServer:
         if scope["type"] == "http":
             self.requests += 1
             headers = dict(scope["headers"])
+            if b"traceparent" in headers:
+                self.traceparents.append(headers[b"traceparent"].decode())
             token = headers.get(b"authorization", b"").decode()
             if self.redirect and scope["method"] == "POST":
                 await _answer(send, 307, b"", [(b"location", b"/mcp-elsewhere")])

@@ -324,6 +324,12 @@ def test_round_cpu(bench):
     assert data["view"] and data["creates"] == 5 and data["tool_calls"] == 5 and data["frames_per_round"] == 28
 
 
+def test_tracing_cost(bench):
+    result, data = run_tiny(bench, "tracing_cost")
+    assert data["rounds"] == data["tool_calls"] == 3 and not data["traced"] and data["spans"] == 0
+    assert data["us_per_round"] > 0 and "tracing off" in result["rows"][0]["figure"]
+
+
 def test_the_runner_rewrites_only_the_generated_part_of_the_page(page_run):
     results, page, _ = page_run
     text = page.read_text()

@@ -30,10 +30,15 @@ PUBLISHED = {
     PublishKind.SELECTION: ({"tool_call_id": "c1", "selection": None, "link": None}, "selection"),
 }
 
-#: The histogram each metric observes into.
-OBSERVED = {
-    Metric.TOOL_OVERHEAD: "voiceactors_tool_overhead_seconds",
-    Metric.TOOL_TURNAROUND: "voiceactors_tool_turnaround_seconds",
+#: The histogram each metric observes into, and its labels.
+OBSERVED: dict[Metric, tuple[str, dict[str, str]]] = {
+    Metric.TOOL_OVERHEAD: ("voiceactors_tool_overhead_seconds", {}),
+    Metric.TOOL_TURNAROUND: ("voiceactors_tool_turnaround_seconds", {}),
+    Metric.TURN_FIRST_AUDIO: ("voiceactors_turn_first_audio_seconds", {}),
+    Metric.TURN_ANSWER: ("voiceactors_turn_answer_seconds", {}),
+    Metric.TURN_TOOLS: ("voiceactors_turn_share_seconds", {"part": "tools"}),
+    Metric.TURN_OVERHEAD: ("voiceactors_turn_share_seconds", {"part": "overhead"}),
+    Metric.TURN_SERVICE: ("voiceactors_turn_share_seconds", {"part": "service"}),
 }
 
 
@@ -53,8 +58,9 @@ async def test_a_published_kind_reaches_its_feed_method(kind: PublishKind):
     assert event["call_id"] == "rtc_tables"
 
 
-def _observed(histogram: str) -> float:
-    value = metrics.METRICS.registry.get_sample_value(f"{histogram}_count")
+def _observed(histogram: tuple[str, dict[str, str]]) -> float:
+    name, labels = histogram
+    value = metrics.METRICS.registry.get_sample_value(f"{name}_count", labels)
     return value or 0.0
 
 

@@ -84,6 +84,8 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
         (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
+        (RecordKind.TURN, {"turn": 1, "first_audio_ms": 620.0, "answer_ms": 1400.0, "tools_ms": 500.0,
+                           "overhead_ms": 2.0, "service_ms": 898.0}),
         (RecordKind.HEARD, {"response_id": "resp_2", "turn": 1, "heard": [
             {"item_id": "item_a1", "text": "On Thursday you", "audio_end_ms": 900}], "done": [], "not_done": []}),
         (RecordKind.SLOW_ACK, {"response_id": "resp_1", "tool_call_ids": [tool_call_id], "event_id": "evt_ack",
@@ -274,6 +276,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     report(state, 10, True, out)
     [call] = json.loads(out.getvalue())["calls"]
     assert call["call_id"] == "rtc_every" and call["reconnects"] == 1 and call["runs"] == 2
+    assert call["turns"] == {"count": 1, "median_ms": 620.0, "worst_ms": 620.0}
 
     # the timeline: the settled and the pending tool call, the reconnect, the second run, no end
     svg = timeline_svg.render(lines)
@@ -283,6 +286,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert "weather · forecast" in svg and "hosted · failed" in svg
     assert "slow tools" in svg and "acknowledged after 700 ms" in svg and "waited 1500 ms" in svg
     assert "answer spoken · 1600 ms after the acknowledgement" in svg and "progress spoken · 1 of 2" in svg
+    assert "turn 1 · first sound after 620 ms · the answer after a tool after 1400 ms" in svg
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")

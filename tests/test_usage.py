@@ -268,10 +268,11 @@ def test_the_calls_table_and_its_json(tmp_path, capsys):
     _records(state)
     assert cli_main(["calls", "--state-dir", str(state)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["started", "call", "duration", "ended", "tools", "tokens", "cost"]
+    assert table[0].split() == ["started", "call", "duration", "ended", "tools", "tokens", "cost", "turn", "median",
+                                "worst", "turn"]
     rows = {line.split()[1]: line.split() for line in table[1:3]}
-    assert rows["rtc_priced"][2:] == ["4.2", "s", "budget_spent", "1", "500", "$0.0125"]
-    assert rows["rtc_unpriced"][2:] == ["2.0", "s", "closed_by_service", "0", "5", "unknown"]
+    assert rows["rtc_priced"][2:] == ["4.2", "s", "budget_spent", "1", "500", "$0.0125", "—", "—"]
+    assert rows["rtc_unpriced"][2:] == ["2.0", "s", "closed_by_service", "0", "5", "unknown", "—", "—"]
     assert table[3] == "2 calls, 505 tokens, unknown (some calls' models have no prices)"
     assert cli_main(["calls", "--state-dir", str(state), "--json", "--limit", "1"]) == 0
     data = json.loads(capsys.readouterr().out)

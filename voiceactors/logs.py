@@ -26,6 +26,7 @@ from typing import Any, MutableMapping, TextIO, cast
 import structlog
 from structlog.typing import FilteringBoundLogger
 
+from voiceactors import tracing
 from voiceactors.settings import default
 
 _SECRET_FIELDS = frozenset({
@@ -216,6 +217,7 @@ def configure(fmt: str = default("log_format"), level: str = default("log_level"
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            tracing.add_trace_ids,      # a line under a span (tracing on): its trace_id and span_id
             _process_fields,
             structlog.processors.add_log_level,
             _timestamp,

@@ -17,6 +17,7 @@ from voiceactors.call.state import ToolOutcome
 if TYPE_CHECKING:
     from voiceactors.call.call_context import LinkedContext
     from voiceactors.linked_context.references import Reference
+    from voiceactors.tracing import Parent
 
 
 # --- ToolExecutor ---------------------------------------------------------
@@ -45,6 +46,8 @@ class ToolRequest:
     # called on the trio thread with each progress notification the tool's
     # source sends (MCP ``notifications/progress``: progress, total, message)
     progress: "ProgressNote | None" = field(default=None, repr=False, compare=False)
+    # the span its work hangs from (tracing on; voiceactors/tracing): the executor makes it current
+    trace: "Parent | None" = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

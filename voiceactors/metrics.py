@@ -8,6 +8,7 @@ functions record into the process's default ``METRICS``; actors call those::
     metrics.call_started(); metrics.call_ended()
     metrics.tool_finished("journal.get_day", "ok", 0.012)
     metrics.reconnect()
+    metrics.turn_first_audio(0.62)        # a user turn's wait for the reply's first sound
     metrics.rate_limits(requests=4999, tokens=39000)
     metrics.usage("gpt-realtime", {"audio_in": 120}, 0.00384)
     metrics.brain_refreshed("ok", refreshed_at=trio.current_time())
@@ -33,6 +34,10 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 TOOL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0)
 # the actors' own share of a round trip: sub-millisecond when all is well
 TURN_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# what a person waits for a reply: a tenth of a second to several
+FELT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+#: The parts of a tool turn's wait (``voiceactors_turn_share_seconds``'s ``part``).
+TURN_PARTS = ("tools", "overhead", "service")
 MAX_TOOL_LABELS = 64   # unknown tool names come from the model: bound the label set
 MAX_MODEL_LABELS = 16  # model names come from the journal config: bound them too
 _OTHER = "other"
@@ -58,6 +63,20 @@ class Metrics:
             f"{PREFIX}_tool_turnaround_seconds",
             "Per response.create of ours: written - the response.done it follows was read.",
             buckets=TOOL_BUCKETS, registry=r)
+        self.turn_first_audio = Histogram(
+            f"{PREFIX}_turn_first_audio_seconds",
+            "Per user turn: the end of the user's speech to the first sound of the reply (both as read by us).",
+            buckets=FELT_BUCKETS, registry=r)
+        self.turn_answer = Histogram(
+            f"{PREFIX}_turn_answer_seconds",
+            "Per user turn with a tool call: the end of the user's speech to the first sound after our tool outputs.",
+            buckets=FELT_BUCKETS, registry=r)
+        self.turn_share = Histogram(
+            f"{PREFIX}_turn_share_seconds",
+            "Per user turn with a tool call: who held up its answer, by part (tools: a tool still running after the "
+            "service's response ended; overhead: ours besides; service: the rest).",
+            ["part"], buckets=TOOL_BUCKETS, registry=r)
+        self._turn_parts = {part: self.turn_share.labels(part=part) for part in TURN_PARTS}
         self.gc_pauses = Histogram(
             f"{PREFIX}_gc_pause_seconds", "Garbage collections (every call of the process waits), by generation.",
             ["generation"], buckets=TURN_BUCKETS, registry=r)
@@ -156,6 +175,9 @@ class Metrics:
 
     def observe_turnaround(self, seconds: float) -> None:
         self.tool_turnaround.observe(max(0.0, float(seconds)))
+
+    def turn_part(self, part: str, seconds: float) -> None:
+        self._turn_parts[part].observe(max(0.0, float(seconds)))
 
     def gc_pause(self, generation: int, seconds: float) -> None:
         child = self._gc_children.get(generation)
@@ -269,6 +291,26 @@ def tool_overhead(seconds: float) -> None:
 
 def tool_turnaround(seconds: float) -> None:
     METRICS.observe_turnaround(seconds)
+
+
+def turn_first_audio(seconds: float) -> None:
+    METRICS.turn_first_audio.observe(max(0.0, float(seconds)))
+
+
+def turn_answer(seconds: float) -> None:
+    METRICS.turn_answer.observe(max(0.0, float(seconds)))
+
+
+def turn_tools(seconds: float) -> None:
+    METRICS.turn_part("tools", seconds)
+
+
+def turn_overhead(seconds: float) -> None:
+    METRICS.turn_part("overhead", seconds)
+
+
+def turn_service(seconds: float) -> None:
+    METRICS.turn_part("service", seconds)
 
 
 def rate_limits(requests: int | None, tokens: int | None) -> None:

@@ -34,7 +34,8 @@ from typing import Any, Awaitable, Callable, TypeVar
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from voiceactors import clock, gc_policy, logs, metrics, notices
+from voiceactors import clock, gc_policy, logs, metrics, notices, tracing
+from voiceactors.tracing import setup as tracing_setup
 from voiceactors.commands import (EXIT_INTERRUPTED, EXIT_RUNTIME_FAILED, EXIT_USAGE, StateDirInUse, console_url,
                                   state_dir_lock)
 from voiceactors.http import auth, create_app, hosts, serving, voice_state
@@ -323,6 +324,12 @@ def cli_serve(args: argparse.Namespace, *, folders: Folders | None = None,
         return workers.cli_serve_workers(args, settings)
     if settings.worker_index is not None:
         logs.set_process_fields(worker=settings.worker_index)
+    try:
+        if tracing.configure():     # the standard OTEL_* variables (docs/operations.md § Traces)
+            _log.info("tracing.on", exporter=str(tracing_setup.choice(os.environ).exporter))
+    except tracing_setup.TracingUnavailable as error:
+        print(f"voiceactors: {error}", file=sys.stderr)
+        return EXIT_USAGE
     gc_policy.watch_pauses(metrics.gc_pause)
     try:
         with (folders or contextlib.nullcontext)(settings) as ready, state_dir_lock(ready.state_dir):

@@ -48,6 +48,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar, TypeVarTuple, Unp
 
 import trio
 
+from voiceactors import tracing
 from voiceactors.logs import get_logger
 from voiceactors.settings import default
 
@@ -545,13 +546,16 @@ def update_jsonl(path: Path, change: Callable[[list[dict[str, Any] | RawLine]], 
     the file back atomically if ``change`` returned truthy. Returns what
     ``change`` returned."""
     path = Path(path)
-    with file_lock(path, lock_timeout_s):
+    # a journal write's span (tracing on), under the tool's: its lock wait and write, never its text
+    with tracing.span("journal.write", file=path.suffix) as span, file_lock(path, lock_timeout_s):
         sweep_temp_files(path)
         text = read_text_exact(path) if path.exists() else ""
         rows, read_as = _parse_rows(text)
         result = change(rows)
         if result:
             atomic_write(path, dump_jsonl(rows, read_as))
+        if span is not None:
+            span.set_attribute("voiceactors.changed", bool(result))
         return result
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from voiceactors import tracing
 from voiceactors.storage import atomic_write
 
 FILE_NAME = "voice-brain-session"
@@ -43,4 +44,5 @@ def save_session_id(journal: Path, session_id: str) -> None:
     an id that is not a plain token."""
     if not valid_session_id(session_id):
         raise ValueError("invalid session id")
-    atomic_write(session_path(journal), session_id + "\n")
+    with tracing.span("journal.write", file=FILE_NAME):     # the one journal write besides the ledger's
+        atomic_write(session_path(journal), session_id + "\n")

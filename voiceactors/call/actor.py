@@ -47,6 +47,8 @@ from voiceactors.executor import write_log
 from voiceactors.call.call_context import CallContext, LinkedContext, carried_view
 from voiceactors.call.record import CallRecord
 from voiceactors.call.event_capture import EventCapture
+from voiceactors import tracing
+from voiceactors.call.turn_latency import Turn
 from voiceactors.call.protocol import (
     BLIND_RETRIES, BLIND_RETRY_S, HANDLED_EVENTS, CallInput, CallProtocol, CancelOlderReads, Connected, CountUsage,
     Disconnected, Dropped, Effect, EndCall, EndReason, Log, LogLevel, Measure, Metric, Prefetch, Publish, RateLimits,
@@ -228,6 +230,11 @@ class CallActor:
         self._on_record = on_record
         # a leased call's deadline for every frame, hangup and reconnect (cluster/fence.py)
         self._fence = fence
+        # traces (tracing on): the call's span, its current turn's (the protocol's turn_latency)
+        self._call_span: tracing.Span | None = None
+        self._turn_span: tracing.Span | None = None
+        self._traced_turn: Turn | None = None
+        self._turn_fields: Callable[[], dict[str, Any]] | None = None
 
     # views of the protocol's state
     @property
@@ -320,6 +327,8 @@ class CallActor:
         handlers = _EFFECT_HANDLERS
         for effect in effects:
             handlers[type(effect)](self, effect)
+        if self._call_span is not None and self.protocol.latency.current is not self._traced_turn:
+            self._trace_turn()
         answered = self._answered
         while answered:   # after the step's own effects, as a result from the executor would come
             self._feed(answered.popleft())
@@ -493,8 +502,39 @@ class CallActor:
     # ------------------------------------------------------- connection
 
     async def _serve_call(self) -> EndReason:
-        """The call from first connect to its record; returns the end reason.
+        """The call from first connect to its record, under its span (tracing
+        on: every task of the call starts under it); returns the end reason.
         Runs shielded (see ``run``); only its own deadline cancels it."""
+        arrival = "phone" if self._linked is not None and self._linked.phone is not None else "browser"
+        with tracing.span("call", call_id=self.call_id, arrival=arrival,
+                          rejoined=self.recovered is not None) as self._call_span:
+            try:
+                reason = await self._serve_untraced()
+            finally:
+                self._traced_turn = None
+                self._trace_turn()      # the last turn's span ends with the call
+            if self._call_span is not None:
+                self._call_span.set_attribute("voiceactors.end", str(reason))
+            return reason
+
+    def _trace_turn(self) -> None:
+        """The protocol's current turn changed: end the last one's span (with
+        its latencies) and start the new one's, under the call's."""
+        if self._turn_span is not None:
+            fields = self._traced_turn_fields()
+            tracing.finish(self._turn_span, **fields)
+            self._turn_span = None
+        turn = self._traced_turn = self.protocol.latency.current
+        if turn is not None and self._call_span is not None:
+            self._turn_span = tracing.start("turn", self._call_span, turn=turn.number)
+            self._turn_fields = turn.fields
+
+    def _traced_turn_fields(self) -> dict[str, Any]:
+        fields = self._turn_fields() if self._turn_fields is not None else {}
+        fields.pop("turn", None)
+        return fields
+
+    async def _serve_untraced(self) -> EndReason:
         self.started = trio.current_time()
         self.protocol.started = self.started
         self.deadline = self.started + self.settings.call_max_duration_s
@@ -857,9 +897,13 @@ class CallActor:
         self._tool_scopes[(start.tool_call_id, prefetch)] = scope
         self._tools_idle = trio.Event()
         send, receive = trio.open_memory_channel[ToolResult](1)
+        span = tracing.start("tool", self._turn_span or self._call_span, tool=start.name,
+                             tool_call_id=start.tool_call_id, epoch=start.epoch, turn=start.turn,
+                             prefetch=prefetch) if self._call_span is not None else None
         request = ToolRequest(call_id=self.call_id, tool_call_id=start.tool_call_id, name=start.name,
                               arguments=start.arguments, epoch=start.epoch, turn=start.turn, reply=send,
-                              selection=selection, progress=functools.partial(self._tool_progress, start.tool_call_id))
+                              selection=selection, progress=functools.partial(self._tool_progress, start.tool_call_id),
+                              trace=span)
         pending: ToolRequest | None
         try:
             # handed over in this turn when the inbox has room: the executor
@@ -868,10 +912,11 @@ class CallActor:
             pending = None
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
             pending = request   # the task sends it (waits for room, or finds the executor gone)
-        self._tools.start_soon(self._run_tool, start, scope, pending, receive, prefetch)
+        self._tools.start_soon(self._run_tool, start, scope, pending, receive, prefetch, span)
 
     async def _run_tool(self, start: StartTool | Prefetch, scope: trio.CancelScope, pending: ToolRequest | None,
-                        receive: trio.MemoryReceiveChannel[ToolResult], prefetch: bool) -> None:
+                        receive: trio.MemoryReceiveChannel[ToolResult], prefetch: bool,
+                        span: tracing.Span | None = None) -> None:
         """Wait for one tool call's answer and report it to the protocol.
         Runs in ``scope`` (shielded; only the actor cancels it): a cancelled
         or failed wait is reported as ``ToolAbandoned``."""
@@ -887,6 +932,8 @@ class CallActor:
                     gone = True
                     self.log.error("tool.executor_gone", tool=start.name, tool_call_id=rt.clip(start.tool_call_id, PEER_STRING_MAX))
         finally:
+            tracing.finish(span, outcome=str(result.outcome) if result is not None else "abandoned",
+                           duration_ms=result.duration_ms if result is not None else None)
             self._tool_scopes.pop((start.tool_call_id, prefetch), None)
             if result is not None:
                 self._feed(ToolFinished(start.tool_call_id, result.tool, result.output, result.outcome,
@@ -1121,6 +1168,16 @@ def _metric(name: Metric) -> Callable[[float], None]:
             return metrics.tool_overhead
         case Metric.TOOL_TURNAROUND:
             return metrics.tool_turnaround
+        case Metric.TURN_FIRST_AUDIO:
+            return metrics.turn_first_audio
+        case Metric.TURN_ANSWER:
+            return metrics.turn_answer
+        case Metric.TURN_TOOLS:
+            return metrics.turn_tools
+        case Metric.TURN_OVERHEAD:
+            return metrics.turn_overhead
+        case Metric.TURN_SERVICE:
+            return metrics.turn_service
         case _:
             assert_never(name)
 

@@ -54,6 +54,7 @@ from voiceactors.call.end_reason import EndReason as EndReason
 from voiceactors.call.refusals import ACTIVE_RESPONSE as ACTIVE_RESPONSE, RefusalAction, backoff_s, refusal_of
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.transcript_order import ITEM_EVENTS, OUTPUT_ITEM_EVENTS, TranscriptOrder
+from voiceactors.call.turn_latency import Heard, Turn, TurnLatency
 from voiceactors.realtime import events as rt
 from voiceactors.realtime.event_view import EventView
 from voiceactors.tool_effect import READ, WRITE, ToolEffect
@@ -70,6 +71,8 @@ HANDLED_EVENTS = frozenset({
     "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
     "input_audio_buffer.timeout_triggered", "input_audio_buffer.dtmf_event_received",
     "conversation.item.truncated",
+    # one per turn and one per response: the latency a person feels (turn_latency.py)
+    "input_audio_buffer.speech_stopped", "output_audio_buffer.started",
 })
 
 #: Longest tool name kept from the peer (ours are under 40 characters).
@@ -359,6 +362,12 @@ class Metric(StrEnum):
 
     TOOL_OVERHEAD = "tool_overhead"
     TOOL_TURNAROUND = "tool_turnaround"
+    # a turn's latency as a person feels it (turn_latency.py)
+    TURN_FIRST_AUDIO = "turn_first_audio"
+    TURN_ANSWER = "turn_answer"
+    TURN_TOOLS = "turn_tools"
+    TURN_OVERHEAD = "turn_overhead"
+    TURN_SERVICE = "turn_service"
 
 
 class LogLevel(StrEnum):
@@ -524,6 +533,7 @@ class CallProtocol:
         self._reports_due: dict[str, tuple[dict[str, Any], list[str]]] = {}
         self.over = False       # the call's end is decided (``end_decided``): nothing more is spoken
         self._progress_due: dict[str, Batch] = {}   # batches a call of which reported progress (no line yet)
+        self.latency = TurnLatency()                # each turn's felt latency (turn_latency.py)
 
     # ----------------------------------------------------------- the API
 
@@ -638,6 +648,7 @@ class CallProtocol:
         }, t=create.t) for create in self.creates.values()]
         for call in self.calls.values():
             self._record_settled(call)
+        self._turn_line(self.latency.settle())
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
         if self.meter.usage.responses:    # the call's usage totals (meter.py)
             lines.append(RecordLine(RecordKind.USAGE_TOTAL, self.meter.totals()))
@@ -719,6 +730,10 @@ class CallProtocol:
             self._on_keypad(event.event)
         elif kind == "conversation.item.truncated":
             self._keep_recent(self._truncated_at, event.item_id, event.audio_end_ms)
+        elif kind == "output_audio_buffer.started":
+            self._heard(self.latency.audio_started(self._now))
+        elif kind == "input_audio_buffer.speech_stopped":
+            self._turn_line(self.latency.speech_stopped(self.turn, self._now))
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
@@ -893,6 +908,7 @@ class CallProtocol:
         self._maybe_follow_up()
 
     def _on_speech_started(self) -> None:
+        self._turn_line(self.latency.settle())
         self.turn += 1
         self._speech_turn = True
         self._floor_held_until = self._now + USER_TURN_MAX_S
@@ -1101,6 +1117,7 @@ class CallProtocol:
 
     def _finish(self, call: ToolCall, result: ToolFinished) -> None:
         self._slow_answered(call)
+        self.latency.tool_answered(self._now)
         call.duration_ms = result.duration_ms
         call.outcome = result.outcome
         if result.tool and result.tool != call.name:
@@ -1219,6 +1236,25 @@ class CallProtocol:
         if done:
             create.turnaround_ms = round(max(0.0, self._now - max(done)) * 1000, 2)
             self._emit(Measure(Metric.TOOL_TURNAROUND, create.turnaround_ms / 1000))
+            self.latency.follow_up_written(self._now, max(done))
+
+    def _heard(self, heard: Heard | None) -> None:
+        """The sound of a reply started: the turn's latencies it closes."""
+        if heard is None:
+            return
+        turn = heard.turn
+        if heard.first_audio and turn.first_audio_s is not None:
+            self._emit(Measure(Metric.TURN_FIRST_AUDIO, turn.first_audio_s))
+        if heard.answer and turn.answer_s is not None:
+            self._emit(Measure(Metric.TURN_ANSWER, turn.answer_s))
+            self._emit(Measure(Metric.TURN_TOOLS, turn.tools_s))
+            self._emit(Measure(Metric.TURN_OVERHEAD, turn.overhead_s))
+            self._emit(Measure(Metric.TURN_SERVICE, turn.service_s or 0.0))
+
+    def _turn_line(self, turn: Turn | None) -> None:
+        """A settled turn's ``turn`` line, at the time its speech ended."""
+        if turn is not None:
+            self._emit(RecordLine(RecordKind.TURN, turn.fields(), t=round(turn.stopped_at - self.started, 3)))
 
     def _on_disconnected(self) -> None:
         self.connected = False

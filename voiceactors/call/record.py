@@ -96,6 +96,11 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
 * ``wrap_up`` — the call's time limit (``call_max_duration_s``) is
   ``call_wrap_up_s`` away: ``left_s``; the assistant is asked, at the next
   quiet moment, to say that the call ends soon (a ``response_create`` line follows).
+* ``turn`` — a user turn whose reply was heard, once it is over (the user
+  speaks again, or the call ends; ``t``: where its speech ended):
+  ``turn``, ``first_audio_ms`` (to the reply's first sound) and, when a tool's
+  output came first, ``answer_ms`` (to the first sound after it),
+  ``tools_ms``, ``overhead_ms``, ``service_ms`` (``turn_latency.py``).
 * ``usage_total`` — at the end (when any response carried usage): ``model``,
   ``responses``, ``tokens``, ``cost_usd``, ``budget_usd``.
 * ``end`` — ``reason``, ``duration_s``, ``epoch``, ``reconnects``,

@@ -41,6 +41,7 @@ class RecordKind(StrEnum):
     HEARD = "heard"                      # a reply cut short: what the user heard of it, which writes were done
     WRAP_UP = "wrap_up"                  # the call's time limit is near: the assistant is asked to say so
     PHONE = "phone"                      # a phone call's PIN keyed (right, wrong, refused) or transfer asked
+    TURN = "turn"                        # a user turn's latency: the end of speech to the reply's first sound
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end
     END = "end"                          # a run's last line (none after a crash)
 

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping
 
 import trio
 
-from voiceactors import metrics, storage
+from voiceactors import metrics, storage, tracing
 from voiceactors.executor import write_log
 from voiceactors.mcp.client import execution as mcp_execution
 from voiceactors.call.state import ToolOutcome
@@ -448,6 +448,12 @@ class ToolExecutor:
     # --- one request ------------------------------------------------------------
 
     async def _serve(self, res: _Resolved, scope: trio.CancelScope, rejection: _Run | None) -> None:
+        # the request's span, under the one it carried (tracing on): its phases and lines hang from it
+        with tracing.span("tool.execute", res.req.trace, tool=res.tool, tool_call_id=res.req.tool_call_id,
+                          effect="write" if res.is_write else "read"):
+            await self._serve_request(res, scope, rejection)
+
+    async def _serve_request(self, res: _Resolved, scope: trio.CancelScope, rejection: _Run | None) -> None:
         started = trio.current_time()
         writes_before = self._writes_applied
         req, key = res.req, res.fresh_key
@@ -529,8 +535,13 @@ class ToolExecutor:
 
     async def _read(self, spec: ToolSpec, args: dict[str, Any]) -> _Run:
         with trio.move_on_after(self.settings.tool_timeout_read_s):
-            async with self._limiter:
-                raw = await storage.run_sync(spec.handler, self.ctx, args)
+            with tracing.span("tool.queue"):
+                await self._limiter.acquire()
+            try:
+                with tracing.span("tool.run"):
+                    raw = await storage.run_sync(spec.handler, self.ctx, args)
+            finally:
+                self._limiter.release()
             return shape(raw, self.settings.tool_output_cap)
         return _error(TIMED_OUT, ToolOutcome.TIMEOUT)
 
@@ -541,7 +552,7 @@ class ToolExecutor:
         # storage's shared one: a write stuck on a journal lock must not hold
         # a slot that reads, key lookups or call records need.
         limiter = storage.write_limiter()
-        with trio.move_on_at(deadline) as waiting:
+        with trio.move_on_at(deadline) as waiting, tracing.span("tool.queue"):
             await limiter.acquire()   # not started yet: shutdown may still cancel it
         if waiting.cancelled_caught:
             return _error(TIMED_OUT, ToolOutcome.TIMEOUT)
@@ -553,8 +564,9 @@ class ToolExecutor:
                 if refused is not None:
                     return refused
                 try:
-                    record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
-                                                                       self._replace_guard(req))
+                    with tracing.span("tool.write"):
+                        record, replayed = await storage.run_in_write_slot(self._apply_write, req, spec, args,
+                                                                           self._replace_guard(req))
                 except storage.LockTimeout:
                     if self.cluster is not None:        # nothing applied: its retry, anywhere, applies it
                         await self._unclaim_shared(req)
@@ -601,7 +613,8 @@ class ToolExecutor:
         def render(body: dict[str, Any]) -> str:
             return cap_output(_dumps(body), self.settings.tool_output_cap) or _dumps(OUTPUT_TOO_LARGE)
 
-        done = await mcp_execution.run(self.remote, self.ctx.state_dir, req, spec, args, render)
+        with tracing.span("tool.run"):
+            done = await mcp_execution.run(self.remote, self.ctx.state_dir, req, spec, args, render)
         return _Run(output=done.output, outcome=done.outcome, budgeted=done.budgeted,
                     truncated=done.output.startswith('{"truncated":true'))
 

@@ -24,7 +24,7 @@ from quart import g, request
 from quart.json.provider import DefaultJSONProvider
 from quart_trio import QuartTrio
 
-from voiceactors import voice_config, metrics
+from voiceactors import voice_config, metrics, tracing
 from voiceactors.http import auth, console_sessions, errors, guards, ratelimit, request_ids
 from voiceactors.http import phone  # noqa: F401 - its route is on the voice blueprint
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
@@ -100,6 +100,8 @@ def _install_request_hooks(app: QuartTrio) -> None:
         g.request_id = request_ids.request_id_for(given)
         g.started = trio.current_time()
         structlog.contextvars.bind_contextvars(request_id=g.request_id)
+        g.span = tracing.start("http.request", **{"http.request.method": request.method,
+                                                  "http.route": _rule_of(request)})
 
     @app.after_request
     async def _finish(response: Any) -> Any:
@@ -107,13 +109,20 @@ def _install_request_hooks(app: QuartTrio) -> None:
         response.headers[REQUEST_ID_HEADER] = request_id
         if request.path.startswith("/api/"):
             response.headers["Cache-Control"] = "no-store"
-        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        rule = _rule_of(request)
         metrics.http_request(rule, response.status_code)
+        tracing.finish(getattr(g, "span", None), outcome=str(response.status_code),
+                       **{"http.response.status_code": response.status_code})
         started = getattr(g, "started", None)
         duration_ms = round((trio.current_time() - started) * 1000, 1) if started is not None else None
         _log.info("http.request", method=request.method, path=request.path, status=response.status_code,
                   duration_ms=duration_ms, request_id=request_id)
         return response
+
+
+def _rule_of(request: Any) -> str:
+    """The route's rule (bounded: never the raw path), or ``unmatched``."""
+    return request.url_rule.rule if request.url_rule is not None else "unmatched"
 
 
 class VoiceApp(QuartTrio):

@@ -48,7 +48,7 @@ import h11
 import structlog
 import trio
 
-from voiceactors import voice_config, metrics
+from voiceactors import voice_config, metrics, tracing
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.messages import BrainState, Connect, ConnectOutcome, GetBrain
 from voiceactors.http import continuation, guards, linked, mcp_credentials
@@ -90,7 +90,9 @@ class ConnectHandler:
         inbound = guards.ScopeInbound(scope)
         method = inbound.method
         request_id = request_id_for(inbound.header("x-request-id") or "")
-        with structlog.contextvars.bound_contextvars(request_id=request_id):
+        with structlog.contextvars.bound_contextvars(request_id=request_id), \
+                tracing.span("http.request", **{"http.request.method": method[:16],
+                                                "http.route": CONNECT_PATH}) as span:
             try:
                 guards.check(self.guards, inbound)
                 if method not in METHODS:
@@ -105,6 +107,8 @@ class ConnectHandler:
                 _log.error("http.unhandled_error", error_type=type(error).__name__, exc_info=error)
                 status, answer, extra = 500, json_body({"error": INTERNAL}), {}
             metrics.http_request(CONNECT_PATH if method in METHODS else UNMATCHED, status)
+            if span is not None:
+                span.set_attribute("http.response.status_code", status)
             _log.info("http.request", method=method, path=inbound.path, status=status,
                       duration_ms=round((trio.current_time() - started) * 1000, 1), request_id=request_id)
         await send({"type": "http.response.start", "status": status,

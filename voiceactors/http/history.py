@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from voiceactors import storage
 from voiceactors.call.continuation import continuable
@@ -256,14 +256,18 @@ def _run_time(run: list[dict[str, Any]]) -> tuple[float, dict[str, Any] | None]:
     return max((_number(line.get("t")) or 0.0 for line in run), default=0.0), end
 
 
-def list_calls(state_dir: Path, limit: int = DEFAULT_LIST) -> list[dict[str, Any]]:
-    """Summaries of the newest calls; an unreadable record is listed as such."""
+Summarize = Callable[[str, list[dict[str, Any]]], dict[str, Any]]
+
+
+def list_calls(state_dir: Path, limit: int = DEFAULT_LIST, summary: Summarize = summarize) -> list[dict[str, Any]]:
+    """Summaries of the newest calls (``summary``: of one call's lines; the
+    API's by default); an unreadable record is listed as such."""
     out = []
     for record in list_record_files(state_dir, limit):
         try:
-            out.append(summarize(record.call_id, load_call_lines(record.paths)))
+            out.append(summary(record.call_id, load_call_lines(record.paths)))
         except (OSError, RecordUnreadable):
-            out.append({**summarize(record.call_id, []), "ended": None, "duration_s": None,
+            out.append({**summary(record.call_id, []), "ended": None, "duration_s": None,
                         "unreadable": True})
     return out
 

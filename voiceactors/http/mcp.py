@@ -48,7 +48,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping
 import trio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from voiceactors import metrics
+from voiceactors import metrics, tracing
 from voiceactors.http import auth
 from voiceactors.http.errors import (
     NOT_JSON_CONTENT,
@@ -160,6 +160,8 @@ class McpEndpoint:
         request_id = uuid.uuid4().hex
         started = trio.current_time()
         status = 0
+        span = tracing.start("http.request", **{"http.request.method": str(scope.get("method"))[:16],
+                                                "http.route": MCP_PATH})
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
@@ -182,6 +184,7 @@ class McpEndpoint:
             # status None: no answer was sent (the request was cancelled, e.g. at shutdown)
             if status:
                 metrics.http_request(MCP_PATH, status)
+            tracing.finish(span, outcome=str(status or "cancelled"), **{"http.response.status_code": status or None})
             _log.info("mcp.request", method=scope.get("method"), status=status or None, request_id=request_id,
                       duration_ms=round((trio.current_time() - started) * 1000, 1))
 

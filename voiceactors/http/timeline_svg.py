@@ -9,7 +9,10 @@ barge-in colour), one row per tool call (its duration and outcome; its id
 and epoch in the bar's tooltip), one per call of an OpenAI-hosted MCP tool
 (run by the service: a mark when it ended, its server, tool and status),
 a row for slow tool calls when there were any (the acknowledgement, the
-wait for the answer, a progress line, its delivery), and vertical marks for reconnects and the end. Text is escaped; the picture
+wait for the answer, a progress line, its delivery), a row for the turns'
+latency when the record has any (from the end of the user's speech, a bar to
+the reply's first sound and, after a tool, a lighter one on to the answer's;
+the parts in the tooltip), and vertical marks for reconnects and the end. Text is escaped; the picture
 has no script and no external reference, so it is safe as an ``<img>``.
 """
 
@@ -49,6 +52,8 @@ DELIVERY_COLOUR = "#2f9e6b"  # ... its answer spoken
 PROGRESS_COLOUR = "#8f7ac8"  # ... its one progress line spoken
 SLOW_KINDS = frozenset({RecordKind.SLOW_ACK, RecordKind.SLOW_PROGRESS, RecordKind.SLOW_OUTPUT,
                         RecordKind.SLOW_DELIVERY})
+FELT_COLOUR = "#d4a017"       # a turn: the end of speech to the first sound
+ANSWER_COLOUR = "#f0dc9a"     # ... on to the answer after a tool
 TEXT = "#2b2b33"
 MUTED = "#6b6b78"
 
@@ -158,7 +163,9 @@ def render(lines: list[dict[str, Any]]) -> str:
     shown_tools, hidden_tools = rows_of_tools[:MAX_TOOL_ROWS], max(0, len(rows_of_tools) - MAX_TOOL_ROWS)
     creates = {p.line.get("response_id"): p.at for p in placed if p.line.get("kind") == RecordKind.RESPONSE_CREATE}
     first_tool_at = _first_tool_at(tools)
-    span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed] + [1.0])
+    span = max([p.at + _num(p.line.get("duration_ms")) / 1000 for p in placed]
+               + [p.at + _num(p.line.get("answer_ms"), _num(p.line.get("first_audio_ms"))) / 1000 for p in placed
+                  if p.line.get("kind") == RecordKind.TURN] + [1.0])
     plot_w = WIDTH - LABEL_W - PLOT_RIGHT
 
     def x(at: float) -> float:
@@ -172,11 +179,13 @@ def render(lines: list[dict[str, Any]]) -> str:
     spoken_h = ROW_H if said else 0       # a record without transcripts draws as before
     slow = [p for p in placed if p.line.get("kind") in SLOW_KINDS]
     slow_h = ROW_H if slow else 0         # ... and one without slow tool calls
-    tools_top = TOP + responses_h + spoken_h + slow_h
+    turns = [p for p in placed if p.line.get("kind") == RecordKind.TURN]
+    turns_h = ROW_H if turns else 0       # ... and one without turn lines
+    tools_top = TOP + responses_h + spoken_h + slow_h + turns_h
     rows = len(shown_tools) + (1 if hidden_tools else 0)
     plot_bottom = tools_top + rows * ROW_H
     legend_y = plot_bottom + 40
-    legend, legend_last_y = _legend(legend_y, slow=bool(slow))
+    legend, legend_last_y = _legend(legend_y, slow=bool(slow), turns=bool(turns))
     height = legend_last_y + 40      # room under the legend's last line, however many it wraps to
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" {_attr(width=WIDTH, height=height, viewBox=f"0 0 {WIDTH} {height}")} '
            'font-family="system-ui, sans-serif" font-size="12" role="img">',
@@ -205,6 +214,8 @@ def render(lines: list[dict[str, Any]]) -> str:
         out += _spoken_row(said, x, TOP + responses_h, _cut_items(placed))
     if slow:
         out += _slow_row(slow, x, TOP + responses_h + spoken_h)
+    if turns:
+        out += _turns_row(turns, x, TOP + responses_h + spoken_h + slow_h)
     # tool calls
     for i, p in enumerate(shown_tools):
         line = p.line
@@ -295,6 +306,28 @@ def _slow_row(lines: list[Placed], x: Any, y: float) -> list[str]:
     return out
 
 
+def _turns_row(turns: list[Placed], x: Any, y: float) -> list[str]:
+    """The turns' row: from where the user's speech ended, a bar to the
+    reply's first sound and, for a turn with a tool, a lighter one on to the
+    answer after it; the numbers and who held the answer up in the tooltip."""
+    out = [_text(8, y + 15, "turns (first sound)", font_weight="600")]
+    for p in turns:
+        line = p.line
+        first = _num(line.get("first_audio_ms"))
+        tip = f"turn {line.get('turn', '?')} · first sound after {first:.0f} ms"
+        if line.get("answer_ms") is not None:
+            answer = _num(line.get("answer_ms"))
+            tip += (f" · the answer after a tool after {answer:.0f} ms (tools {_num(line.get('tools_ms')):.0f} ms, "
+                    f"our overhead {_num(line.get('overhead_ms')):.0f} ms, "
+                    f"the service {_num(line.get('service_ms')):.0f} ms)")
+            if answer > first:
+                out.append(_rect(x(p.at + first / 1000), y + 8, x(p.at + answer / 1000) - x(p.at + first / 1000), 6,
+                                 ANSWER_COLOUR, rx=2)[:-2] + f"><title>{escape(tip)}</title></rect>")
+        out.append(_rect(x(p.at), y + 5, x(p.at + first / 1000) - x(p.at), 12, FELT_COLOUR, rx=2)[:-2]
+                   + f"><title>{escape(tip)}</title></rect>")
+    return out
+
+
 def _hosted_row(at_x: float, y: float, line: dict[str, Any]) -> list[str]:
     """A hosted MCP tool's row: its label, a mark where it ended (the service
     ran it; its run time is not ours to know) and its status."""
@@ -326,9 +359,9 @@ def _mark(at_x: float, bottom: float, label: str, colour: str) -> list[str]:
             else _text(at_x + 3, TOP - 6, label, fill=colour)]
 
 
-def _legend(y: float, *, slow: bool = False) -> tuple[list[str], float]:
+def _legend(y: float, *, slow: bool = False, turns: bool = False) -> tuple[list[str], float]:
     """The legend's marks and labels from ``y`` on, and its last line's y
-    (``slow``: with the slow tool calls' marks)."""
+    (``slow``: with the slow tool calls' marks; ``turns``: the turns')."""
     items = [("response (model)", RESPONSE_COLOUR), ("response (after our tool outputs)", OURS_COLOUR),
              ("cancelled response (barge-in)", CANCELLED_COLOUR), ("tool ok", OUTCOME_COLOURS[ToolOutcome.OK]),
              ("tool replayed", OUTCOME_COLOURS[ToolOutcome.REPLAYED]), ("tool failed / timed out", FAILED_COLOUR),
@@ -338,6 +371,9 @@ def _legend(y: float, *, slow: bool = False) -> tuple[list[str], float]:
     if slow:
         items += [("slow tool acknowledged", ACK_COLOUR), ("waiting for its answer", WAIT_COLOUR),
                   ("its progress spoken", PROGRESS_COLOUR), ("its answer spoken", DELIVERY_COLOUR)]
+    if turns:
+        items += [("end of your speech to the first sound", FELT_COLOUR),
+                  ("on to the answer after a tool", ANSWER_COLOUR)]
     out, at = [], 8.0
     for label, colour in items:
         width = 22 + 6.4 * len(label)

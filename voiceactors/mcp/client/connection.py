@@ -43,7 +43,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import REQUEST_TIMEOUT, PaginatedRequestParams
 from pydantic import BaseModel
 
-from voiceactors import storage
+from voiceactors import storage, tracing
 from voiceactors.mcp.client.http_transport import ANSWER_TOO_LARGE, EXCHANGE_FAILED, Answered, SourceTransport, answered
 from voiceactors.logs import get_logger
 from voiceactors.mcp.client.sources import McpSource
@@ -92,6 +92,8 @@ class _Op:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     answered: bool = False
     progress: ProgressNote | None = field(default=None, repr=False)   # call_tool's progress receiver
+    # the asker's span (tracing on): the request's POST is made under it, its traceparent sent
+    trace: tracing.Parent | None = field(default=None, repr=False)
 
     def answer(self, value: Any) -> None:
         if self.answered:
@@ -175,7 +177,7 @@ class SourceConnection:
         if self.denied_status is not None:
             return Failure("denied", f"status {self.denied_status}")
         send, receive = trio.open_memory_channel[Any](1)
-        op = _Op(method, args, timeout_s, send, progress=progress)
+        op = _Op(method, args, timeout_s, send, progress=progress, trace=tracing.current())
         try:
             self._send.send_nowait(op)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -263,7 +265,7 @@ class SourceConnection:
         value: Any = Failure("closed", "cancelled")
         answered.set(Answered())    # this task's requests: the transport decodes their answers into it
         try:
-            with op.scope:
+            with op.scope, tracing.under(op.trace):
                 value = await self._perform(session, op)
         except MCPError as exc:
             value = self._mcp_failure(exc)

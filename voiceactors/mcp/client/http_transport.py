@@ -46,7 +46,7 @@ import orjson
 import trio
 from mcp.types import REQUEST_TIMEOUT
 
-from voiceactors import storage
+from voiceactors import storage, tracing
 
 #: JSON-RPC codes of our own (the implementation-defined server error range).
 ANSWER_TOO_LARGE = -32090
@@ -158,7 +158,12 @@ class SourceTransport(httpx2.AsyncBaseTransport):
         self._exchanges[request_id] = exchange
         response: httpx2.Response | None = None
         try:
-            response = await self._exchange(request, request_id, str(message["method"]), exchange)
+            # one span per request (tracing on), under its asker's; the source gets its traceparent
+            with tracing.span("mcp.request", **{"rpc.method": str(message["method"])[:64]}) as span:
+                tracing.inject(request.headers)
+                response = await self._exchange(request, request_id, str(message["method"]), exchange)
+                if span is not None:
+                    span.set_attribute("http.response.status_code", response.status_code)
             return response
         finally:
             if response is None or not isinstance(response.stream, _CappedStream):

@@ -113,10 +113,16 @@ def _label_names() -> dict[str, frozenset[str]]:
 
 
 @pytest.fixture(scope="module")
-def exported(journal, tmp_path_factory) -> dict[str, frozenset[str]]:
+def scraped(journal, tmp_path_factory) -> str:
+    """A real serving process's ``/metrics``, before any call."""
+    return trio.run(_scrape, journal, tmp_path_factory.mktemp("state"))
+
+
+@pytest.fixture(scope="module")
+def exported(scraped) -> dict[str, frozenset[str]]:
     """Series name -> the label names it may carry, for every series of a real
     serving process's ``/metrics``."""
-    text = trio.run(_scrape, journal, tmp_path_factory.mktemp("state"))
+    text = scraped
     labels = _label_names()
     found: dict[str, frozenset[str]] = {}
     for series in _series(text):
@@ -238,6 +244,13 @@ def test_a_misspelt_name_or_label_is_caught(exported, routes):
         "value: route ['/api/voice/sessions'] unknown"]
     assert _problems({"by": 'sum by (tool) (voiceactors_live_calls)'}, exported, routes) == [
         "by: groups by tool, which none of its series has"]
+
+
+def test_a_fresh_process_has_no_rate_limit_left_until_the_service_says_one(scraped):
+    """Before: both limits were exported as 0 from the start, which
+    ``VoiceactorsServiceRateLimitSpent`` read as spent on every idle process."""
+    assert "# TYPE voiceactors_rate_limit_remaining gauge" in scraped
+    assert "voiceactors_rate_limit_remaining{" not in scraped
 
 
 def test_the_alerts_cover_what_an_operator_must_act_on():

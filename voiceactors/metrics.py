@@ -107,7 +107,9 @@ class Metrics:
         self.rate_limit_remaining = Gauge(
             f"{PREFIX}_rate_limit_remaining", "What the service last said is left (rate_limits.updated), "
             "by limit (requests, tokens).", ["limit"], registry=r)
-        self._rate_children = {name: self.rate_limit_remaining.labels(limit=name) for name in ("requests", "tokens")}
+        # a limit's series exists once the service has reported it: a 0 before
+        # any report would read as "spent" (deploy/alerts.yml)
+        self._rate_children: dict[str, Any] = {}
         self._tools: set[str] = set()
         self._models: set[str] = set()
         # labelled children by their labels: ``labels()`` takes a lock and
@@ -135,10 +137,12 @@ class Metrics:
         self.reconnects.inc()
 
     def rate_limits(self, requests: int | None, tokens: int | None) -> None:
-        if requests is not None:
-            self._rate_children["requests"].set(requests)
-        if tokens is not None:
-            self._rate_children["tokens"].set(tokens)
+        for name, left in (("requests", requests), ("tokens", tokens)):
+            if left is not None:
+                child = self._rate_children.get(name)
+                if child is None:
+                    child = self._rate_children[name] = self.rate_limit_remaining.labels(limit=name)
+                child.set(left)
 
     # --- tools --------------------------------------------------------------
     def _tool_label(self, tool: str) -> str:

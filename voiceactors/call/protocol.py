@@ -1170,6 +1170,11 @@ class CallProtocol:
     def _abandon(self, call: ToolCall) -> None:
         if call.state not in UNANSWERED:
             return
+        if call.state in UNSTARTED and not call.recovered:
+            # answered without a run: still in the record before its output
+            # goes, so a restart that finds the output unconfirmed answers it
+            # (as it does a started call) instead of never hearing of it
+            self._record_started(call)
         call.abandon()
         self._log(LogLevel.INFO, "tool.abandoned", tool=call.name, tool_call_id=call.tool_call_id, epoch=call.epoch)
         self._queue_output(call)

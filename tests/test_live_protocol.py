@@ -310,7 +310,7 @@ def test_a_refusal_of_our_words_ends_them_and_reaches_the_protocol() -> None:
     translator = LiveTranslator(FunctionNames.of(REGISTRY))
     ack = {"type": "response.create", "event_id": "evt_ack", "response": {"instructions": "Say you are on it."}}
     [started] = [json.loads(f) for f in translator.from_call(json.dumps(ack)).to_call]
-    refused = translator.from_service(json.dumps(le.error("rate_limit_exceeded", "slow down",
+    refused = translator.from_service(json.dumps(le.error_event("rate_limit_exceeded", "slow down",
                                                           client_event_id="evt_ack")))
     done, error = [json.loads(f) for f in refused.to_call]
     assert done["type"] == "response.done" and done["response"] == {

@@ -178,8 +178,9 @@ class LiveSession:
 class LiveSessions:
     """The simulator's Live sessions: REST, the attach sideband, their scenarios."""
 
-    def __init__(self, scenario: str = "live_search") -> None:
+    def __init__(self, scenario: str = "live_search", word_s: float = 0.05) -> None:
         self.scenario = scenario
+        self.word_s = word_s          # the pace of the words said (one transcript fragment each)
         self.sessions: dict[str, LiveSession] = {}
         self.hangups: list[str] = []
         self.handshakes: list[dict[str, Any]] = []
@@ -311,7 +312,7 @@ class LiveSessions:
             event = None
         if not isinstance(event, dict):
             session.nonconforming.append("client: not a JSON object")
-            await _send(session, socket, le.error("invalid_json", "The event is not a JSON object."))
+            await _send(session, socket, le.error_event("invalid_json", "The event is not a JSON object."))
             return
         session.received.append(event)
         session._changed()
@@ -384,7 +385,7 @@ class LiveSessions:
 
     async def _refuse(self, session: LiveSession, socket: trio_websocket.WebSocketConnection, event_id: Any,
                       code: str, message: str, param: str | None = None) -> None:
-        error = le.error(code, message, client_event_id=event_id if isinstance(event_id, str) else None)
+        error = le.error_event(code, message, client_event_id=event_id if isinstance(event_id, str) else None)
         if param is not None:
             error["error"]["param"] = param
         await _send(session, socket, error)
@@ -414,10 +415,11 @@ class LiveSessions:
 
     async def _say(self, session: LiveSession, socket: trio_websocket.WebSocketConnection,
                    make: Callable[..., dict[str, Any]], text: str) -> None:
+        pace_ms = int(self.word_s * 1000)
         for word in _fragments(text):
             at = session.now_ms()
-            await _send(session, socket, make(word, at, at + 200))
-            await trio.sleep(0.2)
+            await _send(session, socket, make(word, at, at + pace_ms))
+            await trio.sleep(self.word_s)
 
     async def _delegate(self, session: LiveSession, socket: trio_websocket.WebSocketConnection,
                         step: dict[str, Any]) -> None:

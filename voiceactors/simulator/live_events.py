@@ -24,7 +24,7 @@ from voiceactors.realtime.events import EventUnion
 from voiceactors.simulator.conformance import conformance_error
 
 __all__ = ["LIVE_CLIENT_EVENTS", "LIVE_SERVER_EVENTS", "RESPONSES_EVENTS", "LIVE_MODEL", "RESPONSES_MODEL",
-           "commentary_appended", "delegation_created", "error", "function_call_item", "input_delta",
+           "commentary_appended", "delegation_created", "error_event", "function_call_item", "input_delta",
            "live_client_error", "live_server_error", "nested", "output_delta", "response_created",
            "response_ended", "arguments_done", "item_added", "item_done", "responses_error", "session_closed",
            "session_resource", "usage_updated"]
@@ -78,7 +78,7 @@ def session_closed(session_id: str, reason: str, seconds: float) -> dict[str, An
             "session": session_resource(session_id), "usage": {"seconds": seconds}}
 
 
-def error(code: str, message: str, *, client_event_id: str | None = None,
+def error_event(code: str, message: str, *, client_event_id: str | None = None,
           error_type: str = "invalid_request_error") -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "message": message, "type": error_type}
     if client_event_id is not None:

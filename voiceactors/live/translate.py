@@ -137,7 +137,7 @@ class LiveTranslator:
         self._by_call_id: dict[str, _FunctionCall] = {}
         self._words: dict[str, str] = {}        # our commentary's event id -> its made-up response id
         self._floor_ms = 0                      # speech starting here or later is a new turn
-        self._user: _Turn | None = None         # the user's latest turn (its transcript kept until the next)
+        self._user: _Turn | None = None         # the user's turn being transcribed (until the reply or the next)
         self._user_open = False                 # ... and it holds the floor (no delegation or reply since)
         self._assistant: _Turn | None = None    # the assistant's
         self._last_item: str | None = None      # the conversation's latest item (previous_item_id)
@@ -315,7 +315,7 @@ class LiveTranslator:
             out.to_call.append(self._item_added({"id": self._user.item_id, "type": "message", "role": "user",
                                                  "object": "realtime.item", "status": "completed",
                                                  "content": [{"type": "input_audio"}]}))
-        if self._user is not None:   # a late fragment belongs to the latest turn
+        if self._user is not None:   # a late fragment belongs to the turn, until the assistant answers it
             self._user.parts.append(delta)
 
     def _on_output_delta(self, event: dict[str, Any], out: Translated) -> None:
@@ -323,6 +323,8 @@ class LiveTranslator:
         if not isinstance(start, int) or not isinstance(delta, str):
             return
         if self._assistant is None:
+            # the assistant answers: the user's turn is over (its transcript, in order, before the reply's)
+            self._end_user_turn(out)
             self._user_open = False
             self._floor_ms = max(self._floor_ms, start)
             self._assistant = _Turn(self._id("item"), self._id("resp_speech"))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from voiceactors.call.protocol import (
-    HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected, Effect, RecordLine, Send, StartTool, Timer,
+    HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected, CountUsage, Effect, RecordLine, Send, StartTool, Timer,
     ToolFinished, Written,
 )
 from voiceactors.call.record_kind import RecordKind
@@ -178,6 +178,16 @@ def test_a_delegated_search_is_answered_then_continued_once() -> None:
     assert [e["type"] for e in call.sent] == ["response.item.create", "response.create"]
     [settled] = call.lines(RecordKind.TOOL_CALL)
     assert settled["tool"] == SEARCH and settled["state"] == "confirmed"
+
+
+def test_a_delegated_response_s_usage_is_counted_as_text_tokens() -> None:
+    call = LiveCall()
+    call.service(le.delegation_created("del_1", 1000), le.nested("del_1", le.response_created("resp_1")),
+                 le.nested("del_1", le.response_ended("resp_1", usage=(600, 200, 80))))
+    [line] = call.lines(RecordKind.USAGE)
+    assert line["tokens"] == {"text_in": 400, "text_out": 80, "audio_in": 0, "audio_out": 0, "cached_in": 200}
+    [counted] = [e for e in call.effects if isinstance(e, CountUsage)]
+    assert counted.tokens == line["tokens"]
 
 
 ORDERS = list(itertools.permutations(["created", "a_added", "a_done", "b_added", "b_done", "a_args"]))

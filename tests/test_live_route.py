@@ -8,6 +8,7 @@ after a crash and one hung up at its time limit, through the supervisor."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import trio
 from calls_support import KEY, real_time_limit, rig
 from clock_support import serving
 from voiceactors.call.call_context import LinkedContext, carried_view
+from voiceactors.call.meter import FAREWELL
 from voiceactors.call.record import append_block, read_record, record_path
 from voiceactors.call.supervisor import CallSupervisor
 from voiceactors.executor import write_log
@@ -49,7 +51,9 @@ def make_settings(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any)
 
 async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, tmp_path, log_stream):
     async with serving_simulator(Simulator(api_key=SIM_KEY, live_scenario="live_search")) as sim:
-        app = create_app(make_settings(journal, tmp_path, sim, close_deadline_s=1.0))
+        # the delegated model priced: its tokens are the call's cost
+        app = create_app(make_settings(journal, tmp_path, sim, close_deadline_s=1.0,
+                                       prices=("gpt-5-mini=1.0/8.0/0/0/0.1",)))
         answers: list[bytes] = []
         async with serving(app) as test_app:
             client = test_app.test_client()
@@ -76,8 +80,12 @@ async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, t
             assert (await status.get_json())["active_sessions"] == 1
             for path in ("/api/voice/console-config", "/api/voice/calls", f"/api/voice/calls/{session.session_id}"):
                 await answer(await client.get(path))
-        start = read_record(record_path(tmp_path / "state", session.session_id))[0]
-        assert start["kind"] == "start" and start["arrival"] == "live"
+        record = read_record(record_path(tmp_path / "state", session.session_id))
+        assert record[0]["kind"] == "start" and record[0]["arrival"] == "live"
+        usage = [line for line in record if line["kind"] == "usage"]
+        assert len(usage) == 2 and {line["model"] for line in usage} == {"gpt-5-mini"}   # the search, its answer
+        # 400 text in, 80 out, 200 cached: (400 * 1 + 80 * 8 + 200 * 0.1) / 1e6 dollars each
+        assert {line["cost_usd"] for line in usage} == {0.00106}
     for data in answers:
         assert SIM_KEY.encode() not in data
     assert SIM_KEY not in log_stream.getvalue()
@@ -159,3 +167,26 @@ async def test_a_live_call_at_its_time_limit_is_hung_up_through_live_sessions(tm
             await session.wait_until(lambda s: s.closed)
             r.nursery.cancel_scope.cancel()
     assert r.sim.live.hangups == [session.session_id] and session.close_reason == "close_requested"
+
+
+async def test_a_live_call_past_its_budget_says_farewell_and_is_hung_up(tmp_path, autojump_clock):
+    """The delegated model's tokens priced past the call's budget: the
+    farewell is spoken from commentary, then the session is hung up through
+    ``live.sessions.hangup``."""
+    async with rig(tmp_path, call_budget_usd=0.001, prices=("gpt-5-mini=1.0/8.0/0/0/0.1",)) as r:
+        session = r.sim.live.add({"model": le.LIVE_MODEL})
+        # a delegation with no function call: no tool thread for the fake clock to jump over
+        session.steps = [{"user": "What is on today?"}, {"delegate": [], "answer": "Here."}]
+        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
+        context = _live_context()
+        context = LinkedContext(context.base_instruction, live=replace(context.live, model="gpt-5-mini"))
+        with real_time_limit():
+            await r.nursery.start(sup.run)
+            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
+            await sup.inbox.send(Connect(session.session_id, reply, context=context))
+            assert await replied.receive() == ConnectOutcome.CONNECTED
+            await session.wait_until(lambda s: s.closed)
+            r.nursery.cancel_scope.cancel()
+    [farewell] = session.of_type("session.commentary.append")
+    assert farewell["content"] == FAREWELL["instructions"] and farewell["delegation_id"] is None
+    assert r.sim.live.hangups == [session.session_id]

@@ -95,23 +95,28 @@ class LiveSession:
     translation needs again at a rejoin or a takeover. ``names``: each tool's
     name and the Responses name the session declared it under;
     ``instructions``: the session's, fixed at its creation; ``writes``: the
-    tools that write (their outputs are noted to the Live model)."""
+    tools that write (their outputs are noted to the Live model); ``model``:
+    the Responses model it delegates to (the call's usage is that model's
+    tokens, priced by its ``prices`` entry; None: the call's default)."""
 
     names: dict[str, str]
     instructions: str = ""
     writes: tuple[str, ...] = ()
+    model: str | None = None
 
     def view(self) -> dict[str, Any]:
-        return {"names": dict(self.names), "instructions": self.instructions, "writes": list(self.writes)}
+        return {"names": dict(self.names), "instructions": self.instructions, "writes": list(self.writes),
+                "model": self.model}
 
     @classmethod
     def from_view(cls, view: object) -> LiveSession | None:
         if not isinstance(view, dict) or not isinstance(view.get("names"), dict):
             return None
         names = {k: v for k, v in view["names"].items() if isinstance(k, str) and isinstance(v, str)}
-        instructions, writes = view.get("instructions"), view.get("writes")
+        instructions, writes, model = view.get("instructions"), view.get("writes"), view.get("model")
         return cls(names, instructions if isinstance(instructions, str) else "",
-                   tuple(w for w in writes if isinstance(w, str)) if isinstance(writes, list) else ())
+                   tuple(w for w in writes if isinstance(w, str)) if isinstance(writes, list) else (),
+                   model if isinstance(model, str) and model else None)
 
 
 @dataclass(frozen=True)

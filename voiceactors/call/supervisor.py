@@ -219,7 +219,8 @@ class CallSupervisor:
             self.registry.note_context(call_id, context)    # a taker carries it on (the mirror)
         arrival = arrive(arrival_of(context), self.settings, call_id, context)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
-                          recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
+                          recovered=recovered, context=context, model=_model_of(context, self._model),
+                          on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
                           answer_now=self._answer_now, open_transport=arrival.open_transport,
                           hangup_path=arrival.hangup_path)
@@ -368,6 +369,14 @@ class CallSupervisor:
             for call_id, _token in orphans:
                 if call_id not in self.calls and len(self.calls) < self.settings.max_calls:
                     await self._lease_and_connect(call_id, nursery)
+
+
+def _model_of(context: LinkedContext | None, default: Callable[[], str]) -> str | Callable[[], str]:
+    """The model a call's usage is priced as: a Live call's, the Responses
+    model it delegates to (the tokens its usage reports); else the journal's
+    voice model, read when the call starts."""
+    live = context.live if context is not None else None
+    return live.model if live is not None and live.model else default
 
 
 def arrival_of(context: LinkedContext | None) -> ArrivalKind:

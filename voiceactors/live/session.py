@@ -44,10 +44,11 @@ def session_config(model: str, delegate_model: str, instructions: str,
     return config, names
 
 
-def live_session(names: FunctionNames, instructions: str, is_write: Callable[[str], bool]) -> LiveSession:
+def live_session(names: FunctionNames, instructions: str, is_write: Callable[[str], bool],
+                 delegate_model: str | None = None) -> LiveSession:
     """What the call keeps of its session (``call_context.LiveSession``)."""
     return LiveSession(dict(names.to_responses), instructions,
-                       tuple(tool for tool in names.to_responses if is_write(tool)))
+                       tuple(tool for tool in names.to_responses if is_write(tool)), delegate_model)
 
 
 def translator_for(live: LiveSession) -> LiveTranslator:

@@ -48,7 +48,7 @@ from typing import Any, Callable
 from voiceactors import safe_text
 from voiceactors.live.names import FunctionNames
 
-__all__ = ["FAILED_DELEGATION", "TEXT_MAX", "LiveTranslator", "Translated", "write_note"]
+__all__ = ["FAILED_DELEGATION", "TEXT_MAX", "LiveTranslator", "Translated", "realtime_usage", "write_note"]
 
 #: The longest text appended to a Live session at once (its limit is 500 tokens).
 TEXT_MAX = 2000
@@ -69,6 +69,28 @@ def write_note(tool: str, arguments: str | None, output: str) -> str:
     """The silent note that a write was done (``session.thinking.append``)."""
     return (f"Done in the journal: {tool} {_clip(arguments or '{}', NOTE_PART_MAX)}, which answered "
             f"{_clip(output, NOTE_PART_MAX)}. It is done: do not make it again, and do not say it failed.")
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def realtime_usage(usage: object) -> dict[str, Any] | None:
+    """A delegated response's usage (the Responses API's: input and output
+    tokens, the cached part of the input) as a Realtime response's, all of it
+    text: what the call's meter counts and prices (as the delegated model's,
+    ``supervisor._model_of``). None when it holds no counts."""
+    if not isinstance(usage, dict):
+        return None
+    spent_in, spent_out = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    if spent_in is None or spent_out is None:
+        return None
+    details = usage.get("input_tokens_details")
+    cached = min(_count(details.get("cached_tokens")) or 0, spent_in) if isinstance(details, dict) else 0
+    return {"total_tokens": spent_in + spent_out, "input_tokens": spent_in, "output_tokens": spent_out,
+            "input_token_details": {"text_tokens": spent_in, "audio_tokens": 0, "cached_tokens": cached,
+                                    "cached_tokens_details": {"text_tokens": cached, "audio_tokens": 0}},
+            "output_token_details": {"text_tokens": spent_out, "audio_tokens": 0}}
 
 
 def _clip(text: str, limit: int) -> str:
@@ -286,8 +308,11 @@ class LiveTranslator:
             if response.get("status") in _STATUSES:
                 status = response["status"]
         output = [call.item() for call in self._calls.get(rid, {}).values()]
-        out.to_call.append(self._server("response.done", response={
-            "id": rid, "object": "realtime.response", "status": status, "output": output}))
+        done: dict[str, Any] = {"id": rid, "object": "realtime.response", "status": status, "output": output}
+        usage = realtime_usage(response.get("usage")) if isinstance(response, dict) else None
+        if usage is not None:
+            done["usage"] = usage
+        out.to_call.append(self._server("response.done", response=done))
         if status == "failed":
             self._delegation_failed(state, out)
 

@@ -65,6 +65,8 @@ CONTEXT_MAX_CHARS = 2000
 #: long as it takes, as the service waits for tool results (a deadline would fire whenever a test's
 #: fake clock jumps over the real time a socket takes).
 CLIENT_WAIT_S = math.inf
+#: Each delegated response's usage: (input, cached input, output) tokens.
+DELEGATED_USAGE = (600, 200, 80)
 _CONTEXT = frozenset({"session.thinking.append", "session.instructions.append", "session.commentary.append"})
 _APPENDED = {"session.thinking.append": "session.thinking.appended",
              "session.instructions.append": "session.instructions.appended",
@@ -441,7 +443,7 @@ class LiveSessions:
                 events += [le.nested(did, le.responses_error("The delegated response failed.", seq=next(seq))),
                            le.nested(did, le.response_ended(rid, "failed", next(seq)))]
             else:
-                events.append(le.nested(did, le.response_ended(rid, "completed", next(seq))))
+                events.append(le.nested(did, le.response_ended(rid, "completed", next(seq), usage=DELEGATED_USAGE)))
             if step.get("interrupt"):
                 # the user speaks over the work at once: in the same write as the
                 # delegation, so the client reads both before its tools can answer
@@ -462,7 +464,8 @@ class LiveSessions:
         if answered:
             rid = f"resp_sim_{session.delegations}_2"
             await _send(session, socket, le.nested(waiting.delegation_id, le.response_created(rid)))
-            await _send(session, socket, le.nested(waiting.delegation_id, le.response_ended(rid)))
+            await _send(session, socket, le.nested(waiting.delegation_id,
+                                                   le.response_ended(rid, usage=DELEGATED_USAGE)))
             if step.get("answer"):
                 await self._say(session, socket, le.output_delta, step["answer"])
 

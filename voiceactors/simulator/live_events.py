@@ -132,9 +132,18 @@ def response_created(response_id: str, seq: int = 0) -> dict[str, Any]:
     return {"type": "response.created", "response": _response(response_id, "in_progress"), "sequence_number": seq}
 
 
-def response_ended(response_id: str, status: str = "completed", seq: int = 0) -> dict[str, Any]:
-    """``response.completed``, ``.failed`` or ``.incomplete`` (by ``status``)."""
-    return {"type": f"response.{status}", "response": _response(response_id, status), "sequence_number": seq}
+def response_ended(response_id: str, status: str = "completed", seq: int = 0,
+                   usage: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """``response.completed``, ``.failed`` or ``.incomplete`` (by ``status``);
+    ``usage``: (input, cached input, output) tokens."""
+    response = _response(response_id, status)
+    if usage is not None:
+        spent_in, cached, spent_out = usage
+        response["usage"] = {"input_tokens": spent_in,
+                             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+                             "output_tokens": spent_out, "output_tokens_details": {"reasoning_tokens": 0},
+                             "total_tokens": spent_in + spent_out}
+    return {"type": f"response.{status}", "response": response, "sequence_number": seq}
 
 
 def function_call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:

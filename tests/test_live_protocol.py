@@ -21,7 +21,7 @@ from voiceactors.call.protocol import (
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.state import ToolOutcome
 from voiceactors.live.names import RESPONSES_NAME, FunctionNames
-from voiceactors.live.translate import FAILED_DELEGATION, TEXT_MAX, LiveTranslator, write_note
+from voiceactors.live.translate import FAILED_DELEGATION, HELD_MAX, TEXT_MAX, LiveTranslator, write_note
 from voiceactors.realtime.events import SERVER_EVENTS, read_server_event
 from voiceactors.simulator import live_events as le
 from voiceactors.simulator.conformance import conformance_error
@@ -234,6 +234,15 @@ def test_duplicated_events_and_outputs_run_and_answer_a_call_once() -> None:
     call.finish(start)
     call.finish(start)          # a second answer of the same call id changes nothing
     assert [e["type"] for e in call.sent] == ["response.item.create", "response.create"]
+
+
+def test_events_held_for_a_response_never_named_are_bounded() -> None:
+    translator = LiveTranslator(FunctionNames.of(REGISTRY))
+    frame = json.dumps(le.nested("del_1", le.item_added("call_1", "journal_search")))
+    for _ in range(HELD_MAX + 10):
+        assert translator.from_service(frame).to_call == []
+    released = translator.from_service(json.dumps(le.nested("del_1", le.response_created("resp_1"))))
+    assert len(released.to_call) == 1 + HELD_MAX       # its response.created, then what was held
 
 
 def test_an_unknown_responses_name_reaches_the_executor_as_it_came() -> None:

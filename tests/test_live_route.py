@@ -109,6 +109,12 @@ async def test_the_route_refuses_as_session_does(journal, tmp_path, log_stream):
         async with serving(app) as test_app:
             unset = await test_app.test_client().post("/api/voice/live", json={"sdp": OFFER})
             assert (unset.status_code, await unset.get_json()) == (503, {"error": E.KEY_NOT_CONFIGURED})
+        app = create_app(make_settings(journal, tmp_path, sim, max_calls=0))
+        async with serving(app) as test_app:
+            full = await test_app.test_client().post("/api/voice/live", json={"sdp": OFFER})
+            assert (full.status_code, await full.get_json()) == (503, {"error": E.AT_CAPACITY})
+        [created] = sim.live.sessions          # created, then hung up: not left running unserved
+        assert sim.live.hangups == [created] and sim.live.sessions[created].closed
     logged = log_stream.getvalue()
     assert '"http.live_create_failed"' in logged and wrong not in logged
 

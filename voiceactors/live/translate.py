@@ -50,6 +50,8 @@ from voiceactors.live.names import FunctionNames
 
 __all__ = ["FAILED_DELEGATION", "TEXT_MAX", "LiveTranslator", "Translated", "realtime_usage", "write_note"]
 
+#: The most nested events held for one delegation until its response's id is known.
+HELD_MAX = 512
 #: The longest text appended to a Live session at once (its limit is 500 tokens).
 TEXT_MAX = 2000
 #: Longest tool arguments and output quoted in a write's note.
@@ -240,7 +242,8 @@ class LiveTranslator:
                     state.response_id = rid      # a lifecycle snapshot names it: the held ones are its
                     self._release(state, out)
                 else:
-                    state.held.append(nested)
+                    if len(state.held) < HELD_MAX:     # a peer that never names the response: bounded
+                        state.held.append(nested)
                     return
             self._nested(state, nested, out)
 

@@ -68,8 +68,8 @@ class FunctionNames:
 
     def tool_name(self, responses_name: str) -> str:
         """The tool a Responses function name stands for; a name the table
-        does not hold is given back as it came (the executor answers it as an
-        unknown tool)."""
+        does not hold is given back as it came (the executor looks it up as
+        any name: an unknown one is answered as such)."""
         return self.to_tool.get(responses_name, responses_name)
 
     def declare(self, manifest: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -369,6 +369,8 @@ def test_a_changed_instruction_is_appended_and_a_system_note_is_silent() -> None
     [appended] = [json.loads(f) for f in translator.from_call(json.dumps(update)).to_service]
     assert appended == {"type": "session.instructions.append", "event_id": "evt_u",
                         "content": "## The current selection\nThe day 2026-12-01.", "delegation_id": None}
+    same = {**update, "event_id": "evt_same"}           # the instruction the session has already: nothing
+    assert translator.from_call(json.dumps(same)).to_service == []
     note = {"type": "conversation.item.create", "event_id": "evt_n", "item": {
         "type": "message", "role": "system", "content": [{"type": "input_text", "text": "x" * 5000}]}}
     [thinking] = [json.loads(f) for f in translator.from_call(json.dumps(note)).to_service]

@@ -63,7 +63,7 @@ async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, t
                 return response
 
             created = await answer(await client.post("/api/voice/live", json={
-                "sdp": OFFER, "context": {"kind": "day", "id": "2026-03-27"}}))
+                "sdp": OFFER, "context": {"kind": "day", "id": "2026-03-27"}, "greeting": "first"}))
             assert created.status_code == 200
             body = await created.get_json()
             assert set(body) == {"sdp", "session_id", "context"} and body["sdp"].startswith("v=")
@@ -76,6 +76,10 @@ async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, t
                 await session.wait_until(lambda s: s.step == len(s.steps))
             assert session.attaches == 1 and session.nonconforming == []
             assert session.response_creates == 1 and len(session.outputs) == 1
+            # the first greeting: its opening alone as commentary (the session has the instruction and the link)
+            [greeting] = session.of_type("session.commentary.append")
+            assert greeting["content"] and greeting["content"] not in session.config["instructions"]
+            assert len(greeting["content"]) < 600 and not session.of_type("session.instructions.append")
             status = await answer(await client.get("/api/voice/status"))
             assert (await status.get_json())["active_sessions"] == 1
             for path in ("/api/voice/console-config", "/api/voice/calls", f"/api/voice/calls/{session.session_id}"):

@@ -470,6 +470,8 @@ class LiveTranslator:
         limit = min(len(known), len(text))
         while common < limit and known[common] == text[common]:
             common += 1
+        if common == len(text):
+            return ""         # nothing the session does not have
         if common < 200:      # little in common: the whole text is news
             return text.strip()
         # from the start of the line the texts part at: a section, not half a word

@@ -86,7 +86,11 @@ async def create_live_call() -> Any:
     session_id, answer = await _create(voice, key, session, offer)
     context = LinkedContext(base, link, greeting, continuation=continued,
                             live=live_session(names, instruction, _is_write, delegate_model))
-    refused = await supervisor_answer(runtime, settings.connect_timeout_s, session_id, context)
+    try:
+        refused = await supervisor_answer(runtime, settings.connect_timeout_s, session_id, context)
+    except ApiError:
+        await _hang_up(voice, key, session_id)      # no actor will serve it: not left running
+        raise
     if refused != ConnectOutcome.CONNECTED:
         _log.error("http.live_not_joined", session_id=session_id, reply=str(refused)[:64])
         await _hang_up(voice, key, session_id)

@@ -17,10 +17,11 @@ import trio
 
 from calls_support import KEY, real_time_limit, rig
 from clock_support import serving
-from voiceactors.call.call_context import LinkedContext, carried_view
+from voiceactors.call.arrival import ArrivalKind, arrive
+from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
 from voiceactors.call.meter import FAREWELL
 from voiceactors.call.record import append_block, read_record, record_path
-from voiceactors.call.supervisor import CallSupervisor
+from voiceactors.call.supervisor import CallSupervisor, arrival_of
 from voiceactors.executor import write_log
 from voiceactors.http import create_app
 from voiceactors.http import errors as E
@@ -127,6 +128,18 @@ def _live_context(instructions: str = "You are the journal's voice.") -> LinkedC
     names = FunctionNames.of(REGISTRY)
     return LinkedContext(instructions, live=live_session(names, instructions,
                                                          lambda tool: REGISTRY[tool].effect == WRITE))
+
+
+def test_a_live_call_s_context_carries_its_session_to_a_rejoin_or_a_taker():
+    """What the record's context line and the cluster's mirror keep
+    (``carried_view``) makes the same Live call again: the same kind of
+    arrival, the same names, instructions, writes and model."""
+    context = LinkedContext("You are the journal's voice.", live=replace(_live_context().live, model="gpt-5-mini"))
+    again = taken_over_context(json.loads(json.dumps(carried_view(context))))
+    assert again is not None and again.live == context.live
+    assert arrival_of(again) is ArrivalKind.LIVE and arrival_of(LinkedContext("x")) is ArrivalKind.BROWSER
+    assert arrive(ArrivalKind.LIVE, Settings(journal=Path("."), state_dir=Path(".")), "live_1", again).hangup_path \
+        == "/live/sessions/live_1/hangup"
 
 
 async def test_a_live_call_rejoined_after_a_crash_answers_its_pending_write_once(tmp_path, autojump_clock):

@@ -417,11 +417,13 @@ class LiveSessions:
 
     async def _say(self, session: LiveSession, socket: trio_websocket.WebSocketConnection,
                    make: Callable[..., dict[str, Any]], text: str) -> None:
+        _voice(session, make, text, before=True)
         pace_ms = int(self.word_s * 1000)
         for word in _fragments(text):
             at = session.now_ms()
             await _send(session, socket, make(word, at, at + pace_ms))
             await trio.sleep(self.word_s)
+        _voice(session, make, text, before=False)
 
     async def _delegate(self, session: LiveSession, socket: trio_websocket.WebSocketConnection,
                         step: dict[str, Any]) -> None:
@@ -468,6 +470,20 @@ class LiveSessions:
                                                    le.response_ended(rid, usage=DELEGATED_USAGE)))
             if step.get("answer"):
                 await self._say(session, socket, le.output_delta, step["answer"])
+
+
+def _voice(session: LiveSession, make: Callable[..., dict[str, Any]], text: str, *, before: bool) -> None:
+    """The browser's peer (a media offer's) hears the assistant's words,
+    spoken once said (``webrtc.Voice``, which takes Realtime's events), and
+    stops at the user's (a barge-in); nothing goes on its data channel."""
+    peer = session.peer
+    if peer is None:
+        return
+    if make is le.output_delta:
+        peer.voice_event({"type": "output_audio_buffer.started"} if before else
+                         {"type": "response.output_audio_transcript.done", "transcript": text})
+    elif before:
+        peer.voice_event({"type": "input_audio_buffer.speech_started"})
 
 
 def _fragments(text: str) -> list[str]:

@@ -87,7 +87,7 @@ async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, t
                 assert (await answer(await client.get(path))).status_code == 200, path
             # the history reads the Live call's record as any call's
             history = await (await client.get(f"/api/voice/calls/{session.session_id}")).get_json()
-            assert history["call"]["tool_calls"] == 1, history["call"]
+            assert history["call"]["tool_calls"] == 1 and history["call"]["live"] is True, history["call"]
         record = read_record(record_path(tmp_path / "state", session.session_id))
         assert record[0]["kind"] == "start" and record[0]["arrival"] == "live"
         usage = [line for line in record if line["kind"] == "usage"]

@@ -14,7 +14,7 @@ stdin/stdout, one JSON object per line:
   ``sessionId``) — relayed to Chromium's browser endpoint over trio-websocket;
   every CDP reply and event comes back out as a line;
 * in: ``Harness.*`` methods, answered here: ``Harness.simulator`` (what the
-  simulator recorded per call), ``Harness.seed`` (write a call record into a
+  simulator recorded per call, and per Live session: ``live``), ``Harness.seed`` (write a call record into a
   server's state dir), ``Harness.expire`` (the simulator's call reaches the
   service's time limit: ``session_expired``), ``Harness.stop_server`` (stop
   one server: "the server gone").
@@ -55,6 +55,9 @@ from voiceactors.journal.sample import write_sample_journal
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
+from voiceactors.simulator.live import LIVE_SCENARIOS
+from voiceactors.tools.handler_context import ToolContext
+from voiceactors.tools.registry import REGISTRY
 
 CHROMIUM = "/usr/lib/chromium/chromium"
 CHROMIUM_FLAGS = [
@@ -106,7 +109,32 @@ def sim_report(sim: Simulator) -> dict[str, Any]:
             "received_types": [e.get("type") for e in call.received],
             "session_instructions": call.session.get("instructions"),
         }
-    return {"calls": calls}
+    live = {session_id: {
+        "step": session.step, "steps": len(session.steps), "attaches": session.attaches,
+        "outputs": {call_id: len(outputs) for call_id, outputs in session.outputs.items()},
+        "issued": sorted(session.issued), "response_creates": session.response_creates,
+        "received_types": [e.get("type") for e in session.received], "nonconforming": session.nonconforming,
+        "closed": session.closed, "close_reason": session.close_reason, "declared": sorted(session.declared()),
+    } for session_id, session in sim.live.sessions.items()}
+    return {"calls": calls, "live": live}
+
+
+def browser_live_scenario(journal: Path) -> list[dict[str, Any]]:
+    """The Live sessions' scenario in the browser tests: a delegated search, then a write of one of the
+    journal's open commitments and a search the user speaks over at once (simulator/live.py's steps)."""
+    context = ToolContext(journal=journal, state_dir=journal.parent / "scenario-state", today=clock.today)
+    [first, *_] = REGISTRY["commitments.list"].handler(context, {"state": "open"})["commitments"]
+    return [
+        {"user": "What did I write about the garden?"},
+        {"delegate": [{"name": "journal_search", "arguments": {"query": "garden"}}],
+         "answer": "You wrote about the garden."},
+        {"user": "Mark my first commitment done, and look up the boat."},
+        {"delegate": [{"name": "commitments_complete", "arguments": {"commitment_id": first["id"], "resolution": "done"}},
+                      {"name": "journal_search", "arguments": {"query": "boat"}}],
+         "interrupt": "Actually, never mind the boat."},
+        {"assistant": "Done, and I left the boat."},
+        {"usage": True},
+    ]
 
 
 async def webrtc_answerer(sim_base: str) -> bool:
@@ -182,6 +210,8 @@ async def main(config: dict[str, Any]) -> None:
     journal = write_sample_journal(tmp / "journal", days=7, today=clock.today())
     out = Out()
     sim = Simulator("demo", api_key=DEMO_OPENAI_KEY, auto_calls=True, host="127.0.0.1")
+    LIVE_SCENARIOS["browser_live"] = browser_live_scenario(journal)    # every server's journal is a copy of this one
+    sim.live.scenario = "browser_live"
     async with trio.open_nursery() as outer:
         await outer.start(sim.serve, 0)
         chat_url = await serve_chat(outer, chat_app(summarising(SUMMARY_PROMPT), []))   # a brain's model

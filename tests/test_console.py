@@ -144,7 +144,20 @@ async def test_console_config_on_loopback_needs_no_sign_in(journal, tmp_path):
         response = await test_app.test_client().get("/api/voice/console-config")
         assert response.status_code == 200
         assert await response.get_json() == {"realtime_base_url": REALTIME, "token_required": False,
-                                             "signed_in": True, "demo": True, "notices": []}
+                                             "signed_in": True, "demo": True, "notices": [],
+                                             "services": ["realtime", "live"], "service": "realtime"}
+
+
+async def test_console_config_names_the_journals_voice_service(journal, tmp_path):
+    config = journal / "config" / "journal.json"
+    data = json.loads(config.read_text())
+    app = create_app(settings(journal, tmp_path))
+    async with serving(app) as test_app:
+        client = test_app.test_client()
+        for chosen, said in (("live", "live"), ("LIVE", "live"), ("telepathy", "realtime")):
+            config.write_text(json.dumps({**data, "voice": {**data.get("voice", {}), "service": chosen}}))
+            answer = await (await client.get("/api/voice/console-config")).get_json()
+            assert answer["service"] == said, chosen
 
 
 async def test_the_first_screen_hears_of_no_key_and_an_empty_journal_before_start(tmp_path, log_stream):

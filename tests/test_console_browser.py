@@ -332,6 +332,56 @@ def test_the_demo_call_from_start_to_end(harness, page):
     assert page.problems(allow_network=("status of 404",)) == []
 
 
+def test_a_live_call_from_start_to_hang_up(harness, page):
+    """Live chosen on the page: the server creates the session from the
+    page's offer and attaches to it; a delegated search, then a write and a
+    search the user speaks over while they run; Hang up. Each function call
+    answered once, one continuation (the search's), the write noted to the
+    Live model, no key in the page."""
+    needs_webrtc(harness)
+    open_console(page, harness)
+    assert page.visible("#service-choice")
+    assert page.js("document.querySelector('input[name=service]:checked').value") == "realtime"
+    page.click('input[name="service"][value="live"]')
+    page.click("#start")
+    wait_state(page, "live", 20)
+    call_id = page.js("document.body.dataset.callId")
+    assert call_id.startswith("live_") and page.js("document.body.dataset.service") == "live"
+    deadline = time.monotonic() + 30
+    while True:
+        report = harness.send("Harness.simulator")["live"][call_id]
+        if report["step"] == report["steps"] and len(report["outputs"]) == len(report["issued"]):
+            break
+        assert time.monotonic() < deadline, f"the Live scenario did not finish: {report}"
+        time.sleep(0.2)
+    page.wait_for("document.querySelectorAll('#tools li.tool:not([data-status=running])').length === 3", 15,
+                  "three tool calls settled on the page")
+    # the conversation in spoken order, from the feed's transcripts (each turn's once the next one starts)
+    page.wait_for("document.querySelectorAll('#conversation li:not([hidden])').length >= 4", 15, "four turns")
+    turns = page.js("[...document.querySelectorAll('#conversation li:not([hidden])')].map(li => [li.dataset.role, "
+                    "li.querySelector('.text').textContent])")
+    assert turns[:4] == [["user", "What did I write about the garden?"], ["assistant", "You wrote about the garden."],
+                         ["user", "Mark my first commitment done, and look up the boat."],
+                         ["user", "Actually, never mind the boat."]], turns
+    page.screenshot(harness.screens / "console-live-call.png")
+    page.click("#hangup")
+    wait_state(page, "ended", 5)
+    deadline = time.monotonic() + 15
+    while not harness.send("Harness.simulator")["live"][call_id]["closed"]:
+        assert time.monotonic() < deadline, "the Live session did not end after Hang up"
+        time.sleep(0.2)
+    report = harness.send("Harness.simulator")["live"][call_id]
+    assert report["nonconforming"] == [] and report["attaches"] == 1, report
+    assert set(report["outputs"]) == set(report["issued"]) and set(report["outputs"].values()) == {1}, report
+    assert report["response_creates"] == 1                     # the search's; none for the work spoken over
+    assert report["received_types"].count("session.thinking.append") == 1      # the write's note
+    assert report["close_reason"] == "remote_hangup"
+    tools = page.js("[...document.querySelectorAll('#tools li.tool')].map(li => li.dataset.tool)")
+    assert sorted(tools) == ["commitments.complete", "journal.search", "journal.search"], tools
+    assert "sk-" not in page.js("document.documentElement.outerHTML")
+    assert page.problems() == []
+
+
 def test_the_console_opens_with_a_context_from_its_url(harness, page):
     needs_webrtc(harness)
     page.goto(url(harness, "main", "/?entity=daniel_park"),

@@ -51,6 +51,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "voiceactors.realtime", "voiceactors.brain", "voiceactors.call",
         "voiceactors.messages", "voiceactors.usage.daily", "voiceactors.usage.brain_calls",
         "voiceactors.executor.write_log")),
+    ("Live calls (the Live sideband as the call's protocol speaks it) and how each kind of call arrives",
+     ("voiceactors.live", "voiceactors.call.arrival")),
     ("the call registry and the rest of scaling out", ("voiceactors.cluster", "voiceactors.usage.cluster_total")),
     ("the actors", (
         "voiceactors.call.actor", "voiceactors.call.supervisor", "voiceactors.call.feed", "voiceactors.call.event_capture",

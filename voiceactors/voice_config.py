@@ -17,7 +17,8 @@ needs no descriptor).
 
 Journal keys (``config/journal.json``)::
 
-    "voice": {"openai_api_key": null, "model": "gpt-realtime",
+    "voice": {"openai_api_key": null, "model": "gpt-realtime", "service": "realtime",
+              "live_model": "gpt-live-1", "live_delegate_model": "gpt-5-mini",
               "reasoning_effort": "low", "parallel_tool_calls": true, "idle_timeout_ms": 30000,
               "brain_model": "haiku", "brain": "local",
               "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}],
@@ -47,6 +48,10 @@ from voiceactors.realtime.session_settings import SessionSettings
 from voiceactors.settings import InvalidSettings, Settings
 
 DEFAULT_VOICE_MODEL = "gpt-realtime"
+#: The voice services a browser's call may use (docs/live.md), the default first.
+VOICE_SERVICES = ("realtime", "live")
+DEFAULT_LIVE_MODEL = "gpt-live-1"
+DEFAULT_LIVE_DELEGATE_MODEL = "gpt-5-mini"
 DEFAULT_BRAIN_MODEL = "haiku"
 DEFAULT_BRAIN_BACKEND = "local"
 BRAIN_BACKENDS = ("local", "claude", "openai")
@@ -178,6 +183,26 @@ def voice_model(settings: Settings) -> str:
     """The Realtime model: ``voice.model``, default ``gpt-realtime``.
     Raises ConfigUnreadable when the config exists but cannot be read."""
     return _text(_voice(settings).get("model")) or DEFAULT_VOICE_MODEL
+
+
+def voice_service(settings: Settings) -> str:
+    """The service the console starts a call on: ``voice.service``,
+    ``realtime`` (the default) or ``live`` (docs/live.md). Another value is
+    logged and read as ``realtime``. Raises ConfigUnreadable like the key."""
+    value = (_text(_voice(settings).get("service")) or VOICE_SERVICES[0]).lower()
+    if value not in VOICE_SERVICES:
+        _log.warning("config.unknown_voice_service", value=value[:32], using=VOICE_SERVICES[0])
+        return VOICE_SERVICES[0]
+    return value
+
+
+def live_models(settings: Settings) -> tuple[str, str]:
+    """A Live session's models: ``voice.live_model`` (default ``gpt-live-1``)
+    and the Responses model it delegates to, ``voice.live_delegate_model``
+    (default ``gpt-5-mini``). Raises ConfigUnreadable like the key."""
+    voice = _voice(settings)
+    return (_text(voice.get("live_model")) or DEFAULT_LIVE_MODEL,
+            _text(voice.get("live_delegate_model")) or DEFAULT_LIVE_DELEGATE_MODEL)
 
 
 def session_settings(settings: Settings) -> SessionSettings:

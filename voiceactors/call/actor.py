@@ -155,7 +155,9 @@ class CallActor:
     and ``epoch`` (the protocol's), ``transport``, ``end_reason``, ``ended_at``,
     ``reconnects``, ``record``. ``open_transport``: how each connect
     attempt opens the call's transport (``call/transport.py``; by default
-    the sideband websocket of a browser's connect, ``call/arrival.py``).
+    the sideband websocket of a browser's connect, ``call/arrival.py``);
+    ``hangup_path``: the REST path of its hangup, the arrival's (by default
+    Realtime's).
     """
 
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
@@ -164,7 +166,7 @@ class CallActor:
                  model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
                  on_record: Callable[[str, dict[str, Any]], None] | None = None,
                  fence: SendFence | None = None, answer_now: AnswerNow | None = None,
-                 open_transport: OpenTransport | None = None) -> None:
+                 open_transport: OpenTransport | None = None, hangup_path: str | None = None) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -179,6 +181,7 @@ class CallActor:
         self._api_key = api_key
         self.feed = feed
         self._hangup_enabled = hangup
+        self._hangup_path = hangup_path     # the arrival's (a Live session's); None: a Realtime call's
         # bound once: a concrete logger, not the lazy proxy that binds at every line
         self.log = get_logger(actor="call", call_id=call_id).bind()
         self._rng: random.Random | None = None     # the reconnect jitter's, seeded with the call id at first use
@@ -548,6 +551,8 @@ class CallActor:
         if self._linked is not None and self._linked.phone is not None:
             # a phone call, its caller masked (call_context.PhoneCall): the history shows it as one
             fields.update(arrival="phone", caller=self._linked.phone.caller)
+        elif self._linked is not None and self._linked.live is not None:
+            fields.update(arrival="live")       # a Live session's (docs/live.md)
         self.record = CallRecord(self.call_id, self.settings.state_dir, started=self.started,
                                  write_now=rejoin, fsync_s=self.settings.call_record_fsync_s, **fields)
         if self._linked is not None:
@@ -995,7 +1000,8 @@ class CallActor:
                 pass
 
     async def _hangup(self) -> None:
-        """POST the Realtime hangup for this call (best effort). Plain httpx:
+        """POST the hangup for this call (best effort): Realtime's, or the
+        arrival's (``hangup_path``: a Live session's ``live.sessions.hangup``). Plain httpx:
         the SDK client hops to a worker thread on its first request; with the
         process's one TLS context (``tls.REST``): a client makes its own
         otherwise, ~45 ms of CPU on the trio thread at every hangup."""
@@ -1006,7 +1012,8 @@ class CallActor:
             return
         if not key:
             return
-        url = f"{self.settings.openai_base_url.rstrip('/')}/realtime/calls/{quote(self.call_id, safe='')}/hangup"
+        path = self._hangup_path or f"/realtime/calls/{quote(self.call_id, safe='')}/hangup"
+        url = f"{self.settings.openai_base_url.rstrip('/')}{path}"
         try:
             verify = client_tls.REST.now()
             async with httpx.AsyncClient(timeout=self.settings.connect_timeout_s, verify=verify) as client:

@@ -90,6 +90,36 @@ class PhoneCall:
 
 
 @dataclass(frozen=True)
+class LiveSession:
+    """A call on OpenAI's Live API (``docs/live.md``): what its sideband's
+    translation needs again at a rejoin or a takeover. ``names``: each tool's
+    name and the Responses name the session declared it under;
+    ``instructions``: the session's, fixed at its creation; ``writes``: the
+    tools that write (their outputs are noted to the Live model); ``model``:
+    the Responses model it delegates to (the call's usage is that model's
+    tokens, priced by its ``prices`` entry; None: the call's default)."""
+
+    names: dict[str, str]
+    instructions: str = ""
+    writes: tuple[str, ...] = ()
+    model: str | None = None
+
+    def view(self) -> dict[str, Any]:
+        return {"names": dict(self.names), "instructions": self.instructions, "writes": list(self.writes),
+                "model": self.model}
+
+    @classmethod
+    def from_view(cls, view: object) -> LiveSession | None:
+        if not isinstance(view, dict) or not isinstance(view.get("names"), dict):
+            return None
+        names = {k: v for k, v in view["names"].items() if isinstance(k, str) and isinstance(v, str)}
+        instructions, writes, model = view.get("instructions"), view.get("writes"), view.get("model")
+        return cls(names, instructions if isinstance(instructions, str) else "",
+                   tuple(w for w in writes if isinstance(w, str)) if isinstance(writes, list) else (),
+                   model if isinstance(model, str) and model else None)
+
+
+@dataclass(frozen=True)
 class LinkedContext:
     """What ``/connect`` hands a new call."""
 
@@ -106,6 +136,8 @@ class LinkedContext:
     continuation: Continuation | None = None
     # a phone call's caller (None: a browser's call)
     phone: PhoneCall | None = None
+    # a Live session's (None: a Realtime call)
+    live: LiveSession | None = None
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -127,6 +159,8 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
         view["continuation"] = linked.continuation.view()
     if linked.phone is not None:
         view["phone"] = linked.phone.view()
+    if linked.live is not None:
+        view["live"] = linked.live.view()
     return view
 
 
@@ -150,7 +184,7 @@ def taken_over_context(view: object) -> LinkedContext | None:
                          selection=context.Reference.from_view(view.get("selection")), taken_over=True,
                          session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings(),
                          continuation=Continuation.from_view(view.get("continuation")),
-                         phone=PhoneCall.from_view(view.get("phone")))
+                         phone=PhoneCall.from_view(view.get("phone")), live=LiveSession.from_view(view.get("live")))
 
 
 def selected_reference(output: str) -> context.Reference | None:

@@ -204,7 +204,7 @@ class CallSupervisor:
                  context: LinkedContext | None = None, lease: Lease | None = None) -> ConnectOutcome:
         """Start the actor of ``call_id`` (its transport opened as its arrival
         says: ``call/arrival.py``; a context with a caller is a phone call's,
-        also at a rejoin and a takeover) unless it runs already or the process is full."""
+        one with a Live session a Live call's, also at a rejoin and a takeover) unless it runs already or the process is full."""
         if call_id in self.calls:
             return ConnectOutcome.CONNECTED
         if len(self.calls) >= self.settings.max_calls:
@@ -217,11 +217,13 @@ class CallSupervisor:
         fence = self.registry.fence_of(call_id) if lease is not None else None
         if lease is not None and context is not None:
             self.registry.note_context(call_id, context)    # a taker carries it on (the mirror)
+        arrival = arrive(arrival_of(context), self.settings, call_id, context)
         actor = CallActor(self.settings, call_id, self._executor, self._api_key, feed, hangup=self._hangup,
-                          recovered=recovered, context=context, model=self._model, on_cost=self.daily.add,
+                          recovered=recovered, context=context, model=_model_of(context, self._model),
+                          on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
-                          answer_now=self._answer_now,
-                          open_transport=arrive(arrival_of(context), self.settings, call_id).open_transport)
+                          answer_now=self._answer_now, open_transport=arrival.open_transport,
+                          hangup_path=arrival.hangup_path)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")
@@ -369,8 +371,19 @@ class CallSupervisor:
                     await self._lease_and_connect(call_id, nursery)
 
 
+def _model_of(context: LinkedContext | None, default: Callable[[], str]) -> str | Callable[[], str]:
+    """The model a call's usage is priced as: a Live call's, the Responses
+    model it delegates to (the tokens its usage reports); else the journal's
+    voice model, read when the call starts."""
+    live = context.live if context is not None else None
+    return live.model if live is not None and live.model else default
+
+
 def arrival_of(context: LinkedContext | None) -> ArrivalKind:
-    """How a call arrived: a context that names a caller is a phone call's."""
+    """How a call arrived: a context that names a caller is a phone call's,
+    one that holds a Live session's a Live call's."""
+    if context is not None and context.live is not None:
+        return ArrivalKind.LIVE
     return ArrivalKind.PHONE if context is not None and context.phone is not None else ArrivalKind.BROWSER
 
 

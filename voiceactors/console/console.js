@@ -1,10 +1,13 @@
 // The voice console: one call from Start to Hang up.
 //
-// mint (/api/voice/session) → microphone → RTCPeerConnection + "oai-events"
-// data channel → offer to {realtime base}/realtime/calls → call id from
-// Location → answer → once the channel is open, /api/voice/connect → follow
-// /api/voice/events. The call ends on Hang up, the channel's close, or the
-// feed's call.ended — whichever comes first.
+// Realtime: mint (/api/voice/session) → microphone → RTCPeerConnection +
+// "oai-events" data channel → offer to {realtime base}/realtime/calls → call
+// id from Location → answer → once the channel is open, /api/voice/connect →
+// follow /api/voice/events. Live (docs/live.md): microphone →
+// RTCPeerConnection → offer to /api/voice/live (the server creates the
+// session and attaches to it: no key reaches this page) → answer and session
+// id → follow /api/voice/events. The call ends on Hang up, the channel's
+// close, or the feed's call.ended — whichever comes first.
 "use strict";
 
 (() => {
@@ -422,6 +425,55 @@
   }
 
   // ``continues``: the id of a call that ended at its time limit, for a new call that picks it up.
+  // The service chosen on the page (the choice is shown when the server offers both).
+  function chosenService() {
+    const checked = document.querySelector('input[name="service"]:checked');
+    return checked ? checked.value : "realtime";
+  }
+
+  function showServiceChoice() {
+    const offered = (config && config.services) || ["realtime"];
+    $("service-choice").hidden = offered.length < 2;
+    const preferred = offered.includes(config.service) ? config.service : offered[0];
+    for (const input of document.querySelectorAll('input[name="service"]')) input.checked = input.value === preferred;
+  }
+
+  // A Live call: the server creates the session from this page's offer and attaches to it.
+  async function startLive(mine, linked, about) {
+    setState("connecting", "opening the microphone…");
+    mine.stream = await microphone();
+    if (mine.ended) return stopTracks(mine);
+    mine.stopMeter = startMeter(mine.stream);
+    const pc = new RTCPeerConnection();
+    mine.pc = pc;
+    for (const track of mine.stream.getAudioTracks()) pc.addTrack(track, mine.stream);
+    pc.ontrack = (event) => { $("remote-audio").srcObject = event.streams[0]; };
+    pc.onconnectionstatechange = () => {
+      if (pc.connectionState === "failed" && !mine.ended && mine === call) {
+        endCall("ended: the audio connection broke", "webrtc", mine);
+        showError("The call dropped: the audio connection to the voice service broke. Retry.", "webrtc");
+      }
+    };
+    const offer = await pc.createOffer();
+    await pc.setLocalDescription(offer);
+    setState("connecting", "calling the voice service…");
+    const session = await api("POST", "/api/voice/live", {
+      sdp: offer.sdp, ...about, ...(linked || mine.continues ? { greeting: "first" } : {}) });
+    if (mine.ended) return;
+    showAbout(session.context, session.context);
+    showContinues(session.continues);
+    mine.callId = session.session_id;
+    document.body.dataset.callId = mine.callId;
+    document.body.dataset.service = "live";
+    $("detail-call-id").textContent = mine.callId;
+    $("call-details").hidden = false;
+    await pc.setRemoteDescription({ type: "answer", sdp: session.sdp });
+    mine.source = follow(mine.callId);
+    $("live").hidden = false;
+    mine.live = true;
+    setState("live", "");
+  }
+
   async function start(continues = null) {
     clearError();
     $("call-usage").hidden = true;
@@ -434,6 +486,7 @@
     const linked = linkedContext();
     const about = { ...(linked ? { context: linked } : {}), ...(continues ? { continues } : {}) };
     try {
+      if (chosenService() === "live") return await startLive(mine, linked, about);
       const session = await api("POST", "/api/voice/session", about);
       if (mine.ended) return;
       showAbout(session.context, session.context);
@@ -523,6 +576,7 @@
     showContinues(null);
     delete document.body.dataset.callId;
     delete document.body.dataset.endReason;
+    delete document.body.dataset.service;
   }
 
   // --- sign-in --------------------------------------------------------------------------------
@@ -546,6 +600,7 @@
     $("demo-note").hidden = !config.demo;
     $("mic-level").title = config.demo ? "the demo does not listen to it" : "";
     showNotices(config.notices);
+    showServiceChoice();
   }
 
   async function signIn(event) {

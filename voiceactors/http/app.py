@@ -27,6 +27,7 @@ from quart_trio import QuartTrio
 from voiceactors import voice_config, metrics, tracing
 from voiceactors.http import auth, console_sessions, errors, guards, ratelimit, request_ids
 from voiceactors.http import phone  # noqa: F401 - its route is on the voice blueprint
+from voiceactors.http import live  # noqa: F401 - its route is on the voice blueprint
 from voiceactors.http.asgi import ClosingHTTPConnection, PathSwitch, RateLimitRefusal
 from voiceactors.http.console import console_bp
 from voiceactors.http.connect import CONNECT_PATH, METHODS, ConnectHandler, FirstReadConnect

@@ -23,13 +23,14 @@ import trio
 from quart import Blueprint, Response, current_app, jsonify, request
 from quart.json.provider import DefaultJSONProvider
 
-from voiceactors import notices
+from voiceactors import notices, voice_config
 from voiceactors.http import auth, console_sessions, history, timeline_svg
 from voiceactors.http import errors as E
 from voiceactors.http.errors import ApiError
 from voiceactors.http.ratelimit import refuse_after
 from voiceactors.http.routes import CALL_ID_RE, _json_object, state
 from voiceactors.logs import get_logger
+from voiceactors.settings import Settings
 from voiceactors.storage import run_sync
 
 ASSET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*\.(?:html|js|css|png|svg)$")
@@ -140,12 +141,22 @@ async def console_config() -> Any:
     said = await run_sync(notices.startup_notices, settings) if signed_in else []
     response = jsonify({"realtime_base_url": settings.openai_base_url.rstrip("/"), "token_required": required,
                         "signed_in": bool(signed_in), "demo": settings.demo,
-                        "notices": [notice.value for notice in said]})
+                        "notices": [notice.value for notice in said],
+                        # the voice services a call may use, and the one the page starts on (docs/live.md)
+                        "services": list(voice_config.VOICE_SERVICES), "service": _preferred_service(settings)})
     if not signed_in and request.cookies.get(console_sessions.COOKIE_NAME) is not None:
         # a session the server no longer knows (a restart, an expiry): the browser drops it now,
         # so each page load before signing in again does not draw from the failure bucket
         console_sessions.clear_cookie(response)
     return response
+
+
+def _preferred_service(settings: Settings) -> str:
+    """``voice.service``; ``realtime`` when the journal config cannot be read (the page still opens)."""
+    try:
+        return voice_config.voice_service(settings)
+    except voice_config.ConfigUnreadable:
+        return voice_config.VOICE_SERVICES[0]
 
 
 @console_bp.post("/api/voice/login")

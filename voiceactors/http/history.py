@@ -150,6 +150,8 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
     phone = next((s for s in starts if s.get("arrival") == "phone"), None)
     if phone is not None:      # only a phone call's summary has it: a browser call's is as it was
         summary["phone"] = {"caller": phone.get("caller") if isinstance(phone.get("caller"), str) else None}
+    if any(s.get("arrival") == "live" for s in starts):
+        summary["live"] = True     # a Live call's (docs/live.md); absent from every other summary
     return summary
 
 

@@ -41,7 +41,8 @@ from voiceactors.http.targets import scope_path
 from voiceactors.settings import Settings
 
 LOGIN_PATH = "/api/voice/login"
-RATE_LIMITED_POSTS = frozenset({"/api/voice/session", "/api/voice/connect", "/api/voice/refresh-brain", LOGIN_PATH})
+RATE_LIMITED_POSTS = frozenset({"/api/voice/session", "/api/voice/live", "/api/voice/connect", "/api/voice/refresh-brain",
+                                LOGIN_PATH})
 LOGIN_FAILURE_BURST = 5            # wrong tokens a client may try at once
 LOGIN_FAILURE_PER_S = 1 / 60       # then one more try a minute
 

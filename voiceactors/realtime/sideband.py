@@ -135,8 +135,10 @@ async def open_sideband(
     disconnect_timeout: float = 5.0,
     message_queue_size: int = 64,
     max_message_size: int = 4 * 1024 * 1024,
+    url: str | None = None,
 ) -> AsyncIterator[WebSocketConnection]:
-    """Open the sideband for ``call_id`` and yield the connected websocket.
+    """Open the sideband for ``call_id`` and yield the connected websocket
+    (at ``url`` when given: a Live session's attach, ``live/attach.py``).
 
     Raises ``CallGone``, ``SidebandRefused`` or ``SidebandUnavailable`` when
     the handshake fails, ``SidebandBroken`` when the open connection fails
@@ -146,7 +148,7 @@ async def open_sideband(
     honoured at every step.
     """
     try:
-        url = ws_url(base_url, call_id)
+        url = url or ws_url(base_url, call_id)
     except ValueError as exc:
         raise SidebandUnavailable(str(exc)) from None
     headers = [(b"authorization", f"Bearer {api_key}".encode())]

@@ -3,7 +3,8 @@
 One port serves REST (``POST /v1/realtime/client_secrets``,
 ``POST /v1/realtime/calls`` and ``.../calls/{id}/hangup``; a SIP call's
 ``.../accept``, ``.../reject`` and ``.../refer``) and the sideband
-websocket (``/v1/realtime?call_id=...``). Calls play scenarios (see
+websocket (``/v1/realtime?call_id=...``), and Live sessions
+(``POST /v1/live/sessions``, their hangup and attach sideband: ``live.py``). Calls play scenarios (see
 ``docs/simulator.md``) and record what the client sent for assertions.
 
 Run it inside a test's nursery::
@@ -36,6 +37,7 @@ from pydantic import Field, TypeAdapter
 from voiceactors.logs import get_logger, register_secret
 from voiceactors.simulator.call import CallSession, ResponseRecord, SessionSocket, SimCall, ToolCallRecord
 from voiceactors.simulator.conformance import enabled_by_env as conformance_by_env
+from voiceactors.simulator.live import LivePrefix, LiveSession, LiveSessions, attach_session_id
 from voiceactors.simulator.http import (HttpRequest, HttpResponse, ReplayStream, json_response, open_listeners,
                                         serve_http)
 from voiceactors.simulator.phone import delivery, dtmf_event, incoming_event, phone_call_view, sip_headers
@@ -156,12 +158,14 @@ class Simulator:
     ``conformance``: hold every event sent and received to the SDK's types
     exactly (strict types, no undeclared field; ``simulator/conformance.py``),
     recording each that fails in ``SimCall.nonconforming`` and process-wide;
-    None (the default) reads ``VOICEACTORS_SIM_CONFORMANCE``."""
+    None (the default) reads ``VOICEACTORS_SIM_CONFORMANCE``.
+
+    ``live_scenario``: what a new Live session plays (``live.LIVE_SCENARIOS``)."""
 
     def __init__(self, scenario: Any = None, api_key: str | None = "sk-test", *, auto_calls: bool = False,
                  gone_status: int = 404, host: str = "127.0.0.1", validate_sent: bool = True,
                  timestamps: bool = False, speech: bool = True, coalesce_writes: bool = True,
-                 conformance: bool | None = None) -> None:
+                 conformance: bool | None = None, live_scenario: str = "live_search") -> None:
         self.scenario = as_scenario(scenario)
         # None: the environment decides (the test suite's runs can turn it on for every simulator)
         self.conformance = conformance_by_env() if conformance is None else conformance
@@ -185,6 +189,7 @@ class Simulator:
         self.peers: dict[str, WebRTCPeer] = {}         # call_id -> its browser peer
         # a slow MCP tool source whose pace the calls' ``slow_tool`` steps set (tool_source.py)
         self.tool_source: ToolSource | None = None
+        self.live = LiveSessions(live_scenario)          # Live sessions (simulator/live.py)
         register_secret(api_key)
 
     # -- running
@@ -338,7 +343,51 @@ class Simulator:
             return await self._hangup(parts[4])
         if len(parts) == 6 and parts[:4] == ["", "v1", "realtime", "calls"] and parts[5] in _SIP_CONTROLS:
             return await self._sip_control(parts[4], parts[5], req)
+        if path == LivePrefix:
+            return await self._create_live(req)
+        if len(parts) == 6 and "/".join(parts[:4]) == LivePrefix and parts[5] == "hangup":
+            return await self.live.hangup(parts[4])
         return json_response(404, _error_body(f"Invalid URL (POST {req.path})"))
+
+    async def _create_live(self, req: HttpRequest) -> HttpResponse:
+        """``POST /v1/live/sessions`` (``live.create``, simulator/live.py): a
+        media offer is answered by a WebRTC peer, as for a Realtime call."""
+        params, refused = self.live.create_error(req.body)
+        if refused is not None:
+            return refused
+        assert params is not None
+        session = self.live.add(params["session"])
+        offer, answer = params["transport"]["sdp"], _FAKE_SDP
+        if is_media_offer(offer):
+            try:
+                session.peer, answer = await self._answer_offer(session.session_id, offer)
+            except WebRTCUnavailable as exc:
+                del self.live.sessions[session.session_id]
+                return json_response(501, _error_body(str(exc), type_="server_error", code="webrtc_unavailable"))
+            except WebRTCOfferError as exc:
+                del self.live.sessions[session.session_id]
+                return json_response(400, _error_body(str(exc), code="invalid_offer"))
+            self.peers[session.session_id] = session.peer
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_live_peer, session)
+        _log.info("simulator.live_created", session_id=session.session_id, media=session.peer is not None)
+        return self.live.created(session, answer)
+
+    async def _run_live_peer(self, session: LiveSession) -> None:
+        """A Live session's browser peer: the session's close closes it; the
+        browser leaving ends the session (``remote_hangup``)."""
+        peer = session.peer
+        async with trio.open_nursery() as nursery:
+            async def close_when_closed() -> None:
+                await session.wait_until(lambda s: s.closed)
+                await peer.close()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(close_when_closed)
+            await peer.closed.wait()
+            if peer.closed_by != "local":
+                await self.live.close(session, "remote_hangup")
+            nursery.cancel_scope.cancel()
 
     async def _client_secrets(self, req: HttpRequest) -> HttpResponse:
         fault: int | str | None = None
@@ -680,6 +729,10 @@ class Simulator:
                            coalesce_writes=self.coalesce_writes, conformance=self.conformance)
 
     async def _websocket(self, request: trio_websocket.WebSocketRequest, meta: HttpRequest) -> None:
+        live_session = attach_session_id(meta.path)
+        if live_session is not None:     # a Live session's attach sideband (simulator/live.py)
+            await self.live.attach(live_session, request, self._standard_key_ok(_bearer(meta.headers)), meta.stream)
+            return
         status, error, call = self._check_handshake(meta)
         call_id = meta.query.get("call_id", "")
         self.handshakes.append({"call_id": call_id, "status": status})

@@ -455,6 +455,13 @@ class WebRTCPeer:
                 self.log.warning("simulator.webrtc_send_failed", type=event.get("type"), size=len(text),
                                  error=type(exc).__name__)
 
+    def voice_event(self, event: dict) -> None:
+        """An event for the reply audio only (``Voice``), never sent on the
+        channel: a Live session's words, told in the Realtime events the voice
+        follows (``live.py``)."""
+        if not self.closed.is_set():
+            self.loop.call_soon(lambda: self._a.voice.observe(event, time.monotonic()))
+
     def channel_error(self, message: str, code: str, event_id: str | None) -> None:
         """An ``error`` event on the channel only (not part of the call's record)."""
         error = {"type": "error", "event_id": "event_" + secrets.token_hex(8),

@@ -53,7 +53,9 @@ def make_settings(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any)
 async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, tmp_path, log_stream):
     async with serving_simulator(Simulator(api_key=SIM_KEY, live_scenario="live_search")) as sim:
         # the delegated model priced: its tokens are the call's cost
-        app = create_app(make_settings(journal, tmp_path, sim, close_deadline_s=1.0,
+        # no slow-tool acknowledgement: on a loaded machine the search's first index build
+        # may pass 0.7 s, and its spoken acknowledgement is a second commentary
+        app = create_app(make_settings(journal, tmp_path, sim, close_deadline_s=1.0, tool_ack_after_s=0.0,
                                        prices=("gpt-5-mini=1.0/8.0/0/0/0.1",)))
         answers: list[bytes] = []
         async with serving(app) as test_app:

@@ -84,6 +84,8 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
         (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
+        (RecordKind.HANDOFF, {"tool_call_id": "call_h", "response_id": "resp_1", "from": "assistant",
+                              "to": "planner", "event_id": "evt_update", "status": "updating"}),
         (RecordKind.HEARD, {"response_id": "resp_2", "turn": 1, "heard": [
             {"item_id": "item_a1", "text": "On Thursday you", "audio_end_ms": 900}], "done": [], "not_done": []}),
         (RecordKind.SLOW_ACK, {"response_id": "resp_1", "tool_call_ids": [tool_call_id], "event_id": "evt_ack",
@@ -185,11 +187,11 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
     # service's idle timeout (a silent user: test_call_idle.py), the time limit's wrap-up (a
     # long call: test_call_time_limit.py), a phone call's PIN and transfer (a phone call:
     # test_phone_pin.py), a slow tool call's lines and a cut reply's heard line
-    # (test_call_slow_tools.py) came up
+    # (test_call_slow_tools.py) and a handoff between agents (test_call_handoff.py) came up
     assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP,
                                               RecordKind.PHONE, RecordKind.HEARD, RecordKind.SLOW_PROGRESS,
                                               RecordKind.SLOW_ACK, RecordKind.SLOW_OUTPUT,
-                                              RecordKind.SLOW_DELIVERY}
+                                              RecordKind.SLOW_DELIVERY, RecordKind.HANDOFF}
 
 
 def literal_record_kinds() -> list[tuple[str, int, str]]:
@@ -217,8 +219,9 @@ def test_every_literal_kind_handed_to_a_record_is_a_member():
 
 
 def test_the_urgent_kinds_are_members_and_match_their_strings():
-    assert URGENT_KINDS == {RecordKind.START, RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL, RecordKind.END}
-    assert {"start", "tool_started", "tool_call", "end"} == URGENT_KINDS   # a line read back is a str
+    assert URGENT_KINDS == {RecordKind.START, RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL, RecordKind.HANDOFF,
+                            RecordKind.END}
+    assert {"start", "tool_started", "tool_call", "handoff", "end"} == URGENT_KINDS   # a line read back is a str
     assert all(type(kind) is RecordKind for kind in URGENT_KINDS)
 
 

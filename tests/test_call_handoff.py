@@ -12,7 +12,7 @@ import pytest
 from test_call_protocol import Wire, confirmed, created, done, error, item_done, speech
 from voiceactors.agents import DEFAULT_AGENTS, Agent, Agents, CallAgents
 from voiceactors.call.call_context import CallContext, LinkedContext
-from voiceactors.call.protocol import ACTIVE_RESPONSE, CallProtocol, Connected, Send
+from voiceactors.call.protocol import ACTIVE_RESPONSE, CallProtocol, Connected, Publish, PublishKind, Send
 from voiceactors.tools.registry import REGISTRY, manifest
 
 BASE = "You are sol, the user's journal assistant."
@@ -104,6 +104,9 @@ def test_a_handoff_updates_the_session_once_and_the_new_agent_speaks_first():
     # the record says which agent spoke each response
     assert [(r["response_id"], r["agent"]) for r in w.records("response")] == [("r1", "assistant"), ("r2", "planner")]
     assert len(w.updates()) == 1
+    # the feed hears who is in charge: at the first connection, then once the update went
+    assert [(e.fields["agent"], e.fields["previous"], e.fields["status"]) for e in w.of(Publish)
+            if e.kind == PublishKind.AGENT] == [("assistant", None, "start"), ("planner", "assistant", "updating")]
 
 
 @pytest.mark.parametrize("handoff_first", [False, True], ids=["business_first", "handoff_first"])
@@ -301,6 +304,8 @@ def test_a_refused_update_leaves_the_old_agent_in_charge_and_says_so(words_began
     said = w.creates()[-1].event["response"]["instructions"]
     assert "You are the assistant agent" in said and "Handing the call to the planner agent did not work" in said
     assert w.logs("call.handoff_failed")[0]["code"] == "invalid_value"
+    assert [e.fields["agent"] for e in w.of(Publish) if e.kind == PublishKind.AGENT] == [
+        "assistant", "planner", "assistant"]
 
 
 def test_an_update_unacknowledged_at_a_drop_is_sent_again():

@@ -15,6 +15,7 @@ import pytest
 from calls_support import assert_valid_client_events, rig
 from voiceactors.agents import DEFAULT_AGENTS, CallAgents
 from voiceactors.call.call_context import LinkedContext
+from voiceactors.http import history, timeline_svg
 from voiceactors.simulator import SimCall
 from voiceactors.testing import Script, ToolCall
 from voiceactors.tools.registry import REGISTRY, manifest
@@ -74,6 +75,12 @@ async def test_a_handoff_over_the_simulator(tmp_path, autojump_clock, hold_ack):
     assert json.loads(handoff[0]) == {"handed_to": "planner", "from": "assistant"}
     assert handoff_lines(record) == [("planner", "updating"), ("planner", "done")]
     assert [line["agent"] for line in record if line["kind"] == "response"] == ["assistant", "planner"]
+    # the history API and the timeline say who spoke
+    assert history.summarize("rtc", record)["agent"] == "planner"
+    said = [(e.get("agent"), e["text"]) for e in history.spoken_transcript(record) if e["role"] == "assistant"]
+    assert said[-1] == ("planner", "Planner here: what shall we plan?")
+    svg = timeline_svg.render(record)
+    assert ">agents</text>" in svg and ">assistant</text>" in svg and ">planner</text>" in svg
     acked = [e["type"] for e in sim_call.sent if e["type"] in ("session.updated", "response.done")]
     assert acked == (["response.done", "response.done", "session.updated"] if hold_ack
                      else ["response.done", "session.updated", "response.done"])

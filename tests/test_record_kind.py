@@ -84,8 +84,8 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
         (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
-        (RecordKind.HANDOFF, {"tool_call_id": "call_h", "response_id": "resp_1", "from": "assistant",
-                              "to": "planner", "event_id": "evt_update", "status": "updating"}),
+        (RecordKind.HANDOFF, {"tool_call_id": "call_h", "tool": "handoff.planner", "response_id": "resp_1",
+                              "from": "assistant", "to": "planner", "event_id": "evt_update", "status": "updating"}),
         (RecordKind.HEARD, {"response_id": "resp_2", "turn": 1, "heard": [
             {"item_id": "item_a1", "text": "On Thursday you", "audio_end_ms": 900}], "done": [], "not_done": []}),
         (RecordKind.SLOW_ACK, {"response_id": "resp_1", "tool_call_ids": [tool_call_id], "event_id": "evt_ack",
@@ -234,6 +234,9 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     second = every_kind_run(ended=False, tool_call_id="call_2")
     second.append((RecordKind.SELECTION, {"tool_call_id": "call_x", "selection": SAM.view(),
                                           "link": DANIEL.view()}))
+    second.append((RecordKind.HANDOFF, {"tool_call_id": "call_h2", "tool": "handoff.planner", "response_id": "resp_3",
+                                        "from": "assistant", "to": "planner", "event_id": "evt_u",
+                                        "status": "updating"}))
     await write_run(state, "rtc_every", second, write_now=True, rejoined=True, recovered=[])
     lines = read_record(record_path(state, "rtc_every"))
     assert {line["kind"] for line in lines} == set(RecordKind)
@@ -247,6 +250,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert recovery.pending_calls(lines[:len(first) + 1]) is None              # the first run ended
     carried = recovery.carried_context(block)
     assert carried is not None and carried.base_instruction == BASE and carried.selection == SAM
+    assert carried.carried_agent == "planner"                                  # the handoff line's target
     [crashed] = recovery.find_crashed(state, max_age_s=3600, limit=10)
     assert crashed.call_id == "rtc_every" and [p.tool_call_id for p in crashed.pending] == ["call_2"]
 
@@ -258,6 +262,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
         "runs": 2, "reconnects": 1, "responses": 2, "barge_ins": 1, "tool_calls": 2, "tool_failures": 0,
         "ended": None, "duration_s": 9.0 + len(second), "first_words": "What happened on Thursday?",
         "total_tokens": 120, "cost_usd": 0.002}
+    assert summary["agent"] == "planner"
     rows = history.settled_and_pending_tool_calls(lines)
     assert [(row["kind"], row["tool_call_id"], row["outcome"]) for row in rows] == [
         ("tool_call", "call_1", "ok"), ("tool_call", "call_2", "pending")]
@@ -286,6 +291,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert "weather · forecast" in svg and "hosted · failed" in svg
     assert "slow tools" in svg and "acknowledged after 700 ms" in svg and "waited 1500 ms" in svg
     assert "answer spoken · 1600 ms after the acknowledgement" in svg and "progress spoken · 1 of 2" in svg
+    assert ">agents</text>" in svg and "agent planner in charge" in svg
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
@@ -306,11 +312,16 @@ async def test_the_cluster_mirror_keeps_the_tool_and_selection_lines_of_every_ki
             holder.note_record(call_id, {"kind": kind, **fields})
         started = dict(every_kind_run(ended=False, tool_call_id="call_2"))[RecordKind.TOOL_STARTED]
         holder.note_record(call_id, {"kind": RecordKind.TOOL_STARTED, **started})
+        # the handoff's call rides too, with the output a taker answers it with (its update went)
         with trio.fail_after(5):
-            while set(pending := await redis.hgetall(rc.pending_key(call_id))) != {rc.CONTEXT_FIELD, "call_2"}:
+            while set(pending := await redis.hgetall(rc.pending_key(call_id))) != {rc.CONTEXT_FIELD, "call_2",
+                                                                                   "call_h"}:
                 await trio.sleep(0.01)
         assert pending["call_2"] == json.dumps({"kind": "tool_started", **started})
         carried = await taker.carried(call_id)
-        assert [p.tool_call_id for p in carried.pending] == ["call_2"]
-        assert carried.context == LinkedContext(BASE, DANIEL, selection=SAM, taken_over=True)
+        assert sorted(p.tool_call_id for p in carried.pending) == ["call_2", "call_h"]
+        assert [p.output for p in carried.pending if p.tool_call_id == "call_h"] == [
+            json.dumps({"handed_to": "planner", "from": "assistant"})]
+        assert carried.context == LinkedContext(BASE, DANIEL, selection=SAM, taken_over=True,
+                                                carried_agent="planner")
         nursery.cancel_scope.cancel()

@@ -299,6 +299,15 @@ class CallAgents:
             body["instructions"] = with_agent(instruction, agent, self.agents)
         return body
 
+    @classmethod
+    def made(cls, agents: Agents, ours: list[dict[str, Any]], dotted: Iterable[str], style: str,
+             source_tools: Iterable[Mapping[str, Any]] = ()) -> CallAgents:
+        """A call's agents, the first in charge: ``ours`` the journal's tools
+        as the manifest spells them in ``style`` and ``dotted`` their dotted
+        names in the same order, then the MCP sources' tools."""
+        journal_tool = {str(tool["name"]): name for tool, name in zip(ours, dotted)}
+        return cls(agents, (*ours, *source_tools), style, journal_tool, agents.first.name)
+
     def starting(self, name: str) -> CallAgents:
         """The same with ``name`` in charge at the start (a rejoin, a takeover)."""
         return CallAgents(self.agents, self.tools, self.style, self.journal_tool,

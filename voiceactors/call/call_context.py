@@ -109,6 +109,9 @@ class LinkedContext:
     phone: PhoneCall | None = None
     # the call's agents and the one in charge at the start (None: no agents, no handoffs; docs/agents.md)
     agents: CallAgents | None = None
+    # a rejoined or taken-over call's agent in charge, as its record or the mirror named it (the
+    # supervisor gives such a call its ``agents`` with this one in charge; None: none named)
+    carried_agent: str | None = None
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -132,6 +135,8 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
         view["phone"] = linked.phone.view()
     if linked.agents is not None:
         view["agent"] = linked.agents.in_charge
+    elif linked.carried_agent is not None:
+        view["agent"] = linked.carried_agent
     return view
 
 
@@ -161,7 +166,7 @@ def taken_over_context(view: object) -> LinkedContext | None:
                          selection=context.Reference.from_view(view.get("selection")), taken_over=True,
                          session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings(),
                          continuation=Continuation.from_view(view.get("continuation")),
-                         phone=PhoneCall.from_view(view.get("phone")))
+                         phone=PhoneCall.from_view(view.get("phone")), carried_agent=carried_agent(view))
 
 
 def selected_reference(output: str) -> context.Reference | None:

@@ -45,7 +45,11 @@ from collections import deque
 from dataclasses import dataclass
 from enum import StrEnum
 
+from typing import Any, Mapping
+
 from voiceactors.agents import CallAgents, handoff_target
+from voiceactors.call.call_context import carried_agent
+from voiceactors.call.record_kind import RecordKind
 
 
 class HandoffStatus(StrEnum):
@@ -76,6 +80,7 @@ class Transition:
     response_id: str                     # the batch that called it
     source: str
     target: str
+    tool: str = ""                       # the handoff tool's name as the model called it
     status: HandoffStatus = HandoffStatus.CALLED
     update_event_id: str | None = None
     create_event_id: str | None = None   # the response.create of the new agent's first words
@@ -86,8 +91,8 @@ class Transition:
 
     def fields(self) -> dict[str, object]:
         """The ``handoff`` record line's fields (the status and why are added)."""
-        return {"tool_call_id": self.tool_call_id, "response_id": self.response_id, "from": self.source,
-                "to": self.target, "event_id": self.update_event_id}
+        return {"tool_call_id": self.tool_call_id, "tool": self.tool, "response_id": self.response_id,
+                "from": self.source, "to": self.target, "event_id": self.update_event_id}
 
 
 def refusal_output(why: HandoffRefusal, source: str, target: str, current: str | None) -> str:
@@ -107,6 +112,34 @@ def handed_output(source: str, target: str) -> str:
     return json.dumps({"handed_to": target, "from": source})
 
 
+def recorded_output(line: Mapping[str, Any]) -> str | None:
+    """The output a ``handoff`` record line says its call was answered with
+    once its update went (a rejoin or a taker answers the call so, never
+    with the restart error: the handoff happened); None for any other line."""
+    source, target = line.get("from"), line.get("to")
+    if (line.get("kind") != RecordKind.HANDOFF or not isinstance(source, str) or not isinstance(target, str)
+            or line.get("status") not in (HandoffStatus.UPDATING, HandoffStatus.DONE, HandoffStatus.FAILED)):
+        return None
+    return handed_output(source, target)
+
+
+def in_charge_after(line: Mapping[str, Any], agent: str | None) -> str | None:
+    """The agent in charge after a call record line, ``agent`` before it:
+    a ``context`` line's (a run starts with it), a ``handoff`` line's
+    target once its update went (``updating``, ``done``), its source again
+    when it failed; every other line changes nothing. Recovery, the cluster's
+    mirror, the history and the timeline read the record so."""
+    kind = line.get("kind")
+    if kind == RecordKind.CONTEXT:
+        return carried_agent(line.get("context")) or agent
+    if kind != RecordKind.HANDOFF:
+        return agent
+    status = line.get("status")
+    named = line.get("to") if status in (HandoffStatus.UPDATING, HandoffStatus.DONE) else (
+        line.get("from") if status == HandoffStatus.FAILED else None)
+    return named if isinstance(named, str) else agent
+
+
 class Handoffs:
     """A call's transitions: the one in flight, the ``session.update``s of
     ours not acknowledged yet (the service answers them in order, and a
@@ -119,6 +152,7 @@ class Handoffs:
         self.count = 0
         self.updates: deque[str] = deque()       # session.update event ids sent, not yet acknowledged
         self.failure_due: Transition | None = None
+        self.announced = False                   # the feed heard who is in charge (at the first connection)
 
     def target_of(self, tool: str) -> str | None:
         return handoff_target(tool, self.agents.agents)
@@ -134,9 +168,9 @@ class Handoffs:
             return HandoffRefusal.NOT_ALLOWED
         return None
 
-    def claim(self, tool_call_id: str, response_id: str, source: str, target: str) -> Transition:
+    def claim(self, tool_call_id: str, tool: str, response_id: str, source: str, target: str) -> Transition:
         self.count += 1
-        self.current = Transition(self.count, tool_call_id, response_id, source, target)
+        self.current = Transition(self.count, tool_call_id, response_id, source, target, tool)
         return self.current
 
     def sent_update(self, event_id: str) -> None:

@@ -354,6 +354,7 @@ class PublishKind(StrEnum):
     TRANSCRIPT = "transcript"
     USAGE = "usage"
     SELECTION = "selection"
+    AGENT = "agent"
 
 
 class Metric(StrEnum):
@@ -1252,7 +1253,8 @@ class CallProtocol:
     def _on_connected(self) -> None:
         self.connected = True
         self._context_connected()   # first: a due session.update precedes the outputs
-        self._handoff_connected()
+        if self.handoffs is not None:
+            self._handoff_connected()
         for call in self.calls.values():
             self._queue_output(call)
         self._maybe_follow_up()
@@ -1881,7 +1883,7 @@ class CallProtocol:
         if why is not None:
             self._handoff_refused(call, batch.agent or in_charge, target, why)
             return
-        transition = self.handoffs.claim(call.tool_call_id, call.response_id, in_charge, target)
+        transition = self.handoffs.claim(call.tool_call_id, call.name, call.response_id, in_charge, target)
         self._log(LogLevel.INFO, "call.handoff_called", source=transition.source, target=target,
                   tool_call_id=call.tool_call_id, epoch=self.epoch)
 
@@ -1889,7 +1891,7 @@ class CallProtocol:
         """A handoff call not carried out: its output says why (a refused
         one never touches the transition in flight)."""
         assert self.context is not None
-        self._record(RecordKind.HANDOFF, tool_call_id=call.tool_call_id, response_id=call.response_id,
+        self._record(RecordKind.HANDOFF, tool_call_id=call.tool_call_id, tool=call.name, response_id=call.response_id,
                      status=HandoffStatus.REFUSED, why=why, **{"from": source, "to": target})
         self._log(LogLevel.INFO, "call.handoff_refused", source=source, target=target, why=why, epoch=self.epoch)
         if why is HandoffRefusal.RESPONSE_CUT:
@@ -1938,6 +1940,7 @@ class CallProtocol:
         self._record(RecordKind.HANDOFF, **transition.fields(), status=HandoffStatus.UPDATING)
         self._log(LogLevel.INFO, "call.handoff", source=transition.source, target=transition.target,
                   event_id=transition.update_event_id, epoch=self.epoch)
+        self._publish_agent(transition.target, transition.source, HandoffStatus.UPDATING)
         self._finish(call, ToolFinished(call.tool_call_id, call.name,
                                         handed_output(transition.source, transition.target), ToolOutcome.OK))
 
@@ -2012,6 +2015,7 @@ class CallProtocol:
                      why=rt.clip(code, PEER_STRING_MAX))
         self._log(LogLevel.WARNING, "call.handoff_failed", source=current.source, target=current.target,
                   code=rt.clip(code, PEER_STRING_MAX), epoch=self.epoch)
+        self._publish_agent(current.source, current.target, HandoffStatus.FAILED)
         if current.spoken_by is not None and current.spoken_by in self.active:
             self._emit(Send(rt.response_cancel(current.spoken_by)))
         self._maybe_follow_up()
@@ -2027,13 +2031,22 @@ class CallProtocol:
         if self._ask_parting_words({"instructions": text}, why="handoff_failed") is not None:
             self.handoffs.failure_due = None
 
+    def _publish_agent(self, agent: str | None, previous: str | None, status: str) -> None:
+        """The agent in charge, for the client feed (the console shows its name)."""
+        if self.publishing():
+            self._emit(Publish(PublishKind.AGENT, {"agent": agent, "previous": previous, "status": status}))
+
     def _handoff_connected(self) -> None:
-        """A socket is up: a transition's update that fell in a drop
+        """A socket is up: the feed hears who is in charge (at the first
+        connection); a transition's update that fell in a drop
         unacknowledged goes again (the same agent: sending it twice is harmless)."""
-        current = self.handoffs.current if self.handoffs is not None else None
+        assert self.handoffs is not None and self.context is not None
+        if not self.handoffs.announced:
+            self.handoffs.announced = True
+            self._publish_agent(self.context.agent, None, "start")
+        current = self.handoffs.current
         if current is None or not current.resend:
             return
-        assert self.handoffs is not None and self.context is not None
         current.resend = False
         update = self.context.hand_to(current.target)
         current.update_event_id = update["event_id"]

@@ -175,9 +175,7 @@ def call_agents(settings: Settings, source_tools: list[dict[str, Any]] | None = 
     charge; 503 when the config cannot be read."""
     agents: Agents = read_config(lambda s: voice_config.agents(s, REGISTRY), settings)
     style = settings.tool_name_style
-    ours = manifest(style)
-    journal_tool = {tool["name"]: name for tool, name in zip(ours, REGISTRY)}
-    return CallAgents(agents, tuple([*ours, *(source_tools or ())]), style, journal_tool, agents.first.name)
+    return CallAgents.made(agents, manifest(style), REGISTRY, style, source_tools or ())
 
 
 def session_config(settings: Settings, model: str, instruction: str,

@@ -104,7 +104,7 @@ def test_a_handoff_updates_the_session_once_and_the_new_agent_speaks_first():
     # the record says which agent spoke each response
     assert [(r["response_id"], r["agent"]) for r in w.records("response")] == [("r1", "assistant"), ("r2", "planner")]
     assert len(w.updates()) == 1
-    # the feed hears who is in charge: at the first connection, then once the update went
+    # the feed hears who is in charge: at the call's first response, then once the update went
     assert [(e.fields["agent"], e.fields["previous"], e.fields["status"]) for e in w.of(Publish)
             if e.kind == PublishKind.AGENT] == [("assistant", None, "start"), ("planner", "assistant", "updating")]
 

@@ -194,7 +194,7 @@ class CallFeed:
         is the original link, unchanged."""
         self.publish({"type": "selection", "tool_call_id": tool_call_id, "selection": selection, "link": link})
     def agent(self, *, agent: str | None, previous: str | None, status: str) -> None:
-        """The agent in charge: at the start (``status`` ``start``), after a
+        """The agent in charge: at the call's first response (``status`` ``start``), after a
         handoff's update went (``updating``: ``previous`` handed over), or
         back after the service refused it (``failed``)."""
         self.publish({"type": "agent", "agent": agent, "from": previous, "status": status})

@@ -152,7 +152,7 @@ class Handoffs:
         self.count = 0
         self.updates: deque[str] = deque()       # session.update event ids sent, not yet acknowledged
         self.failure_due: Transition | None = None
-        self.announced = False                   # the feed heard who is in charge (at the first connection)
+        self.announced = False                   # the feed heard who is in charge (at the first response)
 
     def target_of(self, tool: str) -> str | None:
         return handoff_target(tool, self.agents.agents)

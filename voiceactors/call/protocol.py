@@ -762,6 +762,10 @@ class CallProtocol:
             self._carried_forward_by(batch)
             if self.idle is IdleCourse.GOODBYE_DUE:
                 self._cancel_second_check_in(rid)
+        if self.handoffs is not None and not self.handoffs.announced:
+            # the first response of the call: the feed hears who speaks (then at each change)
+            self.handoffs.announced = True
+            self._publish_agent(self.context.agent if self.context is not None else None, None, "start")
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
 
@@ -2037,13 +2041,9 @@ class CallProtocol:
             self._emit(Publish(PublishKind.AGENT, {"agent": agent, "previous": previous, "status": status}))
 
     def _handoff_connected(self) -> None:
-        """A socket is up: the feed hears who is in charge (at the first
-        connection); a transition's update that fell in a drop
+        """A socket is up: a transition's update that fell in a drop
         unacknowledged goes again (the same agent: sending it twice is harmless)."""
         assert self.handoffs is not None and self.context is not None
-        if not self.handoffs.announced:
-            self.handoffs.announced = True
-            self._publish_agent(self.context.agent, None, "start")
         current = self.handoffs.current
         if current is None or not current.resend:
             return

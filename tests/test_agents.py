@@ -106,7 +106,8 @@ def test_serve_refuses_to_start_with_a_bad_agent(tmp_path, make_sample):
     set_voice(journal, {"agents": [{"name": "helper", "description": "x", "tools": ["journal.nothing"]}]})
     with pytest.raises(InvalidSettings) as refused:
         create_app(Settings(journal=journal, state_dir=tmp_path / "state"))
-    assert str(refused.value) == "invalid settings: voice.agents[0].tools names unknown journal tools: 'journal.nothing'"
+    assert str(refused.value) == ("invalid settings: voice.agents[0].tools names unknown journal tools: "
+                                  "'journal.nothing'")
 
 
 def test_no_mcp_source_may_take_the_handoff_family():
@@ -137,13 +138,16 @@ def test_an_agents_session_has_its_tools_its_sources_and_its_handoffs():
     wiki = {"type": "function", "name": "wiki.page", "description": "d", "parameters": {"type": "object"}}
     agents = Agents((Agent("front", "Front.", "", frozenset({"journal.search"}), frozenset({"crm"}), ("back",)),
                      Agent("back", "Back.", "Be thorough.", frozenset({"commitments.complete"}), None, ("front",))))
-    found = call_agents(agents=agents, sources=(crm, wiki))
+    transfer = {"type": "function", "name": "call.transfer", "description": "d", "parameters": {"type": "object"}}
+    found = call_agents(agents=agents, sources=(crm, wiki, transfer))
     front = found.session("front", "The brain's words.")
-    assert [t["name"] for t in front["tools"]] == ["journal.search", "crm.lookup", "handoff.back"]
+    # its journal tool, its source's, the phone call's own transfer (every agent has it), its handoff
+    assert [t["name"] for t in front["tools"]] == ["journal.search", "crm.lookup", "call.transfer", "handoff.back"]
     assert front["instructions"].startswith("The brain's words.\n\n<<<agent\nYou are the front agent: Front.")
     assert "- back: Back." in front["instructions"]
     back = found.session("back", None)
-    assert [t["name"] for t in back["tools"]] == ["commitments.complete", "crm.lookup", "wiki.page", "handoff.front"]
+    assert [t["name"] for t in back["tools"]] == ["commitments.complete", "crm.lookup", "wiki.page", "call.transfer",
+                                                  "handoff.front"]
     assert "instructions" not in back     # no instruction known: none sent (it would erase the session's)
 
 

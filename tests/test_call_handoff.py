@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from test_call_protocol import Wire, confirmed, created, done, error, item_done, speech
+from test_call_protocol import Wire, args_done, confirmed, created, done, error, item_done, speech
 from voiceactors.agents import DEFAULT_AGENTS, Agent, Agents, CallAgents
 from voiceactors.call.call_context import CallContext, LinkedContext
-from voiceactors.call.protocol import ACTIVE_RESPONSE, CallProtocol, Connected, Publish, PublishKind, Send
+from voiceactors.call.protocol import ACTIVE_RESPONSE, CallProtocol, Connected, Prefetch, Publish, PublishKind, Send
 from voiceactors.tools.registry import REGISTRY, manifest
 
 BASE = "You are sol, the user's journal assistant."
@@ -121,6 +121,14 @@ def test_every_business_output_is_written_before_the_handoffs_session_update(han
     assert w.updates() == []
     w.write()
     assert w.kinds() == ["output:c2", "output:c1", "session.update", "output:h1", "response.create"]
+
+
+def test_a_handoff_is_never_prefetched():
+    w = HandoffWire()
+    w.server(created("r1"), args_done("r1", "h1", "{}", name="handoff.planner"))
+    assert w.of(Prefetch) == []
+    w.server(item_done("r1", "h1", "handoff.planner"), done("r1"))
+    assert w.started() == [] and len(w.updates()) == 1
 
 
 def test_the_handoffs_batch_waits_for_its_response_to_end():

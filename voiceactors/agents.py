@@ -24,6 +24,8 @@ from typing import Any, Collection, Iterable, Mapping
 
 #: The family of the handoff tools (``handoff.planner``): no MCP source may take it.
 HANDOFF_FAMILY = "handoff"
+#: The family of the call's own tools (a phone call's ``call.transfer``): every agent has them.
+CALL_FAMILY = "call"
 #: An agent's name: a short lowercase word, so its handoff tool is a valid function name in either style.
 AGENT_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 MAX_AGENTS = 8
@@ -233,8 +235,8 @@ def session_tools(agent: Agent, agents: Agents, tools: Iterable[Mapping[str, Any
         if dotted is not None:
             if dotted in agent.tools:
                 chosen.append(dict(tool))
-        elif agent.mcp_sources is None or _source_of(name) in agent.mcp_sources:
-            chosen.append(dict(tool))
+        elif agent.mcp_sources is None or _source_of(name) in agent.mcp_sources or _source_of(name) == CALL_FAMILY:
+            chosen.append(dict(tool))       # a source's, or the call's own (a phone call's transfer)
     return chosen + handoff_tools(agent, agents, style)
 
 

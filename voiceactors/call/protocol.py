@@ -851,6 +851,8 @@ class CallProtocol:
         these very arguments (``_maybe_start``), else it is dropped."""
         if call.prefetch is not None or call.recovered or not call.name or call.arguments is None:
             return
+        if self.handoffs is not None and self.handoffs.target_of(call.name) is not None:
+            return          # a handoff is never the executor's (handoff.py)
         if self._phone is not None and not self._phone.open:
             return          # nothing reads the journal before the PIN (phone_line.py)
         batch = self.batches[call.response_id]

@@ -203,6 +203,21 @@ def test_a_late_response_taken_for_the_handoffs_cannot_complete_it():
     assert w.handoff_lines()[-1] == ("planner", "done")
 
 
+def test_a_response_the_model_started_after_the_handoffs_output_carries_it():
+    w = HandoffWire()
+    handoff_turn(w)
+    w.write()
+    (first,) = w.creates()
+    w.write()
+    # the service applied the update and echoed the output, then started a response of its own first
+    w.server(ACK, confirmed("h1"), created("r_model"), error(ACTIVE_RESPONSE, first.event["event_id"]))
+    assert w.p.batches["r1"].follow_up == "model" and len(w.creates()) == 1     # it speaks for the batch
+    assert w.p.handoffs is not None and w.p.handoffs.current is not None       # not done before it ends
+    w.server(done("r_model"))
+    assert w.handoff_lines()[-1] == ("planner", "done")
+    assert w.p.batches["r_model"].agent == "planner"
+
+
 def test_a_handoff_called_by_the_old_agents_response_is_refused():
     w = HandoffWire()
     w.server(created("r0"))                               # the assistant's response, still on

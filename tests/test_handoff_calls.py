@@ -122,3 +122,32 @@ async def test_a_handoff_during_a_handoff_is_refused(tmp_path, autojump_clock):
     assert sent_in_order(sim_call).count("session.update") == 1
     [refused] = [o for name, o in sim_call.outputs.items() if sim_call.tool_calls[name].name == "handoff.researcher"]
     assert json.loads(refused[0])["error"].startswith("another handoff is under way")
+
+
+async def test_a_response_the_model_started_first_carries_the_handoff(tmp_path, autojump_clock):
+    # the model starts a response of its own the instant the handoff's output lands: our create, right
+    # behind it, is refused; that response (after the update, so the planner's) carries the handoff,
+    # which is done only once it has ended
+    script = Script("handoff_model_first").step({"response": {"tool_calls": [
+        {"name": "calendar.today", "arguments": {}}, {"name": "handoff.planner", "arguments": {}}]}})
+    script.step({"model_response_first": {"when": "outputs_answered", "text": "Planner here.", "hold_s": 1.0}})
+    script.step({"sleep": 2.0})
+    sim_call, record = await play(tmp_path, script, "rtc_handoff_model_first")
+    [create] = [e for e in sim_call.received if e["type"] == "response.create"]
+    assert "taken over this call" in create["response"]["instructions"]
+    assert sim_call.error_codes == ["conversation_already_has_active_response"]
+    kinds = [(line["kind"], line.get("status")) for line in record if line["kind"] in ("handoff", "response")]
+    assert kinds == [("response", "completed"), ("handoff", "updating"), ("response", "completed"),
+                     ("handoff", "done")]
+    assert [(r["origin"], r["agent"]) for r in record if r["kind"] == "response"] == [
+        ("model", "assistant"), ("model", "planner")]
+    assert sim_call.violations == []
+
+
+async def test_a_handoff_to_an_agent_it_may_not_hand_to_is_refused(tmp_path, autojump_clock):
+    script = Script("handoff_self").model_calls("handoff.assistant").model_says("Still me.")
+    sim_call, record = await play(tmp_path, script, "rtc_handoff_self")
+    [refused] = sim_call.outputs[next(iter(sim_call.tool_calls))]
+    assert json.loads(refused) == {"error": "the assistant agent cannot hand the call to assistant"}
+    assert handoff_lines(record) == [("assistant", "refused")]
+    assert "session.update" not in sent_in_order(sim_call)

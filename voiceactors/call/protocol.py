@@ -784,6 +784,8 @@ class CallProtocol:
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
                 self._kept.pop(batch.response_id, None)    # a kept answer: that response speaks it
+                if self.handoffs is not None:
+                    self._handoff_carried_by(batch, started)
                 if self.debug_logs:
                     self._log(LogLevel.DEBUG, "response.follow_up_by_model", response_id=batch.response_id,
                               by=started.response_id, epoch=self.epoch)
@@ -1920,7 +1922,8 @@ class CallProtocol:
         if current.status is HandoffStatus.CALLED:
             self._start_transition(current, batch)
         elif (current.status is HandoffStatus.UPDATING and current.create_event_id is None
-              and not current.completed and batch.follow_up not in (None, FollowUp.OURS)):
+              and current.spoken_by is None and not current.completed
+              and batch.follow_up not in (None, FollowUp.OURS)):
             current.completed = True    # superseded: the user's turn is answered by the new agent
             self._settle_handoff(current)
 
@@ -1975,6 +1978,16 @@ class CallProtocol:
         elif failed is not None and failed.create_event_id == event_id:
             failed.spoken_by = rid
             self._emit(Send(rt.response_cancel(rid)))
+
+    def _handoff_carried_by(self, batch: Batch, started: Batch) -> None:
+        """A response the model started after the handoff's output was
+        confirmed (so after its update: the service applies our events in
+        order) carries its batch forward: it is the new agent's first words,
+        and its end completes the transition."""
+        current = self.handoffs.current if self.handoffs is not None else None
+        if (current is not None and current.status is HandoffStatus.UPDATING
+                and current.response_id == batch.response_id and current.spoken_by is None):
+            current.spoken_by = started.response_id
 
     def _handoff_response_done(self, rid: str) -> None:
         """A response ended: the transition's completion only when it is its own."""

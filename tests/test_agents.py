@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from clock_support import serving
 from simulator_support import serving_simulator
-from voiceactors import agents as agent_config
+from voiceactors import agents as agent_config, voice_config
 from voiceactors.agents import DEFAULT_AGENTS, Agent, Agents, CallAgents, handoff_target, handoff_tool_name
 from voiceactors.http import create_app
 from voiceactors.journal.config import config_path
@@ -164,3 +165,14 @@ async def test_the_minted_session_starts_with_the_first_agent(make_sample, tmp_p
     assert "commitments.complete" not in names          # the planner's alone
     assert names[-2:] == ["handoff.planner", "handoff.researcher"]
     assert "<<<agent\nYou are the assistant agent" in session["instructions"]
+
+
+def test_a_bad_entry_edited_in_while_serving_is_logged_and_left_out(tmp_path, make_sample):
+    journal = make_sample(days=1)
+    set_voice(journal, {"agents": [{"name": "desk", "description": "Front desk.", "tools": ["journal.nothing"]},
+                                   {"name": "back", "description": "Back office."}]})
+    with capture_logs() as captured:
+        agents = voice_config.agents(Settings(journal=journal, state_dir=tmp_path / "state"), REGISTRY)
+    assert agents.names() == ["desk", "back"] and agents.first.tools == frozenset()
+    [line] = [e for e in captured if e["event"] == "config.voice_setting_invalid"]
+    assert line["error"] == "voice.agents[0].tools names unknown journal tools: 'journal.nothing'"

@@ -28,6 +28,7 @@ PUBLISHED = {
     PublishKind.USAGE: ({"response_id": "r1", "model": "gpt-realtime", "tokens": {}, "cost_usd": None,
                          "call": {}}, "usage"),
     PublishKind.SELECTION: ({"tool_call_id": "c1", "selection": None, "link": None}, "selection"),
+    PublishKind.AGENT: ({"agent": "planner", "previous": "assistant", "status": "updating"}, "agent"),
 }
 
 #: The histogram each metric observes into, and its labels.

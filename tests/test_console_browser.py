@@ -390,6 +390,9 @@ def test_the_console_opens_with_a_context_from_its_url(harness, page):
     page.wait_for("!document.getElementById('about').hidden", 20, "the verified context")
     assert page.text("#about") == "about: Daniel Park"       # the name the server verified
     wait_state(page, "live", 20)
+    # the agent in charge, from the feed (docs/agents.md): the first one, as the greeting begins
+    page.wait_for("!document.getElementById('agent').hidden", 20, "the agent in charge")
+    assert page.text("#agent") == "speaking: assistant"
     call_id = page.js("document.body.dataset.callId")
     deadline = time.monotonic() + 15
     while "response.create" not in harness.send("Harness.simulator")["calls"][call_id]["received_types"]:

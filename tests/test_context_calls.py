@@ -215,7 +215,9 @@ async def test_session_context_on_the_sample_journal(make_sample, tmp_path, sim,
                                   ("facet", "studio", None)):
             status, data, instructions = await mint(client, sim, {"context": {"kind": kind, "id": ident}})
             assert status == 200 and data["context"]["verified"] is True and data["context"]["id"] == ident
-            assert instructions is not None and instructions.startswith(generic.rstrip())
+            # the brain's instruction, the context's section, then the agent's (agents.py)
+            assert instructions is not None and instructions.startswith(generic.split("\n\n<<<agent")[0])
+            assert instructions.endswith(generic[generic.index("<<<agent"):])
             assert f'"{name or data["context"]["name"]}"' in instructions
         # unknown: the generic conversation and a brief explanation, never the asked id
         status, data, instructions = await mint(client, sim, {"context": {"kind": "entity", "id": "qqxq_nobody"}})

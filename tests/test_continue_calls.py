@@ -146,7 +146,9 @@ async def test_without_a_brain_summary_the_new_call_carries_the_last_turns(make_
         _, _, generic = await mint(client, sim, {})
         status, data, minted = await mint(client, sim, {"continues": EARLIER})
         assert status == 200 and data["continues"] == EARLIER and data["summary_from"] == "last_turns"
-        assert minted is not None and generic is not None and minted.startswith(generic.rstrip())
+        # the brain's instruction, the earlier call's section, then the agent's (docs/agents.md)
+        assert minted is not None and generic is not None
+        assert minted.startswith(generic.split("\n\n<<<agent")[0])
         account = minted[minted.index(BEGIN_MARK):]
         assert "User: Remind me what I promised Daniel.\nAssistant: You promised him the budget by Friday." in account
         status, data, _ = await mint(client, sim, {"continues": "rtc_expired_1"})   # the service's own limit too

@@ -22,6 +22,7 @@ from voiceactors.http import create_app, voice_state
 from voiceactors.simulator import Simulator
 from voiceactors.server import run_server
 from voiceactors.settings import Settings
+from voiceactors.agents import DEFAULT_AGENTS
 from voiceactors.tools.registry import REGISTRY
 from simulator_support import serving_simulator
 
@@ -67,8 +68,11 @@ async def test_session_connect_tool_status_and_clean_shutdown(journal, tmp_path,
         session = request["body"]["session"]
         assert session["type"] == "realtime" and session["model"] == "gpt-realtime"
         assert session["tool_choice"] == "auto" and session["output_modalities"] == ["audio"]
-        assert sorted(t["name"] for t in session["tools"]) == sorted(REGISTRY)
-        assert len(session["tools"]) == 10
+        # the first agent's tools (docs/agents.md): the journal's reads and the select, then its handoffs
+        assert sorted(t["name"] for t in session["tools"]) == sorted(
+            [*(name for name in REGISTRY if name in DEFAULT_AGENTS.first.tools), "handoff.planner",
+             "handoff.researcher"])
+        assert len(session["tools"]) == 11
         refreshed = await (await client.post("/api/voice/refresh-brain")).get_json()
         assert session["instructions"].startswith(refreshed["instruction_preview"])
         assert "sol" in session["instructions"]

@@ -42,7 +42,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "voiceactors.logs", "voiceactors.clock", "voiceactors.storage", "voiceactors.settings", "voiceactors.safe_text",
         "voiceactors.mcp.client.sources", "voiceactors.usage", "voiceactors.metrics", "voiceactors.gc_policy",
         "voiceactors.linked_context", "voiceactors.openai_clients", "voiceactors.tool_effect",
-        "voiceactors.realtime.session_settings", "voiceactors.phone_policy", "voiceactors.tracing")),
+        "voiceactors.realtime.session_settings", "voiceactors.phone_policy", "voiceactors.tracing",
+        "voiceactors.agents")),
     ("the journal and its configuration", (
         "voiceactors.journal", "voiceactors.voice_config", "voiceactors.notices", "voiceactors.linked_context.resolve")),
     ("the tools", ("voiceactors.tools", "voiceactors.mcp.client.tool_specs")),

@@ -16,6 +16,7 @@ from test_phone_webhook import OWNER, SIM_KEY, make_settings, served, write_voic
 from voiceactors.call.record import read_record, record_path
 from voiceactors.simulator import Simulator
 from voiceactors.simulator import phone as sim_phone
+from voiceactors.agents import DEFAULT_AGENTS
 from voiceactors.tools.registry import REGISTRY
 from simulator_support import serving_simulator
 
@@ -63,11 +64,12 @@ async def test_the_owners_call_is_accepted_greeted_served_and_recorded_as_a_phon
                     await trio.sleep(0.05)
             listed = (await client.get("/api/voice/calls")).json()
 
-    # the accept: the brain's instruction, every tool, the phone's audio settings
+    # the accept: the brain's instruction, the first agent's tools and its handoffs, the phone's audio settings
     accepted = call.accepted
     assert accepted is not None and accepted["type"] == "realtime" and accepted["model"] == "gpt-realtime"
-    assert "sol" in accepted["instructions"]
-    assert sorted(t["name"] for t in accepted["tools"]) == sorted(REGISTRY)
+    assert "sol" in accepted["instructions"] and "You are the assistant agent" in accepted["instructions"]
+    assert sorted(t["name"] for t in accepted["tools"]) == sorted(
+        [*(name for name in REGISTRY if name in DEFAULT_AGENTS.first.tools), "handoff.planner", "handoff.researcher"])
     assert accepted["audio"] == {"input": {"noise_reduction": {"type": "near_field"}}}
     # the greeting first, then the call as any other: the tool answered once, the barge-in taken
     creates = [e for e in call.received if e["type"] == "response.create"]

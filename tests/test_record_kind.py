@@ -86,6 +86,8 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.PHONE, {"event": "pin_accepted", "tries_left": 3}),
         (RecordKind.TURN, {"turn": 1, "first_audio_ms": 620.0, "answer_ms": 1400.0, "tools_ms": 500.0,
                            "overhead_ms": 2.0, "service_ms": 898.0}),
+        (RecordKind.HANDOFF, {"tool_call_id": "call_h", "tool": "handoff.planner", "response_id": "resp_1",
+                              "from": "assistant", "to": "planner", "event_id": "evt_update", "status": "updating"}),
         (RecordKind.HEARD, {"response_id": "resp_2", "turn": 1, "heard": [
             {"item_id": "item_a1", "text": "On Thursday you", "audio_end_ms": 900}], "done": [], "not_done": []}),
         (RecordKind.SLOW_ACK, {"response_id": "resp_1", "tool_call_ids": [tool_call_id], "event_id": "evt_ack",
@@ -187,11 +189,11 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
     # service's idle timeout (a silent user: test_call_idle.py), the time limit's wrap-up (a
     # long call: test_call_time_limit.py), a phone call's PIN and transfer (a phone call:
     # test_phone_pin.py), a slow tool call's lines and a cut reply's heard line
-    # (test_call_slow_tools.py) came up
+    # (test_call_slow_tools.py) and a handoff between agents (test_call_handoff.py) came up
     assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP,
                                               RecordKind.PHONE, RecordKind.HEARD, RecordKind.SLOW_PROGRESS,
                                               RecordKind.SLOW_ACK, RecordKind.SLOW_OUTPUT,
-                                              RecordKind.SLOW_DELIVERY}
+                                              RecordKind.SLOW_DELIVERY, RecordKind.HANDOFF}
 
 
 def literal_record_kinds() -> list[tuple[str, int, str]]:
@@ -219,8 +221,9 @@ def test_every_literal_kind_handed_to_a_record_is_a_member():
 
 
 def test_the_urgent_kinds_are_members_and_match_their_strings():
-    assert URGENT_KINDS == {RecordKind.START, RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL, RecordKind.END}
-    assert {"start", "tool_started", "tool_call", "end"} == URGENT_KINDS   # a line read back is a str
+    assert URGENT_KINDS == {RecordKind.START, RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL, RecordKind.HANDOFF,
+                            RecordKind.END}
+    assert {"start", "tool_started", "tool_call", "handoff", "end"} == URGENT_KINDS   # a line read back is a str
     assert all(type(kind) is RecordKind for kind in URGENT_KINDS)
 
 
@@ -233,6 +236,9 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     second = every_kind_run(ended=False, tool_call_id="call_2")
     second.append((RecordKind.SELECTION, {"tool_call_id": "call_x", "selection": SAM.view(),
                                           "link": DANIEL.view()}))
+    second.append((RecordKind.HANDOFF, {"tool_call_id": "call_h2", "tool": "handoff.planner", "response_id": "resp_3",
+                                        "from": "assistant", "to": "planner", "event_id": "evt_u",
+                                        "status": "updating"}))
     await write_run(state, "rtc_every", second, write_now=True, rejoined=True, recovered=[])
     lines = read_record(record_path(state, "rtc_every"))
     assert {line["kind"] for line in lines} == set(RecordKind)
@@ -246,6 +252,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert recovery.pending_calls(lines[:len(first) + 1]) is None              # the first run ended
     carried = recovery.carried_context(block)
     assert carried is not None and carried.base_instruction == BASE and carried.selection == SAM
+    assert carried.carried_agent == "planner"                                  # the handoff line's target
     [crashed] = recovery.find_crashed(state, max_age_s=3600, limit=10)
     assert crashed.call_id == "rtc_every" and [p.tool_call_id for p in crashed.pending] == ["call_2"]
 
@@ -257,6 +264,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
         "runs": 2, "reconnects": 1, "responses": 2, "barge_ins": 1, "tool_calls": 2, "tool_failures": 0,
         "ended": None, "duration_s": 9.0 + len(second), "first_words": "What happened on Thursday?",
         "total_tokens": 120, "cost_usd": 0.002}
+    assert summary["agent"] == "planner"
     rows = history.settled_and_pending_tool_calls(lines)
     assert [(row["kind"], row["tool_call_id"], row["outcome"]) for row in rows] == [
         ("tool_call", "call_1", "ok"), ("tool_call", "call_2", "pending")]
@@ -287,6 +295,7 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     assert "slow tools" in svg and "acknowledged after 700 ms" in svg and "waited 1500 ms" in svg
     assert "answer spoken · 1600 ms after the acknowledgement" in svg and "progress spoken · 1 of 2" in svg
     assert "turn 1 · first sound after 620 ms · the answer after a tool after 1400 ms" in svg
+    assert ">agents</text>" in svg and "agent planner in charge" in svg
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
@@ -307,11 +316,16 @@ async def test_the_cluster_mirror_keeps_the_tool_and_selection_lines_of_every_ki
             holder.note_record(call_id, {"kind": kind, **fields})
         started = dict(every_kind_run(ended=False, tool_call_id="call_2"))[RecordKind.TOOL_STARTED]
         holder.note_record(call_id, {"kind": RecordKind.TOOL_STARTED, **started})
+        # the handoff's call rides too, with the output a taker answers it with (its update went)
         with trio.fail_after(5):
-            while set(pending := await redis.hgetall(rc.pending_key(call_id))) != {rc.CONTEXT_FIELD, "call_2"}:
+            while set(pending := await redis.hgetall(rc.pending_key(call_id))) != {rc.CONTEXT_FIELD, "call_2",
+                                                                                   "call_h"}:
                 await trio.sleep(0.01)
         assert pending["call_2"] == json.dumps({"kind": "tool_started", **started})
         carried = await taker.carried(call_id)
-        assert [p.tool_call_id for p in carried.pending] == ["call_2"]
-        assert carried.context == LinkedContext(BASE, DANIEL, selection=SAM, taken_over=True)
+        assert sorted(p.tool_call_id for p in carried.pending) == ["call_2", "call_h"]
+        assert [p.output for p in carried.pending if p.tool_call_id == "call_h"] == [
+            json.dumps({"handed_to": "planner", "from": "assistant"})]
+        assert carried.context == LinkedContext(BASE, DANIEL, selection=SAM, taken_over=True,
+                                                carried_agent="planner")
         nursery.cancel_scope.cancel()

@@ -144,8 +144,9 @@ async def _until(ws, type_: str) -> dict:
 async def test_the_replay_answers_our_events_live_and_echoes_our_output(autojump_clock):
     """The driver over a real socket: our early response.create is refused
     while the recorded response is active, our output opens the echo's gate
-    and is echoed (not the recorded one), a second output is a duplicate,
-    and our response.create opens the gate of the response that answered it."""
+    and is echoed (not the recorded one), a second output is a duplicate, a
+    session.update is acknowledged, and our response.create opens the gate
+    of the response that answered it."""
     call = {"type": "function_call", "id": "i1", "call_id": "c1", "name": "calendar.today", "arguments": "{}",
             "status": "completed"}
     recorded_echo = {"id": "o1", "type": "function_call_output", "call_id": "c1", "output": "RECORDED"}
@@ -179,6 +180,9 @@ async def test_the_replay_answers_our_events_live_and_echoes_our_output(autojump
             again = rt.function_call_output("c1", "AGAIN")
             await ws.send_message(json.dumps(again))
             assert (await _until(ws, "error"))["error"]["code"] == "duplicate_tool_call_output"
+            # a session.update (a handoff's) is applied and acknowledged live, as the service does
+            await ws.send_message(json.dumps(rt.session_update({"instructions": "You are the planner."})))
+            assert (await _until(ws, "session.updated"))["session"]["instructions"] == "You are the planner."
             await ws.send_message(json.dumps(rt.response_create()))
             assert (await _until(ws, "response.created"))["response"]["id"] == "r2"
             await _until(ws, "response.done")
@@ -187,4 +191,5 @@ async def test_the_replay_answers_our_events_live_and_echoes_our_output(autojump
     assert result["outputs"] == {"c1": {"tool": "calendar.today", "outputs": ["OURS"]}}
     assert result["response_creates"] == [{"result": "rejected_active"}, {"answered_by": "r2"}]
     assert result["protocol_errors"] == ["conversation_already_has_active_response", "duplicate_tool_call_output"]
+    assert result["other_client_events"] == ["session.update"]
     assert result["stalls"] == []

@@ -227,7 +227,7 @@ class Settings:
     mcp_sources: str | None = setting(
         None, TOOLS, "MCP tool sources as a JSON list, `[{\"name\": \"crm\", \"url\": \"http://host/mcp\", "
         "\"token_env\": \"CRM_TOKEN\"}]` (optional `timeout_s`); when unset, the journal's `voice.mcp_sources`. "
-        "Names are slugs without `.` or `_` and not a journal tool family (docs/mcp.md)",
+        "Names are slugs without `.` or `_`, not a journal tool family and not `handoff` (docs/mcp.md)",
         env="VOICEACTORS_MCP_SOURCES", doc_default="unset (the journal's)",
         short="MCP tool sources as a JSON list (docs/mcp.md)", check=mcp_sources.settings_problem)
     mcp_discovery_ttl_s: float = setting(

@@ -23,7 +23,8 @@ Journal keys (``config/journal.json``)::
               "brain_model": "haiku", "brain": "local",
               "mcp_sources": [{"name": "crm", "url": "http://host/mcp", "token_env": "CRM_TOKEN"}],
               "webhook_secret": "whsec_…",
-              "phone": {"allowed_callers": ["+15551234567"], "pin": "2468", "transfer_to": "tel:+15557654321"}}
+              "phone": {"allowed_callers": ["+15551234567"], "pin": "2468", "transfer_to": "tel:+15557654321"},
+              "agents": [{"name": "assistant", "description": "…", "tools": ["journal.search"]}]}
 
 These functions may read one small JSON file (when it changed); they are
 called on the trio thread. A journal on a file system whose ``stat`` can hang
@@ -36,12 +37,14 @@ import functools
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Collection
 
 from voiceactors.journal.config import config_path
 from voiceactors.journal.paths import read_json
 from voiceactors.logs import get_logger, register_secret
-from voiceactors import phone_policy
+from voiceactors.mcp.client.sources import SourceConfigError, parse_sources
+from voiceactors import agents as agent_config, phone_policy
+from voiceactors.agents import Agents
 from voiceactors.phone_policy import PhoneSettings
 from voiceactors.realtime import session_settings as session_keys
 from voiceactors.realtime.session_settings import SessionSettings
@@ -255,6 +258,40 @@ def brain_backend(settings: Settings) -> str:
         _log.warning("config.unknown_brain_backend", value=value[:32], using=DEFAULT_BRAIN_BACKEND)
         return DEFAULT_BRAIN_BACKEND
     return value
+
+
+def _source_names(voice: dict[str, Any]) -> list[str]:
+    """The names of the configured MCP sources (none when the list is bad: ``serve`` refuses it anyway)."""
+    try:
+        return [source.name for source in parse_sources(voice.get("mcp_sources"))]
+    except SourceConfigError:
+        return []
+
+
+def agents(settings: Settings, journal_tools: Collection[str]) -> Agents:
+    """The call's agents: ``voice.agents`` (``agents.parse``; ``journal_tools``:
+    the registry's dotted names), else the shipped set. Each bad entry is
+    logged (``config.voice_setting_invalid``) and left out (``serve`` refuses
+    to start with one: ``check_agents``). Raises ConfigUnreadable like the key."""
+    voice = _voice(settings)
+    chosen, problems = agent_config.parse(voice.get("agents"), journal_tools=journal_tools,
+                                          sources=_source_names(voice))
+    for problem in problems:
+        _log.error("config.voice_setting_invalid", error=problem[:300])
+    return chosen
+
+
+def check_agents(settings: Settings, journal_tools: Collection[str]) -> None:
+    """InvalidSettings naming each bad entry of ``voice.agents``: the server
+    refuses to start (an unreadable config is left to the requests)."""
+    try:
+        voice = _voice(settings)
+    except ConfigUnreadable:
+        return
+    problems = agent_config.parse(voice.get("agents"), journal_tools=journal_tools,
+                                  sources=_source_names(voice))[1]
+    if problems:
+        raise InvalidSettings("invalid settings: " + "; ".join(problems))
 
 
 def mcp_sources_block(settings: Settings) -> Any:

@@ -1085,9 +1085,9 @@ class CallActor:
         error); a read with its arguments runs again; the rest get the
         restart error."""
         for pending in self.recovered or ():
-            output: str | None = None
-            outcome: ToolOutcome | None = None
-            if not (pending.effect == READ and pending.arguments is not None):
+            output: str | None = pending.output
+            outcome: ToolOutcome | None = ToolOutcome.OK if output is not None else None
+            if output is None and not (pending.effect == READ and pending.arguments is not None):
                 output, outcome = RESTARTED_OUTPUT, ToolOutcome.RESTARTED
                 if pending.effect != READ:   # a write, or an MCP source's tool (its effect is not ours to know)
                     recorded = await storage.run_sync(write_log.load, self.settings.state_dir, pending.tool_call_id)
@@ -1164,6 +1164,8 @@ def _publisher(kind: PublishKind) -> Callable[..., None]:
             return CallFeed.usage
         case PublishKind.SELECTION:
             return CallFeed.selection
+        case PublishKind.AGENT:
+            return CallFeed.agent
         case _:
             assert_never(kind)
 

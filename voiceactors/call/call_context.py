@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from voiceactors.agents import CallAgents, with_agent
 from voiceactors.linked_context import references as context
 from voiceactors.call.continuation import OPENING as CONTINUATION_OPENING
 from voiceactors.call.continuation import Continuation, with_continuation
@@ -138,6 +139,11 @@ class LinkedContext:
     phone: PhoneCall | None = None
     # a Live session's (None: a Realtime call)
     live: LiveSession | None = None
+    # the call's agents and the one in charge at the start (None: no agents, no handoffs; docs/agents.md)
+    agents: CallAgents | None = None
+    # a rejoined or taken-over call's agent in charge, as its record or the mirror named it (the
+    # supervisor gives such a call its ``agents`` with this one in charge; None: none named)
+    carried_agent: str | None = None
 
 
 def first_selection(linked: LinkedContext) -> context.Reference | None:
@@ -161,7 +167,17 @@ def carried_view(linked: LinkedContext) -> dict[str, Any]:
         view["phone"] = linked.phone.view()
     if linked.live is not None:
         view["live"] = linked.live.view()
+    if linked.agents is not None:
+        view["agent"] = linked.agents.in_charge
+    elif linked.carried_agent is not None:
+        view["agent"] = linked.carried_agent
     return view
+
+
+def carried_agent(view: object) -> str | None:
+    """The agent in charge a ``carried_view`` names (a ``handoff`` record line's replaces it)."""
+    agent = view.get("agent") if isinstance(view, dict) else None
+    return agent if isinstance(agent, str) else None
 
 
 def _resolution(view: object) -> context.Resolution | None:
@@ -184,7 +200,8 @@ def taken_over_context(view: object) -> LinkedContext | None:
                          selection=context.Reference.from_view(view.get("selection")), taken_over=True,
                          session=session_settings.parse(session)[0] if isinstance(session, dict) else SessionSettings(),
                          continuation=Continuation.from_view(view.get("continuation")),
-                         phone=PhoneCall.from_view(view.get("phone")), live=LiveSession.from_view(view.get("live")))
+                         phone=PhoneCall.from_view(view.get("phone")), live=LiveSession.from_view(view.get("live")),
+                         carried_agent=carried_agent(view))
 
 
 def selected_reference(output: str) -> context.Reference | None:
@@ -221,13 +238,34 @@ class CallContext:
         self.continuation = linked.continuation
         phone = linked.phone
         self.phone = PhoneLine(phone.pin, phone.transfer_to, locked=phone.locked) if phone is not None else None
+        self.agents = linked.agents
+        self.agent = linked.agents.in_charge if linked.agents is not None else None   # the agent in charge
+        # a rejoined or taken-over call whose agent is not the first: its tools and words at the first connection
+        self._agent_due = linked.agents is not None and linked.agents.in_charge != linked.agents.agents.first.name
 
-    def instructions(self) -> str | None:
-        """The session's instructions for the current selection (None without
-        the brain's instruction: an update would erase it)."""
+    def _call_instructions(self) -> str | None:
         if not self.base:
             return None
         return with_continuation(context.compose(self.base, self.link, self.selection), self.continuation)
+
+    def instructions(self) -> str | None:
+        """The session's instructions for the current selection and the agent
+        in charge (None without the brain's instruction: an update would erase it)."""
+        text = self._call_instructions()
+        if text is None or self.agents is None:
+            return text
+        return with_agent(text, self.agents.agent(self.agent), self.agents.agents)
+
+    def hand_to(self, agent: str) -> dict[str, Any]:
+        """The ``session.update`` that puts ``agent`` in charge (its
+        instructions and tools, and the session settings as every update
+        carries them), which is in charge from now on (``handoff.py`` puts
+        the previous one back when the service refuses it)."""
+        assert self.agents is not None
+        self.agent = agent
+        body = self.agents.session(agent, self._call_instructions())
+        body.update(self.session_fields)
+        return rt.session_update(body)
 
     def _session_update(self, *, instructions: bool, settings: bool) -> dict[str, Any] | None:
         """A ``session.update`` with the instructions (when due and known)
@@ -238,7 +276,10 @@ class CallContext:
         text = self.instructions() if instructions else None
         if text is not None:
             body["instructions"] = text
-        if text is not None or settings:
+        if self._agent_due and self.agents is not None and self.agent is not None:
+            self._agent_due = False
+            body.update(self.agents.session(self.agent, self._call_instructions()))
+        if len(body) > 1 or settings:
             body.update(self.session_fields)
         return rt.session_update(body) if len(body) > 1 else None
 
@@ -300,7 +341,7 @@ class CallContext:
     def take_update(self) -> dict[str, Any] | None:
         """The due ``session.update`` (once), or None. Without the brain's
         instruction none is sent: an update would erase the session's."""
-        if not (self._update_due or self._settings_due):
+        if not (self._update_due or self._settings_due or self._agent_due):
             return None
         update = self._session_update(instructions=self._update_due, settings=self._settings_due)
         self._update_due = self._settings_due = False

@@ -193,6 +193,12 @@ class CallFeed:
         """The call's current selection changed (``journal.select``); ``link``
         is the original link, unchanged."""
         self.publish({"type": "selection", "tool_call_id": tool_call_id, "selection": selection, "link": link})
+    def agent(self, *, agent: str | None, previous: str | None, status: str) -> None:
+        """The agent in charge: at the call's first response (``status`` ``start``), after a
+        handoff's update went (``updating``: ``previous`` handed over), or
+        back after the service refused it (``failed``)."""
+        self.publish({"type": "agent", "agent": agent, "from": previous, "status": status})
+
     def usage(self, *, response_id: str, model: str, tokens: dict[str, int], cost_usd: float | None,
               call: dict[str, Any]) -> None:
         """One response's tokens and cost, and the call's totals so far (``call``)."""

@@ -47,6 +47,9 @@ from voiceactors.call.state import (
 # an input of the protocol's, defined beside the ToolCall that may hold one (a prefetch's answer)
 from voiceactors.call.state import ToolFinished as ToolFinished
 from voiceactors.call.call_context import CallContext
+from voiceactors.agents import handoff_failed, taking_over
+from voiceactors.call.handoff import (HandoffRefusal, Handoffs, HandoffStatus, Transition, handed_output,
+                                      refusal_output)
 from voiceactors.call.phone_line import (PIN_ACCEPTED, REFUSED_PARTING_S, REFUSED_WORDS, TRANSFER_SPEAK_S,
                                          TRANSFER_WORDS, Keyed, PhoneLine, ToolAnswer, wrong_pin_words)
 # re-exported: the actor, the supervisor and the tests name it from here
@@ -70,7 +73,7 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.input_audio_transcription.completed",
     "response.output_audio_transcript.done", "response.output_text.done", "rate_limits.updated",
     "input_audio_buffer.timeout_triggered", "input_audio_buffer.dtmf_event_received",
-    "conversation.item.truncated",
+    "conversation.item.truncated", "session.updated",
     # one per turn and one per response: the latency a person feels (turn_latency.py)
     "input_audio_buffer.speech_stopped", "output_audio_buffer.started",
 })
@@ -354,6 +357,7 @@ class PublishKind(StrEnum):
     TRANSCRIPT = "transcript"
     USAGE = "usage"
     SELECTION = "selection"
+    AGENT = "agent"
 
 
 class Metric(StrEnum):
@@ -534,6 +538,9 @@ class CallProtocol:
         self.over = False       # the call's end is decided (``end_decided``): nothing more is spoken
         self._progress_due: dict[str, Batch] = {}   # batches a call of which reported progress (no line yet)
         self.latency = TurnLatency()                # each turn's felt latency (turn_latency.py)
+        # the handoffs between the call's agents (handoff.py; None: a call without agents)
+        agents = context.agents if context is not None else None
+        self.handoffs = Handoffs(agents) if agents is not None else None
 
     # ----------------------------------------------------------- the API
 
@@ -734,11 +741,14 @@ class CallProtocol:
             self._heard(self.latency.audio_started(self._now))
         elif kind == "input_audio_buffer.speech_stopped":
             self._turn_line(self.latency.speech_stopped(self.turn, self._now))
+        elif kind == "session.updated":
+            self._on_session_updated()
 
     def _batch(self, response_id: str) -> Batch:
         batch = self.batches.get(response_id)
         if batch is None:  # first seen without its response.created (e.g. after a reconnect)
-            batch = Batch(response_id, self.epoch, Origin.MODEL, self.seq, ordinal=len(self.batches))
+            batch = Batch(response_id, self.epoch, Origin.MODEL, self.seq, ordinal=len(self.batches),
+                          agent=self.context.agent if self.context is not None else None)
             self.batches[response_id] = batch
         return batch
 
@@ -759,6 +769,7 @@ class CallProtocol:
             create = self.creates[self.create_inflight]
             create.response_id = rid
             batch.origin = Origin.OURS
+            self._handoff_response_created(create.event_id, rid)
             batch.reports = create.batches
             self.create_inflight = None
             self._backoff_retries = 0
@@ -766,6 +777,10 @@ class CallProtocol:
             self._carried_forward_by(batch)
             if self.idle is IdleCourse.GOODBYE_DUE:
                 self._cancel_second_check_in(rid)
+        if self.handoffs is not None and not self.handoffs.announced:
+            # the first response of the call: the feed hears who speaks (then at each change)
+            self.handoffs.announced = True
+            self._publish_agent(self.context.agent if self.context is not None else None, None, "start")
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "response.created", response_id=rid, origin=batch.origin, epoch=batch.epoch)
 
@@ -784,6 +799,8 @@ class CallProtocol:
             if all(s is not None and s < started.created_seq for s in seqs):
                 batch.follow_up = FollowUp.MODEL
                 self._kept.pop(batch.response_id, None)    # a kept answer: that response speaks it
+                if self.handoffs is not None:
+                    self._handoff_carried_by(batch, started)
                 if self.debug_logs:
                     self._log(LogLevel.DEBUG, "response.follow_up_by_model", response_id=batch.response_id,
                               by=started.response_id, epoch=self.epoch)
@@ -851,6 +868,8 @@ class CallProtocol:
         these very arguments (``_maybe_start``), else it is dropped."""
         if call.prefetch is not None or call.recovered or not call.name or call.arguments is None:
             return
+        if self.handoffs is not None and self.handoffs.target_of(call.name) is not None:
+            return          # a handoff is never the executor's (handoff.py)
         if self._phone is not None and not self._phone.open:
             return          # nothing reads the journal before the PIN (phone_line.py)
         batch = self.batches[call.response_id]
@@ -893,7 +912,8 @@ class CallProtocol:
             self._log(LogLevel.DEBUG, "response.done", response_id=rid, status=batch.status, origin=batch.origin,
                       epoch=batch.epoch, tool_calls=len(batch.calls))
         self._record(RecordKind.RESPONSE, response_id=rid, status=batch.status, epoch=batch.epoch,
-                     origin=batch.origin, tool_calls=list(batch.calls))
+                     origin=batch.origin, tool_calls=list(batch.calls),
+                     **({"agent": batch.agent} if batch.agent is not None else {}))
         usage = getattr(response, "usage", None)
         # a view's plain JSON (usage.read_usage walks it with isinstance checks, which
         # a view answers only through a dunder lookup); an SDK model as it is
@@ -901,6 +921,8 @@ class CallProtocol:
         if self.idle is IdleCourse.GOODBYE:
             self._idle_goodbye_done(rid)
         self._phone_response_done(rid)
+        if self.handoffs is not None:
+            self._handoff_response_done(rid)
         if batch.status == BatchStatus.CANCELLED and batch.epoch == self.epoch:
             self._advance_epoch("response_cancelled")
         elif batch.status == BatchStatus.COMPLETED and batch.calls:
@@ -954,7 +976,9 @@ class CallProtocol:
                       error_type=rt.clip(error.type, PEER_STRING_MAX),
                       event_id=rt.clip(event_id, PEER_STRING_MAX), epoch=self.epoch, action=refusal.action,
                       suppressed=self.log_budget.take_suppressed() or None)
-        if event_id in self.creates:
+        if self.handoffs is not None and event_id and self.handoffs.refused(event_id):
+            self._handoff_update_refused(event_id, code)
+        elif event_id in self.creates:
             self._on_create_error(self.creates[event_id], code, refusal.action)
         elif event_id in self._output_events:
             self._on_output_refused(self.calls[self._output_events[event_id]])
@@ -982,6 +1006,10 @@ class CallProtocol:
         if create.response_id is not None:
             # the response.created we took for ours was the model's
             self.batches[create.response_id].origin = Origin.MODEL
+        current = self.handoffs.current if self.handoffs is not None else None
+        if current is not None and current.create_event_id == create.event_id:
+            # not the transition's words: the response taken for them cannot complete it
+            current.create_event_id = current.spoken_by = None
         ours = [self.batches[r] for r in create.batches if self.batches[r].follow_up == FollowUp.OURS]
         if action == RefusalAction.WAIT_FOR_RESPONSE:
             create.result = CreateResult.REJECTED_ACTIVE
@@ -1074,6 +1102,10 @@ class CallProtocol:
         answer = self._phone.answer_for(call.name) if self._phone is not None else None
         if answer is not None:
             self._answer_on_the_line(call, answer)
+            return
+        target = self.handoffs.target_of(call.name) if self.handoffs is not None else None
+        if target is not None:
+            self._handoff_called(call, batch, target)
             return
         prefetched = call.state != ToolCallState.SEEN and call.prefetch == call.arguments
         held = call.held
@@ -1270,6 +1302,8 @@ class CallProtocol:
     def _on_connected(self) -> None:
         self.connected = True
         self._context_connected()   # first: a due session.update precedes the outputs
+        if self.handoffs is not None:
+            self._handoff_connected()
         for call in self.calls.values():
             self._queue_output(call)
         self._maybe_follow_up()
@@ -1302,12 +1336,16 @@ class CallProtocol:
                     self._abandon(call)
         self.active.clear()
         self.retry_at = None
+        if self.handoffs is not None:
+            self.handoffs.dropped()
 
     # ---------------------------------------------------------- follow-up
 
     def _maybe_follow_up(self) -> None:
         """Send one response.create for the finished batches whose every
         output is written, if the epoch is theirs and no response is active."""
+        if self.handoffs is not None:
+            self._maybe_hand_off()
         if not self.connected or self.create_inflight is not None or self.active or self.over:
             return
         if self.retry_at is not None:
@@ -1320,6 +1358,9 @@ class CallProtocol:
             return
         if self.wrap_up is not WrapUp.PENDING and not self._wrap_up_said():
             return                      # the wrap-up is due: it carries the finished batches
+        if self.handoffs is not None and self.handoffs.failure_due is not None:
+            self._say_handoff_failed()  # a refused handoff: the agent still in charge says so first
+            return
         # an acknowledged batch is spoken at a quiet moment: not in the user's turn
         floor_free = self._now >= self._floor_held_until
         due = [batch for batch in self._finished_batches()
@@ -1330,7 +1371,7 @@ class CallProtocol:
             if self._progress_due and floor_free and self.create_inflight is None:
                 self._speak_progress()
             return
-        event = rt.response_create()
+        event = rt.response_create(self._taking_over_words(due) if self.handoffs is not None else None)
         create = self._create_for(event, due)
         if self.debug_logs:
             self._log(LogLevel.DEBUG, "response.create", event_id=create.event_id, epoch=self.epoch,
@@ -1370,6 +1411,10 @@ class CallProtocol:
             batch.follow_up = FollowUp.OURS
             if batch.kept:
                 self._slow_delivered(batch, create.event_id)
+        current = self.handoffs.current if self.handoffs is not None else None
+        if current is not None and current.status is HandoffStatus.UPDATING and any(
+                batch.response_id == current.response_id for batch in due):
+            current.create_event_id = create.event_id     # the transition's response: the new agent's first words
         return create
 
     # ---------------------------------------------------- usage and budget
@@ -1867,6 +1912,203 @@ class CallProtocol:
             call.recorded = True
             self._record(RecordKind.TOOL_CALL, **call.record_fields())
 
+    # ------------------------------------------------------------ handoffs
+    # The rules are handoff.py's (its module doc); these hooks keep them in
+    # the call's steps and turn them into effects.
+
+    def _handoff_called(self, call: ToolCall, batch: Batch, target: str) -> None:
+        """The model called ``handoff.<target>`` with final arguments: it is
+        not the executor's; it waits for its batch (``_maybe_hand_off``), or
+        is refused at once when it cannot be carried out."""
+        assert self.handoffs is not None and self.context is not None and self.context.agent is not None
+        advance(call, ToolCallEvent.START)
+        if not call.recovered:
+            call.turn = self.turn
+        call.run = ToolRun.OWN
+        call.started_t = self._now
+        self._record_started(call)
+        in_charge = self.context.agent
+        why = self.handoffs.refusal(target, batch.agent, in_charge)
+        if why is not None:
+            self._handoff_refused(call, batch.agent or in_charge, target, why)
+            return
+        transition = self.handoffs.claim(call.tool_call_id, call.name, call.response_id, in_charge, target)
+        self._log(LogLevel.INFO, "call.handoff_called", source=transition.source, target=target,
+                  tool_call_id=call.tool_call_id, epoch=self.epoch)
+
+    def _handoff_refused(self, call: ToolCall, source: str, target: str, why: HandoffRefusal) -> None:
+        """A handoff call not carried out: its output says why (a refused
+        one never touches the transition in flight)."""
+        assert self.context is not None
+        self._record(RecordKind.HANDOFF, tool_call_id=call.tool_call_id, tool=call.name, response_id=call.response_id,
+                     status=HandoffStatus.REFUSED, why=why, **{"from": source, "to": target})
+        self._log(LogLevel.INFO, "call.handoff_refused", source=source, target=target, why=why, epoch=self.epoch)
+        if why is HandoffRefusal.RESPONSE_CUT:
+            call.outcome = ToolOutcome.CANCELLED
+            self._abandon(call)
+            return
+        self._finish(call, ToolFinished(call.tool_call_id, call.name,
+                                        refusal_output(why, source, target, self.context.agent),
+                                        ToolOutcome.REJECTED))
+
+    def _maybe_hand_off(self) -> None:
+        """Start the transition in flight once its batch is complete and
+        every other output of it is written (business effects first); note
+        a transition with no words of its own (its batch superseded)."""
+        assert self.handoffs is not None
+        current = self.handoffs.current
+        if current is None:
+            return
+        batch = self.batches[current.response_id]
+        if current.status is HandoffStatus.CALLED:
+            self._start_transition(current, batch)
+        elif (current.status is HandoffStatus.UPDATING and current.create_event_id is None
+              and current.spoken_by is None and not current.completed
+              and batch.follow_up not in (None, FollowUp.OURS)):
+            current.completed = True    # superseded: the user's turn is answered by the new agent
+            self._settle_handoff(current)
+
+    def _start_transition(self, transition: Transition, batch: Batch) -> None:
+        assert self.handoffs is not None and self.context is not None
+        if not self.connected or self.over or batch.status is None:
+            return      # its response is still on: more calls of the batch may come
+        call = self.calls[transition.tool_call_id]
+        if batch.status not in ENDED_OK:
+            self.handoffs.current = None
+            self._handoff_refused(call, transition.source, transition.target, HandoffRefusal.RESPONSE_CUT)
+            return
+        for tool_call_id in batch.calls:
+            state = self.calls[tool_call_id].state
+            if tool_call_id != transition.tool_call_id and (state not in ANSWERED or state in UNSENT):
+                return  # a business output of the batch is not written yet: it goes first
+        # ownership is claimed in this step, before the first send: the new agent is in charge
+        update = self.context.hand_to(transition.target)
+        transition.status = HandoffStatus.UPDATING
+        transition.update_event_id = update["event_id"]
+        self.handoffs.sent_update(update["event_id"])
+        self._emit(Send(update))
+        self._record(RecordKind.HANDOFF, **transition.fields(), status=HandoffStatus.UPDATING)
+        self._log(LogLevel.INFO, "call.handoff", source=transition.source, target=transition.target,
+                  event_id=transition.update_event_id, epoch=self.epoch)
+        self._publish_agent(transition.target, transition.source, HandoffStatus.UPDATING)
+        self._finish(call, ToolFinished(call.tool_call_id, call.name,
+                                        handed_output(transition.source, transition.target), ToolOutcome.OK))
+
+    def _taking_over_words(self, due: list[Batch]) -> dict[str, Any] | None:
+        """The response parameters of the transition's own response (the new
+        agent speaks first, briefly), when ``due`` carries its batch."""
+        assert self.handoffs is not None and self.context is not None and self.context.agents is not None
+        current = self.handoffs.current
+        if current is None or current.status is not HandoffStatus.UPDATING:
+            return None
+        if not any(batch.response_id == current.response_id for batch in due):
+            return None
+        instructions = self.context.instructions()
+        words = taking_over(self.context.agents.agent(current.target), current.source)
+        return {"instructions": f"{instructions}\n\n{words}" if instructions is not None else words}
+
+    def _handoff_response_created(self, event_id: str, rid: str) -> None:
+        """Our ``response.create`` started ``rid``: the transition's own
+        response is known by it from now on; the words of a transition that
+        failed meanwhile are cancelled (they speak as the agent refused)."""
+        if self.handoffs is None:
+            return
+        current, failed = self.handoffs.current, self.handoffs.failure_due
+        if current is not None and current.create_event_id == event_id:
+            current.spoken_by = rid
+        elif failed is not None and failed.create_event_id == event_id:
+            failed.spoken_by = rid
+            self._emit(Send(rt.response_cancel(rid)))
+
+    def _handoff_carried_by(self, batch: Batch, started: Batch) -> None:
+        """A response the model started after the handoff's output was
+        confirmed (so after its update: the service applies our events in
+        order) carries its batch forward: it is the new agent's first words,
+        and its end completes the transition."""
+        current = self.handoffs.current if self.handoffs is not None else None
+        if (current is not None and current.status is HandoffStatus.UPDATING
+                and current.response_id == batch.response_id and current.spoken_by is None):
+            current.spoken_by = started.response_id
+
+    def _handoff_response_done(self, rid: str) -> None:
+        """A response ended: the transition's completion only when it is its own."""
+        assert self.handoffs is not None
+        current = self.handoffs.current
+        if current is not None and current.spoken_by == rid:
+            current.completed = True
+            self._settle_handoff(current)
+
+    def _on_session_updated(self) -> None:
+        if self.handoffs is None:
+            return
+        event_id = self.handoffs.acknowledged()
+        current = self.handoffs.current
+        if current is not None and event_id is not None and event_id == current.update_event_id:
+            current.acked = True
+            self._settle_handoff(current)
+
+    def _settle_handoff(self, transition: Transition) -> None:
+        """Acknowledged and completed, in either order: the transition is over."""
+        assert self.handoffs is not None
+        if not (transition.acked and transition.completed) or self.handoffs.current is not transition:
+            return
+        transition.status = HandoffStatus.DONE
+        self.handoffs.current = None
+        self._record(RecordKind.HANDOFF, **transition.fields(), status=HandoffStatus.DONE)
+        self._log(LogLevel.INFO, "call.handoff_done", source=transition.source, target=transition.target,
+                  epoch=self.epoch)
+
+    def _handoff_update_refused(self, event_id: str, code: str | None) -> None:
+        """The service refused a ``session.update`` of ours: a transition's
+        puts the previous agent back in charge (the service never applied
+        it), cancels the new agent's words if they began, and the agent
+        still in charge says so at the next quiet moment."""
+        assert self.handoffs is not None and self.context is not None
+        current = self.handoffs.current
+        if current is None or current.update_event_id != event_id:
+            return          # a selection's or the settings' update: logged, as before
+        self.context.agent = current.source
+        current.status = HandoffStatus.FAILED
+        self.handoffs.current = None
+        self.handoffs.failure_due = current
+        self._record(RecordKind.HANDOFF, **current.fields(), status=HandoffStatus.FAILED,
+                     why=rt.clip(code, PEER_STRING_MAX))
+        self._log(LogLevel.WARNING, "call.handoff_failed", source=current.source, target=current.target,
+                  code=rt.clip(code, PEER_STRING_MAX), epoch=self.epoch)
+        self._publish_agent(current.source, current.target, HandoffStatus.FAILED)
+        if current.spoken_by is not None and current.spoken_by in self.active:
+            self._emit(Send(rt.response_cancel(current.spoken_by)))
+        self._maybe_follow_up()
+
+    def _say_handoff_failed(self) -> None:
+        """The agent still in charge says that handing over did not work (once)."""
+        assert self.handoffs is not None and self.context is not None and self.context.agents is not None
+        failed = self.handoffs.failure_due
+        assert failed is not None
+        instructions = self.context.instructions()
+        words = handoff_failed(self.context.agents.agent(failed.source), failed.target)
+        text = f"{instructions}\n\n{words}" if instructions is not None else words
+        if self._ask_parting_words({"instructions": text}, why="handoff_failed") is not None:
+            self.handoffs.failure_due = None
+
+    def _publish_agent(self, agent: str | None, previous: str | None, status: str) -> None:
+        """The agent in charge, for the client feed (the console shows its name)."""
+        if self.publishing():
+            self._emit(Publish(PublishKind.AGENT, {"agent": agent, "previous": previous, "status": status}))
+
+    def _handoff_connected(self) -> None:
+        """A socket is up: a transition's update that fell in a drop
+        unacknowledged goes again (the same agent: sending it twice is harmless)."""
+        assert self.handoffs is not None and self.context is not None
+        current = self.handoffs.current
+        if current is None or not current.resend:
+            return
+        current.resend = False
+        update = self.context.hand_to(current.target)
+        current.update_event_id = update["event_id"]
+        self.handoffs.sent_update(update["event_id"])
+        self._emit(Send(update))
+
     # ----------------------------------------------------- linked context
     # The rules are CallContext's (call_context.py); these hooks only turn
     # its answers into effects.
@@ -1882,6 +2124,8 @@ class CallProtocol:
                 # and no other create of ours goes out before it
                 create = self._create_for(event, [])
                 self._log(LogLevel.INFO, "call.greeting", event_id=create.event_id, epoch=self.epoch)
+            elif self.handoffs is not None and event["type"] == "session.update":
+                self.handoffs.sent_update(event["event_id"])
             self._emit(Send(event))
         if dropped is not None:
             self._log(LogLevel.INFO, "call.greeting_dropped", why=dropped, epoch=self.epoch)
@@ -1901,6 +2145,8 @@ class CallProtocol:
             self._emit(Publish(PublishKind.SELECTION, {"tool_call_id": call.tool_call_id, **views}))
         update = self.context.take_update() if self.connected else None
         if update is not None:
+            if self.handoffs is not None:
+                self.handoffs.sent_update(update["event_id"])
             self._emit(Send(update))
 
 

@@ -42,11 +42,13 @@ class RecordKind(StrEnum):
     WRAP_UP = "wrap_up"                  # the call's time limit is near: the assistant is asked to say so
     PHONE = "phone"                      # a phone call's PIN keyed (right, wrong, refused) or transfer asked
     TURN = "turn"                        # a user turn's latency: the end of speech to the reply's first sound
+    HANDOFF = "handoff"                  # a handoff between agents: started, done, failed or refused
     USAGE_TOTAL = "usage_total"          # the run's tokens and cost, at its end
     END = "end"                          # a run's last line (none after a crash)
 
 
 #: Kinds the writer flushes at once (the ones a restart needs: recovery reads them).
-URGENT_KINDS = frozenset({RecordKind.START, RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL, RecordKind.END})
+URGENT_KINDS = frozenset({RecordKind.START, RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL, RecordKind.HANDOFF,
+                          RecordKind.END})
 #: The tool lines: recovery's and the cluster mirror's (its ``pending:`` hash).
 TOOL_KINDS = frozenset({RecordKind.TOOL_STARTED, RecordKind.TOOL_CALL})

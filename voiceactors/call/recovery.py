@@ -25,10 +25,11 @@ import json
 import os
 import time
 from typing import Any
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from voiceactors.call.call_context import LinkedContext, taken_over_context
+from voiceactors.call.handoff import in_charge_after, recorded_output
 from voiceactors.call.record import last_block, read_record
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.logs import get_logger
@@ -48,6 +49,7 @@ class PendingCall:
     response_id: str
     effect: ToolEffect | None      # None: an MCP source's tool, or a record without the field
     arguments: str | None
+    output: str | None = None      # known already: a handoff's, whose update went (``handoff.recorded_output``)
 
 
 @dataclass
@@ -63,12 +65,16 @@ def carried_context(block: list[dict[str, Any]]) -> LinkedContext | None:
     rejoin carries it on as a taker does: ``taken_over_context``). None
     without a ``context`` line (a run of before they were written)."""
     view: dict[str, Any] | None = None
+    agent: str | None = None
     for line in block:
         kind = line.get("kind")
+        agent = in_charge_after(line, agent)
         if kind == RecordKind.CONTEXT and isinstance(line.get("context"), dict):
             view = dict(line["context"])
         elif kind == RecordKind.SELECTION and view is not None:
             view["selection"] = line.get("selection")
+    if view is not None and agent is not None:
+        view["agent"] = agent      # the agent in charge when the run was cut (docs/agents.md)
     return taken_over_context(view) if view is not None else None
 
 
@@ -88,6 +94,12 @@ def pending_calls(block: list[dict[str, Any]]) -> list[PendingCall] | None:
         pending[tool_call_id] = PendingCall(tool_call_id, str(line.get("tool") or ""),
                                             str(line.get("response_id") or ""), tool_effect(line.get("effect")),
                                             arguments if isinstance(arguments, str) else None)
+    for line in block:
+        output = recorded_output(line)
+        tool_call_id = line.get("tool_call_id")
+        call = pending.get(tool_call_id) if output is not None and isinstance(tool_call_id, str) else None
+        if call is not None:
+            pending[call.tool_call_id] = replace(call, output=output)
     return list(pending.values())
 
 

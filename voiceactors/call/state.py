@@ -298,6 +298,7 @@ class Batch:
     reports: list[str] = field(default_factory=list)   # ours: the batches whose follow-up it is (its create's)
     progress_at: float = math.inf     # when a progress line may be spoken (a call of it reported progress)
     progress_spoken: bool = False     # its one progress line was asked for
+    agent: str | None = None          # the agent in charge when it was first seen (None: a call without agents)
 
     @property
     def kept(self) -> bool:

@@ -74,6 +74,8 @@ from voiceactors.logs import get_logger
 from voiceactors.realtime import tls as client_tls
 from voiceactors.settings import Settings
 from voiceactors.tool_effect import WRITE
+from voiceactors.tools.registry import REGISTRY, manifest
+from voiceactors.agents import DEFAULT_AGENTS, CallAgents
 
 INBOX_SIZE = 256
 
@@ -212,7 +214,7 @@ class CallSupervisor:
             if lease is not None:
                 nursery.start_soon(release_quietly, self.registry, lease, self.settings.connect_timeout_s)
             return ConnectOutcome.AT_CAPACITY
-        context = self._pin_again(context)
+        context = self._with_agents(self._pin_again(context))
         feed = self.hub.open(call_id, lease.fence if lease is not None else None)   # the fence: event ids
         fence = self.registry.fence_of(call_id) if lease is not None else None
         if lease is not None and context is not None:
@@ -229,6 +231,22 @@ class CallSupervisor:
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")
         self.log.debug("supervisor.call_started", call_id=call_id, live=len(self.calls))
         return ConnectOutcome.CONNECTED
+
+    def _with_agents(self, context: LinkedContext | None) -> LinkedContext | None:
+        """A rejoined or taken-over call whose record or mirror named the
+        agent in charge: the journal's agents as they are now, with that one
+        in charge (its session.update goes at the first connection;
+        docs/agents.md § Crash recovery and takeover). The MCP sources'
+        tools are not known here: a later handoff offers the journal's."""
+        if context is None or context.agents is not None or context.carried_agent is None:
+            return context
+        try:
+            agents = voice_config.agents(self.settings, REGISTRY)
+        except voice_config.ConfigUnreadable:
+            agents = DEFAULT_AGENTS
+        style = self.settings.tool_name_style
+        made = CallAgents.made(agents, manifest(style), REGISTRY, style).starting(context.carried_agent)
+        return replace(context, agents=made)
 
     def _pin_again(self, context: LinkedContext | None) -> LinkedContext | None:
         """A rejoined or taken-over phone call that asked for a PIN (its

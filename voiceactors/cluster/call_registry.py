@@ -56,7 +56,8 @@ from typing import Any, Protocol
 import trio
 from coredis.tokens import PureToken
 
-from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
+from voiceactors.call.call_context import LinkedContext, carried_agent, carried_view, taken_over_context
+from voiceactors.call.handoff import in_charge_after, recorded_output
 from voiceactors.call.record_kind import TOOL_KINDS, RecordKind
 from voiceactors.call.recovery import PendingCall
 from voiceactors.tool_effect import tool_effect
@@ -630,11 +631,23 @@ class RedisRegistry:
         carried context with the new selection). Never blocks; a full queue
         drops the line (logged: a takeover then misses it)."""
         kind = line.get("kind")
-        if kind == RecordKind.SELECTION:
+        if kind in (RecordKind.SELECTION, RecordKind.HANDOFF):
             carried = self._contexts.get(call_id)
             if carried is None:
                 return
-            carried["selection"] = line.get("selection")
+            if kind == RecordKind.SELECTION:
+                carried["selection"] = line.get("selection")
+            else:
+                agent = in_charge_after(line, carried_agent(carried))
+                if agent == carried_agent(carried):
+                    return      # a refused handoff: nothing changed
+                carried["agent"] = agent
+                output = recorded_output(line)
+                if output is not None:      # its call is answered so by a taker, not with the restart error
+                    self._queue_mirror(call_id, {
+                        "kind": RecordKind.TOOL_STARTED, "tool_call_id": line.get("tool_call_id"),
+                        "tool": line.get("tool"), "response_id": line.get("response_id"), "effect": None,
+                        "output": output})
             line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
         elif kind not in TOOL_KINDS:
             return
@@ -648,7 +661,8 @@ class RedisRegistry:
         if call_id not in self._held:
             return
         carried = self._contexts[call_id] = carried_view(linked)
-        if carried["link"] is not None or carried["selection"] is not None:
+        if carried["link"] is not None or carried["selection"] is not None or (
+                linked.agents is not None and linked.agents.in_charge != linked.agents.agents.first.name):
             self._queue_mirror(call_id, {"kind": rc.CONTEXT_FIELD, "context": dict(carried)})
 
     def _queue_mirror(self, call_id: str, line: dict[str, Any]) -> None:
@@ -767,10 +781,11 @@ class RedisRegistry:
                 continue
             if not isinstance(line, dict):
                 continue
-            arguments = line.get("arguments")
+            arguments, output = line.get("arguments"), line.get("output")
             pending.append(PendingCall(str(tool_call_id), str(line.get("tool") or ""),
                                        str(line.get("response_id") or ""), tool_effect(line.get("effect")),
-                                       arguments if isinstance(arguments, str) else None))
+                                       arguments if isinstance(arguments, str) else None,
+                                       output if isinstance(output, str) else None))
         return Carried(pending, context)
 
 

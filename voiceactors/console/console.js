@@ -147,6 +147,13 @@
     node.textContent = words;
   }
 
+  // The agent in charge of the call (docs/agents.md): its name, as the feed says it.
+  function showAgent(agent) {
+    const node = $("agent");
+    node.hidden = !agent;
+    node.textContent = agent ? `speaking: ${agent}` : "";
+  }
+
   // --- conversation (spoken order, by item) -------------------------------------
 
   function itemNode(itemId, role, previousId) {
@@ -241,6 +248,9 @@
         break;
       case "selection":
         showAbout(event.selection, event.link);
+        break;
+      case "agent":
+        showAgent(event.agent);
         break;
       case "usage": {
         // after each response: the call's tokens and cost so far
@@ -573,6 +583,7 @@
     $("detail-call-id").textContent = "—";
     $("detail-end-reason").textContent = "—";
     showAbout(null, null);
+    showAgent(null);
     showContinues(null);
     delete document.body.dataset.callId;
     delete document.body.dataset.endReason;

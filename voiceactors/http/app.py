@@ -37,6 +37,7 @@ from voiceactors.logs import get_logger
 from voiceactors.http.mcp import MCP_PATH, McpEndpoint
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings, shutdown_deadlines
+from voiceactors.tools.registry import REGISTRY
 
 # werkzeug encodes every request's Host with the idna codec. Loaded lazily, that
 # codec is a file to open on the first request: a server out of file
@@ -161,6 +162,7 @@ def check_journal_settings(settings: Settings) -> None:
     check_sources(settings)
     voice_config.check_session_settings(settings)
     voice_config.check_phone_settings(settings)
+    voice_config.check_agents(settings, REGISTRY)
 
 
 def create_app(settings: Settings, *, brain_backend: Any | None = None) -> QuartTrio:

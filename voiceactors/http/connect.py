@@ -49,17 +49,19 @@ import structlog
 import trio
 
 from voiceactors import voice_config, metrics, tracing
+from voiceactors.agents import CallAgents
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.messages import BrainState, Connect, ConnectOutcome, GetBrain
 from voiceactors.http import continuation, guards, linked, mcp_credentials
 from voiceactors.http.errors import (AT_CAPACITY, INTERNAL, REFUSED_UNREAD, REGISTRY_DOWN, RUNTIME_UNAVAILABLE,
                                      TOO_LARGE, ApiError, json_body, status_message)
 from voiceactors.http.request_ids import request_id_for
-from voiceactors.http.routes import (QUICK_ASK_S, VoiceState, ask_actor, call_id_of, json_object, openai_key,
-                                     read_config)
+from voiceactors.http.routes import (QUICK_ASK_S, VoiceState, ask_actor, call_agents, call_id_of, json_object,
+                                     openai_key, read_config)
 from voiceactors.http.targets import target_path
 from voiceactors.logs import get_logger
 from voiceactors.runtime import Runtime
+from voiceactors.settings import Settings
 
 CONNECT_PATH = "/api/voice/connect"
 #: the methods the route takes (any other: 405), as the OpenAPI document lists them
@@ -150,7 +152,7 @@ class ConnectHandler:
         continued = await continuation.continuation(continues, earlier, runtime)
         call_context = LinkedContext(await _base_instruction(runtime), link, greeting,
                                      session=read_config(voice_config.session_settings, settings),
-                                     continuation=continued)
+                                     continuation=continued, agents=await _agents(settings, runtime))
         if credentials is not None:
             await mcp_credentials.open_call(runtime, call_id, credentials)
         answer = await supervisor_answer(runtime, self._voice.settings.connect_timeout_s, call_id, call_context)
@@ -183,6 +185,13 @@ async def supervisor_answer(runtime: Runtime, connect_timeout_s: float, call_id:
     except trio.TooSlowError:
         _log.error("http.connect_timed_out", call_id=call_id)
         raise ApiError(500, RUNTIME_UNAVAILABLE) from None
+
+
+async def _agents(settings: Settings, runtime: Runtime) -> CallAgents:
+    """The call's agents and the session's full tool list (the MCP sources'
+    asked of the hub only when there are sources), for its handoffs."""
+    sources = await mcp_credentials.source_tools(runtime, settings.tool_name_style) if runtime.mcp is not None else []
+    return call_agents(settings, sources)
 
 
 async def _base_instruction(runtime: Runtime) -> str | None:

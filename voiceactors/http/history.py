@@ -18,6 +18,7 @@ from voiceactors import storage
 from voiceactors.call.continuation import continuable
 from voiceactors.call.record import parse_record, record_path
 from voiceactors.call.state import ToolOutcome
+from voiceactors.call.handoff import in_charge_after
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.usage.cost import Tokens, round_usd
 
@@ -147,12 +148,33 @@ def summarize(call_id: str, lines: list[dict[str, Any]]) -> dict[str, Any]:
         **usage_summary(lines),
         **continues_field(lines),
     }
+    agent = agent_in_charge(lines)
+    if agent is not None:      # only a call with agents has it (docs/agents.md)
+        summary["agent"] = agent
     phone = next((s for s in starts if s.get("arrival") == "phone"), None)
     if phone is not None:      # only a phone call's summary has it: a browser call's is as it was
         summary["phone"] = {"caller": phone.get("caller") if isinstance(phone.get("caller"), str) else None}
     if any(s.get("arrival") == "live" for s in starts):
         summary["live"] = True     # a Live call's (docs/live.md); absent from every other summary
     return summary
+
+
+def agents_by_line(lines: list[dict[str, Any]]) -> list[str | None]:
+    """The agent in charge at each line (``handoff.in_charge_after``; None
+    before a run names one: a call without agents)."""
+    agent: str | None = None
+    found = []
+    for line in lines:
+        if line.get("kind") == RecordKind.START:
+            agent = None
+        agent = in_charge_after(line, agent)
+        found.append(agent)
+    return found
+
+
+def agent_in_charge(lines: list[dict[str, Any]]) -> str | None:
+    """The agent in charge at the record's last line (None: a call without agents)."""
+    return next((agent for agent in reversed(agents_by_line(lines)) if agent is not None), None)
 
 
 def continued_call(lines: list[dict[str, Any]]) -> str | None:
@@ -332,6 +354,7 @@ def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     entries: list[tuple[tuple[int, float, int], dict[str, Any]]] = []
     cut: set[tuple[int, Any]] = set()
     block = 0
+    agents = agents_by_line(lines)
     for index, line in enumerate(lines):
         kind = line.get("kind")
         if kind == RecordKind.START:
@@ -342,6 +365,8 @@ def spoken_transcript(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
             order = _number(line.get("order"))
             entry = {"role": line.get("role"), "text": line.get("text"), "item_id": line.get("item_id"),
                      "t": line.get("t"), "cut_short": line.get("cut_short") is True, "_block": block}
+            if line.get("role") == "assistant" and agents[index] is not None:
+                entry["agent"] = agents[index]     # who said it: the agent in charge when it was transcribed
             entries.append(((block, order if order is not None else float(index), index), entry))
     entries.sort(key=lambda pair: pair[0])
     out = []

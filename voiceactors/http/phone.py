@@ -71,7 +71,8 @@ from voiceactors.http import errors as E
 from voiceactors.http import mcp_credentials
 from voiceactors.http.errors import ApiError
 from voiceactors.http.connect import supervisor_answer
-from voiceactors.http.routes import (QUICK_ASK_S, VoiceState, ask_actor, bp, call_id_of, openai_key, read_config,
+from voiceactors.http.routes import (QUICK_ASK_S, VoiceState, ask_actor, bp, call_agents, call_id_of, openai_key,
+                                     read_config,
                                      ready_instruction, refuse_when_budget_spent, session_config, state)
 from voiceactors.logs import get_logger
 from voiceactors.messages import ConnectOutcome, CountCalls
@@ -369,10 +370,11 @@ async def _answer(voice: VoiceState, runtime: Runtime, incoming: Incoming) -> Ha
     chosen: SessionSettings = read_config(voice_config.session_settings, settings)
     if phone.transfer_to is not None:       # the model may hand the caller to a person (phone_line.py)
         sources = [*sources, transfer_tool(settings.tool_name_style)]
-    session = session_config(settings, model, instruction, sources, chosen)
+    agents = call_agents(settings, sources)
+    session = session_config(settings, model, instruction, sources, chosen, agents)
     session["audio"] = PHONE_AUDIO
     await _accept(voice, key, incoming.call_id, session)
-    linked = LinkedContext(instruction, None, greeting=True, session=chosen,
+    linked = LinkedContext(instruction, None, greeting=True, session=chosen, agents=agents,
                            phone=PhoneCall(incoming.caller.masked or "", incoming.caller.header, pin=phone.pin,
                                            transfer_to=phone.transfer_to))
     try:

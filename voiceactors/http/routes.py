@@ -33,7 +33,8 @@ from voiceactors.realtime.session_settings import SessionSettings
 from voiceactors.logs import get_logger
 from voiceactors.runtime import Runtime
 from voiceactors.settings import Settings
-from voiceactors.tools.registry import manifest
+from voiceactors.tools.registry import REGISTRY, manifest
+from voiceactors.agents import Agents, CallAgents
 
 CALL_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 PREVIEW_CHARS = 200
@@ -168,17 +169,32 @@ async def ready_instruction(settings: Settings, runtime: Runtime) -> str:
     return brain.instruction
 
 
+def call_agents(settings: Settings, source_tools: list[dict[str, Any]] | None = None) -> CallAgents:
+    """The call's agents (``voice.agents``, else the shipped set) with the
+    session's full tool list (ours, then the MCP sources'), the first in
+    charge; 503 when the config cannot be read."""
+    agents: Agents = read_config(lambda s: voice_config.agents(s, REGISTRY), settings)
+    style = settings.tool_name_style
+    return CallAgents.made(agents, manifest(style), REGISTRY, style, source_tools or ())
+
+
 def session_config(settings: Settings, model: str, instruction: str,
                    source_tools: list[dict[str, Any]] | None = None,
-                   chosen: SessionSettings = SessionSettings()) -> dict[str, Any]:
+                   chosen: SessionSettings = SessionSettings(), agents: CallAgents | None = None) -> dict[str, Any]:
     """The ``session`` of the client-secret request; ``source_tools``: the
     MCP sources' tools, after ours (``http/mcp_credentials.py``); ``chosen``:
-    the journal's session settings, only those set (none: no field added)."""
+    the journal's session settings, only those set (none: no field added);
+    ``agents``: the call's agents, whose first's tools and instruction the
+    session starts with (docs/agents.md; None: every tool, the instruction as it is)."""
+    tools = manifest(settings.tool_name_style) + list(source_tools or ())
+    if agents is not None:
+        first = agents.session(agents.in_charge, instruction)
+        instruction, tools = first["instructions"], first["tools"]
     return {
         "type": "realtime",
         "model": model,
         "instructions": instruction,
-        "tools": manifest(settings.tool_name_style) + list(source_tools or ()),
+        "tools": tools,
         "tool_choice": "auto",
         "output_modalities": ["audio"],
         **chosen.session_fields(),
@@ -230,11 +246,12 @@ async def create_session() -> Any:
     sources = await mcp_credentials.source_tools(_runtime(), settings.tool_name_style)
     model = read_config(voice_config.voice_model, settings)
     chosen: SessionSettings = read_config(voice_config.session_settings, settings)
+    agents = call_agents(settings, sources)
     started = trio.current_time()
     try:
         assert voice.openai_clients is not None   # VoiceState.__post_init__ sets it
         value = await mint_client_secret(settings, voice.openai_clients, key,
-                                         session_config(settings, model, instruction, sources, chosen))
+                                         session_config(settings, model, instruction, sources, chosen, agents))
     except Exception as error:  # noqa: BLE001 - every OpenAI failure is the same 500
         _log.error("http.session_mint_failed", error_type=type(error).__name__,
                    status=getattr(error, "status_code", None), detail=str(error)[:300],

@@ -12,7 +12,9 @@ a row for slow tool calls when there were any (the acknowledgement, the
 wait for the answer, a progress line, its delivery), a row for the turns'
 latency when the record has any (from the end of the user's speech, a bar to
 the reply's first sound and, after a tool, a lighter one on to the answer's;
-the parts in the tooltip), and vertical marks for reconnects and the end. Text is escaped; the picture
+the parts in the tooltip), a row of agent spans when the call handed over
+between agents (each agent's name over the time it was in charge,
+docs/agents.md), and vertical marks for reconnects and the end. Text is escaped; the picture
 has no script and no external reference, so it is safe as an ``<img>``.
 """
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
+from voiceactors.call.handoff import in_charge_after
 from voiceactors.call.state import ToolOutcome
 from voiceactors.call.record_kind import RecordKind
 
@@ -54,6 +57,7 @@ SLOW_KINDS = frozenset({RecordKind.SLOW_ACK, RecordKind.SLOW_PROGRESS, RecordKin
                         RecordKind.SLOW_DELIVERY})
 FELT_COLOUR = "#d4a017"       # a turn: the end of speech to the first sound
 ANSWER_COLOUR = "#f0dc9a"     # ... on to the answer after a tool
+AGENT_COLOURS = ("#e3def7", "#d8eee3", "#f6e6d2", "#dbe8f5")   # agent spans, in turn
 TEXT = "#2b2b33"
 MUTED = "#6b6b78"
 
@@ -181,7 +185,9 @@ def render(lines: list[dict[str, Any]]) -> str:
     slow_h = ROW_H if slow else 0         # ... and one without slow tool calls
     turns = [p for p in placed if p.line.get("kind") == RecordKind.TURN]
     turns_h = ROW_H if turns else 0       # ... and one without turn lines
-    tools_top = TOP + responses_h + spoken_h + slow_h + turns_h
+    spans = _agent_spans(placed, span)
+    agents_h = ROW_H if spans else 0      # ... and one without handoffs
+    tools_top = TOP + responses_h + spoken_h + slow_h + turns_h + agents_h
     rows = len(shown_tools) + (1 if hidden_tools else 0)
     plot_bottom = tools_top + rows * ROW_H
     legend_y = plot_bottom + 40
@@ -216,6 +222,8 @@ def render(lines: list[dict[str, Any]]) -> str:
         out += _slow_row(slow, x, TOP + responses_h + spoken_h)
     if turns:
         out += _turns_row(turns, x, TOP + responses_h + spoken_h + slow_h)
+    if spans:
+        out += _agents_row(spans, x, TOP + responses_h + spoken_h + slow_h + turns_h)
     # tool calls
     for i, p in enumerate(shown_tools):
         line = p.line
@@ -325,6 +333,34 @@ def _turns_row(turns: list[Placed], x: Any, y: float) -> list[str]:
                                  ANSWER_COLOUR, rx=2)[:-2] + f"><title>{escape(tip)}</title></rect>")
         out.append(_rect(x(p.at), y + 5, x(p.at + first / 1000) - x(p.at), 12, FELT_COLOUR, rx=2)[:-2]
                    + f"><title>{escape(tip)}</title></rect>")
+    return out
+
+
+def _agent_spans(placed: list[Placed], end: float) -> list[tuple[float, float, str]]:
+    """Each agent's time in charge (from, to, name), when the call handed
+    over at least once (a handoff line that changed who is in charge)."""
+    changes: list[tuple[float, str]] = []
+    agent: str | None = None
+    handed = False
+    for p in placed:
+        now = in_charge_after(p.line, agent)
+        if now is not None and now != agent:
+            handed = handed or p.line.get("kind") == RecordKind.HANDOFF
+            changes.append((p.at if changes else 0.0, now))
+        agent = now
+    if not handed:
+        return []
+    return [(at, changes[i + 1][0] if i + 1 < len(changes) else end, name) for i, (at, name) in enumerate(changes)]
+
+
+def _agents_row(spans: list[tuple[float, float, str]], x: Any, y: float) -> list[str]:
+    """The agents' row: a span per agent's time in charge, its name on it."""
+    out = [_text(8, y + 15, "agents", font_weight="600")]
+    for i, (begin, end, name) in enumerate(spans):
+        tip = f"agent {name} in charge · {begin:.1f} s to {end:.1f} s"
+        out.append(_rect(x(begin), y + 3, x(end) - x(begin), 16, AGENT_COLOURS[i % len(AGENT_COLOURS)], rx=3)[:-2]
+                   + f"><title>{escape(tip)}</title></rect>")
+        out.append(_text(x(begin) + 4, y + 15, name))
     return out
 
 

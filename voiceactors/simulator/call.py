@@ -224,6 +224,10 @@ class SimCall:
         # the calls it went on over (``awaited``) may be answered and spoken in a later turn
         self.async_tools = False
         self.awaited: set[str] = set()
+        # the ``hold_ack`` step: the next session.update's session.updated goes out after the next
+        # response.done instead of at once (a handoff's acknowledgement after its response's completion)
+        self.hold_ack = False
+        self.held_ack: dict | None = None
         self.tool_source: Any = None           # the simulator's slow MCP tool source (``slow_tool`` steps), if any
         self.last_activity_at: float | None = None   # the idle timer's origin: a response.done or the user's speech
         # state
@@ -640,6 +644,9 @@ class CallSession:
                 "usage": self.call.tokens.response_usage(resp.output, self.call.session.get("instructions"))}
         await self.send({"type": "response.done", "response": body}, resp,
                         before=lambda: self._mark_finished(resp, status, reason))
+        if self.call.held_ack is not None:
+            held, self.call.held_ack = self.call.held_ack, None
+            await self.send({"type": "session.updated", "session": held})
 
     async def _close_partial_calls(self, resp: _Active) -> None:
         """An interrupted tool call still gets ``arguments.done`` (with partial
@@ -912,9 +919,13 @@ class CallSession:
         return True
 
     async def _on_session_update(self, obj: dict, event_id: str | None) -> None:
-        self.call.session = merged_session(self.call.session, obj["session"])
-        self.call.notify()   # an idle timeout may have been set or changed
-        await self.send({"type": "session.updated", "session": self.call.session})
+        call = self.call
+        call.session = merged_session(call.session, obj["session"])
+        call.notify()   # an idle timeout may have been set or changed
+        if call.hold_ack:
+            call.hold_ack, call.held_ack = False, call.session    # applied; acknowledged after the next response.done
+            return
+        await self.send({"type": "session.updated", "session": call.session})
 
     async def _on_conversation_item_create(self, obj: dict, event_id: str | None) -> None:
         item = dict(obj["item"])
@@ -1057,6 +1068,9 @@ class CallSession:
         # a timetable, not a pause: a late step does not push the later ones back
         assert self.call.started_at is not None
         await trio.sleep_until(self.call.started_at + seconds)
+
+    async def _step_hold_ack(self, on: bool) -> None:
+        self.call.hold_ack = on
 
     async def _step_async_tools(self, on: bool) -> None:
         self.call.async_tools = on

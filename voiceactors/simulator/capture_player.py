@@ -19,7 +19,8 @@ in its place. **Our events drive the replay**, as they drove the service:
   is played as recorded;
 * the service's answers to our events that the capture holds (an ``error``
   naming one of our event ids, ``session.updated``) are not played: the replay
-  answers our events live, as the simulator does — ``response.create`` while a
+  answers our events live, as the simulator does — a ``session.update`` is
+  applied and acknowledged with ``session.updated``, ``response.create`` while a
   response is active gets ``conversation_already_has_active_response``, an
   output for an unknown tool call ``invalid_tool_call_id``, a second one
   ``duplicate_tool_call_output``;
@@ -46,6 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 import trio
+
+from voiceactors.simulator.call import merged_session
 
 __all__ = ["ReplayDriver", "ReplayScript", "Step"]
 
@@ -281,6 +284,10 @@ class ReplayDriver:
                 self._held.creates.append(event_id)
         else:
             self.others.append(str(type_))
+            if type_ == "session.update" and isinstance(obj.get("session"), dict):
+                # applied and acknowledged live, as the service does (a handoff waits for it: docs/agents.md)
+                session.call.session = merged_session(session.call.session, obj["session"])
+                await session.send({"type": "session.updated", "session": session.call.session})
         session.call.notify()
 
     async def _on_output(self, session: Any, call_id: str, output: str, event_id: str | None) -> None:

@@ -136,6 +136,7 @@ STEP_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "dtmf": {"type": "string", "pattern": "^[0-9*#A-D]+$"},
     "async_tools": {"type": "boolean"},
+    "hold_ack": {"type": "boolean"},
     "slow_tool": {
         "type": "object", "additionalProperties": False, "required": ["name"],
         "properties": {"name": {"type": "string", "minLength": 1}, "run_s": _NUM, "progress_every_s": _NUM},

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from voiceactors.agents import HANDOFF_FAMILY
+
 SOURCE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SOURCE_KEYS = frozenset({"name", "url", "token_env", "timeout_s"})
@@ -107,7 +109,7 @@ def parse_sources(value: Any) -> tuple[McpSource, ...]:
         raise SourceConfigError(f"mcp_sources lists {len(value)} sources; at most {MAX_SOURCES}")
     sources = tuple(_source(i, item) for i, item in enumerate(value))
     seen: set[str] = set()
-    taken = JOURNAL_TOOL_FAMILIES
+    taken = JOURNAL_TOOL_FAMILIES | {HANDOFF_FAMILY}      # the handoff tools' family too (agents.py)
     for source in sources:
         if source.name in taken:
             raise SourceConfigError(

@@ -402,7 +402,8 @@ class Settings:
     # --- usage and budgets ---
     prices: tuple[str, ...] = setting(
         DEFAULT_PRICES, USAGE, "the price table: entries `<model>=<text in>/<text out>/<audio in>/<audio out>/"
-        "<cached in>`, US dollars per million tokens; the default is gpt-realtime's as published on "
+        "<cached in>`, US dollars per million tokens, or for a Live model `<model>=audio_min:<US dollars per "
+        "minute>` (its sessions' seconds of audio, docs/live.md); the default is gpt-realtime's as published on "
         "openai.com/api/pricing on 2025-08-28. A model without an entry still counts tokens; its cost is "
         "unknown (and a budget cannot stop it). The environment variable is comma-separated and replaces the "
         "whole table (docs/operations.md § Usage and cost)", env="VOICEACTORS_PRICES",

@@ -1043,7 +1043,12 @@ class CallActor:
             except Exception as exc:  # noqa: BLE001 - the call goes on; only its prices are a guess
                 self.log.warning("call.model_unreadable", error=type(exc).__name__)
                 model = DEFAULT_VOICE_MODEL
-        self.protocol.meter = meter_for(model, self.settings.prices, self.settings.call_budget_usd)
+        # a Live call's session audio: priced as its Live model ("unknown" for a
+        # session of before the context kept it: counted, its cost unknown)
+        live = self._linked.live if self._linked is not None else None
+        self.protocol.meter = meter_for(model, self.settings.prices, self.settings.call_budget_usd,
+                                        audio_model=(live.live_model or "unknown") if live is not None else None,
+                                        audio_s=live.audio_s if live is not None else 0.0)
 
     async def _key(self) -> str | None:
         if callable(self._api_key):

@@ -194,7 +194,8 @@ class Settings:
     tool_ack_after_s: float = setting(
         0.7, TOOLS, "a tool call that may run on while the conversation goes on (reads, MCP sources) and has not "
         "answered this long after its response ended is acknowledged: the assistant says, once, that it is on it, "
-        "and speaks the answer when it comes (`0`: off; docs/calls.md § Slow tools)",
+        "and speaks the answer when it comes (`0`: off; docs/calls.md § Slow tools). Not on a Live call, whose "
+        "service acknowledges a delegation itself (docs/live.md)",
         env="VOICEACTORS_TOOL_ACK_AFTER", unit="s", minimum=0,
         short="acknowledge a slow tool call after this long (`0`: off)")
     tool_slow_max: int = setting(

@@ -210,6 +210,8 @@ def test_the_session_s_cumulative_audio_seconds_are_counted_once() -> None:
         call.service(le.usage_updated(seconds))
     lines = call.lines(RecordKind.AUDIO_USAGE)
     assert [(line["seconds"], line["added_s"], line["cost_usd"]) for line in lines] == [(30, 30, 0.03), (90, 60, 0.06)]
+    call.service(le.session_closed("live_1", "remote_hangup", 90))      # its final total, already counted
+    assert len(call.lines(RecordKind.AUDIO_USAGE)) == 2
     assert all(line["model"] == "gpt-live-1" for line in lines)
     counted = [e for e in call.effects if isinstance(e, CountUsage)]
     assert [(c.model, c.tokens) for c in counted] == [("gpt-live-1", {}), ("gpt-live-1", {})]
@@ -220,9 +222,11 @@ def test_the_session_s_cumulative_audio_seconds_are_counted_once() -> None:
                  le.nested("del_1", le.response_ended("resp_1", usage=(600, 200, 80))))
     totals = call.protocol.meter.totals()
     assert totals["audio_s"] == 90 and totals["responses"] == 1
+    call.service(le.session_closed("live_1", "remote_hangup", 95))      # the final total: its last 5 s
+    assert call.lines(RecordKind.AUDIO_USAGE)[-1]["added_s"] == 5
     assert totals["cost_usd"] == pytest.approx(0.09 + (400 * 1.0 + 80 * 8.0 + 200 * 0.1) / 1e6)
     [total] = [line.fields for line in call.protocol.closing_lines() if line.kind == RecordKind.USAGE_TOTAL]
-    assert total["audio_s"] == 90
+    assert total["audio_s"] == 95
 
 
 def test_audio_without_a_price_is_counted_and_its_cost_unknown() -> None:

@@ -32,8 +32,9 @@ Rules kept here (the protocol's are the protocol's):
   delegation was made from (reported late) is not;
 * a delegated response that fails is answered with commentary, once: the
   Live model says so rather than wait for it;
-* the session's audio usage (``session.usage.updated``, cumulative) goes to
-  the protocol as it is: Realtime has no event for seconds of audio;
+* the session's audio usage (``session.usage.updated``, cumulative; the
+  final total of ``session.closed`` too) goes to the protocol as a
+  ``session.usage.updated``: Realtime has no event for seconds of audio;
 * a write's output also reaches the Live model as silent context
   (``session.thinking.append``): the delegation it answered may be one the
   user spoke over, whose answer the model never speaks.
@@ -363,9 +364,10 @@ class LiveTranslator:
                                                  "status": "completed", "content": [{"type": "output_audio"}]}))
         self._assistant.parts.append(delta)
 
-    def _on_closed(self, _event: dict[str, Any], out: Translated) -> None:
+    def _on_closed(self, event: dict[str, Any], out: Translated) -> None:
         self._end_user_turn(out)
         self._end_assistant_turn(out)
+        self._on_usage(event, out)      # the final cumulative seconds, after the session's finalization
 
     def _item_added(self, item: dict[str, Any]) -> str:
         frame = self._server("conversation.item.added", item=item, previous_item_id=self._last_item)

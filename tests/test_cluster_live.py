@@ -2,10 +2,13 @@
 supervisor with a real redis-server's registry and the simulator's Live
 session on loopback: the call connected as ``POST /api/voice/live`` hands it
 over (``connect_leased``) holds its lease while it runs, its mirror carries
-the Live session a taker would attach with, its record says ``live``, and
-the lease is released when the session ends."""
+the Live session a taker would attach with (and the seconds of audio
+counted so far), its record says ``live``, and the lease is released when
+the session ends."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import trio
 
@@ -45,11 +48,13 @@ async def test_a_live_call_holds_a_lease_and_its_mirror_carries_the_session(tmp_
                 assert await supervisor.connect_leased(call_id, live_context()) == ConnectOutcome.CONNECTED
                 await session.wait_until(lambda s: s.step == len(s.steps))
                 assert call_id in supervisor.calls and registry.lease_of(call_id) is not None
-                # what a taker would attach with (the mirror is written by its own task: a pass or so later)
+                # what a taker would attach with (the mirror is written by its own task: a pass or so
+                # later), with the session's seconds counted so far: a taker counts only what is above
                 with trio.fail_after(10):
-                    while (carried := await registry.carried(call_id)).context is None:
+                    while (carried := await registry.carried(call_id)).context is None \
+                            or carried.context.live is None or carried.context.live.audio_s != 12:
                         await trio.sleep(0.02)
-                assert carried.context.live == live_context().live
+                assert carried.context.live == replace(live_context().live, audio_s=12.0)
                 assert await supervisor.connect_leased(call_id, live_context()) == ConnectOutcome.CONNECTED
                 assert len(supervisor.calls) == 1 and session.attaches == 1      # live here: no second actor
                 await r.sim.live.close(session, "remote_hangup")

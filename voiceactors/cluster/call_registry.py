@@ -627,14 +627,22 @@ class RedisRegistry:
         """A call record line of a call held here: its tool lines are mirrored
         (``pending:<call_id>``) in order by one writer task, and so is a
         ``selection`` line of a call with a context (``note_context``: its
-        carried context with the new selection). Never blocks; a full queue
-        drops the line (logged: a takeover then misses it)."""
+        carried context with the new selection), and an ``audio_usage`` line
+        of a Live call (its context with the session's seconds counted so
+        far: a taker counts only what its reports add). Never blocks; a full
+        queue drops the line (logged: a takeover then misses it)."""
         kind = line.get("kind")
         if kind == RecordKind.SELECTION:
             carried = self._contexts.get(call_id)
             if carried is None:
                 return
             carried["selection"] = line.get("selection")
+            line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
+        elif kind == RecordKind.AUDIO_USAGE:
+            carried = self._contexts.get(call_id)
+            if carried is None or not isinstance(carried.get("live"), dict):
+                return
+            carried["live"] = {**carried["live"], "audio_s": line.get("seconds")}
             line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
         elif kind not in TOOL_KINDS:
             return

@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from voiceactors.call.meter import FAREWELL, GRACE_S, meter_for
 from voiceactors.call.protocol import (
-    HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected, CountUsage, Effect, RecordLine, Send, StartTool, Timer,
-    ToolFinished, Written,
+    HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected, CountUsage, Effect, EndCall, RecordLine, Send, StartTool,
+    Timer, ToolFinished, Written,
 )
+from voiceactors.call.call_context import LinkedContext
+from voiceactors.call.end_reason import EndReason
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.state import ToolOutcome
 from voiceactors.live.names import RESPONSES_NAME, FunctionNames
@@ -188,6 +191,97 @@ def test_a_delegated_response_s_usage_is_counted_as_text_tokens() -> None:
     assert line["tokens"] == {"text_in": 400, "text_out": 80, "audio_in": 0, "audio_out": 0, "cached_in": 200}
     [counted] = [e for e in call.effects if isinstance(e, CountUsage)]
     assert counted.tokens == line["tokens"]
+
+
+AUDIO_PRICES = ("gpt-5-mini=1.0/8.0/0/0/0.1", "gpt-live-1=audio_min:0.06")
+
+
+def audio_metered(call: LiveCall, budget_usd: float = 0.0, audio_s: float = 0.0) -> None:
+    call.protocol.meter = meter_for("gpt-5-mini", AUDIO_PRICES, budget_usd, audio_model="gpt-live-1", audio_s=audio_s)
+
+
+def test_the_session_s_cumulative_audio_seconds_are_counted_once() -> None:
+    """Each report carries the session's total so far: a repeated or an
+    out-of-order (lower) one adds nothing, a higher one adds what it is above
+    the highest so far, priced per minute and added to the day's total."""
+    call = LiveCall()
+    audio_metered(call)
+    for seconds in (30, 30, 20, 90, 89.0, 90):
+        call.service(le.usage_updated(seconds))
+    lines = call.lines(RecordKind.AUDIO_USAGE)
+    assert [(line["seconds"], line["added_s"], line["cost_usd"]) for line in lines] == [(30, 30, 0.03), (90, 60, 0.06)]
+    call.service(le.session_closed("live_1", "remote_hangup", 90))      # its final total, already counted
+    assert len(call.lines(RecordKind.AUDIO_USAGE)) == 2
+    assert all(line["model"] == "gpt-live-1" for line in lines)
+    counted = [e for e in call.effects if isinstance(e, CountUsage)]
+    assert [(c.model, c.tokens) for c in counted] == [("gpt-live-1", {}), ("gpt-live-1", {})]
+    assert sum(c.cost_usd or 0 for c in counted) == pytest.approx(0.09)
+    assert call.protocol.meter.usage.cost_usd == pytest.approx(0.09)
+    # with a delegated response's tokens: the call's cost is both, its totals show the seconds
+    call.service(le.delegation_created("del_1", 1000), le.nested("del_1", le.response_created("resp_1")),
+                 le.nested("del_1", le.response_ended("resp_1", usage=(600, 200, 80))))
+    totals = call.protocol.meter.totals()
+    assert totals["audio_s"] == 90 and totals["responses"] == 1
+    call.service(le.session_closed("live_1", "remote_hangup", 95))      # the final total: its last 5 s
+    assert call.lines(RecordKind.AUDIO_USAGE)[-1]["added_s"] == 5
+    assert totals["cost_usd"] == pytest.approx(0.09 + (400 * 1.0 + 80 * 8.0 + 200 * 0.1) / 1e6)
+    [total] = [line.fields for line in call.protocol.closing_lines() if line.kind == RecordKind.USAGE_TOTAL]
+    assert total["audio_s"] == 95
+
+
+def test_audio_without_a_price_is_counted_and_its_cost_unknown() -> None:
+    call = LiveCall()
+    call.protocol.meter = meter_for("gpt-5-mini", (), 0.01, audio_model="gpt-live-1")
+    call.service(le.usage_updated(600))
+    [line] = call.lines(RecordKind.AUDIO_USAGE)
+    assert (line["added_s"], line["cost_usd"]) == (600, None)
+    assert call.protocol.meter.usage.cost_usd is None and not call.lines(RecordKind.BUDGET)
+
+
+def test_a_rejoined_call_counts_only_what_its_reports_add() -> None:
+    """A rejoin starts from the seconds its earlier runs counted (the record's
+    last ``audio_usage`` line, ``recovery.carried_context``): the session's
+    total reported again is not counted twice."""
+    from voiceactors.call.call_context import carried_view
+    from voiceactors.call.recovery import carried_context
+    from voiceactors.live.session import live_session
+    context = carried_view(LinkedContext("base", live=live_session(FunctionNames.of(REGISTRY), "base",
+                                                                     lambda tool: False, "gpt-5-mini", "gpt-live-1")))
+    block = [{"kind": "start", "call_id": "live_1"}, {"kind": "context", "context": context},
+             {"kind": "audio_usage", "model": "gpt-live-1", "seconds": 30.0, "added_s": 30.0, "cost_usd": 0.03},
+             {"kind": "audio_usage", "model": "gpt-live-1", "seconds": 75.0, "added_s": 45.0, "cost_usd": 0.045}]
+    carried = carried_context(block)
+    assert carried is not None and carried.live is not None
+    assert (carried.live.live_model, carried.live.audio_s) == ("gpt-live-1", 75.0)
+    call = LiveCall()
+    audio_metered(call, audio_s=carried.live.audio_s)
+    call.service(le.usage_updated(75), le.usage_updated(80))
+    [line] = call.lines(RecordKind.AUDIO_USAGE)
+    assert (line["seconds"], line["added_s"]) == (80, 5)
+    assert call.protocol.meter.totals()["audio_s"] == 5
+    # and the rejoined run's own context line carries the total on to a second rejoin
+    again = carried_context([{"kind": "start"}, {"kind": "context", "context": carried_view(carried)}])
+    assert again is not None and again.live is not None and again.live.audio_s == 75.0
+
+
+def test_audio_seconds_alone_spend_the_call_s_budget() -> None:
+    """A session's audio past the call's budget: the farewell is spoken from
+    commentary, and once the service took it in, the call ends after the
+    grace (its hangup is the shell's: ``live.sessions.hangup``)."""
+    call = LiveCall()
+    audio_metered(call, budget_usd=0.05)
+    call.service(le.usage_updated(40))
+    assert not call.lines(RecordKind.BUDGET) and call.sent == []
+    call.service(le.usage_updated(60))
+    [budget] = call.lines(RecordKind.BUDGET)
+    assert budget["cost_usd"] == pytest.approx(0.06)
+    [farewell] = call.sent_of("session.commentary.append")
+    assert farewell["content"] == FAREWELL["instructions"]
+    call.now = 1.0
+    call.service(le.commentary_appended(farewell["event_id"], 1000))
+    call.now = 1.0 + GRACE_S
+    call.feed(Timer())
+    assert [e.reason for e in call.effects if isinstance(e, EndCall)] == [EndReason.BUDGET]
 
 
 ORDERS = list(itertools.permutations(["created", "a_added", "a_done", "b_added", "b_done", "a_args"]))
@@ -383,7 +477,7 @@ def test_a_changed_instruction_is_appended_and_a_system_note_is_silent() -> None
 
 def test_what_live_does_not_say_becomes_nothing() -> None:
     translator = LiveTranslator(FunctionNames.of(REGISTRY))
-    for frame in (b"\x00", "not json", "[]", json.dumps(le.usage_updated(2.0)),
+    for frame in (b"\x00", "not json", "[]", json.dumps({"type": "session.usage.updated", "usage": 2.0}),
                   json.dumps(le.nested("del_1", {"type": "response.output_text.delta", "delta": "hi"}))):
         translated = translator.from_service(frame)
         assert translated.to_call == [] and translated.to_service == []

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from calls_support import KEY, real_time_limit, rig
+from calls_support import KEY, Gate, gated_registry, real_time_limit, rig
 from clock_support import serving
 from voiceactors.call.arrival import ArrivalKind, arrive
 from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
@@ -25,6 +25,7 @@ from voiceactors.call.supervisor import CallSupervisor, arrival_of
 from voiceactors.executor import write_log
 from voiceactors.http import create_app
 from voiceactors.http import errors as E
+from voiceactors.http.history import summarize
 from voiceactors.live.names import FunctionNames
 from voiceactors.live.session import live_session
 from voiceactors.messages import Connect, ConnectOutcome
@@ -52,10 +53,9 @@ def make_settings(journal: Path, tmp_path: Path, sim: Simulator, **changes: Any)
 
 async def test_a_live_call_through_the_route_and_the_key_in_no_answer(journal, tmp_path, log_stream):
     async with serving_simulator(Simulator(api_key=SIM_KEY, live_scenario="live_search")) as sim:
-        # the delegated model priced: its tokens are the call's cost
-        # no slow-tool acknowledgement: on a loaded machine the search's first index build
-        # may pass 0.7 s, and its spoken acknowledgement is a second commentary
-        app = create_app(make_settings(journal, tmp_path, sim, close_deadline_s=1.0, tool_ack_after_s=0.0,
+        # the delegated model priced: its tokens are the call's cost; the default
+        # tool_ack_after_s: a Live call speaks no acknowledgement of ours, however slow the search
+        app = create_app(make_settings(journal, tmp_path, sim, close_deadline_s=1.0,
                                        prices=("gpt-5-mini=1.0/8.0/0/0/0.1",)))
         answers: list[bytes] = []
         async with serving(app) as test_app:
@@ -218,3 +218,69 @@ async def test_a_live_call_past_its_budget_says_farewell_and_is_hung_up(tmp_path
     [farewell] = session.of_type("session.commentary.append")
     assert farewell["content"] == FAREWELL["instructions"] and farewell["delegation_id"] is None
     assert r.sim.live.hangups == [session.session_id]
+
+
+async def test_a_live_call_whose_audio_spends_its_budget_is_hung_up(tmp_path, autojump_clock):
+    """The session's audio alone (``session.usage.updated``, cumulative,
+    priced per minute by the Live model's ``audio_min`` entry) past the
+    call's budget: the farewell from commentary, the hangup through
+    ``live.sessions.hangup``; a repeated and a late report count nothing; the
+    day's total and the record's ``audio_usage`` lines have the seconds."""
+    prices = ("gpt-5-mini=1.0/8.0/0/0/0.1", f"{le.LIVE_MODEL}=audio_min:0.06")
+    async with rig(tmp_path, call_budget_usd=0.05, prices=prices) as r:
+        session = r.sim.live.add({"model": le.LIVE_MODEL})
+        session.steps = [{"user": "Hello there."}, {"usage": 30}, {"usage": 30}, {"usage": 20}, {"usage": 90}]
+        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
+        context = _live_context()
+        context = LinkedContext(context.base_instruction,
+                                live=replace(context.live, model="gpt-5-mini", live_model=le.LIVE_MODEL))
+        with real_time_limit():
+            await r.nursery.start(sup.run)
+            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
+            await sup.inbox.send(Connect(session.session_id, reply, context=context))
+            assert await replied.receive() == ConnectOutcome.CONNECTED
+            await session.wait_until(lambda s: s.closed)
+            daily = sup.daily.state()
+            r.nursery.cancel_scope.cancel()
+    [farewell] = session.of_type("session.commentary.append")
+    assert farewell["content"] == FAREWELL["instructions"]
+    assert r.sim.live.hangups == [session.session_id] and session.nonconforming == []
+    assert daily.cost_usd == pytest.approx(0.09)
+    record = read_record(record_path(r.settings.state_dir, session.session_id))
+    audio = [(line["seconds"], line["added_s"]) for line in record if line["kind"] == "audio_usage"]
+    assert audio == [(30, 30), (90, 60)]
+    [budget] = [line for line in record if line["kind"] == "budget"]
+    assert budget["cost_usd"] == pytest.approx(0.09)
+    [total] = [line for line in record if line["kind"] == "usage_total"]
+    assert total["audio_s"] == 90 and total["cost_usd"] == pytest.approx(0.09)
+    assert [line["reason"] for line in record if line["kind"] == "end"] == ["budget_spent"]
+    summary = summarize(session.session_id, record)      # the history's
+    assert summary["audio_s"] == 90 and summary["cost_usd"] == pytest.approx(0.09) and summary["live"] is True
+
+
+async def test_a_live_call_s_slow_tool_is_acknowledged_by_live_alone(tmp_path, autojump_clock):
+    """Live speaks its own acknowledgement of a delegation: a search held far
+    past ``tool_ack_after_s`` on a Live call brings no acknowledgement of
+    ours (no commentary), only its output and the continuation; the same
+    setting on a Realtime call acknowledges (``tests/test_call_slow_tools.py``)."""
+    gate = Gate({"results": []})
+    async with rig(tmp_path, registry=gated_registry("journal.search", gate), tool_ack_after_s=0.7) as r:
+        session = r.sim.live.add({"model": le.LIVE_MODEL})
+        session.steps = [{"user": "What did I write about the boat?"},
+                         {"delegate": [{"name": "journal_search", "arguments": {"query": "boat"}}],
+                          "answer": "Nothing about a boat."}]
+        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
+        with real_time_limit():
+            await r.nursery.start(sup.run)
+            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
+            await sup.inbox.send(Connect(session.session_id, reply, context=_live_context()))
+            assert await replied.receive() == ConnectOutcome.CONNECTED
+            await trio.to_thread.run_sync(gate.entered.wait, 10)
+            await trio.sleep(5 * r.settings.tool_ack_after_s)       # the fake clock: far past the acknowledgement
+            gate.release.set()
+            await session.wait_until(lambda s: s.response_creates == 1)
+            actor = sup.calls[session.session_id]
+            r.nursery.cancel_scope.cancel()
+    assert session.outputs and session.of_type("session.commentary.append") == []
+    assert actor.protocol.slow_tools.ack_after_s == 0.0
+    assert arrive(ArrivalKind.BROWSER, r.settings, "rtc_1").service_acknowledges is False

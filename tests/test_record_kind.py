@@ -80,6 +80,7 @@ def every_kind_run(*, ended: bool, tool_call_id: str) -> list[tuple[RecordKind, 
         (RecordKind.USAGE, {"response_id": "resp_1", "model": "gpt-realtime", "tokens": {"text_in": 100,
                                                                                        "text_out": 20},
                             "cost_usd": 0.002}),
+        (RecordKind.AUDIO_USAGE, {"model": "gpt-live-1", "seconds": 50.0, "added_s": 50.0, "cost_usd": 0.05}),
         (RecordKind.BUDGET, {"budget_usd": 0.001, "cost_usd": 0.002}),
         (RecordKind.IDLE, {"timeouts": 1, "then": "check_in"}),
         (RecordKind.WRAP_UP, {"left_s": 120.0}),
@@ -189,11 +190,12 @@ async def test_every_line_a_call_writes_is_a_record_kind(tmp_path, autojump_cloc
     # service's idle timeout (a silent user: test_call_idle.py), the time limit's wrap-up (a
     # long call: test_call_time_limit.py), a phone call's PIN and transfer (a phone call:
     # test_phone_pin.py), a slow tool call's lines and a cut reply's heard line
-    # (test_call_slow_tools.py) and a handoff between agents (test_call_handoff.py) came up
+    # (test_call_slow_tools.py), a handoff between agents (test_call_handoff.py) and a Live call's
+    # audio usage (test_live_route.py) came up
     assert set(RecordKind) - set(written) == {RecordKind.TRANSCRIPT_CUT, RecordKind.IDLE, RecordKind.WRAP_UP,
                                               RecordKind.PHONE, RecordKind.HEARD, RecordKind.SLOW_PROGRESS,
                                               RecordKind.SLOW_ACK, RecordKind.SLOW_OUTPUT,
-                                              RecordKind.SLOW_DELIVERY, RecordKind.HANDOFF}
+                                              RecordKind.SLOW_DELIVERY, RecordKind.HANDOFF, RecordKind.AUDIO_USAGE}
 
 
 def literal_record_kinds() -> list[tuple[str, int, str]]:
@@ -260,10 +262,10 @@ async def test_every_reader_reads_a_record_holding_every_kind(tmp_path, autojump
     summary = history.summarize("rtc_every", lines)
     assert {k: summary[k] for k in ("runs", "reconnects", "responses", "barge_ins", "tool_calls",
                                     "tool_failures", "ended", "duration_s", "first_words", "total_tokens",
-                                    "cost_usd")} == {
+                                    "cost_usd", "audio_s")} == {
         "runs": 2, "reconnects": 1, "responses": 2, "barge_ins": 1, "tool_calls": 2, "tool_failures": 0,
         "ended": None, "duration_s": 9.0 + len(second), "first_words": "What happened on Thursday?",
-        "total_tokens": 120, "cost_usd": 0.002}
+        "total_tokens": 120, "cost_usd": 0.052, "audio_s": 50.0}
     assert summary["agent"] == "planner"
     rows = history.settled_and_pending_tool_calls(lines)
     assert [(row["kind"], row["tool_call_id"], row["outcome"]) for row in rows] == [

@@ -22,7 +22,7 @@ from voiceactors.metrics import Metrics
 from voiceactors.realtime.events import parse_server_event
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.simulator.billing import ConversationTokens, text_tokens
-from voiceactors.usage.cost import Prices, Tokens, cost_usd, parse_price_table, read_usage
+from voiceactors.usage.cost import Prices, Tokens, cost_usd, parse_audio_prices, parse_price_table, read_usage
 
 GPT_REALTIME = Prices(text_in=4, text_out=16, audio_in=32, audio_out=64, cached_in=0.4)
 
@@ -81,6 +81,23 @@ def test_a_bad_price_table_fails_the_startup_check():
             Settings.from_env({"VOICEACTORS_PRICES": bad}).validate()
     two = Settings.from_env({"VOICEACTORS_PRICES": "a=1/2/3/4/0.5, b=0/0/0/0/0"}).validate()
     assert set(parse_price_table(two.prices)) == {"a", "b"}
+
+
+def test_a_live_model_s_audio_is_priced_per_minute_beside_the_token_entries():
+    """``<model>=audio_min:<USD>``: the other form of a ``prices`` entry, for a
+    Live model's seconds of audio; the token entries read as before."""
+    entries = Settings.from_env({"VOICEACTORS_PRICES": "gpt-realtime=4/16/32/64/0.4, gpt-live-1=audio_min:0.06"}
+                                ).validate().prices
+    assert parse_price_table(entries) == {"gpt-realtime": GPT_REALTIME}
+    assert parse_audio_prices(entries) == {"gpt-live-1": 0.06}
+    for bad in ("gpt-live-1=audio_min:", "gpt-live-1=audio_min:x", "=audio_min:1", "m=audio_min:-1",
+                "m=audio_min:inf"):
+        with pytest.raises(InvalidSettings, match="prices"):
+            Settings.from_env({"VOICEACTORS_PRICES": bad}).validate()
+    # a Realtime call's meter has no audio: its totals are as they were
+    assert "audio_s" not in meter_for("gpt-realtime", entries, 0).totals()
+    live = meter_for("gpt-5-mini", entries, 0, audio_model="gpt-live-1")
+    assert live.prices is None and live.audio is not None and live.audio.usd_per_min == 0.06
 
 
 # --- the protocol's hook ----------------------------------------------------------------------

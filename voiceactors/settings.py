@@ -194,7 +194,8 @@ class Settings:
     tool_ack_after_s: float = setting(
         0.7, TOOLS, "a tool call that may run on while the conversation goes on (reads, MCP sources) and has not "
         "answered this long after its response ended is acknowledged: the assistant says, once, that it is on it, "
-        "and speaks the answer when it comes (`0`: off; docs/calls.md § Slow tools)",
+        "and speaks the answer when it comes (`0`: off; docs/calls.md § Slow tools). Not on a Live call, whose "
+        "service acknowledges a delegation itself (docs/live.md)",
         env="VOICEACTORS_TOOL_ACK_AFTER", unit="s", minimum=0,
         short="acknowledge a slow tool call after this long (`0`: off)")
     tool_slow_max: int = setting(
@@ -402,7 +403,8 @@ class Settings:
     # --- usage and budgets ---
     prices: tuple[str, ...] = setting(
         DEFAULT_PRICES, USAGE, "the price table: entries `<model>=<text in>/<text out>/<audio in>/<audio out>/"
-        "<cached in>`, US dollars per million tokens; the default is gpt-realtime's as published on "
+        "<cached in>`, US dollars per million tokens, or for a Live model `<model>=audio_min:<US dollars per "
+        "minute>` (its sessions' seconds of audio, docs/live.md); the default is gpt-realtime's as published on "
         "openai.com/api/pricing on 2025-08-28. A model without an entry still counts tokens; its cost is "
         "unknown (and a budget cannot stop it). The environment variable is comma-separated and replaces the "
         "whole table (docs/operations.md § Usage and cost)", env="VOICEACTORS_PRICES",

@@ -157,7 +157,9 @@ class CallActor:
     attempt opens the call's transport (``call/transport.py``; by default
     the sideband websocket of a browser's connect, ``call/arrival.py``);
     ``hangup_path``: the REST path of its hangup, the arrival's (by default
-    Realtime's).
+    Realtime's). ``acknowledges_slow_tools`` False: no slow-tool
+    acknowledgement whatever ``tool_ack_after_s`` says (the arrival's
+    service speaks its own: a Live call's).
     """
 
     def __init__(self, settings: Settings, call_id: str, executor_inbox: trio.MemorySendChannel[ExecutorMessage],
@@ -166,7 +168,8 @@ class CallActor:
                  model: ModelName = DEFAULT_VOICE_MODEL, on_cost: Callable[[float], None] | None = None,
                  on_record: Callable[[str, dict[str, Any]], None] | None = None,
                  fence: SendFence | None = None, answer_now: AnswerNow | None = None,
-                 open_transport: OpenTransport | None = None, hangup_path: str | None = None) -> None:
+                 open_transport: OpenTransport | None = None, hangup_path: str | None = None,
+                 acknowledges_slow_tools: bool = True) -> None:
         self.settings = settings
         self.call_id = call_id
         self._executor = executor_inbox
@@ -188,7 +191,7 @@ class CallActor:
         self.protocol = CallProtocol(call_id, effect_of=_tool_effect, may_defer=_tool_may_defer,
                                      debug_logs=_debug_enabled(self.log),
                                      context=CallContext(context) if context is not None else None)
-        self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s,
+        self.protocol.slow_tools = SlowTools(ack_after_s=settings.tool_ack_after_s if acknowledges_slow_tools else 0.0,
                                              max_in_flight=settings.tool_slow_max,
                                              progress_after_s=settings.tool_progress_after_s)
         # a feed no one listens to: the protocol does not build its events (six a round)
@@ -1043,7 +1046,12 @@ class CallActor:
             except Exception as exc:  # noqa: BLE001 - the call goes on; only its prices are a guess
                 self.log.warning("call.model_unreadable", error=type(exc).__name__)
                 model = DEFAULT_VOICE_MODEL
-        self.protocol.meter = meter_for(model, self.settings.prices, self.settings.call_budget_usd)
+        # a Live call's session audio: priced as its Live model ("unknown" for a
+        # session of before the context kept it: counted, its cost unknown)
+        live = self._linked.live if self._linked is not None else None
+        self.protocol.meter = meter_for(model, self.settings.prices, self.settings.call_budget_usd,
+                                        audio_model=(live.live_model or "unknown") if live is not None else None,
+                                        audio_s=live.audio_s if live is not None else 0.0)
 
     async def _key(self) -> str | None:
         if callable(self._api_key):

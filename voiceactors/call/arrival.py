@@ -62,6 +62,14 @@ class CallArrival:
     # the REST path (under the base URL) that hangs the call up
     hangup_path: str = ""
 
+    @property
+    def service_acknowledges(self) -> bool:
+        """Whether the service speaks its own acknowledgement of slow work
+        (Live's automatic one, asked at each delegation): the call's
+        slow-tool acknowledgement (``tool_ack_after_s``, docs/calls.md § Slow
+        tools) is then off, or the user would hear two."""
+        return self.kind is ArrivalKind.LIVE
+
     def __post_init__(self) -> None:
         if not self.hangup_path:
             object.__setattr__(self, "hangup_path", f"/realtime/calls/{quote(self.call_id, safe='')}/hangup")

@@ -42,6 +42,7 @@ call, and the holder may have greeted already.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -98,16 +99,28 @@ class LiveSession:
     ``instructions``: the session's, fixed at its creation; ``writes``: the
     tools that write (their outputs are noted to the Live model); ``model``:
     the Responses model it delegates to (the call's usage is that model's
-    tokens, priced by its ``prices`` entry; None: the call's default)."""
+    tokens, priced by its ``prices`` entry; None: the call's default);
+    ``live_model``: the session's Live model (its seconds of audio are
+    priced by that model's per-minute ``prices`` entry; None: not known,
+    the seconds are counted and their cost is unknown); ``audio_s``: the
+    session's seconds of audio the call's earlier runs counted (a rejoin
+    counts only what its reports add to them)."""
 
     names: dict[str, str]
     instructions: str = ""
     writes: tuple[str, ...] = ()
     model: str | None = None
+    live_model: str | None = None
+    audio_s: float = 0.0
 
     def view(self) -> dict[str, Any]:
-        return {"names": dict(self.names), "instructions": self.instructions, "writes": list(self.writes),
-                "model": self.model}
+        view: dict[str, Any] = {"names": dict(self.names), "instructions": self.instructions,
+                                "writes": list(self.writes), "model": self.model}
+        if self.live_model is not None:
+            view["live_model"] = self.live_model
+        if self.audio_s > 0:
+            view["audio_s"] = self.audio_s
+        return view
 
     @classmethod
     def from_view(cls, view: object) -> LiveSession | None:
@@ -115,9 +128,13 @@ class LiveSession:
             return None
         names = {k: v for k, v in view["names"].items() if isinstance(k, str) and isinstance(v, str)}
         instructions, writes, model = view.get("instructions"), view.get("writes"), view.get("model")
+        live_model, audio_s = view.get("live_model"), view.get("audio_s")
         return cls(names, instructions if isinstance(instructions, str) else "",
                    tuple(w for w in writes if isinstance(w, str)) if isinstance(writes, list) else (),
-                   model if isinstance(model, str) and model else None)
+                   model if isinstance(model, str) and model else None,
+                   live_model if isinstance(live_model, str) and live_model else None,
+                   float(audio_s) if isinstance(audio_s, (int, float)) and not isinstance(audio_s, bool)
+                   and math.isfinite(audio_s) and audio_s > 0 else 0.0)
 
 
 @dataclass(frozen=True)

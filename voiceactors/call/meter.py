@@ -2,7 +2,9 @@
 
 ``CallProtocol`` holds one and consults it at two points only: each
 ``response.done`` (``count``: its ``usage`` counted, priced, checked against
-the budget) and each chance to send a ``response.create`` (``farewell``).
+the budget; on a Live call also each ``session.usage.updated``,
+``count_audio``: the session's seconds of audio) and each chance to send a
+``response.create`` (``farewell``).
 Everything the budget decides is plain state here; the protocol turns it
 into effects.
 
@@ -28,7 +30,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from voiceactors.usage.cost import CallUsage, Prices, ResponseUsage, parse_price_table, round_usd
+from voiceactors.usage.cost import (AudioUsage, CallUsage, Prices, ResponseUsage, parse_audio_prices, parse_price_table,
+                                    round_usd)
 
 #: After the farewell's response.done: time for its audio to play out.
 GRACE_S = 4.0
@@ -51,7 +54,8 @@ class BudgetState(StrEnum):
 
 @dataclass
 class CallMeter:
-    """``budget_usd`` 0: no budget. ``prices`` None: the model's cost is unknown."""
+    """``budget_usd`` 0: no budget. ``prices`` None: the model's cost is unknown.
+    ``audio``: a Live call's session audio (None: not a Live call)."""
 
     model: str = "unknown"
     prices: Prices | None = None
@@ -61,9 +65,10 @@ class CallMeter:
     farewell_event_id: str | None = None
     end_at: float | None = None            # the call ends then (math.inf: not decided)
     unpriced_logged: bool = False
+    audio: AudioUsage | None = None
 
     def __post_init__(self) -> None:
-        self.usage = CallUsage(self.model, self.prices)
+        self.usage = CallUsage(self.model, self.prices, audio=self.audio)
 
     @property
     def budgeted(self) -> bool:
@@ -72,6 +77,16 @@ class CallMeter:
     def count(self, response_id: str, usage: object) -> tuple[ResponseUsage, list[str]]:
         """Count one response's usage; the entry and its malformed fields."""
         return self.usage.add(response_id, usage)
+
+    def count_audio(self, seconds: object) -> float:
+        """One ``session.usage.updated``'s cumulative seconds: the seconds it
+        adds (0: none, a repeated or late report, or not a Live call)."""
+        return self.audio.report(seconds) if self.audio is not None else 0.0
+
+    @property
+    def counted(self) -> bool:
+        """Whether anything was counted (the ``usage_total`` line is written)."""
+        return bool(self.usage.responses) or (self.audio is not None and self.audio.counted > 0)
 
     def budget_reached_now(self, now: float) -> bool:
         """True once, when the call's cost first reaches its budget."""
@@ -98,11 +113,23 @@ class CallMeter:
         return {"response_id": entry.response_id, "model": self.model, "tokens": entry.tokens.as_dict(),
                 "cost_usd": round_usd(entry.cost_usd)}
 
+    def audio_line(self, added_s: float) -> dict[str, Any]:
+        """An ``audio_usage`` record line's fields: the seconds a report
+        added, the session's total so far and what the added ones cost."""
+        audio = self.audio
+        assert audio is not None
+        return {"model": audio.model, "seconds": audio.seconds, "added_s": added_s,
+                "cost_usd": round_usd(audio.cost_of(added_s))}
+
     def totals(self) -> dict[str, Any]:
-        """The call's totals (the ``usage_total`` line, the feed's ``call_*`` fields)."""
-        return {"model": self.model, "responses": len(self.usage.responses),
-                "tokens": self.usage.total.as_dict(), "cost_usd": round_usd(self.usage.cost_usd),
-                "budget_usd": self.budget_usd or None}
+        """The call's totals (the ``usage_total`` line, the feed's ``call_*`` fields);
+        a Live call's also its seconds of audio (``audio_s``)."""
+        totals = {"model": self.model, "responses": len(self.usage.responses),
+                  "tokens": self.usage.total.as_dict(), "cost_usd": round_usd(self.usage.cost_usd),
+                  "budget_usd": self.budget_usd or None}
+        if self.audio is not None:
+            totals["audio_s"] = self.audio.counted
+        return totals
 
 
 @functools.lru_cache(maxsize=8)
@@ -110,6 +137,17 @@ def _table(entries: tuple[str, ...]) -> dict[str, Prices]:
     return parse_price_table(entries)
 
 
-def meter_for(model: str, prices: tuple[str, ...], budget_usd: float) -> CallMeter:
-    """A call's meter: ``model``'s prices from the ``prices`` setting (checked at start-up)."""
-    return CallMeter(model, _table(tuple(prices)).get(model), budget_usd)
+@functools.lru_cache(maxsize=8)
+def _audio_table(entries: tuple[str, ...]) -> dict[str, float]:
+    return parse_audio_prices(entries)
+
+
+def meter_for(model: str, prices: tuple[str, ...], budget_usd: float, *,
+              audio_model: str | None = None, audio_s: float = 0.0) -> CallMeter:
+    """A call's meter: ``model``'s prices from the ``prices`` setting (checked
+    at start-up); with ``audio_model`` (a Live call's Live model) its session
+    audio too, priced by that model's per-minute entry, from ``audio_s``
+    (the session's seconds its earlier runs counted: a rejoin)."""
+    audio = (AudioUsage(audio_model, _audio_table(tuple(prices)).get(audio_model), seconds=audio_s)
+             if audio_model else None)
+    return CallMeter(model, _table(tuple(prices)).get(model), budget_usd, audio=audio)

@@ -76,6 +76,8 @@ HANDLED_EVENTS = frozenset({
     "conversation.item.truncated", "session.updated",
     # one per turn and one per response: the latency a person feels (turn_latency.py)
     "input_audio_buffer.speech_stopped", "output_audio_buffer.started",
+    # a Live call's audio usage, as its translator hands it on (live/translate.py)
+    "session.usage.updated",
 })
 
 #: Longest tool name kept from the peer (ours are under 40 characters).
@@ -657,7 +659,7 @@ class CallProtocol:
             self._record_settled(call)
         self._turn_line(self.latency.settle())
         lines.extend(e for e in self.take_effects() if isinstance(e, RecordLine))
-        if self.meter.usage.responses:    # the call's usage totals (meter.py)
+        if self.meter.counted:    # the call's usage totals (meter.py)
             lines.append(RecordLine(RecordKind.USAGE_TOTAL, self.meter.totals()))
         return lines
 
@@ -721,6 +723,8 @@ class CallProtocol:
             self._on_arguments_done(event)
         elif kind == "input_audio_buffer.speech_started":
             self._on_speech_started()
+        elif kind == "session.usage.updated":
+            self._count_audio(event.usage)
         elif kind == "error":
             self._on_error(event.error)
         elif kind == "conversation.item.input_audio_transcription.completed":
@@ -1428,7 +1432,8 @@ class CallProtocol:
     def _count_usage(self, rid: str, usage: object) -> None:
         """A response.done's usage: record, feed, metrics; then the budget."""
         meter = self.meter
-        if usage is None:     # nothing reported (the service always reports; an old peer may not)
+        if usage is None:     # nothing reported (the service always reports; an old peer may not; Live's words)
+            self._farewell_heard(rid)
             return
         entry, malformed = meter.count(rid, usage)
         if malformed and self.log_budget.allow():
@@ -1443,10 +1448,32 @@ class CallProtocol:
             meter.unpriced_logged = True
             self._log(LogLevel.WARNING, "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
                       budget_usd=meter.budget_usd)
-        farewell = self.creates.get(meter.farewell_event_id or "")
+        self._farewell_heard(rid)
+        self._check_budget()
+
+    def _farewell_heard(self, rid: str) -> None:
+        """The farewell's response ended: the call ends after the grace."""
+        farewell = self.creates.get(self.meter.farewell_event_id or "")
         if (farewell is not None and farewell.response_id == rid and farewell.result == CreateResult.SENT
-                and meter.farewell_done(self._now)):
+                and self.meter.farewell_done(self._now)):
             self._emit(WakeAt(self.budget_wake))
+
+    def _count_audio(self, usage: Any) -> None:
+        """A Live session's cumulative seconds of audio: what they add is
+        recorded, priced, added to the day's total; then the budget."""
+        meter = self.meter
+        added = meter.count_audio(getattr(usage, "seconds", None))
+        if added <= 0:
+            return
+        line = meter.audio_line(added)
+        self._record(RecordKind.AUDIO_USAGE, **line)
+        self._emit(CountUsage(line["model"], {}, meter.audio.cost_of(added) if meter.audio else None))
+        self._check_budget()
+        if meter.state == BudgetState.REACHED:
+            self._maybe_follow_up()     # no response.done brings the farewell's chance: this is one
+
+    def _check_budget(self) -> None:
+        meter = self.meter
         if meter.budget_reached_now(self._now):
             cost = meter.usage.cost_usd
             self._log(LogLevel.INFO, "call.budget_spent", budget_usd=meter.budget_usd, cost_usd=round(cost or 0.0, 6))

@@ -89,6 +89,10 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
 * ``usage`` — one per ``response.done`` that carries usage: ``response_id``,
   ``model``, ``tokens`` (by kind, ``usage.TOKEN_KINDS``), ``cost_usd`` (None:
   the model has no prices).
+* ``audio_usage`` — a Live call's: a ``session.usage.updated`` whose
+  cumulative seconds are above the highest so far: ``model`` (the Live
+  model), ``seconds`` (the session's total), ``added_s`` (what it added),
+  ``cost_usd`` (of those; None: no per-minute price).
 * ``budget`` — the call's cost reached its budget: ``budget_usd``, ``cost_usd``.
 * ``idle`` — the service's idle timeout fired (``input_audio_buffer.timeout_triggered``):
   ``timeouts`` (how many since the user last spoke) and ``then``: ``check_in``
@@ -102,7 +106,8 @@ Line kinds (``kind``, a ``RecordKind``: ``record_kind.py``), each with ``t``
   output came first, ``answer_ms`` (to the first sound after it),
   ``tools_ms``, ``overhead_ms``, ``service_ms`` (``turn_latency.py``).
 * ``usage_total`` — at the end (when any response carried usage): ``model``,
-  ``responses``, ``tokens``, ``cost_usd``, ``budget_usd``.
+  ``responses``, ``tokens``, ``cost_usd``, ``budget_usd``; a Live call's
+  (also when only audio was counted) ``audio_s``, the seconds of audio it counted.
 * ``end`` — ``reason``, ``duration_s``, ``epoch``, ``reconnects``,
   ``tool_calls``, ``responses``, ``close_code``, ``feed_dropped``.
 

@@ -32,6 +32,7 @@ class RecordKind(StrEnum):
     TRANSCRIPT = "transcript"            # one final utterance
     TRANSCRIPT_CUT = "transcript_cut"    # an earlier utterance's reply was cut short
     USAGE = "usage"                      # one response's tokens and cost
+    AUDIO_USAGE = "audio_usage"          # a Live session's seconds of audio a usage report added, and their cost
     BUDGET = "budget"                    # the call's cost reached its budget
     IDLE = "idle"                        # the service's idle timeout fired (check-in, or goodbye)
     SLOW_ACK = "slow_ack"                # a batch's slow tool calls were acknowledged (the user hears so)

@@ -61,7 +61,8 @@ class CrashedCall:
 
 def carried_context(block: list[dict[str, Any]]) -> LinkedContext | None:
     """A run's linked context as its lines left it: the ``context`` line of
-    its start, the selection of its last ``selection`` line after it (a
+    its start, the selection of its last ``selection`` line after it, a Live
+    session's seconds of audio counted by its last ``audio_usage`` line (a
     rejoin carries it on as a taker does: ``taken_over_context``). None
     without a ``context`` line (a run of before they were written)."""
     view: dict[str, Any] | None = None
@@ -73,6 +74,8 @@ def carried_context(block: list[dict[str, Any]]) -> LinkedContext | None:
             view = dict(line["context"])
         elif kind == RecordKind.SELECTION and view is not None:
             view["selection"] = line.get("selection")
+        elif kind == RecordKind.AUDIO_USAGE and view is not None and isinstance(view.get("live"), dict):
+            view["live"] = {**view["live"], "audio_s": line.get("seconds")}
     if view is not None and agent is not None:
         view["agent"] = agent      # the agent in charge when the run was cut (docs/agents.md)
     return taken_over_context(view) if view is not None else None

@@ -225,7 +225,7 @@ class CallSupervisor:
                           on_cost=self.daily.add,
                           on_record=self.registry.note_record if lease is not None else None, fence=fence,
                           answer_now=self._answer_now, open_transport=arrival.open_transport,
-                          hangup_path=arrival.hangup_path)
+                          hangup_path=arrival.hangup_path, acknowledges_slow_tools=not arrival.service_acknowledges)
         self.calls[call_id] = actor
         metrics.set_live_calls(len(self.calls))
         nursery.start_soon(self._run_call, actor, lease, name=f"call:{call_id}")

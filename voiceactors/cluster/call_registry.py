@@ -628,8 +628,10 @@ class RedisRegistry:
         """A call record line of a call held here: its tool lines are mirrored
         (``pending:<call_id>``) in order by one writer task, and so is a
         ``selection`` line of a call with a context (``note_context``: its
-        carried context with the new selection). Never blocks; a full queue
-        drops the line (logged: a takeover then misses it)."""
+        carried context with the new selection), and an ``audio_usage`` line
+        of a Live call (its context with the session's seconds counted so
+        far: a taker counts only what its reports add). Never blocks; a full
+        queue drops the line (logged: a takeover then misses it)."""
         kind = line.get("kind")
         if kind in (RecordKind.SELECTION, RecordKind.HANDOFF):
             carried = self._contexts.get(call_id)
@@ -649,19 +651,26 @@ class RedisRegistry:
                         "tool": line.get("tool"), "response_id": line.get("response_id"), "effect": None,
                         "output": output})
             line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
+        elif kind == RecordKind.AUDIO_USAGE:
+            carried = self._contexts.get(call_id)
+            if carried is None or not isinstance(carried.get("live"), dict):
+                return
+            carried["live"] = {**carried["live"], "audio_s": line.get("seconds")}
+            line = {"kind": rc.CONTEXT_FIELD, "context": dict(carried)}
         elif kind not in TOOL_KINDS:
             return
         self._queue_mirror(call_id, line)
 
     def note_context(self, call_id: str, linked: LinkedContext) -> None:
         """A held call's linked context, as its actor starts: kept here for
-        its ``selection`` lines, and mirrored at once when there is a link or
-        a selection to carry (a plain connect's, with neither, costs Redis
-        nothing until a ``journal.select`` gives it one)."""
+        its ``selection`` lines, and mirrored at once when there is a link, a
+        selection or a Live session to carry (a plain connect's, with none,
+        costs Redis nothing until a ``journal.select`` gives it one; a Live
+        call's taker needs its session to attach as a Live call at all)."""
         if call_id not in self._held:
             return
         carried = self._contexts[call_id] = carried_view(linked)
-        if carried["link"] is not None or carried["selection"] is not None or (
+        if carried["link"] is not None or carried["selection"] is not None or carried.get("live") is not None or (
                 linked.agents is not None and linked.agents.in_charge != linked.agents.agents.first.name):
             self._queue_mirror(call_id, {"kind": rc.CONTEXT_FIELD, "context": dict(carried)})
 

@@ -235,16 +235,28 @@ def first_words(lines: list[dict[str, Any]]) -> str | None:
 def usage_summary(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """A call's tokens and cost from its ``usage`` lines (every run's):
     ``model`` (the last one named), ``tokens`` by kind, ``total_tokens``,
-    ``cost_usd`` (None when some response's model had no prices)."""
+    ``cost_usd`` (None when some response's model had no prices). A Live
+    call's ``audio_usage`` lines add their seconds (``audio_s``, only in a
+    summary that has some) and their cost (None when the Live model had no
+    per-minute price)."""
     usage = [line for line in lines if line.get("kind") == RecordKind.USAGE]
+    audio = [line for line in lines if line.get("kind") == RecordKind.AUDIO_USAGE]
     tokens = Tokens()
     cost: float | None = 0.0
     for line in usage:
         tokens.add(Tokens.from_dict(line.get("tokens")))
         line_cost = _number(line.get("cost_usd"))
         cost = None if cost is None or line_cost is None else cost + line_cost
+    audio_s = 0.0
+    for line in audio:
+        audio_s += _number(line.get("added_s")) or 0.0
+        line_cost = _number(line.get("cost_usd"))
+        cost = None if cost is None or line_cost is None else cost + line_cost
     model = next((line.get("model") for line in reversed(usage) if isinstance(line.get("model"), str)), None)
-    return {"model": model, "tokens": tokens.as_dict(), "total_tokens": tokens.total, "cost_usd": round_usd(cost)}
+    summary = {"model": model, "tokens": tokens.as_dict(), "total_tokens": tokens.total, "cost_usd": round_usd(cost)}
+    if audio:
+        summary["audio_s"] = audio_s
+    return summary
 
 
 def settled_and_pending_tool_calls(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:

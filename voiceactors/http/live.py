@@ -85,7 +85,7 @@ async def create_live_call() -> Any:
     session, names = session_config(model, delegate_model, instruction, manifest(settings.tool_name_style) + sources)
     session_id, answer = await _create(voice, key, session, offer)
     context = LinkedContext(base, link, greeting, continuation=continued,
-                            live=live_session(names, instruction, _is_write, delegate_model))
+                            live=live_session(names, instruction, _is_write, delegate_model, model))
     try:
         refused = await supervisor_answer(runtime, settings.connect_timeout_s, session_id, context)
     except ApiError:

@@ -45,10 +45,10 @@ def session_config(model: str, delegate_model: str, instructions: str,
 
 
 def live_session(names: FunctionNames, instructions: str, is_write: Callable[[str], bool],
-                 delegate_model: str | None = None) -> LiveSession:
+                 delegate_model: str | None = None, live_model: str | None = None) -> LiveSession:
     """What the call keeps of its session (``call_context.LiveSession``)."""
     return LiveSession(dict(names.to_responses), instructions,
-                       tuple(tool for tool in names.to_responses if is_write(tool)), delegate_model)
+                       tuple(tool for tool in names.to_responses if is_write(tool)), delegate_model, live_model)
 
 
 def translator_for(live: LiveSession) -> LiveTranslator:

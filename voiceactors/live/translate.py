@@ -32,6 +32,9 @@ Rules kept here (the protocol's are the protocol's):
   delegation was made from (reported late) is not;
 * a delegated response that fails is answered with commentary, once: the
   Live model says so rather than wait for it;
+* the session's audio usage (``session.usage.updated``, cumulative; the
+  final total of ``session.closed`` too) goes to the protocol as a
+  ``session.usage.updated``: Realtime has no event for seconds of audio;
 * a write's output also reaches the Live model as silent context
   (``session.thinking.append``): the delegation it answered may be one the
   user spoke over, whose answer the model never speaks.
@@ -361,9 +364,10 @@ class LiveTranslator:
                                                  "status": "completed", "content": [{"type": "output_audio"}]}))
         self._assistant.parts.append(delta)
 
-    def _on_closed(self, _event: dict[str, Any], out: Translated) -> None:
+    def _on_closed(self, event: dict[str, Any], out: Translated) -> None:
         self._end_user_turn(out)
         self._end_assistant_turn(out)
+        self._on_usage(event, out)      # the final cumulative seconds, after the session's finalization
 
     def _item_added(self, item: dict[str, Any]) -> str:
         frame = self._server("conversation.item.added", item=item, previous_item_id=self._last_item)
@@ -385,6 +389,14 @@ class LiveTranslator:
             out.to_call.append(self._server(
                 "response.output_audio_transcript.done", response_id=turn.response_id, item_id=turn.item_id,
                 output_index=0, content_index=0, transcript=text))
+
+    def _on_usage(self, event: dict[str, Any], out: Translated) -> None:
+        # the session's cumulative seconds of audio: Realtime has no event for
+        # them, so the protocol reads Live's own (its meter keeps the highest
+        # total: a repeated or late report counts nothing)
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            out.to_call.append(self._server("session.usage.updated", usage=usage))
 
     def _on_commentary_appended(self, event: dict[str, Any], out: Translated) -> None:
         rid = self._words.pop(event.get("client_event_id") or "", None)
@@ -499,6 +511,7 @@ _SERVICE_HANDLERS: dict[str, Callable[[LiveTranslator, dict[str, Any], Translate
     "session.commentary.appended": LiveTranslator._on_commentary_appended,
     "error": LiveTranslator._on_error,
     "session.closed": LiveTranslator._on_closed,
+    "session.usage.updated": LiveTranslator._on_usage,
 }
 
 _CALL_HANDLERS: dict[str, Callable[[LiveTranslator, dict[str, Any], Translated], None]] = {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Container, Union
 
 import pydantic
+from openai.types.live import SessionUsageUpdatedEvent
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -80,10 +81,10 @@ class EventUnion:
     untyped: list[type[BaseModel]]
 
     @classmethod
-    def build(cls, name: str, union: object) -> "EventUnion":
+    def build(cls, name: str, union: object, extra: tuple[type[BaseModel], ...] = ()) -> "EventUnion":
         owners: dict[str, list[type[BaseModel]]] = {}
         untyped: list[type[BaseModel]] = []
-        for model in _union_members(union):
+        for model in [*_union_members(union), *extra]:
             values = _type_literals(model)
             if values is None:
                 untyped.append(model)
@@ -129,7 +130,11 @@ class EventUnion:
         raise last
 
 
-SERVER_EVENTS = EventUnion.build("server", RealtimeServerEvent)
+#: The service's events, and one of Live's: a Live call's translator
+#: (``live/translate.py``) hands the session's cumulative audio usage
+#: (``session.usage.updated``) to the call's protocol as it came, Realtime
+#: having no event that reports seconds. The Realtime service never sends it.
+SERVER_EVENTS = EventUnion.build("server", RealtimeServerEvent, extra=(SessionUsageUpdatedEvent,))
 
 
 def new_event_id() -> str:

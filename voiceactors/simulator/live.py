@@ -77,7 +77,8 @@ _APPENDED = {"session.thinking.append": "session.thinking.appended",
 #: function as the session declared it, ``arguments``) of a delegated
 #: response, then ``answer`` said once it continued; ``interrupt``: the user's
 #: words right after the delegation (no continuation expected); ``fail``: the
-#: delegated response fails; ``usage``: a ``session.usage.updated``; ``wait``:
+#: delegated response fails; ``usage``: a ``session.usage.updated`` (``true``: the
+#: session's seconds so far; a number: that cumulative total, as given); ``wait``:
 #: seconds; ``hangup``: the session closes (``remote_hangup``).
 LIVE_SCENARIOS: dict[str, list[dict[str, Any]]] = {
     "live_search": [
@@ -409,7 +410,8 @@ class LiveSessions:
         elif "delegate" in step:
             await self._delegate(session, socket, step)
         elif "usage" in step:
-            await _send(session, socket, le.usage_updated(session.seconds()))
+            seconds = session.seconds() if step["usage"] is True else float(step["usage"])
+            await _send(session, socket, le.usage_updated(seconds))
         elif "wait" in step:
             await trio.sleep(float(step["wait"]))
         elif "hangup" in step:

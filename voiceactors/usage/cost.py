@@ -29,6 +29,12 @@ images) are neither counted as a kind nor priced.
 reads the ``prices`` setting. ``CallUsage`` keeps one call's usage per
 response and its totals; a model without prices counts tokens and has an
 unknown cost (None).
+
+A Live session bills seconds of audio, not tokens: ``session.usage.updated``
+reports the session's *cumulative* billable seconds, so ``AudioUsage`` keeps
+the highest total reported (a repeated or late report adds nothing) and
+prices it per minute, by a ``prices`` entry of the other form,
+``<model>=audio_min:<US dollars per minute>`` (``parse_audio_prices``).
 """
 
 from __future__ import annotations
@@ -244,6 +250,35 @@ class PriceTableError(ValueError):
     """A ``prices`` entry that does not parse."""
 
 
+#: The per-minute form of a ``prices`` entry: ``<model>=audio_min:<US dollars per minute>``.
+AUDIO_MIN_PREFIX = "audio_min:"
+
+
+def _is_audio_entry(entry: str) -> bool:
+    return entry.partition("=")[2].strip().startswith(AUDIO_MIN_PREFIX)
+
+
+def parse_audio_entry(entry: str) -> tuple[str, float]:
+    """``<model>=audio_min:<US dollars per minute of session audio>``."""
+    model, _, rest = entry.strip().partition("=")
+    price = rest.strip()[len(AUDIO_MIN_PREFIX):]
+    if not model.strip():
+        raise PriceTableError(f"price entry {entry!r} is not <model>=audio_min:<US dollars per minute>")
+    try:
+        value = float(price)
+    except ValueError:
+        raise PriceTableError(f"price entry {entry!r} has a price that is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise PriceTableError(f"price entry {entry!r} has a negative or infinite price")
+    return model.strip(), value
+
+
+def parse_audio_prices(entries: tuple[str, ...] | list[str]) -> dict[str, float]:
+    """The ``prices`` setting's per-minute entries as model -> US dollars per
+    minute of audio (a later entry for the same model wins)."""
+    return dict(parse_audio_entry(entry) for entry in entries if entry.strip() and _is_audio_entry(entry))
+
+
 def parse_price_entry(entry: str) -> tuple[str, Prices]:
     """``<model>=<text in>/<text out>/<audio in>/<audio out>/<cached in>``
     (US dollars per million tokens)."""
@@ -262,14 +297,17 @@ def parse_price_entry(entry: str) -> tuple[str, Prices]:
 
 
 def parse_price_table(entries: tuple[str, ...] | list[str]) -> dict[str, Prices]:
-    """The ``prices`` setting as model -> Prices (a later entry for the same model wins)."""
-    return dict(parse_price_entry(entry) for entry in entries if entry.strip())
+    """The ``prices`` setting's per-token entries as model -> Prices (a later
+    entry for the same model wins; the per-minute entries are
+    ``parse_audio_prices``')."""
+    return dict(parse_price_entry(entry) for entry in entries if entry.strip() and not _is_audio_entry(entry))
 
 
 def price_table_problem(entries: Any) -> str | None:
     """Why the ``prices`` setting is unusable (None: it is fine)."""
     try:
         parse_price_table(tuple(entries))
+        parse_audio_prices(tuple(entries))
     except PriceTableError as error:
         return str(error)
     return None
@@ -285,18 +323,58 @@ class ResponseUsage:
 
 
 @dataclass
+class AudioUsage:
+    """A Live session's billable seconds of audio, priced per minute
+    (``usd_per_min`` None: the model has no per-minute price, the cost is
+    unknown). ``seconds``: the highest cumulative total reported (a rejoined
+    call starts from what its earlier runs counted); ``counted``: the
+    seconds this call's reports added, which its cost is of."""
+
+    model: str
+    usd_per_min: float | None
+    seconds: float = 0.0
+    counted: float = 0.0
+
+    def report(self, seconds: object) -> float:
+        """One ``session.usage.updated``'s cumulative ``seconds``: the seconds
+        it adds (0: not above a total already reported, or not a count)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+            return 0.0
+        added = float(seconds) - self.seconds
+        if added <= 0:
+            return 0.0
+        self.seconds = float(seconds)
+        self.counted += added
+        return added
+
+    def cost_of(self, seconds: float) -> float | None:
+        return None if self.usd_per_min is None else seconds / 60 * self.usd_per_min
+
+    @property
+    def cost_usd(self) -> float | None:
+        return self.cost_of(self.counted)
+
+
+@dataclass
 class CallUsage:
     """One call's usage: per response and in total, priced at ``prices``
-    (None: the model has no prices, the cost is unknown)."""
+    (None: the model has no prices, the cost is unknown); a Live call's
+    audio too (``audio``). The cost is what is priced: a Live call whose
+    audio has a price and whose delegated model has none costs its audio."""
 
     model: str
     prices: Prices | None
     responses: list[ResponseUsage] = field(default_factory=list)
     total: Tokens = field(default_factory=Tokens)
+    audio: AudioUsage | None = None
 
     @property
     def cost_usd(self) -> float | None:
-        return cost_usd(self.total, self.prices)
+        tokens = cost_usd(self.total, self.prices)
+        audio = self.audio.cost_usd if self.audio is not None else None
+        if audio is None:
+            return tokens
+        return audio if tokens is None else tokens + audio
 
     def add(self, response_id: str, usage: object) -> tuple[ResponseUsage, list[str]]:
         """Count one response's ``usage``; the entry and its malformed fields."""

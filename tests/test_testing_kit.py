@@ -72,6 +72,15 @@ async def test_a_new_tool_joins_the_real_ones(voice, autojump_clock):
     assert call.expect.tool_called("weather.now", city="Oslo").output == {"city": "Oslo", "sky": "clear"}
 
 
+async def test_in_charge_fails_naming_who_was_and_the_handoffs(voice, autojump_clock):
+    call = await voice.call(Script().user_says("Let's look into last week.").model_calls("handoff.researcher")
+                            .model_says("Researcher here."), agents=True)
+    call.expect.in_charge("researcher")
+    with pytest.raises(ExpectationFailed, match=r"expected planner in charge at the end; researcher was "
+                                                r"\(handoffs: assistant→researcher"):
+        call.expect.in_charge("planner")
+
+
 def test_a_hung_up_script_takes_no_more_steps():
     script = Script().user_says("Bye.").hang_up()
     with pytest.raises(ValueError, match="hung up"):
@@ -100,14 +109,16 @@ def _run_examples(root: Path, examples: dict[str, str]) -> subprocess.CompletedP
 
 
 def test_the_docs_examples_run_as_written_and_the_first_fails_when_its_tool_changes(tmp_path):
-    """The first example (a tool) and the MCP source's, each alone in an
-    empty folder; the first again with the tool it scripts changed."""
-    first, mcp_source = _examples()
+    """The first example (a tool), the MCP source's and the agent's, each
+    alone in an empty folder; the first again with the tool it scripts changed."""
+    first, mcp_source, agent = _examples()
     changed = first.replace('model_calls("journal.search"', 'model_calls("calendar.today"', 1)
     assert changed != first
-    ran = _run_examples(tmp_path, {"as_written": first, "mcp_source": mcp_source, "changed": changed})
+    ran = _run_examples(tmp_path, {"as_written": first, "mcp_source": mcp_source, "agent": agent,
+                                   "changed": changed})
     summary = ran.stdout + ran.stderr
-    assert ran.returncode == 1 and "1 failed, 2 passed" in summary, summary
+    assert ran.returncode == 1 and "1 failed, 3 passed" in summary, summary
     assert "PASSED as_written/test_as_written.py" in summary, summary
     assert "PASSED mcp_source/test_mcp_source.py" in summary, summary
+    assert "PASSED agent/test_agent.py" in summary, summary
     assert "FAILED changed/test_changed.py" in summary and "ExpectationFailed" in summary, summary

@@ -7,6 +7,6 @@ is registered when voiceactors is installed."""
 
 from voiceactors.testing.expect import CallResult, Expect, ExpectationFailed, ToolCallExpect
 from voiceactors.testing.script import Script, ToolCall
-from voiceactors.testing.voice import Voice
+from voiceactors.testing.voice import INSTRUCTION, Voice
 
-__all__ = ["CallResult", "Expect", "ExpectationFailed", "Script", "ToolCall", "ToolCallExpect", "Voice"]
+__all__ = ["INSTRUCTION", "CallResult", "Expect", "ExpectationFailed", "Script", "ToolCall", "ToolCallExpect", "Voice"]

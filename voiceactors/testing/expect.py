@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from voiceactors.call.actor import CallActor
+from voiceactors.call.handoff import in_charge_after
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.simulator import SimCall
 from voiceactors.simulator.call import ToolCallRecord
@@ -75,6 +76,18 @@ class Expect:
         if not any(contains.lower() in text.lower() for text in said):
             raise ExpectationFailed(f"expected the assistant to say something containing {contains!r}; "
                                     f"it said {said!r}")
+
+    def in_charge(self, agent: str) -> None:
+        """The call ended with ``agent`` in charge (a call with agents: its
+        handoffs as the record tells them, docs/agents.md)."""
+        now: str | None = None
+        for line in self.result.record:
+            now = in_charge_after(line, now)
+        if now != agent:
+            handoffs = [f"{x.get('from')}→{x.get('to')} ({x.get('status')})" for x in self.result.record
+                        if x.get("kind") == RecordKind.HANDOFF] or ["no handoff"]
+            raise ExpectationFailed(f"expected {agent} in charge at the end; {now or 'no agent'} was "
+                                    f"(handoffs: {', '.join(handoffs)})")
 
     def ended(self, reason: str) -> None:
         if self.result.end_reason != reason:

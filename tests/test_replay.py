@@ -41,7 +41,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, captured.out
 
 
-@pytest.mark.parametrize("name", ["parallel_batch", "barge_in", "drop", "preambles", "write"])
+@pytest.mark.parametrize("name", ["parallel_batch", "barge_in", "drop", "preambles", "write", "handoff"])
 def test_a_captured_call_replays_with_nothing_different(name, journal, capsys):
     expected = json.loads((REPLAYS / f"{name}.expected.json").read_text())["sent"]
     assert expected["outputs"] and expected["stalls"] == [] and expected["protocol_errors"] == []

@@ -3,7 +3,8 @@
 ``voiceactors replay FILE`` reads a capture (``call/event_capture.py``,
 setting ``record_events``), starts the Realtime simulator playing it
 (``simulator/capture_player.py``: our events drive the replay) and this version's
-runtime (executor, supervisor, call actor) on a journal, lets the call run
+runtime (executor, supervisor, call actor) on a journal, connects the call
+with the journal's agents as a browser's connect does, lets the call run
 to its end, and compares what we sent — normalised — with the capture's
 *expectation* ``FILE`` with ``.expected.json`` for ``.jsonl``. It prints
 every difference (each output by tool call id and tool, with a diff of its
@@ -58,7 +59,9 @@ import trio
 import trio.testing
 
 from voiceactors import clock, logs, storage
+from voiceactors.call.call_context import LinkedContext
 from voiceactors.call.event_capture import capture_path, read_capture
+from voiceactors.http.routes import call_agents
 from voiceactors.call.record import PASS_GAP_S, read_record, record_path, shared_writer
 from voiceactors.messages import Connect, CountCalls, ask
 from voiceactors.brain import make_backend
@@ -73,6 +76,8 @@ __all__ = ["EXPECTATION_VERSION", "Played", "capture_scenario", "cli_replay", "c
 
 EXPECTATION_VERSION = 1
 REPLAY_KEY = "sk-replay-voiceactors-simulator"
+#: The instruction a replayed call's agents add their parts to (no brain runs in a replay).
+REPLAY_INSTRUCTION = "You are the voice of this journal."
 CALL_DEADLINE_S = 300.0
 #: How long (real seconds) every other task must have waited before a
 #: ``kill`` step kills: less than a fuzz run's clock waits before it jumps
@@ -113,7 +118,9 @@ async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str, *, c
     # or openai backend from running (or writing its session file) for a replay
     async with open_runtime(settings, brain_backend=make_backend(settings, "local")) as rt:
         if connect:
-            await ask(rt.calls, lambda reply: Connect(call_id, reply), timeout=10)
+            # the journal's agents, as a browser's connect gives every call (docs/agents.md)
+            context = LinkedContext(REPLAY_INSTRUCTION, None, agents=call_agents(settings))
+            await ask(rt.calls, lambda reply: Connect(call_id, reply, context), timeout=10)
         with trio.move_on_after(CALL_DEADLINE_S):
             await sim_call.wait_until(lambda c: c.closed and c.connection is None)
         with trio.move_on_after(settings.close_deadline_s + 5):

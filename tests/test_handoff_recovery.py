@@ -125,3 +125,45 @@ async def test_a_takeover_resumes_with_the_agent_in_charge(tmp_path, redis_serve
             nursery.cancel_scope.cancel()
         record = r.record(call_id)
     assert_resumed_with(sim_call, record, agent)
+
+
+#: After the takeover the model hands over: the taker must know the handoff tools.
+HAND_OVER_AFTER = [{"response": {"tool_calls": [{"name": "handoff.planner", "call_id": "call_later",
+                                                  "arguments": {}}]}},
+                   {"wait_outputs": {"timeout_s": 60}}, {"response": {"text": "Planner here."}}, {"close": 1000}]
+
+
+@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed")
+async def test_a_taker_of_a_call_that_never_handed_over_can_hand_over(tmp_path, redis_server):
+    """Before: the mirror kept no context for a call without a link, a
+    selection or a handoff, so its taker ran it without agents and a later
+    ``handoff.planner`` was an unknown tool. The context of a call with
+    agents is mirrored now: the taker has them, the first in charge, and
+    the instruction their parts are added to."""
+    call_id = "rtc_taken_plain"
+    async with rig(tmp_path) as r:
+        dead = RedisRegistry(redis_server.url, 3.0, node="dead")
+        alive = RedisRegistry(redis_server.url, 3.0, node="alive")
+        async with trio.open_nursery() as registries:
+            await registries.start(dead.run)
+            await registries.start(alive.run)
+            lease = await dead.acquire(call_id)
+            assert lease is not None and await dead.confirm(lease)
+            dead.note_context(call_id, with_agents())           # the first in charge, no link, no selection
+            async with rc.client(redis_server.url) as redis:
+                with trio.fail_after(5):
+                    while not await redis.hgetall(rc.pending_key(call_id)):
+                        await trio.sleep(0.01)
+            registries.cancel_scope.cancel()
+        await expire_lease_now(redis_server, call_id, 3.0)
+        sim_call = r.sim.add_call(call_id, steady(HAND_OVER_AFTER))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(alive.run)
+            await run_supervisor(r, sim_call, registry=alive)
+            nursery.cancel_scope.cancel()
+        record = r.record(call_id)
+    assert sim_call.outputs["call_later"] == [HANDED]
+    [update] = resumed_updates(sim_call)
+    assert "You are the planner agent" in update["instructions"]
+    assert [(x["to"], x["status"]) for x in record if x["kind"] == "handoff"][-1] == ("planner", "done")
+    assert sim_call.violations == [] and sim_call.error_codes == []

@@ -664,14 +664,16 @@ class RedisRegistry:
     def note_context(self, call_id: str, linked: LinkedContext) -> None:
         """A held call's linked context, as its actor starts: kept here for
         its ``selection`` lines, and mirrored at once when there is a link, a
-        selection or a Live session to carry (a plain connect's, with none,
-        costs Redis nothing until a ``journal.select`` gives it one; a Live
-        call's taker needs its session to attach as a Live call at all)."""
+        selection, a Live session or agents to carry (a taker needs the
+        instruction its agents' parts are added to, and a Live call's taker
+        its session to attach as a Live call at all; a context with none of
+        them, a test's or an older caller's, costs Redis nothing until a
+        ``journal.select`` gives it one)."""
         if call_id not in self._held:
             return
         carried = self._contexts[call_id] = carried_view(linked)
-        if carried["link"] is not None or carried["selection"] is not None or carried.get("live") is not None or (
-                linked.agents is not None and linked.agents.in_charge != linked.agents.agents.first.name):
+        if (carried["link"] is not None or carried["selection"] is not None or carried.get("live") is not None
+                or linked.agents is not None):
             self._queue_mirror(call_id, {"kind": rc.CONTEXT_FIELD, "context": dict(carried)})
 
     def _queue_mirror(self, call_id: str, line: dict[str, Any]) -> None:

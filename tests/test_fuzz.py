@@ -209,7 +209,8 @@ REAL_PENDING_CALLS = recovery.pending_calls
 def test_the_fuzzer_finds_a_recovery_that_answers_a_settled_call_again(monkeypatch):
     monkeypatch.setattr(recovery, "pending_calls", EverythingPending.pending_calls)
     out = io.StringIO()
-    assert fuzz(WRITE, runs=40, seed=1, jobs=1, journal=None, today=None, out=out) == 1
+    # seed 4's schedule holds a kill after the calls settled (any seed would do; this one finds it at once)
+    assert fuzz(WRITE, runs=10, seed=4, jobs=1, journal=None, today=None, out=out) == 1
     report = out.getvalue()
     assert "duplicate_tool_call_output" in report, report
     minimal = report.split("the fewest of its changes", 1)[1]

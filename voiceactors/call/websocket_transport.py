@@ -20,7 +20,7 @@ below does not know the seam.
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from voiceactors.call.transport import (
     CallTransport, FrameFilter, OpenTransport, ServerFrame, TransportBroken, TransportClosed, TransportError,
@@ -29,7 +29,7 @@ from voiceactors.call.transport import (
 from voiceactors.realtime import ws_frames
 from voiceactors.realtime.sideband import (
     CallGone, ConnectionClosed, SidebandBroken, SidebandError, SidebandRefused, SidebandUnavailable,
-    WebSocketConnection, close_code, open_sideband,
+    WebSocketConnection, close_code, open_sideband, ws_url,
 )
 
 __all__ = ["WebSocketTransport", "closed", "failure", "sideband_opener"]
@@ -94,20 +94,24 @@ class WebSocketTransport:
             raise closed(exc) from None
 
 
-def sideband_opener(base_url: str, call_id: str, *, connect_timeout: float) -> OpenTransport:
-    """The opener of ``call_id``'s sideband under the REST ``base_url``: each
-    attempt opens a new websocket with that attempt's API key."""
+def sideband_opener(base_url: str, call_id: str, *, connect_timeout: float,
+                    url_of: Callable[[str, str], str] = ws_url) -> OpenTransport:
+    """The opener of ``call_id``'s sideband under the REST ``base_url`` (at
+    ``url_of(base_url, call_id)``: a Realtime call's by default, a Live
+    session's attach for ``live/attach.py``): each attempt opens a new
+    websocket with that attempt's API key."""
 
     def open_transport(api_key: str) -> AbstractAsyncContextManager[CallTransport]:
-        return _open(base_url, api_key, call_id, connect_timeout)
+        return _open(base_url, api_key, call_id, connect_timeout, url_of)
 
     return open_transport
 
 
 @asynccontextmanager
-async def _open(base_url: str, api_key: str, call_id: str, connect_timeout: float) -> AsyncIterator[CallTransport]:
+async def _open(base_url: str, api_key: str, call_id: str, connect_timeout: float,
+                url_of: Callable[[str, str], str]) -> AsyncIterator[CallTransport]:
     try:
-        async with open_sideband(base_url, api_key, call_id, connect_timeout=connect_timeout) as ws:
+        async with open_sideband(base_url, api_key, call_id, connect_timeout=connect_timeout, url_of=url_of) as ws:
             yield WebSocketTransport(ws)
     except SidebandError as exc:     # the sideband's own failures only: the body's pass unchanged
         raise failure(exc) from None

@@ -10,13 +10,11 @@ bounds and failures, told as the call transport seam's by
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import AsyncIterator
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote
 
-from voiceactors.call.transport import CallTransport, OpenTransport
-from voiceactors.call.websocket_transport import WebSocketTransport, failure
-from voiceactors.realtime.sideband import SidebandError, SidebandUnavailable, open_sideband
+from voiceactors.call.transport import OpenTransport
+from voiceactors.call.websocket_transport import sideband_opener
+from voiceactors.realtime.sideband import websocket_url
 
 __all__ = ["attach_opener", "attach_url"]
 
@@ -27,32 +25,10 @@ def attach_url(base_url: str, session_id: str) -> str:
     >>> attach_url("https://api.openai.com/v1", "live_1")
     'wss://api.openai.com/v1/live/sessions/live_1/attach'
     """
-    parts = urlsplit(base_url.strip())
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
-    if scheme is None or not parts.netloc:
-        raise ValueError(f"base URL must be http(s)://host[/path], got scheme {parts.scheme!r}")
-    path = f"{parts.path.rstrip('/')}/live/sessions/{quote(session_id, safe='')}/attach"
-    return urlunsplit((scheme, parts.netloc, path, "", ""))
+    return websocket_url(base_url, f"/live/sessions/{quote(session_id, safe='')}/attach")
 
 
 def attach_opener(base_url: str, session_id: str, *, connect_timeout: float) -> OpenTransport:
     """The opener of ``session_id``'s attach websocket: each attempt a new
     one with that attempt's API key (Live's frames, untranslated)."""
-
-    def open_transport(api_key: str) -> AbstractAsyncContextManager[CallTransport]:
-        return _open(base_url, api_key, session_id, connect_timeout)
-
-    return open_transport
-
-
-@asynccontextmanager
-async def _open(base_url: str, api_key: str, session_id: str, connect_timeout: float) -> AsyncIterator[CallTransport]:
-    try:
-        url = attach_url(base_url, session_id)
-    except ValueError as exc:
-        raise failure(SidebandUnavailable(str(exc))) from None
-    try:
-        async with open_sideband(base_url, api_key, session_id, connect_timeout=connect_timeout, url=url) as ws:
-            yield WebSocketTransport(ws)
-    except SidebandError as exc:     # the sideband's own failures only: the body's pass unchanged
-        raise failure(exc) from None
+    return sideband_opener(base_url, session_id, connect_timeout=connect_timeout, url_of=attach_url)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import trio
@@ -94,18 +94,24 @@ class SidebandBroken(SidebandError):
     ``max_message_size``). Not raised for the body's own exceptions."""
 
 
+def websocket_url(base_url: str, path: str, query: str = "") -> str:
+    """``path`` (and ``query``) under the REST ``base_url``, as the ws(s) URL
+    of the same host: the one rule of every sideband's address. ValueError
+    for a base URL that is not http(s)://host[/path]."""
+    parts = urlsplit(base_url.strip())
+    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
+    if scheme is None or not parts.netloc:
+        raise ValueError(f"base URL must be http(s)://host[/path], got scheme {parts.scheme!r}")
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + path, query, ""))
+
+
 def ws_url(base_url: str, call_id: str) -> str:
     """The sideband URL for ``call_id`` under the REST ``base_url``.
 
     >>> ws_url("https://api.openai.com/v1", "rtc_1")
     'wss://api.openai.com/v1/realtime?call_id=rtc_1'
     """
-    parts = urlsplit(base_url.strip())
-    scheme = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}.get(parts.scheme.lower())
-    if scheme is None or not parts.netloc:
-        raise ValueError(f"base URL must be http(s)://host[/path], got scheme {parts.scheme!r}")
-    path = parts.path.rstrip("/") + "/realtime"
-    return urlunsplit((scheme, parts.netloc, path, "call_id=" + quote(call_id, safe=""), ""))
+    return websocket_url(base_url, "/realtime", "call_id=" + quote(call_id, safe=""))
 
 
 def is_clean_close(code: int | None) -> bool:
@@ -135,10 +141,11 @@ async def open_sideband(
     disconnect_timeout: float = 5.0,
     message_queue_size: int = 64,
     max_message_size: int = 4 * 1024 * 1024,
-    url: str | None = None,
+    url_of: Callable[[str, str], str] = ws_url,
 ) -> AsyncIterator[WebSocketConnection]:
-    """Open the sideband for ``call_id`` and yield the connected websocket
-    (at ``url`` when given: a Live session's attach, ``live/attach.py``).
+    """Open the sideband for ``call_id`` and yield the connected websocket,
+    at ``url_of(base_url, call_id)`` (a Realtime call's by default; a Live
+    session's attach: ``live/attach.py``).
 
     Raises ``CallGone``, ``SidebandRefused`` or ``SidebandUnavailable`` when
     the handshake fails, ``SidebandBroken`` when the open connection fails
@@ -148,7 +155,7 @@ async def open_sideband(
     honoured at every step.
     """
     try:
-        url = url or ws_url(base_url, call_id)
+        url = url_of(base_url, call_id)
     except ValueError as exc:
         raise SidebandUnavailable(str(exc)) from None
     headers = [(b"authorization", f"Bearer {api_key}".encode())]

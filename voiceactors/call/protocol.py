@@ -1846,16 +1846,21 @@ class CallProtocol:
         return min(math.inf if self._transferred else self._transfer_at,
                    math.inf if self._refused_ended else self._refused_end_at)
 
-    def _answer_on_the_line(self, call: ToolCall, answer: ToolAnswer) -> None:
-        """A tool call the phone line answers itself (the PIN is due, or the
-        transfer): started and finished in this step, never at the executor."""
-        call.held = None
+    def _start_our_own(self, call: ToolCall) -> None:
+        """Start a call this protocol answers itself, never the executor (the
+        phone line's, a handoff): started in this step, in the record."""
         advance(call, ToolCallEvent.START)
         if not call.recovered:
             call.turn = self.turn
         call.run = ToolRun.OWN
         call.started_t = self._now
         self._record_started(call)
+
+    def _answer_on_the_line(self, call: ToolCall, answer: ToolAnswer) -> None:
+        """A tool call the phone line answers itself (the PIN is due, or the
+        transfer): started and finished in this step, never at the executor."""
+        call.held = None
+        self._start_our_own(call)
         self._log(LogLevel.INFO, "call.tool_on_the_line", tool=call.name, tool_call_id=call.tool_call_id,
                   outcome=answer.outcome, epoch=call.epoch)
         self._finish(call, ToolFinished(call.tool_call_id, call.name, answer.output, answer.outcome))
@@ -1948,12 +1953,7 @@ class CallProtocol:
         not the executor's; it waits for its batch (``_maybe_hand_off``), or
         is refused at once when it cannot be carried out."""
         assert self.handoffs is not None and self.context is not None and self.context.agent is not None
-        advance(call, ToolCallEvent.START)
-        if not call.recovered:
-            call.turn = self.turn
-        call.run = ToolRun.OWN
-        call.started_t = self._now
-        self._record_started(call)
+        self._start_our_own(call)
         in_charge = self.context.agent
         why = self.handoffs.refusal(target, batch.agent, in_charge)
         if why is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import trio
@@ -79,6 +79,35 @@ async def run_supervisor(r: Any, sim_call: SimCall, **kw: Any) -> None:
         nursery.cancel_scope.cancel()
 
 
+async def taken_over(r: Any, redis_server: Any, call_id: str, holder: Callable[[RedisRegistry], None],
+                     mirrored: Callable[[dict[str, str]], bool],
+                     service_call: Callable[[Any, str], SimCall]) -> SimCall:
+    """A holder leases ``call_id``, tells its registry what its actor did
+    (``holder``), and dies once the mirror shows it (``mirrored`` of the
+    call's mirrored hash); another process's supervisor takes the call over
+    and serves the service's call (``service_call``) to its end."""
+    dead = RedisRegistry(redis_server.url, 3.0, node="dead")
+    alive = RedisRegistry(redis_server.url, 3.0, node="alive")
+    async with trio.open_nursery() as registries:
+        await registries.start(dead.run)
+        await registries.start(alive.run)
+        lease = await dead.acquire(call_id)
+        assert lease is not None and await dead.confirm(lease)
+        holder(dead)
+        async with rc.client(redis_server.url) as redis:
+            with trio.fail_after(5):
+                while not mirrored(await redis.hgetall(rc.pending_key(call_id))):
+                    await trio.sleep(0.01)
+        registries.cancel_scope.cancel()          # the holder dies: no renewal, no release
+    await expire_lease_now(redis_server, call_id, 3.0)      # its lease runs out now, not in 3 s
+    sim_call = service_call(r, call_id)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(alive.run)
+        await run_supervisor(r, sim_call, registry=alive)
+        nursery.cancel_scope.cancel()
+    return sim_call
+
+
 @pytest.mark.parametrize("status, agent", CASES)
 async def test_a_rejoin_after_a_crash_resumes_with_the_agent_in_charge(tmp_path, autojump_clock, status, agent):
     state: Path = tmp_path / "state"
@@ -100,29 +129,16 @@ async def test_a_rejoin_after_a_crash_resumes_with_the_agent_in_charge(tmp_path,
 @pytest.mark.parametrize("status, agent", CASES[:2])
 async def test_a_takeover_resumes_with_the_agent_in_charge(tmp_path, redis_server, status, agent):
     call_id = f"rtc_taken_{status}"
+
+    def holder(dead: RedisRegistry) -> None:
+        # the holder's actor started with its context and recorded the handoff: the mirror keeps both
+        dead.note_context(call_id, with_agents())
+        dead.note_record(call_id, STARTED)
+        dead.note_record(call_id, handoff_line(status))
+
     async with rig(tmp_path) as r:
-        dead = RedisRegistry(redis_server.url, 3.0, node="dead")
-        alive = RedisRegistry(redis_server.url, 3.0, node="alive")
-        async with trio.open_nursery() as registries:
-            await registries.start(dead.run)
-            await registries.start(alive.run)
-            lease = await dead.acquire(call_id)
-            assert lease is not None and await dead.confirm(lease)
-            # the holder's actor started with its context and recorded the handoff: the mirror keeps both
-            dead.note_context(call_id, with_agents())
-            dead.note_record(call_id, STARTED)
-            dead.note_record(call_id, handoff_line(status))
-            async with rc.client(redis_server.url) as redis:
-                with trio.fail_after(5):
-                    while '"output"' not in (await redis.hgetall(rc.pending_key(call_id))).get("call_h", ""):
-                        await trio.sleep(0.01)
-            registries.cancel_scope.cancel()          # the holder dies: no renewal, no release
-        await expire_lease_now(redis_server, call_id, 3.0)      # its lease runs out now, not in 3 s
-        sim_call = waiting_call(r, call_id)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(alive.run)
-            await run_supervisor(r, sim_call, registry=alive)
-            nursery.cancel_scope.cancel()
+        sim_call = await taken_over(r, redis_server, call_id, holder,
+                                    lambda pending: '"output"' in pending.get("call_h", ""), waiting_call)
         record = r.record(call_id)
     assert_resumed_with(sim_call, record, agent)
 
@@ -141,26 +157,13 @@ async def test_a_taker_of_a_call_that_never_handed_over_can_hand_over(tmp_path, 
     agents is mirrored now: the taker has them, the first in charge, and
     the instruction their parts are added to."""
     call_id = "rtc_taken_plain"
+
+    def holder(dead: RedisRegistry) -> None:
+        dead.note_context(call_id, with_agents())           # the first in charge, no link, no selection
+
     async with rig(tmp_path) as r:
-        dead = RedisRegistry(redis_server.url, 3.0, node="dead")
-        alive = RedisRegistry(redis_server.url, 3.0, node="alive")
-        async with trio.open_nursery() as registries:
-            await registries.start(dead.run)
-            await registries.start(alive.run)
-            lease = await dead.acquire(call_id)
-            assert lease is not None and await dead.confirm(lease)
-            dead.note_context(call_id, with_agents())           # the first in charge, no link, no selection
-            async with rc.client(redis_server.url) as redis:
-                with trio.fail_after(5):
-                    while not await redis.hgetall(rc.pending_key(call_id)):
-                        await trio.sleep(0.01)
-            registries.cancel_scope.cancel()
-        await expire_lease_now(redis_server, call_id, 3.0)
-        sim_call = r.sim.add_call(call_id, steady(HAND_OVER_AFTER))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(alive.run)
-            await run_supervisor(r, sim_call, registry=alive)
-            nursery.cancel_scope.cancel()
+        sim_call = await taken_over(r, redis_server, call_id, holder, bool,
+                                    lambda r, call_id: r.sim.add_call(call_id, steady(HAND_OVER_AFTER)))
         record = r.record(call_id)
     assert sim_call.outputs["call_later"] == [HANDED]
     [update] = resumed_updates(sim_call)

@@ -148,13 +148,12 @@ async def test_history_requests_leave_the_tools_worker_threads_free(tmp_path):
     app = create_app(Settings(journal=journal, state_dir=state, openai_api_key_env="VOICEACTORS_TEST_NO_KEY"))
     async with serving(app) as test_app:
         client = test_app.test_client()
-        listed = 0
+        finished: list[float] = []
 
         async def list_all() -> None:
-            nonlocal listed
             response = await client.get("/api/voice/calls")
             assert response.status_code == 200 and len((await response.get_json())["calls"]) == 4
-            listed += 1
+            finished.append(trio.current_time())
 
         async with trio.open_nursery() as nursery:
             for _ in range(storage.THREADS):
@@ -163,6 +162,9 @@ async def test_history_requests_leave_the_tools_worker_threads_free(tmp_path):
             began = trio.current_time()
             await storage.run_sync(time.monotonic)
             hop = trio.current_time() - began
-            assert listed < storage.THREADS     # measured while they still ran
-        assert hop < 0.5, hop
-        assert listed == storage.THREADS
+        assert len(finished) == storage.THREADS
+        # Queued behind them, the hop would end only once the first list's
+        # thread was done; a loaded machine slows both alike (GIL), so the
+        # bound is that first list's time, not a figure in seconds.
+        first = min(finished) - began
+        assert hop < 0.75 * first, (hop, first)

@@ -17,6 +17,8 @@ from voiceactors.call import recovery
 from voiceactors.call.protocol import CallProtocol
 from voiceactors.call.record_kind import RecordKind
 from voiceactors.call.state import ToolCallState
+from voiceactors import replay
+from voiceactors.fuzz import invariants
 from voiceactors.fuzz.command import fuzz
 from voiceactors.fuzz.runs import load_script, run_schedule
 from voiceactors.fuzz.schedule import Change, Perturbation, Schedule
@@ -226,3 +228,46 @@ def test_a_call_answered_without_running_survives_a_kill_before_its_output_is_co
     out = io.StringIO()
     assert fuzz(WRITE, runs=1, seed=17, jobs=1, journal=None, today=None, keep=(2, 3), out=out) == 0, \
         out.getvalue()
+
+
+# --- slow tools ------------------------------------------------------------------------------------
+
+SLOW = REPLAYS / "slow_tools.jsonl"
+
+
+def test_a_slow_tools_capture_replays_its_tool_source_paced_on_the_runs_clock():
+    """``slow_tools.jsonl`` keeps its conditions in its expectation (the
+    simulator's MCP tool source, the acknowledgement on); every run of it
+    has them: the slow call is acknowledged, its progress spoken, its
+    answer delivered, each a response.create the replay waits for."""
+    conditions = replay.load_conditions(SLOW)
+    assert conditions.tool_source == "crm" and [t.name for t in conditions.slow_tools] == ["history"]
+    assert dict(conditions.settings)["tool_ack_after_s"] > 0
+    script = load_script(SLOW)
+    assert [s.kind for s in script.steps].count("await_create") == 3      # acknowledgement, progress, delivery
+
+
+def test_the_delivery_of_an_acknowledged_call_after_the_users_turn_is_no_stale_follow_up():
+    """Found on the slow-tools capture (seed 23): a barge-in while the
+    acknowledgement spoke, then the slow answer's delivery, which goes
+    after the user's turn by design (docs/calls.md § Slow tools), was taken
+    for a follow-up of a turn the user had left."""
+    out = io.StringIO()
+    assert fuzz(SLOW, runs=1, seed=23, jobs=1, journal=None, today=None, keep=(2,), out=out) == 0, out.getvalue()
+
+
+def _followed_up(*extra: dict) -> list[str]:
+    """The stale-follow-up invariant on a record: response r1 of turn 0,
+    then a response.create of turn 1 that follows it up."""
+    record = [{"kind": RecordKind.RESPONSE, "response_id": "r1", "epoch": 0},
+              {"kind": RecordKind.RESPONSE_CREATE, "result": "sent", "event_id": "evt_2", "for": ["r1"], "epoch": 1},
+              *extra]
+    return invariants._no_stale_follow_up(replay.Played({}, None, record))   # type: ignore[arg-type]
+
+
+def test_only_the_delivery_the_record_names_escapes_the_stale_follow_up_check():
+    assert _followed_up() == ["response.create evt_2 followed up response r1 of an older turn"]
+    assert _followed_up({"kind": RecordKind.SLOW_DELIVERY, "response_id": "r1", "event_id": "evt_2"}) == []
+    # another create's delivery, or another batch's, does not excuse this one
+    assert _followed_up({"kind": RecordKind.SLOW_DELIVERY, "response_id": "r1", "event_id": "evt_9"})
+    assert _followed_up({"kind": RecordKind.SLOW_DELIVERY, "response_id": "r0", "event_id": "evt_2"})

@@ -41,7 +41,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     return code, captured.out
 
 
-@pytest.mark.parametrize("name", ["parallel_batch", "barge_in", "drop", "preambles", "write", "handoff"])
+@pytest.mark.parametrize("name", ["parallel_batch", "barge_in", "drop", "preambles", "write", "handoff", "slow_tools"])
 def test_a_captured_call_replays_with_nothing_different(name, journal, capsys):
     expected = json.loads((REPLAYS / f"{name}.expected.json").read_text())["sent"]
     assert expected["outputs"] and expected["stalls"] == [] and expected["protocol_errors"] == []
@@ -95,6 +95,16 @@ def test_the_tool_captures_a_scenario_and_holds_the_server_to_it(tmp_path, journ
     assert code == 1 and "response creates: recorded [], sent [{\"answered_by\"" in out, out
 
 
+def test_conditions_that_cannot_be_met_are_a_usage_error(tmp_path, journal, capsys):
+    capture = tmp_path / "slow.jsonl"
+    capture.write_bytes((REPLAYS / "slow_tools.jsonl").read_bytes())
+    expected = json.loads((REPLAYS / "slow_tools.expected.json").read_text())
+    expected["conditions"]["settings"]["tool_timeout_read_s"] = 0.1      # not a setting conditions may set
+    (tmp_path / "slow.expected.json").write_text(json.dumps(expected))
+    code, line = run(capsys, str(capture), "--journal", str(journal))
+    assert code == 2 and "settings: numbers for tool_ack_after_s" in line, line
+
+
 def test_no_expectation_or_no_capture_is_a_usage_error(tmp_path, capsys):
     capture = tmp_path / "none.jsonl"
     code, out = run(capsys, str(capture))       # a missing capture is said first, not its expectation
@@ -118,10 +128,13 @@ def test_a_response_after_our_outputs_waits_for_our_create_one_after_a_user_turn
     ours = {"type": "response.created", "response": {"id": "r2"}}
     user = {"type": "input_audio_buffer.committed", "item_id": "u2"}
     model = {"type": "response.created", "response": {"id": "r3"}}
+    # a second response with no turn between: ours (a slow tool's acknowledgement, then its progress line)
+    progress = {"type": "response.created", "response": {"id": "r4"}}
     refusal = {"type": "error", "error": {"code": "conversation_already_has_active_response", "event_id": "evt_1"}}
     script = ReplayScript.from_block(_block(
-        {"type": "response.created", "response": {"id": "r1"}}, echo, refusal, ours, user, model))
-    assert [s.kind for s in script.steps] == ["connect", "send", "await_output", "await_create", "send", "send"]
+        {"type": "response.created", "response": {"id": "r1"}}, echo, refusal, ours, user, model, progress))
+    assert [s.kind for s in script.steps] == ["connect", "send", "await_output", "await_create", "send", "send",
+                                              "await_create"]
     assert script.steps[2].call_id == "c1"
     # a close 1006, or a new connection with no close, is a drop; 1000 ends the call
     dropped = ReplayScript.from_block(_block() + [{"kind": "close", "t": 1, "code": 1006}, {"kind": "connect", "t": 2},

@@ -14,7 +14,8 @@ is none; 1 when something differs; 2 for a capture or expectation it cannot
 read (or none yet: ``--update`` writes it).
 
 ``--update`` writes the expectation from this run (review it: it is what
-the suite will hold the server to). ``--capture SCENARIO`` first makes FILE:
+the suite will hold the server to), with the capture's ``conditions`` (a
+slow MCP tool source and the settings that make it heard: ``Conditions``). ``--capture SCENARIO`` first makes FILE:
 it runs a simulator scenario against the server with ``record_events`` on
 and copies the call's capture there (then ``--update`` applies as given).
 
@@ -70,9 +71,10 @@ from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.capture_player import ReplayDriver, ReplayScript
+from voiceactors.simulator.tool_source import SlowTool, ToolSource
 
-__all__ = ["EXPECTATION_VERSION", "Played", "capture_scenario", "cli_replay", "compare", "expectation_path", "journal_for_runs",
-           "play_script", "replay_capture", "replay_folder", "sweep_stale_folders"]
+__all__ = ["EXPECTATION_VERSION", "Conditions", "Played", "capture_scenario", "cli_replay", "compare", "expectation_path", "journal_for_runs",
+           "load_conditions", "play_script", "replay_capture", "replay_folder", "sweep_stale_folders"]
 
 EXPECTATION_VERSION = 1
 REPLAY_KEY = "sk-replay-voiceactors-simulator"
@@ -95,29 +97,112 @@ FOLDER_PREFIX = "voiceactors-replay-"
 _FOLDER_RE = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
 
 
+#: The settings a capture's conditions may set (those that make a slow tool heard).
+CONDITION_SETTINGS = ("tool_ack_after_s", "tool_progress_after_s", "tool_slow_max")
+#: Where a replay's tool source's token is found (``open_runtime``'s ``mcp_env``, never the process's).
+TOOL_SOURCE_TOKEN_ENV = "VOICEACTORS_REPLAY_TOOL_SOURCE_TOKEN"
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a captured call had around it besides the Realtime service, so
+    that every replay and fuzz run of it has the same: a slow MCP tool
+    source (the simulator's, ``simulator/tool_source.py``: its tools' pace is
+    on the run's clock, not the machine's) and the settings that make its
+    slowness heard (the acknowledgement). A scenario carries them under
+    ``conditions`` for ``--capture``; the expectation keeps them, so a
+    replay and ``voiceactors fuzz`` read them there. None: the defaults,
+    acknowledgements off."""
+
+    tool_source: str = ""                          # the MCP source's name ("": none)
+    slow_tools: tuple[SlowTool, ...] = ()
+    settings: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def from_obj(cls, obj: Any, where: str = "conditions") -> "Conditions":
+        """Raises ValueError naming what is wrong."""
+        if obj is None:
+            return cls()
+        if not isinstance(obj, dict) or set(obj) - {"tool_source", "settings"}:
+            raise ValueError(f"{where}: an object with tool_source and settings only")
+        settings = obj.get("settings") or {}
+        if not isinstance(settings, dict) or any(
+                key not in CONDITION_SETTINGS or isinstance(value, bool) or not isinstance(value, (int, float))
+                for key, value in settings.items()):
+            raise ValueError(f"{where}.settings: numbers for {', '.join(CONDITION_SETTINGS)} only")
+        source = obj.get("tool_source")
+        if source is None:
+            return cls(settings=tuple(sorted(settings.items())))
+        try:
+            name, tools = source["name"], tuple(SlowTool(**tool) for tool in source["tools"])
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"{where}.tool_source: {{name, tools: [{{name, run_s, progress_every_s, text, "
+                             f"read_only}}]}} ({error})") from None
+        if not isinstance(name, str) or not tools:
+            raise ValueError(f"{where}.tool_source: a name and at least one tool")
+        return cls(name, tools, tuple(sorted(settings.items())))
+
+    def to_obj(self) -> dict[str, Any] | None:
+        if self == Conditions():
+            return None
+        obj: dict[str, Any] = {"settings": dict(self.settings)}
+        if self.tool_source:
+            obj["tool_source"] = {"name": self.tool_source, "tools": [vars(tool) for tool in self.slow_tools]}
+        return obj
+
+
+def load_conditions(capture: Path) -> Conditions:
+    """The conditions the expectation of ``capture`` keeps (none: the defaults)."""
+    expected = expectation_path(capture)
+    if not expected.exists():
+        return Conditions()
+    return Conditions.from_obj(load_expectation(expected).get("conditions"), str(expected))
+
+
 def expectation_path(capture: Path) -> Path:
     name = capture.name[:-len(".jsonl")] if capture.name.endswith(".jsonl") else capture.name
     return capture.with_name(name + ".expected.json")
 
 
-def _settings(journal: Path, state_dir: Path, base_url: str, **changes: Any) -> Settings:
+def _settings(journal: Path, state_dir: Path, base_url: str, conditions: Conditions, source_url: str,
+              **changes: Any) -> Settings:
     # The defaults, not the environment: a replay is the same wherever it
-    # runs. No acknowledgement of a slow tool call: whether one is due
-    # depends on how fast this machine runs the tool (a search's first index
-    # build), not on the call.
+    # runs. No acknowledgement of a slow tool call unless the capture's
+    # conditions ask for one (their slow tools' pace is the run's clock):
+    # otherwise whether one is due depends on how fast this machine runs the
+    # tool (a search's first index build), not on the call.
+    if conditions.tool_source:
+        changes = {"mcp_sources": json.dumps([{"name": conditions.tool_source, "url": source_url,
+                                               "token_env": TOOL_SOURCE_TOKEN_ENV}]), **changes}
     return Settings(journal=journal, state_dir=state_dir, openai_base_url=base_url,
-                    openai_api_key_env=REPLAY_KEY, **{"tool_ack_after_s": 0.0, **changes})
+                    openai_api_key_env=REPLAY_KEY, **{"tool_ack_after_s": 0.0, **dict(conditions.settings), **changes})
 
 
-async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str, *, connect: bool = True) -> None:
+async def _start_tool_source(nursery: trio.Nursery, conditions: Conditions, sim: Simulator) -> tuple[str, dict[str, str]]:
+    """The conditions' tool source serving in ``nursery`` (the simulator's
+    ``slow_tool`` steps pace it): its URL and the runtime's MCP environment
+    holding its token; ("", {}) without one."""
+    if not conditions.tool_source:
+        return "", {}
+    # a fresh copy of each tool: a slow_tool step changes its pace
+    source = ToolSource([SlowTool(**vars(tool)) for tool in conditions.slow_tools])
+    sim.tool_source = source
+    return await nursery.start(source.serve), {TOOL_SOURCE_TOKEN_ENV: source.token}
+
+
+async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str, *, connect: bool = True,
+                         mcp_env: dict[str, str] | None = None) -> None:
     """Start the runtime, connect ``call_id`` (``connect``; else the runtime
     rejoins it at start-up, as after a crash), wait until the simulator has
-    ended it and the actor has written its record."""
+    ended it and the actor has written its record. ``mcp_env``: the MCP
+    sources' tokens (a capture's tool source)."""
     sim_call = sim.calls[call_id]
     # the sideband never asks the brain; the local one keeps a journal's claude
     # or openai backend from running (or writing its session file) for a replay
-    async with open_runtime(settings, brain_backend=make_backend(settings, "local")) as rt:
+    async with open_runtime(settings, brain_backend=make_backend(settings, "local"), mcp_env=mcp_env or {}) as rt:
         if connect:
+            # the call's tools as the browser's connect would find them: the MCP source's listed
+            await rt.actors["mcp"].wait_discovered()
             # the journal's agents, as a browser's connect gives every call (docs/agents.md)
             context = LinkedContext(REPLAY_INSTRUCTION, None, agents=call_agents(settings))
             await ask(rt.calls, lambda reply: Connect(call_id, reply, context), timeout=10)
@@ -129,7 +214,7 @@ async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str, *, c
 
 
 async def _serve_through_kills(settings: Settings, sim: Simulator, call_id: str, driver: ReplayDriver,
-                               folder: Path) -> int:
+                               folder: Path, mcp_env: dict[str, str]) -> int:
     """Serve the call until it ends, through the script's ``kill`` steps (a
     fuzz run's): there the serving runtime dies as a SIGKILLed process does.
     The kill comes once every task waits, no worker thread of this replay
@@ -151,7 +236,7 @@ async def _serve_through_kills(settings: Settings, sim: Simulator, call_id: str,
                 kept.append(_keep_files(settings, folder / f"killed-{kills + 1}"))
                 life.cancel()
             driver.on_kill = kill
-            await _serve_one_call(settings, sim, call_id, connect=kills == 0)
+            await _serve_one_call(settings, sim, call_id, connect=kills == 0, mcp_env=mcp_env)
         if not kept:
             return kills
         kills += 1
@@ -286,31 +371,35 @@ class Played:
 
 async def replay_capture(capture: Path, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
                          timeout_s: float = 10.0, block: int = -1,
-                         blocks: list[list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+                         blocks: list[list[dict[str, Any]]] | None = None,
+                         conditions: Conditions = Conditions()) -> dict[str, Any]:
     """Replay one block of ``capture`` (the last: the latest actor run)
-    against this version's runtime on a copy of ``journal``; returns what we
-    sent, normalised (``ReplayDriver.result``). ``blocks``: the capture
-    already read. Raises ValueError for a file that is not a capture."""
+    against this version's runtime on a copy of ``journal``, in the
+    capture's ``conditions``; returns what we sent, normalised
+    (``ReplayDriver.result``). ``blocks``: the capture already read. Raises
+    ValueError for a file that is not a capture."""
     blocks = read_capture(capture) if blocks is None else blocks
     script = ReplayScript.from_block(blocks[block])
-    played = await play_script(script, journal, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
+    played = await play_script(script, journal, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s,
+                               conditions=conditions)
     return played.result
 
 
 async def play_script(script: ReplayScript, journal: Path, *, speed: float = 1.0, max_gap_s: float = 2.0,
-                      timeout_s: float = 10.0, **changes: Any) -> Played:
+                      timeout_s: float = 10.0, conditions: Conditions = Conditions(), **changes: Any) -> Played:
     """Play ``script`` (a capture block's steps, perhaps changed: ``voiceactors
-    fuzz``) against this version's runtime on a copy of ``journal``;
-    ``changes``: settings other than the defaults."""
+    fuzz``) against this version's runtime on a copy of ``journal``, in the
+    capture's ``conditions``; ``changes``: settings other than those."""
     driver = ReplayDriver(script, speed=speed, max_gap_s=max_gap_s, timeout_s=timeout_s)
     sim = Simulator(None, api_key=None, validate_sent=False)   # recorded events go out as recorded
     with replay_folder() as folder:
         copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
+            source_url, mcp_env = await _start_tool_source(nursery, conditions, sim)
             sim.add_call(script.call_id).replay = driver
-            kills = await _serve_through_kills(_settings(copy, folder / "state", sim.base_url, **changes), sim,
-                                               script.call_id, driver, folder)
+            settings = _settings(copy, folder / "state", sim.base_url, conditions, source_url, **changes)
+            kills = await _serve_through_kills(settings, sim, script.call_id, driver, folder, mcp_env)
             nursery.cancel_scope.cancel()
         path = record_path(folder / "state", script.call_id)
         record = read_record(path) if path.exists() else []
@@ -320,19 +409,39 @@ async def play_script(script: ReplayScript, journal: Path, *, speed: float = 1.0
     return Played(result, driver, record, kills)
 
 
-async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None) -> Path:
+def _capture_call_id(scenario_name: str) -> str:
+    return "rtc_capture_" + "".join(ch if ch.isalnum() else "_" for ch in Path(scenario_name).stem)
+
+
+def scenario_conditions(scenario: Any) -> tuple[Any, Conditions]:
+    """A scenario's conditions (its ``conditions``, read by ``--capture``
+    only) and the scenario without them, as the simulator takes it. A name
+    that is a file is read here; a built-in scenario's name is passed on."""
+    if isinstance(scenario, str) and Path(scenario).is_file():
+        with storage.open_regular(Path(scenario)) as handle:
+            scenario = json.loads(handle.read(MAX_EXPECTATION_BYTES).decode("utf-8"))
+    if isinstance(scenario, dict) and "conditions" in scenario:
+        scenario = dict(scenario)
+        return scenario, Conditions.from_obj(scenario.pop("conditions"), "the scenario's conditions")
+    return scenario, Conditions()
+
+
+async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None,
+                           conditions: Conditions = Conditions()) -> Path:
     """Run ``scenario`` on the simulator against the server, on a copy of
-    ``journal``, with ``record_events`` on; copy the call's capture to ``out``."""
-    name = scenario if isinstance(scenario, str) else "inline"
-    call_id = call_id or "rtc_capture_" + "".join(ch if ch.isalnum() else "_" for ch in Path(name).stem)
+    ``journal``, in ``conditions``, with ``record_events`` on; copy the
+    call's capture to ``out``."""
+    call_id = call_id or _capture_call_id(scenario if isinstance(scenario, str) else "inline")
     sim = Simulator(scenario, api_key=None)
     with replay_folder() as folder:
         copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
         state = folder / "state"
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
+            source_url, mcp_env = await _start_tool_source(nursery, conditions, sim)
             sim.add_call(call_id)
-            await _serve_one_call(_settings(copy, state, sim.base_url, record_events=True), sim, call_id)
+            settings = _settings(copy, state, sim.base_url, conditions, source_url, record_events=True)
+            await _serve_one_call(settings, sim, call_id, mcp_env=mcp_env)
             nursery.cancel_scope.cancel()
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(capture_path(state, call_id), out)
@@ -395,8 +504,11 @@ def load_expectation(path: Path) -> dict[str, Any]:
     return data
 
 
-def write_expectation(path: Path, actual: dict[str, Any], today: str) -> None:
-    body = {"version": EXPECTATION_VERSION, "today": today, "sent": actual}
+def write_expectation(path: Path, actual: dict[str, Any], today: str, conditions: Conditions = Conditions()) -> None:
+    body: dict[str, Any] = {"version": EXPECTATION_VERSION, "today": today}
+    if conditions.to_obj() is not None:
+        body["conditions"] = conditions.to_obj()
+    body["sent"] = actual
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(body, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(path)   # atomic: a reader sees the old or the new expectation
@@ -442,19 +554,23 @@ def run(args: argparse.Namespace, out: Any = None) -> int:
     try:
         with journal_for_runs(args.journal, today) as journal:
             try:
+                # a capture is made in its scenario's conditions, a replay in the expectation's
+                conditions = Conditions.from_obj((expected or {}).get("conditions"), str(expect))
                 if args.capture:
-                    trio.run(capture_scenario, args.capture, capture, journal)
+                    scenario, conditions = scenario_conditions(args.capture)
+                    trio.run(lambda: capture_scenario(scenario, capture, journal, conditions=conditions,
+                                                      call_id=_capture_call_id(args.capture)))
                     print(f"captured scenario {args.capture} into {capture}", file=out)
                 blocks = read_capture(capture)      # before anything starts: a hostile file is refused at once
                 actual = trio.run(lambda: replay_capture(capture, journal, speed=args.speed, timeout_s=args.timeout,
-                                                         blocks=blocks))
+                                                         blocks=blocks, conditions=conditions))
             except (OSError, ValueError) as error:
                 print(f"voiceactors replay: {error}", file=sys.stderr)
                 return 2
     finally:
         clock.pin(None)
     if args.update or expected is None:
-        write_expectation(expect, actual, today)
+        write_expectation(expect, actual, today, conditions)
         answered = sum(1 for create in actual["response_creates"] if "answered_by" in create)
         print(f"wrote the expectation {expect} ({len(actual['outputs'])} tool outputs, "
               f"{answered} response.create answered)", file=out)

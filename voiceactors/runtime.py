@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Mapping
 
 import trio
 
@@ -84,7 +84,8 @@ async def _host(hosted: _Hosted, run: Callable[..., Awaitable[None]], *,
         hosted.done.set()
 
 
-def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any]:
+def _make_actors(settings: Settings, brain_backend: Any | None,
+                 mcp_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     # Imported here so that importing the runtime (e.g. for the CLI's --help)
     # does not pull in every actor.
     from voiceactors.brain.actor import BrainActor
@@ -98,7 +99,7 @@ def _make_actors(settings: Settings, brain_backend: Any | None) -> dict[str, Any
 
     registry = make_registry(settings)
     shared = registry if registry.shared else None     # no Redis: the actors as they always were
-    mcp = McpHub(settings)
+    mcp = McpHub(settings, env=mcp_env)
     executor = ToolExecutor(settings, ToolContext.from_settings(settings), remote=mcp, cluster=shared)
     actors: dict[str, Any] = {"registry": shared} if shared is not None else {}
     actors.update(mcp=mcp, brain=BrainActor(settings, brain_backend, flight=make_flight(settings)), tools=executor,
@@ -141,13 +142,16 @@ async def _stop(hosted: list[_Hosted], deadline_s: float) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_runtime(settings: Settings, *, brain_backend: Any | None = None) -> AsyncIterator[Runtime]:
+async def open_runtime(settings: Settings, *, brain_backend: Any | None = None,
+                       mcp_env: Mapping[str, str] | None = None) -> AsyncIterator[Runtime]:
     """Start the three actors; yield their inboxes; stop them (bounded) on exit.
 
     ``brain_backend`` overrides the BrainActor's backend (None: the actor
-    chooses from the journal's ``voice.brain`` setting).
+    chooses from the journal's ``voice.brain`` setting); ``mcp_env``: where
+    the MCP sources' ``token_env`` names are looked up (None: the process's
+    environment).
     """
-    actors = _make_actors(settings, brain_backend)
+    actors = _make_actors(settings, brain_backend, mcp_env)
     # Start order: the cluster registry, shared feed and daily total (with --redis), the MCP sources,
     # brain and executor before the supervisor that feeds the executor; stop
     # order is the reverse (the supervisor releases its leases before the

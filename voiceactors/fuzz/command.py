@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from voiceactors import clock, logs
 from voiceactors.fuzz.runs import RunResult, load_script, minimal, run_seeds
 from voiceactors.fuzz.schedule import Schedule
-from voiceactors.replay import journal_for_runs, load_expectation, expectation_path, sweep_stale_folders
+from voiceactors.replay import journal_for_runs, load_conditions, load_expectation, expectation_path, sweep_stale_folders
 
 __all__ = ["cli_fuzz", "fuzz"]
 
@@ -24,6 +24,7 @@ def fuzz(capture: Path, *, runs: int, seed: int, jobs: int, journal: str | None,
     """The runs of seeds ``seed`` … ``seed + runs - 1``; 0 when each kept the invariants."""
     try:
         script = load_script(capture)
+        conditions = load_conditions(capture)      # the slow tool source of a capture that had one
     except (OSError, ValueError) as error:
         print(f"voiceactors fuzz: {error}", file=sys.stderr)
         return 2
@@ -37,12 +38,13 @@ def fuzz(capture: Path, *, runs: int, seed: int, jobs: int, journal: str | None,
         print(f"  seed {result.seed}: {verdict} ({len(result.schedule.changes)} changes)", file=out, flush=True)
 
     with journal_for_runs(journal, today) as journal_dir:
-        results = run_seeds(script, range(seed, seed + runs), journal_dir, today, jobs=jobs, keep=keep, each=each)
+        results = run_seeds(script, range(seed, seed + runs), journal_dir, today, jobs=jobs, keep=keep,
+                            conditions=conditions, each=each)
         failed = next((result for result in results if result.problems), None)
         if failed is None:
             print(f"OK: {runs} runs kept every invariant", file=out)
             return 0
-        smallest = minimal(script, failed, journal_dir, today)
+        smallest = minimal(script, failed, journal_dir, today, conditions)
     _report(capture, script, failed, smallest, out)
     return 1
 

@@ -63,14 +63,20 @@ def _applied_once(played: Played) -> list[str]:
 
 def _no_stale_follow_up(played: Played) -> list[str]:
     """No ``response.create`` of ours asks the model to go on from a turn the
-    user has since left (a batch of an older epoch than the create's)."""
+    user has since left (a batch of an older epoch than the create's), but
+    the delivery of an acknowledged slow batch (its ``slow_delivery`` line
+    names the create): the user was told the answer would come, and it does
+    after their turn (docs/calls.md § Slow tools)."""
     epochs = {line["response_id"]: line.get("epoch") for line in played.record
               if line.get("kind") == RecordKind.RESPONSE and "response_id" in line}
+    delivered = {(line.get("event_id"), line.get("response_id")) for line in played.record
+                 if line.get("kind") == RecordKind.SLOW_DELIVERY}
     found = []
     for line in played.record:
         if line.get("kind") != RecordKind.RESPONSE_CREATE or line.get("result") != "sent":
             continue
         stale = [rid for rid in line.get("for") or [] if epochs.get(rid) is not None
+                 and (line.get("event_id"), rid) not in delivered
                  and line.get("epoch") is not None and epochs[rid] < line["epoch"]]
         found += [f"response.create {line.get('event_id')} followed up response {rid} of an older turn"
                   for rid in stale]

@@ -13,10 +13,13 @@ in its place. **Our events drive the replay**, as they drove the service:
 * a recorded ``response.created`` that answered a ``response.create`` of ours
   is a gate too: the replay waits for our ``response.create`` and only then
   sends it (and the response that followed). A response counts as ours when,
-  since the previous ``response.created``, the capture shows an echo of a tool
-  output and no user turn (``speech_started``, ``committed``, a user message
-  item); otherwise the model started it (server VAD after a user turn) and it
-  is played as recorded;
+  since the previous ``response.created`` (or, for the first, since the
+  start), the capture shows no user turn (``speech_started``, ``committed``,
+  a user message item), and for the first an echo of a tool output: the
+  model starts a response on its own only for a user's turn, so a second
+  response with none between answered us (a slow tool's acknowledgement or
+  progress line, a tool's delivery); otherwise the model started it (server
+  VAD after a user turn) and it is played as recorded;
 * the service's answers to our events that the capture holds (an ``error``
   naming one of our event ids, ``session.updated``) are not played: the replay
   answers our events live, as the simulator does — a ``session.update`` is
@@ -79,7 +82,7 @@ class ReplayScript:
         truncated = False
         connected = False
         prev_t: float | None = None
-        echo_since = user_since = False
+        echo_since = user_since = responded = False
         for line in lines:
             kind = line.get("kind")
             t = line.get("t") if isinstance(line.get("t"), (int, float)) else prev_t
@@ -119,8 +122,12 @@ class ReplayScript:
             if type_ in _USER_TURN or (type_ in _ITEM_ADDED and item.get("role") == "user"):
                 user_since = True
             if type_ == "response.created":
-                ours = echo_since and not user_since
+                # the model starts a response on its own only for a user's turn: one after an
+                # echo of our output, or after another response, with no turn between, is ours
+                # (a tool's output delivered; a slow tool's acknowledgement or progress line)
+                ours = (echo_since or responded) and not user_since
                 echo_since = user_since = False
+                responded = True
                 steps.append(Step("await_create" if ours else "send", event, gap))
                 continue
             steps.append(Step("send", event, gap))

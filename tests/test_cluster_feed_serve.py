@@ -284,12 +284,12 @@ async def test_redis_down_while_a_remote_client_watches(tmp_path, redis_server):
 
 async def test_the_feed_follows_a_call_taken_over_after_its_holder_died(tmp_path, redis_server):
     sim = Simulator(None, api_key=KEY)
-    sc = sim.add_call(CALL, _two_turns(10.0))       # the holder is killed between them; the other takes over
+    sc = sim.add_call(CALL, _two_turns(6.0))        # the holder is killed between them; the other takes over
     a = b = None
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
-            a, b = _servers(tmp_path, sim, redis_server)
+            a, b = _servers(tmp_path, sim, redis_server, ttl_s=2.0)   # taken over in seconds, before "Second."
             url_a, url_b = await a.start(nursery), await b.start(nursery)
             await _connect(url_a, CALL)
             first, second = (_is("transcript", role="assistant", text=t) for t in ("First.", "Second."))

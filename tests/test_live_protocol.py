@@ -16,8 +16,8 @@ import pytest
 
 from voiceactors.call.meter import FAREWELL, GRACE_S, meter_for
 from voiceactors.call.protocol import (
-    HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected, CountUsage, Effect, EndCall, RecordLine, Send, StartTool,
-    Timer, ToolFinished, Written,
+    HANDLED_EVENTS, CallProtocol, CancelOlderReads, Connected, CountUsage, Effect, EndCall, Log, RecordLine, Send,
+    StartTool, Timer, ToolFinished, Written,
 )
 from voiceactors.call.call_context import LinkedContext
 from voiceactors.call.end_reason import EndReason
@@ -236,6 +236,10 @@ def test_audio_without_a_price_is_counted_and_its_cost_unknown() -> None:
     [line] = call.lines(RecordKind.AUDIO_USAGE)
     assert (line["added_s"], line["cost_usd"]) == (600, None)
     assert call.protocol.meter.usage.cost_usd is None and not call.lines(RecordKind.BUDGET)
+    # a budget no price lets stop: said once, as for tokens without a price
+    call.service(le.usage_updated(900))
+    warned = [e.fields for e in call.effects if isinstance(e, Log) and e.event == "usage.unpriced"]
+    assert warned == [{"model": "gpt-live-1", "budget_usd": 0.01}]
 
 
 def test_a_rejoined_call_counts_only_what_its_reports_add() -> None:

@@ -1444,12 +1444,19 @@ class CallProtocol:
         if self.publishing():
             self._emit(Publish(PublishKind.USAGE, {**line, "call": meter.totals()}))
         self._emit(CountUsage(meter.model, line["tokens"], entry.cost_usd))
-        if meter.budgeted and meter.prices is None and not meter.unpriced_logged:
-            meter.unpriced_logged = True
-            self._log(LogLevel.WARNING, "usage.unpriced", model=rt.clip(meter.model, PEER_STRING_MAX),
-                      budget_usd=meter.budget_usd)
+        if meter.prices is None:
+            self._warn_unpriced(meter.model)
         self._farewell_heard(rid)
         self._check_budget()
+
+    def _warn_unpriced(self, model: str) -> None:
+        """Once a call: a budget is set but ``model``'s use has no price, so
+        no budget can stop the call (its cost is unknown)."""
+        meter = self.meter
+        if meter.budgeted and not meter.unpriced_logged:
+            meter.unpriced_logged = True
+            self._log(LogLevel.WARNING, "usage.unpriced", model=rt.clip(model, PEER_STRING_MAX),
+                      budget_usd=meter.budget_usd)
 
     def _farewell_heard(self, rid: str) -> None:
         """The farewell's response ended: the call ends after the grace."""
@@ -1468,6 +1475,8 @@ class CallProtocol:
         line = meter.audio_line(added)
         self._record(RecordKind.AUDIO_USAGE, **line)
         self._emit(CountUsage(line["model"], {}, meter.audio.cost_of(added) if meter.audio else None))
+        if line["cost_usd"] is None:       # the Live model has no per-minute price
+            self._warn_unpriced(line["model"])
         self._check_budget()
         if meter.state == BudgetState.REACHED:
             self._maybe_follow_up()     # no response.done brings the farewell's chance: this is one

@@ -142,7 +142,10 @@ def count_tasks() -> int:
 def script(index: int, cfg: SoakConfig) -> tuple[list[Step], int]:
     """The scenario steps of call ``index`` and how many barge-ins it has."""
     rng = random.Random(cfg.seed * 1_000_003 + index)
-    steps: list[Step] = []
+    # gpt-realtime lets a call go on while a tool call waits: a read slow enough
+    # under the soak's load is acknowledged (docs/calls.md § Slow tools), which
+    # the simulator counts as a violation unless the model may do so
+    steps: list[Step] = [{"async_tools": True}]
     barge_ins = 0
     for turn in range(rng.randint(*cfg.rounds)):
         steps.append({"user_turn": {"text": f"turn {turn}", "duration_ms": 20}})

@@ -103,6 +103,11 @@ def test_conditions_that_cannot_be_met_are_a_usage_error(tmp_path, journal, caps
     (tmp_path / "slow.expected.json").write_text(json.dumps(expected))
     code, line = run(capsys, str(capture), "--journal", str(journal))
     assert code == 2 and "settings: numbers for tool_ack_after_s" in line, line
+    del expected["conditions"]["settings"]["tool_timeout_read_s"]
+    expected["conditions"]["tool_source"]["tools"][0]["run_s"] = "three seconds"
+    (tmp_path / "slow.expected.json").write_text(json.dumps(expected))
+    code, line = run(capsys, str(capture), "--journal", str(journal))
+    assert code == 2 and "tool_source: a name and at least one tool" in line, line
 
 
 def test_no_expectation_or_no_capture_is_a_usage_error(tmp_path, capsys):

@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import difflib
 import json
+import math
 import os
 import re
 import shutil
@@ -138,8 +139,9 @@ class Conditions:
         except (KeyError, TypeError) as error:
             raise ValueError(f"{where}.tool_source: {{name, tools: [{{name, run_s, progress_every_s, text, "
                              f"read_only}}]}} ({error})") from None
-        if not isinstance(name, str) or not tools:
-            raise ValueError(f"{where}.tool_source: a name and at least one tool")
+        if not isinstance(name, str) or not tools or not all(map(_slow_tool_ok, tools)):
+            raise ValueError(f"{where}.tool_source: a name and at least one tool, each with a name, times in "
+                             "seconds (0 or more), a text and read_only true or false")
         return cls(name, tools, tuple(sorted(settings.items())))
 
     def to_obj(self) -> dict[str, Any] | None:
@@ -149,6 +151,13 @@ class Conditions:
         if self.tool_source:
             obj["tool_source"] = {"name": self.tool_source, "tools": [vars(tool) for tool in self.slow_tools]}
         return obj
+
+
+def _slow_tool_ok(tool: SlowTool) -> bool:
+    times = (tool.run_s, tool.progress_every_s)
+    return (isinstance(tool.name, str) and bool(tool.name) and isinstance(tool.text, str)
+            and isinstance(tool.read_only, bool)
+            and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf for t in times))
 
 
 def load_conditions(capture: Path) -> Conditions:

@@ -81,6 +81,37 @@ async def test_a_slow_read_is_acknowledged_once_then_spoken_once(tmp_path, autoj
     assert "slow tools" in svg and "acknowledged after 700 ms" in svg and "answer spoken" in svg
 
 
+async def test_an_acknowledgement_after_a_barged_in_turn_is_no_follow_up_of_that_turn(tmp_path, autojump_clock):
+    """Found by the soak with acknowledgements at once: turn 1's read, cut by
+    a barge-in, is answered with no response.create after it; turn 2's slow
+    read is acknowledged. The simulator took that acknowledgement for a
+    follow-up of turn 1's output (its rule 4) and called it a violation."""
+    scenario = [
+        {"async_tools": True},
+        {"user_turn": {"text": "Find the launch notes."}},
+        {"response": {"text": "Let me look.", "hold_s": 0.3,
+                      "tool_calls": [{"name": "journal.search", "arguments": {"query": "launch"}}]}},
+        {"barge_in": {"after_ms": 50, "text": "never mind"}},
+        {"response": {"text": "Sure."}},
+        {"wait_outputs": {"response_create": False}},
+        {"user_turn": {"text": "What is on today?"}},
+        {"response": {"tool_calls": [{"name": "calendar.today", "arguments": {}}]}},
+        {"wait_outputs": {}},
+        {"response": {"text": "Your standup, at half past nine."}},
+        {"sleep": 1},
+        {"close": 1000},
+    ]
+    gate = Gate()
+    async with rig(tmp_path, registry=gated_registry("calendar.today", gate), tool_ack_after_s=ACK_S) as r:
+        r.nursery.start_soon(_release_when, r.sim.add_call("rtc_after_barge", steady(scenario)), gate, _ack_heard, 1.0)
+        actor, sc = await r.run_call("rtc_after_barge")
+        record = r.record("rtc_after_barge")
+    assert_clean_protocol(sc, creates=2)          # the acknowledgement of turn 2's read, its delivery
+    cut, slow = sc.tool_calls
+    assert [line["tool_call_ids"] for line in _kinds(record, "slow_ack")] == [[slow]]
+    assert cut in sc.outputs and json.loads(sc.outputs[slow][0]) == {"ok": True}
+
+
 async def test_a_second_question_is_answered_while_the_first_tool_still_runs(tmp_path, autojump_clock):
     scenario = [
         {"async_tools": True},

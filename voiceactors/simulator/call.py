@@ -992,7 +992,13 @@ class CallSession:
         call.response_creates += 1
         call.notify()
         batch, call._answered_since_create = call._answered_since_create, []
-        if batch and all(call.tool_calls[c].turn < call.turn and c not in call.awaited for c in batch):
+        pending = call.pending_call_ids()
+        # with asynchronous calls, a create that goes on over calls of this turn
+        # still running (a slow tool's acknowledgement) follows those up, not
+        # an older turn's results written since the last create
+        going_on = call.async_tools and any(call.tool_calls[c].turn == call.turn for c in pending)
+        if batch and not going_on and all(call.tool_calls[c].turn < call.turn and c not in call.awaited
+                                          for c in batch):
             # rule 4: results that land after the user barged in must not take the floor
             call.violations.append(
                 f"response.create ({event_id}) for tool calls {batch} of a turn the user has barged in on")
@@ -1007,7 +1013,6 @@ class CallSession:
                 "Wait until the response is finished before creating a new one.",
                 "conversation_already_has_active_response", event_id)
             return
-        pending = call.pending_call_ids()
         if pending and call.async_tools:
             call.awaited.update(pending)
         resp = self._new_response("client")

@@ -30,7 +30,7 @@ NOT_SETTINGS = {
     ("voiceactors/cli.py", "host"): "`simulate --host`: the simulator's listen address, not the server's",
     ("voiceactors/simulator/service.py", "host"): "the simulator's listen address, not the server's",
     ("voiceactors/cli.py", "timeout"): "`replay --timeout`: how long a replay's gate waits",
-    ("voiceactors/replay.py", "timeout_s"): "how long a replay's gate waits",
+    ("voiceactors/replay/__init__.py", "timeout_s"): "how long a replay's gate waits",
     ("voiceactors/simulator/capture_player.py", "timeout_s"): "how long a replay's gate waits",
     ("voiceactors/realtime/events.py", "burst"): "a log line rate's burst, not the HTTP rate limit's",
 }

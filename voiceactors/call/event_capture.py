@@ -4,7 +4,7 @@ With ``VOICEACTORS_RECORD_EVENTS=1`` every call actor run appends one block
 to ``<state_dir>/captures/<call id>.jsonl`` (the file name as the call
 record's): the server events as received on the sideband, each with its
 receive time, and where each connection began and how it closed. It is the
-input of ``voiceactors replay`` (``voiceactors/replay.py``). Off by default.
+input of ``voiceactors replay`` (``voiceactors/replay/``). Off by default.
 
 Off the hot path: the reader hands each frame over as it is (``frame``: an
 append to a list, no decoding; ``connected`` and ``closed`` mark the

@@ -22,7 +22,8 @@ from voiceactors.call.event_capture import read_capture
 from voiceactors.fuzz.clock import jump_when_idle, seed_scheduler
 from voiceactors.fuzz.invariants import broken
 from voiceactors.fuzz.schedule import Schedule
-from voiceactors.replay import Conditions, Played, play_script
+from voiceactors.replay import Played, play_script
+from voiceactors.replay.conditions import Conditions
 from voiceactors.simulator.capture_player import ReplayScript
 
 __all__ = ["GATE_S", "Failure", "RunResult", "load_script", "minimal", "run_schedule", "run_seeds"]

@@ -39,7 +39,7 @@ in its place. **Our events drive the replay**, as they drove the service:
 A gate waits at most ``timeout_s``; then the replay notes a *stall* and goes
 on (a missing output is not echoed; a missing ``response.create`` lets the
 response play as the model's). The driver's ``result()`` is what we sent,
-normalised (``voiceactors/replay.py`` compares it with the expectation).
+normalised (``voiceactors/replay/`` compares it with the expectation).
 """
 
 from __future__ import annotations

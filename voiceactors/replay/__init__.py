@@ -15,9 +15,10 @@ read (or none yet: ``--update`` writes it).
 
 ``--update`` writes the expectation from this run (review it: it is what
 the suite will hold the server to), with the capture's ``conditions`` (a
-slow MCP tool source and the settings that make it heard: ``Conditions``). ``--capture SCENARIO`` first makes FILE:
-it runs a simulator scenario against the server with ``record_events`` on
-and copies the call's capture there (then ``--update`` applies as given).
+slow MCP tool source and the settings that make it heard:
+``replay/conditions.py``). ``--capture SCENARIO`` first makes FILE: it runs
+a simulator scenario against the server with ``record_events`` on and
+copies the call's capture there (then ``--update`` applies as given).
 
 The journal: ``--journal DIR``, else a sample journal (``journal sample``:
 14 days, seed 0) for the day ``--today`` (default: the expectation's
@@ -45,7 +46,6 @@ import argparse
 import contextlib
 import difflib
 import json
-import math
 import os
 import re
 import shutil
@@ -72,10 +72,11 @@ from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.capture_player import ReplayDriver, ReplayScript
-from voiceactors.simulator.tool_source import SlowTool, ToolSource
+from voiceactors.replay.conditions import Conditions, start_tool_source, settings_of
 
-__all__ = ["EXPECTATION_VERSION", "Conditions", "Played", "capture_scenario", "cli_replay", "compare", "expectation_path", "journal_for_runs",
-           "load_conditions", "play_script", "replay_capture", "replay_folder", "sweep_stale_folders"]
+__all__ = ["EXPECTATION_VERSION", "Conditions", "Played", "capture_scenario", "cli_replay", "compare",
+           "expectation_path", "journal_for_runs", "load_conditions", "play_script", "replay_capture",
+           "replay_folder", "sweep_stale_folders"]
 
 EXPECTATION_VERSION = 1
 REPLAY_KEY = "sk-replay-voiceactors-simulator"
@@ -98,68 +99,6 @@ FOLDER_PREFIX = "voiceactors-replay-"
 _FOLDER_RE = re.compile(re.escape(FOLDER_PREFIX) + r"(\d+)-[A-Za-z0-9_]+")
 
 
-#: The settings a capture's conditions may set (those that make a slow tool heard).
-CONDITION_SETTINGS = ("tool_ack_after_s", "tool_progress_after_s", "tool_slow_max")
-#: Where a replay's tool source's token is found (``open_runtime``'s ``mcp_env``, never the process's).
-TOOL_SOURCE_TOKEN_ENV = "VOICEACTORS_REPLAY_TOOL_SOURCE_TOKEN"
-
-
-@dataclass(frozen=True)
-class Conditions:
-    """What a captured call had around it besides the Realtime service, so
-    that every replay and fuzz run of it has the same: a slow MCP tool
-    source (the simulator's, ``simulator/tool_source.py``: its tools' pace is
-    on the run's clock, not the machine's) and the settings that make its
-    slowness heard (the acknowledgement). A scenario carries them under
-    ``conditions`` for ``--capture``; the expectation keeps them, so a
-    replay and ``voiceactors fuzz`` read them there. None: the defaults,
-    acknowledgements off."""
-
-    tool_source: str = ""                          # the MCP source's name ("": none)
-    slow_tools: tuple[SlowTool, ...] = ()
-    settings: tuple[tuple[str, float], ...] = ()
-
-    @classmethod
-    def from_obj(cls, obj: Any, where: str = "conditions") -> "Conditions":
-        """Raises ValueError naming what is wrong."""
-        if obj is None:
-            return cls()
-        if not isinstance(obj, dict) or set(obj) - {"tool_source", "settings"}:
-            raise ValueError(f"{where}: an object with tool_source and settings only")
-        settings = obj.get("settings") or {}
-        if not isinstance(settings, dict) or any(
-                key not in CONDITION_SETTINGS or isinstance(value, bool) or not isinstance(value, (int, float))
-                for key, value in settings.items()):
-            raise ValueError(f"{where}.settings: numbers for {', '.join(CONDITION_SETTINGS)} only")
-        source = obj.get("tool_source")
-        if source is None:
-            return cls(settings=tuple(sorted(settings.items())))
-        try:
-            name, tools = source["name"], tuple(SlowTool(**tool) for tool in source["tools"])
-        except (KeyError, TypeError) as error:
-            raise ValueError(f"{where}.tool_source: {{name, tools: [{{name, run_s, progress_every_s, text, "
-                             f"read_only}}]}} ({error})") from None
-        if not isinstance(name, str) or not tools or not all(map(_slow_tool_ok, tools)):
-            raise ValueError(f"{where}.tool_source: a name and at least one tool, each with a name, times in "
-                             "seconds (0 or more), a text and read_only true or false")
-        return cls(name, tools, tuple(sorted(settings.items())))
-
-    def to_obj(self) -> dict[str, Any] | None:
-        if self == Conditions():
-            return None
-        obj: dict[str, Any] = {"settings": dict(self.settings)}
-        if self.tool_source:
-            obj["tool_source"] = {"name": self.tool_source, "tools": [vars(tool) for tool in self.slow_tools]}
-        return obj
-
-
-def _slow_tool_ok(tool: SlowTool) -> bool:
-    times = (tool.run_s, tool.progress_every_s)
-    return (isinstance(tool.name, str) and bool(tool.name) and isinstance(tool.text, str)
-            and isinstance(tool.read_only, bool)
-            and all(isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < math.inf for t in times))
-
-
 def load_conditions(capture: Path) -> Conditions:
     """The conditions the expectation of ``capture`` keeps (none: the defaults)."""
     expected = expectation_path(capture)
@@ -180,23 +119,8 @@ def _settings(journal: Path, state_dir: Path, base_url: str, conditions: Conditi
     # conditions ask for one (their slow tools' pace is the run's clock):
     # otherwise whether one is due depends on how fast this machine runs the
     # tool (a search's first index build), not on the call.
-    if conditions.tool_source:
-        changes = {"mcp_sources": json.dumps([{"name": conditions.tool_source, "url": source_url,
-                                               "token_env": TOOL_SOURCE_TOKEN_ENV}]), **changes}
     return Settings(journal=journal, state_dir=state_dir, openai_base_url=base_url,
-                    openai_api_key_env=REPLAY_KEY, **{"tool_ack_after_s": 0.0, **dict(conditions.settings), **changes})
-
-
-async def _start_tool_source(nursery: trio.Nursery, conditions: Conditions, sim: Simulator) -> tuple[str, dict[str, str]]:
-    """The conditions' tool source serving in ``nursery`` (the simulator's
-    ``slow_tool`` steps pace it): its URL and the runtime's MCP environment
-    holding its token; ("", {}) without one."""
-    if not conditions.tool_source:
-        return "", {}
-    # a fresh copy of each tool: a slow_tool step changes its pace
-    source = ToolSource([SlowTool(**vars(tool)) for tool in conditions.slow_tools])
-    sim.tool_source = source
-    return await nursery.start(source.serve), {TOOL_SOURCE_TOKEN_ENV: source.token}
+                    openai_api_key_env=REPLAY_KEY, **{**settings_of(conditions, source_url), **changes})
 
 
 async def _serve_one_call(settings: Settings, sim: Simulator, call_id: str, *, connect: bool = True,
@@ -405,7 +329,7 @@ async def play_script(script: ReplayScript, journal: Path, *, speed: float = 1.0
         copy = await storage.run_sync(_journal_copy, journal, folder, cancellable=False)   # never under an rmtree
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
-            source_url, mcp_env = await _start_tool_source(nursery, conditions, sim)
+            source_url, mcp_env = await start_tool_source(nursery, conditions, sim)
             sim.add_call(script.call_id).replay = driver
             settings = _settings(copy, folder / "state", sim.base_url, conditions, source_url, **changes)
             kills = await _serve_through_kills(settings, sim, script.call_id, driver, folder, mcp_env)
@@ -447,7 +371,7 @@ async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str
         state = folder / "state"
         async with trio.open_nursery() as nursery:
             await nursery.start(sim.serve, 0)
-            source_url, mcp_env = await _start_tool_source(nursery, conditions, sim)
+            source_url, mcp_env = await start_tool_source(nursery, conditions, sim)
             sim.add_call(call_id)
             settings = _settings(copy, state, sim.base_url, conditions, source_url, record_events=True)
             await _serve_one_call(settings, sim, call_id, mcp_env=mcp_env)

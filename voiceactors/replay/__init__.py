@@ -71,6 +71,7 @@ from voiceactors.journal.days import RECORDING_SUFFIXES
 from voiceactors.runtime import open_runtime
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
+from voiceactors.simulator.scenario import Scenario, as_scenario
 from voiceactors.simulator.capture_player import ReplayDriver, ReplayScript
 from voiceactors.replay.conditions import Conditions, start_tool_source, settings_of
 
@@ -346,17 +347,12 @@ def _capture_call_id(scenario_name: str) -> str:
     return "rtc_capture_" + "".join(ch if ch.isalnum() else "_" for ch in Path(scenario_name).stem)
 
 
-def scenario_conditions(scenario: Any) -> tuple[Any, Conditions]:
-    """A scenario's conditions (its ``conditions``, read by ``--capture``
-    only) and the scenario without them, as the simulator takes it. A name
-    that is a file is read here; a built-in scenario's name is passed on."""
-    if isinstance(scenario, str) and Path(scenario).is_file():
-        with storage.open_regular(Path(scenario)) as handle:
-            scenario = json.loads(handle.read(MAX_EXPECTATION_BYTES).decode("utf-8"))
-    if isinstance(scenario, dict) and "conditions" in scenario:
-        scenario = dict(scenario)
-        return scenario, Conditions.from_obj(scenario.pop("conditions"), "the scenario's conditions")
-    return scenario, Conditions()
+def scenario_conditions(scenario: Any) -> tuple[Scenario, Conditions]:
+    """A scenario (a shipped name, a file, an object) as the simulator loads
+    it, and its conditions (its ``conditions``, which only ``--capture``
+    reads). Raises ValueError (``ScenarioError``) for one it cannot load."""
+    loaded = as_scenario(scenario)
+    return loaded, Conditions.from_obj(loaded.conditions, f"scenario {loaded.name!r}: conditions")
 
 
 async def capture_scenario(scenario: Any, out: Path, journal: Path, call_id: str | None = None,

@@ -1,7 +1,8 @@
 """Simulator scenarios: small JSON scripts of what the "model" does on a call.
 
-A scenario is ``{"name", "description", "steps": [...]}``; each step is an
-object with exactly one key (the step kind). The format is documented in
+A scenario is ``{"name", "description", "steps": [...]}`` (and, for
+``voiceactors replay --capture`` alone, ``conditions``: kept, never read
+here); each step is an object with exactly one key (the step kind). The format is documented in
 ``docs/simulator.md`` and checked with JSON Schema when loaded, so a typo in
 a scenario file fails at load time, not half-way through a test.
 """
@@ -155,6 +156,7 @@ SCENARIO_SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {"type": "string"},
         "description": {"type": "string"},
+        "conditions": {"type": "object"},
         "steps": {"type": "array", "items": {"type": "object", "minProperties": 1, "maxProperties": 1}},
     },
 }
@@ -184,6 +186,8 @@ class Scenario:
     name: str
     description: str
     steps: tuple[Step, ...]
+    #: what the call had around it, for ``voiceactors replay --capture`` (``replay/conditions.py``)
+    conditions: dict[str, Any] | None = None
 
     @classmethod
     def from_obj(cls, obj: Any, name: str = "inline") -> "Scenario":
@@ -196,7 +200,7 @@ class Scenario:
                 raise ScenarioError(f"scenario {name!r} step {index}: unknown kind {kind!r} "
                                     f"(known: {', '.join(STEP_SCHEMAS)})")
             _check(_STEP_VALIDATORS[kind], body, name, f"/steps/{index}/{kind}")
-        return cls(obj.get("name", name), obj.get("description", ""), tuple(obj["steps"]))
+        return cls(obj.get("name", name), obj.get("description", ""), tuple(obj["steps"]), obj.get("conditions"))
 
 
 def _packaged() -> Any:

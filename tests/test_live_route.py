@@ -28,7 +28,7 @@ from voiceactors.http import errors as E
 from voiceactors.http.history import summarize
 from voiceactors.live.names import FunctionNames
 from voiceactors.live.session import live_session
-from voiceactors.messages import Connect, ConnectOutcome
+from voiceactors.messages import Connect, ConnectOutcome, ask
 from voiceactors.settings import Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator import live_events as le
@@ -135,6 +135,16 @@ def _live_context(instructions: str = "You are the journal's voice.") -> LinkedC
                                                          lambda tool: REGISTRY[tool].effect == WRITE))
 
 
+async def connect_live(r: Any, session: Any, context: LinkedContext) -> CallSupervisor:
+    """A supervisor of the rig's executor serving in the rig's nursery, with
+    the Live ``session``'s call connected on ``context`` (as the route's)."""
+    sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
+    await r.nursery.start(sup.run)
+    connected = await ask(sup.inbox, lambda reply: Connect(session.session_id, reply, context=context), timeout=10)
+    assert connected == ConnectOutcome.CONNECTED
+    return sup
+
+
 def test_a_live_call_s_context_carries_its_session_to_a_rejoin_or_a_taker():
     """What the record's context line and the cluster's mirror keep
     (``carried_view``) makes the same Live call again: the same kind of
@@ -186,12 +196,8 @@ async def test_a_live_call_at_its_time_limit_is_hung_up_through_live_sessions(tm
     async with rig(tmp_path, call_max_duration_s=5.0, call_wrap_up_s=0.0) as r:
         session = r.sim.live.add({"model": le.LIVE_MODEL})
         session.steps = []
-        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
         with real_time_limit():
-            await r.nursery.start(sup.run)
-            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
-            await sup.inbox.send(Connect(session.session_id, reply, context=_live_context()))
-            assert await replied.receive() == ConnectOutcome.CONNECTED
+            await connect_live(r, session, _live_context())
             await session.wait_until(lambda s: s.closed)
             r.nursery.cancel_scope.cancel()
     assert r.sim.live.hangups == [session.session_id] and session.close_reason == "close_requested"
@@ -205,14 +211,10 @@ async def test_a_live_call_past_its_budget_says_farewell_and_is_hung_up(tmp_path
         session = r.sim.live.add({"model": le.LIVE_MODEL})
         # a delegation with no function call: no tool thread for the fake clock to jump over
         session.steps = [{"user": "What is on today?"}, {"delegate": [], "answer": "Here."}]
-        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
         context = _live_context()
         context = LinkedContext(context.base_instruction, live=replace(context.live, model="gpt-5-mini"))
         with real_time_limit():
-            await r.nursery.start(sup.run)
-            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
-            await sup.inbox.send(Connect(session.session_id, reply, context=context))
-            assert await replied.receive() == ConnectOutcome.CONNECTED
+            await connect_live(r, session, context)
             await session.wait_until(lambda s: s.closed)
             r.nursery.cancel_scope.cancel()
     [farewell] = session.of_type("session.commentary.append")
@@ -230,15 +232,11 @@ async def test_a_live_call_whose_audio_spends_its_budget_is_hung_up(tmp_path, au
     async with rig(tmp_path, call_budget_usd=0.05, prices=prices) as r:
         session = r.sim.live.add({"model": le.LIVE_MODEL})
         session.steps = [{"user": "Hello there."}, {"usage": 30}, {"usage": 30}, {"usage": 20}, {"usage": 90}]
-        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
         context = _live_context()
         context = LinkedContext(context.base_instruction,
                                 live=replace(context.live, model="gpt-5-mini", live_model=le.LIVE_MODEL))
         with real_time_limit():
-            await r.nursery.start(sup.run)
-            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
-            await sup.inbox.send(Connect(session.session_id, reply, context=context))
-            assert await replied.receive() == ConnectOutcome.CONNECTED
+            sup = await connect_live(r, session, context)
             await session.wait_until(lambda s: s.closed)
             daily = sup.daily.state()
             r.nursery.cancel_scope.cancel()
@@ -269,12 +267,8 @@ async def test_a_live_call_s_slow_tool_is_acknowledged_by_live_alone(tmp_path, a
         session.steps = [{"user": "What did I write about the boat?"},
                          {"delegate": [{"name": "journal_search", "arguments": {"query": "boat"}}],
                           "answer": "Nothing about a boat."}]
-        sup = CallSupervisor(r.settings, r.executor.inbox, KEY)
         with real_time_limit():
-            await r.nursery.start(sup.run)
-            reply, replied = trio.open_memory_channel[ConnectOutcome](1)
-            await sup.inbox.send(Connect(session.session_id, reply, context=_live_context()))
-            assert await replied.receive() == ConnectOutcome.CONNECTED
+            sup = await connect_live(r, session, _live_context())
             await trio.to_thread.run_sync(gate.entered.wait, 10)
             await trio.sleep(5 * r.settings.tool_ack_after_s)       # the fake clock: far past the acknowledgement
             gate.release.set()

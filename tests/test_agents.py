@@ -5,7 +5,6 @@ agent's tools and instruction (over the HTTP API and the simulator)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,11 @@ from simulator_support import serving_simulator
 from voiceactors import agents as agent_config, voice_config
 from voiceactors.agents import DEFAULT_AGENTS, Agent, Agents, CallAgents, handoff_target, handoff_tool_name
 from voiceactors.http import create_app
-from voiceactors.journal.config import config_path
 from voiceactors.mcp.client.sources import SourceConfigError, parse_sources
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.simulator import Simulator
 from voiceactors.tools.registry import REGISTRY, manifest
+from journal_support import set_voice
 
 SIM_KEY = "sk-test-agents-7a8b9c"
 JOURNAL_TOOLS = list(REGISTRY)
@@ -29,14 +28,6 @@ JOURNAL_TOOLS = list(REGISTRY)
 
 def parse(block: Any, sources: list[str] | None = None) -> tuple[Agents, list[str]]:
     return agent_config.parse(block, journal_tools=JOURNAL_TOOLS, sources=sources or [])
-
-
-def set_voice(journal: Path, voice: dict[str, Any]) -> None:
-    path = config_path(journal)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["voice"] = voice
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
 
 
 def test_the_shipped_set_is_used_when_the_journal_declares_none():

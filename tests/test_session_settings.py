@@ -22,11 +22,11 @@ from voiceactors import voice_config
 from voiceactors.call.call_context import LinkedContext, carried_view, taken_over_context
 from voiceactors.cli import main
 from voiceactors.http import create_app
-from voiceactors.journal.config import config_path
 from voiceactors.realtime.session_settings import REASONING_EFFORTS, SessionSettings, parse
 from voiceactors.settings import InvalidSettings, Settings
 from voiceactors.simulator import Simulator
 from voiceactors.simulator.conformance import client_error
+from journal_support import set_voice
 from simulator_support import serving_simulator
 
 SIM_KEY = "sk-test-session-settings-4d5e6f"
@@ -42,15 +42,6 @@ MINTED_KEYS = ["type", "model", "instructions", "tools", "tool_choice", "output_
 async def sim():
     async with serving_simulator(Simulator("silence", api_key=SIM_KEY, conformance=True)) as simulator:
         yield simulator
-
-
-def set_voice(journal: Path, voice: dict[str, Any]) -> None:
-    """``voice`` as the journal's voice block (the rest of its config kept)."""
-    path = config_path(journal)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data["voice"] = voice
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
 
 
 def settings_for(journal: Path, tmp_path: Path, sim: Simulator) -> Settings:

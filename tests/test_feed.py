@@ -123,3 +123,21 @@ async def test_subscribers_are_capped_per_call_and_in_all_and_gone_ones_free_the
     assert not isinstance(a3, str) and a3 is not None
     for channel in (a2, a3, b1):
         channel.close()
+
+
+async def test_a_subscriber_that_comes_after_the_first_response_hears_who_is_in_charge(autojump_clock):
+    """Found by the console's browser test under load: the agent in charge
+    is published once, at the call's first response, and a console whose
+    stream opened after it never showed the agent (until a handoff)."""
+    hub = FeedHub()
+    feed = hub.open("rtc_1")
+    early = feed.subscribe()
+    assert early.statistics().current_buffer_used == 0          # nobody in charge yet: nothing to hear
+    feed.agent(agent="assistant", previous=None, status="start")
+    feed.agent(agent="planner", previous="assistant", status="updating")
+    late = feed.subscribe()
+    feed.transcript(role="user", text="hello")
+    assert [(e["type"], e.get("agent")) for e in (late.receive_nowait(), late.receive_nowait())] == [
+        ("agent", "planner"), ("transcript", None)]
+    assert late.statistics().current_buffer_used == 0
+    assert [e["agent"] for e in (early.receive_nowait(), early.receive_nowait())] == ["assistant", "planner"]

@@ -118,6 +118,9 @@ class CallFeed:
         self._hub = hub
         self.epoch = epoch if hub.sink is not None else None
         self._seq = 0
+        # the agent in charge, as last published: a subscriber that comes
+        # later (a console whose stream opened after the first response) hears it first
+        self._in_charge: dict[str, Any] | None = None
         self._subscribers: list[trio.MemorySendChannel[dict[str, Any]]] = []
         self.nav_hints = RetainedQueue(hub.retention_s, hub.max_items)
         self.closed = False
@@ -131,6 +134,8 @@ class CallFeed:
         if self.closed:
             send.close()
         else:
+            if self._in_charge is not None:
+                send.send_nowait(self._in_charge)
             self._subscribers.append(send)
         return receive
 
@@ -196,8 +201,11 @@ class CallFeed:
     def agent(self, *, agent: str | None, previous: str | None, status: str) -> None:
         """The agent in charge: at the call's first response (``status`` ``start``), after a
         handoff's update went (``updating``: ``previous`` handed over), or
-        back after the service refused it (``failed``)."""
-        self.publish({"type": "agent", "agent": agent, "from": previous, "status": status})
+        back after the service refused it (``failed``). Kept for a later
+        subscriber (``subscribe``)."""
+        self._in_charge = {"call_id": self.call_id, "type": "agent", "agent": agent, "from": previous,
+                           "status": status}
+        self.publish(self._in_charge)
 
     def usage(self, *, response_id: str, model: str, tokens: dict[str, int], cost_usd: float | None,
               call: dict[str, Any]) -> None:

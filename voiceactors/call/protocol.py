@@ -2128,9 +2128,10 @@ class CallProtocol:
             self.handoffs.failure_due = None
 
     def _publish_agent(self, agent: str | None, previous: str | None, status: str) -> None:
-        """The agent in charge, for the client feed (the console shows its name)."""
-        if self.publishing():
-            self._emit(Publish(PublishKind.AGENT, {"agent": agent, "previous": previous, "status": status}))
+        """The agent in charge, for the client feed (the console shows its
+        name). Published whether or not anyone listens yet: the feed keeps
+        it for a subscriber that comes later (once per call and handoff)."""
+        self._emit(Publish(PublishKind.AGENT, {"agent": agent, "previous": previous, "status": status}))
 
     def _handoff_connected(self) -> None:
         """A socket is up: a transition's update that fell in a drop
